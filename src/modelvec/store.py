@@ -1,0 +1,203 @@
+"""The store: one embedded DuckDB file holding every computed vector and every failure.
+
+A vector row is keyed by (model, base, base_hash, params): one vector per model per base per
+representation. ``model_hash`` is the content hash of the fine-tune's weights, so a re-run skips a
+model whose row is current and recomputes one whose weights changed. Each row is written in its
+own transaction as soon as it is computed, so an interrupted run loses nothing already done.
+Vectors are ``FLOAT[]``; loading goes through Arrow into one numpy matrix without per-row copies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .representation import Representation
+
+DEFAULT_STORE = "modelvec.duckdb"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS vectors (
+    model        VARCHAR NOT NULL,
+    model_hash   VARCHAR NOT NULL,
+    base         VARCHAR NOT NULL,
+    base_hash    VARCHAR NOT NULL,
+    params       VARCHAR NOT NULL,
+    rank         INTEGER NOT NULL,
+    factor       VARCHAR NOT NULL,
+    pooling      VARCHAR NOT NULL,
+    solver       VARCHAR NOT NULL,
+    sign         VARCHAR NOT NULL,
+    params_json  VARCHAR NOT NULL,
+    architecture VARCHAR NOT NULL,
+    dim          INTEGER NOT NULL,
+    vector       FLOAT[] NOT NULL,
+    datasets     VARCHAR[] NOT NULL,
+    source       VARCHAR NOT NULL,
+    seconds      DOUBLE NOT NULL,
+    created_at   TIMESTAMP NOT NULL DEFAULT now(),
+    PRIMARY KEY (model, base, base_hash, params)
+);
+CREATE TABLE IF NOT EXISTS failures (
+    model      VARCHAR NOT NULL,
+    base       VARCHAR NOT NULL,
+    params     VARCHAR NOT NULL,
+    error      VARCHAR NOT NULL,
+    created_at TIMESTAMP NOT NULL DEFAULT now(),
+    PRIMARY KEY (model, base, params)
+);
+"""
+
+META_COLUMNS = ("model", "base", "params", "architecture", "dim", "datasets", "source", "model_hash", "seconds", "created_at")
+
+
+def default_store_path() -> Path:
+    """``$MODELVEC_STORE`` or ``./modelvec.duckdb``."""
+    return Path(os.environ.get("MODELVEC_STORE") or DEFAULT_STORE)
+
+
+@dataclass
+class VectorRow:
+    """One computed vector with what is known about its model."""
+
+    model: str
+    model_hash: str
+    base: str
+    base_hash: str
+    params: Representation
+    architecture: str
+    vector: np.ndarray
+    datasets: list[str]
+    source: str
+    seconds: float
+
+
+class Store:
+    """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_store_path()
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.con = duckdb.connect(str(self.path))
+        self.con.execute(_SCHEMA)
+
+    # --- writes -------------------------------------------------------------------------------
+    def put(self, row: VectorRow) -> None:
+        """Insert or replace one vector; clears any recorded failure of that model."""
+        vec = np.ascontiguousarray(row.vector, dtype=np.float32)
+        p = row.params
+        new_row = pa.table(
+            {
+                "vector": pa.ListArray.from_arrays(pa.array([0, vec.size], pa.int32()), pa.array(vec)),
+                "datasets": pa.array([row.datasets], pa.list_(pa.string())),
+            }
+        )
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute(
+                """INSERT OR REPLACE INTO vectors
+                   (model, model_hash, base, base_hash, params, rank, factor, pooling, solver, sign, params_json,
+                    architecture, dim, vector, datasets, source, seconds)
+                   SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, vector, datasets, ?, ? FROM new_row""",
+                [
+                    row.model, row.model_hash, row.base, row.base_hash, p.key(), p.rank, p.factor, p.pooling,
+                    p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture, int(vec.size),
+                    row.source, float(row.seconds),
+                ],
+            )
+            self.con.execute("DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def record_failure(self, model: str, base: str, params: Representation, error: str) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO failures (model, base, params, error) VALUES (?, ?, ?, ?)",
+            [model, base, params.key(), error],
+        )
+
+    # --- reads --------------------------------------------------------------------------------
+    def has(self, model: str, model_hash: str, base: str, base_hash: str, params: Representation) -> bool:
+        """Whether a current vector exists (same weights, same base weights, same representation)."""
+        hit = self.con.execute(
+            "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
+            [model, model_hash, base, base_hash, params.key()],
+        ).fetchone()
+        return hit is not None
+
+    def _where(self, base: str | None, params: Representation | str | None, models: Sequence[str] | None) -> tuple[str, list[Any]]:
+        clauses, args = [], []
+        if base is not None:
+            clauses.append("base = ?")
+            args.append(base)
+        if params is not None:
+            clauses.append("params = ?")
+            args.append(params.key() if isinstance(params, Representation) else params)
+        if models is not None:
+            clauses.append("list_contains(?, model)")
+            args.append(list(models))
+        return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    def metadata(self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per stored vector (no vectors), ordered by model."""
+        where, args = self._where(base, params, models)
+        return self.con.execute(f"SELECT {', '.join(META_COLUMNS)} FROM vectors {where} ORDER BY model, base, params", args).df()
+
+    def load(
+        self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
+    ) -> tuple[np.ndarray, pd.DataFrame]:
+        """Vectors as one float32 matrix (rows in ``metadata`` order) and their metadata.
+
+        All selected vectors must share a dimension: select one base and one representation.
+        """
+        where, args = self._where(base, params, models)
+        meta = self.metadata(base, params, models)
+        if meta.empty:
+            return np.zeros((0, 0), np.float32), meta
+        dims = meta["dim"].unique()
+        if len(dims) != 1:
+            raise ValueError(f"the selected vectors have different dimensions {sorted(dims)}: select one base and one representation")
+        query = f"SELECT vector FROM vectors {where} ORDER BY model, base, params"
+        column = self.con.sql(query, params=args).to_arrow_table().column(0).combine_chunks()
+        flat = column.flatten().to_numpy()
+        return flat.reshape(len(meta), int(dims[0])), meta
+
+    def failures(self) -> pd.DataFrame:
+        return self.con.execute("SELECT model, base, params, error, created_at FROM failures ORDER BY model").df()
+
+    def summary(self) -> pd.DataFrame:
+        """Counts per base and representation."""
+        return self.con.execute(
+            """SELECT base, params, architecture, count(*) AS models, any_value(dim) AS dim,
+                      round(avg(seconds), 3) AS mean_seconds
+               FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
+        ).df()
+
+    def export_parquet(self, path: str | os.PathLike[str]) -> int:
+        """One row per stored vector: model, base, the representation parameters, datasets, vector."""
+        target = str(path).replace("'", "''")
+        self.con.execute(
+            f"""COPY (SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash,
+                             datasets, vector
+                      FROM vectors ORDER BY model, base, params) TO '{target}' (FORMAT parquet)"""
+        )
+        return int(self.con.execute("SELECT count(*) FROM vectors").fetchone()[0])
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

