@@ -31,6 +31,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from .architectures import MatrixRef, Orientation
 from .checkpoint import Checkpoint, Layout, check_compatible
 from .errors import CheckpointError, IncompatibleError
 
@@ -229,38 +230,52 @@ class DeltaEmbedder:
         ]
         return torch.cat(parts).to("cpu", torch.float32).numpy()
 
-    def deltas(self, ck: Checkpoint, layout: Layout, refs: Sequence) -> list[torch.Tensor]:
-        """dW = W_ft - W_base for the given refs, checked for shape and finiteness."""
-        out = []
-        cache: dict[str, torch.Tensor] = {}
-        for ref in refs:
-            w = ck.matrix(ref, layout.prefix, cache).to(self.device)
-            base = self.weights_[ref.key]
+    def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The fine-tune's matrix, checked against the base's shape."""
+        w = ck.matrix(ref, layout.prefix, cache).to(self.device)
+        if w.shape != self.weights_[ref.key].shape:
             name = layout.prefix + ref.tensor
-            if w.shape != base.shape:
-                stored = list(ck.shape(name))
-                base_stored = list(self.base_.shape(self.layout_.prefix + ref.tensor))
-                raise IncompatibleError(ck.name, f"tensor {name} has shape {stored}, the base's has {base_stored}")
-            d = w - base
-            if not torch.isfinite(d).all():
-                raise CheckpointError(ck.name, f"tensor {name} has NaN or Inf values")
-            out.append(d)
-        return out
+            base_stored = list(self.base_.shape(self.layout_.prefix + ref.tensor))
+            raise IncompatibleError(ck.name, f"tensor {name} has shape {list(ck.shape(name))}, the base's has {base_stored}")
+        return w
 
-    def _layer_factors(self, ck: Checkpoint, layout: Layout, refs: Sequence) -> list[torch.Tensor]:
-        """Each family's flattened factor for one layer; matrices of one shape share a batched SVD."""
-        deltas = self.deltas(ck, layout, refs)
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for i, d in enumerate(deltas):
-            by_shape.setdefault(tuple(d.shape), []).append(i)
-        factors: list[torch.Tensor | None] = [None] * len(deltas)
+    def _layer_factors(self, ck: Checkpoint, layout: Layout, refs: Sequence[MatrixRef]) -> list[torch.Tensor]:
+        """Each family's flattened factor for one layer; matrices of one shape share a batched SVD.
+
+        The deltas are written straight into one buffer per shape, in the stored memory order (so
+        the subtraction streams contiguously; nn.Linear's transpose is a view). NaN/Inf are caught
+        from the r singular values, since they propagate through every product of the solver; only
+        then is each delta scanned, to name the tensor.
+        """
+        groups: dict[tuple[tuple[int, ...], Orientation], list[int]] = {}
+        for i, ref in enumerate(refs):
+            groups.setdefault((tuple(self.weights_[ref.key].shape), ref.orientation), []).append(i)
+        factors: list[torch.Tensor | None] = [None] * len(refs)
+        cache: dict[str, torch.Tensor] = {}
         p = self.params
-        for idx in by_shape.values():
-            batch = torch.stack([deltas[i] for i in idx])
-            u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
-            for i, block in zip(idx, factor_blocks(u, s, p, batch.shape[-1])):
+        for ((n, m), orientation), idx in groups.items():
+            linear = orientation is Orientation.LINEAR
+            buffer = torch.empty((len(idx), m, n) if linear else (len(idx), n, m), device=self.device)
+            batch = buffer.mT if linear else buffer
+            for j, i in enumerate(idx):
+                torch.sub(self._matrix(ck, layout, refs[i], cache), self.weights_[refs[i].key], out=batch[j])
+            try:
+                u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
+                finite = bool(torch.isfinite(s).all())
+            except RuntimeError:  # LAPACK refuses non-finite input
+                finite = False
+            if not finite:
+                self._raise_non_finite(ck, layout, [refs[i] for i in idx], batch)
+            for i, block in zip(idx, factor_blocks(u, s, p, m)):
                 factors[i] = block
         return factors  # type: ignore[return-value]
+
+    @staticmethod
+    def _raise_non_finite(ck: Checkpoint, layout: Layout, refs: Sequence[MatrixRef], batch: torch.Tensor) -> None:
+        for ref, delta in zip(refs, batch):
+            if not torch.isfinite(delta).all():
+                raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
+        raise CheckpointError(ck.name, f"the SVD of the deltas of {refs[0].stack} layer {refs[0].layer} did not converge")
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "weights_"):
