@@ -13,6 +13,7 @@ the family.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from string import Template
@@ -274,20 +275,22 @@ def supported() -> str:
 
 
 def detect(config: Mapping[str, Any] | None, model: str = "model", names: set[str] | None = None) -> Architecture:
-    """The family of a model, from config.json's ``model_type`` then ``architectures``.
+    """The family of a model, from config.json's ``model_type`` (or ``architectures`` when it has none).
 
     Without a config (a bare weights file), the tensor names decide: the family whose first
     layer-0 tensor is present under one of its prefixes.
     """
     if config:
-        model_type = str(config.get("model_type", "")).lower()
-        for arch in ARCHITECTURES.values():
-            if model_type in arch.model_types:
-                return arch
-        for cls in config.get("architectures") or []:
+        model_type = str(config.get("model_type") or "").lower()
+        if model_type:  # a known class name never rescues an unknown model_type (Qwen2Moe is not Qwen2)
             for arch in ARCHITECTURES.values():
-                if any(str(cls).startswith(p) for p in arch.class_prefixes):
+                if model_type in arch.model_types:
                     return arch
+        else:
+            for cls in config.get("architectures") or []:
+                for arch in ARCHITECTURES.values():
+                    if re.fullmatch(rf"({'|'.join(arch.class_prefixes)})(Model|LMHeadModel|For\w+|Encoder\w*)", str(cls)):
+                        return arch
         seen = model_type or ",".join(map(str, config.get("architectures") or [])) or "none given"
         raise ArchitectureError(model, f"unknown architecture '{seen}'; supported model types: {supported()}")
     if names:
