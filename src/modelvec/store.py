@@ -132,8 +132,8 @@ class Store:
         hit = self.con.execute(
             "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
             [model, model_hash, base, base_hash, params.key()],
-        ).fetchone()
-        return hit is not None
+        ).fetchall()
+        return bool(hit)
 
     def _where(self, base: str | None, params: Representation | str | None, models: Sequence[str] | None) -> tuple[str, list[Any]]:
         clauses, args = [], []
@@ -156,21 +156,31 @@ class Store:
     def load(
         self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
     ) -> tuple[np.ndarray, pd.DataFrame]:
-        """Vectors as one float32 matrix (rows in ``metadata`` order) and their metadata.
+        """Vectors as one float32 matrix and their metadata, rows ordered by model.
 
-        All selected vectors must share a dimension: select one base and one representation.
+        All selected vectors must share a dimension: select one base and one representation. The
+        vectors stream from DuckDB in Arrow batches straight into the preallocated matrix, with
+        no ORDER BY over the payload (sorting 2 GB of lists is what makes a naive query slow).
         """
         where, args = self._where(base, params, models)
-        meta = self.metadata(base, params, models)
-        if meta.empty:
-            return np.zeros((0, 0), np.float32), meta
-        dims = meta["dim"].unique()
-        if len(dims) != 1:
-            raise ValueError(f"the selected vectors have different dimensions {sorted(dims)}: select one base and one representation")
-        query = f"SELECT vector FROM vectors {where} ORDER BY model, base, params"
-        column = self.con.sql(query, params=args).to_arrow_table().column(0).combine_chunks()
-        flat = column.flatten().to_numpy()
-        return flat.reshape(len(meta), int(dims[0])), meta
+        n, n_dims, dim = self.con.execute(f"SELECT count(*), count(DISTINCT dim), max(dim) FROM vectors {where}", args).fetchall()[0]
+        if n == 0:
+            return np.zeros((0, 0), np.float32), self.metadata(base, params, models)
+        if n_dims != 1:
+            raise ValueError("the selected vectors have different dimensions: select one base and one representation")
+        matrix = np.empty((n, dim), np.float32)
+        metas, row = [], 0
+        reader = self.con.sql(f"SELECT vector, {', '.join(META_COLUMNS)} FROM vectors {where}", params=args).to_arrow_reader(256)
+        for batch in reader:
+            k = batch.num_rows
+            matrix[row : row + k] = batch.column(0).flatten().to_numpy().reshape(k, dim)
+            metas.append(batch.drop_columns(["vector"]).to_pandas())
+            row += k
+        meta = pd.concat(metas, ignore_index=True)
+        order = meta.sort_values(["model", "base", "params"], kind="stable").index.to_numpy()
+        if not np.array_equal(order, np.arange(n)):
+            matrix, meta = matrix[order], meta.iloc[order].reset_index(drop=True)
+        return matrix, meta
 
     def failures(self) -> pd.DataFrame:
         return self.con.execute("SELECT model, base, params, error, created_at FROM failures ORDER BY model").df()
@@ -191,7 +201,7 @@ class Store:
                              datasets, vector
                       FROM vectors ORDER BY model, base, params) TO '{target}' (FORMAT parquet)"""
         )
-        return int(self.con.execute("SELECT count(*) FROM vectors").fetchone()[0])
+        return int(self.con.execute("SELECT count(*) FROM vectors").fetchall()[0][0])
 
     def close(self) -> None:
         self.con.close()
