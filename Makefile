@@ -29,7 +29,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
-	$(PY) demo/embed_zoo.py --zoo $(ZOO) --store $(STORE)
+	$(VENV)/bin/modelvec embed --store $(STORE) \
+		--base "$$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(ZOO)/zoo.json)" \
+		$$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(ZOO)/zoo.json)
+	$(VENV)/bin/modelvec show --store $(STORE)
 
 bench: $(STAMP)
 	$(PY) bench/bench_embed.py

@@ -22,6 +22,14 @@ err = Console(stderr=True)
 StoreOpt = typer.Option(None, "--store", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb).")
 
 
+def _short(name: str) -> str:
+    """A stored model or base as the user likely typed it: relative to the working folder when inside it."""
+    try:
+        return str(Path(name).relative_to(Path.cwd()))
+    except ValueError:
+        return name
+
+
 def _choice(value: str, allowed: tuple[str, ...], name: str) -> str:
     if value not in allowed:
         raise typer.BadParameter(f"must be one of {', '.join(allowed)}", param_hint=name)
@@ -37,6 +45,8 @@ def embed(
     pooling: str = typer.Option("mean", help=f"Layer pooling: {'|'.join(POOLINGS)}."),
     solver: str = typer.Option("randomized", help=f"SVD solver: {'|'.join(SOLVERS)}."),
     sign: str = typer.Option("max-abs", help=f"Sign canonicalisation: {'|'.join(SIGNS)}."),
+    n_iter: int = typer.Option(4, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver (accuracy vs speed)."),
+    oversamples: int = typer.Option(8, "--oversamples", min=0, help="Extra columns of the randomized solver's sketch."),
     seed: int = typer.Option(0, help="Seed of the randomized solver."),
     device: str = typer.Option("cpu", help="torch device for deltas and SVDs."),
     store: Optional[Path] = StoreOpt,
@@ -56,7 +66,8 @@ def embed(
 
         try:
             result = embed_models(
-                base, models, rank=rank, factor=factor, pooling=pooling, solver=solver, sign=sign, seed=seed,
+                base, models, rank=rank, factor=factor, pooling=pooling, solver=solver, sign=sign, n_iter=n_iter,
+                n_oversamples=oversamples, seed=seed,
                 device=device, store=store, force=force, progress=report,
             )
         except ModelvecError as exc:
@@ -80,19 +91,19 @@ def show(store: Optional[Path] = StoreOpt, failures: bool = typer.Option(True, h
         summary = db.summary()
         table = Table("base", "representation", "architecture", "models", "dim", "mean s/model", title=f"vectors in {db.path}")
         for row in summary.itertuples():
-            table.add_row(row.base, row.params, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}")
+            table.add_row(_short(row.base), row.params, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}")
         console.print(table)
         meta = db.metadata()
         if not meta.empty:
             models = Table("model", "datasets", "dim", "seconds", title="models")
             for row in meta.itertuples():
-                models.add_row(row.model, ", ".join(row.datasets) or "-", str(row.dim), f"{row.seconds:.2f}")
+                models.add_row(_short(row.model), ", ".join(row.datasets) or "-", str(row.dim), f"{row.seconds:.2f}")
             console.print(models)
         fails = db.failures()
         if failures and not fails.empty:
             table = Table("model", "error", title="failures")
             for row in fails.itertuples():
-                table.add_row(row.model, row.error)
+                table.add_row(_short(row.model), row.error)
             console.print(table)
 
 
