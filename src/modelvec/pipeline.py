@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,26 +48,23 @@ def embed(
     base: PathLike,
     models: Iterable[PathLike],
     *,
-    rank: int = 8,
-    factor: str = "U",
-    pooling: str = "mean",
-    solver: str = "randomized",
-    sign: str = "max-abs",
-    n_iter: int = 4,
-    n_oversamples: int = 8,
-    seed: int = 0,
+    representation: Representation | None = None,
     device: str = "cpu",
     store: Store | PathLike | None = None,
     force: bool = False,
     progress: Progress | None = None,
+    **params: Any,
 ) -> EmbedResult:
     """Embed fine-tunes of ``base`` into the store and return their vectors and metadata.
 
-    Models already stored with the same weights, base and representation are skipped unless
-    ``force``. A model that fails is recorded (``result.failed``: model -> reason) and the run
-    goes on. ``store=None`` uses ``$MODELVEC_STORE`` or ``./modelvec.duckdb``.
+    The representation is ``representation`` or built from keyword parameters
+    (``rank=8, factor="U", pooling="mean", solver=..., sign=..., n_iter=..., n_oversamples=...,
+    seed=...``; see :class:`Representation`). Models already stored with the same weights, base
+    and representation are skipped unless ``force``. A model that fails is recorded
+    (``result.failed``: model -> reason) and the run goes on. ``store=None`` uses
+    ``$MODELVEC_STORE`` or ``./modelvec.duckdb``.
     """
-    params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed)
+    params = representation or Representation(**params)
     own_store = not isinstance(store, Store)
     db = Store(store) if own_store else store
     try:
