@@ -35,3 +35,9 @@ def card_datasets(card: dict[str, Any]) -> list[str]:
     if not isinstance(value, list):
         return []
     return [str(v).strip() for v in value if isinstance(v, (str, int)) and str(v).strip()]
+
+
+def card_author(card: dict[str, Any]) -> str | None:
+    """An ``author:`` the card declares (local models have no Hub namespace to take it from)."""
+    value = card.get("author")
+    return str(value).strip() or None if isinstance(value, (str, int)) else None

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .cards import card_datasets, read_card
+from .cards import card_author, card_datasets, read_card
 from .checkpoint import Checkpoint
 from .errors import ModelvecError
 from .representation import DeltaEmbedder, Representation
@@ -96,8 +96,11 @@ def _run(base: PathLike, models: Sequence[PathLike], params: Representation, dev
                 embedder = DeltaEmbedder.from_params(params, device).fit(base_ck)
             vector = embedder.embed_one(ck)
             seconds = time.perf_counter() - start
+            card = read_card(ck.folder)
+            datasets = card_datasets(card)
             db.put(VectorRow(name, model_hash, base_name, base_hash, params, embedder.layout_.arch.name, vector,
-                             card_datasets(read_card(ck.folder)), str(Path(model)), seconds))
+                             datasets, str(Path(model)), seconds, label_source="card" if datasets else None,
+                             author=card_author(card)))
             result.embedded.append(name)
             progress(name, "embedded", f"{seconds:.2f}s")
         except ModelvecError as exc:

@@ -36,7 +36,7 @@ from .architectures import MatrixRef, Orientation
 from .checkpoint import Checkpoint, Layout, check_compatible
 from .errors import CheckpointError, IncompatibleError
 
-FACTORS = ("U", "US")
+FACTORS = ("U", "US", "S", "sketch")
 POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
@@ -54,6 +54,7 @@ class Representation:
     n_iter: int = 4
     n_oversamples: int = 8
     seed: int = 0
+    block_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("factor", FACTORS), ("pooling", POOLINGS), ("solver", SOLVERS), ("sign", SIGNS)):
@@ -63,12 +64,30 @@ class Representation:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "rank" else 0):
                 raise ValueError(f"{name} must be an integer >= {1 if name == 'rank' else 0}, not {value!r}")
+        if not isinstance(self.block_norm, bool):
+            raise ValueError(f"block_norm must be a bool, not {self.block_norm!r}")
+
+    @property
+    def uses_svd(self) -> bool:
+        return self.factor != "sketch"
+
+    def block_size(self, n: int) -> int:
+        """Floats one n x m matrix contributes to a layer's vector."""
+        return self.rank if self.factor == "S" else n * self.rank
 
     def key(self) -> str:
         """A stable, readable id: equal keys mean bit-identical vectors for the same inputs."""
-        parts = [f"r{self.rank}", self.factor, self.pooling, self.solver, self.sign]
-        if self.solver == "randomized":
-            parts += [f"it{self.n_iter}", f"os{self.n_oversamples}", f"seed{self.seed}"]
+        parts = [f"r{self.rank}", self.factor, self.pooling]
+        if not self.uses_svd:
+            parts.append(f"seed{self.seed}")
+        else:
+            parts.append(self.solver)
+            if self.factor != "S":
+                parts.append(self.sign)
+            if self.solver == "randomized":
+                parts += [f"it{self.n_iter}", f"os{self.n_oversamples}", f"seed{self.seed}"]
+        if self.block_norm:
+            parts.append("bn")
         return "-".join(parts)
 
     def as_dict(self) -> dict[str, object]:
@@ -128,10 +147,15 @@ def canonical_signs(u: torch.Tensor) -> torch.Tensor:
 
 
 def factor_blocks(u: torch.Tensor, s: torch.Tensor, params: Representation, m: int) -> torch.Tensor:
-    """(b, n * rank): each (n x m) matrix's kept factor, zero-padded to ``rank`` columns, column by column."""
+    """(b, block_size): each (n x m) matrix's kept factor, zero-padded to ``rank`` columns, column by column.
+
+    ``S`` keeps the singular values alone (b, rank).
+    """
     b, n, k = u.shape
     tol = s[..., :1] * torch.finfo(s.dtype).eps * max(n, m)
     live = s > tol
+    if params.factor == "S":
+        return torch.nn.functional.pad(s * live, (0, params.rank - k))
     if params.sign == "max-abs":
         u = canonical_signs(u)
     u = u * live.unsqueeze(-2)
@@ -140,6 +164,21 @@ def factor_blocks(u: torch.Tensor, s: torch.Tensor, params: Representation, m: i
     if k < params.rank:
         u = torch.nn.functional.pad(u, (0, params.rank - k))
     return u.mT.reshape(b, -1)
+
+
+def sketch_matrix(m: int, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The Gaussian test matrix of the sketch dW @ Omega: fixed by (m, rank, seed), shared by all models.
+
+    Scaled by 1/sqrt(rank) so that sketches preserve norms in expectation (Johnson-Lindenstrauss).
+    """
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(m, rank, generator=generator) / rank**0.5).to(device)
+
+
+def normalise_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """Each row scaled to unit norm (a zero row stays zero), so large blocks do not drown small ones."""
+    norms = blocks.norm(dim=-1, keepdim=True)
+    return torch.where(norms > 0, blocks / norms.clamp_min(torch.finfo(blocks.dtype).tiny), blocks)
 
 
 # --- the estimator --------------------------------------------------------------------------------
@@ -175,9 +214,10 @@ class DeltaEmbedder:
         n_iter: int = 4,
         n_oversamples: int = 8,
         seed: int = 0,
+        block_norm: bool = False,
         device: str = "cpu",
     ) -> None:
-        self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed)
+        self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm)
         self.device = torch.device(device)
 
     @classmethod
@@ -204,7 +244,6 @@ class DeltaEmbedder:
         return self
 
     def _blocks(self, layout: Layout) -> list[Block]:
-        r = self.params.rank
         blocks: list[Block] = []
         pos = 0
         for stack, layer, refs in layout.by_layer():
@@ -212,8 +251,9 @@ class DeltaEmbedder:
                 continue
             for ref in refs:
                 n = self.weights_[ref.key].shape[0]
-                blocks.append(Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + n * r))
-                pos += n * r
+                size = self.params.block_size(n)
+                blocks.append(Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + size))
+                pos += size
         return blocks
 
     # --- transform ----------------------------------------------------------------------------
@@ -273,13 +313,20 @@ class DeltaEmbedder:
             for j, i in enumerate(idx):
                 torch.sub(self._matrix(ck, layout, refs[i], cache), self.weights_[refs[i].key], out=batch[j])
             try:
-                u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
-                finite = bool(torch.isfinite(s).all())
+                if p.uses_svd:
+                    u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
+                    out = factor_blocks(u, s, p, m)
+                    finite = bool(torch.isfinite(s).all())
+                else:
+                    out = (batch @ sketch_matrix(m, p.rank, p.seed, self.device)).mT.reshape(len(idx), -1)
+                    finite = bool(torch.isfinite(out).all())
             except RuntimeError:  # LAPACK refuses non-finite input
                 finite = False
             if not finite:
                 self._raise_non_finite(ck, layout, [refs[i] for i in idx], batch)
-            for i, block in zip(idx, factor_blocks(u, s, p, m)):
+            if p.block_norm:
+                out = normalise_blocks(out)
+            for i, block in zip(idx, out):
                 factors[i] = block
         return factors  # type: ignore[return-value]
 

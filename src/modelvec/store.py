@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS vectors (
     dim          INTEGER NOT NULL,
     vector       FLOAT[] NOT NULL,
     datasets     VARCHAR[] NOT NULL,
+    label_source VARCHAR,
+    author       VARCHAR,
     source       VARCHAR NOT NULL,
     seconds      DOUBLE NOT NULL,
     created_at   TIMESTAMP NOT NULL DEFAULT now(),
@@ -56,7 +58,13 @@ CREATE TABLE IF NOT EXISTS failures (
 );
 """
 
-META_COLUMNS = ("model", "base", "params", "architecture", "dim", "datasets", "source", "model_hash", "seconds", "created_at")
+META_COLUMNS = (
+    "model", "base", "params", "architecture", "dim", "datasets", "label_source", "author", "source", "model_hash",
+    "seconds", "created_at",
+)
+# Columns added after the first release: added in place to older store files.
+_MIGRATIONS = ("ALTER TABLE vectors ADD COLUMN IF NOT EXISTS label_source VARCHAR",
+               "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS author VARCHAR")
 
 
 def default_store_path() -> Path:
@@ -78,6 +86,8 @@ class VectorRow:
     datasets: list[str]
     source: str
     seconds: float
+    label_source: str | None = None  # where the dataset labels came from, e.g. "card"
+    author: str | None = None
 
 
 class Store:
@@ -89,6 +99,8 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.con = duckdb.connect(str(self.path))
         self.con.execute(_SCHEMA)
+        for statement in _MIGRATIONS:
+            self.con.execute(statement)
 
     # --- writes -------------------------------------------------------------------------------
     def put(self, row: VectorRow) -> None:
@@ -106,12 +118,12 @@ class Store:
             self.con.execute(
                 """INSERT OR REPLACE INTO vectors
                    (model, model_hash, base, base_hash, params, rank, factor, pooling, solver, sign, params_json,
-                    architecture, dim, vector, datasets, source, seconds)
-                   SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, vector, datasets, ?, ? FROM new_row""",
+                    architecture, dim, vector, datasets, label_source, author, source, seconds)
+                   SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, vector, datasets, ?, ?, ?, ? FROM new_row""",
                 [
                     row.model, row.model_hash, row.base, row.base_hash, p.key(), p.rank, p.factor, p.pooling,
                     p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture, int(vec.size),
-                    row.source, float(row.seconds),
+                    row.label_source, row.author, row.source, float(row.seconds),
                 ],
             )
             self.con.execute("DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()])

@@ -1,0 +1,66 @@
+"""The representation variants the clustering evidence compares: singular values, sketch, block normalisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import planted_finetune
+from modelvec import Checkpoint, DeltaEmbedder, Representation
+from modelvec.representation import sketch_matrix
+
+
+def _delta(base, ft, ref):
+    return Checkpoint(ft).matrix(ref, "") - Checkpoint(base).matrix(ref, "")
+
+
+def test_singular_values_alone(tiny_bert, tiny_finetunes):
+    emb = DeltaEmbedder(rank=4, factor="S", pooling="concat", solver="exact").fit(tiny_bert)
+    vec = emb.embed_one(tiny_finetunes[0])
+    assert emb.dim_ == 4 * len(emb.layout_.refs)
+    for ref, block in zip(emb.layout_.refs, emb.blocks_):
+        expected = torch.linalg.svdvals(_delta(tiny_bert, tiny_finetunes[0], ref).double())[:4]
+        expected[2:] = 0  # planted rank 2: the rest is numerically zero and zeroed
+        np.testing.assert_allclose(vec[block.start:block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_sketch_is_the_delta_times_a_shared_gaussian(tiny_bert, tiny_finetunes):
+    emb = DeltaEmbedder(rank=4, factor="sketch", pooling="concat", seed=3).fit(tiny_bert)
+    vec = emb.embed_one(tiny_finetunes[1])
+    for ref, block in zip(emb.layout_.refs, emb.blocks_):
+        d = _delta(tiny_bert, tiny_finetunes[1], ref)
+        expected = (d @ sketch_matrix(d.shape[1], 4, 3)).T.reshape(-1)
+        np.testing.assert_allclose(vec[block.start:block.stop], expected.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_sketch_is_linear_in_the_delta(tiny_bert, tmp_path):
+    """Twice the delta gives twice the vector: sketches of different models live in one linear space."""
+    small = planted_finetune(tiny_bert, tmp_path / "a", seed=4, scale=0.05)
+    large = planted_finetune(tiny_bert, tmp_path / "b", seed=4, scale=0.10)
+    emb = DeltaEmbedder(rank=4, factor="sketch").fit(tiny_bert)
+    np.testing.assert_allclose(emb.embed_one(large), 2 * emb.embed_one(small), rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("factor", ["U", "US", "S", "sketch"])
+def test_block_normalisation_gives_unit_blocks(tiny_bert, tiny_finetunes, factor):
+    emb = DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=True).fit(tiny_bert)
+    vec = emb.embed_one(tiny_finetunes[2])
+    norms = [np.linalg.norm(vec[b.start:b.stop]) for b in emb.blocks_]
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+    plain = DeltaEmbedder(rank=4, factor=factor, pooling="concat").fit(tiny_bert).embed_one(tiny_finetunes[2])
+    for b in emb.blocks_:  # same direction, only the scale differs
+        x, y = vec[b.start:b.stop], plain[b.start:b.stop]
+        assert np.dot(x, y) == pytest.approx(np.linalg.norm(y), rel=1e-5)
+
+
+def test_block_normalisation_keeps_untouched_blocks_zero(tiny_bert):
+    vec = DeltaEmbedder(rank=4, block_norm=True).fit(tiny_bert).embed_one(tiny_bert)
+    assert not vec.any() and np.isfinite(vec).all()
+
+
+def test_keys_name_what_changes_the_vector():
+    keys = {Representation(factor=f, block_norm=b).key() for f in ("U", "US", "S", "sketch") for b in (False, True)}
+    assert len(keys) == 8
+    assert Representation(factor="sketch").key() == Representation(factor="sketch", solver="exact", sign="none").key()
+    assert "bn" in Representation(block_norm=True).key()
