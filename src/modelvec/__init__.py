@@ -2,7 +2,9 @@
 
 The pipeline, one stage per module: ``architectures`` (which tensors play which role) ->
 ``checkpoint`` (read only those tensors) -> ``representation`` (deltas -> truncated SVD -> vector)
--> ``store`` (DuckDB) -> ``pipeline`` (many models, resume, failures) -> ``cli``.
+-> ``store`` (DuckDB) -> ``pipeline`` (many models, resume, failures) -> ``analysis`` (kNN dataset
+score, predictions, clustering scores) -> ``maps`` / ``plots`` -> ``report`` (cluster, neighbours)
+and ``evaluation`` (representations compared) -> ``cli``.
 """
 
 from .architectures import ARCHITECTURES, Architecture, detect
@@ -26,5 +28,19 @@ __all__ = [
     "Store",
     "detect",
     "embed",
+    "cluster",
+    "neighbors",
+    "evaluate",
 ]
 __version__ = "0.1.0"
+
+_LAZY = {"cluster": "report", "neighbors": "report", "evaluate": "evaluation"}
+
+
+def __getattr__(name: str):
+    """``modelvec.cluster``, ``neighbors`` and ``evaluate`` import the plotting stack only when used."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'modelvec' has no attribute {name!r}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -12,7 +14,7 @@ from rich.table import Table
 
 from .errors import ModelvecError
 from .pipeline import embed as embed_models
-from .representation import FACTORS, POOLINGS, SIGNS, SOLVERS
+from .representation import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
 from .store import Store, default_store_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn fine-tuned transformers into vectors from their weight deltas.")
@@ -30,33 +32,39 @@ def _short(name: str) -> str:
         return name
 
 
-def _choice(value: str, allowed: tuple[str, ...], name: str) -> str:
-    if value not in allowed:
-        raise typer.BadParameter(f"must be one of {', '.join(allowed)}", param_hint=name)
-    return value
+_D = Representation()  # the defaults live in Representation only
+RankOpt = typer.Option(_D.rank, "--rank", min=1, help="Rank r of the truncated SVD of each delta.")
+FactorOpt = typer.Option(_D.factor, "--factor", help=f"Factor kept: {'|'.join(FACTORS)} (S: singular values alone; sketch: dW times a shared Gaussian).")
+PoolingOpt = typer.Option(_D.pooling, "--pooling", help=f"Layer pooling: {'|'.join(POOLINGS)}.")
+SolverOpt = typer.Option(_D.solver, "--solver", help=f"SVD solver: {'|'.join(SOLVERS)}.")
+SignOpt = typer.Option(_D.sign, "--sign", help=f"Sign canonicalisation: {'|'.join(SIGNS)}.")
+NIterOpt = typer.Option(_D.n_iter, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver (accuracy vs speed).")
+OversamplesOpt = typer.Option(_D.n_oversamples, "--oversamples", min=0, help="Extra columns of the randomized solver's sketch.")
+SeedOpt = typer.Option(_D.seed, "--seed", help="Seed of the randomized solver and the sketch.")
+BlockNormOpt = typer.Option(_D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm.")
+MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
+
+
+def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter: int, oversamples: int, seed: int,
+            block_norm: bool) -> Representation:
+    try:
+        return Representation(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command()
 def embed(
     models: List[Path] = typer.Argument(..., help="Fine-tuned models: folders or weight files."),
     base: Path = typer.Option(..., "--base", help="The base model the fine-tunes start from."),
-    rank: int = typer.Option(8, "--rank", min=1, help="Rank r of the truncated SVD of each delta."),
-    factor: str = typer.Option("U", help=f"Factor kept: {'|'.join(FACTORS)}."),
-    pooling: str = typer.Option("mean", help=f"Layer pooling: {'|'.join(POOLINGS)}."),
-    solver: str = typer.Option("randomized", help=f"SVD solver: {'|'.join(SOLVERS)}."),
-    sign: str = typer.Option("max-abs", help=f"Sign canonicalisation: {'|'.join(SIGNS)}."),
-    n_iter: int = typer.Option(4, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver (accuracy vs speed)."),
-    oversamples: int = typer.Option(8, "--oversamples", min=0, help="Extra columns of the randomized solver's sketch."),
-    seed: int = typer.Option(0, help="Seed of the randomized solver."),
+    rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
+    n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     device: str = typer.Option("cpu", help="torch device for deltas and SVDs."),
     store: Optional[Path] = StoreOpt,
     force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
 ) -> None:
     """Embed fine-tunes of BASE into the store (skips what is stored; records failures and goes on)."""
-    _choice(factor, FACTORS, "--factor")
-    _choice(pooling, POOLINGS, "--pooling")
-    _choice(solver, SOLVERS, "--solver")
-    _choice(sign, SIGNS, "--sign")
+    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task("embedding", total=len(models))
@@ -65,11 +73,8 @@ def embed(
             bar.advance(task)
 
         try:
-            result = embed_models(
-                base, models, rank=rank, factor=factor, pooling=pooling, solver=solver, sign=sign, n_iter=n_iter,
-                n_oversamples=oversamples, seed=seed,
-                device=device, store=store, force=force, progress=report,
-            )
+            result = embed_models(base, models, representation=params, device=device, store=store, force=force,
+                                  progress=report)
         except ModelvecError as exc:
             err.print(f"error: base {exc}", soft_wrap=True, markup=False, highlight=False)
             raise typer.Exit(2)
@@ -116,6 +121,118 @@ def export(
     with Store(store) as db:
         count = db.export_parquet(parquet)
     console.print(f"wrote {count} vectors to {parquet}")
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.3f}"
+    return str(value)
+
+
+@app.command()
+def cluster(
+    base: str = typer.Argument(..., help="The base whose stored fine-tunes to cluster (path or stored id)."),
+    reduce: str = typer.Option("umap", "--reduce", help="2-D map: umap|tsne|pca."),
+    standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
+    metric: str = MetricOpt,
+    pool: str = typer.Option("labelled", "--pool", help="kNN neighbour pool: labelled|all."),
+    k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
+    out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
+    n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
+    from .report import cluster as run_cluster
+
+    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    try:
+        report = run_cluster(base, params=params, store=store, out=out, method=reduce, standardize=standardize,
+                             metric=metric, pool=pool, k=k)
+    except (LookupError, ValueError) as exc:
+        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(report.as_json(), default=_json_default))
+        return
+    table = Table("dataset", "models scored", "kNN dataset score", title=f"{_short(report.base)} · {report.params}")
+    for dataset, entry in sorted(report.per_dataset.items()):
+        table.add_row(dataset, str(entry["count"]), _fmt(entry["score"]))
+    table.add_row("[b]all[/b]", str(report.n_scored), f"[b]{_fmt(report.knn_score)}[/b]")
+    console.print(table)
+    scores = Table("score", "value", title=f"{report.n_models} models · metric {report.metric} · pool {report.pool}")
+    scores.add_row("leave-one-out dataset prediction accuracy", _fmt(report.loo_accuracy))
+    for name, value in report.clustering.items():
+        scores.add_row(name, _fmt(value))
+    console.print(scores)
+    if report.predictions:
+        preds = Table("unlabelled model", "predicted dataset", "confidence")
+        for p in report.predictions:
+            preds.add_row(_short(p["model"]), p["predicted"], _fmt(p["confidence"]))
+        console.print(preds)
+    for kind, path in report.files.items():
+        console.print(f"{kind.upper()} map: {path}", soft_wrap=True, markup=False, highlight=False)
+
+
+@app.command()
+def neighbors(
+    model: str = typer.Argument(..., help="A stored model (path or stored id)."),
+    k: int = typer.Option(10, "--k", min=1, help="How many neighbours."),
+    metric: str = MetricOpt,
+    rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
+    n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """The stored models nearest to MODEL, with distance and labels."""
+    from .report import neighbors as find
+
+    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    try:
+        found = find(model, params=params, store=store, k=k, metric=metric)
+    except (LookupError, ValueError) as exc:
+        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(2)
+    table = Table("#", "model", f"{metric} distance", "datasets", title=f"nearest to {_short(str(model))}")
+    for i, row in enumerate(found.itertuples(), 1):
+        table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-")
+    console.print(table)
+
+
+@app.command()
+def evaluate(
+    models: List[Path] = typer.Argument(..., help="Fine-tuned models with dataset labels in their cards."),
+    base: Path = typer.Option(..., "--base", help="The base model."),
+    metric: str = MetricOpt,
+    store: Optional[Path] = StoreOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
+) -> None:
+    """Embed MODELS with every representation and print their scores side by side."""
+    from .evaluation import evaluate as run_evaluate
+
+    try:
+        table = run_evaluate(base, models, store=store, metric=metric,
+                             progress=lambda msg: err.print(msg, markup=False, highlight=False))
+    except (ModelvecError, ValueError) as exc:
+        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(2)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    if as_json:
+        print(table.to_json(orient="records"))
+        return
+    out = Table(*table.columns, title=f"representations compared on {len(models)} models")
+    for row in table.itertuples(index=False):
+        out.add_row(*(_fmt(v) for v in row))
+    console.print(out)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,336 @@
+"""Do the vectors cluster by the dataset each model was fine-tuned on?
+
+Inputs everywhere: ``X`` (n_models, dim), float32 or float64, and ``labels``: one sequence of
+dataset names per model (empty = unlabelled; usually one name; several allowed). The headline
+number is :func:`knn_dataset_score` (the project description's k-NN measure); the rest answer the
+follow-up questions: what would the unlabelled models be (:func:`predict_datasets`), do generic
+clusterers recover the datasets (:func:`clustering_scores`), which models look alike
+(:func:`nearest`).
+
+Rules shared by every function, so that two functions never disagree about a neighbour:
+
+- Distances come from one place, ``_distances``, computed in float64. ``"cosine"`` is
+  1 - cos on L2-normalised rows; a zero vector has cosine 0 with everything (itself and other
+  zero vectors included), i.e. distance 1, rather than NaN. ``"euclidean"`` is
+  sqrt(|a|^2 + |b|^2 - 2 a.b) with negatives from rounding clipped to 0.
+- A model is never its own neighbour: its own distance is set to +inf explicitly, since with a
+  duplicate vector elsewhere (distance 0) it need not be the first one in sorted order.
+- Ties in distance (equal computed values) are broken by model index, lower first: every ranking
+  is a full stable argsort, so results are deterministic.
+- Work is done in row blocks, so memory stays O(block x n_models) beyond the float64 copy of X.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+METRICS = ("cosine", "euclidean")
+POOLS = ("labelled", "all")
+
+_BLOCK_ELEMENTS = 1 << 22  # distances held at once (32 MiB of float64), whatever n_models is
+
+
+@dataclass(frozen=True, eq=False)
+class KnnScore:
+    """The k-NN dataset score: ``score`` is the mean of ``per_model`` over the scored models."""
+
+    score: float
+    n_scored: int
+    per_dataset: dict[str, tuple[float, int]]  # dataset -> (mean over its scored models, count)
+    per_model: np.ndarray  # (n_models,), nan where a model is not scored
+    metric: str
+    pool: str
+
+
+@dataclass(frozen=True, eq=False)
+class Predictions:
+    """Majority-vote datasets for the unlabelled models, and the same rule's leave-one-out accuracy."""
+
+    predicted: list[str | None]  # None for labelled models (and when no labelled model exists)
+    confidence: np.ndarray  # (n_models,), the winner's vote share; nan where nothing was predicted
+    loo_accuracy: float
+    n_loo: int
+    k: int
+    metric: str
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+    return int(value)
+
+
+def _as_matrix(X: np.ndarray, name: str = "X") -> np.ndarray:
+    """``X`` as a finite float64 (n_models, dim) array; a copy, so callers may modify it."""
+    M = np.asarray(X)
+    if M.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (n_models, dim), not shape {M.shape}")
+    if not (np.issubdtype(M.dtype, np.floating) or np.issubdtype(M.dtype, np.integer)):
+        raise ValueError(f"{name} must be numeric, not {M.dtype}")
+    M = np.array(M, dtype=np.float64)
+    if not np.isfinite(M).all():
+        raise ValueError(f"{name} contains NaN or Inf")
+    return M
+
+
+def _label_sets(labels: Sequence[Sequence[str]], n: int) -> list[frozenset[str]]:
+    """One frozenset per model; a bare string per model is refused (it would be split into letters)."""
+    if isinstance(labels, str) or len(labels) != n:
+        raise ValueError(f"labels must hold one sequence of dataset names per model ({n}), "
+                         f"not {len(labels) if not isinstance(labels, str) else 'a string'}")
+    sets = []
+    for i, entry in enumerate(labels):
+        if isinstance(entry, str) or not all(isinstance(x, str) and x for x in entry):
+            raise ValueError(f"labels[{i}] must be a sequence of non-empty dataset names "
+                             f"(e.g. ['imdb'], or [] when unlabelled), not {entry!r}")
+        sets.append(frozenset(entry))
+    return sets
+
+
+def _membership(sets: list[frozenset[str]]) -> tuple[list[str], np.ndarray]:
+    """Sorted dataset names and the (n_models, n_datasets) membership matrix."""
+    names = sorted(set().union(*sets)) if sets else []
+    column = {name: j for j, name in enumerate(names)}
+    member = np.zeros((len(sets), len(names)), dtype=bool)
+    for i, s in enumerate(sets):
+        member[i, [column[x] for x in s]] = True
+    return names, member
+
+
+# --- the one distance function ------------------------------------------------------------------
+
+
+def _prepare(M: np.ndarray, metric: str) -> np.ndarray:
+    """Rows ready for ``_distances``: unit rows for cosine (zero rows stay zero), as they are otherwise.
+
+    Rows are divided by their largest entry before the norm is taken, so huge or tiny vectors
+    neither overflow nor underflow.
+    """
+    if metric == "euclidean":
+        return M
+    scale = np.abs(M).max(axis=1, initial=0.0)
+    nonzero = scale > 0
+    Z = np.zeros_like(M)
+    Z[nonzero] = M[nonzero] / scale[nonzero, None]
+    Z[nonzero] /= np.linalg.norm(Z[nonzero], axis=1)[:, None]
+    return Z
+
+
+def _distances(A: np.ndarray, B: np.ndarray, metric: str) -> np.ndarray:
+    """(len(A), len(B)) distances between rows returned by ``_prepare``; never negative."""
+    if metric == "cosine":
+        D = 1.0 - A @ B.T
+        return np.clip(D, 0.0, 2.0, out=D)
+    D = -2.0 * (A @ B.T)
+    D += np.einsum("ij,ij->i", A, A)[:, None]
+    D += np.einsum("ij,ij->i", B, B)[None, :]
+    np.maximum(D, 0.0, out=D)
+    return np.sqrt(D, out=D)
+
+
+def _blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
+    step = max(1, _BLOCK_ELEMENTS // max(1, n_columns))
+    for start in range(0, len(rows), step):
+        yield rows[start:start + step]
+
+
+def _ranked(Z: np.ndarray, rows: np.ndarray, columns: np.ndarray,
+            metric: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
+
+    A row that is also a column gets distance +inf to itself, so it ranks last. ``columns`` is
+    sorted (always built with ``flatnonzero``/``arange``), so ranking by position in ``columns``
+    is ranking by model index.
+    """
+    for block in _blocks(rows, len(columns)):
+        D = _distances(Z[block], Z[columns], metric)
+        D[columns[None, :] == block[:, None]] = np.inf
+        yield block, np.argsort(D, axis=1, kind="stable")
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+
+def knn_dataset_score(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine",
+                      pool: str = "labelled") -> KnnScore:
+    """Share of each labelled model's k-1 nearest neighbours tuned on the same dataset, averaged.
+
+    For a model f whose dataset has k >= 2 models, take its k-1 nearest neighbours (f excluded)
+    and count the share tuned on f's dataset; ``score`` is the mean over scored models. Chance
+    level for random labels is about (k-1)/(n-1) per model, so compare against that, not 0.
+
+    - ``pool="labelled"``: neighbours are drawn from the labelled models only. ``pool="all"``:
+      unlabelled models are candidates too and always count as misses (a model of unknown
+      dataset sitting inside a cluster lowers that cluster's score).
+    - Unlabelled models are never scored; nor is a model with no other labelled model sharing a
+      label (k = 1). Both are nan in ``per_model`` and absent from the mean.
+    - Multi-label rule: for f with label set L_f, k-1 is the number of other labelled models
+      sharing at least one label with f, and a neighbour is a hit when it shares any label with
+      f. In ``per_dataset`` a multi-label model counts under each of its labels. With one label
+      per model this is exactly the definition above. Datasets with no scored model are absent.
+    - Distances, zero vectors and ties: see the module docstring (ties go to the lower index).
+    """
+    _check_choice("metric", metric, METRICS)
+    _check_choice("pool", pool, POOLS)
+    M = _as_matrix(X)
+    n = len(M)
+    sets = _label_sets(labels, n)
+    names, member = _membership(sets)
+    labelled = member.any(axis=1)
+    Z = _prepare(M, metric)
+    columns = np.flatnonzero(labelled) if pool == "labelled" else np.arange(n)
+    member_f = member.astype(np.float64)
+    per_model = np.full(n, np.nan)
+    for block, order in _ranked(Z, np.flatnonzero(labelled), columns, metric):
+        same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
+        same[columns[None, :] == block[:, None]] = False  # f itself is not one of "the other" k-1
+        k_minus_1 = same.sum(axis=1)
+        hits = np.cumsum(np.take_along_axis(same, order, axis=1), axis=1)
+        scored = k_minus_1 > 0
+        rows = np.flatnonzero(scored)
+        per_model[block[scored]] = hits[rows, k_minus_1[scored] - 1] / k_minus_1[scored]
+    scored = ~np.isnan(per_model)
+    per_dataset = {}
+    for j, name in enumerate(names):
+        mask = scored & member[:, j]
+        if mask.any():
+            per_dataset[name] = (float(per_model[mask].mean()), int(mask.sum()))
+    score = float(per_model[scored].mean()) if scored.any() else float("nan")
+    return KnnScore(score=score, n_scored=int(scored.sum()), per_dataset=per_dataset,
+                    per_model=per_model, metric=metric, pool=pool)
+
+
+def predict_datasets(X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int = 5,
+                     metric: str = "cosine") -> Predictions:
+    """Majority dataset among each unlabelled model's k nearest labelled models.
+
+    Each neighbour votes once for each of its labels; the winner has the most votes, ties going
+    to the alphabetically first name; ``confidence`` is the winner's share of all votes cast.
+    With fewer than k labelled models, all of them vote.
+
+    ``loo_accuracy`` applies the same rule to every labelled model, voting among the *other*
+    labelled models, and counts it correct when the winner is one of its labels; ``n_loo`` is
+    the number of models so predicted (all labelled models, when there are at least two). A
+    model whose dataset has no other model can never be right: it counts as a miss, as it would
+    in deployment. nan / 0 when fewer than two models are labelled.
+    """
+    k = _check_int("k", k, 1)
+    _check_choice("metric", metric, METRICS)
+    M = _as_matrix(X)
+    n = len(M)
+    names, member = _membership(_label_sets(labels, n))
+    labelled = np.flatnonzero(member.any(axis=1))
+    Z = _prepare(M, metric)
+    predicted: list[str | None] = [None] * n
+    confidence = np.full(n, np.nan)
+
+    def vote(neighbours: np.ndarray) -> tuple[int, float]:
+        counts = member[neighbours].sum(axis=0)
+        winner = int(np.argmax(counts))  # first maximum = alphabetically first name among ties
+        return winner, float(counts[winner] / counts.sum())
+
+    if len(labelled):
+        unlabelled = np.flatnonzero(~member.any(axis=1))
+        top = min(k, len(labelled))
+        for block, order in _ranked(Z, unlabelled, labelled, metric):
+            for i, ranks in zip(block, order):
+                winner, share = vote(labelled[ranks[:top]])
+                predicted[i], confidence[i] = names[winner], share
+
+    correct, n_loo = 0, len(labelled) if len(labelled) >= 2 else 0
+    if n_loo:
+        top = min(k, len(labelled) - 1)
+        for block, order in _ranked(Z, labelled, labelled, metric):
+            for i, ranks in zip(block, order):
+                winner, _ = vote(labelled[ranks[:top]])
+                correct += bool(member[i, winner])
+    loo = correct / n_loo if n_loo else float("nan")
+    return Predictions(predicted=predicted, confidence=confidence, loo_accuracy=loo, n_loo=n_loo, k=k,
+                       metric=metric)
+
+
+def clustering_scores(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine",
+                      seed: int = 0) -> dict[str, float]:
+    """Do generic clusterers, blind to the labels, recover the datasets? (1 = perfectly.)
+
+    Computed on the models with exactly one label whose dataset has at least two such models
+    (a cluster of one says nothing); needs at least two such datasets, otherwise every score is
+    nan and ``n_clustered`` is 0. ``n_clustered`` is the number of models used.
+
+    - ``silhouette``: sklearn's silhouette_score of the dataset labels, on ``_distances``.
+    - ``kmeans_nmi`` / ``kmeans_ari``: KMeans with k = number of datasets (n_init=10,
+      random_state=seed), on L2-normalised rows for cosine (where squared euclidean distance is
+      2 x cosine distance), on the rows as they are for euclidean.
+    - ``hdbscan_nmi`` / ``hdbscan_ari``: HDBSCAN(min_cluster_size=2) on precomputed distances:
+      for cosine the chord distance sqrt(2 x cosine distance), i.e. euclidean between the unit
+      rows KMeans sees (zero rows aside): a true metric, as HDBSCAN assumes, with the same
+      neighbour order; on raw cosine distances it over-splits clusters. Noise (-1) is scored as
+      one more cluster label, as returned.
+    """
+    from sklearn.cluster import HDBSCAN, KMeans
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
+
+    _check_choice("metric", metric, METRICS)
+    seed = _check_int("seed", seed, 0)
+    M = _as_matrix(X)
+    sets = _label_sets(labels, len(M))
+    single = Counter(next(iter(s)) for s in sets if len(s) == 1)
+    kept = sorted(name for name, count in single.items() if count >= 2)
+    keys = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari")
+    if len(kept) < 2:
+        return {**{key: float("nan") for key in keys}, "n_clustered": 0.0}
+    code = {name: c for c, name in enumerate(kept)}
+    rows = [i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code]
+    truth = np.array([code[next(iter(sets[i]))] for i in rows])
+    Z = _prepare(M[rows], metric)
+    D = _distances(Z, Z, metric)
+    np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
+    kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
+    chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
+    hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)
+    return {
+        "silhouette": float(silhouette_score(D, truth, metric="precomputed")),
+        "kmeans_nmi": float(normalized_mutual_info_score(truth, kmeans)),
+        "kmeans_ari": float(adjusted_rand_score(truth, kmeans)),
+        "hdbscan_nmi": float(normalized_mutual_info_score(truth, hdbscan)),
+        "hdbscan_ari": float(adjusted_rand_score(truth, hdbscan)),
+        "n_clustered": float(len(rows)),
+    }
+
+
+def nearest(X: np.ndarray, query: np.ndarray, *, k: int = 10, metric: str = "cosine",
+            exclude: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and distances of the k rows of X nearest to ``query``, by (distance, index).
+
+    ``exclude`` drops one row, typically the query model itself (by index, not by distance, so
+    a duplicate of the query is still returned at distance 0). Fewer than k rows: all of them.
+    """
+    k = _check_int("k", k, 1)
+    _check_choice("metric", metric, METRICS)
+    M = _as_matrix(X)
+    q = _as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
+    if q.shape != (1, M.shape[1]):
+        raise ValueError(f"query must be one vector of length {M.shape[1]}, not shape {np.shape(query)}")
+    if exclude is not None:
+        exclude = _check_int("exclude", exclude, 0)
+        if exclude >= len(M):
+            raise ValueError(f"exclude must be a row index < {len(M)}, not {exclude}")
+    d = _distances(_prepare(q, metric), _prepare(M, metric), metric)[0]
+    order = np.argsort(d, kind="stable")
+    if exclude is not None:
+        order = order[order != exclude]
+    order = order[:k]
+    return order, d[order]

@@ -1,0 +1,138 @@
+"""Maps: model vectors (n, d) reduced to a few coordinates (n, 2) to look at.
+
+One function, :func:`reduce`, in the scikit-learn spirit: a numpy array in, a numpy array out,
+the parameters validated once before any work. Three methods:
+
+- ``"pca"``: :class:`sklearn.decomposition.PCA` (linear; the axes mean something: PC 1 carries
+  the most variance). The metric is not used (PCA is Euclidean).
+- ``"tsne"``: :class:`sklearn.manifold.TSNE` with ``init="pca"``, ``random_state=seed`` and the
+  perplexity adapted to small n: ``min(30, (n - 1) / 3)``. (Starting from PCA, scikit-learn's
+  t-SNE uses no random numbers: its result does not depend on ``seed``.) The exact gradient up to
+  ``TSNE_EXACT_MAX_N`` = 200 models (under a second; Barnes-Hut can take ~40 s for 5 points whose
+  layout flies apart), Barnes-Hut above.
+- ``"umap"``: :class:`umap.UMAP` with ``random_state=seed`` (which makes it deterministic and
+  single-threaded) and ``n_neighbors = min(15, n - 1)``. umap is imported lazily: importing it
+  compiles numba code, which takes seconds.
+
+Determinism: the same input and parameters give the same array, bit for bit, on one machine.
+
+Small n (documented behaviour, never a crash):
+
+- n == 1: a single point at the origin (zeros).
+- PCA with fewer components than asked for (n_components > min(n, d)): the missing coordinates
+  are zeros (e.g. 2 models give a line: PC 2 is 0).
+- t-SNE and UMAP need neighbourhoods; with fewer than ``MIN_NEIGHBOUR_N`` = 4 models (or
+  n < n_components + 2) there are none to speak of (and umap itself fails). Then the map is
+  the exact metric layout instead: classical multidimensional scaling of the pairwise
+  distances in ``metric``, which places 2 or 3 points at exactly their distances (when those
+  obey the triangle inequality), and a :class:`UserWarning` says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+METHODS = ("pca", "tsne", "umap")
+MIN_NEIGHBOUR_N = 4  # below this t-SNE and UMAP have no neighbourhoods; see the module docstring
+TSNE_EXACT_MAX_N = 200  # t-SNE's exact gradient up to here, Barnes-Hut above
+
+
+def reduce(X: np.ndarray, method: str = "umap", *, standardize: bool = False, seed: int = 0,
+           n_components: int = 2, metric: str = "cosine") -> np.ndarray:
+    """Reduce ``X`` (n models x d features) to ``(n, n_components)`` float64 coordinates.
+
+    ``standardize`` scales every feature to zero mean and unit variance first (sklearn's
+    :class:`~sklearn.preprocessing.StandardScaler`; constant features stay 0), so that one
+    feature with a huge scale does not decide the map on its own. ``metric`` is the distance
+    t-SNE and UMAP use (any name scikit-learn's ``pairwise_distances`` and umap both know,
+    e.g. ``"cosine"``, ``"euclidean"``); PCA ignores it. ``seed`` fixes every random choice.
+
+    Raises ValueError for an unknown method, bad parameters, or an ``X`` that is not a finite
+    2-D array with at least one row.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
+    if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
+        raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"metric must be a metric name, got {metric!r}")
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"X must be a 2-D array (n models, d features) with n, d >= 1, got shape {X.shape}")
+    if not np.isfinite(X).all():
+        raise ValueError("X contains NaN or infinite values")
+    n_components, seed = int(n_components), int(seed)
+    n = X.shape[0]
+
+    if standardize:
+        from sklearn.preprocessing import StandardScaler
+
+        X = StandardScaler().fit_transform(X)
+    if n == 1:
+        return np.zeros((1, n_components))
+    if method == "pca":
+        return _pca(X, n_components, seed)
+    if n < max(MIN_NEIGHBOUR_N, n_components + 2):
+        warnings.warn(f"{method}: {n} models are too few for neighbourhoods; using classical MDS of the "
+                      f"{metric} distances instead (exact for 2-3 points)", UserWarning, stacklevel=2)
+        return _classical_mds(X, n_components, metric)
+    if method == "tsne":
+        return _tsne(X, n_components, seed, metric)
+    return _umap(X, n_components, seed, metric)
+
+
+def _pad(Y: np.ndarray, n_components: int) -> np.ndarray:
+    """``Y`` as C-contiguous float64 with zero columns appended up to ``n_components``."""
+    out = np.zeros((Y.shape[0], n_components))
+    out[:, : Y.shape[1]] = Y
+    return out
+
+
+def _pca(X: np.ndarray, n_components: int, seed: int) -> np.ndarray:
+    from sklearn.decomposition import PCA
+
+    k = min(n_components, *X.shape)
+    return _pad(PCA(n_components=k, random_state=seed).fit_transform(X), n_components)
+
+
+def _tsne(X: np.ndarray, n_components: int, seed: int, metric: str) -> np.ndarray:
+    from sklearn.manifold import TSNE
+
+    n = X.shape[0]
+    tsne = TSNE(n_components=n_components, perplexity=min(30.0, (n - 1) / 3), init="pca", random_state=seed,
+                metric=metric, method="barnes_hut" if n > TSNE_EXACT_MAX_N and n_components < 4 else "exact")
+    return _pad(tsne.fit_transform(X), n_components)
+
+
+def _umap(X: np.ndarray, n_components: int, seed: int, metric: str) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImportWarning)  # "Tensorflow not installed; ParametricUMAP unavailable"
+        import umap
+
+    model = umap.UMAP(n_components=n_components, n_neighbors=min(15, X.shape[0] - 1), metric=metric,
+                      random_state=seed, n_jobs=1)  # n_jobs=1: what random_state implies anyway, without the warning
+    return _pad(model.fit_transform(X), n_components)
+
+
+def _classical_mds(X: np.ndarray, n_components: int, metric: str) -> np.ndarray:
+    """Classical (Torgerson) MDS of the ``metric`` distances; signs fixed so the result is deterministic."""
+    from sklearn.metrics import pairwise_distances
+
+    D = pairwise_distances(X, metric=metric)
+    D = (D + D.T) / 2
+    n = D.shape[0]
+    J = np.eye(n) - np.full((n, n), 1.0 / n)
+    B = -0.5 * J @ (D**2) @ J
+    values, vectors = np.linalg.eigh((B + B.T) / 2)
+    order = np.argsort(values)[::-1][:n_components]
+    Y = vectors[:, order] * np.sqrt(np.clip(values[order], 0.0, None))
+    Y[np.abs(Y) < 1e-12 * max(1.0, float(np.abs(Y).max(initial=0.0)))] = 0.0
+    for j in range(Y.shape[1]):  # each axis: its largest-magnitude coordinate positive (first such)
+        i = int(np.argmax(np.abs(Y[:, j])))
+        if Y[i, j] < 0:
+            Y[:, j] = -Y[:, j]
+    return _pad(Y, n_components)

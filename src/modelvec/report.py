@@ -1,0 +1,137 @@
+"""The cluster report: one base's stored vectors scored against their dataset labels and mapped.
+
+``cluster`` reads the vectors of one base and representation from the store, computes the kNN
+dataset score, predictions for unlabelled models and the clustering scores, reduces the vectors to
+2-D, and writes a PNG and a self-contained HTML page. ``neighbors`` lists the stored models nearest
+to one of them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .analysis import clustering_scores, knn_dataset_score, nearest, predict_datasets
+from .maps import reduce
+from .pipeline import model_id
+from .plots import plot_html, plot_png
+from .representation import Representation
+from .store import Store
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class ClusterReport:
+    """Scores and written files of one ``cluster`` run; ``as_json()`` is the CLI's ``--json``."""
+
+    base: str
+    params: str
+    n_models: int
+    metric: str
+    pool: str
+    knn_score: float
+    n_scored: int
+    per_dataset: dict[str, dict[str, float]]
+    loo_accuracy: float
+    clustering: dict[str, float]
+    predictions: list[dict[str, Any]]
+    files: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
+        out.update(self.clustering)
+        return out
+
+
+def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
+    """The stored vectors of ``base`` (a path or a stored id) under ``params``; clear error when none."""
+    ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base)]
+    for name in ids:
+        X, meta = store.load(base=name, params=params)
+        if len(meta):
+            return X, meta, name
+    stored = store.summary()
+    known = "; ".join(f"{b} [{p}]" for b, p in zip(stored["base"], stored["params"])) or "nothing stored"
+    raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()} (stored: {known})")
+
+
+def cluster(
+    base: PathLike | str,
+    *,
+    params: Representation | None = None,
+    store: Store | PathLike | None = None,
+    out: PathLike = "modelvec-out",
+    method: str = "umap",
+    standardize: bool = False,
+    metric: str = "cosine",
+    pool: str = "labelled",
+    k: int = 5,
+    seed: int = 0,
+) -> ClusterReport:
+    """Score and map the stored vectors of ``base``; writes ``out/clusters-<method>.png`` and ``.html``."""
+    params = params or Representation()
+    own = not isinstance(store, Store)
+    db = Store(store) if own else store
+    try:
+        X, meta, base_name = load_base(db, base, params)
+    finally:
+        if own:
+            db.close()
+    labels = [list(d) for d in meta["datasets"]]
+    knn = knn_dataset_score(X, labels, metric=metric, pool=pool)
+    pred = predict_datasets(X, labels, k=k, metric=metric)
+    scores = clustering_scores(X, labels, metric=metric, seed=seed)
+    predictions = [
+        {"model": m, "predicted": p, "confidence": float(c)}
+        for m, p, c in zip(meta["model"], pred.predicted, pred.confidence)
+        if p is not None
+    ]
+    report = ClusterReport(
+        base=base_name, params=params.key(), n_models=len(meta), metric=metric, pool=pool, knn_score=knn.score,
+        n_scored=knn.n_scored, per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
+        loo_accuracy=pred.loo_accuracy, clustering=scores, predictions=predictions,
+    )
+    if len(meta) >= 3:
+        coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)
+        folder = Path(out)
+        title = f"{len(meta)} fine-tunes of {Path(base_name).name}"
+        subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
+        report.files["png"] = str(plot_png(coords, meta, folder / f"clusters-{method}.png", method=method,
+                                           title=title, subtitle=subtitle))
+        report.files["html"] = str(plot_html(coords, meta, folder / f"clusters-{method}.html", method=method,
+                                             title=f"{title} — {subtitle}"))
+    return report
+
+
+def neighbors(
+    model: PathLike | str,
+    *,
+    params: Representation | None = None,
+    store: Store | PathLike | None = None,
+    k: int = 10,
+    metric: str = "cosine",
+) -> pd.DataFrame:
+    """The ``k`` stored models nearest to a stored model (same base and representation)."""
+    params = params or Representation()
+    own = not isinstance(store, Store)
+    db = Store(store) if own else store
+    try:
+        name = model_id(model) if os.path.exists(str(model)) else str(model)
+        rows = db.metadata(params=params, models=[name])
+        if rows.empty:
+            raise LookupError(f"{model}: not in the store with representation {params.key()}; embed it first")
+        X, meta = db.load(base=rows["base"].iloc[0], params=params)
+    finally:
+        if own:
+            db.close()
+    me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
+    idx, dist = nearest(X, X[me], k=k, metric=metric, exclude=me)
+    found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
+    found.insert(1, "distance", dist)
+    return found

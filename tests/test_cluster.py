@@ -1,0 +1,122 @@
+"""Clustering end to end: planted datasets through embed, the cluster report, neighbours, evaluate and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+import modelvec
+from conftest import save_state
+from modelvec import Checkpoint, Representation
+from modelvec.cli import app
+from modelvec.evaluation import REFERENCE, evaluate, task_vector_gram
+from modelvec.report import cluster, neighbors
+
+DATASETS = ("imdb", "glue/sst2", "squad")
+
+
+def planted_dataset_finetune(base: Path, out: Path, dataset: int, model_seed: int, noise: float = 0.2) -> Path:
+    """Fine-tune = base + a rank-2 delta specific to the dataset + a model-specific random delta."""
+    state = load_file(str(base / "model.safetensors"))
+    g_data = torch.Generator().manual_seed(1000 + dataset)
+    g_model = torch.Generator().manual_seed(model_seed)
+    new = {}
+    for key, value in sorted(state.items()):
+        if ".layer." in key and key.endswith(".weight") and value.ndim == 2:
+            shared = torch.randn(value.shape[0], 2, generator=g_data) @ torch.randn(2, value.shape[1], generator=g_data)
+            own = torch.randn(value.shape, generator=g_model)
+            value = value + 0.02 * (shared / shared.norm() + noise * own / own.norm())
+        new["bert." + key] = value
+    save_state(out, new, json.loads((base / "config.json").read_text()))
+    (out / "README.md").write_text(f"---\ndatasets:\n- {DATASETS[dataset]}\n---\n")
+    return out
+
+
+@pytest.fixture(scope="module")
+def planted(tiny_bert, tmp_path_factory):
+    root = tmp_path_factory.mktemp("planted")
+    models = [planted_dataset_finetune(tiny_bert, root / f"d{d}-m{i}", d, 10 * d + i) for d in range(3) for i in range(4)]
+    unlabelled = planted_dataset_finetune(tiny_bert, root / "mystery", 1, 99)
+    (unlabelled / "README.md").unlink()
+    store = root / "store.duckdb"
+    result = modelvec.embed(tiny_bert, [*models, unlabelled], rank=4, store=store)
+    assert not result.failed
+    return tiny_bert, models, unlabelled, store
+
+
+def test_task_vector_gram_is_the_inner_product_of_flattened_deltas(planted):
+    base, models, _, _ = planted
+    tv = task_vector_gram(base, models[:4])
+    b, cks = Checkpoint(base), [Checkpoint(m) for m in models[:4]]
+    layout = b.layout()
+    flat = [torch.cat([(ck.matrix(r, ck.layout().prefix) - b.matrix(r, layout.prefix)).reshape(-1) for r in layout.refs])
+            for ck in cks]
+    brute = torch.stack(flat).double()
+    np.testing.assert_allclose(tv.gram, (brute @ brute.T).numpy(), rtol=1e-6)
+    assert tv.dim == brute.shape[1]
+    X = tv.embedding()
+    np.testing.assert_allclose(X @ X.T, tv.gram, rtol=1e-6, atol=1e-12)
+
+
+def test_planted_datasets_cluster_perfectly(planted, tmp_path):
+    base, models, unlabelled, store = planted
+    report = cluster(base, params=Representation(rank=4), store=store, out=tmp_path, method="pca")
+    assert report.knn_score == 1.0 and report.n_scored == 12
+    assert set(report.per_dataset) == set(DATASETS)
+    assert report.loo_accuracy == 1.0
+    assert report.clustering["kmeans_ari"] == pytest.approx(1.0)
+    [prediction] = report.predictions
+    assert prediction["model"] == str(unlabelled.resolve()) and prediction["predicted"] == "glue/sst2"
+    assert Path(report.files["png"]).read_bytes()[:4] == b"\x89PNG"
+    assert "<html" in Path(report.files["html"]).read_text()[:2000].lower()
+
+
+def test_cluster_cli_json(planted, tmp_path):
+    base, _, _, store = planted
+    result = CliRunner().invoke(app, ["cluster", str(base), "--rank", "4", "--store", str(store), "--reduce", "pca",
+                                      "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for key in ("knn_score", "n_scored", "per_dataset", "metric", "pool", "silhouette", "kmeans_nmi", "kmeans_ari",
+                "hdbscan_nmi", "hdbscan_ari", "loo_accuracy"):
+        assert key in data, key
+    assert data["knn_score"] == 1.0 and data["metric"] == "cosine" and data["pool"] == "labelled"
+    assert data["per_dataset"]["imdb"] == {"score": 1.0, "count": 4}
+    table = CliRunner().invoke(app, ["cluster", str(base), "--rank", "4", "--store", str(store), "--reduce", "pca",
+                                     "--out", str(tmp_path), "--pool", "all", "--metric", "euclidean"])
+    assert table.exit_code == 0 and "kNN dataset score" in table.output and "PNG map" in table.output
+
+
+def test_cluster_without_vectors_is_a_clear_error(planted, tmp_path):
+    base, _, _, store = planted
+    result = CliRunner().invoke(app, ["cluster", str(base), "--rank", "7", "--store", str(store), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "no vectors stored for this base with representation r7" in result.output
+
+
+def test_neighbors_lists_the_same_dataset_first(planted):
+    _, models, _, store = planted
+    found = neighbors(models[0], params=Representation(rank=4), store=store, k=3)
+    assert [list(d) for d in found["datasets"]] == [["imdb"]] * 3
+    assert str(models[0].resolve()) not in set(found["model"])
+    assert found["distance"].is_monotonic_increasing
+    result = CliRunner().invoke(app, ["neighbors", str(models[5]), "--k", "3", "--rank", "4", "--store", str(store)])
+    assert result.exit_code == 0 and "glue/sst2" in result.output
+
+
+def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):
+    base, models, _, store = planted
+    variants = {"U": Representation(rank=4), "sketch": Representation(rank=4, factor="sketch")}
+    table = evaluate(base, models, variants=variants, store=store)
+    assert list(table["method"]) == ["U", "sketch", REFERENCE]
+    ref = table.set_index("method").loc[REFERENCE]
+    assert ref["ref_corr"] == pytest.approx(1.0) and ref["knn_score"] == 1.0
+    assert (table["n_scored"] == 12).all() and (table["knn_score"] == 1.0).all()
+    sketch = table.set_index("method").loc["sketch"]
+    assert sketch["dim"] == modelvec.DeltaEmbedder(rank=4, factor="sketch").fit(base).dim_
+    assert sketch["ref_corr"] > 0.9  # a linear sketch keeps the geometry of the full deltas

@@ -1,0 +1,339 @@
+"""Maps (reduce) and pictures (PNG, self-contained HTML), the HTML checked in a real headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+from sklearn.metrics import pairwise_distances, silhouette_score
+
+from modelvec.maps import METHODS, reduce
+from modelvec.plots import OTHER_COLOR, PALETTE, UNLABELLED_COLOR, grouping, plot_html, plot_png
+
+# --- reduce --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def planted() -> tuple[np.ndarray, np.ndarray]:
+    """30 points in 50 dimensions, three well-separated clusters of 10 (labels 0, 1, 2)."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(3, 50)) * 4
+    labels = np.repeat(np.arange(3), 10)
+    return centers[labels] + rng.normal(size=(30, 50)), labels
+
+
+@pytest.fixture(scope="module")
+def reduced(planted) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each method run twice on the same input (the first UMAP call also compiles numba code: ~20 s)."""
+    X, _ = planted
+    return {method: (reduce(X, method), reduce(X.copy(), method)) for method in METHODS}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reduce_shape_finite_deterministic_and_finds_the_clusters(reduced, planted, method):
+    first, second = reduced[method]
+    assert first.shape == (30, 2) and first.dtype == np.float64
+    assert np.isfinite(first).all()
+    assert np.array_equal(first, second), f"{method} is not deterministic"
+    assert silhouette_score(first, planted[1]) > 0.5
+
+
+def test_reduce_seed_matters_for_umap(planted, reduced):
+    # (t-SNE starts from PCA, so its result does not depend on the seed at all)
+    X, labels = planted
+    a, b = reduced["umap"][0], reduce(X, "umap", seed=1)
+    assert not np.array_equal(a, b)
+    assert silhouette_score(b, labels) > 0.5
+
+
+def test_standardize_keeps_a_huge_feature_from_deciding_the_map(planted):
+    X, labels = planted
+    rng = np.random.default_rng(1)
+    X = X.copy()
+    X[:, 0] = rng.normal(size=len(X)) * 1e4  # noise, unrelated to the clusters, on a huge scale
+    raw = reduce(X, "pca")
+    assert abs(np.corrcoef(raw[:, 0], X[:, 0])[0, 1]) > 0.999  # PC 1 is that one feature
+    assert silhouette_score(raw, labels) < 0.2
+    scaled = reduce(X, "pca", standardize=True)
+    assert abs(np.corrcoef(scaled[:, 0], X[:, 0])[0, 1]) < 0.5
+    assert silhouette_score(scaled, labels) > 0.5
+
+
+def test_reduce_validates_its_parameters(planted):
+    X, _ = planted
+    with pytest.raises(ValueError, match="unknown method 'mds'"):
+        reduce(X, "mds")
+    with pytest.raises(ValueError, match="n_components"):
+        reduce(X, "pca", n_components=0)
+    with pytest.raises(ValueError, match="2-D"):
+        reduce(X[0], "pca")
+    with pytest.raises(ValueError, match="2-D"):
+        reduce(np.zeros((0, 5)), "pca")
+    bad = X.copy()
+    bad[3, 4] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        reduce(bad, "pca")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reduce_tiny_n(method):
+    rng = np.random.default_rng(2)
+    assert np.array_equal(reduce(rng.normal(size=(1, 8)), method), np.zeros((1, 2)))
+    for n in (2, 3):
+        X = rng.normal(size=(n, 8))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Y = reduce(X, method, metric="euclidean")
+            again = reduce(X, method, metric="euclidean")
+        assert Y.shape == (n, 2) and np.isfinite(Y).all()
+        assert np.array_equal(Y, again)
+        # 2 or 3 points: PCA keeps their distances exactly (2 points: PC 2 is 0); the neighbour
+        # methods fall back to classical MDS of the metric's distances, also exact, and say so.
+        assert np.allclose(pairwise_distances(Y), pairwise_distances(X), atol=1e-8)
+        if method != "pca":
+            assert any("too few" in str(w.message) for w in caught)
+    if method != "pca":  # the fallback uses the metric asked for (PCA is always Euclidean)
+        X = rng.normal(size=(2, 8))
+        with pytest.warns(UserWarning, match="too few"):
+            Y = reduce(X, method)  # cosine
+        assert np.isclose(np.linalg.norm(Y[0] - Y[1]), pairwise_distances(X, metric="cosine")[0, 1])
+    Y = reduce(rng.normal(size=(4, 8)), method)  # the first n with real neighbourhoods
+    assert Y.shape == (4, 2) and np.isfinite(Y).all()
+
+
+def test_reduce_more_components_than_data_pads_with_zeros():
+    X = np.random.default_rng(3).normal(size=(5, 2))
+    Y = reduce(X, "pca", n_components=3)
+    assert Y.shape == (5, 3) and np.array_equal(Y[:, 2], np.zeros(5))
+
+
+# --- grouping ------------------------------------------------------------------------------
+
+
+def make_meta(datasets: list, authors: list | None = None, sources: list | None = None) -> pd.DataFrame:
+    n = len(datasets)
+    return pd.DataFrame({
+        "model": [f"org{i % 3}/model-{i}" for i in range(n)],
+        "datasets": datasets,
+        "label_source": sources if sources is not None else [("card" if d else None) for d in datasets],
+        "author": authors if authors is not None else [f"org{i % 3}" for i in range(n)],
+    })
+
+
+def test_grouping_first_dataset_missing_values_and_order():
+    meta = make_meta([["b"], ["a", "b"], np.array(["a"]), [], None, float("nan"), "c", ["b"]],
+                     sources=["card", "card", "card", None, None, float("nan"), "card", "hub"])
+    g = grouping(meta)
+    assert g.labels == ("b", "a", "a", None, None, None, "c", "b")
+    assert list(g.colors) == ["a", "b", "c"]  # largest first, ties by name
+    assert g.counts == {"a": 2, "b": 2, "c": 1}
+    assert list(g.colors.values()) == list(PALETTE[:3])
+    assert (g.n_none, g.n_groups, g.multi) == (3, 3, 1)
+    assert UNLABELLED_COLOR not in PALETTE and OTHER_COLOR not in PALETTE
+    assert len(set(PALETTE)) == len(PALETTE) == 18
+    by_source = grouping(meta, "label_source")
+    assert by_source.counts == {"card": 4, "hub": 1} and by_source.n_none == 3
+    assert by_source.none_name == "no label source"
+    with pytest.raises(ValueError, match="color_by"):
+        grouping(meta, "colour")
+
+
+def test_grouping_lumps_the_smallest_groups_beyond_the_palette():
+    datasets = [[f"d{k:02d}"] for k in range(25) for _ in range(25 - k)]
+    g = grouping(make_meta(datasets))
+    assert len(g.colors) == 18 and g.n_groups == 25
+    assert list(g.colors)[-1] == "8 other datasets" and g.colors["8 other datasets"] == OTHER_COLOR
+    assert g.counts["8 other datasets"] == sum(range(1, 9))
+    assert list(g.colors)[:17] == [f"d{k:02d}" for k in range(17)]
+
+
+# --- PNG -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def picture() -> tuple[np.ndarray, pd.DataFrame]:
+    """Datasets planted left (alpha), middle (beta) and right (gamma), unlabelled models above them."""
+    rng = np.random.default_rng(4)
+    xs = {"alpha": -10.0, "beta": 0.0, "gamma": 10.0}
+    coords, datasets = [], []
+    for name, x in xs.items():
+        for _ in range(8):
+            coords.append((x + rng.normal(), rng.normal()))
+            datasets.append([name])
+    datasets[0] = ["alpha", "gamma"]  # coloured by its first dataset
+    for i in range(6):
+        coords.append((-10 + 4 * i, 6 + rng.normal() * 0.3))
+        datasets.append([])
+    meta = make_meta(datasets)
+    return np.array(coords), meta
+
+
+def colour_mask(image: np.ndarray, hex_colour: str, alpha: float, tol: float = 0.04) -> np.ndarray:
+    """Pixels within ``tol`` of ``hex_colour`` drawn with ``alpha`` over white."""
+    rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    expected = alpha * rgb + (1 - alpha)
+    return (np.abs(image[..., :3] - expected) <= tol).all(axis=-1)
+
+
+def test_plot_png_draws_each_dataset_in_its_colour_where_it_lies(picture, tmp_path):
+    coords, meta = picture
+    path = plot_png(coords, meta, tmp_path / "sub" / "map.png", method="tsne", title="planted", subtitle="test")
+    assert path == tmp_path / "sub" / "map.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in path.parent.iterdir() if p != path]  # no temporary file left behind
+    image = imread(path)
+    assert image.shape[0] > 500 and image.shape[1] > 800
+    assert (image[..., :3] < 0.9).any(axis=-1).mean() > 0.01  # not blank
+    colours = grouping(meta).colors
+    assert list(colours) == ["alpha", "beta", "gamma"]
+    columns = {}
+    for name, colour in colours.items():
+        mask = colour_mask(image, colour, alpha=0.9)
+        assert mask.sum() > 400, f"{name}: only {mask.sum()} pixels of {colour}"
+        columns[name] = np.median(np.nonzero(mask)[1])
+    assert columns["alpha"] < columns["beta"] < columns["gamma"]  # each colour where its points are
+    assert colour_mask(image, UNLABELLED_COLOR, alpha=0.6, tol=0.02).sum() > 100  # unlabelled: faint grey
+
+
+def test_plot_png_other_colourings_and_validation(picture, tmp_path):
+    coords, meta = picture
+    assert plot_png(coords, meta, tmp_path / "a.png", color_by="author").exists()
+    assert plot_png(coords[:1], meta.iloc[:1], tmp_path / "one.png").exists()
+    with pytest.raises(ValueError, match="rows"):
+        plot_png(coords[:-1], meta, tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+        plot_png(np.zeros((len(meta), 3)), meta, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="color_by"):
+        plot_png(coords, meta, tmp_path / "x.png", color_by="size")
+    assert not (tmp_path / "x.png").exists()
+
+
+# --- HTML ----------------------------------------------------------------------------------
+
+NETWORK_REF = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""",
+                         re.IGNORECASE)
+
+
+def test_plot_html_is_self_contained_and_names_every_model(picture, tmp_path):
+    coords, meta = picture
+    path = plot_html(coords, meta, tmp_path / "deep" / "map.html", title="planted <map>", method="pca")
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!doctype html>") or page.lower().startswith("<html")
+    assert "plotly.js v" in page  # the library itself is in the page
+    assert not NETWORK_REF.search(page)
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.IGNORECASE)  # every script is inline
+    data = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), page)  # plotly writes / as \u002f
+    for model in meta["model"]:
+        assert f'"{model}"' in data
+    assert "<title>planted &lt;map&gt;</title>" in page
+    assert "PC 1" in page and "colour by author" in page and "colour by label source" in page
+
+
+# --- the HTML in a real browser ------------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+# No network: nothing in the page needs it, and the browser must not phone home either.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-default-apps", "--disable-extensions",
+                 "--metrics-recording-only", "--no-default-browser-check"]
+POSITION_JS = """(id) => {
+  const gd = document.getElementById('modelvec-map');
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  for (const trace of gd._fullData) {
+    if (trace.visible !== true) continue;
+    const k = Array.from(trace.customdata, (row) => row[0]).indexOf(id);
+    if (k >= 0) return [box.left + xa._offset + xa.l2p(trace.x[k]), box.top + ya._offset + ya.l2p(trace.y[k])];
+  }
+  return null;
+}"""
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (`apt-get install chromium`, `make test` does)")
+    try:
+        from playwright.sync_api import sync_playwright  # the Python package only: never `playwright install`
+    except ImportError:
+        pytest.fail("the playwright Python package is missing: `pip install playwright` (a dev dependency; it drives "
+                    f"{CHROMIUM}, so do not run `playwright install`)")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page_of(chromium, picture, tmp_path):
+    """Open the map of ``picture`` as a file:// page; returns (page, meta, requested URLs)."""
+    coords, meta = picture
+    path = plot_html(coords, meta, tmp_path / "map.html", title="planted", method="tsne")
+    context = chromium.new_context(viewport={"width": 1200, "height": 820}, offline=True)
+    page = context.new_page()
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(path.as_uri(), wait_until="load")
+    page.wait_for_selector(".scatterlayer .point", timeout=15_000)
+    yield page, meta, requests
+    context.close()
+
+
+def point_count(page) -> int:
+    return page.locator(".scatterlayer .point").count()
+
+
+def test_browser_draws_every_point_offline_and_hover_names_the_model(page_of, tmp_path):
+    page, meta, requests = page_of
+    assert point_count(page) == len(meta)
+    assert [url for url in requests if not url.startswith(("file:", "data:", "blob:", "about:"))] == []
+    shot = tmp_path / "screenshot.png"
+    page.screenshot(path=str(shot))
+    image = imread(shot)
+    for name, colour in grouping(meta).colors.items():
+        assert colour_mask(image, colour, alpha=0.9, tol=0.06).sum() > 200, f"{name} is not drawn"
+
+    for i in (1, 9, 17, len(meta) - 1):  # alpha, beta, gamma, an unlabelled model
+        row = meta.iloc[i]
+        x, y = page.evaluate(POSITION_JS, row["model"])
+        page.mouse.move(5, 5)
+        page.mouse.move(x, y)
+        label = page.wait_for_selector(".hovertext", timeout=5_000)
+        text = label.text_content()
+        assert row["model"] in text
+        assert f"datasets: {', '.join(row['datasets']) or '—'}" in text
+        assert f"author: {row['author']}" in text
+        if i == 1:
+            page.screenshot(path=str(tmp_path / "screenshot-hover.png"))  # for a person to look at
+    x, y = page.evaluate(POSITION_JS, meta["model"][0])  # two datasets: both in the hover text
+    page.mouse.move(x, y)
+    page.wait_for_function("() => (document.querySelector('.hovertext') || {}).textContent?.includes('alpha, gamma')",
+                           timeout=5_000)
+
+
+def test_browser_legend_filters_and_buttons_switch_the_colouring(page_of):
+    page, meta, _ = page_of
+    assert page.locator(".legend .legendtitletext").text_content() == "dataset (first listed)"
+    legend = page.locator(".legend .traces")
+    assert [t.strip() for t in legend.all_text_contents()] == ["alpha (8)", "beta (8)", "gamma (8)", "unlabelled (6)"]
+    legend.filter(has_text="beta").locator(".legendtoggle").click()  # hide a dataset
+    page.wait_for_function(f"() => document.querySelectorAll('.scatterlayer .point').length === {len(meta) - 8}",
+                           timeout=5_000)
+
+    page.locator(".updatemenu-button", has_text="colour by author").click()
+    page.wait_for_function("() => document.querySelector('.legend .legendtitletext')?.textContent === 'author'",
+                           timeout=5_000)
+    authors = sorted(t.strip() for t in legend.all_text_contents())
+    assert authors == ["org0 (10)", "org1 (10)", "org2 (10)"]
+    assert point_count(page) == len(meta)
+
+    page.locator(".updatemenu-button", has_text="colour by label source").click()
+    page.wait_for_function("() => document.querySelector('.legend .legendtitletext')?.textContent === 'label source'",
+                           timeout=5_000)
+    assert [t.strip() for t in legend.all_text_contents()] == ["card (24)", "no label source (6)"]
+    assert point_count(page) == len(meta)
