@@ -384,8 +384,14 @@ def zoo(tmp_path_factory) -> Zoo:
     return Zoo(tmp_path_factory.mktemp("zoo"))
 
 
+# The description's method (rank-r SVD factor, no block normalisation), whatever the library's default.
+DESCRIBED = dict(factor="U", block_norm=False)
+
+
 def embed(case: Case, base_bare=False, ft_bare=False, **kw) -> tuple[DeltaEmbedder, np.ndarray]:
     kw.setdefault("solver", "exact")
+    for key, value in DESCRIBED.items():
+        kw.setdefault(key, value)
     e = DeltaEmbedder(**kw).fit(case.folder("base", base_bare))
     return e, e.embed_one(case.folder("ft", ft_bare))
 
@@ -614,7 +620,7 @@ def test_t5_config_without_feed_forward_proj_is_relu(zoo, tmp_path):
         cfg.pop("is_gated_act", None)
         (dst / "config.json").write_text(json.dumps(cfg))
         folders[which] = dst
-    e = DeltaEmbedder(rank=4, solver="exact").fit(folders["base"])
+    e = DeltaEmbedder(rank=4, solver="exact", **DESCRIBED).fit(folders["base"])
     assert {b.family for b in e.blocks_ if b.stack == "encoder"} == {"q", "k", "v", "o", "ff1", "ff2"}
     np.testing.assert_array_equal(e.embed_one(folders["ft"]), embed(case, rank=4)[1])
 
@@ -747,7 +753,7 @@ def test_detect_from_saved_config_with_and_without_model_type(zoo, tmp_path, nam
         (dst / "config.json").write_text(json.dumps(cfg))
         folders[which] = dst
     assert Checkpoint(folders["base"]).architecture().name == case.spec.arch
-    e = DeltaEmbedder(rank=4, solver="exact").fit(folders["base"])
+    e = DeltaEmbedder(rank=4, solver="exact", **DESCRIBED).fit(folders["base"])
     np.testing.assert_array_equal(e.embed_one(folders["ft"]), embed(case, rank=4)[1])
 
 

@@ -16,7 +16,7 @@ def _delta(base, ft, ref):
 
 
 def test_singular_values_alone(tiny_bert, tiny_finetunes):
-    emb = DeltaEmbedder(rank=4, factor="S", pooling="concat", solver="exact").fit(tiny_bert)
+    emb = DeltaEmbedder(rank=4, factor="S", pooling="concat", solver="exact", block_norm=False).fit(tiny_bert)
     vec = emb.embed_one(tiny_finetunes[0])
     assert emb.dim_ == 4 * len(emb.layout_.refs)
     for ref, block in zip(emb.layout_.refs, emb.blocks_):
@@ -26,7 +26,7 @@ def test_singular_values_alone(tiny_bert, tiny_finetunes):
 
 
 def test_sketch_is_the_delta_times_a_shared_gaussian(tiny_bert, tiny_finetunes):
-    emb = DeltaEmbedder(rank=4, factor="sketch", pooling="concat", seed=3).fit(tiny_bert)
+    emb = DeltaEmbedder(rank=4, factor="sketch", pooling="concat", seed=3, block_norm=False).fit(tiny_bert)
     vec = emb.embed_one(tiny_finetunes[1])
     for ref, block in zip(emb.layout_.refs, emb.blocks_):
         d = _delta(tiny_bert, tiny_finetunes[1], ref)
@@ -38,7 +38,7 @@ def test_sketch_is_linear_in_the_delta(tiny_bert, tmp_path):
     """Twice the delta gives twice the vector: sketches of different models live in one linear space."""
     small = planted_finetune(tiny_bert, tmp_path / "a", seed=4, scale=0.05)
     large = planted_finetune(tiny_bert, tmp_path / "b", seed=4, scale=0.10)
-    emb = DeltaEmbedder(rank=4, factor="sketch").fit(tiny_bert)
+    emb = DeltaEmbedder(rank=4, factor="sketch", block_norm=False).fit(tiny_bert)
     np.testing.assert_allclose(emb.embed_one(large), 2 * emb.embed_one(small), rtol=1e-3, atol=1e-6)
 
 
@@ -48,7 +48,7 @@ def test_block_normalisation_gives_unit_blocks(tiny_bert, tiny_finetunes, factor
     vec = emb.embed_one(tiny_finetunes[2])
     norms = [np.linalg.norm(vec[b.start:b.stop]) for b in emb.blocks_]
     np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
-    plain = DeltaEmbedder(rank=4, factor=factor, pooling="concat").fit(tiny_bert).embed_one(tiny_finetunes[2])
+    plain = DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=False).fit(tiny_bert).embed_one(tiny_finetunes[2])
     for b in emb.blocks_:  # same direction, only the scale differs
         x, y = vec[b.start:b.stop], plain[b.start:b.stop]
         assert np.dot(x, y) == pytest.approx(np.linalg.norm(y), rel=1e-5)

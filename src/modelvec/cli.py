@@ -223,10 +223,16 @@ def evaluate(
     if as_json:
         print(table.to_json(orient="records"))
         return
-    out = Table(*table.columns, title=f"representations compared on {len(models)} models")
-    for row in table.itertuples(index=False):
+    shown = ["method", "dim", "seconds_per_model", "knn_score", "loo_accuracy", "silhouette", "kmeans_ari", "hdbscan_ari",
+             "ref_corr"]
+    if not console.is_terminal:  # a log or a pipe: a Markdown table stays readable at any width
+        print(table[shown].to_markdown(index=False, floatfmt=".3f"))
+        return
+    out = Table(*[c.replace("_", " ") for c in shown], title=f"representations compared on {len(models)} models")
+    for row in table[shown].itertuples(index=False):
         out.add_row(*(_fmt(v) for v in row))
     console.print(out)
+    console.print("all columns: --json or --markdown FILE", style="dim")
 
 
 def _json_default(value: object) -> object:

@@ -49,6 +49,12 @@ class ClusterReport:
         return out
 
 
+def _label(base: str) -> str:
+    """A readable name for a base: a local folder named just "model" is named with its parent."""
+    path = Path(base)
+    return f"{path.parent.name}/{path.name}" if path.name in ("model", "base", "") and path.parent.name else path.name
+
+
 def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
     """The stored vectors of ``base`` (a path or a stored id) under ``params``; clear error when none."""
     ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base)]
@@ -100,7 +106,7 @@ def cluster(
     if len(meta) >= 3:
         coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)
         folder = Path(out)
-        title = f"{len(meta)} fine-tunes of {Path(base_name).name}"
+        title = f"{len(meta)} fine-tunes of {_label(base_name)}"
         subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
         report.files["png"] = str(plot_png(coords, meta, folder / f"clusters-{method}.png", method=method,
                                            title=title, subtitle=subtitle))
