@@ -43,6 +43,8 @@ OversamplesOpt = typer.Option(_D.n_oversamples, "--oversamples", min=0, help="Ex
 SeedOpt = typer.Option(_D.seed, "--seed", help="Seed of the randomized solver and the sketch.")
 BlockNormOpt = typer.Option(_D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm.")
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
+# cluster and neighbors also accept --method for the representation's factor (the stored vectors to read).
+MethodOpt = typer.Option(_D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}.")
 
 
 def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter: int, oversamples: int, seed: int,
@@ -139,7 +141,7 @@ def cluster(
     k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
+    rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     store: Optional[Path] = StoreOpt,
 ) -> None:
@@ -180,7 +182,7 @@ def neighbors(
     model: str = typer.Argument(..., help="A stored model (path or stored id)."),
     k: int = typer.Option(10, "--k", min=1, help="How many neighbours."),
     metric: str = MetricOpt,
-    rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
+    rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     store: Optional[Path] = StoreOpt,
 ) -> None:
