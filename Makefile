@@ -41,10 +41,13 @@ demo: $(STAMP)
 	$(VENV)/bin/modelvec show --store $(STORE)
 	$(VENV)/bin/modelvec evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --markdown $(OUT)/evaluate.md
 	$(VENV)/bin/modelvec cluster "$(ZOO_BASE)" --store $(STORE) --out $(OUT)
+	$(VENV)/bin/modelvec rank "$(ZOO_BASE)" --out $(OUT)/rank-minilm-weights
+	$(VENV)/bin/modelvec rank --over-finetunes "$(ZOO_BASE)" --store $(STORE) --out $(OUT)/rank-zoo-deltas
 
 bench: $(STAMP)
 	$(PY) bench/bench_embed.py
 	$(PY) bench/bench_store.py
+	$(PY) bench/bench_rank.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import ModelvecError
-from .pipeline import embed as embed_models
+from .pipeline import embed as embed_models, model_id
+from .rank import DEFAULT_THRESHOLDS
 from .representation import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
 from .store import Store, default_store_path
 
@@ -237,6 +238,88 @@ def evaluate(
     console.print("all columns: --json or --markdown FILE", style="dim")
 
 
+@app.command()
+def rank(
+    model: Optional[str] = typer.Argument(None, help="The model whose matrices to study (folder or weights file)."),
+    base: Optional[Path] = typer.Option(None, "--base", help="The base, for --of delta."),
+    of: str = typer.Option("weights", "--of", help="Study the weights W, or the delta W - W_base: weights|delta."),
+    threshold: List[float] = typer.Option(list(DEFAULT_THRESHOLDS), "--threshold",
+                                          help="Energy thresholds: --threshold 0.5 0.9 0.99 (or repeat the flag)."),
+    over_finetunes: Optional[str] = typer.Option(None, "--over-finetunes", metavar="BASE",
+                                                 help="Study the deltas of every stored fine-tune of BASE."),
+    out: Path = typer.Option(Path("modelvec-out/rank"), "--out", help="Folder for the figures, CSV and JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of the fitted laws."),
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """How the rank of every matrix changes with depth: figures per threshold, every value, fitted laws."""
+    from .rank import over_finetunes as study_finetunes, rank_study
+
+    try:
+        if over_finetunes is not None:
+            with Store(store) as db:
+                meta = db.metadata()
+            base_id = model_id(over_finetunes) if Path(over_finetunes).exists() else over_finetunes
+            models = sorted({m for m, b in zip(meta["model"], meta["base"]) if b == base_id})
+            if not models:
+                raise ValueError(f"{over_finetunes}: no stored fine-tunes of this base; embed some first")
+            study, failed = study_finetunes(over_finetunes, models, thresholds=threshold, out=out)
+            for name, reason in failed.items():
+                err.print(f"failed: {reason}", soft_wrap=True, markup=False, highlight=False)
+        elif model is None:
+            raise ValueError("give a MODEL, or --over-finetunes BASE")
+        else:
+            study = rank_study(model, base=base, of=of, thresholds=threshold, out=out)
+    except (ModelvecError, ValueError) as exc:
+        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(study.records(), default=_json_default))
+        return
+    table = Table("stack", "family", "threshold", "best law (adj. R²)", "equation", "runner-up",
+                  title=f"rank of {'ΔW' if study.of == 'delta' else 'W'} across depth: {_short(study.model)}")
+    for (stack, family, t), fits in study.fits.items():
+        best, second = (fits + [None, None])[:2]
+        table.add_row(stack, family, f"{t:g}", f"{best.name} ({_fmt(best.adj_r2)})", best.equation,
+                      f"{second.name} ({_fmt(second.adj_r2)})" if second else "-")
+    console.print(table)
+    for kind, path in study.files.items():
+        console.print(f"{kind}: {path}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _expand_multi_value_options(argv: list[str], options: tuple[str, ...] = ("--threshold",)) -> list[str]:
+    """``--threshold 0.5 0.9 0.99`` -> ``--threshold 0.5 --threshold 0.9 --threshold 0.99``.
+
+    Click options take one value each; this lets the documented space-separated form work too.
+    """
+    out: list[str] = []
+    current = None
+    for arg in argv:
+        if current is not None and not arg.startswith("-") and _is_number(arg):
+            out += [current, arg]
+            continue
+        current = None
+        if arg in options:
+            current = arg
+            continue
+        out.append(arg)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def main() -> None:
+    """The console script: ``modelvec ...``."""
+    import sys
+
+    app(args=_expand_multi_value_options(sys.argv[1:]), prog_name="modelvec")
+
+
 def _json_default(value: object) -> object:
     if isinstance(value, (np.floating, np.integer)):
         return value.item()
@@ -244,4 +327,4 @@ def _json_default(value: object) -> object:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

@@ -30,6 +30,12 @@ def model_id(model: PathLike) -> str:
     return str(Path(model).resolve())
 
 
+def display_name(model: PathLike | str) -> str:
+    """A readable name for a model or base: a local folder named just "model" is named with its parent."""
+    path = Path(model)
+    return f"{path.parent.name}/{path.name}" if path.name in ("model", "base", "") and path.parent.name else path.name
+
+
 @dataclass
 class EmbedResult:
     """What ``embed`` did: the vectors of the requested models that are stored, and what failed."""

@@ -18,7 +18,7 @@ import pandas as pd
 
 from .analysis import clustering_scores, knn_dataset_score, nearest, predict_datasets
 from .maps import reduce
-from .pipeline import model_id
+from .pipeline import display_name, model_id
 from .plots import plot_html, plot_png
 from .representation import Representation
 from .store import Store
@@ -47,12 +47,6 @@ class ClusterReport:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
         out.update(self.clustering)
         return out
-
-
-def _label(base: str) -> str:
-    """A readable name for a base: a local folder named just "model" is named with its parent."""
-    path = Path(base)
-    return f"{path.parent.name}/{path.name}" if path.name in ("model", "base", "") and path.parent.name else path.name
 
 
 def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
@@ -106,7 +100,7 @@ def cluster(
     if len(meta) >= 3:
         coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)
         folder = Path(out)
-        title = f"{len(meta)} fine-tunes of {_label(base_name)}"
+        title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
         subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
         report.files["png"] = str(plot_png(coords, meta, folder / f"clusters-{method}.png", method=method,
                                            title=title, subtitle=subtitle))

@@ -1,0 +1,280 @@
+"""Which law does the rank of the weight matrices follow with depth?
+
+Candidate laws r(x) are fitted to points (x_i, y_i): x the layer position, y the (numerical) rank
+or rank fraction of that layer's matrices. Every law is fitted by least squares on y itself, so
+R², adjusted R² and AIC are comparable across laws; :func:`fit_laws` fits them all and ranks them.
+
+===================  =============================================  ===  ===========================
+name                 r(x)                                           k    fitted by
+===================  =============================================  ===  ===========================
+``linear``           a + b·x                                        2    lstsq (exact)
+``quadratic``        a + b·x + c·x²                                 3    lstsq (exact)
+``exponential``      a·exp(b·x)                                     2    curve_fit, log-linear start
+``power``            a·x^b                                          2    curve_fit, log-log start
+``quarter_ellipse``  r_min + (r_max − r_min)·√(1 − (x/L)²)          2    lstsq (exact, L fixed)
+===================  =============================================  ===  ===========================
+
+Choices, so that two readers never disagree about a number:
+
+- **Layer positions.** The library counts layers 1..L and ``depth`` (L) defaults to max(x). The
+  quarter ellipse uses x as given: with x = 1..L the deepest layer sits exactly at r_min and r_max
+  is the value extrapolated to x = 0 (the embeddings). A caller with 0-based positions 0..L−1
+  passes ``depth=L`` and gets r_max at the first layer instead. 1 − (x/L)² is clipped at 0, so the
+  law is defined (flat at r_min) beyond x = L. L is fixed, not fitted: k = 2.
+- **Exponential without offset.** a·exp(b·x) + c is poorly identified on 12–48 layers (c trades
+  off against a when b·x is small, and it tends to linear as b → 0), so only the two-parameter law
+  is fitted.
+- **Positive laws.** Exponential and power laws never reach 0 or change sign, and their start is a
+  fit of log y: they need every y > 0 (power also every x > 0), otherwise the fit is undefined.
+- **No exceptions from fitting.** An undefined or failed fit (fewer points than parameters, a
+  design that cannot identify the parameters, e.g. all x equal, a non-positive y for a positive
+  law, curve_fit not converging) returns a :class:`Fit` with nan params and nan scores; its
+  equation says why. Bad *input* (shapes, NaN/Inf, unknown law, depth ≤ 0) raises ValueError.
+- **Scores.** R² = 1 − RSS/SST, nan when SST = 0 (constant y: nothing to explain). Adjusted
+  R² = 1 − (1 − R²)(n − 1)/(n − k − 1), nan when n − k − 1 ≤ 0. AIC = n·ln(RSS/n) + 2k with RSS
+  floored at n·(1e-10·max|y|)²: residuals below that are rounding, so an exact fit gets a large
+  finite negative AIC and among exact fits the one with fewer parameters wins, rather than
+  whichever rounded to the smaller residual (AIC is finite for constant y too).
+- **Ranking.** Highest adjusted R² first, then (ties, e.g. exact fits at 1.0, or nan) lowest AIC
+  (so fewer parameters among exact fits), then the order of :data:`LAWS`; nan sorts after every
+  number, so failed fits come last.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LAWS = ("linear", "quadratic", "exponential", "power", "quarter_ellipse")
+
+_PARAMS: dict[str, tuple[str, ...]] = {
+    "linear": ("a", "b"),
+    "quadratic": ("a", "b", "c"),
+    "exponential": ("a", "b"),
+    "power": ("a", "b"),
+    "quarter_ellipse": ("r_min", "r_max"),
+}
+_TEMPLATES = {
+    "linear": "r(x) = a + b·x",
+    "quadratic": "r(x) = a + b·x + c·x²",
+    "exponential": "r(x) = a·exp(b·x)",
+    "power": "r(x) = a·x^b",
+    "quarter_ellipse": "r(x) = r_min + (r_max − r_min)·√(1 − (x/L)²)",
+}
+_RSS_FLOOR_REL = 1e-10  # residual RMS below this fraction of max|y| is rounding, for AIC
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One fitted law and its scores; nan params and scores when the fit is undefined or failed."""
+
+    name: str
+    params: dict[str, float] = field(hash=False)
+    equation: str
+    r2: float
+    adj_r2: float
+    aic: float
+    n: int
+    k: int
+    _depth: float | None = field(default=None, repr=False)  # L, for the quarter ellipse only
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The law at ``x`` (float64); nan everywhere for a failed fit, numpy's value off its domain."""
+        return _evaluate(self.name, self.params, np.asarray(x, dtype=np.float64), self._depth)
+
+
+def fit_law(name: str, x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], *,
+            depth: float | None = None) -> Fit:
+    """Fit one law by least squares on y; ``depth`` (L, quarter ellipse only) defaults to max(x)."""
+    if name not in _PARAMS:
+        raise ValueError(f"unknown law {name!r}; choose from {', '.join(LAWS)}")
+    xs, ys = _points(x, y)
+    _check_depth(depth)
+    k = len(_PARAMS[name])
+    if len(xs) < k:
+        return _failed(name, len(xs), k, f"{len(xs)} points for {k} parameters")
+    L = None
+    if name == "quarter_ellipse":
+        L = float(np.max(xs)) if depth is None else float(depth)
+        if L <= 0:
+            return _failed(name, len(xs), k, f"depth L = max(x) = {L:g} is not positive")
+    params, why = _FITTERS[name](xs, ys, L)
+    if params is None or not all(np.isfinite(v) for v in params.values()):
+        return _failed(name, len(xs), k, why or "the fit did not converge to finite parameters", L)
+    return _scored(name, params, xs, ys, L)
+
+
+def fit_laws(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], *, depth: float | None = None,
+             laws: Sequence[str] = LAWS) -> list[Fit]:
+    """Fit every law in ``laws`` and rank them, best first (see the module docstring for the order)."""
+    fits = [fit_law(name, x, y, depth=depth) for name in laws]
+    order = {name: i for i, name in enumerate(LAWS)}
+
+    def key(f: Fit) -> tuple:
+        adj = -f.adj_r2 if not math.isnan(f.adj_r2) else math.inf
+        aic = f.aic if not math.isnan(f.aic) else math.inf
+        return (adj, aic, order[f.name])
+
+    return sorted(fits, key=key)
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def _points(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """1-D float64 copies of x and y; bad input is the caller's bug, so it raises."""
+    xs = np.asarray(x, dtype=np.float64)
+    ys = np.asarray(y, dtype=np.float64)
+    if xs.ndim != 1 or ys.ndim != 1 or xs.shape != ys.shape:
+        raise ValueError(f"x and y must be 1-D and of equal length, got shapes {xs.shape} and {ys.shape}")
+    if not (np.all(np.isfinite(xs)) and np.all(np.isfinite(ys))):
+        raise ValueError("x and y must be finite (drop layers whose rank is unknown first)")
+    return xs, ys
+
+
+def _check_depth(depth: float | None) -> None:
+    if depth is not None and not (math.isfinite(depth) and depth > 0):
+        raise ValueError(f"depth must be a positive number of layers, got {depth!r}")
+
+
+# --- the laws ----------------------------------------------------------------------------------
+
+def _ellipse_s(x: np.ndarray, L: float) -> np.ndarray:
+    """√(1 − (x/L)²), clipped at 0 so the law is defined beyond x = L."""
+    return np.sqrt(np.clip(1.0 - (x / L) ** 2, 0.0, None))
+
+
+def _evaluate(name: str, p: dict[str, float], x: np.ndarray, L: float | None) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if name == "linear":
+            return p["a"] + p["b"] * x
+        if name == "quadratic":
+            return p["a"] + p["b"] * x + p["c"] * x**2
+        if name == "exponential":
+            return p["a"] * np.exp(p["b"] * x)
+        if name == "power":
+            return p["a"] * np.power(x, p["b"])
+        if name == "quarter_ellipse":
+            if L is None:  # a failed fit keeps no depth
+                return np.full(x.shape, np.nan)
+            return p["r_min"] + (p["r_max"] - p["r_min"]) * _ellipse_s(x, L)
+    raise ValueError(f"unknown law {name!r}")
+
+
+def _lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """Exact least squares, or None when the columns cannot all be identified (rank-deficient)."""
+    coef, _, rank, _ = np.linalg.lstsq(A, y, rcond=None)
+    return coef if rank == A.shape[1] else None
+
+
+Fitted = tuple[dict[str, float] | None, str]
+
+
+def _fit_linear(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
+    c = _lstsq(np.column_stack([np.ones_like(x), x]), y)
+    return (None, "x does not vary: slope undefined") if c is None else ({"a": c[0], "b": c[1]}, "")
+
+
+def _fit_quadratic(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
+    # Centred and scaled x keeps [1, t, t²] well conditioned; the coefficients are mapped back.
+    m, s = float(np.mean(x)), float(np.ptp(x)) or 1.0
+    t = (x - m) / s
+    c = _lstsq(np.column_stack([np.ones_like(t), t, t**2]), y)
+    if c is None:
+        return None, "fewer than 3 distinct x: curvature undefined"
+    a0, b0, c0 = c
+    return {"a": a0 - b0 * m / s + c0 * m**2 / s**2, "b": b0 / s - 2 * c0 * m / s**2, "c": c0 / s**2}, ""
+
+
+def _fit_ellipse(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
+    # Linear in (r_min, r_max) for fixed L: r = r_min·(1 − s) + r_max·s.
+    s = _ellipse_s(x, float(L))
+    c = _lstsq(np.column_stack([1.0 - s, s]), y)
+    if c is None:
+        return None, "√(1 − (x/L)²) is the same at every x: r_min and r_max cannot be separated"
+    return {"r_min": c[0], "r_max": c[1]}, ""
+
+
+def _fit_positive(model: Callable[[np.ndarray, float, float], np.ndarray], u: np.ndarray,
+                  x: np.ndarray, y: np.ndarray) -> Fitted:
+    """a·g(b, x) by curve_fit on y, started from the straight-line fit of log y against u."""
+    from scipy.optimize import curve_fit  # scipy only when a nonlinear law is fitted
+
+    start = _lstsq(np.column_stack([np.ones_like(u), u]), np.log(y))
+    if start is None:
+        return None, "x does not vary: exponent undefined"
+    p0 = [math.exp(start[0]), start[1]]
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")  # OptimizeWarning when the covariance is undefined (n = k)
+            (a, b), _ = curve_fit(model, x, y, p0=p0, xtol=1e-12, ftol=1e-12, maxfev=2000)
+    except (RuntimeError, ValueError) as err:
+        return None, f"curve_fit failed: {err}"
+    return {"a": float(a), "b": float(b)}, ""
+
+
+def _fit_exponential(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
+    if np.any(y <= 0):
+        return None, "needs every y > 0"
+    return _fit_positive(lambda x, a, b: a * np.exp(b * x), x, x, y)
+
+
+def _fit_power(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
+    if np.any(y <= 0) or np.any(x <= 0):
+        return None, "needs every x > 0 and y > 0"
+    return _fit_positive(lambda x, a, b: a * np.power(x, b), np.log(x), x, y)
+
+
+_FITTERS: dict[str, Callable[[np.ndarray, np.ndarray, float | None], Fitted]] = {
+    "linear": _fit_linear,
+    "quadratic": _fit_quadratic,
+    "exponential": _fit_exponential,
+    "power": _fit_power,
+    "quarter_ellipse": _fit_ellipse,
+}
+
+
+# --- scores and equations ----------------------------------------------------------------------
+
+def _scored(name: str, params: dict[str, float], x: np.ndarray, y: np.ndarray, L: float | None) -> Fit:
+    n, k = len(y), len(params)
+    params = {key: float(v) for key, v in params.items()}
+    rss = float(np.sum((y - _evaluate(name, params, x, L)) ** 2))
+    sst = float(np.sum((y - np.mean(y)) ** 2))
+    r2 = 1.0 - rss / sst if sst > 0 else math.nan
+    adj = 1.0 - (1.0 - r2) * (n - 1) / (n - k - 1) if n - k - 1 > 0 else math.nan
+    scale = float(np.max(np.abs(y))) or 1.0
+    floor = n * (_RSS_FLOOR_REL * scale) ** 2
+    aic = n * math.log(max(rss, floor) / n) + 2 * k
+    return Fit(name, params, _equation(name, params, L), r2, adj, aic, n, k, L)
+
+
+def _failed(name: str, n: int, k: int, why: str, L: float | None = None) -> Fit:
+    params = {p: math.nan for p in _PARAMS[name]}
+    return Fit(name, params, f"{_TEMPLATES[name]} (not fitted: {why})", math.nan, math.nan, math.nan, n, k, L)
+
+
+def _num(v: float) -> str:
+    """4 significant digits, with a true minus sign."""
+    return f"{v:.4g}".replace("-", "−")
+
+
+def _signed(v: float, term: str) -> str:
+    """' + 4.56·x' or ' − 4.56·x'."""
+    return f" {'−' if v < 0 else '+'} {_num(abs(v))}{term}"
+
+
+def _equation(name: str, p: dict[str, float], L: float | None) -> str:
+    if name == "linear":
+        return f"r(x) = {_num(p['a'])}{_signed(p['b'], '·x')}"
+    if name == "quadratic":
+        return f"r(x) = {_num(p['a'])}{_signed(p['b'], '·x')}{_signed(p['c'], '·x²')}"
+    if name == "exponential":
+        return f"r(x) = {_num(p['a'])}·exp({_num(p['b'])}·x)"
+    if name == "power":
+        return f"r(x) = {_num(p['a'])}·x^{_num(p['b'])}"
+    lo, hi = p["r_min"], p["r_max"]
+    return f"r(x) = {_num(lo)} + ({_num(hi)}{_signed(-lo, '')})·√(1 − (x/{_num(float(L))})²)"

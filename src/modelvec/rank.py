@@ -1,0 +1,232 @@
+"""The rank study: how the rank of every weight matrix (or of its fine-tuning delta) changes with depth.
+
+For each stack, layer and family: all singular values (float32, batched over the matrices that
+share a shape), and r(t) = the smallest r with sum_{i<=r} s_i^2 / sum s_i^2 >= t, also as a fraction
+of min(n, m). GPT-2's fused ``c_attn`` is studied both whole (family ``qkv``, as the original
+gpt2-medium study did) and split into q, k, v.
+
+Rules: the energies are summed in float64; a threshold counts as reached within a relative 1e-9
+(so t = 1.0 gives the number of non-negligible singular values instead of depending on the last
+bit of a float sum); a zero matrix has rank 0 at every threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .architectures import MatrixRef
+from .checkpoint import Checkpoint, Layout, check_compatible
+from .errors import CheckpointError, IncompatibleError
+from .pipeline import display_name
+
+PathLike = str | os.PathLike[str]
+DEFAULT_THRESHOLDS = (0.5, 0.9, 0.99)
+KINDS = ("weights", "delta")
+_REACHED = 1e-9
+_MAX_BATCH_BYTES = 256 * 2**20  # bounded memory whatever the model size
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """The singular values (descending, float32) of one matrix in W in R^{in x out} orientation."""
+
+    stack: str
+    layer: int
+    family: str
+    shape: tuple[int, int]
+    singular_values: np.ndarray = field(repr=False)
+
+
+def energy_rank(singular_values: np.ndarray, threshold: float) -> int:
+    """Smallest r with sum_{i<=r} s_i^2 >= threshold * sum s_i^2; 0 for a zero matrix."""
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], not {threshold}")
+    energy = np.asarray(singular_values, dtype=np.float64) ** 2
+    total = energy.sum()
+    if total == 0:
+        return 0
+    cumulative = np.cumsum(energy) / total
+    return int(np.searchsorted(cumulative, threshold * (1 - _REACHED), side="left") + 1)
+
+
+def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
+    """The layout's matrices, plus each fused tensor whole (e.g. GPT-2's c_attn as ``qkv``)."""
+    refs = []
+    for ref in layout.refs:
+        if fused and ref.fused and ref.part == 0:
+            refs.append(dataclasses.replace(ref, family=ref.fused, part=0, n_parts=1))
+        refs.append(ref)
+    return refs
+
+
+def spectra(model: PathLike | Checkpoint, *, base: PathLike | Checkpoint | None = None, of: str = "weights",
+            fused: bool = True, device: str = "cpu") -> list[Spectrum]:
+    """Singular values of every matrix of ``model`` (``of="weights"``) or of its delta to ``base``."""
+    if of not in KINDS:
+        raise ValueError(f"of must be one of {', '.join(KINDS)}, not {of!r}")
+    ck = model if isinstance(model, Checkpoint) else Checkpoint(model)
+    layout = ck.layout()
+    base_ck = base_layout = None
+    if of == "delta":
+        if base is None:
+            raise ValueError("of='delta' needs a base")
+        base_ck = base if isinstance(base, Checkpoint) else Checkpoint(base)
+        base_layout = base_ck.layout()
+        check_compatible(ck, layout, base_layout)
+    refs = _refs(layout, fused)
+    by_shape: dict[tuple[int, int], list[tuple[MatrixRef, torch.Tensor]]] = {}
+    cache: dict[str, torch.Tensor] = {}
+    base_cache: dict[str, torch.Tensor] = {}
+    out: dict[tuple[str, int, str], Spectrum] = {}
+
+    def flush(shape: tuple[int, int]) -> None:
+        items = by_shape.pop(shape, [])
+        if not items:
+            return
+        batch = torch.stack([m for _, m in items]).to(device)
+        try:
+            values = torch.linalg.svdvals(batch).to("cpu", torch.float32).numpy()
+        except RuntimeError:  # LAPACK refuses non-finite input
+            values = np.full((len(items), min(shape)), np.nan, np.float32)
+        for (ref, _), s in zip(items, values):
+            if not np.isfinite(s).all():
+                raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
+            out[(ref.stack, ref.layer, ref.family)] = Spectrum(ref.stack, ref.layer, ref.family, shape, s)
+
+    for ref in refs:
+        w = ck.matrix(ref, layout.prefix, cache)
+        if base_ck is not None:
+            w0 = base_ck.matrix(ref, base_layout.prefix, base_cache)
+            if w.shape != w0.shape:
+                raise IncompatibleError(ck.name, f"tensor {layout.prefix + ref.tensor} has shape "
+                                        f"{list(w.shape)}, the base's has {list(w0.shape)}")
+            w = w - w0
+        shape = (int(w.shape[0]), int(w.shape[1]))
+        by_shape.setdefault(shape, []).append((ref, w))
+        if len(by_shape[shape]) * shape[0] * shape[1] * 4 >= _MAX_BATCH_BYTES:
+            flush(shape)
+    for shape in list(by_shape):
+        flush(shape)
+    return [out[(r.stack, r.layer, r.family)] for r in refs]
+
+
+def rank_table(items: Sequence[Spectrum], thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> pd.DataFrame:
+    """One record per matrix and threshold: stack, layer, family, shape, n, m, threshold, rank, rank_fraction."""
+    rows = []
+    for sp in items:
+        n, m = sp.shape
+        for t in thresholds:
+            r = energy_rank(sp.singular_values, t)
+            rows.append({"stack": sp.stack, "layer": sp.layer, "family": sp.family, "shape": f"{n}x{m}", "n": n, "m": m,
+                         "threshold": float(t), "rank": r, "rank_fraction": r / min(n, m)})
+    return pd.DataFrame(rows)
+
+
+def aggregate(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Mean and spread of the ranks of many models, per stack, family, layer and threshold."""
+    data = pd.concat(tables, ignore_index=True)
+    keys = ["stack", "family", "layer", "shape", "threshold"]
+    grouped = data.groupby(keys, sort=False)
+    out = grouped.agg(rank=("rank", "mean"), rank_std=("rank", "std"), rank_min=("rank", "min"),
+                      rank_max=("rank", "max"), rank_fraction=("rank_fraction", "mean"),
+                      models=("rank", "size")).reset_index()
+    return out.fillna({"rank_std": 0.0})
+
+
+@dataclass
+class RankStudy:
+    """A rank study's table (every value), fitted laws and written files."""
+
+    model: str
+    of: str
+    table: pd.DataFrame
+    spectra: list[Spectrum]
+    fits: dict[tuple[str, str, float], list] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+    def records(self) -> list[dict]:
+        return self.table.to_dict(orient="records")
+
+
+def fit_table(table: pd.DataFrame, *, value: str = "rank") -> dict[tuple[str, str, float], list]:
+    """Candidate laws fitted per (stack, family, threshold) across depth, best first (``laws.fit_laws``)."""
+    from .laws import fit_laws
+
+    fits = {}
+    for (stack, family, threshold), group in table.groupby(["stack", "family", "threshold"], sort=False):
+        group = group.sort_values("layer")
+        x = group["layer"].to_numpy(dtype=float) + 1
+        depth = float(table.loc[table["stack"] == stack, "layer"].max() + 1)
+        fits[(stack, family, float(threshold))] = fit_laws(x, group[value].to_numpy(dtype=float), depth=depth)
+    return fits
+
+
+def write_outputs(study: RankStudy, out: PathLike, title: str) -> None:
+    """CSV and JSON of every value, and one figure per threshold with the best laws drawn."""
+    from .plots import plot_rank
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    study.table.to_csv(folder / "ranks.csv", index=False)
+    study.files["csv"] = str(folder / "ranks.csv")
+    payload = {
+        "model": study.model, "of": study.of, "records": study.records(),
+        "singular_values": [{"stack": s.stack, "layer": s.layer, "family": s.family, "shape": list(s.shape),
+                             "values": s.singular_values.tolist()} for s in study.spectra],
+        "laws": [{"stack": k[0], "family": k[1], "threshold": k[2],
+                  "fits": [{"law": f.name, "equation": f.equation, "params": f.params, "r2": f.r2, "adj_r2": f.adj_r2,
+                            "aic": f.aic} for f in fits]} for k, fits in study.fits.items()],
+    }
+    import json
+
+    (folder / "ranks.json").write_text(json.dumps(payload, default=float))
+    study.files["json"] = str(folder / "ranks.json")
+    for threshold in sorted(study.table["threshold"].unique()):
+        path = folder / f"rank-{threshold:g}.png"
+        plot_rank(study.table, study.fits, float(threshold), path, of=study.of, title=title)
+        study.files[f"png {threshold:g}"] = str(path)
+
+
+def rank_study(model: PathLike, *, base: PathLike | None = None, of: str = "weights",
+               thresholds: Sequence[float] = DEFAULT_THRESHOLDS, out: PathLike | None = None,
+               device: str = "cpu") -> RankStudy:
+    """The rank study of one model's weights, or of its delta to ``base``."""
+    items = spectra(model, base=base, of=of, device=device)
+    table = rank_table(items, thresholds)
+    study = RankStudy(str(model), of, table, items, fit_table(table))
+    if out is not None:
+        write_outputs(study, out, title=f"{display_name(model)}: rank of {'ΔW' if of == 'delta' else 'W'} across depth")
+    return study
+
+
+def over_finetunes(base: PathLike, models: Sequence[PathLike], *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+                   out: PathLike | None = None, device: str = "cpu") -> tuple[RankStudy, dict[str, str]]:
+    """The rank study of the deltas of many fine-tunes of ``base``: mean and spread per family and layer.
+
+    Returns the aggregated study and the models that failed (model -> reason); the others go on.
+    """
+    base_ck = Checkpoint(base)
+    tables, failed, first = [], {}, None
+    for model in models:
+        try:
+            items = spectra(model, base=base_ck, of="delta", device=device)
+        except (CheckpointError, IncompatibleError) as exc:
+            failed[str(model)] = str(exc)
+            continue
+        first = first or items
+        tables.append(rank_table(items, thresholds))
+    if not tables:
+        raise ValueError(f"{base}: none of the {len(models)} fine-tunes could be read")
+    table = aggregate(tables)
+    study = RankStudy(str(base), "delta", table, [], fit_table(table))
+    if out is not None:
+        write_outputs(study, out, title=f"{len(tables)} fine-tunes of {display_name(base)}: mean rank of ΔW across depth")
+    return study, failed

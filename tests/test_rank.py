@@ -1,0 +1,171 @@
+"""The rank study: known spectra give known ranks, GPT-2 fused and split against transformers, outputs and CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+import modelvec
+from conftest import save_state
+from modelvec.cli import _expand_multi_value_options, app
+from modelvec.rank import aggregate, energy_rank, over_finetunes, rank_study, rank_table, spectra
+
+
+@pytest.mark.parametrize(
+    "values, threshold, expected",
+    [
+        ([3, 2, 1], 0.5, 1),     # 9/14 = 0.64
+        ([3, 2, 1], 0.9, 2),     # 13/14 = 0.93
+        ([3, 2, 1], 0.99, 3),
+        ([3, 2, 1], 1.0, 3),
+        ([1, 1, 1, 1], 0.5, 2),  # ties: exactly half the energy at r = 2
+        ([1, 1, 1, 1], 0.75, 3),
+        ([1, 1, 1, 1], 1.0, 4),
+        ([5, 4, 0, 0], 1.0, 2),  # zero singular values never count
+        ([0, 0, 0], 0.9, 0),     # a zero matrix has rank 0 (documented rule)
+        ([2], 0.01, 1),
+    ],
+)
+def test_energy_rank_on_known_spectra(values, threshold, expected):
+    assert energy_rank(np.array(values, dtype=np.float32), threshold) == expected
+
+
+def test_energy_rank_rejects_bad_thresholds():
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="threshold must be in"):
+            energy_rank(np.ones(3), bad)
+
+
+def _with_spectrum(base: Path, out: Path, key: str, singular_values: list[float], seed: int = 0) -> Path:
+    """A copy of ``base`` whose tensor ``key`` is replaced by a matrix with the given singular values."""
+    state = load_file(str(base / "model.safetensors"))
+    n_out, n_in = state[key].shape
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(n_out, n_out, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n_in, n_in, generator=g, dtype=torch.float64))
+    s = torch.zeros(min(n_out, n_in), dtype=torch.float64)
+    s[: len(singular_values)] = torch.tensor(singular_values, dtype=torch.float64)
+    state[key] = (u[:, : len(s)] * s @ v[:, : len(s)].T).float()
+    return save_state(out, state, json.loads((base / "config.json").read_text()))
+
+
+def test_matrices_built_with_known_spectra_give_the_known_ranks(tiny_bert, tmp_path):
+    key = "encoder.layer.1.attention.self.value.weight"
+    model = _with_spectrum(tiny_bert, tmp_path / "m", key, [8, 4, 2, 1])
+    found = {(s.layer, s.family): s for s in spectra(model)}
+    sv = found[(1, "v")].singular_values
+    np.testing.assert_allclose(sv[:4], [8, 4, 2, 1], rtol=1e-5)
+    assert sv.dtype == np.float32 and np.abs(sv[4:]).max() < 1e-5
+    table = rank_table([found[(1, "v")]], (0.5, 0.9, 0.99, 1.0)).set_index("threshold")
+    # energies 64, 16, 4, 1 of 85: 0.75, 0.94, 0.988, 1.0
+    assert table["rank"].to_dict() == {0.5: 1, 0.9: 2, 0.99: 4, 1.0: 4}
+    assert table.loc[0.9, "rank_fraction"] == 2 / 32 and table.loc[0.9, "shape"] == "32x32"
+
+
+def test_delta_spectra_are_those_of_the_difference(tiny_bert, tiny_finetunes):
+    found = spectra(tiny_finetunes[0], base=tiny_bert, of="delta")
+    base, ft = load_file(str(tiny_bert / "model.safetensors")), load_file(str(tiny_finetunes[0] / "model.safetensors"))
+    for sp in found:
+        name = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+                "o": "attention.output.dense", "ff1": "intermediate.dense", "ff2": "output.dense"}[sp.family]
+        key = f"encoder.layer.{sp.layer}.{name}.weight"
+        delta = (ft[key].double() - base[key].double()).T  # x @ W orientation: [in, out]
+        assert sp.shape == tuple(delta.shape)
+        np.testing.assert_allclose(sp.singular_values, torch.linalg.svdvals(delta).numpy(), rtol=1e-4, atol=1e-6)
+    ranks = rank_table(found, (0.999,))
+    assert (ranks["rank"] == 2).all()  # the fixtures plant rank-2 deltas
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4, n_positions=32))
+    folder = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_gpt2_fused_and_split_agree_with_transformers_modules(tiny_gpt2):
+    model, folder = tiny_gpt2
+    found = {(s.layer, s.family): s for s in spectra(folder)}
+    d = model.config.n_embd
+    for layer, block in enumerate(model.transformer.h):
+        w = block.attn.c_attn.weight.detach().double()  # Conv1D: [in, 3 * out], x @ W
+        assert w.shape == (d, 3 * d)
+        np.testing.assert_allclose(found[(layer, "qkv")].singular_values, torch.linalg.svdvals(w).numpy(), rtol=1e-4)
+        for i, family in enumerate(("q", "k", "v")):
+            part = w[:, i * d:(i + 1) * d]
+            x = torch.randn(5, d, dtype=torch.float64)
+            q_module = block.attn.c_attn(x.float()).double()[:, i * d:(i + 1) * d]
+            torch.testing.assert_close(x @ part + block.attn.c_attn.bias.detach().double()[i * d:(i + 1) * d], q_module,
+                                       rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(found[(layer, family)].singular_values, torch.linalg.svdvals(part).numpy(),
+                                       rtol=1e-4)
+        assert found[(layer, "qkv")].shape == (d, 3 * d) and found[(layer, "q")].shape == (d, d)
+        # the fused matrix holds all the energy of its parts
+        fused = (found[(layer, "qkv")].singular_values.astype(float) ** 2).sum()
+        parts = sum((found[(layer, f)].singular_values.astype(float) ** 2).sum() for f in "qkv")
+        assert fused == pytest.approx(parts, rel=1e-5)
+
+
+def test_aggregate_is_mean_and_spread_over_models(tiny_bert, tiny_finetunes):
+    tables = [rank_table(spectra(ft, base=tiny_bert, of="delta"), (0.5, 0.9)) for ft in tiny_finetunes]
+    agg = aggregate(tables).set_index(["stack", "family", "layer", "threshold"])
+    stacked = pd.concat(tables).groupby(["stack", "family", "layer", "threshold"])["rank"]
+    np.testing.assert_allclose(agg["rank"].sort_index(), stacked.mean().sort_index())
+    assert (agg["models"] == 3).all()
+
+
+def test_rank_study_writes_figures_csv_json_and_fits(tiny_gpt2, tmp_path):
+    _, folder = tiny_gpt2
+    study = rank_study(folder, thresholds=(0.5, 0.9), out=tmp_path)
+    for name in ("ranks.csv", "ranks.json", "rank-0.5.png", "rank-0.9.png"):
+        assert (tmp_path / name).exists(), name
+    assert (tmp_path / "rank-0.9.png").read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((tmp_path / "ranks.json").read_text())
+    assert len(data["records"]) == len(study.table) and data["singular_values"]
+    assert pd.read_csv(tmp_path / "ranks.csv").shape[0] == len(study.table)
+    fits = study.fits[("decoder", "qkv", 0.9)]
+    assert fits and fits[0].name in ("linear", "quadratic", "exponential", "power", "quarter_ellipse")
+
+
+def test_over_finetunes_records_failures_and_goes_on(tiny_bert, tiny_finetunes, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    study, failed = over_finetunes(tiny_bert, [*tiny_finetunes, broken], thresholds=(0.9,))
+    assert list(failed) == [str(broken)] and "no weights found" in failed[str(broken)]
+    assert (study.table["models"] == 3).all()
+
+
+def test_expand_multi_value_threshold():
+    argv = ["rank", "m", "--threshold", "0.5", "0.9", "0.99", "--json"]
+    assert _expand_multi_value_options(argv) == ["rank", "m", "--threshold", "0.5", "--threshold", "0.9",
+                                                 "--threshold", "0.99", "--json"]
+
+
+def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
+    runner = CliRunner()
+    args = _expand_multi_value_options(["rank", str(tiny_finetunes[0]), "--base", str(tiny_bert), "--of", "delta",
+                                        "--threshold", "0.5", "0.9", "--out", str(tmp_path / "r"), "--json"])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert {"stack", "layer", "family", "shape", "threshold", "rank", "rank_fraction"} <= set(records[0])
+    assert {r["threshold"] for r in records} == {0.5, 0.9}
+    store = tmp_path / "s.duckdb"
+    modelvec.embed(tiny_bert, tiny_finetunes, store=store)
+    over = runner.invoke(app, ["rank", "--over-finetunes", str(tiny_bert), "--store", str(store),
+                               "--out", str(tmp_path / "o"), "--threshold", "0.9"])
+    assert over.exit_code == 0, over.output
+    assert "best law" in over.output and (tmp_path / "o" / "rank-0.9.png").exists()
+    missing = runner.invoke(app, ["rank"])
+    assert missing.exit_code == 2 and "give a MODEL" in missing.output
