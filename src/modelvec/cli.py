@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import numpy as np
 import typer
@@ -46,6 +46,12 @@ BlockNormOpt = typer.Option(_D.block_norm, "--block-norm/--no-block-norm", help=
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
 # cluster and neighbors also accept --method for the representation's factor (the stored vectors to read).
 MethodOpt = typer.Option(_D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}.")
+
+
+def _exit_with(exc: Exception) -> NoReturn:
+    """A one-line error on stderr and exit status 2: bad input, not a crash."""
+    err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+    raise typer.Exit(2)
 
 
 def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter: int, oversamples: int, seed: int,
@@ -154,8 +160,7 @@ def cluster(
         report = run_cluster(base, params=params, store=store, out=out, method=reduce, standardize=standardize,
                              metric=metric, pool=pool, k=k)
     except (LookupError, ValueError) as exc:
-        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
-        raise typer.Exit(2)
+        _exit_with(exc)
     if as_json:
         print(json.dumps(report.as_json(), default=_json_default))
         return
@@ -194,8 +199,7 @@ def neighbors(
     try:
         found = find(model, params=params, store=store, k=k, metric=metric)
     except (LookupError, ValueError) as exc:
-        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
-        raise typer.Exit(2)
+        _exit_with(exc)
     table = Table("#", "model", f"{metric} distance", "datasets", title=f"nearest to {_short(str(model))}")
     for i, row in enumerate(found.itertuples(), 1):
         table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-")
@@ -218,8 +222,7 @@ def evaluate(
         table = run_evaluate(base, models, store=store, metric=metric,
                              progress=lambda msg: err.print(msg, markup=False, highlight=False))
     except (ModelvecError, ValueError) as exc:
-        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
-        raise typer.Exit(2)
+        _exit_with(exc)
     if markdown is not None:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
@@ -270,8 +273,7 @@ def rank(
         else:
             study = rank_study(model, base=base, of=of, thresholds=threshold, out=out)
     except (ModelvecError, ValueError) as exc:
-        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
-        raise typer.Exit(2)
+        _exit_with(exc)
     if as_json:
         print(json.dumps(study.records(), default=_json_default))
         return
