@@ -93,7 +93,8 @@ def spectra(model: PathLike | Checkpoint, *, base: PathLike | Checkpoint | None 
             return
         batch = torch.stack([m for _, m in items]).to(device)
         try:
-            values = torch.linalg.svdvals(batch).to("cpu", torch.float32).numpy()
+            # Same singular values either way; CPU LAPACK is 2.5-4x slower on wide matrices.
+            values = torch.linalg.svdvals(batch.mT if shape[0] < shape[1] else batch).to("cpu", torch.float32).numpy()
         except RuntimeError:  # LAPACK refuses non-finite input
             values = np.full((len(items), min(shape)), np.nan, np.float32)
         for (ref, _), s in zip(items, values):
