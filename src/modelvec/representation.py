@@ -33,7 +33,7 @@ and arbitrary ones would only add noise.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -99,10 +99,6 @@ class Representation:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 # --- the linear algebra, batched over matrices of one shape ---------------------------------------
