@@ -147,25 +147,47 @@ def _blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
         yield rows[start:start + step]
 
 
-def _ranked(Z: np.ndarray, rows: np.ndarray, columns: np.ndarray,
-            metric: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _ranked(Z: np.ndarray, rows: np.ndarray, columns: np.ndarray, metric: str,
+            groups: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
 
-    A row that is also a column gets distance +inf to itself, so it ranks last. ``columns`` is
-    sorted (always built with ``flatnonzero``/``arange``), so ranking by position in ``columns``
-    is ranking by model index.
+    A row that is also a column gets distance +inf to itself, so it ranks last; so does a column
+    in the row's group (``groups``: int codes, -1 = no group). ``columns`` is sorted (always built
+    with ``flatnonzero``/``arange``), so ranking by position in ``columns`` is ranking by index.
     """
     for block in _blocks(rows, len(columns)):
         D = _distances(Z[block], Z[columns], metric)
         D[columns[None, :] == block[:, None]] = np.inf
+        if groups is not None:
+            D[_same_group(groups, block, columns)] = np.inf
         yield block, np.argsort(D, axis=1, kind="stable")
+
+
+def _same_group(groups: np.ndarray, block: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    g = groups[block][:, None]
+    return (g == groups[columns][None, :]) & (g >= 0)
+
+
+def _group_codes(values: Sequence[object] | None, n: int) -> np.ndarray | None:
+    """Int codes of a per-model grouping (e.g. author); None, "" and NaN are -1 (no group)."""
+    if values is None:
+        return None
+    if len(values) != n:
+        raise ValueError(f"exclude_same has {len(values)} entries for {n} models")
+    codes: dict[object, int] = {}
+    out = np.full(n, -1, np.int64)
+    for i, v in enumerate(values):
+        if v is None or v == "" or (isinstance(v, float) and v != v):
+            continue
+        out[i] = codes.setdefault(v, len(codes))
+    return out
 
 
 # --- public API ---------------------------------------------------------------------------------
 
 
 def knn_dataset_score(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine",
-                      pool: str = "labelled") -> KnnScore:
+                      pool: str = "labelled", exclude_same: Sequence[object] | None = None) -> KnnScore:
     """Share of each labelled model's k-1 nearest neighbours tuned on the same dataset, averaged.
 
     For a model f whose dataset has k >= 2 models, take its k-1 nearest neighbours (f excluded)
@@ -181,6 +203,10 @@ def knn_dataset_score(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric:
       sharing at least one label with f, and a neighbour is a hit when it shares any label with
       f. In ``per_dataset`` a multi-label model counts under each of its labels. With one label
       per model this is exactly the definition above. Datasets with no scored model are absent.
+    - ``exclude_same`` (e.g. each model's author): models sharing f's value are neither
+      neighbours of f nor among its k-1, so the score measures whether f lands among *other
+      uploaders'* models of its dataset — an author effect (one uploader's near-identical runs)
+      cannot pass for a dataset effect. Models without a value exclude nothing.
     - Distances, zero vectors and ties: see the module docstring (ties go to the lower index).
     """
     _check_choice("metric", metric, METRICS)
@@ -194,9 +220,12 @@ def knn_dataset_score(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric:
     columns = np.flatnonzero(labelled) if pool == "labelled" else np.arange(n)
     member_f = member.astype(np.float64)
     per_model = np.full(n, np.nan)
-    for block, order in _ranked(Z, np.flatnonzero(labelled), columns, metric):
+    groups = _group_codes(exclude_same, n)
+    for block, order in _ranked(Z, np.flatnonzero(labelled), columns, metric, groups):
         same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
         same[columns[None, :] == block[:, None]] = False  # f itself is not one of "the other" k-1
+        if groups is not None:
+            same[_same_group(groups, block, columns)] = False
         k_minus_1 = same.sum(axis=1)
         hits = np.cumsum(np.take_along_axis(same, order, axis=1), axis=1)
         scored = k_minus_1 > 0

@@ -88,6 +88,16 @@ class Architecture:
     prefixes: tuple[str, ...]
     stacks: tuple[Stack, ...]
     description: str = ""
+    #: config.json sizes two checkpoints must share for their matrices to align (layers, width,
+    #: feed-forward, heads...); each entry lists alternative keys, first found wins. Discovery uses
+    #: them to accept a name-search candidate without downloading its weights.
+    shape_keys: tuple[tuple[str, ...], ...] = (
+        ("num_hidden_layers",), ("hidden_size",), ("intermediate_size",), ("num_attention_heads",),
+    )
+
+    def shape(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The sizes named by :attr:`shape_keys`, under each entry's first key (None when absent)."""
+        return {keys[0]: next((config[k] for k in keys if k in config), None) for keys in self.shape_keys}
 
     def matrices(self, config: Mapping[str, Any]) -> list["MatrixRef"]:
         """Every matrix this config's model has, in stack, layer, table order."""
@@ -212,6 +222,8 @@ DISTILBERT = Architecture(
         ),
     ),
     description="DistilBERT",
+    shape_keys=(("n_layers", "num_hidden_layers"), ("dim", "hidden_size"), ("hidden_dim", "intermediate_size"),
+                ("n_heads", "num_attention_heads")),
 )
 
 T5 = Architecture(
@@ -224,6 +236,8 @@ T5 = Architecture(
         _t5_stack("decoder", ("num_decoder_layers", "num_layers"), cross=True),
     ),
     description="T5 (t5-base: wi; v1.1/Flan-T5: gated wi_0/wi_1), encoder-decoder with cross-attention",
+    shape_keys=(("num_layers",), ("num_decoder_layers",), ("d_model",), ("d_ff",), ("num_heads",), ("d_kv",),
+                ("feed_forward_proj",)),
 )
 
 GPT2 = Architecture(
@@ -244,6 +258,7 @@ GPT2 = Architecture(
         ),
     ),
     description="GPT-2 (gpt2, gpt2-medium, distilgpt2): Conv1D [in,out], fused c_attn = q|k|v",
+    shape_keys=(("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size"), ("n_inner",), ("n_head", "num_attention_heads")),
 )
 
 LLAMA = Architecture(
@@ -264,6 +279,8 @@ LLAMA = Architecture(
         ),
     ),
     description="Llama family (llama, mistral, qwen2): gated FFN, grouped-query attention",
+    shape_keys=(("num_hidden_layers",), ("hidden_size",), ("intermediate_size",), ("num_attention_heads",),
+                ("num_key_value_heads",)),
 )
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (BERT, ROBERTA, DISTILBERT, T5, GPT2, LLAMA)}

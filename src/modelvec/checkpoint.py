@@ -69,9 +69,11 @@ class Checkpoint:
                     raise CheckpointError(self.name, f"{index_name} has no weight_map")
                 key_file = {}
                 for key, shard in weight_map.items():
-                    shard_path = (self.path / str(shard)).resolve()
-                    if shard_path.parent != self.path.resolve():
+                    # A plain file name next to the index (checked lexically: the Hub cache's files
+                    # are symlinks into a blobs folder, so resolving would leave the folder).
+                    if str(shard) in ("", ".", "..") or Path(str(shard)).name != str(shard) or "\\" in str(shard):
                         raise CheckpointError(self.name, f"{index_name} points outside the folder: {shard}")
+                    shard_path = self.path / str(shard)
                     key_file[key] = shard_path
                 files = sorted(set(key_file.values()))
                 missing = [f.name for f in files if not f.exists()]

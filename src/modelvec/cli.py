@@ -64,29 +64,47 @@ def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter
 
 @app.command()
 def embed(
-    models: List[Path] = typer.Argument(..., help="Fine-tuned models: folders or weight files."),
-    base: Path = typer.Option(..., "--base", help="The base model the fine-tunes start from."),
+    targets: List[str] = typer.Argument(..., help="Fine-tunes (folders, weight files or Hub ids) with --base; "
+                                                  "or just BASE (a Hub id): every discovered fine-tune of it."),
+    base: Optional[str] = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
     rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     device: str = typer.Option("cpu", help="torch device for deltas and SVDs."),
     store: Optional[Path] = StoreOpt,
     force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="BASE mode: at most this many fine-tunes."),
+    sort: str = typer.Option("downloads", "--sort", help="BASE mode: which first: downloads|likes|created_at."),
+    refresh: bool = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding."),
+    keep_weights: bool = typer.Option(True, "--keep-weights/--no-keep-weights",
+                                      help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays)."),
 ) -> None:
-    """Embed fine-tunes of BASE into the store (skips what is stored; records failures and goes on)."""
+    """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
+
+    `modelvec embed --base BASE MODEL...` embeds the given models; `modelvec embed BASE` embeds
+    every fine-tune of the Hub model BASE found by `modelvec discover` (run first when needed).
+    """
+    from .pipeline import embed_discovered
+
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    if base is None and len(targets) != 1:
+        raise typer.BadParameter("give --base BASE with the models, or a single BASE to embed its discovered fine-tunes")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task("embedding", total=len(models))
+        task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
 
         def report(model: str, status: str, detail: str) -> None:
             bar.advance(task)
 
+        common = dict(representation=params, device=device, store=store, force=force, progress=report,
+                      keep_weights=keep_weights)
         try:
-            result = embed_models(base, models, representation=params, device=device, store=store, force=force,
-                                  progress=report)
-        except ModelvecError as exc:
-            err.print(f"error: base {exc}", soft_wrap=True, markup=False, highlight=False)
-            raise typer.Exit(2)
+            if base is None:
+                result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
+            else:
+                result = embed_models(base, targets, **common)
+        except (ModelvecError, ValueError) as exc:
+            bar.stop()
+            _exit_with(exc if isinstance(exc, ModelvecError) else ValueError(f"{base or targets[0]}: {exc}"))
     console.print(
         f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), failed {len(result.failed)}"
         f" -> {store or default_store_path()}",
@@ -96,6 +114,48 @@ def embed(
         console.print(f"  failed: {reason}", soft_wrap=True, markup=False, highlight=False)
     if result.failed and not result.embedded and not result.skipped:
         raise typer.Exit(1)
+
+
+@app.command()
+def discover(
+    base: str = typer.Argument(..., help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Keep at most this many fine-tunes."),
+    sort: str = typer.Option("downloads", "--sort", help="Listing order: downloads|likes|created_at|last_modified."),
+    search: bool = typer.Option(True, "--search/--no-search",
+                                help="Also search by name and keep candidates whose config matches the base."),
+    show_rejected: bool = typer.Option(False, "--rejected", help="Also list the rejected candidates and why."),
+    as_json: bool = typer.Option(False, "--json", help="Print the catalogue entries as JSON."),
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """Find the fine-tunes of BASE on the Hub (HF_ENDPOINT) and store the catalogue; vectors are kept."""
+    from .discovery import discover as find
+
+    try:
+        found = find(base, limit=limit, sort=sort, search=search)  # type: ignore[arg-type]
+    except (ModelvecError, ValueError) as exc:
+        _exit_with(exc)
+    except Exception as exc:  # the Hub is unreachable or answers errors after retries
+        from .hub import describe_error
+
+        _exit_with(RuntimeError(f"{base}: discovery failed: {describe_error(exc)}"))
+    with Store(store) as db:
+        db.put_catalogue(found.base, found.base_sha, found.entries)
+    if as_json:
+        print(json.dumps([e.as_dict() for e in found.entries], default=_json_default))
+        return
+    table = Table("model", "downloads", "datasets", "labels from", "author", "why kept",
+                  title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}")
+    for e in found.kept:
+        table.add_row(e.model, str(e.downloads if e.downloads is not None else "-"), ", ".join(e.datasets) or "-",
+                      e.label_source or "-", e.author or "-", e.reason)
+    console.print(table)
+    if show_rejected and found.rejected:
+        rejected = Table("model", "why rejected", title="rejected candidates")
+        for e in found.rejected:
+            rejected.add_row(e.model, e.reason)
+        console.print(rejected)
+    console.print(f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {store or default_store_path()}",
+                  soft_wrap=True, markup=False, highlight=False)
 
 
 @app.command()
@@ -148,6 +208,9 @@ def cluster(
     k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    label_source: Optional[List[str]] = typer.Option(
+        None, "--label-source",
+        help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed (repeatable)."),
     rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     store: Optional[Path] = StoreOpt,
@@ -158,7 +221,7 @@ def cluster(
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
     try:
         report = run_cluster(base, params=params, store=store, out=out, method=reduce, standardize=standardize,
-                             metric=metric, pool=pool, k=k)
+                             metric=metric, pool=pool, k=k, label_sources=label_source or None)
     except (LookupError, ValueError) as exc:
         _exit_with(exc)
     if as_json:
@@ -171,6 +234,10 @@ def cluster(
     console.print(table)
     scores = Table("score", "value", title=f"{report.n_models} models · metric {report.metric} · pool {report.pool}")
     scores.add_row("leave-one-out dataset prediction accuracy", _fmt(report.loo_accuracy))
+    if report.n_authors:
+        scores.add_row(f"kNN score, same-author neighbours excluded ({report.n_scored_other_authors} scored)",
+                       _fmt(report.knn_score_other_authors))
+        scores.add_row(f"authors ({report.n_authors}): share of the most prolific", _fmt(report.largest_author_share))
     for name, value in report.clustering.items():
         scores.add_row(name, _fmt(value))
     console.print(scores)
@@ -200,9 +267,10 @@ def neighbors(
         found = find(model, params=params, store=store, k=k, metric=metric)
     except (LookupError, ValueError) as exc:
         _exit_with(exc)
-    table = Table("#", "model", f"{metric} distance", "datasets", title=f"nearest to {_short(str(model))}")
+    table = Table("#", "model", f"{metric} distance", "datasets", "author", title=f"nearest to {_short(str(model))}")
     for i, row in enumerate(found.itertuples(), 1):
-        table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-")
+        table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-",
+                      row.author if isinstance(row.author, str) else "-")
     console.print(table)
 
 
@@ -259,13 +327,26 @@ def rank(
 
     try:
         if over_finetunes is not None:
+            from .hub import resolve_base
+            from .pipeline import local_files
+
             with Store(store) as db:
                 meta = db.metadata()
-            base_id = model_id(over_finetunes) if Path(over_finetunes).exists() else over_finetunes
-            models = sorted({m for m, b in zip(meta["model"], meta["base"]) if b == base_id})
-            if not models:
-                raise ValueError(f"{over_finetunes}: no stored fine-tunes of this base; embed some first")
-            study, failed = study_finetunes(over_finetunes, models, thresholds=threshold, out=out)
+                base_id = model_id(over_finetunes) if Path(over_finetunes).exists() else over_finetunes
+                if base_id not in set(meta["base"]) and not Path(over_finetunes).exists():
+                    base_id = resolve_base(over_finetunes).canonical
+                rows = {m: src for m, b, src in zip(meta["model"], meta["base"], meta["source"]) if b == base_id}
+                if not rows:
+                    raise ValueError(f"{over_finetunes}: no stored fine-tunes of this base; embed some first")
+                base_path = local_files(base_id, "", db)
+                models, unreadable = [], {}
+                for m in sorted(rows):
+                    try:
+                        models.append(local_files(m, rows[m], db))
+                    except ModelvecError as exc:  # e.g. gone from the Hub and from the cache: the others go on
+                        unreadable[m] = str(exc)
+            study, failed = study_finetunes(base_path, models, thresholds=threshold, out=out)
+            failed = {**unreadable, **failed}
             for name, reason in failed.items():
                 err.print(f"failed: {reason}", soft_wrap=True, markup=False, highlight=False)
         elif model is None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from .analysis import clustering_scores, knn_dataset_score, nearest, predict_datasets
+from .hub import resolve_base
+from .labels import matches_source
 from .maps import reduce
 from .pipeline import display_name, model_id
 from .plots import plot_html, plot_png
@@ -42,6 +44,12 @@ class ClusterReport:
     clustering: dict[str, float]
     predictions: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)
+    # Author effect: the kNN score when a model's same-author neighbours do not count.
+    knn_score_other_authors: float = float("nan")
+    n_scored_other_authors: int = 0
+    n_authors: int = 0
+    largest_author_share: float = float("nan")  # share of the models uploaded by the most prolific author
+    label_sources: list[str] | None = None  # the label sources kept (None: all)
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
@@ -51,7 +59,7 @@ class ClusterReport:
 
 def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
     """The stored vectors of ``base`` (a path or a stored id) under ``params``; clear error when none."""
-    ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base)]
+    ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
     for name in ids:
         X, meta = store.load(base=name, params=params)
         if len(meta):
@@ -73,8 +81,15 @@ def cluster(
     pool: str = "labelled",
     k: int = 5,
     seed: int = 0,
+    label_sources: Sequence[str] | None = None,
 ) -> ClusterReport:
-    """Score and map the stored vectors of ``base``; writes ``out/clusters-<method>.png`` and ``.html``."""
+    """Score and map the stored vectors of ``base``; writes ``out/clusters-<method>.png`` and ``.html``.
+
+    ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
+    ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
+    The report also gives the kNN score with same-author neighbours excluded, to tell an author
+    effect (one uploader's near-identical runs) from a dataset effect.
+    """
     params = params or Representation()
     own = not isinstance(store, Store)
     db = Store(store) if own else store
@@ -84,7 +99,14 @@ def cluster(
         if own:
             db.close()
     labels = [list(d) for d in meta["datasets"]]
+    if label_sources is not None:
+        labels = [lab if matches_source(src if isinstance(src, str) else None, label_sources) else []
+                  for lab, src in zip(labels, meta["label_source"])]
+        meta = meta.assign(datasets=labels)
     knn = knn_dataset_score(X, labels, metric=metric, pool=pool)
+    authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
+    by_author = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors)
+    counts = pd.Series([a for a in authors if a]).value_counts()
     pred = predict_datasets(X, labels, k=k, metric=metric)
     scores = clustering_scores(X, labels, metric=metric, seed=seed)
     predictions = [
@@ -96,6 +118,9 @@ def cluster(
         base=base_name, params=params.key(), n_models=len(meta), metric=metric, pool=pool, knn_score=knn.score,
         n_scored=knn.n_scored, per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
         loo_accuracy=pred.loo_accuracy, clustering=scores, predictions=predictions,
+        knn_score_other_authors=by_author.score, n_scored_other_authors=by_author.n_scored, n_authors=len(counts),
+        largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
+        label_sources=list(label_sources) if label_sources is not None else None,
     )
     if len(meta) >= 3:
         coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)

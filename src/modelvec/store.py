@@ -56,7 +56,39 @@ CREATE TABLE IF NOT EXISTS failures (
     created_at TIMESTAMP NOT NULL DEFAULT now(),
     PRIMARY KEY (model, base, params)
 );
+CREATE TABLE IF NOT EXISTS catalogue (
+    base          VARCHAR NOT NULL,
+    model         VARCHAR NOT NULL,
+    kept          BOOLEAN NOT NULL,
+    reason        VARCHAR NOT NULL,
+    sha           VARCHAR,
+    author        VARCHAR,
+    created_at    VARCHAR,
+    downloads     BIGINT,
+    likes         BIGINT,
+    pipeline_tag  VARCHAR,
+    library       VARCHAR,
+    gated         VARCHAR,
+    tags          VARCHAR[],
+    files         VARCHAR[],
+    formats       VARCHAR[],
+    datasets      VARCHAR[],
+    label_source  VARCHAR,
+    labels_json   VARCHAR,
+    discovered_at TIMESTAMP NOT NULL DEFAULT now(),
+    PRIMARY KEY (base, model)
+);
+CREATE TABLE IF NOT EXISTS bases (
+    base          VARCHAR PRIMARY KEY,
+    sha           VARCHAR NOT NULL,
+    discovered_at TIMESTAMP NOT NULL DEFAULT now()
+);
 """
+
+CATALOGUE_COLUMNS = (
+    "base", "model", "kept", "reason", "sha", "author", "created_at", "downloads", "likes", "pipeline_tag", "library",
+    "gated", "tags", "files", "formats", "datasets", "label_source", "labels_json",
+)
 
 META_COLUMNS = (
     "model", "base", "params", "architecture", "dim", "datasets", "label_source", "author", "source", "model_hash",
@@ -64,7 +96,8 @@ META_COLUMNS = (
 )
 # Columns added after the first release: added in place to older store files.
 _MIGRATIONS = ("ALTER TABLE vectors ADD COLUMN IF NOT EXISTS label_source VARCHAR",
-               "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS author VARCHAR")
+               "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS author VARCHAR",
+               "ALTER TABLE failures ADD COLUMN IF NOT EXISTS model_hash VARCHAR")
 
 
 def default_store_path() -> Path:
@@ -132,11 +165,70 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
-    def record_failure(self, model: str, base: str, params: Representation, error: str) -> None:
+    def put_catalogue(self, base: str, base_sha: str, entries: Sequence[Any]) -> None:
+        """Insert or refresh discovered models (``CatalogueEntry``) in one transaction.
+
+        Vectors are kept; their labels and author are refreshed from the new entries, so a
+        re-discovery that learns better labels improves the analysis without re-embedding.
+        """
+        rows = []
+        for e in entries:
+            d = e.as_dict() if hasattr(e, "as_dict") else dict(e)
+            d["labels_json"] = json.dumps(d.pop("labels", []), sort_keys=True)
+            rows.append({c: d.get(c) for c in CATALOGUE_COLUMNS})
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("INSERT OR REPLACE INTO bases (base, sha) VALUES (?, ?)", [base, base_sha])
+            if rows:
+                cols = ", ".join(CATALOGUE_COLUMNS)
+                marks = ", ".join("?" for _ in CATALOGUE_COLUMNS)
+                self.con.executemany(f"INSERT OR REPLACE INTO catalogue ({cols}) VALUES ({marks})",
+                                     [[r[c] for c in CATALOGUE_COLUMNS] for r in rows])
+                self.con.execute(
+                    """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author
+                       FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
+                    [base],
+                )
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def catalogue(self, base: str | None = None, kept: bool | None = None) -> pd.DataFrame:
+        """Discovered models (one row per base and model), most downloaded first."""
+        clauses, args = [], []
+        if base is not None:
+            clauses.append("base = ?")
+            args.append(base)
+        if kept is not None:
+            clauses.append("kept = ?")
+            args.append(kept)
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        return self.con.execute(
+            f"SELECT {', '.join(CATALOGUE_COLUMNS)}, discovered_at FROM catalogue {where} "
+            "ORDER BY base, downloads DESC NULLS LAST, model", args,
+        ).df()
+
+    def base_sha(self, base: str) -> str | None:
+        """The base revision recorded at the last discovery."""
+        rows = self.con.execute("SELECT sha FROM bases WHERE base = ?", [base]).fetchall()
+        return rows[0][0] if rows else None
+
+    def record_failure(self, model: str, base: str, params: Representation, error: str,
+                       model_hash: str | None = None) -> None:
+        """Record why a model failed; ``model_hash`` marks a failure of its content (not of fetching it)."""
         self.con.execute(
-            "INSERT OR REPLACE INTO failures (model, base, params, error) VALUES (?, ?, ?, ?)",
-            [model, base, params.key(), error],
+            "INSERT OR REPLACE INTO failures (model, base, params, error, model_hash) VALUES (?, ?, ?, ?, ?)",
+            [model, base, params.key(), error, model_hash],
         )
+
+    def known_failure(self, model: str, model_hash: str, base: str, params: Representation) -> str | None:
+        """The recorded error when these very weights already failed with this base and representation."""
+        rows = self.con.execute(
+            "SELECT error FROM failures WHERE model = ? AND model_hash = ? AND base = ? AND params = ?",
+            [model, model_hash, base, params.key()],
+        ).fetchall()
+        return rows[0][0] if rows else None
 
     # --- reads --------------------------------------------------------------------------------
     def has(self, model: str, model_hash: str, base: str, base_hash: str, params: Representation) -> bool:
