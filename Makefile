@@ -11,7 +11,7 @@ STORE   ?= .cache/demo.duckdb
 PER_DATASET ?= 5
 OUT     ?= .cache/demo-out
 
-.PHONY: install browser test demo bench clean
+.PHONY: install browser test demo demo-on-hub bench clean
 
 install: $(STAMP)
 
@@ -35,14 +35,28 @@ test: $(STAMP) browser
 ZOO_BASE   = $$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(ZOO)/zoo.json)
 ZOO_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(ZOO)/zoo.json)
 
+# The main job walks the path a user with internet walks: the zoo is published on a local Hub
+# (127.0.0.1, HF_ENDPOINT) and found, fetched and embedded there through huggingface_hub.
+HUB      ?= .cache/hub
+HF_CACHE ?= .cache/hf
+HUB_BASE ?= all-MiniLM-L6-v2
+MODELVEC  = HF_HUB_CACHE=$(HF_CACHE) $(VENV)/bin/modelvec
+
 demo: $(STAMP)
 	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
-	$(VENV)/bin/modelvec embed --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS)
-	$(VENV)/bin/modelvec show --store $(STORE)
-	$(VENV)/bin/modelvec evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --markdown $(OUT)/evaluate.md
-	$(VENV)/bin/modelvec cluster "$(ZOO_BASE)" --store $(STORE) --out $(OUT)
-	$(VENV)/bin/modelvec rank "$(ZOO_BASE)" --out $(OUT)/rank-minilm-weights
-	$(VENV)/bin/modelvec rank --over-finetunes "$(ZOO_BASE)" --store $(STORE) --out $(OUT)/rank-zoo-deltas
+	$(PY) demo/publish_zoo.py --zoo $(ZOO) --hub $(HUB)
+	$(PY) -m modelvec.localhub $(HUB) -- $(MAKE) --no-print-directory demo-on-hub
+	$(MODELVEC) evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --markdown $(OUT)/evaluate.md
+	$(MODELVEC) rank "$(ZOO_BASE)" --out $(OUT)/rank-minilm-weights
+
+# Run by `make demo` with HF_ENDPOINT set to the local Hub.
+demo-on-hub:
+	$(MODELVEC) discover $(HUB_BASE) --store $(STORE) --rejected
+	$(MODELVEC) embed $(HUB_BASE) --store $(STORE) --no-keep-weights
+	$(MODELVEC) show --store $(STORE)
+	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)
+	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)/declared-labels --label-source declared
+	$(MODELVEC) rank --over-finetunes $(HUB_BASE) --store $(STORE) --out $(OUT)/rank-zoo-deltas
 
 bench: $(STAMP)
 	$(PY) bench/bench_embed.py

@@ -184,7 +184,10 @@ def test_revisions_persistence_and_meta(tmp_path):
     (tmp_path / "v1" / "weights.bin").write_bytes(b"old weights")
     (tmp_path / "v1" / "sub" / "notes.txt").write_bytes(b"nested")
     (tmp_path / "v1" / "README.md").write_bytes(card(datasets=["old"]))
-    v1 = hub.publish("org/evolving", tmp_path / "v1", message="first")
+    copied = hub.publish("org/copied", tmp_path / "v1", message="first")  # default: copies, sources stay free
+    assert copied and not any(p.stat().st_ino == (tmp_path / "v1" / "weights.bin").stat().st_ino
+                              for p in (tmp_path / "root" / "org" / "copied" / "blobs").iterdir())
+    v1 = hub.publish("org/evolving", tmp_path / "v1", message="first", link=True)
     blob = tmp_path / "root" / "org" / "evolving" / "blobs"
     assert any(p.stat().st_ino == (tmp_path / "v1" / "weights.bin").stat().st_ino for p in blob.iterdir())
     with hub.serve() as server:

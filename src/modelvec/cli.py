@@ -345,7 +345,8 @@ def rank(
                         models.append(local_files(m, rows[m], db))
                     except ModelvecError as exc:  # e.g. gone from the Hub and from the cache: the others go on
                         unreadable[m] = str(exc)
-            study, failed = study_finetunes(base_path, models, thresholds=threshold, out=out)
+            study, failed = study_finetunes(base_path, models, thresholds=threshold, out=out,
+                                            name=None if base_path == base_id else base_id)
             failed = {**unreadable, **failed}
             for name, reason in failed.items():
                 err.print(f"failed: {reason}", soft_wrap=True, markup=False, highlight=False)

@@ -110,8 +110,7 @@ def config_match(base_config: Mapping[str, Any], config: Mapping[str, Any]) -> t
     for key, value in ours.items():
         if theirs[key] != value:
             return False, f"{key} {theirs[key]} differs from the base's {value}"
-    sizes = ", ".join(f"{k} {v}" for k, v in ours.items() if v is not None)
-    return True, f"config matches the base ({base_type}: {sizes})"
+    return True, f"config matches the base ({base_type}, {len(ours)} sizes)"
 
 
 def discover(

@@ -224,7 +224,7 @@ class LocalHub:
 
     # ---------------------------------------------------------------- publishing
 
-    def _store_blob(self, blobs: Path, source: bytes | Path) -> dict:
+    def _store_blob(self, blobs: Path, source: bytes | Path, link: bool = False) -> dict:
         """Put content into the blob store; its {sha256, size, blob_id}."""
         blobs.mkdir(parents=True, exist_ok=True)
         sha256 = hashlib.sha256()
@@ -248,11 +248,13 @@ class LocalHub:
             try:
                 if isinstance(source, bytes):
                     tmp.write_bytes(source)
-                else:
+                elif link:
                     try:
                         os.link(source, tmp)
                     except OSError:
                         shutil.copyfile(source, tmp)
+                else:
+                    shutil.copyfile(source, tmp)
                 os.replace(tmp, target)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -307,19 +309,20 @@ class LocalHub:
         return meta
 
     def publish(self, repo_id: str, files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike, *,
-                message: str = "", **meta: Any) -> str:
+                message: str = "", link: bool = False, **meta: Any) -> str:
         """Make a new commit whose tree is exactly ``files`` and move ``main`` to it; the 40-hex commit sha.
 
         ``files`` is a folder (every regular file under it, except ``.git/`` and ``.cache/huggingface/``) or a
-        mapping path-in-repo -> bytes or local file path. Local files are hard-linked into the store when possible
-        (so do not rewrite them in place afterwards), else copied. ``meta``: author, created_at, downloads, likes,
-        pipeline_tag, library_name, tags, gated (False/"auto"/"manual"), private.
+        mapping path-in-repo -> bytes or local file path. Local files are copied, or with ``link=True``
+        hard-linked when possible (saves the disk for large demo weights; the source must then never be
+        rewritten in place). ``meta``: author, created_at, downloads, likes, pipeline_tag, library_name, tags,
+        gated (False/"auto"/"manual"), private.
         """
         owner, _ = _check_repo_id(repo_id)
         meta = self._check_meta(meta)
         collected = self._collect(files)
         blobs = self._repo_dir(repo_id) / "blobs"
-        tree = {path: self._store_blob(blobs, source) for path, source in sorted(collected.items())}
+        tree = {path: self._store_blob(blobs, source, link) for path, source in sorted(collected.items())}
         card = config = None
         if "README.md" in tree:
             text = (blobs / tree["README.md"]["sha256"]).read_bytes().decode("utf-8", errors="replace")

@@ -209,10 +209,11 @@ def rank_study(model: PathLike, *, base: PathLike | None = None, of: str = "weig
 
 
 def over_finetunes(base: PathLike, models: Sequence[PathLike], *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-                   out: PathLike | None = None, device: str = "cpu") -> tuple[RankStudy, dict[str, str]]:
+                   out: PathLike | None = None, device: str = "cpu", name: str | None = None) -> tuple[RankStudy, dict[str, str]]:
     """The rank study of the deltas of many fine-tunes of ``base``: mean and spread per family and layer.
 
     Returns the aggregated study and the models that failed (model -> reason); the others go on.
+    ``name`` is how the base is shown (e.g. its Hub id when ``base`` is a cache folder).
     """
     base_ck = Checkpoint(base)
     tables, failed, first = [], {}, None
@@ -227,7 +228,8 @@ def over_finetunes(base: PathLike, models: Sequence[PathLike], *, thresholds: Se
     if not tables:
         raise ValueError(f"{base}: none of the {len(models)} fine-tunes could be read")
     table = aggregate(tables)
-    study = RankStudy(str(base), "delta", table, [], fit_table(table))
+    study = RankStudy(name or str(base), "delta", table, [], fit_table(table))
     if out is not None:
-        write_outputs(study, out, title=f"{len(tables)} fine-tunes of {display_name(base)}: mean rank of ΔW across depth")
+        shown = name or display_name(base)
+        write_outputs(study, out, title=f"{len(tables)} fine-tunes of {shown}: mean rank of ΔW across depth")
     return study, failed
