@@ -27,17 +27,21 @@ def ref_distance(a, b, metric: str) -> float:
     return 1.0 - sum(x * y for x, y in zip(a, b)) / (na * nb)
 
 
-def ref_knn(X, labels, metric: str, pool: str):
+def ref_knn(X, labels, metric: str, pool: str, groups=None):
     n = len(X)
     sets = [set(ls) for ls in labels]
     per_model = [math.nan] * n
+
+    def other(f, g):  # g may be f's neighbour: not f, and not in f's group (when f has one)
+        return g != f and (groups is None or groups[f] is None or groups[g] != groups[f])
+
     for f in range(n):
         if not sets[f]:
             continue
-        k_minus_1 = sum(1 for g in range(n) if g != f and sets[g] & sets[f])
+        k_minus_1 = sum(1 for g in range(n) if other(f, g) and sets[g] & sets[f])
         if k_minus_1 == 0:
             continue
-        candidates = [g for g in range(n) if g != f and (pool == "all" or sets[g])]
+        candidates = [g for g in range(n) if other(f, g) and (pool == "all" or sets[g])]
         ranked = sorted(candidates, key=lambda g: (ref_distance(X[f], X[g], metric), g))
         hits = sum(1 for g in ranked[:k_minus_1] if sets[g] & sets[f])
         per_model[f] = hits / k_minus_1
@@ -72,8 +76,8 @@ def random_case(seed: int, n: int = 30, dim: int = 6, zero_row: bool = True):
     return X, labels
 
 
-def assert_matches_reference(result, X, labels, metric, pool):
-    score, n_scored, per_dataset, per_model = ref_knn(X, labels, metric, pool)
+def assert_matches_reference(result, X, labels, metric, pool, groups=None):
+    score, n_scored, per_dataset, per_model = ref_knn(X, labels, metric, pool, groups)
     assert result.n_scored == n_scored
     assert result.score == pytest.approx(score, abs=1e-12)
     np.testing.assert_allclose(result.per_model, per_model, atol=1e-12)  # nan where nan
@@ -98,6 +102,34 @@ def test_knn_matches_naive_reference(seed, metric, pool):
     assert "d" in result.per_dataset and result.per_dataset["d"][1] == 1  # via the multi-label model
     unlabelled = [i for i, ls in enumerate(labels) if not ls]
     assert np.isnan(result.per_model[unlabelled]).all()
+
+
+@pytest.mark.parametrize("pool", ["labelled", "all"])
+@pytest.mark.parametrize("metric", METRICS)
+def test_knn_excluding_same_author_matches_naive_reference(metric, pool):
+    X, labels = random_case(3)
+    rng = np.random.default_rng(3)
+    authors = [str(rng.choice(["u1", "u2", "u3", "u4"])) for _ in range(len(X))]
+    authors[0] = authors[1] = None  # unknown authors exclude nothing
+    result = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors)
+    assert_matches_reference(result, X, labels, metric, pool, authors)
+    plain = knn_dataset_score(X, labels, metric=metric, pool=pool)
+    assert not np.allclose(np.nan_to_num(result.per_model, nan=-1), np.nan_to_num(plain.per_model, nan=-1))
+
+
+def test_author_effect_is_told_from_a_dataset_effect():
+    # each dataset: one author's three tight runs, and another author's run sitting by the other dataset
+    X = np.array([[0, 0], [0, 0.1], [0.1, 0], [9, 9], [10, 0], [10, 0.1], [10.1, 0], [1, 1]], float)
+    labels = [["a"]] * 4 + [["b"]] * 4
+    authors = ["one"] * 3 + ["two"] + ["three"] * 3 + ["four"]
+    plain = knn_dataset_score(X, labels, metric="euclidean")
+    other = knn_dataset_score(X, labels, metric="euclidean", exclude_same=authors)
+    assert plain.per_model[0] == pytest.approx(2 / 3)  # its two same-author runs, then model 7 ("b")
+    assert other.per_model[0] == 0.0  # k-1 = 1 (model 3); its nearest other-author model is 7 ("b")
+    assert plain.per_model[3] == other.per_model[3] == 0.0  # no same-author runs: nothing changes
+    assert other.score < plain.score
+    with pytest.raises(ValueError):
+        knn_dataset_score(X, labels, exclude_same=authors[:-1])
 
 
 def line(*xs: float) -> np.ndarray:

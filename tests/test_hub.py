@@ -127,6 +127,10 @@ def world(tiny_bert, tmp_path_factory):
     # 7. gated
     hub.publish("gina/bert-base-uncased-gated-rte", {**folder_files(ft("gina/bert-base-uncased-gated-rte", 7)),
                 "README.md": card({"base_model": BASE, "datasets": ["glue"], "tags": ["rte"]})}, gated="manual", downloads=400)
+    # 7b. private: invisible without a token
+    hub.publish("lena/bert-private-qnli", {**folder_files(ft("lena/bert-private-qnli", 12)),
+                "README.md": card({"base_model": BASE, "datasets": ["glue"], "model-index": [{"name": "x", "results": [
+                    {"dataset": {"type": "glue", "config": "qnli"}}]}]})}, private=True, downloads=350)
     # 8. a substring hit of another family: rejected by model_type
     from transformers import DistilBertConfig
 
@@ -374,20 +378,27 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     # and the analysis runs on it
     report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", method="pca")
     assert report.n_models == len(result.embedded) and report.n_authors == len(result.embedded)
+    # glue/sst2 is the only dataset with two models (textattack's, guessed from its name, and alice's)
+    assert report.n_scored == 2
     declared = cluster("bert-base-uncased", store=db, out=tmp_path / "out2", method="pca", label_sources=["declared"])
-    assert declared.n_scored <= report.n_scored
+    assert declared.n_scored == 0 and {p["model"] for p in declared.predictions} >= {"textattack/bert-base-uncased-SST-2"}
     db.close()
 
 
-def test_gated_model_embeds_with_a_token(server, settings, tmp_path):
+def test_gated_and_private_models_need_the_token(server, settings, tmp_path):
     from dataclasses import replace
 
     found = {e.model: e for e in discover(BASE, settings=settings).entries}
+    assert "lena/bert-private-qnli" not in found
     gated = found["gina/bert-base-uncased-gated-rte"]
     db = Store(tmp_path / "s.duckdb")
     assert "gated" in embed(BASE, [gated], store=db, settings=settings).failed[gated.model]
-    ok = embed(BASE, [gated], store=db, settings=replace(settings, token=TOKEN))
-    assert ok.embedded == [gated.model] and not ok.failed
+    assert "not found" in embed(BASE, ["lena/bert-private-qnli"], store=db, settings=settings).failed["lena/bert-private-qnli"]
+    logged_in = replace(settings, token=TOKEN)
+    found = {e.model: e for e in discover(BASE, settings=logged_in).entries}
+    assert found["lena/bert-private-qnli"].kept and found["lena/bert-private-qnli"].datasets == ["glue/qnli"]
+    ok = embed(BASE, [gated, found["lena/bert-private-qnli"]], store=db, settings=logged_in)
+    assert sorted(ok.embedded) == ["gina/bert-base-uncased-gated-rte", "lena/bert-private-qnli"] and not ok.failed
     db.close()
 
 
