@@ -431,3 +431,30 @@ def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
     assert out.returncode == 0 and "embedded 2" in out.stdout, out.stdout + out.stderr
     out = cli("discover", "bert-base-uncased", offline=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "offline" in out.stderr.lower()
+
+
+def test_candidates_without_config_are_checked_from_the_safetensors_header(tmp_path, tiny_bert):
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish(BASE, folder_files(tiny_bert))
+    good = planted_finetune(tiny_bert, tmp_path / "good", seed=31)
+    hub.publish("nocfg/bert-base-uncased-headers-only", {"model.safetensors": good / "model.safetensors"})
+    state = load_file(str(tiny_bert / "model.safetensors"))
+    state["encoder.layer.1.intermediate.dense.weight"] = torch.zeros(65, 32)
+    save_file(state, str(tmp_path / "odd.safetensors"))
+    hub.publish("nocfg/bert-base-uncased-odd-headers", {"model.safetensors": tmp_path / "odd.safetensors"})
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01)
+        found = {e.model: e for e in discover(BASE, settings=settings).entries}
+        assert found["nocfg/bert-base-uncased-headers-only"].kept
+        assert "safetensors header matches the base (12 matrices)" in found["nocfg/bert-base-uncased-headers-only"].reason
+        odd = found["nocfg/bert-base-uncased-odd-headers"]
+        assert not odd.kept and "encoder.layer.1.intermediate.dense.weight is (65, 32)" in odd.reason
+        # only headers were read: range requests, never a whole weights file
+        weight_gets = [r for r in server.requests if r["method"] == "GET" and r["path"].endswith(".safetensors")
+                       and "nocfg/" in r["path"]]
+        assert weight_gets and all(r["range"] for r in weight_gets)
+        db = Store(tmp_path / "s.duckdb")
+        result = embed(BASE, [found["nocfg/bert-base-uncased-headers-only"]], store=db, settings=settings)
+        local = embed(tiny_bert, [good], store=db)
+        assert np.array_equal(result.vectors[0], local.vectors[0])
+        db.close()
