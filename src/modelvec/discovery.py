@@ -147,6 +147,7 @@ def discover(
         raise ModelvecError(base_id.canonical, f"cannot read the base on the Hub: {describe_error(exc)}") from exc
 
     seen: set[str] = {base_id.canonical.lower(), *(n.lower() for n in base_id.names)}
+    base_cache: dict[str, Any] = {"sha": base_info.sha}
     entries: list[CatalogueEntry] = []
     kept = 0
 
@@ -180,7 +181,7 @@ def discover(
                 continue
             seen.add(info.id.lower())
             entry = describe(info, base_id.canonical, False, "")
-            entry.kept, entry.reason = _check_candidate(entry, base_config, base_id, settings)
+            entry.kept, entry.reason = _check_candidate(entry, base_config, base_id, base_cache, settings)
             if entry.kept:
                 _check_weights(entry)
             entries.append(entry)
@@ -222,7 +223,7 @@ def _check_weights(entry: CatalogueEntry) -> None:
         entry.reason = f"{entry.reason}; but no PyTorch weights (has: {', '.join(entry.formats) or 'no weight files'})"
 
 
-def _check_candidate(entry: CatalogueEntry, base_config: Mapping[str, Any], base_id: BaseId,
+def _check_candidate(entry: CatalogueEntry, base_config: Mapping[str, Any], base_id: BaseId, base_cache: dict[str, Any],
                      settings: HubSettings) -> tuple[bool, str]:
     prefix = f"name search '{base_id.search_term}'"
     try:
@@ -230,7 +231,7 @@ def _check_candidate(entry: CatalogueEntry, base_config: Mapping[str, Any], base
             ok, why = config_match(base_config, _config(entry.model, entry.sha, settings))
             return ok, f"{prefix}; {why}"
         if "model.safetensors" in entry.files:
-            ok, why = _header_match(entry, base_id, settings)
+            ok, why = _header_match(entry, base_id, base_config, base_cache, settings)
             return ok, f"{prefix}; {why}"
         return False, f"{prefix}; no config.json or safetensors header to compare with the base"
     except Exception as exc:
@@ -249,7 +250,8 @@ def _config(repo_id: str, revision: str | None, settings: HubSettings) -> dict[s
     return config
 
 
-def _header_match(entry: CatalogueEntry, base_id: BaseId, settings: HubSettings) -> tuple[bool, str]:
+def _header_match(entry: CatalogueEntry, base_id: BaseId, base_config: Mapping[str, Any], base_cache: dict[str, Any],
+                  settings: HubSettings) -> tuple[bool, str]:
     """Compare the shapes of the base's matrices with the candidate's safetensors header (no weights)."""
     api = settings.api()
 
@@ -258,8 +260,9 @@ def _header_match(entry: CatalogueEntry, base_id: BaseId, settings: HubSettings)
         return {name: tuple(t.shape) for fm in meta.files_metadata.values() for name, t in fm.tensors.items()}
 
     theirs = shapes(entry.model, entry.sha)
-    ours = shapes(base_id.canonical, None)
-    base_config = _config(base_id.canonical, None, settings)
+    if "shapes" not in base_cache:  # the base's header is read once per discovery
+        base_cache["shapes"] = shapes(base_id.canonical, base_cache["sha"])
+    ours = base_cache["shapes"]
     arch = detect(base_config, base_id.canonical)
     refs = arch.matrices(base_config)
 

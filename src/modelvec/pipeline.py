@@ -154,9 +154,9 @@ def embed_discovered(
             db.close()
 
 
-def catalogue_entries(db: Store, base: str, kept: bool | None = True) -> list[CatalogueEntry]:
-    """The stored catalogue of ``base`` as entries (most downloaded first)."""
-    frame = db.catalogue(base, kept=kept)
+def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
+    """The stored catalogue of ``base`` (or one ``model`` of it) as entries, most downloaded first."""
+    frame = db.catalogue(base, kept=kept, model=model)
     entries = []
     for row in frame.to_dict("records"):
         row.pop("discovered_at", None)
@@ -285,7 +285,7 @@ def local_files(name: str, source: str, db: Store, settings: HubSettings | None 
 
 def _hub_entry(repo_id: str, base: str, db: Store, settings: HubSettings) -> CatalogueEntry:
     """A Hub model named directly: its catalogue entry, or (online) what the Hub says about it now."""
-    stored = [e for e in catalogue_entries(db, base, kept=None) if e.model == repo_id]
+    stored = catalogue_entries(db, base, kept=None, model=repo_id)
     if stored and (settings.offline or stored[0].sha):
         return stored[0]
     try:

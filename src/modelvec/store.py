@@ -194,9 +194,12 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
-    def catalogue(self, base: str | None = None, kept: bool | None = None) -> pd.DataFrame:
+    def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
         """Discovered models (one row per base and model), most downloaded first."""
         clauses, args = [], []
+        if model is not None:
+            clauses.append("model = ?")
+            args.append(model)
         if base is not None:
             clauses.append("base = ?")
             args.append(base)
