@@ -196,17 +196,7 @@ class Store:
 
     def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
         """Discovered models (one row per base and model), most downloaded first."""
-        clauses, args = [], []
-        if model is not None:
-            clauses.append("model = ?")
-            args.append(model)
-        if base is not None:
-            clauses.append("base = ?")
-            args.append(base)
-        if kept is not None:
-            clauses.append("kept = ?")
-            args.append(kept)
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        where, args = self._clauses(base=base, kept=kept, model=model)
         return self.con.execute(
             f"SELECT {', '.join(CATALOGUE_COLUMNS)}, discovered_at FROM catalogue {where} "
             "ORDER BY base, downloads DESC NULLS LAST, model", args,
@@ -242,18 +232,16 @@ class Store:
         ).fetchall()
         return bool(hit)
 
+    @staticmethod
+    def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
+        """A WHERE clause: each column given a value (None = any) equals it, plus ``extra`` (sql, arg) pairs."""
+        items = [(f"{column} = ?", value) for column, value in equal.items() if value is not None] + list(extra)
+        return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
+
     def _where(self, base: str | None, params: Representation | str | None, models: Sequence[str] | None) -> tuple[str, list[Any]]:
-        clauses, args = [], []
-        if base is not None:
-            clauses.append("base = ?")
-            args.append(base)
-        if params is not None:
-            clauses.append("params = ?")
-            args.append(params.key() if isinstance(params, Representation) else params)
-        if models is not None:
-            clauses.append("list_contains(?, model)")
-            args.append(list(models))
-        return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
+        key = params.key() if isinstance(params, Representation) else params
+        extra = [("list_contains(?, model)", list(models))] if models is not None else []
+        return self._clauses(extra, base=base, params=key)
 
     def metadata(self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None) -> pd.DataFrame:
         """One row per stored vector (no vectors), ordered by model."""
