@@ -47,6 +47,8 @@ FACTORS = ("U", "US", "S", "sketch")
 POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
+BATCHINGS = ("auto", "layer", "family")
+_CHUNK_BYTES = 1 << 20  # a delta chunk that stays in L2/L3 cache between the subtraction and the product
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,14 @@ class DeltaEmbedder:
 
     ``fit`` reads the base's matrices once (float32, kept in memory) and reuses them for every
     fine-tune; ``transform`` returns a float32 array (n_models, dim_). Same input, same bits.
+
+    ``batching`` says how deltas are grouped for the linear algebra. ``"layer"`` (the CPU
+    default) works through one layer at a time, so memory holds one layer's deltas at most; for
+    the default sketch it streams each delta in cache-sized chunks straight into the product,
+    so no delta is ever written out whole. ``"family"`` stacks one family's matrices over all
+    layers (all q, all ff1, ...) into one batched product or SVD: what a GPU needs to be busy,
+    and the default on any device other than the CPU. Both give the same vector up to float
+    rounding.
     """
 
     def __init__(
@@ -219,32 +229,69 @@ class DeltaEmbedder:
         seed: int = Representation.seed,
         block_norm: bool = Representation.block_norm,
         device: str = "cpu",
+        batching: str = "auto",
     ) -> None:
         self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm)
         self.device = torch.device(device)
+        if batching not in BATCHINGS:
+            raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
+        self.batching = batching
 
     @classmethod
-    def from_params(cls, params: Representation, device: str = "cpu") -> "DeltaEmbedder":
-        return cls(**params.as_dict(), device=device)
+    def from_params(cls, params: Representation, device: str = "cpu", batching: str = "auto") -> "DeltaEmbedder":
+        return cls(**params.as_dict(), device=device, batching=batching)
+
+    @property
+    def by_family(self) -> bool:
+        """Whether deltas are batched per family across layers (see the class docstring)."""
+        return self.batching == "family" or (self.batching == "auto" and self.device.type != "cpu")
 
     # --- fit ----------------------------------------------------------------------------------
     def fit(self, base: str | os.PathLike[str] | Checkpoint) -> "DeltaEmbedder":
-        """Read the base's matrices once; they are reused for every fine-tune."""
+        """Read the base's matrices once; they are reused for every fine-tune.
+
+        Batched per family, each family's base matrices are stacked on the device in their
+        stored memory order, and ``weights_`` holds views into the stacks (no second copy).
+        """
         ck = base if isinstance(base, Checkpoint) else Checkpoint(base)
         layout = ck.layout()
         weights: dict[tuple[str, int, str], torch.Tensor] = {}
         cache: dict[str, torch.Tensor] = {}
+        families: dict[tuple, list[MatrixRef]] = {}
+        stacks: dict[tuple, torch.Tensor] = {}
         for ref in layout.refs:
-            w = ck.matrix(ref, layout.prefix, cache).to(self.device)
+            w = ck.matrix(ref, layout.prefix, cache)
             if not torch.isfinite(w).all():
                 raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-            weights[ref.key] = w
+            if self.by_family:
+                families.setdefault((ref.stack, ref.family, tuple(w.shape), ref.orientation), []).append(ref)
+            weights[ref.key] = w if self.by_family else w.to(self.device)
+        if self.by_family:
+            for group, refs in families.items():
+                stack = torch.empty(self._stored_shape(group, len(refs)), device=self.device)
+                for j, ref in enumerate(refs):
+                    view = self._stored_view(stack[j], ref.orientation)
+                    view.copy_(weights[ref.key])
+                    weights[ref.key] = view
+                stacks[group] = stack
         self.base_ = ck
         self.layout_ = layout
         self.weights_ = weights
+        self.families_ = families
+        self.family_stacks_ = stacks
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
+
+    @staticmethod
+    def _stored_shape(group: tuple, count: int) -> tuple[int, int, int]:
+        (n, m), orientation = group[2], group[3]
+        return (count, m, n) if orientation is Orientation.LINEAR else (count, n, m)
+
+    @staticmethod
+    def _stored_view(stored: torch.Tensor, orientation: Orientation) -> torch.Tensor:
+        """A matrix in the description's orientation (n x m) over storage in nn.Linear's (m x n)."""
+        return stored.mT if orientation is Orientation.LINEAR else stored
 
     def _blocks(self, layout: Layout) -> list[Block]:
         blocks: list[Block] = []
@@ -271,10 +318,12 @@ class DeltaEmbedder:
         ck = model if isinstance(model, Checkpoint) else Checkpoint(model)
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
+        by_key = self._family_factors(ck, layout) if self.by_family else None
         stacks: dict[str, list[torch.Tensor]] = {}
         counts: dict[str, int] = {}
         for stack, _layer, refs in layout.by_layer():
-            layer_vec = torch.cat(self._layer_factors(ck, layout, refs))
+            factors = [by_key[r.key] for r in refs] if by_key is not None else self._layer_factors(ck, layout, refs)
+            layer_vec = torch.cat(factors)
             if self.params.pooling == "mean":
                 acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec)])
                 acc[0] += layer_vec
@@ -287,13 +336,35 @@ class DeltaEmbedder:
         return torch.cat(parts).to("cpu", torch.float32).numpy()
 
     def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The fine-tune's matrix, checked against the base's shape."""
-        w = ck.matrix(ref, layout.prefix, cache).to(self.device)
+        """The fine-tune's matrix (on the CPU, mapped from its file where possible), checked against the base's shape."""
+        w = ck.matrix(ref, layout.prefix, cache)
         if w.shape != self.weights_[ref.key].shape:
             name = layout.prefix + ref.tensor
             base_stored = list(self.base_.shape(self.layout_.prefix + ref.tensor))
             raise IncompatibleError(ck.name, f"tensor {name} has shape {list(ck.shape(name))}, the base's has {base_stored}")
         return w
+
+    def _omega_t(self, m: int) -> torch.Tensor:
+        """The sketch's Omega^T (rank x m) on the device, made once per width."""
+        omegas = self.__dict__.setdefault("_omegas", {})
+        if m not in omegas:
+            omegas[m] = sketch_matrix(m, self.params.rank, self.params.seed, self.device).mT.contiguous()
+        return omegas[m]
+
+    def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """(b, block) factors of a (b, n, m) batch of deltas, and whether they are finite."""
+        p = self.params
+        m = batch.shape[-1]
+        try:
+            if p.uses_svd:
+                u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
+                return factor_blocks(u, s, p, m), bool(torch.isfinite(s).all())
+            # (dW Omega)^T = Omega^T dW^T, computed in that form: a wide product, ~5x faster
+            # than the skinny dW @ Omega on CPU BLAS; its rows are the columns of dW Omega.
+            out = (self._omega_t(m) @ batch.mT).reshape(len(batch), -1)
+            return out, bool(torch.isfinite(out).all())
+        except RuntimeError:  # LAPACK refuses non-finite input
+            return batch.new_zeros(0), False
 
     def _layer_factors(self, ck: Checkpoint, layout: Layout, refs: Sequence[MatrixRef]) -> list[torch.Tensor]:
         """Each family's flattened factor for one layer; matrices of one shape share a batched SVD.
@@ -301,46 +372,92 @@ class DeltaEmbedder:
         The deltas are written straight into one buffer per shape, in the stored memory order (so
         the subtraction streams contiguously; nn.Linear's transpose is a view). NaN/Inf are caught
         from the r singular values, since they propagate through every product of the solver; only
-        then is each delta scanned, to name the tensor.
+        then is each delta scanned, to name the tensor. The sketch needs no buffer at all: see
+        :meth:`_sketch_streamed`.
         """
+        cache: dict[str, torch.Tensor] = {}
+        if not self.params.uses_svd and self.device.type == "cpu":
+            return [self._sketch_streamed(ck, layout, ref, cache) for ref in refs]
         groups: dict[tuple[tuple[int, ...], Orientation], list[int]] = {}
         for i, ref in enumerate(refs):
             groups.setdefault((tuple(self.weights_[ref.key].shape), ref.orientation), []).append(i)
         factors: list[torch.Tensor | None] = [None] * len(refs)
-        cache: dict[str, torch.Tensor] = {}
-        p = self.params
         for ((n, m), orientation), idx in groups.items():
             linear = orientation is Orientation.LINEAR
             buffer = self._buffer((len(idx), m, n) if linear else (len(idx), n, m))
             batch = buffer.mT if linear else buffer
             for j, i in enumerate(idx):
                 torch.sub(self._matrix(ck, layout, refs[i], cache), self.weights_[refs[i].key], out=batch[j])
-            try:
-                if p.uses_svd:
-                    u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
-                    out = factor_blocks(u, s, p, m)
-                    finite = bool(torch.isfinite(s).all())
-                else:
-                    # (dW Omega)^T = Omega^T dW^T, computed in that form: a wide product, ~5x faster
-                    # than the skinny dW @ Omega on CPU BLAS; its rows are the columns of dW Omega.
-                    out = (sketch_matrix(m, p.rank, p.seed, self.device).mT @ batch.mT).reshape(len(idx), -1)
-                    finite = bool(torch.isfinite(out).all())
-            except RuntimeError:  # LAPACK refuses non-finite input
-                finite = False
+            out, finite = self._factors(batch)
             if not finite:
                 self._raise_non_finite(ck, layout, [refs[i] for i in idx], batch)
-            if p.block_norm:
+            if self.params.block_norm:
                 out = normalise_blocks(out)
             for i, block in zip(idx, out):
                 factors[i] = block
         return factors  # type: ignore[return-value]
 
-    def _buffer(self, shape: tuple[int, int, int]) -> torch.Tensor:
+    def _sketch_streamed(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One matrix's sketch Omega^T dW^T, the delta streamed through a cache-sized buffer.
+
+        Reading both matrices and writing the whole delta out, then reading it again for the
+        product, moves three matrices through memory; here each chunk of ~1 MB (whole rows of
+        the stored matrix) is subtracted and multiplied while it is still in cache.
+        """
+        w, b = self._matrix(ck, layout, ref, cache), self.weights_[ref.key]
+        n, m = w.shape
+        omega_t = self._omega_t(m)
+        out = torch.empty(self.params.rank, n)
+        if w.stride(0) == 1:  # nn.Linear storage: the columns of dW are contiguous; sum over chunks of them
+            step = max(1, _CHUNK_BYTES // (4 * n))
+            for start in range(0, m, step):
+                stop = min(m, start + step)
+                delta = self._buffer((stop - start, n), chunk=True)
+                torch.sub(w[:, start:stop].T, b[:, start:stop].T, out=delta)
+                if start == 0:
+                    torch.mm(omega_t[:, :stop], delta, out=out)
+                else:
+                    out.addmm_(omega_t[:, start:stop], delta)
+        else:  # Conv1D storage: rows of dW are contiguous; each chunk gives its own columns of the sketch
+            out_t = torch.empty(n, self.params.rank)
+            step = max(1, _CHUNK_BYTES // (4 * m))
+            for start in range(0, n, step):
+                stop = min(n, start + step)
+                delta = self._buffer((stop - start, m), chunk=True)
+                torch.sub(w[start:stop], b[start:stop], out=delta)
+                torch.mm(delta, omega_t.T, out=out_t[start:stop])
+            out = out_t.T
+        if not torch.isfinite(out).all():
+            self._raise_non_finite(ck, layout, [ref], (self._matrix(ck, layout, ref, cache) - b).unsqueeze(0))
+        block = out.reshape(1, -1)
+        return (normalise_blocks(block) if self.params.block_norm else block)[0]
+
+    def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
+        """Every matrix's factor, each family batched over its layers on the device (see ``batching``)."""
+        cache: dict[str, torch.Tensor] = {}
+        factors: dict[tuple[str, int, str], torch.Tensor] = {}
+        for group, refs in self.families_.items():
+            base = self.family_stacks_[group]
+            stored = self._buffer(tuple(base.shape))
+            for j, ref in enumerate(refs):
+                self._stored_view(stored[j], ref.orientation).copy_(self._matrix(ck, layout, ref, cache))
+            stored.sub_(base)
+            batch = self._stored_view(stored, group[3])
+            out, finite = self._factors(batch)
+            if not finite:
+                self._raise_non_finite(ck, layout, refs, batch)
+            if self.params.block_norm:
+                out = normalise_blocks(out)
+            factors.update(zip((r.key for r in refs), out))
+        return factors
+
+    def _buffer(self, shape: tuple[int, ...], chunk: bool = False) -> torch.Tensor:
         """A reused scratch buffer per shape: fresh large allocations page-fault on every model."""
         buffers = self.__dict__.setdefault("_buffers", {})
-        if shape not in buffers:
-            buffers[shape] = torch.empty(shape, device=self.device)
-        return buffers[shape]
+        key = (shape, chunk)
+        if key not in buffers:
+            buffers[key] = torch.empty(shape, device="cpu" if chunk else self.device)
+        return buffers[key]
 
     @staticmethod
     def _raise_non_finite(ck: Checkpoint, layout: Layout, refs: Sequence[MatrixRef], batch: torch.Tensor) -> None:
