@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from string import Template
 from typing import Any, Mapping

@@ -27,6 +27,7 @@ SAFETENSORS = "model.safetensors"
 BIN_INDEX = "pytorch_model.bin.index.json"
 BIN = "pytorch_model.bin"
 
+_HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -201,6 +202,35 @@ class Checkpoint:
                     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
                         digest.update(view)
         return digest.hexdigest()
+
+    def identity(self) -> str:
+        """A cheap identity of the weight files: names, sizes, modification times and headers.
+
+        How make and rsync judge change: it reads no tensor data, so a run over thousands of
+        local models spends nothing on recognising the ones already stored (a full content hash
+        of a bert-base file costs about what embedding it does). ``fingerprint`` hashes content.
+        """
+        digest = xxhash.xxh3_128()
+        for file in self.files:
+            stat = file.stat()
+            digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+            with open(file, "rb") as fh:
+                digest.update(fh.read(_HEAD_BYTES))  # a safetensors header: every name, dtype, shape and offset
+        return "stat:" + digest.hexdigest()
+
+    def prefetch(self) -> None:
+        """Ask the kernel to read the weight files into the page cache now, without waiting for it.
+
+        Called for models queued behind the one being computed, so their reads from disk overlap
+        the computation; a no-op for files already cached, and where the OS lacks the call.
+        """
+        advise = getattr(os, "posix_fadvise", None)
+        for file in self.files if advise is not None else ():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         self._handles.clear()

@@ -12,10 +12,11 @@ embedded so thousands of models fit on one disk.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from huggingface_hub import hf_hub_download, scan_cache_dir
+from huggingface_hub import constants, hf_hub_download
 
 from .errors import CheckpointError
 from .hub import HubSettings, describe_error, is_commit_sha, with_retries
@@ -138,20 +139,27 @@ def resolve_revision(repo_id: str, revision: str, settings: HubSettings) -> str:
 
 
 def release(repo_id: str, revision: str, settings: HubSettings) -> int:
-    """Delete one cached revision of a repository (its blobs too); the bytes freed.
+    """Delete one cached revision of a repository (its blobs too, unless another revision shares them).
 
     Used with ``--no-keep-weights`` once a fine-tune is embedded; other revisions and other
-    repositories (the base) are untouched.
+    repositories (the base) are untouched. Only this repository's folder is looked at, so it is
+    safe while other models download into the same cache (a whole-cache scan is not).
     """
-    try:
-        info = scan_cache_dir(settings.cache_dir)
-    except Exception:  # no cache yet
+    repo = Path(settings.cache_dir or constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    if not snapshot.is_dir():
         return 0
-    for repo in info.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            shas = [r.commit_hash for r in repo.revisions if r.commit_hash == revision]
-            if shas:
-                strategy = info.delete_revisions(*shas)
-                strategy.execute()
-                return int(strategy.expected_freed_size)
-    return 0
+    others = {os.path.realpath(p) for other in (repo / "snapshots").iterdir() if other.name != revision
+              for p in other.rglob("*")}
+    freed = 0
+    for link in sorted(snapshot.rglob("*"), reverse=True):
+        target = Path(os.path.realpath(link))
+        if link.is_symlink() or link.is_file():
+            if target != link and str(target) not in others and target.is_file() and repo in target.parents:
+                freed += target.stat().st_size
+                target.unlink()
+            link.unlink()
+        elif link.is_dir():
+            link.rmdir()
+    snapshot.rmdir()
+    return freed

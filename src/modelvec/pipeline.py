@@ -3,18 +3,20 @@
 Models are local folders or files, Hub ids, or catalogue entries from discovery. A Hub model is
 identified by its commit sha, so a stored vector is recognised before anything is downloaded; its
 files are fetched pinned to that sha and, with ``keep_weights=False``, deleted once embedded. The
-base is read once, lazily: a run where everything is stored never reads it. Each vector is written
-to the store as soon as it is computed; a bad model is recorded as failed with its one-line reason
-and the run goes on.
+base is read once, lazily: a run where everything is stored never reads it. The work itself runs
+in an engine (:mod:`modelvec.engines`): threads here that download and prefetch the next models
+while one is computed, or tasks on a Ray cluster. This driver decides what to compute and writes
+the store from a background writer as outcomes arrive, so an interrupted run keeps everything
+committed and a re-run computes only what is missing; a bad model is recorded as failed with its
+one-line reason and the run goes on.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -22,14 +24,14 @@ import pandas as pd
 import json
 import re
 
-from .cards import card_author, card_datasets, read_card
 from .checkpoint import Checkpoint
 from .discovery import CatalogueEntry, describe, discover
-from .download import FetchError, fetch, release, resolve_revision
+from .download import fetch, resolve_revision
+from .engines import BaseSpec, LocalEngine, Task, make_engine
 from .errors import CheckpointError, ModelvecError
 from .hub import HubSettings, describe_error, resolve_base, with_retries
-from .representation import DeltaEmbedder, Representation
-from .store import Store, VectorRow
+from .representation import Representation
+from .store import Failure, Store, VectorRow
 
 PathLike = str | os.PathLike[str]
 
@@ -71,18 +73,6 @@ Progress = Callable[[str, str, str], None]  # (model, status, detail)
 Model = PathLike | str | CatalogueEntry
 
 
-@dataclass
-class _Job:
-    """One model to embed: a name, a cheap identity, and how to get its files and labels."""
-
-    name: str
-    source: str
-    identity: Callable[[], str]
-    open: Callable[[], Checkpoint]
-    labels: Callable[[Checkpoint], tuple[list[str], str | None, str | None]]
-    done: Callable[[], None] = lambda: None
-
-
 def embed(
     base: PathLike | str,
     models: Iterable[Model],
@@ -94,6 +84,10 @@ def embed(
     progress: Progress | None = None,
     settings: HubSettings | None = None,
     keep_weights: bool = True,
+    workers: int | None = None,
+    engine: str | LocalEngine = "local",
+    address: str | None = None,
+    load: bool = True,
     **params: Any,
 ) -> EmbedResult:
     """Embed fine-tunes of ``base`` into the store and return their vectors and metadata.
@@ -107,14 +101,20 @@ def embed(
     are fetched through the huggingface_hub cache; ``keep_weights=False`` deletes each one's
     files once embedded (the base stays). ``store=None`` uses ``$MODELVEC_STORE`` or
     ``./modelvec.duckdb``.
+
+    ``engine="local"`` computes here while ``workers`` I/O threads (default 2) fetch and prefetch
+    the next models; ``engine="ray"`` runs each model as a task on the Ray cluster at ``address``
+    (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
+    no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
     """
     params = representation or Representation(**params)
     settings = settings or HubSettings()
+    runner = engine if not isinstance(engine, str) else make_engine(engine, workers, device, address)
     own_store = not isinstance(store, Store)
     db = Store(store) if own_store else store
     try:
-        return _run(base, list(models), params, device, db, force, progress or (lambda *_: None), settings,
-                    keep_weights)
+        return _run(base, models, params, db, force, progress or (lambda *_: None), settings, keep_weights,
+                    runner, load)
     finally:
         if own_store:
             db.close()
@@ -169,105 +169,81 @@ def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str
     return entries
 
 
-def _run(base: PathLike | str, models: Sequence[Model], params: Representation, device: str, db: Store,
-         force: bool, progress: Progress, settings: HubSettings, keep_weights: bool) -> EmbedResult:
-    base_name, base_hash, open_base = _base(base, db, settings)
-    embedder: DeltaEmbedder | None = None
+def _run(base: PathLike | str, models: Iterable[Model], params: Representation, db: Store, force: bool,
+         progress: Progress, settings: HubSettings, keep_weights: bool, engine: LocalEngine, load: bool) -> EmbedResult:
+    spec = _base(base, db, settings)
     result = EmbedResult(np.zeros((0, 0), np.float32), pd.DataFrame())
     wanted: list[str] = []
-    for model in models:
-        name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
-        wanted.append(name)
-        start = time.perf_counter()
-        job: _Job | None = None
-        model_hash: str | None = None
-        try:
-            job = _job(model, base_name, db, settings, keep_weights)
-            model_hash = job.identity()
-            if not force and db.has(name, model_hash, base_name, base_hash, params):
+    writer = db.writer()
+
+    def fail(name: str, error: str, model_hash: str | None) -> None:
+        writer.put(Failure(name, spec.name, params, error, model_hash))
+        result.failed[name] = error
+        progress(name, "failed", error)
+
+    def todo() -> Iterator[Task]:
+        """The models that need computing; the rest are skipped or known failures (checked lazily)."""
+        for model in models:
+            name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
+            wanted.append(name)
+            try:
+                task = _task(model, spec.name, db, settings)
+            except ModelvecError as exc:
+                if exc.model == spec.name:
+                    raise
+                fail(name, str(exc), None)
+                continue
+            except Exception as exc:
+                fail(name, f"{name}: {type(exc).__name__}: {exc}".splitlines()[0], None)
+                continue
+            if not force and db.has(name, task.identity, spec.name, spec.identity, params):
                 result.skipped.append(name)
                 progress(name, "skipped", "already stored")
                 continue
-            known = None if force else db.known_failure(name, model_hash, base_name, params)
+            known = None if force else db.known_failure(name, task.identity, spec.name, params)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
                 result.failed[name] = known
                 progress(name, "failed", known)
                 continue
-            if embedder is None:
-                embedder = DeltaEmbedder.from_params(params, device).fit(open_base())
-            ck = job.open()
-            vector = embedder.embed_one(ck)
-            seconds = time.perf_counter() - start
-            datasets, label_source, author = job.labels(ck)
-            ck.close()
-            db.put(VectorRow(name, model_hash, base_name, base_hash, params, embedder.layout_.arch.name, vector,
-                             datasets, job.source, seconds, label_source=label_source, author=author))
-            result.embedded.append(name)
-            progress(name, "embedded", f"{seconds:.2f}s")
-        except ModelvecError as exc:
-            if exc.model == base_name:  # the base itself is broken: nothing can be embedded
-                raise
-            # A failure to fetch may pass (network, access); one of the content is kept with its hash.
-            content = None if isinstance(exc, FetchError) else model_hash
-            _fail(db, result, progress, name, base_name, params, str(exc), content)
-        except Exception as exc:  # a run over many models goes on; the reason is kept
-            _fail(db, result, progress, name, base_name, params, f"{name}: {type(exc).__name__}: {exc}".splitlines()[0],
-                  model_hash)
-        finally:
-            if job is not None:
-                job.done()
-    result.vectors, result.metadata = db.load(base_name, params, models=wanted)
+            yield task
+
+    with writer:
+        for outcome in engine.run(spec, params, todo(), settings, keep_weights):
+            task = outcome.task
+            if outcome.error is not None:
+                fail(task.name, outcome.error, task.identity if outcome.content else None)
+                continue
+            writer.put(VectorRow(task.name, task.identity, spec.name, spec.identity, params, str(outcome.architecture),
+                                 outcome.vector, outcome.datasets, task.source, outcome.seconds,
+                                 label_source=outcome.label_source, author=outcome.author))
+            result.embedded.append(task.name)
+            progress(task.name, "embedded", f"{outcome.seconds:.2f}s")
+    if load:
+        result.vectors, result.metadata = db.load(spec.name, params, models=wanted)
     return result
 
 
-def _base(base: PathLike | str, db: Store, settings: HubSettings) -> tuple[str, str, Callable[[], Checkpoint]]:
-    """The base's store name, identity, and a lazy opener (a Hub base is fetched only when needed)."""
+def _base(base: PathLike | str, db: Store, settings: HubSettings) -> BaseSpec:
+    """The base's store name and identity, and how to open it (a Hub base is fetched only when needed)."""
     if not is_hub_id(base):
         ck = Checkpoint(base, name=model_id(base))
-        return ck.name, ck.fingerprint(), lambda: ck
+        return BaseSpec(ck.name, ck.fingerprint(), path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
     sha = db.base_sha(canonical) or resolve_revision(canonical, "main", settings)
-    opened: list[Checkpoint] = []
-
-    def open_base() -> Checkpoint:
-        if not opened:
-            opened.append(Checkpoint(fetch(canonical, sha, None, settings), name=canonical))
-        return opened[0]
-
-    return canonical, f"git:{sha}", open_base
+    return BaseSpec(canonical, f"git:{sha}", repo=canonical, sha=sha)
 
 
-def _job(model: Model, base: str, db: Store, settings: HubSettings, keep_weights: bool) -> _Job:
+def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
+    """A model as a task: a Hub model is identified by its commit sha, a local one by its files' identity."""
     if isinstance(model, CatalogueEntry) or is_hub_id(model):
         entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base, db, settings)
         if not entry.sha:
             raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
-        sha = entry.sha
-
-        def done() -> None:
-            if not keep_weights:
-                release(entry.model, sha, settings)
-
-        return _Job(
-            name=entry.model, source=f"hf://{entry.model}@{sha}", identity=lambda: f"git:{sha}",
-            open=lambda: Checkpoint(fetch(entry.model, sha, entry.files or None, settings), name=entry.model),
-            labels=lambda ck: (list(entry.datasets), entry.label_source, entry.author), done=done,
-        )
+        return Task(entry.model, f"git:{entry.sha}", f"hf://{entry.model}@{entry.sha}", repo=entry.model,
+                    sha=entry.sha, files=tuple(entry.files or ()), datasets=tuple(entry.datasets),
+                    label_source=entry.label_source, author=entry.author)
     name = model_id(model)
-    holder: list[Checkpoint] = []
-
-    def opened() -> Checkpoint:
-        if not holder:
-            holder.append(Checkpoint(model, name=name))
-        return holder[0]
-
-    def labels(ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
-        card = read_card(ck.folder)
-        datasets = card_datasets(card)
-        return datasets, "card" if datasets else None, card_author(card)
-
-    return _Job(name=name, source=str(Path(model)), identity=lambda: opened().fingerprint(), open=opened,
-                labels=labels)
+    return Task(name, Checkpoint(model, name=name).identity(), str(Path(model)), path=str(model))
 
 
 def local_files(name: str, source: str, db: Store, settings: HubSettings | None = None) -> str:
@@ -296,8 +272,3 @@ def _hub_entry(repo_id: str, base: str, db: Store, settings: HubSettings) -> Cat
     return describe(info, base, True, "named by the user")
 
 
-def _fail(db: Store, result: EmbedResult, progress: Progress, name: str, base: str, params: Representation, error: str,
-          model_hash: str | None = None) -> None:
-    db.record_failure(name, base, params, error, model_hash)
-    result.failed[name] = error
-    progress(name, "failed", error)

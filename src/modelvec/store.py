@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -123,6 +125,119 @@ class VectorRow:
     author: str | None = None
 
 
+@dataclass
+class Failure:
+    """Why one model could not be embedded; ``model_hash`` is set for a failure of its content."""
+
+    model: str
+    base: str
+    params: Representation
+    error: str
+    model_hash: str | None = None
+
+
+def _write(con: duckdb.DuckDBPyConnection, rows: Sequence[VectorRow | Failure]) -> None:
+    """Write vectors and failures in one transaction: all of them land, or none does."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for row in rows:
+            if isinstance(row, Failure):
+                con.execute(
+                    "INSERT OR REPLACE INTO failures (model, base, params, error, model_hash) VALUES (?, ?, ?, ?, ?)",
+                    [row.model, row.base, row.params.key(), row.error, row.model_hash],
+                )
+                continue
+            vec = np.ascontiguousarray(row.vector, dtype=np.float32)
+            p = row.params
+            new_row = pa.table(
+                {
+                    "vector": pa.ListArray.from_arrays(pa.array([0, vec.size], pa.int32()), pa.array(vec)),
+                    "datasets": pa.array([row.datasets], pa.list_(pa.string())),
+                }
+            )
+            con.register("new_row", new_row)
+            con.execute(
+                """INSERT OR REPLACE INTO vectors
+                   (model, model_hash, base, base_hash, params, rank, factor, pooling, solver, sign, params_json,
+                    architecture, dim, vector, datasets, label_source, author, source, seconds)
+                   SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, vector, datasets, ?, ?, ?, ? FROM new_row""",
+                [
+                    row.model, row.model_hash, row.base, row.base_hash, p.key(), p.rank, p.factor, p.pooling,
+                    p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture, int(vec.size),
+                    row.label_source, row.author, row.source, float(row.seconds),
+                ],
+            )
+            con.unregister("new_row")
+            con.execute("DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+class StoreWriter:
+    """Writes vectors and failures from a background thread, so the compute thread never waits on a commit.
+
+    Rows queued while a commit is in flight are committed together in the next transaction
+    (group commit): each row is durable within one commit of being computed, and a killed run
+    loses at most the rows still queued, never a committed or a half-written one. ``close()``
+    (also on Ctrl-C, through ``with``) commits everything queued; an error of the writer
+    surfaces in the caller at the next ``put`` or at ``close``.
+    """
+
+    _STOP = object()
+
+    def __init__(self, store: "Store", max_batch: int = 64) -> None:
+        self._con = store.con.cursor()  # a connection of its own: DuckDB connections are not shared across threads
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._max_batch = max_batch
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="modelvec-store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, row: VectorRow | Failure) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(row)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [] if item is self._STOP else [item]
+            stop = item is self._STOP
+            while not stop and len(batch) < self._max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                stop = more is self._STOP
+                if not stop:
+                    batch.append(more)
+            if batch and self._error is None:
+                try:
+                    _write(self._con, batch)
+                except BaseException as exc:  # kept for the caller; later rows are not written after a failed one
+                    self._error = exc
+            if stop:
+                return
+
+    def close(self) -> None:
+        """Commit everything queued, stop the thread, and raise the writer's error if it had one."""
+        if self._thread.is_alive():
+            self._queue.put(self._STOP)
+            self._thread.join()
+            self._con.close()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Store:
     """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``."""
 
@@ -137,33 +252,12 @@ class Store:
 
     # --- writes -------------------------------------------------------------------------------
     def put(self, row: VectorRow) -> None:
-        """Insert or replace one vector; clears any recorded failure of that model."""
-        vec = np.ascontiguousarray(row.vector, dtype=np.float32)
-        p = row.params
-        new_row = pa.table(
-            {
-                "vector": pa.ListArray.from_arrays(pa.array([0, vec.size], pa.int32()), pa.array(vec)),
-                "datasets": pa.array([row.datasets], pa.list_(pa.string())),
-            }
-        )
-        self.con.execute("BEGIN TRANSACTION")
-        try:
-            self.con.execute(
-                """INSERT OR REPLACE INTO vectors
-                   (model, model_hash, base, base_hash, params, rank, factor, pooling, solver, sign, params_json,
-                    architecture, dim, vector, datasets, label_source, author, source, seconds)
-                   SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, vector, datasets, ?, ?, ?, ? FROM new_row""",
-                [
-                    row.model, row.model_hash, row.base, row.base_hash, p.key(), p.rank, p.factor, p.pooling,
-                    p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture, int(vec.size),
-                    row.label_source, row.author, row.source, float(row.seconds),
-                ],
-            )
-            self.con.execute("DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()])
-            self.con.execute("COMMIT")
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
+        """Insert or replace one vector (its own transaction); clears any recorded failure of that model."""
+        _write(self.con, [row])
+
+    def writer(self) -> "StoreWriter":
+        """A background writer for a long run: rows are committed as they come, off the compute thread."""
+        return StoreWriter(self)
 
     def put_catalogue(self, base: str, base_sha: str, entries: Sequence[Any]) -> None:
         """Insert or refresh discovered models (``CatalogueEntry``) in one transaction.
@@ -210,10 +304,7 @@ class Store:
     def record_failure(self, model: str, base: str, params: Representation, error: str,
                        model_hash: str | None = None) -> None:
         """Record why a model failed; ``model_hash`` marks a failure of its content (not of fetching it)."""
-        self.con.execute(
-            "INSERT OR REPLACE INTO failures (model, base, params, error, model_hash) VALUES (?, ?, ?, ?, ?)",
-            [model, base, params.key(), error, model_hash],
-        )
+        _write(self.con, [Failure(model, base, params, error, model_hash)])
 
     def known_failure(self, model: str, model_hash: str, base: str, params: Representation) -> str | None:
         """The recorded error when these very weights already failed with this base and representation."""
