@@ -813,3 +813,46 @@ def test_unknown_model_type_in_a_checkpoint_folder(zoo, tmp_path):
     assert "weirdformer" in str(info.value)
     _assert_lists_supported(info.value)
     assert isinstance(info.value, modelvec.ModelvecError)
+
+
+# --- 6. how deltas are batched does not change the vector ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("factor", ["sketch", "U"])
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 200], ids=["one-chunk", "many-chunks"])
+def test_family_batching_and_streamed_chunks_give_the_layer_vector(zoo, name, factor, chunk_bytes, monkeypatch):
+    """Per layer (CPU; the sketch streamed in chunks, here also forced to many tiny chunks) and per
+    family over all layers (the GPU path, run here on the CPU) compute the same vector by different
+    code: the chunked sums against one batched product, nn.Linear and Conv1D storage, fused c_attn."""
+    from modelvec import representation
+
+    monkeypatch.setattr(representation, "_CHUNK_BYTES", chunk_bytes)
+    case = zoo.case(name)
+    kw = dict(rank=4, factor=factor, solver="exact", block_norm=factor == "sketch")
+    by_layer, by_family = (DeltaEmbedder(**kw, batching=b).fit(case.folder("base", False)) for b in ("layer", "family"))
+    assert not by_layer.by_family and by_family.by_family
+    a, b = (e.embed_one(case.folder("ft", False)) for e in (by_layer, by_family))
+    assert np.abs(a).max() > 0
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    if factor == "sketch":  # and both equal the definition: (dW @ Omega)^T of every matrix, block-normalised
+        e = DeltaEmbedder(**{**kw, "block_norm": False}, pooling="concat").fit(case.folder("base", False))
+        vec = e.embed_one(case.folder("ft", False))
+        ck, base = Checkpoint(case.folder("ft", False)), Checkpoint(case.folder("base", False))
+        for ref, block in zip(e.layout_.refs, e.blocks_):
+            d = ck.matrix(ref, ck.layout().prefix) - base.matrix(ref, base.layout().prefix)
+            expected = (d @ representation.sketch_matrix(d.shape[1], 4, 0)).T.reshape(-1)
+            np.testing.assert_allclose(vec[block.start:block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("factor", ["sketch", "U"])
+def test_cuda_vector_equals_cpu_vector(zoo, name, factor):
+    case = zoo.case(name)
+    kw = dict(rank=4, factor=factor, block_norm=factor == "sketch")
+    cpu = DeltaEmbedder(**kw).fit(case.folder("base", False))
+    gpu = DeltaEmbedder(**kw, device="cuda").fit(case.folder("base", False))
+    assert gpu.by_family and gpu.weights_[gpu.layout_.refs[0].key].is_cuda
+    np.testing.assert_allclose(gpu.embed_one(case.folder("ft", False)), cpu.embed_one(case.folder("ft", False)),
+                               rtol=1e-4, atol=1e-5)
