@@ -1,4 +1,4 @@
-"""A run killed with SIGKILL mid-way loses nothing stored, and the next run computes only what is missing."""
+"""A run killed (SIGKILL) or interrupted (Ctrl-C) mid-way loses nothing stored; the next run computes only the rest."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pytest
 
 from conftest import planted_finetune
 
@@ -25,7 +26,8 @@ def _count(store: Path) -> tuple[int, int]:
         con.close()
 
 
-def test_kill_9_mid_run_then_resume(tiny_bert, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
     from modelvec.store import Store
 
     models = [planted_finetune(tiny_bert, tmp_path / "ft" / f"m{i:03d}", seed=i) for i in range(N_MODELS)]
@@ -41,8 +43,8 @@ def test_kill_9_mid_run_then_resume(tiny_bert, tmp_path):
             break
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before it could be killed: raise N_MODELS"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, sig)
+    assert proc.wait(timeout=60) != 0
     done, distinct = _count(store)
     assert 0 < done < N_MODELS and done == distinct  # killed mid-run; what was committed survived, once
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

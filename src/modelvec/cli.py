@@ -77,6 +77,11 @@ def embed(
     refresh: bool = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding."),
     keep_weights: bool = typer.Option(True, "--keep-weights/--no-keep-weights",
                                       help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+                                          help="local: I/O threads fetching the next models (default 2); "
+                                               "ray: actors (default one per CPU of the cluster)."),
+    engine: str = typer.Option("local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."),
+    address: Optional[str] = typer.Option(None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."),
 ) -> None:
     """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
 
@@ -96,7 +101,7 @@ def embed(
             bar.advance(task)
 
         common = dict(representation=params, device=device, store=store, force=force, progress=report,
-                      keep_weights=keep_weights)
+                      keep_weights=keep_weights, workers=workers, engine=engine, address=address, load=False)
         try:
             if base is None:
                 result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)

@@ -156,7 +156,7 @@ class LocalEngine:
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="modelvec-io")
 
         def fill() -> None:
-            while len(pending) <= self.workers:
+            while len(pending) < self.workers:
                 task = next(todo, None)
                 if task is None:
                     return
