@@ -59,6 +59,7 @@ demo-on-hub:
 	$(MODELVEC) rank --over-finetunes $(HUB_BASE) --store $(STORE) --out $(OUT)/rank-zoo-deltas
 
 bench: $(STAMP)
+	$(PY) bench/bench_scale.py
 	$(PY) bench/bench_embed.py
 	$(PY) bench/bench_store.py
 	$(PY) bench/bench_rank.py

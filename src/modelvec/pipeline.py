@@ -95,7 +95,7 @@ def embed(
     ``base`` and each model are a local folder or weights file, or a Hub id (models may also be
     :class:`CatalogueEntry` from :func:`discover`). The representation is ``representation`` or
     built from keyword parameters (``rank=8, factor="sketch", pooling="mean", ...``; see
-    :class:`Representation`). Models already stored with the same weights (content hash, or
+    :class:`Representation`). Models already stored with the same weights (files unchanged, or
     commit sha for Hub models), base and representation are skipped unless ``force``. A model
     that fails is recorded (``result.failed``: model -> reason) and the run goes on. Hub models
     are fetched through the huggingface_hub cache; ``keep_weights=False`` deletes each one's

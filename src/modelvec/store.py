@@ -1,9 +1,10 @@
 """The store: one embedded DuckDB file holding every computed vector and every failure.
 
 A vector row is keyed by (model, base, base_hash, params): one vector per model per base per
-representation. ``model_hash`` is the content hash of the fine-tune's weights, so a re-run skips a
-model whose row is current and recomputes one whose weights changed. Each row is written in its
-own transaction as soon as it is computed, so an interrupted run loses nothing already done.
+representation. ``model_hash`` is the fine-tune's identity (its commit sha, or its files' stat and
+headers), so a re-run skips a model whose row is current and recomputes one whose weights changed.
+Rows are committed as soon as they are computed (by :class:`StoreWriter` in a long run), so an
+interrupted run loses nothing already committed.
 Vectors are ``FLOAT[]``; loading goes through Arrow into one numpy matrix without per-row copies.
 """
 
