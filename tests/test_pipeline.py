@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
