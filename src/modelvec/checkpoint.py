@@ -54,6 +54,7 @@ class Checkpoint:
         self.config = self._read_config()
         self._handles: dict[Path, Any] = {}
         self._file_names: dict[Path, frozenset[str]] = {}
+        self._layout: Layout | None = None
 
     # --- discovery of files -------------------------------------------------------------------
     def _locate_weights(self) -> tuple[list[Path], dict[str, Path] | None]:
@@ -151,7 +152,12 @@ class Checkpoint:
         return detect(self.config, self.name, None if self.config else self.keys())
 
     def layout(self) -> "Layout":
-        """Where each matrix of the representation lives in this checkpoint (prefix resolved)."""
+        """Where each matrix of the representation lives in this checkpoint (prefix resolved); worked out once."""
+        if self._layout is None:
+            self._layout = self._resolve_layout()
+        return self._layout
+
+    def _resolve_layout(self) -> "Layout":
         arch = self.architecture()
         config = self.config if self.config else _infer_config(arch, self.keys())
         refs = arch.matrices(config)
