@@ -256,13 +256,18 @@ def test_cli_embed_with_the_ray_engine(cluster, tiny_bert, finetunes, tmp_path):
     assert "no weights found" in first.output
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "embedded 0, skipped 3 (already stored), failed 1" in again.output
+    assert_store_holds_reference(store, tiny_bert, finetunes[:3])
+    assert args[3:5] == ["--workers", "2"] and runner.invoke(app, args[:4] + ["0"] + args[5:]).exit_code != 0
+
+
+def assert_store_holds_reference(store, base, models) -> None:
+    """The store holds exactly ``models``, each with the vector the local engine computes."""
     with Store(store) as db:
         vectors, meta = db.load(params=PARAMS)
-    expected = reference(tiny_bert, finetunes[:3])
+    expected = reference(base, models)
     assert sorted(meta["model"]) == sorted(expected)
     for row, name in enumerate(meta["model"]):
         assert np.allclose(vectors[row], expected[name], atol=1e-6)
-    assert args[3:5] == ["--workers", "2"] and runner.invoke(app, args[:4] + ["0"] + args[5:]).exit_code != 0
 
 
 def free_port() -> int:
@@ -307,9 +312,4 @@ def test_cli_on_an_existing_cluster_started_with_ray_start(tiny_bert, finetunes,
             head.wait()
         head.stdout.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
-    with Store(store) as db:
-        vectors, meta = db.load(params=PARAMS)
-    expected = reference(tiny_bert, finetunes[:3])
-    assert sorted(meta["model"]) == sorted(expected)
-    for row, name in enumerate(meta["model"]):
-        assert np.allclose(vectors[row], expected[name], atol=1e-6)
+    assert_store_holds_reference(store, tiny_bert, finetunes[:3])
