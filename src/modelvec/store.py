@@ -5,7 +5,14 @@ representation. ``model_hash`` is the fine-tune's identity (its commit sha, or i
 headers), so a re-run skips a model whose row is current and recomputes one whose weights changed.
 Rows are committed as soon as they are computed (by :class:`StoreWriter` in a long run), so an
 interrupted run loses nothing already committed.
-Vectors are ``FLOAT[]``; loading goes through Arrow into one numpy matrix without per-row copies.
+
+The vectors' bytes live beside the DuckDB file in an append-only float32 file
+(``<store>.vectors``, see :class:`VectorFile`); each row holds its offset and an xxh3 of its
+bytes. Kept in DuckDB as ``FLOAT[]``, they made the writer's memory grow with every row (the
+buffer pool and checkpoints hold written list blocks: +250 MB per 600 bert-base vectors, and a
+capped ``memory_limit`` made checkpoints fail fatally), and each insert cost 10-15 ms. The bytes
+are fsynced before the row that points at them commits, so a committed row never points at
+missing bytes; bytes written by a run killed before its commit are unreferenced, never read.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
 
 from .representation import Representation
 
@@ -42,7 +51,8 @@ CREATE TABLE IF NOT EXISTS vectors (
     params_json  VARCHAR NOT NULL,
     architecture VARCHAR NOT NULL,
     dim          INTEGER NOT NULL,
-    vector       FLOAT[] NOT NULL,
+    "offset"     BIGINT NOT NULL,
+    vector_hash  VARCHAR NOT NULL,
     datasets     VARCHAR[] NOT NULL,
     label_source VARCHAR,
     author       VARCHAR,
@@ -137,8 +147,79 @@ class Failure:
     model_hash: str | None = None
 
 
-def _write(con: duckdb.DuckDBPyConnection, rows: Sequence[VectorRow | Failure]) -> None:
-    """Write vectors and failures in one transaction: all of them land, or none does."""
+class StoreError(Exception):
+    """The store itself is damaged: a vector file that is not ours, truncated, or whose bytes changed."""
+
+
+class VectorFile:
+    """The append-only float32 file that holds the vectors' bytes; DuckDB holds the rows.
+
+    Appends go to the end (aligned to 64 bytes) and are fsynced; only then does the caller commit
+    the rows that point at them. Reads copy each vector once,
+    from the page cache into the result, and writing keeps nothing in the process.
+    """
+
+    MAGIC = b"modelvec vectors float32-le v1\n".ljust(64, b"\0")
+    ALIGN = 64
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        head = os.pread(self._fd, len(self.MAGIC), 0)
+        if not head:
+            os.pwrite(self._fd, self.MAGIC, 0)
+            os.fsync(self._fd)
+        elif head != self.MAGIC:
+            os.close(self._fd)
+            raise StoreError(f"{path}: not a modelvec vector file (bad header)")
+
+    def append(self, vectors: Sequence[np.ndarray]) -> list[int]:
+        """Write ``vectors`` (contiguous float32) at the end, fsync, and return their byte offsets."""
+        offsets = []
+        with self._lock:
+            end = os.fstat(self._fd).st_size
+            for vec in vectors:
+                end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
+                os.pwrite(self._fd, memoryview(vec).cast("B"), end)
+                offsets.append(end)
+                end += vec.nbytes
+            if vectors:
+                os.fdatasync(self._fd)
+        return offsets
+
+    def read(self, offsets: Sequence[int], dim: int, hashes: Sequence[str], models: Sequence[str]) -> np.ndarray:
+        """The vectors at ``offsets`` as one (n, dim) float32 matrix, each checked against its hash."""
+        out = np.empty((len(offsets), dim), np.float32)
+        if not len(offsets):
+            return out
+        nbytes = dim * 4
+        for i in np.argsort(offsets, kind="stable"):  # in file order: sequential reads
+            offset, digest, model = offsets[i], hashes[i], models[i]
+            raw = out[i].view(np.uint8)
+            if os.preadv(self._fd, [raw], offset) != nbytes:  # one copy, page cache -> result; no page faults
+                raise StoreError(f"{model}: its stored vector is missing from {self.path} (the file is truncated); "
+                                 "re-embed it with --force")
+            if xxhash.xxh3_64_hexdigest(raw) != digest:
+                raise StoreError(f"{model}: its stored vector in {self.path} does not match its checksum; "
+                                 "re-embed it with --force")
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _vector_bytes(vector: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(vector, dtype="<f4").reshape(-1)
+
+
+def _write(con: duckdb.DuckDBPyConnection, heap: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
+    """Write vectors and failures: the bytes first (fsynced), then every row in one transaction."""
+    vectors = [_vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
+    offsets = iter(heap.append(vectors))
+    hashes = iter([xxhash.xxh3_64_hexdigest(v) for v in vectors])
     con.execute("BEGIN TRANSACTION")
     try:
         for row in rows:
@@ -148,27 +229,19 @@ def _write(con: duckdb.DuckDBPyConnection, rows: Sequence[VectorRow | Failure]) 
                     [row.model, row.base, row.params.key(), row.error, row.model_hash],
                 )
                 continue
-            vec = np.ascontiguousarray(row.vector, dtype=np.float32)
             p = row.params
-            new_row = pa.table(
-                {
-                    "vector": pa.ListArray.from_arrays(pa.array([0, vec.size], pa.int32()), pa.array(vec)),
-                    "datasets": pa.array([row.datasets], pa.list_(pa.string())),
-                }
-            )
-            con.register("new_row", new_row)
             con.execute(
                 """INSERT OR REPLACE INTO vectors
                    (model, model_hash, base, base_hash, params, rank, factor, pooling, solver, sign, params_json,
-                    architecture, dim, vector, datasets, label_source, author, source, seconds)
-                   SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, vector, datasets, ?, ?, ?, ? FROM new_row""",
+                    architecture, dim, "offset", vector_hash, datasets, label_source, author, source, seconds)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 [
                     row.model, row.model_hash, row.base, row.base_hash, p.key(), p.rank, p.factor, p.pooling,
-                    p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture, int(vec.size),
+                    p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture,
+                    int(np.size(row.vector)), next(offsets), next(hashes), list(row.datasets),
                     row.label_source, row.author, row.source, float(row.seconds),
                 ],
             )
-            con.unregister("new_row")
             con.execute("DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()])
         con.execute("COMMIT")
     except BaseException:
@@ -190,6 +263,7 @@ class StoreWriter:
 
     def __init__(self, store: "Store", max_batch: int = 64) -> None:
         self._con = store.con.cursor()  # a connection of its own: DuckDB connections are not shared across threads
+        self._heap = store.heap
         self._queue: queue.Queue[Any] = queue.Queue()
         self._max_batch = max_batch
         self._error: BaseException | None = None
@@ -216,7 +290,7 @@ class StoreWriter:
                     batch.append(more)
             if batch and self._error is None:
                 try:
-                    _write(self._con, batch)
+                    _write(self._con, self._heap, batch)
                 except BaseException as exc:  # kept for the caller; later rows are not written after a failed one
                     self._error = exc
             if stop:
@@ -247,14 +321,63 @@ class Store:
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.con = duckdb.connect(str(self.path))
+        self.heap = VectorFile(Path(f"{self.path}.vectors"))
+        if "vector" in self._columns("vectors"):
+            self._move_vectors_out()
         self.con.execute(_SCHEMA)
         for statement in _MIGRATIONS:
             self.con.execute(statement)
 
+    def _columns(self, table: str) -> list[str]:
+        rows = self.con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position", [table]
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def _move_vectors_out(self) -> None:
+        """Migrate a store whose vectors are ``FLOAT[]`` in DuckDB: their bytes go to the vector file.
+
+        One transaction: the new table replaces the old one only once every vector is fsynced.
+        """
+        for statement in _MIGRATIONS:
+            if statement.startswith("ALTER TABLE vectors "):
+                self.con.execute(statement)
+        keep = [c for c in self._columns("vectors") if c != "vector"]
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("DROP TABLE IF EXISTS vectors_moved")
+            self.con.execute(_SCHEMA.split(";")[0].replace("vectors (", "vectors_moved (", 1))
+            keys: dict[str, list[Any]] = {"model": [], "base": [], "params": [], "offset": [], "vector_hash": []}
+            reader = self.con.sql("SELECT model, base, params, vector FROM vectors").to_arrow_reader(256)
+            for batch in reader:  # 256 vectors in memory at a time
+                vectors = [_vector_bytes(np.asarray(v.values, np.float32)) for v in batch.column(3)]
+                for name in ("model", "base", "params"):
+                    keys[name] += batch.column(name).to_pylist()
+                keys["offset"] += self.heap.append(vectors)
+                keys["vector_hash"] += [xxhash.xxh3_64_hexdigest(v) for v in vectors]
+            self.con.register("moved", pa.table(keys))
+            self.con.execute(
+                f"""INSERT INTO vectors_moved ({', '.join(keep)}, "offset", vector_hash)
+                    SELECT {', '.join(f'v.{c}' for c in keep)}, m."offset", m.vector_hash
+                    FROM vectors v JOIN moved m USING (model, base, params)"""
+            )
+            self.con.unregister("moved")
+            self.con.execute("DROP TABLE vectors")
+            self.con.execute("ALTER TABLE vectors_moved RENAME TO vectors")
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("CHECKPOINT")
+
     # --- writes -------------------------------------------------------------------------------
     def put(self, row: VectorRow) -> None:
         """Insert or replace one vector (its own transaction); clears any recorded failure of that model."""
-        _write(self.con, [row])
+        _write(self.con, self.heap, [row])
+
+    def put_many(self, rows: Sequence[VectorRow | Failure]) -> None:
+        """Insert or replace many vectors and failures in one transaction."""
+        _write(self.con, self.heap, rows)
 
     def writer(self) -> "StoreWriter":
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
@@ -305,7 +428,7 @@ class Store:
     def record_failure(self, model: str, base: str, params: Representation, error: str,
                        model_hash: str | None = None) -> None:
         """Record why a model failed; ``model_hash`` marks a failure of its content (not of fetching it)."""
-        _write(self.con, [Failure(model, base, params, error, model_hash)])
+        _write(self.con, self.heap, [Failure(model, base, params, error, model_hash)])
 
     def known_failure(self, model: str, model_hash: str, base: str, params: Representation) -> str | None:
         """The recorded error when these very weights already failed with this base and representation."""
@@ -345,28 +468,22 @@ class Store:
     ) -> tuple[np.ndarray, pd.DataFrame]:
         """Vectors as one float32 matrix and their metadata, rows ordered by model.
 
-        All selected vectors must share a dimension: select one base and one representation. The
-        vectors stream from DuckDB in Arrow batches straight into the preallocated matrix, with
-        no ORDER BY over the payload (sorting 2 GB of lists is what makes a naive query slow).
+        All selected vectors must share a dimension: select one base and one representation. Each
+        vector is copied once, from the memory-mapped vector file into the matrix, and checked
+        against its checksum (a damaged store raises :class:`StoreError` naming the model).
         """
         where, args = self._where(base, params, models)
-        n, n_dims, dim = self.con.execute(f"SELECT count(*), count(DISTINCT dim), max(dim) FROM vectors {where}", args).fetchall()[0]
-        if n == 0:
-            return np.zeros((0, 0), np.float32), self.metadata(base, params, models)
-        if n_dims != 1:
+        rows = self.con.execute(
+            f"""SELECT "offset", vector_hash, {', '.join(META_COLUMNS)} FROM vectors {where}
+                ORDER BY model, base, params""", args,
+        ).df()
+        meta = rows[list(META_COLUMNS)].reset_index(drop=True)
+        if rows.empty:
+            return np.zeros((0, 0), np.float32), meta
+        if rows["dim"].nunique() != 1:
             raise ValueError("the selected vectors have different dimensions: select one base and one representation")
-        matrix = np.empty((n, dim), np.float32)
-        metas, row = [], 0
-        reader = self.con.sql(f"SELECT vector, {', '.join(META_COLUMNS)} FROM vectors {where}", params=args).to_arrow_reader(256)
-        for batch in reader:
-            k = batch.num_rows
-            matrix[row : row + k] = batch.column(0).flatten().to_numpy().reshape(k, dim)
-            metas.append(batch.drop_columns(["vector"]).to_pandas())
-            row += k
-        meta = pd.concat(metas, ignore_index=True)
-        order = meta.sort_values(["model", "base", "params"], kind="stable").index.to_numpy()
-        if not np.array_equal(order, np.arange(n)):
-            matrix, meta = matrix[order], meta.iloc[order].reset_index(drop=True)
+        matrix = self.heap.read(rows["offset"].tolist(), int(rows["dim"].iloc[0]), rows["vector_hash"].tolist(),
+                                rows["model"].tolist())
         return matrix, meta
 
     def failures(self) -> pd.DataFrame:
@@ -382,16 +499,26 @@ class Store:
 
     def export_parquet(self, path: str | os.PathLike[str]) -> int:
         """One row per stored vector: model, base, the representation parameters, datasets, vector."""
-        target = str(path).replace("'", "''")
-        self.con.execute(
-            f"""COPY (SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash,
-                             datasets, vector
-                      FROM vectors ORDER BY model, base, params) TO '{target}' (FORMAT parquet)"""
-        )
-        return int(self.con.execute("SELECT count(*) FROM vectors").fetchall()[0][0])
+        meta = self.con.sql(
+            """SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash, datasets,
+                      dim, "offset", vector_hash FROM vectors ORDER BY model, base, params"""
+        ).to_arrow_table()
+        columns = [c for c in meta.column_names if c not in ("dim", "offset", "vector_hash")]
+        schema = meta.select(columns).schema.append(pa.field("vector", pa.list_(pa.float32())))
+        with pq.ParquetWriter(str(path), schema) as out:
+            for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
+                part = meta.slice(lo, 256)
+                vectors = [self.heap.read([o], d, [h], [m])[0] for o, d, h, m in zip(
+                    *(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model")))]
+                offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())
+                flat = pa.array(np.concatenate(vectors) if vectors else np.zeros(0, np.float32))
+                column = pa.ListArray.from_arrays(offsets, flat)
+                out.write_table(pa.Table.from_arrays([part.column(c) for c in columns] + [column], schema=schema))
+        return meta.num_rows
 
     def close(self) -> None:
         self.con.close()
+        self.heap.close()
 
     def __enter__(self) -> "Store":
         return self

@@ -1,0 +1,145 @@
+"""The store keeps vectors' bytes in an append-only file beside DuckDB: rows point at checksummed
+bytes, damage is caught and named, bytes left by a killed run are never read, and stores whose
+vectors were ``FLOAT[]`` in DuckDB are migrated on open without losing a bit."""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+import numpy as np
+import pytest
+
+from modelvec import Representation, Store
+from modelvec.store import StoreError, VectorFile, VectorRow
+
+PARAMS = Representation(rank=4)
+
+
+def row(model: str, vector: np.ndarray, datasets=("sst2",)) -> VectorRow:
+    return VectorRow(model, f"hash-{model}", "base", "base-hash", PARAMS, "bert", vector, list(datasets), "local", 0.5)
+
+
+def vectors(n: int, dim: int = 1000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+
+
+def test_vectors_round_trip_through_the_writer_and_survive_reopen(tmp_path):
+    X = vectors(20)
+    with Store(tmp_path / "s.duckdb") as db, db.writer() as w:
+        for i, x in enumerate(X):
+            w.put(row(f"m{i:02d}", x))
+    with Store(tmp_path / "s.duckdb") as db:
+        loaded, meta = db.load(params=PARAMS)
+    np.testing.assert_array_equal(loaded, X)
+    assert meta["model"].tolist() == [f"m{i:02d}" for i in range(20)]
+    assert (tmp_path / "s.duckdb.vectors").stat().st_size >= X.nbytes
+
+
+def test_duckdb_holds_rows_not_vector_bytes(tmp_path):
+    """The point of the vector file: the DuckDB file (and its buffer pool) stays small however many
+    vectors are written, so a long run's memory does not grow with the store."""
+    X = vectors(200, dim=20_000)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many([row(f"m{i:03d}", x) for i, x in enumerate(X)])
+        db.con.execute("CHECKPOINT")
+        in_duckdb = sum(r[1] for r in db.con.execute("SELECT * FROM duckdb_memory()").fetchall())
+    assert (tmp_path / "s.duckdb").stat().st_size < X.nbytes / 20
+    assert in_duckdb < X.nbytes / 20
+
+
+def test_replacing_a_vector_points_at_the_new_bytes(tmp_path):
+    old, new = vectors(2)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put(row("m", old))
+        db.put(row("m", new))
+        loaded, meta = db.load()
+    assert len(meta) == 1
+    np.testing.assert_array_equal(loaded[0], new)
+
+
+def test_bytes_left_by_a_killed_append_are_never_read(tmp_path):
+    """A run killed after writing bytes but before its commit leaves an unreferenced (and maybe
+    unaligned) tail; later rows go after it and every committed row still reads back exactly."""
+    X = vectors(3)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put(row("a", X[0]))
+    with open(tmp_path / "s.duckdb.vectors", "ab") as f:
+        f.write(b"\x7f" * 1001)  # half a vector, never committed
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many([row("b", X[1]), row("c", X[2])])
+        loaded, meta = db.load()
+        offsets = [r[0] for r in db.con.execute('SELECT "offset" FROM vectors').fetchall()]
+    np.testing.assert_array_equal(loaded, X)
+    assert all(o % VectorFile.ALIGN == 0 for o in offsets)
+
+
+def test_changed_bytes_are_caught_and_the_model_named(tmp_path):
+    X = vectors(3)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+        offset = db.con.execute("SELECT \"offset\" FROM vectors WHERE model = 'm1'").fetchall()[0][0]
+    with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
+        f.seek(offset + 17)
+        byte = f.read(1)
+        f.seek(offset + 17)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with Store(tmp_path / "s.duckdb") as db:
+        with pytest.raises(StoreError, match=r"^m1: its stored vector .* does not match its checksum"):
+            db.load()
+        loaded, _ = db.load(models=["m0", "m2"])  # the others still load
+    np.testing.assert_array_equal(loaded, X[[0, 2]])
+
+
+def test_a_truncated_vector_file_is_caught(tmp_path):
+    X = vectors(2)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many([row("a", X[0]), row("b", X[1])])
+    heap = tmp_path / "s.duckdb.vectors"
+    os.truncate(heap, heap.stat().st_size - 8)
+    with Store(tmp_path / "s.duckdb") as db, pytest.raises(StoreError, match=r"^b: .*truncated"):
+        db.load()
+
+
+def test_a_foreign_vector_file_is_refused(tmp_path):
+    (tmp_path / "s.duckdb.vectors").write_bytes(b"PAR1" + b"\0" * 100)
+    with pytest.raises(StoreError, match="not a modelvec vector file"):
+        Store(tmp_path / "s.duckdb")
+
+
+OLD_VECTORS_TABLE = """
+CREATE TABLE vectors (
+    model VARCHAR NOT NULL, model_hash VARCHAR NOT NULL, base VARCHAR NOT NULL, base_hash VARCHAR NOT NULL,
+    params VARCHAR NOT NULL, rank INTEGER NOT NULL, factor VARCHAR NOT NULL, pooling VARCHAR NOT NULL,
+    solver VARCHAR NOT NULL, sign VARCHAR NOT NULL, params_json VARCHAR NOT NULL, architecture VARCHAR NOT NULL,
+    dim INTEGER NOT NULL, vector FLOAT[] NOT NULL, datasets VARCHAR[] NOT NULL, source VARCHAR NOT NULL,
+    seconds DOUBLE NOT NULL, created_at TIMESTAMP NOT NULL DEFAULT now(),
+    PRIMARY KEY (model, base, base_hash, params)
+)"""
+
+
+def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
+    """Stores written before the vector file (``FLOAT[]`` column, no label_source/author columns)
+    open with every vector and its metadata intact, and take new rows afterwards."""
+    X = vectors(300, dim=500)
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute(OLD_VECTORS_TABLE)
+    con.executemany(
+        "INSERT INTO vectors VALUES (?, 'h', 'base', 'bh', ?, 4, 'U', 'mean', 'randomized', 'max-abs', '{}', 'bert', "
+        "?, ?, ?, 'local', 0.25, now())",
+        [[f"m{i:03d}", PARAMS.key(), X.shape[1], X[i].tolist(), [f"ds{i % 3}"]] for i in range(len(X))],
+    )
+    con.close()
+    with Store(path) as db:
+        assert "vector" not in db._columns("vectors")
+        loaded, meta = db.load(params=PARAMS)
+        np.testing.assert_array_equal(loaded, X)
+        assert meta["datasets"].map(list).tolist() == [[f"ds{i % 3}"] for i in range(len(X))]
+        assert meta["label_source"].isna().all()
+        extra = vectors(1, dim=500, seed=1)[0]
+        db.put(row("zz-new", extra))
+    with Store(path) as db:  # opening again migrates nothing more
+        loaded, meta = db.load(params=PARAMS)
+    assert len(meta) == 301
+    np.testing.assert_array_equal(loaded[-1], extra)
