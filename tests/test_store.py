@@ -143,3 +143,22 @@ def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
         loaded, meta = db.load(params=PARAMS)
     assert len(meta) == 301
     np.testing.assert_array_equal(loaded[-1], extra)
+
+
+def test_the_cli_reports_a_damaged_store_in_one_line(tmp_path):
+    """Any command (here ``export``) meets the damage as one line and exit status 2, not a traceback."""
+    import subprocess
+    import sys
+
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put(row("m0", vectors(1)[0]))
+        offset = db.con.execute('SELECT "offset" FROM vectors').fetchall()[0][0]
+    with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff\xff\xff\xff")
+    done = subprocess.run([sys.executable, "-c", "from modelvec.cli import main; main()", "export", "--parquet",
+                           str(tmp_path / "v.parquet"), "--store", str(tmp_path / "s.duckdb")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
+    assert len(lines) == 1 and "m0: its stored vector" in lines[0] and "checksum" in lines[0]

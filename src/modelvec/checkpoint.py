@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import xxhash
@@ -29,16 +30,164 @@ BIN = "pytorch_model.bin"
 
 _HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_MAX_HEADER = 100_000_000  # safetensors' own limit on a header; a larger length is corruption, never allocated
+_MAX_JSON = 100_000_000  # config.json and index files: thousands of times any real one
+
+# Bits per element of each safetensors dtype (safetensors 0.8's list), to check a header's byte ranges.
+_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+def _size(value: Any) -> bool:
+    """A JSON value that safetensors reads as a usize."""
+    return type(value) is int and 0 <= value < 1 << 64
+
+
+def _nbytes(shape: list[int], bits: int) -> int | None:
+    """The bytes a tensor takes, or None where safetensors' usize arithmetic overflows (and so it refuses the file).
+
+    Multiplied in order with the same overflow test, and bounded: a hostile shape of millions
+    of huge dimensions never grows a huge integer.
+    """
+    total = 1
+    for dim in [*shape, bits]:
+        total *= dim
+        if total >= 1 << 64:
+            return None
+    return total // 8 if total % 8 == 0 else None
+
+
+# What each tensor entry of a safetensors header must hold, and how to say that it does not.
+_ENTRY_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("dtype", lambda v: isinstance(v, str) and v in _DTYPE_BITS, "unknown dtype"),
+    ("shape", lambda v: isinstance(v, list) and all(map(_size, v)), "shape is not a list of non-negative integers:"),
+    ("data_offsets", lambda v: isinstance(v, list) and len(v) == 2 and all(map(_size, v)) and v[0] <= v[1],
+     "data_offsets are not [begin, end] with begin <= end:"),
+)
+
+# Causes that torch.load words at length (or as a bare exception type), said in a few words.
+_BIN_CAUSES = (
+    ("Weights only load failed", "it holds pickled objects other than tensors (refused: weights_only), or is corrupt"),
+    ("failed finding central directory", "truncated or corrupt (its zip directory is missing)"),
+    ("not a ZIP archive", "not a PyTorch archive (truncated or corrupt)"),
+    ("OSError: [Errno 22]", "truncated or corrupt (its zip records point past the end)"),
+    ("unexpected EOF", "truncated (the data ends early)"),
+    ("EOFError", "truncated (the data ends early)"),
+    ("ValueError: not a state dict", "it does not hold a state dict"),
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _safe(value: Any, limit: int = 80) -> str:
+    """An untrusted name or value for a one-line message: shown as is when printable, else escaped; long ones cut."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    if text.isprintable() and len(text) <= limit:
+        return text
+    shown = repr(text[:limit])  # escapes can make it 4 times longer: cut what is shown
+    return shown if len(text) <= limit and len(shown) <= limit + 2 else shown[:limit] + "..."
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    """A third-party error as a short clause: its first line and sentence, without the Rust prefix or ANSI colours."""
+    text = _ANSI.sub("", str(exc)).strip()
+    text = text.splitlines()[0] if text else type(exc).__name__
+    text = text.removeprefix("Error while deserializing header: ").split(". ")[0]
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _exists(path: Path) -> bool:
+    """Whether something is at ``path``; a name the OS refuses (too long, a NUL byte) names nothing."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _read_json(path: Path, model: str) -> dict[str, Any]:
     try:
+        size = path.stat().st_size
+        if size > _MAX_JSON:
+            raise CheckpointError(model, f"{path.name} is {size:,} bytes, too large for a checkpoint's JSON")
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(model, f"{path.name} is not valid JSON ({exc})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an integer of 4,300+ digits
+        raise CheckpointError(model, f"{path.name} is not valid JSON ({_short(exc)})") from None
+    except RecursionError:
+        raise CheckpointError(model, f"{path.name} is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise CheckpointError(model, f"{path.name} is not a JSON object")
     return data
+
+
+def _safetensors_fault(file: Path) -> str | None:
+    """What is wrong with a safetensors file, in a few words, or None when its header is sound.
+
+    Checked here, before ``safe_open``, for the cause in human terms: safetensors is as strict
+    (it stays the last word) but says "incomplete metadata, file not fully covered" for a
+    truncated file, and a Rust deserializer's dump for a bad field. Reads 8 bytes and the
+    header, never more than safetensors' 100 MB limit, whatever length the file claims.
+    """
+    try:
+        with open(file, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 8:
+                return f"truncated ({size} bytes, too short for a safetensors header)"
+            length = int.from_bytes(fh.read(8), "little")
+            if length > _MAX_HEADER:
+                return f"corrupt (it claims a header of {length:,} bytes, over safetensors' 100 MB limit)"
+            if length > size - 8:
+                return f"truncated (its header claims {length:,} bytes, {size - 8:,} follow)"
+            raw = fh.read(length)
+    except OSError as exc:
+        return exc.strerror or _short(exc)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "header is not UTF-8 text"
+    except ValueError as exc:
+        return f"header is not valid JSON ({_short(exc)})"
+    except RecursionError:
+        return "header is not valid JSON (nested too deeply)"
+    if not isinstance(header, dict):
+        return "header is not a JSON object"
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        return "header's __metadata__ is not a map of strings"
+    spans = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict):
+            return f"header entry of tensor {_safe(name)} is {_safe(entry)}, not a dtype, shape and data_offsets"
+        for field, valid, problem in _ENTRY_FIELDS:
+            if field not in entry:
+                return f"header entry of tensor {_safe(name)} has no {field}"
+            if not valid(entry[field]):
+                return f"header entry of tensor {_safe(name)}: {problem} {_safe(entry[field])}"
+        (begin, end), need = entry["data_offsets"], _nbytes(entry["shape"], _DTYPE_BITS[entry["dtype"]])
+        if need != end - begin:
+            size_of = "is too large or not whole bytes" if need is None else f"takes {need:,} bytes"
+            return (f"header entry of tensor {_safe(name)}: shape {_safe(entry['shape'])} of {entry['dtype']} "
+                    f"{size_of}, its data_offsets span {end - begin:,}")
+        spans.append((begin, end, name))
+    data = size - 8 - length
+    covered, previous = 0, None
+    for begin, end, name in sorted(spans):  # the tensors must tile the data exactly, as safetensors requires
+        if begin != covered:
+            beyond = next(((b, e, n) for b, e, n in spans if e > data), None)
+            if beyond is not None:  # not a truncation: the tensors do not tile, and one lies past the end
+                b, e, n = beyond
+                return f"header entry of tensor {_safe(n)}: data_offsets [{b}, {e}] lie past the {data:,} bytes of data"
+            if begin < covered:
+                return f"header entry of tensor {_safe(name)} overlaps tensor {_safe(previous)}"
+            return f"header leaves data bytes {covered:,}-{begin:,} unused, before tensor {_safe(name)}"
+        covered, previous = end, name
+    if covered > data:
+        return f"truncated (its tensors need {covered:,} bytes of data, {data:,} are there)"
+    if covered < data:
+        return f"corrupt ({data - covered:,} bytes follow the last tensor's data)"
+    return None
 
 
 class Checkpoint:
@@ -47,7 +196,8 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike[str], name: str | None = None) -> None:
         self.path = Path(path)
         self.name = name or str(path)
-        if not self.path.exists():
+        self._index_name: str | None = None
+        if not _exists(self.path):
             raise CheckpointError(self.name, f"no such file or folder: {self.path}")
         self.folder = self.path if self.path.is_dir() else self.path.parent
         self.files, self._key_file = self._locate_weights()
@@ -65,46 +215,61 @@ class Checkpoint:
             return [self.path], None
         for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
             index = self.path / index_name
-            if index.exists():
-                weight_map = _read_json(index, self.name).get("weight_map")
-                if not isinstance(weight_map, dict) or not weight_map:
-                    raise CheckpointError(self.name, f"{index_name} has no weight_map")
-                key_file = {}
-                for key, shard in weight_map.items():
-                    # A plain file name next to the index (checked lexically: the Hub cache's files
-                    # are symlinks into a blobs folder, so resolving would leave the folder).
-                    if str(shard) in ("", ".", "..") or Path(str(shard)).name != str(shard) or "\\" in str(shard):
-                        raise CheckpointError(self.name, f"{index_name} points outside the folder: {shard}")
-                    shard_path = self.path / str(shard)
-                    key_file[key] = shard_path
+            if _exists(index):
+                self._index_name = index_name
+                key_file = self._weight_map(index)
                 files = sorted(set(key_file.values()))
-                missing = [f.name for f in files if not f.exists()]
+                missing = [f.name for f in files if not _exists(f)]
                 if missing:
-                    raise CheckpointError(self.name, f"{index_name} names missing shard {missing[0]}")
-                return files, key_file
+                    raise CheckpointError(self.name, f"{index_name} names missing shard {_safe(missing[0])}")
+                return self._regular(files), key_file
         for single in (SAFETENSORS, BIN):
-            if (self.path / single).exists():
-                return [self.path / single], None
+            if _exists(self.path / single):
+                return self._regular([self.path / single]), None
         raise CheckpointError(self.name, f"no weights found in {self.path} (looked for {SAFETENSORS}, {BIN} and their index files)")
+
+    def _weight_map(self, index: Path) -> dict[str, Path]:
+        """Which shard holds each tensor, from an index file; a shard must be a plain file name next to it."""
+        weight_map = _read_json(index, self.name).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            what = "no weight_map" if weight_map is None else "a weight_map that is empty or not a map"
+            raise CheckpointError(self.name, f"{index.name} has {what}")
+        key_file = {}
+        for key, shard in weight_map.items():
+            if not isinstance(shard, str):
+                raise CheckpointError(self.name, f"{index.name} maps {_safe(key)} to {_safe(shard)}, not a file name")
+            # Checked lexically: the Hub cache's files are symlinks into a blobs folder, so
+            # resolving them would leave the folder.
+            if shard in ("", ".", "..") or Path(shard).name != shard or any(c in shard for c in "\\\0"):
+                raise CheckpointError(self.name, f"{index.name} points outside the folder: {_safe(shard)}")
+            key_file[key] = self.path / shard
+        return key_file
+
+    def _regular(self, files: list[Path]) -> list[Path]:
+        """Weight files must be regular files: a folder, device or FIFO (which would block a read) is refused."""
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(self.name, f"{_safe(file.name)} is not a regular file")
+        return files
 
     def _read_config(self) -> dict[str, Any] | None:
         config = self.folder / "config.json"
-        return _read_json(config, self.name) if config.exists() else None
+        return _read_json(config, self.name) if _exists(config) else None
 
     # --- tensors -------------------------------------------------------------------------------
     def _open(self, file: Path) -> Any:
         """An open handle: a safetensors ``safe_open`` or a memory-mapped ``.bin`` state dict."""
         handle = self._handles.get(file)
         if handle is None:
+            safetensors = file.suffix == ".safetensors"
+            fault = _safetensors_fault(file) if safetensors else None
+            if fault is not None:
+                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
             try:
-                if file.suffix == ".safetensors":
-                    handle = safe_open(str(file), framework="pt")
-                else:
-                    handle = _load_bin(file)
-            except CheckpointError:
-                raise
+                handle = safe_open(str(file), framework="pt") if safetensors else _load_bin(file)
             except Exception as exc:  # safetensors and torch raise many types for a bad file
-                raise CheckpointError(self.name, f"cannot read {file.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                cause = (None if safetensors else _bin_cause(exc)) or _short(exc)
+                raise CheckpointError(self.name, f"cannot read {file.name}: {cause}") from None
             self._handles[file] = handle
         return handle
 
@@ -118,7 +283,11 @@ class Checkpoint:
         if self._key_file is not None:
             if key not in self._key_file:
                 raise CheckpointError(self.name, f"missing tensor {key}")
-            return self._key_file[key]
+            file = self._key_file[key]
+            if key not in self._names(file):
+                raise CheckpointError(
+                    self.name, f"{_safe(file.name)} lacks tensor {_safe(key)}, which {self._index_name} puts there")
+            return file
         for file in self.files:
             if key in self._names(file):
                 return file
@@ -134,7 +303,10 @@ class Checkpoint:
         handle = self._open(self._file_of(key))
         if isinstance(handle, dict):
             return tuple(handle[key].shape)
-        return tuple(handle.get_slice(key).get_shape())
+        try:
+            return tuple(handle.get_slice(key).get_shape())
+        except Exception as exc:
+            raise CheckpointError(self.name, f"cannot read the shape of tensor {_safe(key)}: {_short(exc)}") from None
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
@@ -142,9 +314,11 @@ class Checkpoint:
         try:
             tensor = handle[key] if isinstance(handle, dict) else handle.get_tensor(key)
         except Exception as exc:
-            raise CheckpointError(self.name, f"cannot read tensor {key}: {exc}") from None
+            raise CheckpointError(self.name, f"cannot read tensor {_safe(key)}: {_short(exc)}") from None
         if tensor.dtype not in _FLOAT_DTYPES:
-            raise CheckpointError(self.name, f"tensor {key} has dtype {tensor.dtype}, expected a floating-point type")
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            expected = "float32, float16, bfloat16 or float64"
+            raise CheckpointError(self.name, f"tensor {_safe(key)} has dtype {dtype}, expected {expected}")
         return tensor.to(torch.float32)
 
     # --- architecture ---------------------------------------------------------------------------
@@ -239,6 +413,13 @@ class Checkpoint:
                 os.close(fd)
 
     def close(self) -> None:
+        """Release the open files now (tensors already read keep their own memory)."""
+        for handle in self._handles.values():
+            if not isinstance(handle, dict):
+                try:
+                    handle.__exit__(None, None, None)
+                except RuntimeError:  # "Already borrowed": a thread still reads it (a failed model's sketch pool)
+                    pass  # released when collected, as before
         self._handles.clear()
         self._file_names.clear()
 
@@ -280,8 +461,19 @@ def _load_bin(file: Path) -> dict[str, torch.Tensor]:
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
-        raise CheckpointError(str(file), "the .bin file does not hold a state dict")
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        raise ValueError("not a state dict")
+    return {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+
+
+def _bin_cause(exc: BaseException) -> str | None:
+    """A ``.bin`` file's load failure in a few words; a bare I/O error (permissions...) is left as it is.
+
+    A damaged file fails deep inside torch.load's unpickler or zip reader (IndexError, struct.error,
+    KeyError, ...), whose own words say little: they are prefixed with what they mean.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    known = next((cause for needle, cause in _BIN_CAUSES if needle in text), None)
+    return known or (None if isinstance(exc, OSError) else f"corrupt or not a PyTorch file ({_short(exc)})")
 
 
 def _infer_config(arch: Architecture, names: set[str]) -> dict[str, Any]:

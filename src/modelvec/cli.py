@@ -16,7 +16,7 @@ from .errors import ModelvecError
 from .pipeline import embed as embed_models, model_id
 from .rank import DEFAULT_THRESHOLDS
 from .representation import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
-from .store import Store, default_store_path
+from .store import Store, StoreError, StoreLockedError, default_store_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn fine-tuned transformers into vectors from their weight deltas.")
 console = Console()
@@ -82,6 +82,9 @@ def embed(
                                                "ray: actors (default one per CPU of the cluster)."),
     engine: str = typer.Option("local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."),
     address: Optional[str] = typer.Option(None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."),
+    wait: Optional[float] = typer.Option(None, "--wait", min=0, metavar="SECONDS",
+                                         help="While another process uses the store, wait this long for it "
+                                              "(default: $MODELVEC_STORE_WAIT or 600)."),
 ) -> None:
     """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
 
@@ -94,13 +97,17 @@ def embed(
     if base is None and len(targets) != 1:
         raise typer.BadParameter("give --base BASE with the models, or a single BASE to embed its discovered fine-tunes")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=False) as bar:
+    try:  # opened here, before the bar, so that a wait for another process's run is said on one line
+        db = Store(store, wait=wait, on_wait=lambda line: err.print(line, soft_wrap=True, markup=False, highlight=False))
+    except (StoreLockedError, ValueError) as exc:
+        _exit_with(exc)
+    with db, Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
 
         def report(model: str, status: str, detail: str) -> None:
             bar.advance(task)
 
-        common = dict(representation=params, device=device, store=store, force=force, progress=report,
+        common = dict(representation=params, device=device, store=db, force=force, progress=report,
                       keep_weights=keep_weights, workers=workers, engine=engine, address=address, load=False)
         try:
             if base is None:
@@ -257,26 +264,42 @@ def cluster(
 
 @app.command()
 def neighbors(
-    model: str = typer.Argument(..., help="A stored model (path or stored id)."),
-    k: int = typer.Option(10, "--k", min=1, help="How many neighbours."),
+    model: str = typer.Argument(..., help="A model: stored, or a local folder or Hub id to embed on the fly."),
+    k: int = typer.Option(10, "--k", min=1, help="How many neighbours (and voters for the predicted dataset)."),
+    base: Optional[str] = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
     metric: str = MetricOpt,
     rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     store: Optional[Path] = StoreOpt,
 ) -> None:
-    """The stored models nearest to MODEL, with distance and labels."""
+    """The stored models nearest to MODEL, with distance and labels, and its predicted dataset.
+
+    A model that is not in the store is embedded now with the same representation against the
+    stored base, compared, and not stored.
+    """
     from .report import neighbors as find
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
     try:
-        found = find(model, params=params, store=store, k=k, metric=metric)
-    except (LookupError, ValueError) as exc:
+        found = find(model, params=params, store=store, k=k, metric=metric, base=base)
+    except (LookupError, ValueError, ModelvecError) as exc:
         _exit_with(exc)
-    table = Table("#", "model", f"{metric} distance", "datasets", "author", title=f"nearest to {_short(str(model))}")
-    for i, row in enumerate(found.itertuples(), 1):
+    if found.on_the_fly:
+        err.print(f"{_short(found.query)} is not in the store: embedded now ({found.params}, base {_short(found.base)}), "
+                  "not stored", markup=False, highlight=False)
+    if found.warning:
+        err.print(f"warning: {found.warning}", markup=False, highlight=False)
+    table = Table("#", "model", f"{metric} distance", "datasets", "author", title=f"nearest to {_short(found.query)}")
+    for i, row in enumerate(found.nearest.itertuples(), 1):
         table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-",
                       row.author if isinstance(row.author, str) else "-")
     console.print(table)
+    if found.predicted is None:
+        console.print("predicted dataset: none (no labelled neighbour)")
+    else:
+        votes = ", ".join(f"{name} {n}" for name, n in found.votes.items())
+        console.print(f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
+                      f"votes of the {k} nearest labelled models: {votes})")
 
 
 @app.command()
@@ -316,7 +339,7 @@ def evaluate(
 
 @app.command()
 def rank(
-    model: Optional[str] = typer.Argument(None, help="The model whose matrices to study (folder or weights file)."),
+    model: Optional[str] = typer.Argument(None, help="The model whose matrices to study (folder, weights file or .gguf)."),
     base: Optional[Path] = typer.Option(None, "--base", help="The base, for --of delta."),
     of: str = typer.Option("weights", "--of", help="Study the weights W, or the delta W - W_base: weights|delta."),
     threshold: List[float] = typer.Option(list(DEFAULT_THRESHOLDS), "--threshold",
@@ -328,6 +351,9 @@ def rank(
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """How the rank of every matrix changes with depth: figures per threshold, every value, fitted laws."""
+    import warnings
+
+    from .quantized import QuantizationWarning
     from .rank import over_finetunes as study_finetunes, rank_study
 
     try:
@@ -358,7 +384,14 @@ def rank(
         elif model is None:
             raise ValueError("give a MODEL, or --over-finetunes BASE")
         else:
-            study = rank_study(model, base=base, of=of, thresholds=threshold, out=out)
+            with warnings.catch_warnings(record=True) as caught:  # a quantized GGUF: say so before the results
+                warnings.simplefilter("always", QuantizationWarning)
+                study = rank_study(model, base=base, of=of, thresholds=threshold, out=out)
+            for w in caught:
+                if issubclass(w.category, QuantizationWarning):
+                    err.print(f"warning: {w.message}", soft_wrap=True, markup=False, highlight=False)
+                else:
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     except (ModelvecError, ValueError) as exc:
         _exit_with(exc)
     if as_json:
@@ -406,7 +439,11 @@ def main() -> None:
     """The console script: ``modelvec ...``."""
     import sys
 
-    app(args=_expand_multi_value_options(sys.argv[1:]), prog_name="modelvec")
+    try:
+        app(args=_expand_multi_value_options(sys.argv[1:]), prog_name="modelvec")
+    except (StoreLockedError, StoreError) as exc:  # any command: the store is busy or damaged, one line
+        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+        sys.exit(2)
 
 
 def _json_default(value: object) -> object:

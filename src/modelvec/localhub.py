@@ -2,8 +2,10 @@
 
 The real Hub is unreachable here, so this module serves, from a folder on disk, the part of the Hub HTTP API
 that modelvec reaches through ``huggingface_hub`` (model listing with pagination, model info at a revision,
-file resolve with HEAD and byte ranges, the Hub's error codes), plus fault injection (error statuses,
-dropped connections). Point ``HF_ENDPOINT`` (or ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
+file resolve with HEAD and byte ranges, the Hub's error codes), plus fault injection (error statuses, stalls,
+dropped and reset connections, bodies or headers that do not match the file) and hostile answers (listings with
+forged ids, revisions and file names) for testing clients against a Hub they cannot trust. Point ``HF_ENDPOINT``
+(or ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
 
 Store layout under ``root``::
 
@@ -26,10 +28,12 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -55,6 +59,8 @@ _INFO_FIELDS = ("_id", "id", "modelId", "author", "sha", "lastModified", "create
                 "downloads", "likes", "library_name", "pipeline_tag", "tags", "cardData", "model-index", "config",
                 "siblings")
 _SORT_KEYS = {"downloads", "likes", "createdAt", "lastModified"}
+_FAULT_KINDS = {"status": ("GET", "HEAD"), "reset": ("GET",), "short": ("GET",), "slow": ("GET", "HEAD"),
+                "size": ("HEAD",), "etag": ("GET", "HEAD"), "commit": ("GET", "HEAD"), "corrupt": ("GET",)}
 _IGNORED_DIRS = {".git"}  # like upload_folder, also .cache/huggingface (local_dir download metadata)
 
 
@@ -151,6 +157,7 @@ class LocalHub:
         self._repos: dict[str, tuple[tuple, dict]] = {}  # repo_id -> (stat key of repo.json, state)
         self._faults: list[dict] = []
         self._truncations: list[dict] = []
+        self._forged: dict[str, dict] = {}
         self._refresh()
 
     # ---------------------------------------------------------------- state on disk
@@ -261,7 +268,8 @@ class LocalHub:
         return {"sha256": digest, "size": size, "blob_id": blob_sha1}
 
     @staticmethod
-    def _collect(files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike) -> dict[str, bytes | Path]:
+    def _collect(files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike,
+                 unsafe_paths: bool = False) -> dict[str, bytes | Path]:
         if isinstance(files, (str, os.PathLike)):
             folder = Path(files)
             if not folder.is_dir():
@@ -278,7 +286,10 @@ class LocalHub:
             return out
         out = {}
         for path, content in files.items():
-            _check_path(path)
+            if not unsafe_paths:
+                _check_path(path)
+            elif not isinstance(path, str) or not path:
+                raise ValueError(f"invalid path in repo: {path!r}")
             if isinstance(content, (bytes, bytearray, memoryview)):
                 out[path] = bytes(content)
             elif isinstance(content, (str, os.PathLike)):
@@ -309,7 +320,7 @@ class LocalHub:
         return meta
 
     def publish(self, repo_id: str, files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike, *,
-                message: str = "", link: bool = False, **meta: Any) -> str:
+                message: str = "", link: bool = False, unsafe_paths: bool = False, **meta: Any) -> str:
         """Make a new commit whose tree is exactly ``files`` and move ``main`` to it; the 40-hex commit sha.
 
         ``files`` is a folder (every regular file under it, except ``.git/`` and ``.cache/huggingface/``) or a
@@ -317,10 +328,14 @@ class LocalHub:
         hard-linked when possible (saves the disk for large demo weights; the source must then never be
         rewritten in place). ``meta``: author, created_at, downloads, likes, pipeline_tag, library_name, tags,
         gated (False/"auto"/"manual"), private.
+
+        ``unsafe_paths=True`` accepts any non-empty path in a mapping (``../../x``, ``/abs``, ``a\\b``, NUL, very long
+        names), as a hostile uploader could try: the server stores contents by hash and names only in ``repo.json``,
+        so such names are listed and served but never touch the server's disk.
         """
         owner, _ = _check_repo_id(repo_id)
         meta = self._check_meta(meta)
-        collected = self._collect(files)
+        collected = self._collect(files, unsafe_paths)
         blobs = self._repo_dir(repo_id) / "blobs"
         tree = {path: self._store_blob(blobs, source, link) for path, source in sorted(collected.items())}
         card = config = None
@@ -370,13 +385,59 @@ class LocalHub:
 
     # ---------------------------------------------------------------- fault injection
 
-    def fail(self, pattern: str, *, status: int, times: int, methods: Iterable[str] = ("GET", "HEAD"),
-             retry_after: float | None = None) -> None:
-        """The next ``times`` requests whose URL path (unquoted) matches the fnmatch ``pattern`` and whose method
-        is in ``methods`` answer ``status`` with a JSON error body (and ``Retry-After`` when given)."""
+    def fail(self, pattern: str, *, status: int | None = None, times: int | None, methods: Iterable[str] | None = None,
+             retry_after: float | None = None, kind: str = "status", after_bytes: int = 0, delay: float = 0.0,
+             value: Any = None) -> None:
+        """The next ``times`` requests (None: every one) whose URL path (unquoted) matches the fnmatch ``pattern``
+        and whose method is in ``methods`` go wrong the way ``kind`` says:
+
+        ``status``   answer ``status`` with a JSON error body (and ``Retry-After`` when given);
+        ``reset``    send ``after_bytes`` bytes of the body, then abort the connection with a TCP reset (RST);
+                     with ``after_bytes=0`` the request is reset before any answer;
+        ``short``    send ``after_bytes`` bytes of the body, then close the connection cleanly (FIN) although
+                     ``Content-Length`` announced more (like :meth:`truncate`);
+        ``slow``     stall ``delay`` seconds before answering (``after_bytes=0``) or after ``after_bytes`` bytes of
+                     the body, then go on (a client that timed out meanwhile just sees a dead connection);
+        ``size``     a HEAD of a file announces ``Content-Length`` of the file's size + ``value`` (default 1);
+        ``etag``     answers about a file carry ``ETag: value`` (the raw header value) instead of its sha256;
+        ``commit``   answers about a file (200 or 404) carry ``X-Repo-Commit: value``;
+        ``corrupt``  a file's body has the byte at offset ``after_bytes`` inverted (same length, same headers).
+
+        ``methods`` defaults to GET and HEAD, but GET only for the body kinds (reset, short, corrupt, and slow with
+        ``after_bytes``) and HEAD only for ``size``. Rules are tried in the order given; a request consumes the first
+        rule that matches it.
+        """
+        if kind not in _FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; known: {sorted(_FAULT_KINDS)}")
+        if kind == "status" and status is None:
+            raise ValueError("kind='status' needs a status")
+        if kind in ("etag", "commit") and not isinstance(value, str):
+            raise ValueError(f"kind={kind!r} needs value= (the header's value)")
+        if methods is None:
+            methods = ("GET",) if kind == "slow" and after_bytes > 0 else _FAULT_KINDS[kind]
         with self._lock:
-            self._faults.append({"pattern": pattern, "status": int(status), "left": int(times),
-                                 "methods": {m.upper() for m in methods}, "retry_after": retry_after})
+            self._faults.append({
+                "pattern": pattern, "kind": kind, "status": None if status is None else int(status),
+                "left": None if times is None else int(times),
+                "methods": {m.upper() for m in methods},
+                "retry_after": retry_after, "after_bytes": max(0, int(after_bytes)), "delay": float(delay),
+                "value": (1 if value is None else int(value)) if kind == "size" else value})
+
+    def forge(self, repo_id: str, **fields: Any) -> None:
+        """Make listings and model info lie about ``repo_id``: each given field replaces what the Hub would say.
+
+        ``id`` (also ``modelId``), ``sha``, ``siblings`` (a list of file names), or any other field of the
+        answers. A forged ``sha`` is also accepted as a revision of the repo (it resolves to ``main``), as a hostile
+        Hub would, so a client that trusts it reaches the download. :meth:`clear_faults` drops every forgery.
+        """
+        self._repo_dir(repo_id)  # a valid id of a repo on disk
+        forged = dict(fields)
+        if "id" in forged:
+            forged.setdefault("modelId", forged["id"])
+        if "siblings" in forged:
+            forged["siblings"] = [{"rfilename": str(name)} for name in forged["siblings"]]
+        with self._lock:
+            self._forged[repo_id] = forged
 
     def truncate(self, pattern: str, *, keep: int, times: int | None = None) -> None:
         """GET bodies of matching resolve paths stop after ``keep`` bytes and the connection is closed, while
@@ -385,18 +446,27 @@ class LocalHub:
             self._truncations.append({"pattern": pattern, "keep": int(keep), "left": times})
 
     def clear_faults(self) -> None:
-        """Drop every pending :meth:`fail` and :meth:`truncate` rule."""
+        """Drop every pending :meth:`fail` and :meth:`truncate` rule and every :meth:`forge`."""
         with self._lock:
             self._faults.clear()
             self._truncations.clear()
+            self._forged.clear()
 
     def _take_fault(self, method: str, path: str) -> dict | None:
         with self._lock:
             for rule in self._faults:
-                if rule["left"] > 0 and method in rule["methods"] and fnmatch.fnmatchcase(path, rule["pattern"]):
-                    rule["left"] -= 1
+                if ((rule["left"] is None or rule["left"] > 0) and method in rule["methods"]
+                        and fnmatch.fnmatchcase(path, rule["pattern"])):
+                    if rule["left"] is not None:
+                        rule["left"] -= 1
                     return dict(rule)
             return None
+
+    def _unforge(self, repo_id: str, revision: str) -> str:
+        """A forged sha of ``repo_id`` names its ``main``."""
+        with self._lock:
+            forged = self._forged.get(repo_id, {})
+        return "main" if "sha" in forged and revision == forged["sha"] else revision
 
     def _take_truncation(self, path: str) -> int | None:
         with self._lock:
@@ -472,6 +542,8 @@ class LocalHub:
             fields["config"] = commit["config"]
         if fields["pipeline_tag"] is None:
             del fields["pipeline_tag"]
+        with self._lock:
+            fields.update(json.loads(json.dumps(self._forged.get(repo_id, {}))))
         return fields
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> HubServer:
@@ -519,6 +591,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     # defaults for answers sent before _dispatch ran (malformed request line, unknown method)
     _path, _raw_path, _query, _token, _valid, _answered = "", "", {}, None, False, False
+    _fault: dict | None = None
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet server
         pass
@@ -540,11 +613,55 @@ class _Handler(BaseHTTPRequestHandler):
     def send_response(self, code: int, message: str | None = None) -> None:
         # log before anything reaches the wire, so a client that got the answer also finds it in the log
         self._answered = True
+        self._log(code)
+        super().send_response(code, message)
+
+    def _log(self, code: int | None) -> None:
         record = {"method": self.command, "path": self._path, "query": self._query, "status": code,
-                  "range": self.headers.get("Range"), "auth": self._token is not None}
+                  "range": self.headers.get("Range"), "auth": self._token is not None,
+                  "fault": self._fault["kind"] if self._fault else None, "time": time.monotonic()}
         with self.server.owner._lock:
             self.server.owner.requests.append(record)
-        super().send_response(code, message)
+
+    def _reset(self) -> None:
+        """Abort the connection with a TCP reset (RST), as a dropped link or a crashed proxy does."""
+        try:
+            self.wfile.flush()
+            time.sleep(0.05)  # let the client read what was sent: a reset discards the peer's unread data
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.rfile.close()  # the socket's file closes only once its makefile() readers are closed too
+            self.connection.close()
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def _write_body(self, chunks: Iterable[bytes], offset: int = 0) -> None:
+        """Send a body (whose first byte is byte ``offset`` of the file), applying a body fault if one is active."""
+        fault = self._fault if self._fault and self._fault["kind"] in ("reset", "short", "slow", "corrupt") else None
+        at = fault["after_bytes"] if fault else -1
+        sent = 0
+        for chunk in chunks:
+            if fault and fault["kind"] == "corrupt" and offset + sent <= at < offset + sent + len(chunk):
+                i = at - offset - sent
+                chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+            if fault and fault["kind"] in ("reset", "short", "slow") and sent <= at < sent + len(chunk) and at > 0:
+                head = at - sent
+                self.wfile.write(chunk[:head])
+                sent += head
+                chunk = chunk[head:]
+                if fault["kind"] == "slow":
+                    self.wfile.flush()
+                    time.sleep(fault["delay"])
+                    fault = None
+                else:
+                    if fault["kind"] == "reset":
+                        self._reset()
+                    else:
+                        self.close_connection = True
+                        self.wfile.flush()
+                    return
+            self.wfile.write(chunk)
+            sent += len(chunk)
 
     def _send_json(self, status: int, payload: Any, headers: dict | None = None) -> None:
         body = json.dumps(payload).encode()
@@ -553,14 +670,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
+        if self._fault and self._fault["kind"] in ("reset", "short") and self.command != "HEAD":
+            self.close_connection = True
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            self._write_body([body])
 
     def _send_error(self, err: _HubError) -> None:
         headers = dict(err.headers)
+        if self._fault and self._fault["kind"] == "commit" and "X-Repo-Commit" in headers:
+            headers["X-Repo-Commit"] = self._fault["value"]
         if err.code:
             headers["X-Error-Code"] = err.code
         headers["X-Error-Message"] = err.message
@@ -568,6 +689,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._answered = False
+        self._fault = None
         split = urlsplit(self.path)
         self._raw_path = split.path
         self._path = unquote(split.path)
@@ -578,13 +700,22 @@ class _Handler(BaseHTTPRequestHandler):
         self._valid = self._token is not None and self._token in hub.tokens
         try:
             fault = hub._take_fault(method, self._path)
-            if fault is not None:
+            if fault is not None and fault["kind"] == "status":
                 headers = {}
                 if fault["retry_after"] is not None:
                     ra = fault["retry_after"]
                     headers["Retry-After"] = str(int(ra)) if float(ra).is_integer() else str(ra)
+                self._fault = fault
                 self._send_json(fault["status"], {"error": f"injected failure {fault['status']}"}, headers)
                 return
+            self._fault = fault
+            if fault is not None and fault["after_bytes"] == 0 and fault["kind"] in ("reset", "slow"):
+                if fault["kind"] == "slow":
+                    time.sleep(fault["delay"])
+                else:
+                    self._log(None)  # no answer: logged as status None
+                    self._reset()
+                    return
             if method not in ("GET", "HEAD"):
                 raise _HubError(404, None, "Not Found")
             segments = self._raw_path.split("/")[1:]
@@ -699,7 +830,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _model_info(self, repo_id: str, revision: str) -> None:
         state = self._repo(repo_id)
-        sha = self._commit_sha(state, revision)
+        sha = self._commit_sha(state, self.server.hub._unforge(repo_id, revision))
         fields = self.server.hub._fields(state, sha, blobs=_truthy(self._query.get("blobs")))
         expand = self._expand()
         keys = ["_id", "id", *expand] if expand is not None else list(_INFO_FIELDS)
@@ -711,7 +842,7 @@ class _Handler(BaseHTTPRequestHandler):
         if state["meta"].get("gated") and not self._valid:
             raise _HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to "
                             "it and be authenticated to access it. Please log in.")
-        sha = self._commit_sha(state, revision)
+        sha = self._commit_sha(state, hub._unforge(repo_id, revision))
         info = state["commits"][sha]["files"].get(path)
         if info is None:
             raise _HubError(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": sha})
@@ -733,11 +864,21 @@ class _Handler(BaseHTTPRequestHandler):
                 status = 206
         length = end - start + 1 if size else 0
         keep = hub._take_truncation(self._path) if method == "GET" else None
+        fault = self._fault
+        if fault and fault["kind"] == "short" and (keep is None or fault["after_bytes"] < keep):
+            keep = fault["after_bytes"]
+        announced = length
+        if fault and fault["kind"] == "size" and method == "HEAD":
+            announced = max(0, length + fault["value"])
+        if fault and fault["kind"] == "etag":
+            common["ETag"] = fault["value"]
+        if fault and fault["kind"] == "commit":
+            common["X-Repo-Commit"] = fault["value"]
 
         self.send_response(status)
         for key, value in common.items():
             self.send_header(key, value)
-        self.send_header("Content-Length", str(length))
+        self.send_header("Content-Length", str(announced))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         if keep is not None and keep < length:
@@ -746,15 +887,20 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "HEAD" or length == 0:
             return
         remaining = length if keep is None else min(length, max(keep, 0))
-        with open(blob, "rb") as f:
-            f.seek(start)
-            while remaining > 0:
-                chunk = f.read(min(CHUNK, remaining))
-                if not chunk:  # blob shorter than recorded: never send fewer bytes than declared silently
-                    self.close_connection = True
-                    break
-                self.wfile.write(chunk)
-                remaining -= len(chunk)
+
+        def chunks() -> Iterable[bytes]:
+            nonlocal remaining
+            with open(blob, "rb") as f:
+                f.seek(start)
+                while remaining > 0:
+                    chunk = f.read(min(CHUNK, remaining))
+                    if not chunk:  # blob shorter than recorded: never send fewer bytes than declared silently
+                        self.close_connection = True
+                        return
+                    remaining -= len(chunk)
+                    yield chunk
+
+        self._write_body(chunks(), start)
         if self.close_connection:
             self.wfile.flush()
 
@@ -783,8 +929,9 @@ class HubServer:
     """A running :class:`LocalHub` server (daemon thread); a context manager that stops it on exit.
 
     ``endpoint`` is ``http://HOST:PORT``; ``requests`` logs every request as {"method", "path" (URL path,
-    unquoted), "query" (dict of lists), "status", "range" (Range header or None), "auth" (a bearer token was
-    sent)}.
+    unquoted), "query" (dict of lists), "status" (None: reset before any answer), "range" (Range header or
+    None), "auth" (a bearer token was sent), "fault" (the kind of the injected fault, or None), "time"
+    (``time.monotonic()`` when the answer started)}.
     """
 
     def __init__(self, hub: LocalHub, host: str = "127.0.0.1", port: int = 0) -> None:

@@ -13,17 +13,33 @@ buffer pool and checkpoints hold written list blocks: +250 MB per 600 bert-base 
 capped ``memory_limit`` made checkpoints fail fatally), and each insert cost 10-15 ms. The bytes
 are fsynced before the row that points at them commits, so a committed row never points at
 missing bytes; bytes written by a run killed before its commit are unreferenced, never read.
+
+One process at a time writes a store: DuckDB locks its file for the process that opens it, and a
+second process's ``Store(path)`` waits for that lock (``wait`` seconds, default
+``$MODELVEC_STORE_WAIT`` or 600) before it opens the vector file, so only the lock holder ever
+appends to it. Appends also take an ``flock`` on the vector file, so two ``Store`` objects of one
+file in one process (which share DuckDB's database) never write over each other's bytes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import queue
+import random
+import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 import duckdb
 import numpy as np
@@ -35,6 +51,9 @@ import xxhash
 from .representation import Representation
 
 DEFAULT_STORE = "modelvec.duckdb"
+DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its file ($MODELVEC_STORE_WAIT)
+_RETRY = (0.2, 0.4)  # seconds between two attempts to open a locked store (random, so waiters do not march in step)
+_log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS vectors (
@@ -118,6 +137,20 @@ def default_store_path() -> Path:
     return Path(os.environ.get("MODELVEC_STORE") or DEFAULT_STORE)
 
 
+def default_wait() -> float:
+    """``$MODELVEC_STORE_WAIT`` (seconds; ``inf`` waits for ever) or 600."""
+    text = os.environ.get("MODELVEC_STORE_WAIT")
+    if not text:
+        return DEFAULT_WAIT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: not a number of seconds") from None
+    if value != value or value < 0:
+        raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: give a number of seconds >= 0")
+    return value
+
+
 @dataclass
 class VectorRow:
     """One computed vector with what is known about its model."""
@@ -151,6 +184,52 @@ class StoreError(Exception):
     """The store itself is damaged: a vector file that is not ours, truncated, or whose bytes changed."""
 
 
+class StoreLockedError(Exception):
+    """Another process still held the store's lock when ``Store(path, wait=...)`` gave up waiting for it."""
+
+    def __init__(self, path: Path, pid: int | None, waited: float) -> None:
+        self.path, self.pid, self.waited = path, pid, waited
+        holder = f"another process (PID {pid})" if pid is not None else "another process"
+        super().__init__(f"{path}: still in use by {holder} after waiting {waited:g} s; let it finish, "
+                         "or wait longer (--wait SECONDS, $MODELVEC_STORE_WAIT)")
+
+
+_LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")
+_HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+
+
+def _lock_holder(exc: BaseException) -> tuple[str | None, int | None] | None:
+    """For DuckDB's error on a file locked by another process: (its program, its PID), as far as told; else None."""
+    text = str(exc)
+    if not isinstance(exc, duckdb.IOException) or not _LOCKED.search(text):
+        return None
+    found = _HOLDER.search(text)
+    return (found["program"], int(found["pid"])) if found else (None, None)
+
+
+def _connect(path: Path, wait: float, on_wait: Callable[[str], None] | None) -> duckdb.DuckDBPyConnection:
+    """Open the DuckDB file, retrying while another process holds its lock, for at most ``wait`` seconds."""
+    start = time.monotonic()
+    told = False
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except duckdb.IOException as exc:
+            holder = _lock_holder(exc)
+            if holder is None:
+                raise
+            waited = time.monotonic() - start
+            if waited >= wait:
+                raise StoreLockedError(path, holder[1], round(waited, 1)) from None
+            if not told:
+                who = f"PID {holder[1]}" if holder[1] is not None else "another process"
+                limit = "for ever" if math.isinf(wait) else f"up to {wait:g} s"
+                message = f"{path}: in use by another process ({who}); waiting for it to finish, {limit}"
+                (on_wait or _log.warning)(message)
+                told = True
+            time.sleep(min(random.uniform(*_RETRY), max(0.0, wait - waited)))
+
+
 class VectorFile:
     """The append-only float32 file that holds the vectors' bytes; DuckDB holds the rows.
 
@@ -175,17 +254,30 @@ class VectorFile:
             raise StoreError(f"{path}: not a modelvec vector file (bad header)")
 
     def append(self, vectors: Sequence[np.ndarray]) -> list[int]:
-        """Write ``vectors`` (contiguous float32) at the end, fsync, and return their byte offsets."""
+        """Write ``vectors`` (contiguous float32) at the end, fsync, and return their byte offsets.
+
+        The thread lock orders the appends of this object's users (the compute thread and a
+        :class:`StoreWriter`); the ``flock`` orders those of another ``VectorFile`` of the same file
+        (another ``Store`` of one path in this process, or a process still writing after it lost
+        DuckDB's lock), each of which would otherwise take the same end for its offset.
+        """
+        if not vectors:
+            return []
         offsets = []
         with self._lock:
-            end = os.fstat(self._fd).st_size
-            for vec in vectors:
-                end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
-                os.pwrite(self._fd, memoryview(vec).cast("B"), end)
-                offsets.append(end)
-                end += vec.nbytes
-            if vectors:
+            if fcntl is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                end = os.fstat(self._fd).st_size
+                for vec in vectors:
+                    end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
+                    os.pwrite(self._fd, memoryview(vec).cast("B"), end)
+                    offsets.append(end)
+                    end += vec.nbytes
                 os.fdatasync(self._fd)
+            finally:
+                if fcntl is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
         return offsets
 
     def read(self, offsets: Sequence[int], dim: int, hashes: Sequence[str], models: Sequence[str]) -> np.ndarray:
@@ -314,19 +406,39 @@ class StoreWriter:
 
 
 class Store:
-    """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``."""
+    """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``.
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    One process at a time has a store open (DuckDB's lock). While another process holds it,
+    opening waits for it, trying again every 0.2-0.4 s, for at most ``wait`` seconds (default
+    ``$MODELVEC_STORE_WAIT`` or 600; ``0`` does not wait, ``math.inf`` waits for ever), then raises
+    :class:`StoreLockedError` naming the holder's PID. ``on_wait`` gets one line when the wait
+    begins (default: a warning on the ``modelvec.store`` logger).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, wait: float | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.con = duckdb.connect(str(self.path))
-        self.heap = VectorFile(Path(f"{self.path}.vectors"))
-        if "vector" in self._columns("vectors"):
-            self._move_vectors_out()
-        self.con.execute(_SCHEMA)
-        for statement in _MIGRATIONS:
-            self.con.execute(statement)
+        wait = default_wait() if wait is None else float(wait)
+        if wait != wait or wait < 0:
+            raise ValueError(f"wait={wait}: give a number of seconds >= 0")
+        self.con = _connect(self.path, wait, on_wait)
+        try:
+            # only after DuckDB's lock is held: only the process holding it appends to the vector file
+            self.heap = VectorFile(Path(f"{self.path}.vectors"))
+        except BaseException:
+            self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
+            raise
+        try:
+            if "vector" in self._columns("vectors"):
+                self._move_vectors_out()
+            self.con.execute(_SCHEMA)
+            for statement in _MIGRATIONS:
+                self.con.execute(statement)
+        except BaseException:
+            self.close()
+            raise
 
     def _columns(self, table: str) -> list[str]:
         rows = self.con.execute(
@@ -446,6 +558,12 @@ class Store:
             [model, model_hash, base, base_hash, params.key()],
         ).fetchall()
         return bool(hit)
+
+    def base_hashes(self, base: str, params: Representation) -> list[str]:
+        """The identities of the base weights the stored vectors of ``base`` were computed against."""
+        rows = self.con.execute("SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1",
+                                [base, params.key()]).fetchall()
+        return [r[0] for r in rows]
 
     @staticmethod
     def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
