@@ -190,6 +190,22 @@ def _safetensors_fault(file: Path) -> str | None:
     return None
 
 
+def open_checkpoint(path: str | os.PathLike[str], name: str | None = None) -> "Checkpoint":
+    """The reader for any model modelvec accepts: a GGUF file, a PEFT adapter folder, or weights.
+
+    The two special readers are :class:`Checkpoint` subclasses, imported here lazily (they import
+    this module), so every stage that opens a model gets all formats from this one function.
+    """
+    from .adapters import AdapterCheckpoint, is_adapter
+    from .quantized import GGUFCheckpoint, is_gguf
+
+    if is_gguf(path):
+        return GGUFCheckpoint(path, name)
+    if is_adapter(path):
+        return AdapterCheckpoint(path, name)
+    return Checkpoint(path, name)
+
+
 class Checkpoint:
     """A lazily read checkpoint. ``name`` is how errors and the store refer to it."""
 

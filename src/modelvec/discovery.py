@@ -3,7 +3,9 @@
 Two routes, as the description's collections were built:
 
 1. **Declared**: models tagged ``base_model:finetune:<base>`` (the Hub derives the tag from the
-   card's ``base_model:``), under the canonical id and the legacy short one.
+   card's ``base_model:``), under the canonical id and the legacy short one; and PEFT LoRA
+   adapters, tagged ``base_model:adapter:<base>``, kept when they hold ``adapter_config.json`` and
+   adapter weights (format ``adapter``: :mod:`modelvec.adapters` embeds them like fine-tunes).
 2. **Name search**: most fine-tunes from 2020-22 declare no base, so ``search=<short name>``
    candidates are kept only when their ``config.json`` matches the base (same model type, layer
    count, hidden and feed-forward sizes, heads: :attr:`Architecture.shape_keys`; vocabulary and
@@ -23,6 +25,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 from huggingface_hub import hf_hub_download
 
+from .adapters import adapter_files
 from .architectures import detect
 from .download import formats, weight_format
 from .errors import ArchitectureError, ModelvecError
@@ -30,6 +33,8 @@ from .hub import BaseId, HubSettings, describe_error, resolve_base, with_retries
 from .labels import dataset_labels, guess_from_name
 
 SORTS = ("downloads", "likes", "created_at", "last_modified")
+#: The ``base_model:<relation>:<base>`` tags that declare a model modelvec can embed against the base.
+RELATIONS = ("finetune", "adapter")
 #: What one listing call asks for, so no per-model call is needed for declared fine-tunes.
 EXPAND = ["author", "cardData", "createdAt", "downloads", "gated", "lastModified", "library_name", "likes",
           "model-index", "pipeline_tag", "private", "sha", "siblings", "tags"]
@@ -159,15 +164,16 @@ def discover(
         return api.list_models(sort=sort, expand=EXPAND, **query)
 
     declared: dict[str, Any] = {}
-    for name in base_id.names:
-        for info in listing(filter=f"base_model:finetune:{name}", limit=limit):
-            if info.id.lower() not in seen:
-                declared.setdefault(info.id.lower(), (name, info))
-    for name, info in sorted(declared.values(), key=lambda item: _sort_key(item[1], sort), reverse=True):
+    for relation in RELATIONS:
+        for name in base_id.names:
+            for info in listing(filter=f"base_model:{relation}:{name}", limit=limit):
+                if info.id.lower() not in seen:
+                    declared.setdefault(info.id.lower(), (f"base_model:{relation}:{name}", info))
+    for tag, info in sorted(declared.values(), key=lambda item: _sort_key(item[1], sort), reverse=True):
         if full():
             break
         seen.add(info.id.lower())
-        entry = describe(info, base_id.canonical, True, f"declares base_model:finetune:{name}")
+        entry = describe(info, base_id.canonical, True, f"declares {tag}")
         _check_weights(entry)
         entries.append(entry)
         kept += entry.kept
@@ -217,8 +223,11 @@ def _sort_key(info: Any, sort: str) -> Any:
 
 
 def _check_weights(entry: CatalogueEntry) -> None:
-    """A model modelvec cannot read is rejected at discovery, with what it has instead."""
-    if weight_format(entry.files) is None:
+    """A model modelvec cannot read is rejected at discovery, with what it has instead.
+
+    Full PyTorch weights, or a PEFT adapter (``adapter_config.json`` and its weights).
+    """
+    if weight_format(entry.files) is None and adapter_files(entry.files) is None:
         entry.kept = False
         entry.reason = f"{entry.reason}; but no PyTorch weights (has: {', '.join(entry.formats) or 'no weight files'})"
 

@@ -30,6 +30,7 @@ from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from .adapters import adapter_files
 from .errors import CheckpointError
 from .hub import CorruptDownload, HubSettings, describe_error, is_commit_sha, with_retries
 
@@ -131,6 +132,9 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
         if files is None:
             files = _list_files(repo_id, revision, settings)
         fmt = weight_format(files)
+        adapter = adapter_files(files) if fmt is None else None
+        if adapter is not None:  # a PEFT adapter: adapter_config.json + adapter_model.safetensors (else .bin)
+            return Path([_download(repo_id, name, revision, settings) for name in adapter][0]).parent
         if fmt is None:
             have = ", ".join(formats(files)) or "no weight files"
             raise FetchError(repo_id, f"no PyTorch weights to read (the repository has: {have})")

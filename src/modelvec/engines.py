@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from .cards import card_author, card_datasets, read_card
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, open_checkpoint
 from .download import FetchError, fetch, release
 from .errors import ModelvecError
 from .hub import HubSettings
@@ -59,8 +59,8 @@ class Task:
     def open(self, settings: HubSettings) -> Checkpoint:
         """The model's checkpoint, fetched first when it lives on the Hub."""
         if self.repo is not None:
-            return Checkpoint(fetch(self.repo, str(self.sha), list(self.files) or None, settings), name=self.name)
-        return Checkpoint(str(self.path), name=self.name)
+            return open_checkpoint(fetch(self.repo, str(self.sha), list(self.files) or None, settings), name=self.name)
+        return open_checkpoint(str(self.path), name=self.name)
 
     def labels(self, ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
         if self.datasets is not None:

@@ -24,7 +24,7 @@ import pandas as pd
 import json
 import re
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, open_checkpoint
 from .discovery import CatalogueEntry, describe, discover
 from .download import fetch, resolve_revision
 from .engines import BaseSpec, LocalEngine, Task, make_engine
@@ -243,7 +243,7 @@ def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
                     sha=entry.sha, files=tuple(entry.files or ()), datasets=tuple(entry.datasets),
                     label_source=entry.label_source, author=entry.author)
     name = model_id(model)
-    return Task(name, Checkpoint(model, name=name).identity(), str(Path(model)), path=str(model))
+    return Task(name, open_checkpoint(model, name=name).identity(), str(Path(model)), path=str(model))
 
 
 def local_files(name: str, source: str, db: Store, settings: HubSettings | None = None) -> str:

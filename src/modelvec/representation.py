@@ -25,6 +25,9 @@ Where the description is open, :class:`Representation` makes the choice explicit
   singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
   ``"none"`` keeps what the solver returned.
 
+A PEFT LoRA adapter is a fine-tune whose delta comes factored, dW = L R^T (:mod:`modelvec.adapters`):
+its vector is computed from the thin factors and equals the merged model's, whatever the factor.
+
 Columns beyond min(n, m), and those whose singular value is numerically zero (below
 max(n, m) * eps * sigma_1, e.g. an untouched layer), are zeros: a zero delta has no directions,
 and arbitrary ones would only add noise.
@@ -36,13 +39,14 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
+from .adapters import AdapterCheckpoint
 from .architectures import MatrixRef, Orientation
-from .checkpoint import Checkpoint, Layout, check_compatible
+from .checkpoint import Checkpoint, Layout, check_compatible, open_checkpoint
 from .errors import CheckpointError, IncompatibleError
 
 FACTORS = ("U", "US", "S", "sketch")
@@ -143,6 +147,21 @@ def truncated_svd(
     evals, evecs = evals.flip(-1)[..., :k], evecs.flip(-1)[..., :k]
     s = evals.clamp_min(0).sqrt().to(delta.dtype)
     return q @ evecs.to(delta.dtype), s
+
+
+def low_rank_svd(left: torch.Tensor, right: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``rank`` left singular vectors and values of left @ right^T, never forming the product.
+
+    For a delta known as thin factors (a LoRA adapter: n x r and m x r, r small): QR of each
+    factor, then the SVD of the small R_left R_right^T; U = Q_left U_small. Exact, in
+    O((n + m) r^2) instead of the O(n m r) of a solver on the n x m matrix. Returns U (..., n, k)
+    and S (..., k), k = min(rank, n, m, r), singular values in decreasing order.
+    """
+    q_left, r_left = torch.linalg.qr(left)
+    q_right, r_right = torch.linalg.qr(right)
+    u, s, _ = torch.linalg.svd(r_left @ r_right.mT, full_matrices=False)
+    k = min(rank, s.shape[-1])
+    return q_left @ u[..., :k], s[..., :k]
 
 
 def canonical_signs(u: torch.Tensor) -> torch.Tensor:
@@ -315,9 +334,16 @@ class DeltaEmbedder:
         return np.stack(vectors) if vectors else np.zeros((0, self.dim_), np.float32)
 
     def embed_one(self, model: str | os.PathLike[str] | Checkpoint) -> np.ndarray:
-        """One fine-tune's vector, float32 (dim_,)."""
+        """One fine-tune's vector, float32 (dim_,). A PEFT LoRA adapter folder is a fine-tune too.
+
+        An adapter's vector is computed from its factors (see :meth:`_adapter_factors`) and equals,
+        up to float rounding, the vector of the model PEFT's ``merge_and_unload`` would give.
+        """
         self._check_fitted()
-        ck = model if isinstance(model, Checkpoint) else Checkpoint(model)
+        ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+        if isinstance(ck, AdapterCheckpoint):
+            factors = self._adapter_factors(ck)
+            return self._pooled(self.layout_, lambda refs: [factors[r.key] for r in refs])
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
         if self.by_family:
@@ -327,12 +353,15 @@ class DeltaEmbedder:
             sketches = self._pool().map(lambda ref: self._sketch_streamed(ck, layout, ref, cache), layout.refs)
             by_key = dict(zip((ref.key for ref in layout.refs), sketches))
         else:
-            by_key = None
+            return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
+        return self._pooled(layout, lambda refs: [by_key[r.key] for r in refs])
+
+    def _pooled(self, layout: Layout, factors_of: Callable[[list[MatrixRef]], list[torch.Tensor]]) -> np.ndarray:
+        """The vector: each layer's factors concatenated, layers pooled, stacks concatenated."""
         stacks: dict[str, list[torch.Tensor]] = {}
         counts: dict[str, int] = {}
         for stack, _layer, refs in layout.by_layer():
-            factors = [by_key[r.key] for r in refs] if by_key is not None else self._layer_factors(ck, layout, refs)
-            layer_vec = torch.cat(factors)
+            layer_vec = torch.cat(factors_of(refs))
             if self.params.pooling == "mean":
                 acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec)])
                 acc[0] += layer_vec
@@ -343,6 +372,32 @@ class DeltaEmbedder:
             acc[0] / counts[name] if self.params.pooling == "mean" else torch.cat(acc) for name, acc in stacks.items()
         ]
         return torch.cat(parts).to("cpu", torch.float32).numpy()
+
+    def _adapter_factors(self, ck: AdapterCheckpoint) -> dict[tuple[str, int, str], torch.Tensor]:
+        """Every matrix's factor from an adapter's dW = L R^T (n x r, m x r), never forming the n x m delta.
+
+        The sketch is L (R^T Omega), the SVD factors come from :func:`low_rank_svd` (exact, whatever
+        ``solver`` says), in float64 and then through the same :func:`factor_blocks` (signs, zero
+        columns beyond the adapter's rank) as dense deltas. A matrix the adapter leaves alone has
+        dW = 0: its block is zeros, as a merged model's would be.
+        """
+        p = self.params
+        shapes = {ref.key: tuple(self.weights_[ref.key].shape) for ref in self.layout_.refs}
+        deltas = ck.deltas(self.layout_, shapes)
+        factors: dict[tuple[str, int, str], torch.Tensor] = {}
+        for ref in self.layout_.refs:
+            n, m = shapes[ref.key]
+            delta = deltas.get(ref.key)
+            if delta is None:
+                block = torch.zeros(p.block_size(n))
+            elif p.uses_svd:
+                u, s = low_rank_svd(delta.left, delta.right, p.rank)
+                block = factor_blocks(u.float().unsqueeze(0), s.float().unsqueeze(0), p, m)[0]
+            else:  # (dW Omega)^T = (Omega^T R) L^T, rank x n, flattened as the dense path does
+                omega_t = self._omega_t(m).to("cpu", torch.float64)
+                block = ((omega_t @ delta.right) @ delta.left.mT).reshape(-1).float()
+            factors[ref.key] = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
+        return factors
 
     def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
         """The fine-tune's matrix (on the CPU, mapped from its file where possible), checked against the base's shape."""
