@@ -23,9 +23,10 @@ import pandas as pd
 import torch
 
 from .architectures import MatrixRef
-from .checkpoint import Checkpoint, Layout, check_compatible
+from .checkpoint import Checkpoint, Layout, check_compatible, open_checkpoint
 from .errors import CheckpointError, IncompatibleError
 from .pipeline import display_name
+from .quantized import refuse_quantized_delta, warn_if_quantized
 
 PathLike = str | os.PathLike[str]
 DEFAULT_THRESHOLDS = (0.5, 0.9, 0.99)
@@ -69,18 +70,26 @@ def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
 
 def spectra(model: PathLike | Checkpoint, *, base: PathLike | Checkpoint | None = None, of: str = "weights",
             fused: bool = True, device: str = "cpu") -> list[Spectrum]:
-    """Singular values of every matrix of ``model`` (``of="weights"``) or of its delta to ``base``."""
+    """Singular values of every matrix of ``model`` (``of="weights"``) or of its delta to ``base``.
+
+    A ``.gguf`` file is read dequantized (``quantized.GGUFCheckpoint``); when quantized, its weights'
+    study warns (``QuantizationWarning``: the noise raises the measured rank) and a delta is refused.
+    """
     if of not in KINDS:
         raise ValueError(f"of must be one of {', '.join(KINDS)}, not {of!r}")
-    ck = model if isinstance(model, Checkpoint) else Checkpoint(model)
+    ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     layout = ck.layout()
     base_ck = base_layout = None
     if of == "delta":
         if base is None:
             raise ValueError("of='delta' needs a base")
-        base_ck = base if isinstance(base, Checkpoint) else Checkpoint(base)
+        base_ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
         base_layout = base_ck.layout()
         check_compatible(ck, layout, base_layout)
+        refuse_quantized_delta(ck)
+        refuse_quantized_delta(base_ck)
+    else:
+        warn_if_quantized(ck)
     refs = _refs(layout, fused)
     by_shape: dict[tuple[int, int], list[tuple[MatrixRef, torch.Tensor]]] = {}
     cache: dict[str, torch.Tensor] = {}
@@ -215,7 +224,7 @@ def over_finetunes(base: PathLike, models: Sequence[PathLike], *, thresholds: Se
     Returns the aggregated study and the models that failed (model -> reason); the others go on.
     ``name`` is how the base is shown (e.g. its Hub id when ``base`` is a cache folder).
     """
-    base_ck = Checkpoint(base)
+    base_ck = open_checkpoint(base)
     tables, failed, first = [], {}, None
     for model in models:
         try:
