@@ -102,11 +102,59 @@ def test_cluster_without_vectors_is_a_clear_error(planted, tmp_path):
 def test_neighbors_lists_the_same_dataset_first(planted):
     _, models, _, store = planted
     found = neighbors(models[0], params=Representation(rank=4), store=store, k=3)
-    assert [list(d) for d in found["datasets"]] == [["imdb"]] * 3
-    assert str(models[0].resolve()) not in set(found["model"])
-    assert found["distance"].is_monotonic_increasing
+    assert not found.on_the_fly
+    assert [list(d) for d in found.nearest["datasets"]] == [["imdb"]] * 3
+    assert str(models[0].resolve()) not in set(found.nearest["model"])
+    assert found.nearest["distance"].is_monotonic_increasing
+    assert (found.predicted, found.confidence, found.votes) == ("imdb", 1.0, {"imdb": 3})
     result = CliRunner().invoke(app, ["neighbors", str(models[5]), "--k", "3", "--rank", "4", "--store", str(store)])
     assert result.exit_code == 0 and "glue/sst2" in result.output
+    assert "predicted dataset: glue/sst2 (confidence 1.00" in " ".join(result.output.split())
+
+
+def _rows(store: Path) -> int:
+    with modelvec.Store(store) as db:
+        return len(db.metadata())
+
+
+def test_neighbors_of_a_model_not_in_the_store_embeds_it_on_the_fly(planted, tmp_path):
+    """A new squad fine-tune: embedded with the stored representation against the stored base,
+    compared, not stored; its vector is the one ``embed`` would have stored (distance 0 to it)."""
+    base, models, _, store = planted
+    newcomer = planted_dataset_finetune(base, tmp_path / "newcomer", 2, 777)
+    before = _rows(store)
+    found = neighbors(newcomer, params=Representation(rank=4), store=store, k=4)
+    assert found.on_the_fly and found.warning is None and _rows(store) == before
+    assert found.base == str(Path(base).resolve())
+    assert [list(d) for d in found.nearest["datasets"]] == [["squad"]] * 4
+    assert found.predicted == "squad" and found.confidence == 1.0
+    # the same model stored under another name: the on-the-fly vector equals the stored one
+    copy = tmp_path / "copy" / "newcomer"
+    copy.parent.mkdir()
+    import shutil
+
+    shutil.copytree(newcomer, copy)
+    twin_store = tmp_path / "twin.duckdb"
+    shutil.copy(store, twin_store)
+    shutil.copy(f"{store}.vectors", f"{twin_store}.vectors")
+    modelvec.embed(base, [copy], rank=4, store=twin_store)
+    again = neighbors(newcomer, params=Representation(rank=4), store=twin_store, k=1)
+    assert again.nearest["model"][0] == str(copy.resolve()) and again.nearest["distance"][0] < 1e-6
+    result = CliRunner().invoke(app, ["neighbors", str(newcomer), "--k", "4", "--rank", "4", "--store", str(store)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0 and "is not in the store: embedded now" in text and "predicted dataset: squad" in text
+
+
+def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, tmp_path):
+    _, _, _, store = planted
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(LookupError, match=r"empty: no weights found"):
+        neighbors(empty, params=Representation(rank=4), store=store)
+    result = CliRunner().invoke(app, ["neighbors", str(empty), "--rank", "4", "--store", str(store)])
+    assert result.exit_code == 2 and "no weights found" in result.output
+    with pytest.raises(LookupError, match="no vectors stored for this base"):
+        neighbors(empty, params=Representation(rank=4), store=store, base=str(tmp_path))
 
 
 def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):

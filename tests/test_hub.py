@@ -412,6 +412,24 @@ def test_truncated_transfer_is_resumed(world, server, settings, tmp_path):
     db.close()
 
 
+def test_neighbors_of_a_hub_model_not_in_the_store(world, server, settings, tmp_path):
+    """A Hub id that is not stored is fetched, embedded on the fly against the stored base revision,
+    compared and not stored; its vector is the one of the local folder its repo was made from."""
+    from modelvec.report import neighbors
+
+    hub, made = world
+    found = {e.model: e for e in discover(BASE, settings=settings).entries}
+    db = Store(tmp_path / "s.duckdb")
+    stored = [found["textattack/bert-base-uncased-SST-2"], found["carol/bert-base-uncased-imdb"], made["alice/bert-finetuned-sst2"]]
+    assert not embed(BASE, stored, store=db, settings=settings).failed
+    before = len(db.metadata())
+    result = neighbors("alice/bert-finetuned-sst2", store=db, settings=settings, k=2)
+    assert result.on_the_fly and result.base == BASE and len(db.metadata()) == before
+    assert result.nearest["model"][0] == str(made["alice/bert-finetuned-sst2"].resolve())
+    assert result.nearest["distance"][0] < 1e-6
+    db.close()
+
+
 def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
     store = tmp_path / "s.duckdb"
     env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_CACHE": settings.cache_dir, "MODELVEC_HUB_BACKOFF": "0.01",

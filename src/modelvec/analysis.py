@@ -291,6 +291,22 @@ def predict_datasets(X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int =
                        metric=metric)
 
 
+def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | None, float, dict[str, int]]:
+    """The dataset most of these neighbours were tuned on: (winner, its vote share, votes per dataset).
+
+    The rule of :func:`predict_datasets`: each neighbour votes once for each of its labels, ties go
+    to the alphabetically first name. (None, nan, {}) when no neighbour has a label.
+    """
+    votes: dict[str, int] = {}
+    for labels in neighbour_labels:
+        for name in set(labels):
+            votes[name] = votes.get(name, 0) + 1
+    if not votes:
+        return None, float("nan"), {}
+    winner = min(votes, key=lambda name: (-votes[name], name))
+    return winner, votes[winner] / sum(votes.values()), dict(sorted(votes.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def clustering_scores(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine",
                       seed: int = 0) -> dict[str, float]:
     """Do generic clusterers, blind to the labels, recover the datasets? (1 = perfectly.)
