@@ -285,6 +285,12 @@ def test_discovery_keeps_declared_adapters(tiny_bert, bert_case, tmp_path):
     with hub.serve() as server:
         settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, backoff=0.01)
         found = {e.model: e for e in discover(base_name, search=False, settings=settings).entries}
+        # fetched from the Hub (its two files only) and embedded: the vector of the local adapter
+        result = modelvec.embed(base_name, [found["zoe/bert-lora"]], store=tmp_path / "s.duckdb", settings=settings)
+    assert result.embedded == ["zoe/bert-lora"], result.failed
+    assert_same_vector(result.vectors[0], DeltaEmbedder().fit(tiny_bert).embed_one(adapter))
+    fetched = {r["path"].rsplit("/", 1)[-1] for r in server.requests if "/zoe/bert-lora/resolve/" in r["path"]}
+    assert fetched == {"adapter_config.json", "adapter_model.safetensors"}
     kept, rejected = found["zoe/bert-lora"], found["yan/bert-lora-config-only"]
     assert kept.kept and kept.reason.startswith("declares base_model:adapter:") and kept.formats == ["adapter"]
     assert not rejected.kept and rejected.reason.endswith("but no PyTorch weights (has: adapter)")
