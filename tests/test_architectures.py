@@ -856,3 +856,35 @@ def test_cuda_vector_equals_cpu_vector(zoo, name, factor):
     assert gpu.by_family and gpu.weights_[gpu.layout_.refs[0].key].is_cuda
     np.testing.assert_allclose(gpu.embed_one(case.folder("ft", False)), cpu.embed_one(case.folder("ft", False)),
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model_type, parent, make",
+    [
+        ("xlm-roberta", "roberta", lambda: T.XLMRobertaModel(T.XLMRobertaConfig(**_BERT_KW))),
+        ("camembert", "roberta", lambda: T.CamembertModel(T.CamembertConfig(**_BERT_KW))),
+        ("mt5", "t5", lambda: T.MT5Model(T.MT5Config(**_T5_KW))),
+    ],
+)
+def test_model_types_that_share_a_family_table(tmp_path, model_type, parent, make):
+    """The model types the README lists beside a family are read by that family's table: a real
+    tiny model of the type embeds to a non-zero vector, the same as with its config saying the
+    parent type (same tensors, same roles)."""
+    torch.manual_seed(0)
+    model = make()
+    model.save_pretrained(tmp_path / "base")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "ft")
+    assert json.loads((tmp_path / "ft" / "config.json").read_text())["model_type"] == model_type
+    e = DeltaEmbedder(rank=2).fit(tmp_path / "base")
+    assert e.layout_.arch.name == parent
+    vec = e.embed_one(tmp_path / "ft")
+    relabelled = tmp_path / "relabelled"
+    shutil.copytree(tmp_path / "ft", relabelled)
+    config = json.loads((relabelled / "config.json").read_text())
+    config["model_type"] = parent
+    (relabelled / "config.json").write_text(json.dumps(config))
+    assert np.abs(vec).sum() > 0
+    np.testing.assert_array_equal(vec, e.embed_one(relabelled))
