@@ -550,3 +550,17 @@ def test_property_index(shard_folder, weight_map, extra, garble):
     if tensors is not None:  # only files inside the folder were read, and only what the index names
         assert set(tensors) == set(weight_map)
         assert all(Path(shard).name == shard and (shard_folder / shard).is_file() for shard in weight_map.values())
+
+
+def test_a_model_name_with_control_characters_still_gives_one_line(tiny_bert, tmp_path):
+    """A folder (or Hub name) may hold a newline: the message escapes it, the run records it."""
+    import modelvec
+    from modelvec.store import Store
+
+    odd = tmp_path / "bad\nname"
+    odd.mkdir()
+    result = modelvec.embed(tiny_bert, [odd], store=tmp_path / "s.duckdb")
+    (reason,) = result.failed.values()
+    assert "\n" not in reason and "bad\\nname" in reason and "no weights found" in reason
+    with Store(tmp_path / "s.duckdb") as db:
+        assert db.failures()["error"].tolist() == [reason]

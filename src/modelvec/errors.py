@@ -9,7 +9,13 @@ class ModelvecError(Exception):
     def __init__(self, model: str, cause: str) -> None:
         self.model = model
         self.cause = cause
-        super().__init__(f"{model}: {cause}")
+        super().__init__(f"{_one_line(model)}: {_one_line(cause)}")
+
+
+def _one_line(text: str) -> str:
+    """Printable and on one line: a model's name comes from a folder or the Hub and may hold anything."""
+    text = str(text)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 class CheckpointError(ModelvecError):

@@ -350,7 +350,18 @@ class DeltaEmbedder:
             by_key = self._family_factors(ck, layout)
         elif self._streams_sketch:
             cache: dict[str, torch.Tensor] = {}
-            sketches = self._pool().map(lambda ref: self._sketch_streamed(ck, layout, ref, cache), layout.refs)
+            failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
+
+            def sketch(ref: MatrixRef) -> torch.Tensor | None:
+                if failed.is_set():
+                    return None
+                try:
+                    return self._sketch_streamed(ck, layout, ref, cache)
+                except BaseException:
+                    failed.set()
+                    raise
+
+            sketches = list(self._pool().map(sketch, layout.refs))
             by_key = dict(zip((ref.key for ref in layout.refs), sketches))
         else:
             return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
