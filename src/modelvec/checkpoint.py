@@ -21,7 +21,7 @@ import xxhash
 from safetensors import safe_open
 
 from .architectures import Architecture, MatrixRef, Orientation, detect
-from .errors import CheckpointError, IncompatibleError
+from .errors import CheckpointError, IncompatibleError, shown
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS = "model.safetensors"
@@ -81,22 +81,11 @@ _BIN_CAUSES = (
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-def _safe(value: Any, limit: int = 80) -> str:
-    """An untrusted name or value for a one-line message: shown as is when printable, else escaped; long ones cut."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    if text.isprintable() and len(text) <= limit:
-        return text
-    shown = repr(text[:limit])  # escapes can make it 4 times longer: cut what is shown
-    return shown if len(text) <= limit and len(shown) <= limit + 2 else shown[:limit] + "..."
-
-
 def _short(exc: BaseException, limit: int = 160) -> str:
     """A third-party error as a short clause: its first line and sentence, without the Rust prefix or ANSI colours."""
     text = _ANSI.sub("", str(exc)).strip()
     text = text.splitlines()[0] if text else type(exc).__name__
-    text = text.removeprefix("Error while deserializing header: ").split(". ")[0]
-    text = text if text.isprintable() else repr(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shown(text.removeprefix("Error while deserializing header: ").split(". ")[0], limit)
 
 
 def _exists(path: Path) -> bool:
@@ -159,16 +148,16 @@ def _safetensors_fault(file: Path) -> str | None:
     spans = []
     for name, entry in header.items():
         if not isinstance(entry, dict):
-            return f"header entry of tensor {_safe(name)} is {_safe(entry)}, not a dtype, shape and data_offsets"
+            return f"header entry of tensor {shown(name)} is {shown(entry)}, not a dtype, shape and data_offsets"
         for field, valid, problem in _ENTRY_FIELDS:
             if field not in entry:
-                return f"header entry of tensor {_safe(name)} has no {field}"
+                return f"header entry of tensor {shown(name)} has no {field}"
             if not valid(entry[field]):
-                return f"header entry of tensor {_safe(name)}: {problem} {_safe(entry[field])}"
+                return f"header entry of tensor {shown(name)}: {problem} {shown(entry[field])}"
         (begin, end), need = entry["data_offsets"], _nbytes(entry["shape"], _DTYPE_BITS[entry["dtype"]])
         if need != end - begin:
             size_of = "is too large or not whole bytes" if need is None else f"takes {need:,} bytes"
-            return (f"header entry of tensor {_safe(name)}: shape {_safe(entry['shape'])} of {entry['dtype']} "
+            return (f"header entry of tensor {shown(name)}: shape {shown(entry['shape'])} of {entry['dtype']} "
                     f"{size_of}, its data_offsets span {end - begin:,}")
         spans.append((begin, end, name))
     data = size - 8 - length
@@ -178,10 +167,10 @@ def _safetensors_fault(file: Path) -> str | None:
             beyond = next(((b, e, n) for b, e, n in spans if e > data), None)
             if beyond is not None:  # not a truncation: the tensors do not tile, and one lies past the end
                 b, e, n = beyond
-                return f"header entry of tensor {_safe(n)}: data_offsets [{b}, {e}] lie past the {data:,} bytes of data"
+                return f"header entry of tensor {shown(n)}: data_offsets [{b}, {e}] lie past the {data:,} bytes of data"
             if begin < covered:
-                return f"header entry of tensor {_safe(name)} overlaps tensor {_safe(previous)}"
-            return f"header leaves data bytes {covered:,}-{begin:,} unused, before tensor {_safe(name)}"
+                return f"header entry of tensor {shown(name)} overlaps tensor {shown(previous)}"
+            return f"header leaves data bytes {covered:,}-{begin:,} unused, before tensor {shown(name)}"
         covered, previous = end, name
     if covered > data:
         return f"truncated (its tensors need {covered:,} bytes of data, {data:,} are there)"
@@ -237,7 +226,7 @@ class Checkpoint:
                 files = sorted(set(key_file.values()))
                 missing = [f.name for f in files if not _exists(f)]
                 if missing:
-                    raise CheckpointError(self.name, f"{index_name} names missing shard {_safe(missing[0])}")
+                    raise CheckpointError(self.name, f"{index_name} names missing shard {shown(missing[0])}")
                 return self._regular(files), key_file
         for single in (SAFETENSORS, BIN):
             if _exists(self.path / single):
@@ -253,11 +242,11 @@ class Checkpoint:
         key_file = {}
         for key, shard in weight_map.items():
             if not isinstance(shard, str):
-                raise CheckpointError(self.name, f"{index.name} maps {_safe(key)} to {_safe(shard)}, not a file name")
+                raise CheckpointError(self.name, f"{index.name} maps {shown(key)} to {shown(shard)}, not a file name")
             # Checked lexically: the Hub cache's files are symlinks into a blobs folder, so
             # resolving them would leave the folder.
             if shard in ("", ".", "..") or Path(shard).name != shard or any(c in shard for c in "\\\0"):
-                raise CheckpointError(self.name, f"{index.name} points outside the folder: {_safe(shard)}")
+                raise CheckpointError(self.name, f"{index.name} points outside the folder: {shown(shard)}")
             key_file[key] = self.path / shard
         return key_file
 
@@ -265,7 +254,7 @@ class Checkpoint:
         """Weight files must be regular files: a folder, device or FIFO (which would block a read) is refused."""
         for file in files:
             if not file.is_file():
-                raise CheckpointError(self.name, f"{_safe(file.name)} is not a regular file")
+                raise CheckpointError(self.name, f"{shown(file.name)} is not a regular file")
         return files
 
     def _read_config(self) -> dict[str, Any] | None:
@@ -302,7 +291,7 @@ class Checkpoint:
             file = self._key_file[key]
             if key not in self._names(file):
                 raise CheckpointError(
-                    self.name, f"{_safe(file.name)} lacks tensor {_safe(key)}, which {self._index_name} puts there")
+                    self.name, f"{shown(file.name)} lacks tensor {shown(key)}, which {self._index_name} puts there")
             return file
         for file in self.files:
             if key in self._names(file):
@@ -322,7 +311,7 @@ class Checkpoint:
         try:
             return tuple(handle.get_slice(key).get_shape())
         except Exception as exc:
-            raise CheckpointError(self.name, f"cannot read the shape of tensor {_safe(key)}: {_short(exc)}") from None
+            raise CheckpointError(self.name, f"cannot read the shape of tensor {shown(key)}: {_short(exc)}") from None
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
@@ -330,11 +319,11 @@ class Checkpoint:
         try:
             tensor = handle[key] if isinstance(handle, dict) else handle.get_tensor(key)
         except Exception as exc:
-            raise CheckpointError(self.name, f"cannot read tensor {_safe(key)}: {_short(exc)}") from None
+            raise CheckpointError(self.name, f"cannot read tensor {shown(key)}: {_short(exc)}") from None
         if tensor.dtype not in _FLOAT_DTYPES:
             dtype = str(tensor.dtype).removeprefix("torch.")
             expected = "float32, float16, bfloat16 or float64"
-            raise CheckpointError(self.name, f"tensor {_safe(key)} has dtype {dtype}, expected {expected}")
+            raise CheckpointError(self.name, f"tensor {shown(key)} has dtype {dtype}, expected {expected}")
         return tensor.to(torch.float32)
 
     # --- architecture ---------------------------------------------------------------------------

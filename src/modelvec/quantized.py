@@ -28,7 +28,7 @@ import torch
 
 from .architectures import ARCHITECTURES, Orientation
 from .checkpoint import Checkpoint
-from .errors import CheckpointError
+from .errors import CheckpointError, first_line, shown
 
 PathLike = str | os.PathLike[str]
 #: Storage types that are plain floats: everything else is block-quantized (Q8_0, Q4_K, IQ2_XS...).
@@ -89,15 +89,6 @@ def _gguf(name: str) -> Any:
     return gguf
 
 
-def _shown(text: str, limit: int = 160) -> str:
-    """Untrusted text (a name from the file, a third-party message) fit for a one-line message."""
-    text = text if text.isprintable() else repr(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return _shown(text.splitlines()[0] if text else type(exc).__name__)
 
 
 class GGUFCheckpoint(Checkpoint):
@@ -135,7 +126,7 @@ class GGUFCheckpoint(Checkpoint):
         self.gguf_arch = str(arch)
         family = FAMILIES.get(self.gguf_arch)
         if family is None:
-            raise CheckpointError(self.name, f"unsupported GGUF architecture '{_shown(self.gguf_arch, 60)}' in {path.name} "
+            raise CheckpointError(self.name, f"unsupported GGUF architecture '{shown(self.gguf_arch, 60)}' in {path.name} "
                                              f"(supported: {', '.join(sorted(FAMILIES))})")
         self.family = family
         self._infos = {t.name: (t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in reader.tensors}
@@ -159,7 +150,7 @@ class GGUFCheckpoint(Checkpoint):
                 with open(self.path, "rb") as fh:
                     magic = fh.read(4)
                 what = "is truncated or corrupt" if magic == b"GGUF" else "is not a GGUF file (no GGUF magic)"
-                raise CheckpointError(self.name, f"cannot read {self.path.name}: it {what} ({_first_line(exc)})") from None
+                raise CheckpointError(self.name, f"cannot read {self.path.name}: it {what} ({first_line(exc)})") from None
             if reader.byte_order != "I":
                 raise CheckpointError(self.name, f"{self.path.name} is a GGUF of the other byte order (not supported)")
             self._reader = reader
@@ -173,7 +164,7 @@ class GGUFCheckpoint(Checkpoint):
         try:
             return f.contents()
         except Exception as exc:
-            raise CheckpointError(self.name, f"bad GGUF metadata {key}: {_first_line(exc)}") from None
+            raise CheckpointError(self.name, f"bad GGUF metadata {key}: {first_line(exc)}") from None
 
     def _config_from(self, fields: dict[str, Any]) -> dict[str, Any]:
         """A config.json-like dict for the architecture table, from the GGUF metadata."""
@@ -193,7 +184,7 @@ class GGUFCheckpoint(Checkpoint):
                 config[key] = int(value)
             except (TypeError, ValueError):
                 raise CheckpointError(self.name, f"bad GGUF metadata {template.format(arch=self.gguf_arch)}: "
-                                                 f"{_shown(repr(value), 60)} is not a count") from None
+                                                 f"{shown(repr(value), 60)} is not a count") from None
         if self.gguf_arch == "t5":  # gated (v1.1, Flan) or not: the GGUF has ffn_gate tensors or not
             config["feed_forward_proj"] = "gated-gelu" if "enc.blk.0.ffn_gate.weight" in self._infos else "relu"
         return config
@@ -268,7 +259,7 @@ class GGUFCheckpoint(Checkpoint):
                 values = self._gguf.quants.dequantize(tensor.data, qtype)
             values = np.require(values.reshape(shape), np.float32, ["C", "W"])  # a copy of a read-only F32 view
         except Exception as exc:  # unknown quant type, truncated data
-            raise CheckpointError(self.name, f"cannot dequantize tensor {name} ({qtype.name}): {_first_line(exc)}") from None
+            raise CheckpointError(self.name, f"cannot dequantize tensor {name} ({qtype.name}): {first_line(exc)}") from None
         out = torch.from_numpy(values)
         if key in self._heads:
             out = _unpermute(out, self._heads[key], self.name, key)
