@@ -162,3 +162,56 @@ def test_the_cli_reports_a_damaged_store_in_one_line(tmp_path):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
     assert len(lines) == 1 and "m0: its stored vector" in lines[0] and "checksum" in lines[0]
+
+
+def test_compaction_keeps_live_vectors_and_drops_replaced_bytes(tmp_path):
+    """Replaced vectors leave dead bytes; compact rewrites the live ones to a new file whose name
+    changes in the same commit as the offsets, so files left by a crash at any point are stray
+    copies that the next open removes, and the store stays whole."""
+    from typer.testing import CliRunner
+
+    from modelvec.cli import app
+
+    X = vectors(6)
+    path = tmp_path / "s.duckdb"
+    with Store(path) as db:
+        db.put_many([row(f"m{i}", x) for i, x in enumerate(X[:3])])
+        db.put_many([row(f"m{i}", x) for i, x in enumerate(X[3:])])  # replaces all three
+        before, after = db.compact()
+        loaded, _ = db.load()
+        db.put(row("m9", X[0]))  # appends go to the new file
+    np.testing.assert_array_equal(loaded, X[3:])
+    assert after < before * 0.6 and not (tmp_path / "s.duckdb.vectors").exists()
+    (current,) = [p.name for p in tmp_path.glob("s.duckdb.vectors*")]
+    # a crash before the commit leaves a new file nobody names; one after it leaves the old file
+    (tmp_path / "s.duckdb.vectors.0123456789ab").write_bytes(b"half written")
+    (tmp_path / "s.duckdb.vectors").write_bytes(VectorFile.MAGIC + b"\0" * 4096)
+    (tmp_path / "s.duckdb.vectors.keep-me").write_bytes(b"not ours")
+    with Store(path) as db:
+        loaded, meta = db.load()
+    assert sorted(p.name for p in tmp_path.glob("s.duckdb.vectors*")) == sorted([current, "s.duckdb.vectors.keep-me"])
+    np.testing.assert_array_equal(loaded, np.vstack([X[3:], X[:1]]))
+    result = CliRunner().invoke(app, ["compact", "--store", str(path)])
+    assert result.exit_code == 0 and "MB ->" in result.output
+    with Store(path) as db:
+        np.testing.assert_array_equal(db.load()[0], np.vstack([X[3:], X[:1]]))
+
+
+def test_migration_keeps_rows_that_differ_only_in_base_hash(tmp_path):
+    """The old primary key includes base_hash: a model embedded against two revisions of its base
+    has two rows, and each keeps its own vector."""
+    X = vectors(2, dim=50)
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute(OLD_VECTORS_TABLE)
+    con.executemany(
+        "INSERT INTO vectors VALUES ('m', 'h', 'base', ?, ?, 4, 'U', 'mean', 'randomized', 'max-abs', '{}', 'bert', "
+        "50, ?, ['d'], 'local', 0.25, now())",
+        [[f"bh{i}", PARAMS.key(), X[i].tolist()] for i in range(2)],
+    )
+    con.close()
+    with Store(path) as db:
+        rows = db.con.execute('SELECT base_hash, "offset", vector_hash FROM vectors ORDER BY base_hash').fetchall()
+        got = db.heap.read([r[1] for r in rows], 50, [r[2] for r in rows], ["m", "m"])
+    assert [r[0] for r in rows] == ["bh0", "bh1"]
+    np.testing.assert_array_equal(got, X)

@@ -204,6 +204,14 @@ def export(
     console.print(f"wrote {count} vectors to {parquet}")
 
 
+@app.command()
+def compact(store: Optional[Path] = StoreOpt) -> None:
+    """Drop the bytes of replaced vectors from the store's vector file (safe to interrupt)."""
+    with Store(store) as db:
+        before, after = db.compact()
+    console.print(f"{db.heap.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return "nan" if value != value else f"{value:.3f}"

@@ -23,6 +23,7 @@ file in one process (which share DuckDB's database) never write over each other'
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ import random
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -426,7 +428,7 @@ class Store:
         self.con = _connect(self.path, wait, on_wait)
         try:
             # only after DuckDB's lock is held: only the process holding it appends to the vector file
-            self.heap = VectorFile(Path(f"{self.path}.vectors"))
+            self.heap = VectorFile(self._vector_file())
         except BaseException:
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
@@ -439,6 +441,56 @@ class Store:
         except BaseException:
             self.close()
             raise
+
+    def _vector_file(self) -> Path:
+        """The current vector file. Its name is kept in the store, so :meth:`compact` swaps it in the
+        commit that changes the offsets; files a crashed compaction left beside it are removed
+        (only the holder of the store's lock gets here)."""
+        self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        rows = self.con.execute("SELECT value FROM store_meta WHERE key = 'vector_file'").fetchall()
+        current = self.path.parent / (rows[0][0] if rows else f"{self.path.name}.vectors")
+        ours = re.compile(re.escape(f"{self.path.name}.vectors") + r"(\.[0-9a-f]{12})?")
+        for other in self.path.parent.glob(f"{glob.escape(self.path.name)}.vectors*"):
+            if other != current and ours.fullmatch(other.name):
+                other.unlink(missing_ok=True)
+        return current
+
+    def compact(self) -> tuple[int, int]:
+        """Rewrite the vector file with only the vectors rows point at; (bytes before, bytes after).
+
+        Replaced vectors (``--force``, changed weights) leave their old bytes behind. The live ones
+        are copied (checksums verified) to a new file and fsynced, then the offsets and the file's
+        name change in one commit: a crash at any point leaves the old store or the new one whole.
+        Not while a writer of this store is running.
+        """
+        rows = self.con.execute(
+            'SELECT model, base, base_hash, params, "offset", dim, vector_hash FROM vectors ORDER BY "offset"'
+        ).fetchall()
+        before = self.heap.path.stat().st_size
+        new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}")
+        try:
+            moved = []
+            for lo in range(0, len(rows), 256):  # 256 vectors in memory at a time
+                part = rows[lo : lo + 256]
+                vectors = [self.heap.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
+                moved += [[offset, *r[:4]] for offset, r in zip(new.append(vectors), part)]
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.con.executemany(
+                    'UPDATE vectors SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?', moved)
+                self.con.execute("INSERT OR REPLACE INTO store_meta VALUES ('vector_file', ?)", [new.path.name])
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+        except BaseException:
+            new.close()
+            new.path.unlink(missing_ok=True)
+            raise
+        old, self.heap = self.heap, new
+        old.close()
+        old.path.unlink(missing_ok=True)
+        return before, new.path.stat().st_size
 
     def _columns(self, table: str) -> list[str]:
         rows = self.con.execute(
@@ -459,11 +511,12 @@ class Store:
         try:
             self.con.execute("DROP TABLE IF EXISTS vectors_moved")
             self.con.execute(_SCHEMA.split(";")[0].replace("vectors (", "vectors_moved (", 1))
-            keys: dict[str, list[Any]] = {"model": [], "base": [], "params": [], "offset": [], "vector_hash": []}
-            reader = self.con.sql("SELECT model, base, params, vector FROM vectors").to_arrow_reader(256)
+            keys: dict[str, list[Any]] = {"model": [], "base": [], "base_hash": [], "params": [], "offset": [],
+                                          "vector_hash": []}
+            reader = self.con.sql("SELECT model, base, base_hash, params, vector FROM vectors").to_arrow_reader(256)
             for batch in reader:  # 256 vectors in memory at a time
-                vectors = [_vector_bytes(np.asarray(v.values, np.float32)) for v in batch.column(3)]
-                for name in ("model", "base", "params"):
+                vectors = [_vector_bytes(np.asarray(v.values, np.float32)) for v in batch.column(4)]
+                for name in ("model", "base", "base_hash", "params"):
                     keys[name] += batch.column(name).to_pylist()
                 keys["offset"] += self.heap.append(vectors)
                 keys["vector_hash"] += [xxhash.xxh3_64_hexdigest(v) for v in vectors]
@@ -471,7 +524,7 @@ class Store:
             self.con.execute(
                 f"""INSERT INTO vectors_moved ({', '.join(keep)}, "offset", vector_hash)
                     SELECT {', '.join(f'v.{c}' for c in keep)}, m."offset", m.vector_hash
-                    FROM vectors v JOIN moved m USING (model, base, params)"""
+                    FROM vectors v JOIN moved m USING (model, base, base_hash, params)"""
             )
             self.con.unregister("moved")
             self.con.execute("DROP TABLE vectors")
