@@ -5,6 +5,7 @@ vectors were ``FLOAT[]`` in DuckDB are migrated on open without losing a bit."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -118,19 +119,24 @@ CREATE TABLE vectors (
 )"""
 
 
+def old_store(path: Path, rows: list) -> Path:
+    """A store file as written before the vector file: rows of (model, base_hash, vector, datasets)."""
+    con = duckdb.connect(str(path))
+    con.execute(OLD_VECTORS_TABLE)
+    con.executemany(
+        "INSERT INTO vectors VALUES (?, 'h', 'base', ?, ?, 4, 'U', 'mean', 'randomized', 'max-abs', '{}', 'bert', "
+        "?, ?, ?, 'local', 0.25, now())",
+        [[model, base_hash, PARAMS.key(), len(vec), vec.tolist(), list(datasets)] for model, base_hash, vec, datasets in rows],
+    )
+    con.close()
+    return path
+
+
 def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
     """Stores written before the vector file (``FLOAT[]`` column, no label_source/author columns)
     open with every vector and its metadata intact, and take new rows afterwards."""
     X = vectors(300, dim=500)
-    path = tmp_path / "old.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute(OLD_VECTORS_TABLE)
-    con.executemany(
-        "INSERT INTO vectors VALUES (?, 'h', 'base', 'bh', ?, 4, 'U', 'mean', 'randomized', 'max-abs', '{}', 'bert', "
-        "?, ?, ?, 'local', 0.25, now())",
-        [[f"m{i:03d}", PARAMS.key(), X.shape[1], X[i].tolist(), [f"ds{i % 3}"]] for i in range(len(X))],
-    )
-    con.close()
+    path = old_store(tmp_path / "old.duckdb", [(f"m{i:03d}", "bh", X[i], [f"ds{i % 3}"]) for i in range(len(X))])
     with Store(path) as db:
         assert "vector" not in db._columns("vectors")
         loaded, meta = db.load(params=PARAMS)
@@ -201,15 +207,7 @@ def test_migration_keeps_rows_that_differ_only_in_base_hash(tmp_path):
     """The old primary key includes base_hash: a model embedded against two revisions of its base
     has two rows, and each keeps its own vector."""
     X = vectors(2, dim=50)
-    path = tmp_path / "old.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute(OLD_VECTORS_TABLE)
-    con.executemany(
-        "INSERT INTO vectors VALUES ('m', 'h', 'base', ?, ?, 4, 'U', 'mean', 'randomized', 'max-abs', '{}', 'bert', "
-        "50, ?, ['d'], 'local', 0.25, now())",
-        [[f"bh{i}", PARAMS.key(), X[i].tolist()] for i in range(2)],
-    )
-    con.close()
+    path = old_store(tmp_path / "old.duckdb", [("m", f"bh{i}", X[i], ["d"]) for i in range(2)])
     with Store(path) as db:
         rows = db.con.execute('SELECT base_hash, "offset", vector_hash FROM vectors ORDER BY base_hash').fetchall()
         got = db.heap.read([r[1] for r in rows], 50, [r[2] for r in rows], ["m", "m"])

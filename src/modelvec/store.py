@@ -294,7 +294,7 @@ class VectorFile:
             if os.preadv(self._fd, [raw], offset) != nbytes:  # one copy, page cache -> result; no page faults
                 raise StoreError(f"{model}: its stored vector is missing from {self.path} (the file is truncated); "
                                  "re-embed it with --force")
-            if xxhash.xxh3_64_hexdigest(raw) != digest:
+            if _checksum(raw) != digest:
                 raise StoreError(f"{model}: its stored vector in {self.path} does not match its checksum; "
                                  "re-embed it with --force")
         return out
@@ -309,11 +309,16 @@ def _vector_bytes(vector: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(vector, dtype="<f4").reshape(-1)
 
 
+def _checksum(raw: np.ndarray) -> str:
+    """A vector's checksum as its row stores it: xxh3-64 of its bytes."""
+    return xxhash.xxh3_64_hexdigest(raw)
+
+
 def _write(con: duckdb.DuckDBPyConnection, heap: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
     """Write vectors and failures: the bytes first (fsynced), then every row in one transaction."""
     vectors = [_vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
     offsets = iter(heap.append(vectors))
-    hashes = iter([xxhash.xxh3_64_hexdigest(v) for v in vectors])
+    hashes = iter([_checksum(v) for v in vectors])
     con.execute("BEGIN TRANSACTION")
     try:
         for row in rows:
@@ -519,7 +524,7 @@ class Store:
                 for name in ("model", "base", "base_hash", "params"):
                     keys[name] += batch.column(name).to_pylist()
                 keys["offset"] += self.heap.append(vectors)
-                keys["vector_hash"] += [xxhash.xxh3_64_hexdigest(v) for v in vectors]
+                keys["vector_hash"] += [_checksum(v) for v in vectors]
             self.con.register("moved", pa.table(keys))
             self.con.execute(
                 f"""INSERT INTO vectors_moved ({', '.join(keep)}, "offset", vector_hash)
