@@ -45,7 +45,7 @@ MODELVEC  = HF_HUB_CACHE=$(HF_CACHE) $(VENV)/bin/modelvec
 demo: $(STAMP)
 	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
 	$(PY) demo/publish_zoo.py --zoo $(ZOO) --hub $(HUB)
-	$(PY) -m modelvec.localhub $(HUB) -- $(MAKE) --no-print-directory demo-on-hub
+	$(PY) -m modelvec.testing.localhub $(HUB) -- $(MAKE) --no-print-directory demo-on-hub
 	$(MODELVEC) evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --markdown $(OUT)/evaluate.md
 	$(MODELVEC) rank "$(ZOO_BASE)" --out $(OUT)/rank-minilm-weights
 

@@ -30,8 +30,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 with atheris.instrument_imports(include=["modelvec.checkpoint"]):
-    from modelvec.checkpoint import Checkpoint, _safetensors_fault
-    from modelvec.errors import ModelvecError
+    from modelvec.read import Checkpoint
+    from modelvec.read.headers import _safetensors_fault
+    from modelvec.core.errors import ModelvecError
 
 NAME = "org/fuzzed model"
 

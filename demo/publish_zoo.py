@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from modelvec.localhub import LocalHub
+from modelvec.testing.localhub import LocalHub
 
 BASE_ID = "sentence-transformers/all-MiniLM-L6-v2"
 AUTHORS = ("alice-nlp", "bob-ml", "carol-ai", "dave-lab")

@@ -20,9 +20,10 @@ from safetensors.torch import load_file
 import modelvec
 from conftest import tiny_bert_config
 from modelvec import Checkpoint, DeltaEmbedder, ModelvecError
-from modelvec.adapters import AdapterCheckpoint, LoraSettings, adapter_files, is_adapter
-from modelvec.checkpoint import open_checkpoint
-from modelvec.representation import low_rank_svd
+from modelvec.read.adapters import AdapterCheckpoint, LoraSettings
+from modelvec.core.files import adapter_files, is_adapter
+from modelvec.read import open_checkpoint
+from modelvec.represent import low_rank_svd
 
 TINY = dict(vocab_size=64, max_position_embeddings=32)
 
@@ -122,7 +123,7 @@ def test_factors_multiply_to_the_merged_delta(case):
     layout = base_ck.layout()
     assert layout.prefix == ""  # the adapter's names carry the task model's prefix (but for BertModel)
     shapes = {ref.key: tuple(base_ck.matrix(ref, layout.prefix).shape) for ref in layout.refs}
-    deltas = AdapterCheckpoint(adapter).deltas(layout, shapes)
+    deltas = AdapterCheckpoint(adapter).low_rank_deltas(layout, shapes)
     assert deltas
     for ref in layout.refs:
         dense = merged_ck.matrix(ref, merged_ck.layout().prefix) - base_ck.matrix(ref, layout.prefix)
@@ -270,9 +271,9 @@ def test_bad_adapters_give_one_line_errors(bert_case, tmp_path):
 def test_discovery_keeps_declared_adapters(tiny_bert, bert_case, tmp_path):
     import yaml
 
-    from modelvec.discovery import discover
-    from modelvec.hub import HubSettings
-    from modelvec.localhub import LocalHub
+    from modelvec.run import discover
+    from modelvec.hub.client import HubSettings
+    from modelvec.testing.localhub import LocalHub
 
     base_name = "google-bert/bert-base-uncased"
     _, adapter, _ = bert_case

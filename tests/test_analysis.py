@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from modelvec import analysis
-from modelvec.analysis import clustering_scores, knn_dataset_score, nearest, predict_datasets
+from modelvec.analyse import scores as analysis
+from modelvec.analyse.scores import clustering_scores, knn_dataset_score, nearest, predict_datasets
 
 METRICS = ("cosine", "euclidean")
 

@@ -15,7 +15,7 @@ import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, Representation
 from modelvec.cli import app
-from modelvec.evaluation import REFERENCE, evaluate, task_vector_gram
+from modelvec.analyse.evaluation import REFERENCE, evaluate, task_vector_gram
 from modelvec.report import cluster, neighbors
 
 DATASETS = ("imdb", "glue/sst2", "squad")

@@ -13,9 +13,11 @@ import pytest
 
 from conftest import planted_finetune
 from modelvec import Representation, Store, embed
-from modelvec.checkpoint import Checkpoint
-from modelvec.engines import BaseSpec, LocalEngine, Task, make_engine
-from modelvec.hub import HubSettings
+from modelvec.read import Checkpoint
+from modelvec.run.work import BaseSpec, Task
+from modelvec.run.local import LocalEngine
+from modelvec.run.engines import make_engine
+from modelvec.hub.client import HubSettings
 from modelvec.store import Failure, VectorRow
 
 OPEN_SECONDS = 0.3

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, CheckpointError, DeltaEmbedder, ModelvecError, Store
-from modelvec.checkpoint import _DTYPE_BITS, _safetensors_fault
+from modelvec.read.headers import _DTYPE_BITS, safetensors_fault as _safetensors_fault
 
 NAME = "org/broken model"  # how the checkpoints under test are named: every message must start with it
 

@@ -30,13 +30,14 @@ import torch
 from huggingface_hub import constants as hf_constants
 from safetensors.torch import load_file, save_file
 
-from modelvec.checkpoint import Checkpoint
-from modelvec.discovery import discover
-from modelvec.download import FetchError, fetch, release
-from modelvec.hub import HubSettings
-from modelvec.localhub import LocalHub
-from modelvec.pipeline import embed
-from modelvec.representation import DeltaEmbedder, Representation
+from modelvec.read import Checkpoint
+from modelvec.run import discover
+from modelvec.core.errors import FetchError
+from modelvec.hub.download import fetch, release
+from modelvec.hub.client import HubSettings
+from modelvec.testing.localhub import LocalHub
+from modelvec.run import embed
+from modelvec.represent import DeltaEmbedder, Representation
 from modelvec.store import Store
 
 from conftest import planted_finetune
@@ -230,11 +231,11 @@ def test_source_never_trusts_remote_code_and_loads_torch_weights_only():
     """Every call in src/modelvec: no trust_remote_code other than a literal False; every torch.load has
     weights_only=True; no pickle.load(s), no numpy load with allow_pickle=True."""
     problems = []
-    for path in sorted(SRC.glob("*.py")):
+    for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Call):
                 continue
-            where = f"{path.name}:{node.lineno}"
+            where = f"{path.relative_to(SRC)}:{node.lineno}"
             kw = {k.arg: k.value for k in node.keywords}
             if any(k.arg is None for k in node.keywords) and "load" in ast.unparse(node.func):
                 problems.append(f"{where}: **kwargs hide what a load is told")
@@ -253,7 +254,7 @@ def test_source_never_trusts_remote_code_and_loads_torch_weights_only():
                 problems.append(f"{where}: allow_pickle={ast.unparse(ap)}")
     assert not problems, problems
     # and the scan does see the loads that are there
-    assert "weights_only=True" in (SRC / "checkpoint.py").read_text()
+    assert "weights_only=True" in (SRC / "read" / "checkpoint.py").read_text()
 
 
 # --- A2. names that try to escape the cache --------------------------------------------------------------------------
@@ -529,7 +530,7 @@ def test_a_download_killed_midway_leaves_no_partial_file_and_a_rerun_completes(w
     repo = "good/ft-big-killed"  # over one 10 MiB read chunk, so the killed download has written some bytes
     sha = entries(settings, repo)[0].sha
     hub.fail(f"/{repo}/resolve/*/model.safetensors", kind="slow", after_bytes=BIG - 200_000, delay=60, times=1)
-    child = ("import sys; from modelvec.download import fetch; from modelvec.hub import HubSettings; "
+    child = ("import sys; from modelvec.hub.download import fetch; from modelvec.hub.client import HubSettings; "
              f"fetch({repo!r}, {sha!r}, None, HubSettings(endpoint={server.endpoint!r}, "
              f"cache_dir={settings.cache_dir!r}, token=False))")
     proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -40,7 +40,9 @@ import numpy as np
 import pytest
 
 from conftest import planted_finetune
-from modelvec.store import Failure, Representation, Store, StoreLockedError, VectorFile, VectorRow
+from modelvec.store import Failure, Store, StoreLockedError, VectorRow
+from modelvec.represent import Representation
+from modelvec.store.vectorfile import VectorFile
 
 N_MODELS = 160
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -20,11 +20,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from conftest import save_state
-from modelvec.checkpoint import Checkpoint
+from modelvec.read import Checkpoint
 from modelvec.cli import app
-from modelvec.errors import CheckpointError
-from modelvec.checkpoint import open_checkpoint
-from modelvec.quantized import GGUFCheckpoint, QuantizationWarning
+from modelvec.core.errors import CheckpointError
+from modelvec.read import open_checkpoint
+from modelvec.read.gguf import GGUFCheckpoint, QuantizationWarning
 from modelvec.rank import rank_study, rank_table, spectra
 
 THRESHOLDS = (0.5, 0.9, 0.99, 0.999, 1.0)

@@ -19,13 +19,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from modelvec.discovery import config_match, discover
-from modelvec.download import fetch, formats, release, snapshot_folder, weight_format
-from modelvec.hub import HubSettings, resolve_base, transient, with_retries
-from modelvec.localhub import LocalHub
-from modelvec.pipeline import embed, embed_discovered
-from modelvec.representation import DeltaEmbedder, Representation
-from modelvec.checkpoint import Checkpoint
+from modelvec.read.matching import config_match
+from modelvec.run import discover
+from modelvec.hub.download import fetch, release, snapshot_folder
+from modelvec.core.files import formats, weight_format
+from modelvec.hub.client import HubSettings, transient, with_retries
+from modelvec.hub.ids import resolve_base
+from modelvec.testing.localhub import LocalHub
+from modelvec.run import embed, embed_discovered
+from modelvec.represent import DeltaEmbedder, Representation
+from modelvec.read import Checkpoint
 from modelvec.store import Store
 
 from conftest import planted_finetune, tiny_bert_config

@@ -5,19 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from modelvec import labels
-from modelvec.cards import read_card
-from modelvec.labels import (
-    ALIASES,
-    SOURCES,
-    Label,
-    Labels,
-    _key,
-    dataset_labels,
-    guess_from_name,
-    matches_source,
-    normalise_dataset,
-)
+from modelvec.hub import labels
+from modelvec.hub.cards import read_card
+from modelvec.hub.labels import ALIASES, SOURCES, Label, Labels, _key, dataset_labels, guess_from_name, matches_source, normalise_dataset
 
 # What `Trainer.push_to_hub` wrote for years: `datasets: [glue]`, the config only in `args`.
 TRAINER_CARD = """

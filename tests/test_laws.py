@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from modelvec.laws import LAWS, Fit, fit_law, fit_laws
+from modelvec.analyse.laws import LAWS, Fit, fit_law, fit_laws
 
 
 def truth(name: str, p: dict[str, float], x: np.ndarray, L: float | None = None) -> np.ndarray:

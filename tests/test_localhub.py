@@ -21,7 +21,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import get_session
 from safetensors.numpy import save_file
 
-from modelvec.localhub import LocalHub
+from modelvec.testing.localhub import LocalHub
 
 TOKEN = "hf_local_secret"
 
@@ -359,7 +359,7 @@ def test_command_runner_sets_hf_endpoint_and_returns_status(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "modelvec.localhub", str(tmp_path / "root"), "--token", "t",
+    done = subprocess.run([sys.executable, "-m", "modelvec.testing.localhub", str(tmp_path / "root"), "--token", "t",
                            "--", sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 3, done.stderr
     endpoint, models = done.stdout.splitlines()

@@ -16,7 +16,7 @@ import modelvec
 from conftest import planted_finetune
 from modelvec import DeltaEmbedder, Representation, Store
 from modelvec.cli import app
-from modelvec.representation import canonical_signs, truncated_svd
+from modelvec.represent import canonical_signs, truncated_svd
 
 
 def test_embed_stores_vectors_with_metadata(tiny_bert, tiny_finetunes, tmp_path):

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import modelvec
 from conftest import save_state
-from modelvec.cli import _expand_multi_value_options, app
+from modelvec.cli import app
 from modelvec.rank import aggregate, energy_rank, over_finetunes, rank_study, rank_table, spectra
 
 
@@ -127,7 +127,7 @@ def test_aggregate_is_mean_and_spread_over_models(tiny_bert, tiny_finetunes):
 
 def test_rank_study_writes_figures_csv_json_and_fits(tiny_gpt2, tmp_path):
     _, folder = tiny_gpt2
-    study = rank_study(folder, thresholds=(0.5, 0.9), out=tmp_path)
+    study = modelvec.rank_report(folder, thresholds=(0.5, 0.9), out=tmp_path)
     for name in ("ranks.csv", "ranks.json", "rank-0.5.png", "rank-0.9.png"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "rank-0.9.png").read_bytes()[:4] == b"\x89PNG"
@@ -146,16 +146,20 @@ def test_over_finetunes_records_failures_and_goes_on(tiny_bert, tiny_finetunes, 
     assert (study.table["models"] == 3).all()
 
 
-def test_expand_multi_value_threshold():
-    argv = ["rank", "m", "--threshold", "0.5", "0.9", "0.99", "--json"]
-    assert _expand_multi_value_options(argv) == ["rank", "m", "--threshold", "0.5", "--threshold", "0.9",
-                                                 "--threshold", "0.99", "--json"]
+@pytest.mark.parametrize("given", [["--threshold", "0.5,0.9"], ["--threshold", "0.5", "--threshold", "0.9"],
+                                   ["--threshold", "0.5, 0.9", "--threshold", "0.9"]])
+def test_threshold_option_takes_repeated_and_comma_separated_values(tiny_bert, tmp_path, given):
+    result = CliRunner().invoke(app, ["rank", str(tiny_bert), *given, "--out", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert sorted({r["threshold"] for r in json.loads(result.stdout)}) == [0.5, 0.9]
+    bad = CliRunner().invoke(app, ["rank", str(tiny_bert), "--threshold", "0.5,half"])
+    assert bad.exit_code == 2 and "'half' is not a number" in bad.output
 
 
 def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
     runner = CliRunner()
-    args = _expand_multi_value_options(["rank", str(tiny_finetunes[0]), "--base", str(tiny_bert), "--of", "delta",
-                                        "--threshold", "0.5", "0.9", "--out", str(tmp_path / "r"), "--json"])
+    args = ["rank", str(tiny_finetunes[0]), "--base", str(tiny_bert), "--of", "delta", "--threshold", "0.5,0.9",
+            "--out", str(tmp_path / "r"), "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)

@@ -29,15 +29,15 @@ ray = pytest.importorskip("ray")
 import modelvec  # noqa: E402
 from conftest import planted_finetune  # noqa: E402
 from modelvec import Representation, Store  # noqa: E402
-from modelvec.cli import app  # noqa: E402
-from modelvec.checkpoint import Checkpoint  # noqa: E402
-from modelvec.engines import BaseSpec, Task  # noqa: E402
-from modelvec.errors import CheckpointError, ModelvecError  # noqa: E402
-from modelvec.hub import HubSettings  # noqa: E402
-from modelvec.representation import DeltaEmbedder  # noqa: E402
-from modelvec.pipeline import _base, _task  # noqa: E402
-from modelvec import ray_engine  # noqa: E402
-from modelvec.ray_engine import IN_FLIGHT, RayEngine  # noqa: E402
+from modelvec.cli import app# noqa: E402
+from modelvec.read import Checkpoint# noqa: E402
+from modelvec.run.work import BaseSpec, Task# noqa: E402
+from modelvec.core.errors import CheckpointError, Kind, ModelvecError  # noqa: E402
+from modelvec.hub.client import HubSettings  # noqa: E402
+from modelvec.represent import DeltaEmbedder# noqa: E402
+from modelvec.run.pipeline import _base, _task# noqa: E402
+from modelvec.run import ray_engine  # noqa: E402
+from modelvec.run.ray_engine import IN_FLIGHT, RayEngine# noqa: E402
 
 PARAMS = Representation(rank=4)
 BIN = Path(sys.executable).parent
@@ -149,7 +149,7 @@ def test_a_worker_that_dies_fails_only_its_model_and_is_replaced(cluster, tiny_b
     assert sorted(o.task.name for o in outcomes) == sorted([t.name for t in tasks] + ["killer"])
     by_name = {o.task.name: o for o in outcomes}
     died = by_name.pop("killer")
-    assert died.vector is None and not died.content
+    assert died.vector is None and died.kind is not Kind.CONTENT
     assert died.error.startswith("killer: the Ray worker died: ") and "\n" not in died.error
     expected = reference(tiny_bert, finetunes[:3])
     for name, outcome in by_name.items():  # the model queued behind it went to the replacement actor
@@ -219,7 +219,7 @@ def test_a_base_the_workers_cannot_open_stops_the_run_with_one_error(cluster, ti
 
 
 def test_hub_models_are_fetched_by_the_workers_and_released(cluster, tiny_bert, tmp_path):
-    from modelvec.localhub import LocalHub
+    from modelvec.testing.localhub import LocalHub
 
     hub = LocalHub(tmp_path / "hub")
     files = {p.name: p for p in tiny_bert.iterdir() if p.is_file()}

@@ -8,7 +8,7 @@ import torch
 
 from conftest import planted_finetune
 from modelvec import Checkpoint, DeltaEmbedder, Representation
-from modelvec.representation import sketch_matrix
+from modelvec.represent import sketch_matrix
 
 
 def _delta(base, ft, ref):

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from modelvec import Representation, Store
-from modelvec.store import StoreError, VectorFile, VectorRow
+from modelvec.store import StoreError, VectorRow
+from modelvec.store.schema import _columns
+from modelvec.store.vectorfile import VectorFile
 
 PARAMS = Representation(rank=4)
 
@@ -138,7 +140,7 @@ def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
     X = vectors(300, dim=500)
     path = old_store(tmp_path / "old.duckdb", [(f"m{i:03d}", "bh", X[i], [f"ds{i % 3}"]) for i in range(len(X))])
     with Store(path) as db:
-        assert "vector" not in db._columns("vectors")
+        assert "vector" not in _columns(db.con, "vectors")
         loaded, meta = db.load(params=PARAMS)
         np.testing.assert_array_equal(loaded, X)
         assert meta["datasets"].map(list).tolist() == [[f"ds{i % 3}"] for i in range(len(X))]

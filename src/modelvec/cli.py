@@ -1,28 +1,75 @@
-"""The ``modelvec`` command line: a thin layer over the Python API."""
+"""The ``modelvec`` command line: a thin shell over the Python API.
+
+Every command is one call of a public API function and the printing of what it returns; ``--json``
+prints exactly the API's answer (``as_json()``). Failures are handled in one place
+(:class:`_OneLineErrors`): a :class:`~modelvec.core.errors.ModelvecError` (a bad model, a busy or
+damaged store, a Hub that does not answer), a ``ValueError`` (a bad option value) or a
+``LookupError`` (nothing stored) prints one line on stderr and exits with status 2.
+Options that take several values accept them repeated or comma-separated
+(``--threshold 0.5,0.9 --threshold 0.99``). Nothing heavy is imported until a command runs, so
+``modelvec --help`` and ``modelvec show`` start without torch.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
-import numpy as np
+import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
-from .errors import ModelvecError
-from .pipeline import embed as embed_models, model_id
-from .rank import DEFAULT_THRESHOLDS
-from .representation import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
-from .store import Store, StoreError, StoreLockedError, default_store_path
+from .core.errors import ModelvecError
+from .represent.params import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn fine-tuned transformers into vectors from their weight deltas.")
+if TYPE_CHECKING:
+    from .store import Store
+
 console = Console()
 err = Console(stderr=True)
 
+
+def _say(console_: Console, text: str) -> None:
+    console_.print(text, soft_wrap=True, markup=False, highlight=False)
+
+
+class _OneLineErrors(TyperGroup):
+    """Runs the command; a user-facing failure becomes one line on stderr and exit status 2 (bad input, not a crash)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ModelvecError, ValueError, LookupError) as exc:
+            _say(err, f"error: {exc}")
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Turn fine-tuned transformers into vectors from their weight deltas.")
+
 StoreOpt = typer.Option(None, "--store", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb).")
+WaitOpt = typer.Option(None, "--wait", min=0, metavar="SECONDS",
+                       help="While another process uses the store, wait this long for it "
+                            "(default: $MODELVEC_STORE_WAIT or 600).")
+JsonOpt = typer.Option(False, "--json", help="Print the API's answer as JSON instead of tables.")
+
+
+def _split(values: Optional[List[str]]) -> List[str]:
+    """Repeated and comma-separated values as one list: ``["a,b", "c"]`` -> ``["a", "b", "c"]``."""
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+def _numbers(values: Optional[List[str]]) -> List[float]:
+    out = []
+    for part in _split(values):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise typer.BadParameter(f"{part!r} is not a number") from None
+    return out
 
 
 def _short(name: str) -> str:
@@ -33,25 +80,48 @@ def _short(name: str) -> str:
         return name
 
 
+def _store(path: Optional[Path], wait: Optional[float] = None) -> Store:
+    """The store, opened now so that a wait for another process's run is said on one line before any progress bar."""
+    from .store import Store
+
+    return Store(path, wait=wait, on_wait=lambda line: _say(err, line))
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=_json_default))
+
+
+def _json_default(value: object) -> object:
+    import numpy as np
+
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.3f}"
+    return str(value)
+
+
 _D = Representation()  # the defaults live in Representation only
-RankOpt = typer.Option(_D.rank, "--rank", min=1, help="Rank r of the truncated SVD of each delta.")
-FactorOpt = typer.Option(_D.factor, "--factor", help=f"Factor kept: {'|'.join(FACTORS)} (S: singular values alone; sketch: dW times a shared Gaussian).")
+RankOpt = typer.Option(_D.rank, "--rank", min=1, help="Rank r of the truncated SVD (or sketch) of each delta.")
+FactorOpt = typer.Option(_D.factor, "--factor", help=f"Factor kept: {'|'.join(FACTORS)} (S: singular values alone; "
+                                                     "sketch: dW times a shared Gaussian).")
 PoolingOpt = typer.Option(_D.pooling, "--pooling", help=f"Layer pooling: {'|'.join(POOLINGS)}.")
 SolverOpt = typer.Option(_D.solver, "--solver", help=f"SVD solver: {'|'.join(SOLVERS)}.")
 SignOpt = typer.Option(_D.sign, "--sign", help=f"Sign canonicalisation: {'|'.join(SIGNS)}.")
-NIterOpt = typer.Option(_D.n_iter, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver (accuracy vs speed).")
-OversamplesOpt = typer.Option(_D.n_oversamples, "--oversamples", min=0, help="Extra columns of the randomized solver's sketch.")
+NIterOpt = typer.Option(_D.n_iter, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver.")
+OversamplesOpt = typer.Option(_D.n_oversamples, "--oversamples", min=0, help="Extra columns of the randomized solver.")
 SeedOpt = typer.Option(_D.seed, "--seed", help="Seed of the randomized solver and the sketch.")
-BlockNormOpt = typer.Option(_D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm.")
+BlockNormOpt = typer.Option(_D.block_norm, "--block-norm/--no-block-norm",
+                            help="Scale each layer-and-family block to unit norm.")
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
 # cluster and neighbors also accept --method for the representation's factor (the stored vectors to read).
 MethodOpt = typer.Option(_D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}.")
-
-
-def _exit_with(exc: Exception) -> NoReturn:
-    """A one-line error on stderr and exit status 2: bad input, not a crash."""
-    err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
-    raise typer.Exit(2)
 
 
 def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter: int, oversamples: int, seed: int,
@@ -82,48 +152,39 @@ def embed(
                                                "ray: actors (default one per CPU of the cluster)."),
     engine: str = typer.Option("local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."),
     address: Optional[str] = typer.Option(None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."),
-    wait: Optional[float] = typer.Option(None, "--wait", min=0, metavar="SECONDS",
-                                         help="While another process uses the store, wait this long for it "
-                                              "(default: $MODELVEC_STORE_WAIT or 600)."),
+    wait: Optional[float] = WaitOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
 
     `modelvec embed --base BASE MODEL...` embeds the given models; `modelvec embed BASE` embeds
     every fine-tune of the Hub model BASE found by `modelvec discover` (run first when needed).
     """
-    from .pipeline import embed_discovered
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .run import embed as embed_models
+    from .run import embed_discovered
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
     if base is None and len(targets) != 1:
         raise typer.BadParameter("give --base BASE with the models, or a single BASE to embed its discovered fine-tunes")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    try:  # opened here, before the bar, so that a wait for another process's run is said on one line
-        db = Store(store, wait=wait, on_wait=lambda line: err.print(line, soft_wrap=True, markup=False, highlight=False))
-    except (StoreLockedError, ValueError) as exc:
-        _exit_with(exc)
-    with db, Progress(*columns, console=err, transient=False) as bar:
+    with _store(store, wait) as db, Progress(*columns, console=err, transient=False, disable=as_json) as bar:
         task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
-
-        def report(model: str, status: str, detail: str) -> None:
-            bar.advance(task)
-
-        common = dict(representation=params, device=device, store=db, force=force, progress=report,
-                      keep_weights=keep_weights, workers=workers, engine=engine, address=address, load=False)
-        try:
-            if base is None:
-                result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
-            else:
-                result = embed_models(base, targets, **common)
-        except (ModelvecError, ValueError) as exc:
-            bar.stop()
-            _exit_with(exc if isinstance(exc, ModelvecError) else ValueError(f"{base or targets[0]}: {exc}"))
-    console.print(
-        f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), failed {len(result.failed)}"
-        f" -> {store or default_store_path()}",
-        soft_wrap=True, markup=False, highlight=False,
-    )
+        common: dict[str, Any] = dict(
+            representation=params, device=device, store=db, force=force, progress=lambda *_: bar.advance(task),
+            keep_weights=keep_weights, workers=workers, engine=engine, address=address, load=False)
+        if base is None:
+            result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
+        else:
+            result = embed_models(base, targets, **common)
+    if as_json:
+        _print_json(result.as_json())
+        return
+    _say(console, f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
+                  f"failed {len(result.failed)} -> {db.path}")
     for reason in result.failed.values():
-        console.print(f"  failed: {reason}", soft_wrap=True, markup=False, highlight=False)
+        _say(console, f"  failed: {reason}")
     if result.failed and not result.embedded and not result.skipped:
         raise typer.Exit(1)
 
@@ -136,24 +197,16 @@ def discover(
     search: bool = typer.Option(True, "--search/--no-search",
                                 help="Also search by name and keep candidates whose config matches the base."),
     show_rejected: bool = typer.Option(False, "--rejected", help="Also list the rejected candidates and why."),
-    as_json: bool = typer.Option(False, "--json", help="Print the catalogue entries as JSON."),
+    as_json: bool = JsonOpt,
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """Find the fine-tunes of BASE on the Hub (HF_ENDPOINT) and store the catalogue; vectors are kept."""
-    from .discovery import discover as find
+    from .run import discover as find
 
-    try:
-        found = find(base, limit=limit, sort=sort, search=search)  # type: ignore[arg-type]
-    except (ModelvecError, ValueError) as exc:
-        _exit_with(exc)
-    except Exception as exc:  # the Hub is unreachable or answers errors after retries
-        from .hub import describe_error
-
-        _exit_with(RuntimeError(f"{base}: discovery failed: {describe_error(exc)}"))
-    with Store(store) as db:
-        db.put_catalogue(found.base, found.base_sha, found.entries)
+    with _store(store) as db:
+        found = find(base, limit=limit, sort=sort, search=search, store=db)
     if as_json:
-        print(json.dumps([e.as_dict() for e in found.entries], default=_json_default))
+        _print_json(found.as_json())
         return
     table = Table("model", "downloads", "datasets", "labels from", "author", "why kept",
                   title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}")
@@ -166,31 +219,37 @@ def discover(
         for e in found.rejected:
             rejected.add_row(e.model, e.reason)
         console.print(rejected)
-    console.print(f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {store or default_store_path()}",
-                  soft_wrap=True, markup=False, highlight=False)
+    _say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {db.path}")
 
 
 @app.command()
-def show(store: Optional[Path] = StoreOpt, failures: bool = typer.Option(True, help="Also list failures.")) -> None:
-    """List what is stored: vectors per base and representation, and failures."""
-    with Store(store) as db:
-        summary = db.summary()
-        table = Table("base", "representation", "architecture", "models", "dim", "mean s/model", title=f"vectors in {db.path}")
-        for row in summary.itertuples():
-            table.add_row(_short(row.base), row.params, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}")
+def show(
+    store: Optional[Path] = StoreOpt,
+    failures: bool = typer.Option(True, help="Also list failures."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List what is stored: vectors per base and representation, and failures (with their kind)."""
+    with _store(store) as db:
+        overview = db.overview()
+    if as_json:
+        _print_json(overview.as_json())
+        return
+    table = Table("base", "representation", "architecture", "models", "dim", "mean s/model", title=f"vectors in {db.path}")
+    for row in overview.summary.itertuples():
+        table.add_row(_short(row.base), row.params, row.architecture, str(row.models), str(row.dim),
+                      f"{row.mean_seconds:.3f}")
+    console.print(table)
+    if not overview.models.empty:
+        models = Table("model", "datasets", "dim", "seconds", title="models")
+        for row in overview.models.itertuples():
+            models.add_row(_short(row.model), ", ".join(row.datasets) or "-", str(row.dim), f"{row.seconds:.2f}")
+        console.print(models)
+    if failures and not overview.failures.empty:
+        table = Table("model", "kind", "error", title="failures (content: skipped while the weights are unchanged; "
+                                                      "resource, transient: tried again next run)")
+        for row in overview.failures.itertuples():
+            table.add_row(_short(row.model), row.kind, row.error)
         console.print(table)
-        meta = db.metadata()
-        if not meta.empty:
-            models = Table("model", "datasets", "dim", "seconds", title="models")
-            for row in meta.itertuples():
-                models.add_row(_short(row.model), ", ".join(row.datasets) or "-", str(row.dim), f"{row.seconds:.2f}")
-            console.print(models)
-        fails = db.failures()
-        if failures and not fails.empty:
-            table = Table("model", "error", title="failures")
-            for row in fails.itertuples():
-                table.add_row(_short(row.model), row.error)
-            console.print(table)
 
 
 @app.command()
@@ -199,23 +258,17 @@ def export(
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """Write one row per stored vector: model, base, representation parameters, datasets, vector."""
-    with Store(store) as db:
+    with _store(store) as db:
         count = db.export_parquet(parquet)
-    console.print(f"wrote {count} vectors to {parquet}")
+    _say(console, f"wrote {count} vectors to {parquet}")
 
 
 @app.command()
 def compact(store: Optional[Path] = StoreOpt) -> None:
     """Drop the bytes of replaced vectors from the store's vector file (safe to interrupt)."""
-    with Store(store) as db:
+    with _store(store) as db:
         before, after = db.compact()
-    console.print(f"{db.heap.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return "nan" if value != value else f"{value:.3f}"
-    return str(value)
+    _say(console, f"{db.heap.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
 
 
 @app.command()
@@ -227,10 +280,11 @@ def cluster(
     pool: str = typer.Option("labelled", "--pool", help="kNN neighbour pool: labelled|all."),
     k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    as_json: bool = JsonOpt,
     label_source: Optional[List[str]] = typer.Option(
         None, "--label-source",
-        help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed (repeatable)."),
+        help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed "
+             "(repeated or comma-separated)."),
     rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     store: Optional[Path] = StoreOpt,
@@ -239,13 +293,10 @@ def cluster(
     from .report import cluster as run_cluster
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
-    try:
-        report = run_cluster(base, params=params, store=store, out=out, method=reduce, standardize=standardize,
-                             metric=metric, pool=pool, k=k, label_sources=label_source or None)
-    except (LookupError, ValueError) as exc:
-        _exit_with(exc)
+    report = run_cluster(base, params=params, store=store, out=out, method=reduce, standardize=standardize,
+                         metric=metric, pool=pool, k=k, label_sources=_split(label_source) or None)
     if as_json:
-        print(json.dumps(report.as_json(), default=_json_default))
+        _print_json(report.as_json())
         return
     table = Table("dataset", "models scored", "kNN dataset score", title=f"{_short(report.base)} · {report.params}")
     for dataset, entry in sorted(report.per_dataset.items()):
@@ -267,7 +318,7 @@ def cluster(
             preds.add_row(_short(p["model"]), p["predicted"], _fmt(p["confidence"]))
         console.print(preds)
     for kind, path in report.files.items():
-        console.print(f"{kind.upper()} map: {path}", soft_wrap=True, markup=False, highlight=False)
+        _say(console, f"{kind.upper()} map: {path}")
 
 
 @app.command()
@@ -279,6 +330,7 @@ def neighbors(
     rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
     n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
     store: Optional[Path] = StoreOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """The stored models nearest to MODEL, with distance and labels, and its predicted dataset.
 
@@ -288,15 +340,15 @@ def neighbors(
     from .report import neighbors as find
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
-    try:
-        found = find(model, params=params, store=store, k=k, metric=metric, base=base)
-    except (LookupError, ValueError, ModelvecError) as exc:
-        _exit_with(exc)
+    found = find(model, params=params, store=store, k=k, metric=metric, base=base)
+    if as_json:
+        _print_json(found.as_json())
+        return
     if found.on_the_fly:
-        err.print(f"{_short(found.query)} is not in the store: embedded now ({found.params}, base {_short(found.base)}), "
-                  "not stored", markup=False, highlight=False)
+        _say(err, f"{_short(found.query)} is not in the store: embedded now ({found.params}, base {_short(found.base)}), "
+                  "not stored")
     if found.warning:
-        err.print(f"warning: {found.warning}", markup=False, highlight=False)
+        _say(err, f"warning: {found.warning}")
     table = Table("#", "model", f"{metric} distance", "datasets", "author", title=f"nearest to {_short(found.query)}")
     for i, row in enumerate(found.nearest.itertuples(), 1):
         table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-",
@@ -316,22 +368,18 @@ def evaluate(
     base: Path = typer.Option(..., "--base", help="The base model."),
     metric: str = MetricOpt,
     store: Optional[Path] = StoreOpt,
-    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
+    as_json: bool = JsonOpt,
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side."""
-    from .evaluation import evaluate as run_evaluate
+    from .analyse import evaluate as run_evaluate
 
-    try:
-        table = run_evaluate(base, models, store=store, metric=metric,
-                             progress=lambda msg: err.print(msg, markup=False, highlight=False))
-    except (ModelvecError, ValueError) as exc:
-        _exit_with(exc)
+    table = run_evaluate(base, models, store=store, metric=metric, progress=lambda msg: _say(err, msg))
     if markdown is not None:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
     if as_json:
-        print(table.to_json(orient="records"))
+        _print_json(table.to_dict(orient="records"))
         return
     shown = ["method", "dim", "seconds_per_model", "knn_score", "loo_accuracy", "silhouette", "kmeans_ari", "hdbscan_ari",
              "ref_corr"]
@@ -350,60 +398,25 @@ def rank(
     model: Optional[str] = typer.Argument(None, help="The model whose matrices to study (folder, weights file or .gguf)."),
     base: Optional[Path] = typer.Option(None, "--base", help="The base, for --of delta."),
     of: str = typer.Option("weights", "--of", help="Study the weights W, or the delta W - W_base: weights|delta."),
-    threshold: List[float] = typer.Option(list(DEFAULT_THRESHOLDS), "--threshold",
-                                          help="Energy thresholds: --threshold 0.5 0.9 0.99 (or repeat the flag)."),
+    threshold: List[str] = typer.Option(["0.5,0.9,0.99"], "--threshold",
+                                        help="Energy thresholds, repeated or comma-separated: --threshold 0.5,0.9,0.99."),
     over_finetunes: Optional[str] = typer.Option(None, "--over-finetunes", metavar="BASE",
                                                  help="Study the deltas of every stored fine-tune of BASE."),
     out: Path = typer.Option(Path("modelvec-out/rank"), "--out", help="Folder for the figures, CSV and JSON."),
-    as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of the fitted laws."),
+    as_json: bool = JsonOpt,
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """How the rank of every matrix changes with depth: figures per threshold, every value, fitted laws."""
-    import warnings
+    from .report import rank_report
 
-    from .quantized import QuantizationWarning
-    from .rank import over_finetunes as study_finetunes, rank_study
-
-    try:
-        if over_finetunes is not None:
-            from .hub import resolve_base
-            from .pipeline import local_files
-
-            with Store(store) as db:
-                meta = db.metadata()
-                base_id = model_id(over_finetunes) if Path(over_finetunes).exists() else over_finetunes
-                if base_id not in set(meta["base"]) and not Path(over_finetunes).exists():
-                    base_id = resolve_base(over_finetunes).canonical
-                rows = {m: src for m, b, src in zip(meta["model"], meta["base"], meta["source"]) if b == base_id}
-                if not rows:
-                    raise ValueError(f"{over_finetunes}: no stored fine-tunes of this base; embed some first")
-                base_path = local_files(base_id, "", db)
-                models, unreadable = [], {}
-                for m in sorted(rows):
-                    try:
-                        models.append(local_files(m, rows[m], db))
-                    except ModelvecError as exc:  # e.g. gone from the Hub and from the cache: the others go on
-                        unreadable[m] = str(exc)
-            study, failed = study_finetunes(base_path, models, thresholds=threshold, out=out,
-                                            name=None if base_path == base_id else base_id)
-            failed = {**unreadable, **failed}
-            for name, reason in failed.items():
-                err.print(f"failed: {reason}", soft_wrap=True, markup=False, highlight=False)
-        elif model is None:
-            raise ValueError("give a MODEL, or --over-finetunes BASE")
-        else:
-            with warnings.catch_warnings(record=True) as caught:  # a quantized GGUF: say so before the results
-                warnings.simplefilter("always", QuantizationWarning)
-                study = rank_study(model, base=base, of=of, thresholds=threshold, out=out)
-            for w in caught:
-                if issubclass(w.category, QuantizationWarning):
-                    err.print(f"warning: {w.message}", soft_wrap=True, markup=False, highlight=False)
-                else:
-                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    except (ModelvecError, ValueError) as exc:
-        _exit_with(exc)
+    study = rank_report(model, base=base, of=of, thresholds=_numbers(threshold), over_finetunes=over_finetunes,
+                        store=store, out=out)
+    for reason in study.failed.values():
+        _say(err, f"failed: {reason}")
+    for warning in study.warnings:
+        _say(err, f"warning: {warning}")
     if as_json:
-        print(json.dumps(study.records(), default=_json_default))
+        _print_json(study.records())
         return
     table = Table("stack", "family", "threshold", "best law (adj. R²)", "equation", "runner-up",
                   title=f"rank of {'ΔW' if study.of == 'delta' else 'W'} across depth: {_short(study.model)}")
@@ -413,51 +426,12 @@ def rank(
                       f"{second.name} ({_fmt(second.adj_r2)})" if second else "-")
     console.print(table)
     for kind, path in study.files.items():
-        console.print(f"{kind}: {path}", soft_wrap=True, markup=False, highlight=False)
-
-
-def _expand_multi_value_options(argv: list[str], options: tuple[str, ...] = ("--threshold",)) -> list[str]:
-    """``--threshold 0.5 0.9 0.99`` -> ``--threshold 0.5 --threshold 0.9 --threshold 0.99``.
-
-    Click options take one value each; this lets the documented space-separated form work too.
-    """
-    out: list[str] = []
-    current = None
-    for arg in argv:
-        if current is not None and not arg.startswith("-") and _is_number(arg):
-            out += [current, arg]
-            continue
-        current = None
-        if arg in options:
-            current = arg
-            continue
-        out.append(arg)
-    return out
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+        _say(console, f"{kind}: {path}")
 
 
 def main() -> None:
     """The console script: ``modelvec ...``."""
-    import sys
-
-    try:
-        app(args=_expand_multi_value_options(sys.argv[1:]), prog_name="modelvec")
-    except (StoreLockedError, StoreError) as exc:  # any command: the store is busy or damaged, one line
-        err.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
-        sys.exit(2)
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+    app(prog_name="modelvec")
 
 
 if __name__ == "__main__":  # pragma: no cover

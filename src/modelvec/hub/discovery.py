@@ -1,0 +1,281 @@
+"""Finding the fine-tunes of a base model on the Hub, with why each was kept and what it was tuned on.
+
+Two routes, as the description's collections were built:
+
+1. **Declared**: models tagged ``base_model:finetune:<base>`` (the Hub derives the tag from the
+   card's ``base_model:``), under the canonical id and the legacy short one; and PEFT LoRA
+   adapters, tagged ``base_model:adapter:<base>``, kept when they hold ``adapter_config.json`` and
+   adapter weights (format ``adapter``: :mod:`modelvec.read.adapters` embeds them like fine-tunes).
+2. **Name search**: most fine-tunes from 2020-22 declare no base, so ``search=<short name>``
+   candidates are kept only when their ``config.json`` matches the base (same model type, layer
+   count, hidden and feed-forward sizes, heads: :attr:`Architecture.shape_keys`; vocabulary and
+   head may differ). A candidate without config.json is checked from its safetensors header
+   (two small range requests), never by downloading weights.
+
+Every candidate becomes a :class:`CatalogueEntry` with the reason it was kept or rejected, its
+pinned revision sha, author, counts, tags, weight formats and dataset labels with their source.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
+
+from huggingface_hub import hf_hub_download
+
+from ..core.errors import ModelvecError
+from ..core.files import adapter_files, formats, weight_format
+from .client import HubSettings, describe_error, with_retries
+from .ids import BaseId, resolve_base
+from .labels import dataset_labels, guess_from_name
+
+SORTS = ("downloads", "likes", "created_at", "last_modified")
+#: The ``base_model:<relation>:<base>`` tags that declare a model modelvec can embed against the base.
+RELATIONS = ("finetune", "adapter")
+#: What one listing call asks for, so no per-model call is needed for declared fine-tunes.
+EXPAND = ["author", "cardData", "createdAt", "downloads", "gated", "lastModified", "library_name", "likes",
+          "model-index", "pipeline_tag", "private", "sha", "siblings", "tags"]
+
+
+@dataclass
+class CatalogueEntry:
+    """One model found for a base: kept (to embed) or rejected, and why."""
+
+    model: str
+    base: str
+    kept: bool
+    reason: str
+    sha: str | None = None
+    author: str | None = None
+    created_at: str | None = None
+    downloads: int | None = None
+    likes: int | None = None
+    pipeline_tag: str | None = None
+    library: str | None = None
+    gated: str | None = None
+    tags: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    formats: list[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)
+    label_source: str | None = None
+    labels: list[dict[str, str]] = field(default_factory=list)  # provenance: dataset, source, raw
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Discovery:
+    """The result of :func:`discover`: the base's revision and every candidate considered."""
+
+    base: str
+    base_sha: str
+    entries: list[CatalogueEntry]
+
+    @property
+    def kept(self) -> list[CatalogueEntry]:
+        return [e for e in self.entries if e.kept]
+
+    @property
+    def rejected(self) -> list[CatalogueEntry]:
+        return [e for e in self.entries if not e.kept]
+
+    def as_json(self) -> dict[str, Any]:
+        """The base, its revision and every candidate (kept or rejected, with the reason)."""
+        return {"base": self.base, "base_sha": self.base_sha, "entries": [e.as_dict() for e in self.entries]}
+
+
+Progress = Callable[[str, str], None]  # (model, "kept" | "rejected: reason")
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+class Matcher(Protocol):
+    """Judges candidates against the base: the reading stage's knowledge of families
+    (:class:`modelvec.read.matching.ArchitectureMatcher`), handed in so that this stage fetches and never parses."""
+
+    def check_base(self, base: str, config: Mapping[str, Any]) -> None:
+        """Raise a ModelvecError when the base's family cannot be embedded."""
+
+    def config_match(self, base_config: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[bool, str]:
+        """Whether a candidate's config.json describes the base's matrices, and why."""
+
+    def header_match(self, base_config: Mapping[str, Any], base: str, ours: Shapes, theirs: Shapes) -> tuple[bool, str]:
+        """Whether a candidate's tensor shapes (``theirs``) are the base's (``ours``), and why."""
+
+
+def describe(info: Any, base: str, kept: bool, reason: str) -> CatalogueEntry:
+    """A catalogue entry from a huggingface_hub ``ModelInfo`` (listing or ``model_info``)."""
+    card = info.card_data.to_dict() if getattr(info, "card_data", None) is not None else {}
+    files = [s.rfilename for s in info.siblings or []] if getattr(info, "siblings", None) is not None else []
+    labels = dataset_labels(info.id, card, info.tags or [], getattr(info, "model_index", None))
+    gated = getattr(info, "gated", None)
+    return CatalogueEntry(
+        model=info.id, base=base, kept=kept, reason=reason, sha=info.sha,
+        author=info.author or (info.id.split("/", 1)[0] if "/" in info.id else None),
+        created_at=info.created_at.isoformat() if getattr(info, "created_at", None) else None,
+        downloads=info.downloads, likes=info.likes, pipeline_tag=info.pipeline_tag, library=info.library_name,
+        gated=str(gated) if gated not in (None, False) else None, tags=list(info.tags or []), files=files,
+        formats=list(formats(files)), datasets=list(labels.datasets), label_source=labels.source,
+        labels=[{"dataset": lb.dataset, "source": lb.source, "raw": lb.raw} for lb in labels.labels],
+    )
+
+
+def discover(
+    base: str,
+    *,
+    limit: int | None = None,
+    sort: Literal["downloads", "likes", "created_at", "last_modified"] = "downloads",
+    search: bool = True,
+    settings: HubSettings | None = None,
+    progress: Progress | None = None,
+    matcher: Matcher,
+) -> Discovery:
+    """Find the fine-tunes of ``base`` on the Hub (see the module docstring for the two routes).
+
+    ``matcher`` judges the base and the name-search candidates (see :class:`Matcher`).
+
+    ``limit`` keeps at most that many models: declared fine-tunes first (both listings merged
+    in ``sort`` order, most downloaded first by default), then matching name-search candidates
+    in the listing's order.
+    Rejected candidates are returned too, with their reason; the base itself is never a candidate.
+    """
+    if sort not in SORTS:
+        raise ValueError(f"sort must be one of {', '.join(SORTS)}, not {sort!r}")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be at least 1")
+    settings = settings or HubSettings()
+    report = progress or (lambda *_: None)
+    base_id = resolve_base(base)
+    api = settings.api()
+    try:
+        base_info = with_retries(lambda: api.model_info(base_id.canonical), settings, base_id.canonical)
+        base_config = _config(base_id.canonical, base_info.sha, settings)
+        matcher.check_base(base_id.canonical, base_config)
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise ModelvecError(base_id.canonical, f"cannot read the base on the Hub: {describe_error(exc)}") from exc
+
+    seen: set[str] = {base_id.canonical.lower(), *(n.lower() for n in base_id.names)}
+    base_cache: dict[str, Any] = {"sha": base_info.sha}
+    entries: list[CatalogueEntry] = []
+    kept = 0
+
+    def full() -> bool:
+        return limit is not None and kept >= limit
+
+    def listing(**query: Any) -> Iterable[Any]:
+        # Lazy: pages are fetched as consumed (huggingface_hub retries each page on 429/5xx itself).
+        return api.list_models(sort=sort, expand=EXPAND, **query)
+
+    declared: dict[str, Any] = {}
+    for relation in RELATIONS:
+        for name in base_id.names:
+            for info in listing(filter=f"base_model:{relation}:{name}", limit=limit):
+                if info.id.lower() not in seen:
+                    declared.setdefault(info.id.lower(), (f"base_model:{relation}:{name}", info))
+    for tag, info in sorted(declared.values(), key=lambda item: _sort_key(item[1], sort), reverse=True):
+        if full():
+            break
+        seen.add(info.id.lower())
+        entry = describe(info, base_id.canonical, True, f"declares {tag}")
+        _check_weights(entry)
+        entries.append(entry)
+        kept += entry.kept
+        report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
+
+    if search and not full():
+        for info in listing(search=base_id.search_term):
+            if full():
+                break
+            if info.id.lower() in seen:
+                continue
+            seen.add(info.id.lower())
+            entry = describe(info, base_id.canonical, False, "")
+            entry.kept, entry.reason = _check_candidate(entry, base_config, base_id, base_cache, settings, matcher)
+            if entry.kept:
+                _check_weights(entry)
+            entries.append(entry)
+            kept += entry.kept
+            report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
+    _guess_from_siblings(entries)
+    return Discovery(base_id.canonical, str(base_info.sha), entries)
+
+
+def _guess_from_siblings(entries: list[CatalogueEntry]) -> None:
+    """Name guesses may also use the datasets the other fine-tunes of this base declare.
+
+    A dataset the alias table does not know ("acme-reviews") is still recognised in an
+    unlabelled sibling's name ("someone/bert-acme-reviews"); the label is marked as guessed.
+    """
+    vocab = sorted({d for e in entries if e.kept and e.label_source and "name" not in e.label_source.split("+")
+                    for d in e.datasets})
+    for e in entries:
+        if not e.datasets and vocab:
+            guessed = guess_from_name(e.model, known=vocab)
+            if guessed:
+                e.datasets, e.label_source = list(guessed), "name"
+                e.labels = [{"dataset": d, "source": "name", "raw": e.model} for d in guessed]
+
+
+def _sort_key(info: Any, sort: str) -> Any:
+    """The listing's order, to merge the two declared listings (by canonical and by short id)."""
+    attr = {"downloads": "downloads", "likes": "likes", "created_at": "created_at", "last_modified": "last_modified"}[sort]
+    value = getattr(info, attr, None)
+    if value is None:
+        return (0, 0) if attr in ("downloads", "likes") else (0, "")
+    return (1, value if attr in ("downloads", "likes") else value.isoformat())
+
+
+def _check_weights(entry: CatalogueEntry) -> None:
+    """A model modelvec cannot read is rejected at discovery, with what it has instead.
+
+    Full PyTorch weights, or a PEFT adapter (``adapter_config.json`` and its weights).
+    """
+    if weight_format(entry.files) is None and adapter_files(entry.files) is None:
+        entry.kept = False
+        entry.reason = f"{entry.reason}; but no PyTorch weights (has: {', '.join(entry.formats) or 'no weight files'})"
+
+
+def _check_candidate(entry: CatalogueEntry, base_config: Mapping[str, Any], base_id: BaseId, base_cache: dict[str, Any],
+                     settings: HubSettings, matcher: Matcher) -> tuple[bool, str]:
+    prefix = f"name search '{base_id.search_term}'"
+    try:
+        if "config.json" in entry.files:
+            ok, why = matcher.config_match(base_config, _config(entry.model, entry.sha, settings))
+            return ok, f"{prefix}; {why}"
+        if "model.safetensors" in entry.files:
+            ok, why = _header_match(entry, base_id, base_config, base_cache, settings, matcher)
+            return ok, f"{prefix}; {why}"
+        return False, f"{prefix}; no config.json or safetensors header to compare with the base"
+    except Exception as exc:
+        return False, f"{prefix}; could not check the config: {describe_error(exc)}"
+
+
+def _config(repo_id: str, revision: str | None, settings: HubSettings) -> dict[str, Any]:
+    path = with_retries(
+        lambda: hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=settings.cache_dir,
+                                endpoint=settings.endpoint, token=settings.token),
+        settings, f"{repo_id}/config.json",
+    )
+    config = json.loads(Path(path).read_text())
+    if not isinstance(config, dict):
+        raise ValueError("config.json is not a JSON object")
+    return config
+
+
+def _header_match(entry: CatalogueEntry, base_id: BaseId, base_config: Mapping[str, Any], base_cache: dict[str, Any],
+                  settings: HubSettings, matcher: Matcher) -> tuple[bool, str]:
+    """Compare the shapes of the base's matrices with the candidate's safetensors header (no weights)."""
+    api = settings.api()
+
+    def shapes(repo: str, revision: str | None) -> dict[str, tuple[int, ...]]:
+        meta = with_retries(lambda: api.get_safetensors_metadata(repo, revision=revision), settings, repo)
+        return {name: tuple(t.shape) for fm in meta.files_metadata.values() for name, t in fm.tensors.items()}
+
+    theirs = shapes(entry.model, entry.sha)
+    if "shapes" not in base_cache:  # the base's header is read once per discovery
+        base_cache["shapes"] = shapes(base_id.canonical, base_cache["sha"])
+    return matcher.header_match(base_config, base_id.canonical, base_cache["shapes"], theirs)

@@ -1,0 +1,247 @@
+"""Fetching only what the vectors need from the Hub, pinned to a revision, and letting it go.
+
+A model's vector needs its ``config.json`` and its weights in the best format it has: safetensors
+(single or sharded through its index), else PyTorch ``.bin`` (single or sharded). TensorFlow,
+Flax, ONNX, optimizer states and training files are never downloaded. Files go through the
+huggingface_hub cache (``HF_HUB_CACHE``), pinned to the commit sha recorded at discovery, so a
+repository whose ``main`` moves on still gives the vector of the revision in the catalogue, and
+``HF_HUB_OFFLINE=1`` works from the cache. :func:`release` deletes a fine-tune's files once
+embedded so thousands of models fit on one disk.
+
+Nothing the Hub says is trusted as a path: repository ids, revisions and the shard names of an
+index are checked before they reach the disk (huggingface_hub refuses ``..`` and absolute file
+names but writes ``refs/<revision>`` for any revision it is given), a freshly downloaded file
+whose ETag is a sha256 (every LFS file: the weights) is hashed and refused, then fetched again,
+when its bytes do not match, and :func:`release` only deletes inside the repository's own folder.
+huggingface_hub writes each download to ``<blob>.<random>.incomplete`` and renames it when the
+size matches, so a killed or broken transfer never leaves a short file in a snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from huggingface_hub import constants, hf_hub_download
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from ..core.errors import CheckpointError, FetchError, ModelvecError
+from ..core.files import SHARD_SUFFIX, WEIGHT_FORMATS, adapter_files, formats, weight_format
+from .client import CorruptDownload, HubSettings, describe_error, with_retries
+from .ids import is_commit_sha
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if it is a valid Hub id (``name`` or ``owner/name``, no ``..``); a FetchError otherwise."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise FetchError(str(repo_id)[:200], f"not a valid Hub repository id: {str(exc).splitlines()[0]}") from None
+    return repo_id
+
+
+def check_revision(repo_id: str, revision: str) -> str:
+    """A commit sha or a plain ref name (``main``, ``refs/pr/1``): nothing that could be a path elsewhere."""
+    text = str(revision)
+    if is_commit_sha(text) or (len(text) <= 255 and _REF.fullmatch(text) and ".." not in text):
+        return text
+    raise FetchError(repo_id, f"the Hub gave an unusable revision {text[:80]!r} (not a commit sha or a ref name)")
+
+
+def check_filename(repo_id: str, name: str) -> str:
+    """A file name from the Hub that stays inside a snapshot folder: relative, ``/``-separated, no ``..``."""
+    parts = name.split("/") if isinstance(name, str) else []
+    bad = (not parts or len(name) > 1024 or name.startswith("/")
+           or any(p in ("", ".", "..") or len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts)
+           or any(c in "\\:" or ord(c) < 32 or ord(c) == 127 for c in name))
+    if bad:
+        raise FetchError(repo_id, f"refused the file name {str(name)[:80]!r} from the Hub: not a plain relative path")
+    return name
+
+
+def _shards(repo_id: str, fmt: str, index: Any, marker: str) -> list[str]:
+    """The shard files an index names, each checked (a safe name with the format's suffix)."""
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(repo_id, f"{marker} has no weight_map of tensor -> file name")
+    shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise CheckpointError(repo_id, f"{marker} lists no shards")
+    for shard in shards:
+        check_filename(repo_id, shard)
+        if not shard.endswith(SHARD_SUFFIX[fmt]):
+            raise CheckpointError(repo_id, f"{marker} names {shard[:80]!r}, not a {SHARD_SUFFIX[fmt]} shard")
+    return shards
+
+
+def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: HubSettings) -> Path:
+    """Download ``config.json`` and the best weights of ``repo_id`` at ``revision``; the snapshot folder.
+
+    ``files`` is the repository's file list at that revision (from discovery); None asks the Hub,
+    or, offline, looks in the cache. Sharded checkpoints come through their index.
+    """
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    try:
+        if files is None:
+            files = _list_files(repo_id, revision, settings)
+        fmt = weight_format(files)
+        adapter = adapter_files(files) if fmt is None else None
+        if adapter is not None:  # a PEFT adapter: adapter_config.json + adapter_model.safetensors (else .bin)
+            return Path([_download(repo_id, name, revision, settings) for name in adapter][0]).parent
+        if fmt is None:
+            have = ", ".join(formats(files)) or "no weight files"
+            raise CheckpointError(repo_id, f"no PyTorch weights to read (the repository has: {have})")
+        wanted = ["config.json"] if "config.json" in files else []
+        marker = dict(WEIGHT_FORMATS)[fmt]
+        wanted.append(marker)
+        paths = [_download(repo_id, name, revision, settings) for name in wanted]
+        if fmt.endswith("-sharded"):
+            try:
+                index = json.loads(Path(paths[-1]).read_text())
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CheckpointError(repo_id, f"{marker} is not JSON: {str(exc).splitlines()[0]}") from None
+            for shard in _shards(repo_id, fmt, index, marker):
+                _download(repo_id, shard, revision, settings)
+        return Path(paths[0]).parent  # the snapshot folder (config.json and the marker are top-level files)
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise FetchError(repo_id, f"could not fetch revision {revision[:12]}: {describe_error(exc)}") from exc
+
+
+def _download(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
+    """One file through the cache; a fresh download is checked against its sha256 ETag (see :func:`verify`)."""
+    check_filename(repo_id, filename)
+    repo = _repo_folder(repo_id, settings)
+    pointer = repo / "snapshots" / revision / filename if is_commit_sha(revision) else None
+
+    def attempt() -> str:
+        cached = pointer is not None and pointer.is_file()
+        path = hf_hub_download(repo_id, filename, revision=revision, cache_dir=settings.cache_dir,
+                               endpoint=settings.endpoint, token=settings.token, etag_timeout=settings.timeout)
+        if not cached:
+            verify(path, filename, repo)
+        return path
+
+    return with_retries(attempt, settings, f"{repo_id}/{filename}")
+
+
+def verify(path: str | os.PathLike[str], filename: str, repo: Path | None = None) -> None:
+    """Check a downloaded file against the sha256 its blob is named by (the Hub's ETag of an LFS file).
+
+    huggingface_hub checks only the size of a plain HTTP download. A blob named by a 64-hex ETag whose
+    bytes hash to something else (a corrupting proxy, a body that differs from what the HEAD announced)
+    is deleted with its snapshot link and :class:`CorruptDownload` is raised, which is retried. Blobs named
+    otherwise (a git sha1 ETag: small non-LFS files) are not checked.
+    """
+    link = Path(path)
+    blob = Path(os.path.realpath(link))
+    if not _SHA256.fullmatch(blob.name):
+        return
+    with open(blob, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != blob.name:
+        if repo is None or Path(os.path.realpath(repo)) in blob.parents:
+            blob.unlink(missing_ok=True)
+        link.unlink(missing_ok=True)
+        raise CorruptDownload(f"{filename}: sha256 {digest[:12]}... but the Hub announced {blob.name[:12]}...")
+
+
+def _repo_folder(repo_id: str, settings: HubSettings) -> Path:
+    return Path(settings.cache_dir or constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+
+
+def _list_files(repo_id: str, revision: str, settings: HubSettings) -> list[str]:
+    if settings.offline:
+        folder = snapshot_folder(repo_id, revision, settings)
+        if folder is None:
+            raise FetchError(repo_id, f"offline (HF_HUB_OFFLINE=1) and revision {revision[:12]} is not in the cache")
+        return [p.name for p in folder.iterdir()]
+    info = with_retries(lambda: settings.api().model_info(repo_id, revision=revision), settings, repo_id)
+    return [s.rfilename for s in info.siblings or []]
+
+
+def snapshot_folder(repo_id: str, revision: str, settings: HubSettings) -> Path | None:
+    """The cached snapshot of ``repo_id`` at a commit sha (or branch), if the cache holds one."""
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    repo = _repo_folder(repo_id, settings)
+    sha = revision
+    if not is_commit_sha(revision):
+        ref = repo / "refs" / revision
+        if not ref.is_file():
+            return None
+        sha = ref.read_text().strip()
+        if not is_commit_sha(sha):
+            return None
+    folder = repo / "snapshots" / sha
+    return folder if folder.is_dir() else None
+
+
+def resolve_revision(repo_id: str, revision: str, settings: HubSettings) -> str:
+    """The commit sha of a branch (online: asks the Hub; offline: the cache's ref)."""
+    if is_commit_sha(revision):
+        return revision
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    if settings.offline:
+        folder = snapshot_folder(repo_id, revision, settings)
+        if folder is None:
+            raise FetchError(repo_id, f"offline (HF_HUB_OFFLINE=1) and '{revision}' is not in the cache")
+        return folder.name
+    try:
+        info = with_retries(lambda: settings.api().model_info(repo_id, revision=revision), settings, repo_id)
+    except Exception as exc:
+        raise FetchError(repo_id, describe_error(exc)) from exc
+    if not is_commit_sha(str(info.sha)):
+        raise FetchError(repo_id, f"the Hub gave {str(info.sha)[:80]!r} as the commit of '{revision}', not a sha")
+    return str(info.sha)
+
+
+def release(repo_id: str, revision: str, settings: HubSettings) -> int:
+    """Delete one cached revision of a repository (its blobs too, unless another revision shares them).
+
+    Used with ``--no-keep-weights`` once a fine-tune is embedded; other revisions and other
+    repositories (the base) are untouched. Only this repository's folder is looked at, so it is
+    safe while other models download into the same cache (a whole-cache scan is not).
+    A revision that is not a commit sha, or a repository id that is not a Hub id, has no snapshot of
+    its own (it may come from a hostile listing): nothing is deleted. Nothing outside the repository's
+    folder is ever deleted, whatever the links in the snapshot point to.
+    """
+    try:
+        check_repo_id(repo_id)
+    except FetchError:
+        return 0
+    if not is_commit_sha(revision):
+        return 0
+    repo = _repo_folder(repo_id, settings)
+    snapshot = repo / "snapshots" / revision
+    if snapshot.is_symlink() or not snapshot.is_dir():
+        return 0
+    real_repo = Path(os.path.realpath(repo))
+    others = {os.path.realpath(p) for other in (repo / "snapshots").iterdir() if other.name != revision
+              for p in other.rglob("*")}
+    freed = 0
+    for link in sorted(snapshot.rglob("*"), reverse=True):  # rglob does not descend into linked folders
+        if link.is_symlink():
+            target = Path(os.path.realpath(link))
+            if str(target) not in others and target.is_file() and real_repo in target.parents:
+                freed += target.stat().st_size
+                target.unlink()
+            link.unlink()
+        elif link.is_file():  # a copy (no symlinks on this file system)
+            freed += link.stat().st_size
+            link.unlink()
+        elif link.is_dir():
+            link.rmdir()
+    snapshot.rmdir()
+    return freed

@@ -1,0 +1,416 @@
+"""PEFT LoRA adapters as models: their deltas read as thin factors, never as whole matrices.
+
+A folder with ``adapter_config.json`` and ``adapter_model.safetensors`` (or ``adapter_model.bin``)
+is a fine-tune of its base whose delta is known in factored form: for each adapted module
+dW = scaling * B A (PEFT's ``lora_A`` is [r, in], ``lora_B`` [out, r]), with scaling =
+lora_alpha / r, or lora_alpha / sqrt(r) with ``use_rslora``, r and alpha resolved per module from
+``rank_pattern`` / ``alpha_pattern``. In the description's orientation (x @ W, W in R^{in x out})
+that is dW = L R^T with L = scaling * A^T (in x r) and R = B (out x r), whether the module is an
+nn.Linear or GPT-2's Conv1D: ``fan_in_fan_out`` only tells PEFT to transpose the product into
+Conv1D's [in, out] storage when it merges, and A and B have the same shapes either way.
+
+Modules map onto the base's :class:`~modelvec.read.architectures.MatrixRef` exactly as a full
+fine-tune's tensors do (prefixes, fused parts: a LoRA on GPT-2's ``c_attn`` splits into q | k | v
+by the rows of B), so adapters and full fine-tunes of one base share one vector space; a matrix the
+adapter leaves alone has dW = 0, as the merged model would. Which modules carry a delta follows
+PEFT's own loading rules (``target_modules``, ``exclude_modules``, ``layers_to_transform``,
+``modules_to_save``), mirrored from peft 0.21 so that no PEFT install is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+import xxhash
+
+from ..core.errors import CheckpointError, IncompatibleError
+from ..core.files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from .architectures import ARCHITECTURES, Architecture, MatrixRef
+from .checkpoint import Checkpoint, Layout, LowRankDelta, read_json
+
+PathLike = str | os.PathLike[str]
+Key = tuple[str, int, str]  # MatrixRef.key: (stack, layer, family)
+
+#: Keys without which the delta is undefined (PEFT would fill in its defaults, silently changing it).
+REQUIRED_KEYS = ("peft_type", "r", "lora_alpha", "target_modules")
+
+_PREFIX = "base_model.model."  # what PEFT puts before the wrapped model's module names
+_LORA_KEY = re.compile(r"(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[^.]+)?\.weight")
+#: PEFT types with no weight delta of the form scaling * B A, and what they learn instead.
+_OTHER_TYPES = {
+    "PROMPT_TUNING": "virtual prompt tokens, not weights",
+    "PREFIX_TUNING": "per-layer virtual key/value prefixes, not weights",
+    "P_TUNING": "virtual prompt tokens, not weights",
+    "MULTITASK_PROMPT_TUNING": "virtual prompt tokens, not weights",
+    "IA3": "rescalings of activations, not additive deltas",
+}
+#: LoRA initialisations that rewrite the base weights themselves: the adapter alone is not the delta
+#: from the published base unless PEFT converted it on saving (which sets init_lora_weights to true).
+_BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+#: LoRA variants whose merged weight is not base + scaling * B A (or that cannot be merged at all).
+_VARIANTS = {
+    "use_dora": "DoRA (use_dora)",
+    "use_qalora": "QALoRA (use_qalora)",
+    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+    "use_bdlora": "block-diagonal LoRA (use_bdlora)",
+    "arrow_config": "Arrow routing (arrow_config)",
+    "kasa_config": "KaSA (kasa_config)",
+    "monteclora_config": "MonteCLoRA (monteclora_config)",
+    "layer_replication": "layer replication (layer_replication)",
+    "target_parameters": "LoRA on parameters (target_parameters)",
+}
+
+
+def _listing(names: Iterable[str], limit: int = 3) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:limit])
+    return f"{shown} and {len(names) - limit} more" if len(names) > limit else shown or "none"
+
+
+# --- the config, as PEFT resolves it ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """What ``adapter_config.json`` says about each module's delta; the matching rules are PEFT's.
+
+    ``targets`` mirrors ``peft.tuners.tuners_utils.check_target_module_exists`` and
+    ``rank_alpha`` mirrors ``LoraModel._create_and_replace`` (``get_pattern_key``), both as of
+    peft 0.21; the keys are module names in the wrapped model (``bert.encoder.layer.0...``).
+    """
+
+    r: int
+    lora_alpha: float
+    target_modules: str | tuple[str, ...]
+    rank_pattern: Mapping[str, int]
+    alpha_pattern: Mapping[str, float]
+    use_rslora: bool = False
+    fan_in_fan_out: bool = False  # how PEFT stores the merged product; A and B, hence L R^T, do not depend on it
+    exclude_modules: str | tuple[str, ...] | None = None
+    modules_to_save: tuple[str, ...] | None = None
+    layers_to_transform: int | tuple[int, ...] | None = None
+    layers_pattern: str | tuple[str, ...] | None = None
+    base_model: str | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], model: str) -> "LoraSettings":
+        """Validated settings; a one-line CheckpointError for anything that leaves the delta undefined."""
+
+        def fail(cause: str) -> CheckpointError:
+            return CheckpointError(model, f"{ADAPTER_CONFIG}: {cause}")
+
+        missing = [k for k in REQUIRED_KEYS if k not in config]
+        if "peft_type" in config and str(config["peft_type"]).upper() != "LORA":
+            kind = str(config["peft_type"]).upper()
+            why = _OTHER_TYPES.get(kind, "not implemented")
+            raise fail(f"peft_type {kind} is not supported: only LoRA adapters are ({kind} learns {why})"
+                       if kind in _OTHER_TYPES else f"peft_type {kind} is not supported: only LoRA adapters are")
+        if missing:
+            raise fail(f"lacks {', '.join(missing)}")
+        for key, what in _VARIANTS.items():
+            if config.get(key) not in (None, False, [], {}):
+                raise fail(f"{what} is not supported: its merged weights are not base + scaling * B A")
+        init = config.get("init_lora_weights")
+        if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+            raise fail(f"init_lora_weights {init!r} changes the base weights themselves, so the adapter alone is not "
+                       "the delta (save it with PEFT's path_initial_model_for_weight_conversion)")
+
+        def number(key: str, value: Any, integer: bool) -> Any:
+            ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+            if isinstance(value, bool) or not ok or (integer and value < 1):
+                raise fail(f"{key} must be {'a positive integer' if integer else 'a number'}, not {value!r}")
+            return value
+
+        def patterns(key: str, integer: bool) -> dict[str, Any]:
+            value = config.get(key) or {}
+            if not isinstance(value, dict):
+                raise fail(f"{key} must be a map of module patterns, not {value!r}")
+            return {str(k): number(f"{key}[{k!r}]", v, integer) for k, v in value.items()}
+
+        def names(key: str, allow_str: bool = True) -> str | tuple[str, ...] | None:
+            value = config.get(key)
+            if value is None or (allow_str and isinstance(value, str)):
+                return value
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return tuple(value)
+            raise fail(f"{key} must be {'a string or ' if allow_str else ''}a list of module names, not {value!r}")
+
+        targets = names("target_modules")
+        if targets is None:
+            raise fail("target_modules is null, so no module is adapted")
+        layers = config.get("layers_to_transform")
+        if not (layers is None or (isinstance(layers, int) and not isinstance(layers, bool))
+                or (isinstance(layers, list) and all(isinstance(i, int) for i in layers))):
+            raise fail(f"layers_to_transform must be a layer index or a list of them, not {layers!r}")
+        flags = {}
+        for key in ("use_rslora", "fan_in_fan_out"):
+            flags[key] = config.get(key) or False
+            if not isinstance(flags[key], bool):
+                raise fail(f"{key} must be true or false, not {flags[key]!r}")
+        base = config.get("base_model_name_or_path")
+        settings = cls(
+            r=number("r", config["r"], True), lora_alpha=number("lora_alpha", config["lora_alpha"], False),
+            target_modules=targets, rank_pattern=patterns("rank_pattern", True),
+            alpha_pattern=patterns("alpha_pattern", False), **flags,
+            exclude_modules=names("exclude_modules"), modules_to_save=names("modules_to_save", allow_str=False),
+            layers_to_transform=tuple(layers) if isinstance(layers, list) else layers,
+            layers_pattern=names("layers_pattern"), base_model=str(base) if base else None,
+        )
+        for key, value in settings._regexes():
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise fail(f"{key} holds {value!r}, not a valid regular expression ({exc})") from None
+        return settings
+
+    def _regexes(self) -> Iterator[tuple[str, str]]:
+        """What PEFT matches as regular expressions, with the key each comes from (checked once, on reading)."""
+        for key in ("target_modules", "exclude_modules"):
+            if isinstance(getattr(self, key), str):
+                yield key, getattr(self, key)
+        for key in ("layers_pattern", "modules_to_save", "rank_pattern", "alpha_pattern"):
+            value = getattr(self, key)
+            for item in [value] if isinstance(value, str) else value or ():
+                yield key, item
+
+    def targets(self, key: str) -> bool:
+        """Whether PEFT puts a LoRA on module ``key`` (its weights are loaded only then)."""
+        exclude = self.exclude_modules
+        if exclude:
+            if isinstance(exclude, str):
+                if re.fullmatch(exclude, key):
+                    return False
+            elif key in exclude or any(key.endswith(f".{e}") for e in exclude):
+                return False
+        if self.modules_to_save and any(re.match(rf"(^|.*\.){m}($|\..*)", key) for m in self.modules_to_save):
+            return False
+        targets = self.target_modules
+        if isinstance(targets, str):
+            # PEFT expands "all-linear" to every linear layer but the output head before matching;
+            # every matrix of the representation is such a layer.
+            return targets.lower() == "all-linear" or re.fullmatch(targets, key) is not None
+        if key in targets:
+            return True
+        if not any(key.endswith(f".{t}") for t in targets):
+            return False
+        layers = self.layers_to_transform
+        if layers is None or layers == ():
+            return True
+        match = None
+        if not self.layers_pattern:
+            match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)
+        else:
+            for pattern in (self.layers_pattern,) if isinstance(self.layers_pattern, str) else self.layers_pattern:
+                match = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", key)
+                if match is not None:
+                    break
+        if match is None:
+            return False
+        index = int(match["idx"])
+        return index == layers if isinstance(layers, int) else index in layers
+
+    def rank_alpha(self, key: str) -> tuple[int, float]:
+        """Module ``key``'s r and lora_alpha: the first pattern of each map that matches the key's end."""
+
+        def lookup(patterns: Mapping[str, Any], default: Any) -> Any:
+            found = next((p for p in patterns if re.match(rf"(.*\.)?({p})$", key)), None)
+            return patterns[found] if found is not None else default
+
+        return lookup(self.rank_pattern, self.r), lookup(self.alpha_pattern, self.lora_alpha)
+
+    def scaling(self, key: str) -> float:
+        r, alpha = self.rank_alpha(key)
+        return alpha / math.sqrt(r) if self.use_rslora else alpha / r
+
+
+# --- the checkpoint ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Hit:
+    """A module name matched to an architecture table entry."""
+
+    prefix: str
+    stack: int
+    tensor: int
+    layer: int
+
+
+@lru_cache(maxsize=None)
+def _module_patterns(arch: Architecture) -> tuple[tuple[re.Pattern[str], str, int, int], ...]:
+    """Each table entry as a pattern over module names (the tensor name without ``.weight``)."""
+    out = []
+    for s, stack in enumerate(arch.stacks):
+        for t, tensor in enumerate(stack.tensors):
+            module = tensor.template.removesuffix(".weight")
+            pattern = re.escape(module).replace(re.escape("${layer}"), r"(\d+)")
+            for prefix in arch.prefixes:
+                out.append((re.compile(re.escape(prefix) + pattern), prefix, s, t))
+    return tuple(out)
+
+
+def _match(arch: Architecture, module: str) -> _Hit | None:
+    for pattern, prefix, s, t in _module_patterns(arch):
+        found = pattern.fullmatch(module)
+        if found:
+            return _Hit(prefix, s, t, int(found.group(1)))
+    return None
+
+
+class AdapterCheckpoint(Checkpoint):
+    """A PEFT LoRA adapter folder, read lazily like any checkpoint; :meth:`low_rank_deltas` gives its factored deltas.
+
+    ``identity`` and ``fingerprint`` cover ``adapter_config.json`` too: alpha, rank_pattern or
+    use_rslora change the delta without touching the weights file.
+    """
+
+    def __init__(self, path: PathLike, name: str | None = None) -> None:
+        if not (Path(path) / ADAPTER_CONFIG).is_file():
+            raise CheckpointError(name or str(path), f"not an adapter folder: no {ADAPTER_CONFIG} in {path}")
+        super().__init__(path, name)
+        config_file = self.folder / ADAPTER_CONFIG
+        self.settings = LoraSettings.from_config(read_json(config_file, self.name), self.name)
+        self._config_bytes = config_file.read_bytes()
+        self._modules: dict[str, tuple[str, str]] | None = None
+
+    def _locate_weights(self) -> tuple[list[Path], dict[str, Path] | None]:
+        for name in ADAPTER_WEIGHTS:
+            if (self.folder / name).is_file():
+                return [self.folder / name], None
+        raise CheckpointError(self.name, f"no adapter weights in {self.path} (looked for {', '.join(ADAPTER_WEIGHTS)})")
+
+    def identity(self) -> str:
+        digest = xxhash.xxh3_128(super().identity().encode())
+        digest.update(self._config_bytes)
+        return "stat:" + digest.hexdigest()
+
+    def fingerprint(self) -> str:
+        digest = xxhash.xxh3_128(super().fingerprint().encode())
+        digest.update(self._config_bytes)
+        return digest.hexdigest()
+
+    def modules(self) -> dict[str, tuple[str, str]]:
+        """Every LoRA module in the weights file: module name (as PEFT matches it) -> (lora_A key, lora_B key)."""
+        if self._modules is None:
+            pairs: dict[str, dict[str, str]] = {}
+            for key in sorted(self.keys()):
+                if "lora_magnitude_vector" in key:
+                    raise CheckpointError(self.name, f"holds DoRA magnitude vectors ({key}): DoRA is not supported")
+                found = _LORA_KEY.fullmatch(key)
+                if found:
+                    pairs.setdefault(found["module"].removeprefix(_PREFIX), {})[found["which"]] = key
+            for module, pair in pairs.items():
+                if len(pair) != 2:
+                    have, lack = ("lora_A", "lora_B") if "A" in pair else ("lora_B", "lora_A")
+                    raise CheckpointError(self.name, f"holds {have} but no {lack} for {module}")
+            self._modules = {module: (pair["A"], pair["B"]) for module, pair in pairs.items()}
+        return self._modules
+
+    def layout(self) -> Layout:
+        """The matrices the adapter adapts, in the family its module names belong to (no base needed).
+
+        What a checkpoint's layout is for an adapter; :meth:`low_rank_deltas` maps onto the base's own
+        layout, and this one names the family when it is not the base's.
+        """
+        if self._layout is None:
+            modules = self.modules()
+            best: tuple[Architecture, list[tuple[str, _Hit]]] | None = None
+            for arch in ARCHITECTURES.values():
+                hits = [(m, hit) for m in modules if (hit := _match(arch, m)) is not None]
+                if hits and (best is None or len(hits) > len(best[1])):
+                    best = (arch, hits)
+            if best is None:
+                raise CheckpointError(self.name, "adapts no attention or feed-forward matrix of a supported family "
+                                                 f"(adapted: {_listing(modules)})")
+            arch, hits = best
+            refs = []
+            for _, hit in sorted(hits, key=lambda mh: (mh[1].stack, mh[1].layer, mh[1].tensor)):
+                stack = arch.stacks[hit.stack]
+                tensor = stack.tensors[hit.tensor]
+                refs += [MatrixRef(stack.name, hit.layer, family, tensor.name(hit.layer), tensor.orientation, part,
+                                   len(tensor.families), tensor.fused) for part, family in enumerate(tensor.families)]
+            self._layout = Layout(arch, refs, hits[0][1].prefix)
+        return self._layout
+
+    factored = True
+
+    def low_rank_deltas(self, base: Layout, shapes: Mapping[Key, tuple[int, ...]]) -> dict[Key, LowRankDelta]:
+        """The factored delta of every base matrix the adapter changes, keyed like ``MatrixRef.key``.
+
+        ``shapes`` gives each base matrix's (n, m) in the description's orientation (fused parts
+        split). Modules outside the representation (heads, embeddings, a pooler) are ignored, as
+        for full fine-tunes; a module of the base's family that the base lacks, a shape that does
+        not fit, or an adapter that changes none of the base's matrices is an IncompatibleError.
+        """
+        by_tensor: dict[str, list[MatrixRef]] = {}
+        for ref in base.refs:
+            by_tensor.setdefault(ref.tensor, []).append(ref)
+        stored = self.modules()
+        adapted = {m: keys for m, keys in stored.items() if self.settings.targets(m)}  # PEFT loads only these
+        for key in sorted(self.keys()):  # modules_to_save: whole copies, not a LoRA
+            if key.endswith(".weight") and _match(base.arch, key.removeprefix(_PREFIX).removesuffix(".weight")):
+                raise CheckpointError(self.name, f"stores the whole of {key.removeprefix(_PREFIX)} (modules_to_save), "
+                                                 "a matrix of the representation: not supported")
+        out: dict[Key, LowRankDelta] = {}
+        prefixes = set()
+        for module, (a_key, b_key) in stored.items():
+            hit = _match(base.arch, module)
+            if hit is None:
+                continue  # a head, the embeddings, a pooler: not in the representation
+            tensor = base.arch.stacks[hit.stack].tensors[hit.tensor].name(hit.layer)
+            refs = by_tensor.get(tensor)
+            if refs is None:
+                layers = max(r.layer for r in base.refs) + 1
+                raise IncompatibleError(self.name, f"adapts {module}, which the base does not have "
+                                                   f"({base.arch.name}, {layers} layers)")
+            prefixes.add(hit.prefix)
+            if module in adapted:
+                out.update(self._factors(module, a_key, b_key, refs, shapes))
+        for prefix in sorted(prefixes):  # PEFT puts a LoRA on these; without weights it would keep its initial ones
+            for tensor in by_tensor:
+                module = prefix + tensor.removesuffix(".weight")
+                if self.settings.targets(module) and module not in adapted:
+                    raise CheckpointError(self.name, f"target_modules selects {module}, but the adapter has no "
+                                                     "lora_A/lora_B for it")
+        if not out:
+            raise self._matches_nothing(base, adapted or stored)
+        return out
+
+    def _factors(self, module: str, a_key: str, b_key: str, refs: list[MatrixRef],
+                 shapes: Mapping[Key, tuple[int, ...]]) -> dict[Key, LowRankDelta]:
+        a, b = self.get(a_key), self.get(b_key)
+        n, m = shapes[refs[0].key]
+        whole = m * refs[0].n_parts
+        r, _ = self.settings.rank_alpha(module)
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[1] != n or b.shape[0] != whole:
+            raise IncompatibleError(self.name, f"{module}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but the "
+                                               f"base's {refs[0].tensor} needs [r, {n}] and [{whole}, r]")
+        if a.shape[0] != r:
+            raise CheckpointError(self.name, f"{module}: lora_A has rank {a.shape[0]}, {ADAPTER_CONFIG} gives r={r}")
+        for key, tensor in ((a_key, a), (b_key, b)):
+            if not torch.isfinite(tensor).all():
+                raise CheckpointError(self.name, f"tensor {key} has NaN or Inf values")
+        left = a.T.double() * self.settings.scaling(module)
+        right = b.double()
+        return {ref.key: LowRankDelta(left, right[ref.part * m:(ref.part + 1) * m]) for ref in refs}
+
+    def _matches_nothing(self, base: Layout, modules: Mapping[str, Any]) -> IncompatibleError:
+        """The error for an adapter that changes none of the base's matrices: another family, or targets elsewhere."""
+        try:
+            own = self.layout().arch
+        except CheckpointError:
+            own = None
+        of = f" (base_model_name_or_path: {self.settings.base_model})" if self.settings.base_model else ""
+        if own is not None and own is not base.arch:
+            return IncompatibleError(self.name, f"is an adapter of a {own.name} model{of}, the base is {base.arch.name}")
+        targets = self.settings.target_modules
+        shown = targets if isinstance(targets, str) else _listing(targets)
+        return IncompatibleError(self.name, f"target_modules ({shown}) match none of the base's {base.arch.name} "
+                                            f"matrices (adapted: {_listing(modules)})")

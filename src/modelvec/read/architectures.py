@@ -1,0 +1,318 @@
+"""Architectures as data: one declarative table per model family.
+
+Each table says which tensor names (templates with ``${layer}``, as in mergekit) hold which role:
+the stack (encoder/decoder), the layer, the family (q, k, v, o, ff_gate, ff1, ff2, and cross_q ...
+cross_o for the cross-attention of encoder-decoder decoders), the storage orientation, and the parts
+of fused tensors. Names are written without the prefixes that task heads add (``bert.``,
+``roberta.``, ``transformer.``, ``model.``...); each table lists the prefixes it accepts.
+
+Adding a family is adding an entry to :data:`ARCHITECTURES`; nothing else in modelvec branches on
+the family.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from enum import Enum
+from string import Template
+from typing import Any, Mapping
+
+from ..core.errors import ArchitectureError
+
+#: The families in the order the description lists them; per-layer blocks follow a table's order.
+ATTENTION = ("q", "k", "v", "o")
+CROSS_ATTENTION = ("cross_q", "cross_k", "cross_v", "cross_o")
+
+
+class Orientation(str, Enum):
+    """How a weight is stored. modelvec always uses W in R^{in x out} (x @ W), as the description."""
+
+    LINEAR = "linear"  # torch.nn.Linear stores [out, in]: transposed on read
+    CONV1D = "conv1d"  # GPT-2's Conv1D stores [in, out]: used as is
+
+
+@dataclass(frozen=True)
+class When:
+    """A condition on config.json, e.g. T5 v1.1's gated feed-forward (``feed_forward_proj: gated-*``)."""
+
+    key: str
+    pattern: str
+    default: str = ""
+
+    def holds(self, config: Mapping[str, Any]) -> bool:
+        return fnmatch.fnmatchcase(str(config.get(self.key, self.default)), self.pattern)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One stored weight: its name template and the families it holds.
+
+    A fused tensor (GPT-2's ``c_attn`` = q|k|v) lists several families; it is split into equal
+    parts along the output axis. ``fused`` names the whole (used by the rank study).
+    """
+
+    template: str
+    families: tuple[str, ...]
+    orientation: Orientation = Orientation.LINEAR
+    when: When | None = None
+    unless: When | None = None
+    fused: str | None = None
+
+    def name(self, layer: int) -> str:
+        return Template(self.template).substitute(layer=layer)
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return (self.when is None or self.when.holds(config)) and not (
+            self.unless is not None and self.unless.holds(config)
+        )
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The layers of one stack; ``layers_keys`` are config keys for its depth, first found wins."""
+
+    name: str
+    layers_keys: tuple[str, ...]
+    tensors: tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A model family: how to recognise it in config.json and where its matrices live."""
+
+    name: str
+    model_types: tuple[str, ...]
+    class_prefixes: tuple[str, ...]
+    prefixes: tuple[str, ...]
+    stacks: tuple[Stack, ...]
+    description: str = ""
+    #: config.json sizes two checkpoints must share for their matrices to align (layers, width,
+    #: feed-forward, heads...); each entry lists alternative keys, first found wins. Discovery uses
+    #: them to accept a name-search candidate without downloading its weights.
+    shape_keys: tuple[tuple[str, ...], ...] = (
+        ("num_hidden_layers",), ("hidden_size",), ("intermediate_size",), ("num_attention_heads",),
+    )
+
+    def shape(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The sizes named by :attr:`shape_keys`, under each entry's first key (None when absent)."""
+        return {keys[0]: next((config[k] for k in keys if k in config), None) for keys in self.shape_keys}
+
+    def matrices(self, config: Mapping[str, Any]) -> list["MatrixRef"]:
+        """Every matrix this config's model has, in stack, layer, table order."""
+        refs: list[MatrixRef] = []
+        for stack in self.stacks:
+            n_layers = self.num_layers(stack, config)
+            for layer in range(n_layers):
+                for tensor in stack.tensors:
+                    if not tensor.applies(config):
+                        continue
+                    for part, family in enumerate(tensor.families):
+                        refs.append(
+                            MatrixRef(
+                                stack=stack.name,
+                                layer=layer,
+                                family=family,
+                                tensor=tensor.name(layer),
+                                orientation=tensor.orientation,
+                                part=part,
+                                n_parts=len(tensor.families),
+                                fused=tensor.fused,
+                            )
+                        )
+        return refs
+
+    def num_layers(self, stack: Stack, config: Mapping[str, Any]) -> int:
+        for key in stack.layers_keys:
+            if isinstance(config.get(key), int):
+                return int(config[key])
+        raise ArchitectureError(
+            str(config.get("_name_or_path", "model")),
+            f"config.json gives no layer count for the {stack.name} "
+            f"(looked for {', '.join(stack.layers_keys)})",
+        )
+
+
+@dataclass(frozen=True)
+class MatrixRef:
+    """One matrix of the representation: where it is stored and what role it plays."""
+
+    stack: str
+    layer: int
+    family: str
+    tensor: str
+    orientation: Orientation
+    part: int = 0
+    n_parts: int = 1
+    fused: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.stack, self.layer, self.family)
+
+
+def _attention(template: str, names: tuple[str, str, str, str], families=ATTENTION) -> tuple[Tensor, ...]:
+    return tuple(Tensor(template.replace("{}", n), (f,)) for n, f in zip(names, families))
+
+
+_BERT_LIKE_STACK = Stack(
+    "encoder",
+    ("num_hidden_layers",),
+    (
+        Tensor("encoder.layer.${layer}.attention.self.query.weight", ("q",)),
+        Tensor("encoder.layer.${layer}.attention.self.key.weight", ("k",)),
+        Tensor("encoder.layer.${layer}.attention.self.value.weight", ("v",)),
+        Tensor("encoder.layer.${layer}.attention.output.dense.weight", ("o",)),
+        Tensor("encoder.layer.${layer}.intermediate.dense.weight", ("ff1",)),
+        Tensor("encoder.layer.${layer}.output.dense.weight", ("ff2",)),
+    ),
+)
+
+_T5_FFN_GATED = When("feed_forward_proj", "gated-*", default="relu")
+
+
+def _t5_stack(name: str, layers_keys: tuple[str, ...], cross: bool) -> Stack:
+    block = f"{name}.block.${{layer}}.layer"
+    ff = 2 if cross else 1
+    tensors = list(_attention(block + ".0.SelfAttention.{}.weight", ("q", "k", "v", "o")))
+    if cross:
+        tensors += _attention(block + ".1.EncDecAttention.{}.weight", ("q", "k", "v", "o"), CROSS_ATTENTION)
+    tensors += [
+        Tensor(f"{block}.{ff}.DenseReluDense.wi.weight", ("ff1",), unless=_T5_FFN_GATED),
+        Tensor(f"{block}.{ff}.DenseReluDense.wi_0.weight", ("ff_gate",), when=_T5_FFN_GATED),
+        Tensor(f"{block}.{ff}.DenseReluDense.wi_1.weight", ("ff1",), when=_T5_FFN_GATED),
+        Tensor(f"{block}.{ff}.DenseReluDense.wo.weight", ("ff2",)),
+    ]
+    return Stack(name, layers_keys, tuple(tensors))
+
+
+BERT = Architecture(
+    name="bert",
+    model_types=("bert",),
+    class_prefixes=("Bert",),
+    prefixes=("bert.", ""),
+    stacks=(_BERT_LIKE_STACK,),
+    description="BERT (bert-base-uncased, MiniLM, ...)",
+)
+
+ROBERTA = Architecture(
+    name="roberta",
+    model_types=("roberta", "xlm-roberta", "camembert"),
+    class_prefixes=("Roberta", "XLMRoberta", "Camembert"),
+    prefixes=("roberta.", ""),
+    stacks=(_BERT_LIKE_STACK,),
+    description="RoBERTa (roberta-base, XLM-R, CamemBERT)",
+)
+
+DISTILBERT = Architecture(
+    name="distilbert",
+    model_types=("distilbert",),
+    class_prefixes=("DistilBert",),
+    prefixes=("distilbert.", ""),
+    stacks=(
+        Stack(
+            "encoder",
+            ("n_layers", "num_hidden_layers"),
+            (
+                *_attention("transformer.layer.${layer}.attention.{}.weight", ("q_lin", "k_lin", "v_lin", "out_lin")),
+                Tensor("transformer.layer.${layer}.ffn.lin1.weight", ("ff1",)),
+                Tensor("transformer.layer.${layer}.ffn.lin2.weight", ("ff2",)),
+            ),
+        ),
+    ),
+    description="DistilBERT",
+    shape_keys=(("n_layers", "num_hidden_layers"), ("dim", "hidden_size"), ("hidden_dim", "intermediate_size"),
+                ("n_heads", "num_attention_heads")),
+)
+
+T5 = Architecture(
+    name="t5",
+    model_types=("t5", "mt5"),
+    class_prefixes=("T5", "MT5"),
+    prefixes=("",),
+    stacks=(
+        _t5_stack("encoder", ("num_layers",), cross=False),
+        _t5_stack("decoder", ("num_decoder_layers", "num_layers"), cross=True),
+    ),
+    description="T5 (t5-base: wi; v1.1/Flan-T5: gated wi_0/wi_1), encoder-decoder with cross-attention",
+    shape_keys=(("num_layers",), ("num_decoder_layers",), ("d_model",), ("d_ff",), ("num_heads",), ("d_kv",),
+                ("feed_forward_proj",)),
+)
+
+GPT2 = Architecture(
+    name="gpt2",
+    model_types=("gpt2",),
+    class_prefixes=("GPT2",),
+    prefixes=("transformer.", ""),
+    stacks=(
+        Stack(
+            "decoder",
+            ("n_layer", "num_hidden_layers"),
+            (
+                Tensor("h.${layer}.attn.c_attn.weight", ATTENTION[:3], Orientation.CONV1D, fused="qkv"),
+                Tensor("h.${layer}.attn.c_proj.weight", ("o",), Orientation.CONV1D),
+                Tensor("h.${layer}.mlp.c_fc.weight", ("ff1",), Orientation.CONV1D),
+                Tensor("h.${layer}.mlp.c_proj.weight", ("ff2",), Orientation.CONV1D),
+            ),
+        ),
+    ),
+    description="GPT-2 (gpt2, gpt2-medium, distilgpt2): Conv1D [in,out], fused c_attn = q|k|v",
+    shape_keys=(("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size"), ("n_inner",), ("n_head", "num_attention_heads")),
+)
+
+LLAMA = Architecture(
+    name="llama",
+    model_types=("llama", "mistral", "qwen2"),
+    class_prefixes=("Llama", "Mistral", "Qwen2"),
+    prefixes=("model.", ""),
+    stacks=(
+        Stack(
+            "decoder",
+            ("num_hidden_layers",),
+            (
+                *_attention("layers.${layer}.self_attn.{}.weight", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                Tensor("layers.${layer}.mlp.gate_proj.weight", ("ff_gate",)),
+                Tensor("layers.${layer}.mlp.up_proj.weight", ("ff1",)),
+                Tensor("layers.${layer}.mlp.down_proj.weight", ("ff2",)),
+            ),
+        ),
+    ),
+    description="Llama family (llama, mistral, qwen2): gated FFN, grouped-query attention",
+    shape_keys=(("num_hidden_layers",), ("hidden_size",), ("intermediate_size",), ("num_attention_heads",),
+                ("num_key_value_heads",)),
+)
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (BERT, ROBERTA, DISTILBERT, T5, GPT2, LLAMA)}
+
+
+def supported() -> str:
+    """The supported model types, for error messages."""
+    return ", ".join(sorted(t for a in ARCHITECTURES.values() for t in a.model_types))
+
+
+def detect(config: Mapping[str, Any] | None, model: str = "model", names: set[str] | None = None) -> Architecture:
+    """The family of a model, from config.json's ``model_type`` (or ``architectures`` when it has none).
+
+    Without a config (a bare weights file), the tensor names decide: the family whose first
+    layer-0 tensor is present under one of its prefixes.
+    """
+    if config:
+        model_type = str(config.get("model_type") or "").lower()
+        if model_type:  # a known class name never rescues an unknown model_type (Qwen2Moe is not Qwen2)
+            for arch in ARCHITECTURES.values():
+                if model_type in arch.model_types:
+                    return arch
+        else:
+            for cls in config.get("architectures") or []:
+                for arch in ARCHITECTURES.values():
+                    if re.fullmatch(rf"({'|'.join(arch.class_prefixes)})(Model|LMHeadModel|For\w+|Encoder\w*)", str(cls)):
+                        return arch
+        seen = model_type or ",".join(map(str, config.get("architectures") or [])) or "none given"
+        raise ArchitectureError(model, f"unknown architecture '{seen}'; supported model types: {supported()}")
+    if names:
+        for arch in ARCHITECTURES.values():
+            first = arch.stacks[0].tensors[0].name(0)
+            if any(p + first in names for p in arch.prefixes):
+                return arch
+    raise ArchitectureError(model, f"no config.json and no known tensor names; supported model types: {supported()}")

@@ -1,0 +1,396 @@
+"""Checkpoint reading: only the tensors asked for, lazily, never building a ``transformers`` model.
+
+A checkpoint is a local folder (config.json + weights) or a single weights file. Formats:
+``model.safetensors``, sharded safetensors with ``model.safetensors.index.json``,
+``pytorch_model.bin`` and sharded ``.bin`` with ``pytorch_model.bin.index.json``. safetensors are
+opened with ``safe_open`` (memory-mapped, one tensor at a time); ``.bin`` files go through
+``torch.load(..., weights_only=True, mmap=True)``, which refuses to run pickled code.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
+
+import torch
+import xxhash
+from safetensors import safe_open
+
+from .architectures import Architecture, MatrixRef, Orientation, detect
+from ..core.errors import CheckpointError, IncompatibleError, raise_if_resource, shown
+from ..core.files import BIN, BIN_INDEX, SAFETENSORS, SAFETENSORS_INDEX
+from .headers import safetensors_fault, short_cause as _short
+
+
+_HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_MAX_JSON = 100_000_000  # config.json and index files: thousands of times any real one
+
+# Causes that torch.load words at length (or as a bare exception type), said in a few words.
+_BIN_CAUSES = (
+    ("Weights only load failed", "it holds pickled objects other than tensors (refused: weights_only), or is corrupt"),
+    ("failed finding central directory", "truncated or corrupt (its zip directory is missing)"),
+    ("not a ZIP archive", "not a PyTorch archive (truncated or corrupt)"),
+    ("OSError: [Errno 22]", "truncated or corrupt (its zip records point past the end)"),
+    ("unexpected EOF", "truncated (the data ends early)"),
+    ("EOFError", "truncated (the data ends early)"),
+    ("ValueError: not a state dict", "it does not hold a state dict"),
+)
+def _exists(path: Path) -> bool:
+    """Whether something is at ``path``; a name the OS refuses (too long, a NUL byte) names nothing."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def read_json(path: Path, model: str) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > _MAX_JSON:
+            raise CheckpointError(model, f"{path.name} is {size:,} bytes, too large for a checkpoint's JSON")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an integer of 4,300+ digits
+        raise_if_resource(exc, model)
+        raise CheckpointError(model, f"{path.name} is not valid JSON ({_short(exc)})") from None
+    except RecursionError:
+        raise CheckpointError(model, f"{path.name} is not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(model, f"{path.name} is not a JSON object")
+    return data
+
+
+class LowRankDelta(NamedTuple):
+    """dW = left @ right.T in the description's orientation: left n x r, right m x r (float64)."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+class Checkpoint:
+    """A lazily read checkpoint. ``name`` is how errors and the store refer to it.
+
+    ``factored`` says the checkpoint stores deltas as thin factors (a LoRA adapter): then
+    :meth:`low_rank_deltas` gives them and no base matrix needs to be subtracted.
+    """
+
+    factored = False
+
+    def __init__(self, path: str | os.PathLike[str], name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or str(path)
+        self._index_name: str | None = None
+        if not _exists(self.path):
+            raise CheckpointError(self.name, f"no such file or folder: {self.path}")
+        self.folder = self.path if self.path.is_dir() else self.path.parent
+        self.files, self._key_file = self._locate_weights()
+        self.config = self._read_config()
+        self._handles: dict[Path, Any] = {}
+        self._file_names: dict[Path, frozenset[str]] = {}
+        self._layout: Layout | None = None
+
+    # --- discovery of files -------------------------------------------------------------------
+    def _locate_weights(self) -> tuple[list[Path], dict[str, Path] | None]:
+        """The weight files, and for sharded checkpoints which file holds which tensor."""
+        if self.path.is_file():
+            if self.path.suffix not in (".safetensors", ".bin", ".pt", ".pth"):
+                raise CheckpointError(self.name, f"unsupported weights file {self.path.name} (want .safetensors or .bin)")
+            return [self.path], None
+        for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
+            index = self.path / index_name
+            if _exists(index):
+                self._index_name = index_name
+                key_file = self._weight_map(index)
+                files = sorted(set(key_file.values()))
+                missing = [f.name for f in files if not _exists(f)]
+                if missing:
+                    raise CheckpointError(self.name, f"{index_name} names missing shard {shown(missing[0])}")
+                return self._regular(files), key_file
+        for single in (SAFETENSORS, BIN):
+            if _exists(self.path / single):
+                return self._regular([self.path / single]), None
+        raise CheckpointError(self.name, f"no weights found in {self.path} (looked for {SAFETENSORS}, {BIN} and their index files)")
+
+    def _weight_map(self, index: Path) -> dict[str, Path]:
+        """Which shard holds each tensor, from an index file; a shard must be a plain file name next to it."""
+        weight_map = read_json(index, self.name).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            what = "no weight_map" if weight_map is None else "a weight_map that is empty or not a map"
+            raise CheckpointError(self.name, f"{index.name} has {what}")
+        key_file = {}
+        for key, shard in weight_map.items():
+            if not isinstance(shard, str):
+                raise CheckpointError(self.name, f"{index.name} maps {shown(key)} to {shown(shard)}, not a file name")
+            # Checked lexically: the Hub cache's files are symlinks into a blobs folder, so
+            # resolving them would leave the folder.
+            if shard in ("", ".", "..") or Path(shard).name != shard or any(c in shard for c in "\\\0"):
+                raise CheckpointError(self.name, f"{index.name} points outside the folder: {shown(shard)}")
+            key_file[key] = self.path / shard
+        return key_file
+
+    def _regular(self, files: list[Path]) -> list[Path]:
+        """Weight files must be regular files: a folder, device or FIFO (which would block a read) is refused."""
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(self.name, f"{shown(file.name)} is not a regular file")
+        return files
+
+    def _read_config(self) -> dict[str, Any] | None:
+        config = self.folder / "config.json"
+        return read_json(config, self.name) if _exists(config) else None
+
+    # --- tensors -------------------------------------------------------------------------------
+    def _open(self, file: Path) -> Any:
+        """An open handle: a safetensors ``safe_open`` or a memory-mapped ``.bin`` state dict."""
+        handle = self._handles.get(file)
+        if handle is None:
+            safetensors = file.suffix == ".safetensors"
+            fault = safetensors_fault(file) if safetensors else None
+            if fault is not None:
+                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
+            try:
+                handle = safe_open(str(file), framework="pt") if safetensors else _load_bin(file)
+            except Exception as exc:  # safetensors and torch raise many types for a bad file
+                raise_if_resource(exc, self.name)  # "Cannot allocate memory" is the machine, not the file
+                cause = (None if safetensors else _bin_cause(exc)) or _short(exc)
+                raise CheckpointError(self.name, f"cannot read {file.name}: {cause}") from None
+            self._handles[file] = handle
+        return handle
+
+    def keys(self) -> set[str]:
+        """Every tensor name in the checkpoint."""
+        if self._key_file is not None:
+            return set(self._key_file)
+        return set().union(*(self._names(file) for file in self.files))
+
+    def _file_of(self, key: str) -> Path:
+        if self._key_file is not None:
+            if key not in self._key_file:
+                raise CheckpointError(self.name, f"missing tensor {key}")
+            file = self._key_file[key]
+            if key not in self._names(file):
+                raise CheckpointError(
+                    self.name, f"{shown(file.name)} lacks tensor {shown(key)}, which {self._index_name} puts there")
+            return file
+        for file in self.files:
+            if key in self._names(file):
+                return file
+        raise CheckpointError(self.name, f"missing tensor {key}")
+
+    def _names(self, file: Path) -> frozenset[str]:
+        names = self._file_names.get(file)
+        if names is None:
+            names = self._file_names[file] = frozenset(self._open(file).keys())
+        return names
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        handle = self._open(self._file_of(key))
+        if isinstance(handle, dict):
+            return tuple(handle[key].shape)
+        try:
+            return tuple(handle.get_slice(key).get_shape())
+        except Exception as exc:
+            raise_if_resource(exc, self.name)
+            raise CheckpointError(self.name, f"cannot read the shape of tensor {shown(key)}: {_short(exc)}") from None
+
+    def get(self, key: str) -> torch.Tensor:
+        """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
+        handle = self._open(self._file_of(key))
+        try:
+            tensor = handle[key] if isinstance(handle, dict) else handle.get_tensor(key)
+        except Exception as exc:
+            raise_if_resource(exc, self.name)
+            raise CheckpointError(self.name, f"cannot read tensor {shown(key)}: {_short(exc)}") from None
+        if tensor.dtype not in _FLOAT_DTYPES:
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            expected = "float32, float16, bfloat16 or float64"
+            raise CheckpointError(self.name, f"tensor {shown(key)} has dtype {dtype}, expected {expected}")
+        return tensor.to(torch.float32)
+
+    # --- architecture ---------------------------------------------------------------------------
+    def architecture(self) -> Architecture:
+        return detect(self.config, self.name, None if self.config else self.keys())
+
+    def layout(self) -> "Layout":
+        """Where each matrix of the representation lives in this checkpoint (prefix resolved); worked out once."""
+        if self._layout is None:
+            self._layout = self._resolve_layout()
+        return self._layout
+
+    def _resolve_layout(self) -> "Layout":
+        arch = self.architecture()
+        config = self.config if self.config else _infer_config(arch, self.keys())
+        refs = arch.matrices(config)
+        if not refs:
+            raise CheckpointError(self.name, "the architecture has no layers to read")
+        names = self.keys()
+        prefix = next((p for p in arch.prefixes if p + refs[0].tensor in names), None)
+        if prefix is None:
+            raise CheckpointError(
+                self.name,
+                f"missing tensor {refs[0].tensor} (also tried prefixes {', '.join(repr(p) for p in arch.prefixes if p)})",
+            )
+        for ref in refs:
+            if prefix + ref.tensor not in names:
+                raise CheckpointError(self.name, f"missing tensor {prefix + ref.tensor}")
+        return Layout(arch, refs, prefix)
+
+    def matrix(self, ref: MatrixRef, prefix: str, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """One matrix in the description's orientation W in R^{in x out}, fused parts split."""
+        name = prefix + ref.tensor
+        if cache is not None and name in cache:
+            whole = cache[name]
+        else:
+            raw = self.get(name)
+            if raw.ndim != 2:
+                raise CheckpointError(self.name, f"tensor {name} has shape {list(raw.shape)}, expected a matrix")
+            whole = raw.T if ref.orientation is Orientation.LINEAR else raw
+            if cache is not None and ref.n_parts > 1:
+                cache[name] = whole
+        if ref.n_parts == 1:
+            return whole
+        out = whole.shape[1]
+        if out % ref.n_parts:
+            raise CheckpointError(self.name, f"fused tensor {name} of shape {list(whole.shape)} does not split into {ref.n_parts} parts")
+        width = out // ref.n_parts
+        return whole[:, ref.part * width : (ref.part + 1) * width]
+
+    def low_rank_deltas(
+        self, base: "Layout", shapes: Mapping[tuple[str, int, str], tuple[int, ...]]
+    ) -> dict[tuple[str, int, str], LowRankDelta]:
+        """The deltas against ``base`` as thin factors; only checkpoints with ``factored`` store them so."""
+        raise CheckpointError(self.name, "holds full weights, not low-rank deltas")
+
+    # --- identity -------------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """A content hash of the weight files (xxh3-128, a few GB/s), so renamed copies are recognised."""
+        digest = xxhash.xxh3_128()
+        for file in self.files:
+            digest.update(file.name.encode())
+            with open(file, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                digest.update(size.to_bytes(8, "little"))
+                if size:
+                    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                        digest.update(view)
+        return digest.hexdigest()
+
+    def identity(self) -> str:
+        """A cheap identity of the weight files: names, sizes, modification times and headers.
+
+        How make and rsync judge change: it reads no tensor data, so a run over thousands of
+        local models spends nothing on recognising the ones already stored (a full content hash
+        of a bert-base file costs about what embedding it does). ``fingerprint`` hashes content.
+        """
+        digest = xxhash.xxh3_128()
+        for file in self.files:
+            stat = file.stat()
+            digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+            with open(file, "rb") as fh:
+                digest.update(fh.read(_HEAD_BYTES))  # a safetensors header: every name, dtype, shape and offset
+        return "stat:" + digest.hexdigest()
+
+    def prefetch(self) -> None:
+        """Ask the kernel to read the weight files into the page cache now, without waiting for it.
+
+        Called for models queued behind the one being computed, so their reads from disk overlap
+        the computation; a no-op for files already cached, and where the OS lacks the call.
+        """
+        advise = getattr(os, "posix_fadvise", None)
+        for file in self.files if advise is not None else ():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Release the open files now (tensors already read keep their own memory)."""
+        for handle in self._handles.values():
+            if not isinstance(handle, dict):
+                try:
+                    handle.__exit__(None, None, None)
+                except RuntimeError:  # "Already borrowed": a thread still reads it (a failed model's sketch pool)
+                    pass  # released when collected, as before
+        self._handles.clear()
+        self._file_names.clear()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Layout:
+    """The resolved matrices of one checkpoint: its architecture, matrix refs and name prefix."""
+
+    def __init__(self, arch: Architecture, refs: list[MatrixRef], prefix: str) -> None:
+        self.arch = arch
+        self.refs = refs
+        self.prefix = prefix
+
+    def by_layer(self) -> Iterator[tuple[str, int, list[MatrixRef]]]:
+        """Refs grouped by (stack, layer), in order."""
+        group: list[MatrixRef] = []
+        for ref in self.refs:
+            if group and (group[0].stack, group[0].layer) != (ref.stack, ref.layer):
+                yield group[0].stack, group[0].layer, group
+                group = []
+            group.append(ref)
+        if group:
+            yield group[0].stack, group[0].layer, group
+
+
+def _load_bin(file: Path) -> dict[str, torch.Tensor]:
+    """A ``.bin`` state dict, memory-mapped; ``weights_only=True`` so no pickled code runs."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc).lower() and "zip" not in str(exc).lower():
+            raise
+        state = torch.load(file, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError("not a state dict")
+    return {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+
+
+def _bin_cause(exc: BaseException) -> str | None:
+    """A ``.bin`` file's load failure in a few words; a bare I/O error (permissions...) is left as it is.
+
+    A damaged file fails deep inside torch.load's unpickler or zip reader (IndexError, struct.error,
+    KeyError, ...), whose own words say little: they are prefixed with what they mean.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    known = next((cause for needle, cause in _BIN_CAUSES if needle in text), None)
+    return known or (None if isinstance(exc, OSError) else f"corrupt or not a PyTorch file ({_short(exc)})")
+
+
+def _infer_config(arch: Architecture, names: set[str]) -> dict[str, Any]:
+    """Layer counts from tensor names, for a bare weights file without config.json."""
+    config: dict[str, Any] = {}
+    for stack in arch.stacks:
+        first = stack.tensors[0]
+        count = 0
+        while any(p + first.name(count) in names for p in arch.prefixes):
+            count += 1
+        for key in stack.layers_keys:
+            config.setdefault(key, count)
+    return config
+
+
+def check_compatible(model: Checkpoint, model_layout: Layout, base_layout: Layout) -> None:
+    """A fine-tune must have its base's family and matrices; raises a one-line error otherwise."""
+    if model_layout.arch is not base_layout.arch:
+        raise IncompatibleError(
+            model.name, f"family {model_layout.arch.name} does not match the base's family {base_layout.arch.name}"
+        )
+    if [r.key for r in model_layout.refs] != [r.key for r in base_layout.refs]:
+        n_model = max(r.layer for r in model_layout.refs) + 1
+        n_base = max(r.layer for r in base_layout.refs) + 1
+        raise IncompatibleError(model.name, f"has {n_model} layers / matrices that differ from the base's ({n_base} layers)")

@@ -1,0 +1,61 @@
+"""Every checkpoint format behind one :func:`open_checkpoint`, through a registry of formats.
+
+A format is a cheap test on the path (a ``.gguf`` name, an ``adapter_config.json`` without full
+weights) and the reader class that opens it, named as ``"module:Class"`` and imported only when a
+path of that format is opened: the base reader (:mod:`modelvec.read.checkpoint`) never imports
+its extensions, and an optional dependency (``gguf``) is imported only for its files. The first
+format whose test accepts the path opens it; plain weights (safetensors or ``.bin``) come last.
+Adding a format is :func:`register_format`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.files import is_adapter, is_gguf
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One checkpoint format: ``claims(path)`` says whether a path is one; ``reader`` opens it."""
+
+    name: str
+    claims: Callable[[Path], bool]
+    reader: str  # "package.module:Class", imported on first use
+
+    def open(self, path: PathLike, name: str | None = None) -> Checkpoint:
+        module, _, cls = self.reader.partition(":")
+        reader: type[Checkpoint] = getattr(importlib.import_module(module), cls)
+        return reader(path, name)
+
+
+FORMATS: list[Format] = [
+    Format("gguf", is_gguf, "modelvec.read.gguf:GGUFCheckpoint"),
+    Format("peft-lora", is_adapter, "modelvec.read.adapters:AdapterCheckpoint"),
+    Format("weights", lambda _path: True, "modelvec.read.checkpoint:Checkpoint"),
+]
+
+
+def register_format(fmt: Format) -> None:
+    """Add a format, tried before the built-in ones (a later registration of the same name replaces it)."""
+    FORMATS[:] = [fmt, *(f for f in FORMATS if f.name != fmt.name)]
+
+
+def format_of(path: PathLike) -> Format:
+    """The format that reads ``path``."""
+    return next(f for f in FORMATS if f.claims(Path(path)))
+
+
+def open_checkpoint(path: PathLike, name: str | None = None) -> Checkpoint:
+    """The reader for any model modelvec accepts: a GGUF file, a PEFT adapter folder, or weights."""
+    return format_of(path).open(path, name)

@@ -1,0 +1,303 @@
+"""GGUF checkpoints (llama.cpp's format, often quantized) for the rank study of weights.
+
+:class:`GGUFCheckpoint` reads a ``.gguf`` file with the ``gguf`` package's ``GGUFReader`` (memory-mapped)
+and offers what the rank study uses from :class:`~modelvec.read.checkpoint.Checkpoint`: ``name``,
+``keys()``, ``shape()``, ``get(key)`` (float32), ``config``, ``architecture()`` and ``layout()``.
+Tensors are named as in the Hugging Face checkpoint the file was converted from, so modelvec's
+architecture tables apply unchanged: the GGUF names (``blk.N.attn_q.weight``, ``blk.N.ffn_down.weight``,
+``blk.N.attn_qkv.weight``...) are found by running each table's Hugging Face names through gguf's own
+``TensorNameMap`` for the file's ``general.architecture``, the map llama.cpp's converter uses.
+The config comes from the metadata (``<arch>.block_count``, ``<arch>.embedding_length``...).
+
+Each ``get`` dequantizes one tensor (``gguf.quants.dequantize``), so memory stays bounded by the
+largest matrix. Quantization noise raises the measured rank: the rank study warns
+(:class:`QuantizationWarning`, naming the quant types) and refuses deltas between quantized
+checkpoints, whose noise is as large as a fine-tuning delta.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.errors import CheckpointError, first_line, shown
+from .architectures import ARCHITECTURES, Orientation
+from .checkpoint import Checkpoint
+
+PathLike = str | os.PathLike[str]
+#: Storage types that are plain floats: everything else is block-quantized (Q8_0, Q4_K, IQ2_XS...).
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+
+
+class QuantizationWarning(UserWarning):
+    """The weights are quantized: the measured ranks include quantization noise."""
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one GGUF ``general.architecture`` maps onto a modelvec architecture table.
+
+    ``config`` maps the Hugging Face config.json keys the table needs to GGUF metadata keys
+    (``{arch}`` is the GGUF architecture name); ``defaults`` gives a key's fallback key.
+    """
+
+    table: str
+    model_type: str
+    config: dict[str, str]
+    defaults: dict[str, str] = field(default_factory=dict)
+    permuted_qk: bool = False
+
+
+_LLM = {
+    "num_hidden_layers": "{arch}.block_count",
+    "hidden_size": "{arch}.embedding_length",
+    "intermediate_size": "{arch}.feed_forward_length",
+    "num_attention_heads": "{arch}.attention.head_count",
+}
+FAMILIES: dict[str, _Family] = {
+    # llama.cpp's LlamaModel converter permutes the rows of q_proj and k_proj (see GGUFCheckpoint).
+    "llama": _Family("llama", "llama", {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
+                     {"num_key_value_heads": "num_attention_heads"}, permuted_qk=True),
+    "qwen2": _Family("llama", "qwen2", {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
+                     {"num_key_value_heads": "num_attention_heads"}),
+    "gpt2": _Family("gpt2", "gpt2", {"n_layer": "{arch}.block_count", "n_embd": "{arch}.embedding_length",
+                                     "n_inner": "{arch}.feed_forward_length", "n_head": "{arch}.attention.head_count"}),
+    "bert": _Family("bert", "bert", dict(_LLM)),
+    "t5": _Family("t5", "t5", {"num_layers": "{arch}.block_count", "num_decoder_layers": "{arch}.decoder_block_count",
+                               "d_model": "{arch}.embedding_length", "d_ff": "{arch}.feed_forward_length",
+                               "num_heads": "{arch}.attention.head_count"},
+                  {"num_decoder_layers": "num_layers"}),
+}
+
+
+def _gguf(name: str) -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError(name, "reading .gguf files needs the gguf package (pip install gguf)") from None
+    return gguf
+
+
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A lazily read GGUF file whose tensors carry the Hugging Face names of modelvec's tables.
+
+    ``get(key)`` returns each matrix as the Hugging Face checkpoint stores it, so every rule of
+    :class:`Checkpoint` (orientation, fused parts, layout) applies as is:
+
+    - **Shape order.** GGUF lists dimensions innermost first (ggml's ``ne``), the reverse of numpy;
+      the tensors come back in numpy order, i.e. ``[out, in]`` for a linear layer.
+    - **GPT-2's Conv1D.** llama.cpp's converter transposes ``c_attn``, ``c_proj`` and ``c_fc`` to
+      ggml's ``[out, in]``; they are transposed back to Conv1D's ``[in, out]``.
+    - **Llama's Q and K.** The converter permutes the rows of ``q_proj`` and ``k_proj`` of the
+      ``llama`` architecture (per head, from Hugging Face's half-split rotary layout to the
+      interleaved one). A row permutation does not change singular values, so ranks would be the
+      same either way; the permutation is undone anyway so that the tensors equal the Hugging Face
+      ones (and a delta against a safetensors base lines up).
+
+    Tensors with no matrix role in the table keep their GGUF names in ``keys()``.
+    """
+
+    def __init__(self, path: PathLike, name: str | None = None) -> None:
+        path = Path(path)
+        self.name = name or str(path)
+        if not path.is_file():
+            raise CheckpointError(self.name, f"{path.name} is not a regular file" if path.exists() else f"no such file: {path}")
+        self._gguf = _gguf(self.name)
+        self.path = path
+        self._reader: Any = None
+        reader = self._open_reader()
+        fields = reader.fields
+        arch = self._meta(fields, "general.architecture")
+        if arch is None:
+            raise CheckpointError(self.name, f"{path.name} has no general.architecture in its GGUF metadata")
+        self.gguf_arch = str(arch)
+        family = FAMILIES.get(self.gguf_arch)
+        if family is None:
+            raise CheckpointError(self.name, f"unsupported GGUF architecture '{shown(self.gguf_arch, 60)}' in {path.name} "
+                                             f"(supported: {', '.join(sorted(FAMILIES))})")
+        self.family = family
+        self._infos = {t.name: (t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in reader.tensors}
+        self._gguf_config = self._config_from(fields)
+        super().__init__(path, self.name)  # the hooks below give the files and the config
+        self._hf_to_gguf, self._transposed, self._heads = self._map_names()
+
+    # --- the Checkpoint hooks ------------------------------------------------------------------
+    def _locate_weights(self) -> tuple[list[Path], None]:
+        return [self.path], None
+
+    def _read_config(self) -> dict[str, Any]:
+        return self._gguf_config
+
+    # --- reading -----------------------------------------------------------------------------------
+    def _open_reader(self) -> Any:
+        if self._reader is None:
+            try:
+                reader = self._gguf.GGUFReader(self.path, "r")
+            except Exception as exc:  # the reader raises ValueError, IndexError and numpy errors for a bad file
+                with open(self.path, "rb") as fh:
+                    magic = fh.read(4)
+                what = "is truncated or corrupt" if magic == b"GGUF" else "is not a GGUF file (no GGUF magic)"
+                raise CheckpointError(self.name, f"cannot read {self.path.name}: it {what} ({first_line(exc)})") from None
+            if reader.byte_order != "I":
+                raise CheckpointError(self.name, f"{self.path.name} is a GGUF of the other byte order (not supported)")
+            self._reader = reader
+            self._tensors = {t.name: t for t in reader.tensors}
+        return self._reader
+
+    def _meta(self, fields: dict[str, Any], key: str) -> Any:
+        f = fields.get(key)
+        if f is None:
+            return None
+        try:
+            return f.contents()
+        except Exception as exc:
+            raise CheckpointError(self.name, f"bad GGUF metadata {key}: {first_line(exc)}") from None
+
+    def _config_from(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A config.json-like dict for the architecture table, from the GGUF metadata."""
+        config: dict[str, Any] = {"model_type": self.family.model_type, "_name_or_path": self.name}
+        for key, template in self.family.config.items():
+            value = self._meta(fields, template.format(arch=self.gguf_arch))
+            if isinstance(value, list):  # per-layer values (e.g. head counts): the table needs one
+                value = value[0] if value else None
+            if value is None and key in self.family.defaults:
+                value = config.get(self.family.defaults[key])
+            if value is None:
+                if key in ("num_hidden_layers", "n_layer", "num_layers"):
+                    raise CheckpointError(self.name, f"{self.path.name} has no {template.format(arch=self.gguf_arch)} "
+                                                     "in its GGUF metadata")
+                continue
+            try:
+                config[key] = int(value)
+            except (TypeError, ValueError):
+                raise CheckpointError(self.name, f"bad GGUF metadata {template.format(arch=self.gguf_arch)}: "
+                                                 f"{shown(repr(value), 60)} is not a count") from None
+        if self.gguf_arch == "t5":  # gated (v1.1, Flan) or not: the GGUF has ffn_gate tensors or not
+            config["feed_forward_proj"] = "gated-gelu" if "enc.blk.0.ffn_gate.weight" in self._infos else "relu"
+        return config
+
+    def _map_names(self) -> tuple[dict[str, str], set[str], dict[str, int]]:
+        """Hugging Face name -> GGUF name for every tensor of the table, through gguf's TensorNameMap.
+
+        Also the names stored transposed (Conv1D) and, for the permuted Q/K rows, the head count.
+        """
+        gg = self._gguf
+        arch_enum = {v: k for k, v in gg.MODEL_ARCH_NAMES.items()}.get(self.gguf_arch)
+        if arch_enum is None:
+            raise CheckpointError(self.name, f"the installed gguf package does not know architecture '{self.gguf_arch}'")
+        table = ARCHITECTURES[self.family.table]
+        n_blocks = max([v for k, v in self.config.items() if k in ("num_hidden_layers", "n_layer", "num_layers",
+                                                                    "num_decoder_layers") and isinstance(v, int)] + [1])
+        names = gg.get_tensor_name_map(arch_enum, n_blocks)
+        mapped: dict[str, str] = {}
+        transposed: set[str] = set()
+        heads: dict[str, int] = {}
+        for ref in table.matrices(self.config):
+            hit = None
+            for prefix in dict.fromkeys(("", *table.prefixes)):
+                found = names.get_type_and_name(prefix + ref.tensor, try_suffixes=(".weight", ".bias"))
+                if found is not None:
+                    hit = found
+                    break
+            if hit is None or hit[1] not in self._infos:
+                continue  # the layout names it as missing
+            kind, gguf_name = hit
+            mapped[ref.tensor] = gguf_name
+            if ref.orientation is Orientation.CONV1D:
+                transposed.add(ref.tensor)
+            if self.family.permuted_qk and kind in (gg.MODEL_TENSOR.ATTN_Q, gg.MODEL_TENSOR.ATTN_K):
+                key = "num_attention_heads" if kind == gg.MODEL_TENSOR.ATTN_Q else "num_key_value_heads"
+                if not isinstance(self.config.get(key), int):
+                    raise CheckpointError(self.name, f"{self.path.name} gives no head count, needed to read {gguf_name}")
+                heads[ref.tensor] = int(self.config[key])
+        return mapped, transposed, heads
+
+    def keys(self) -> set[str]:
+        """The table's tensors under their Hugging Face names, every other tensor under its GGUF name."""
+        claimed = set(self._hf_to_gguf.values())
+        return set(self._hf_to_gguf) | {n for n in self._infos if n not in claimed}
+
+    def gguf_name(self, key: str) -> str:
+        """The GGUF tensor holding ``key`` (a Hugging Face name or a GGUF name)."""
+        name = self._hf_to_gguf.get(key, key)
+        if name not in self._infos:
+            raise CheckpointError(self.name, f"missing tensor {key}")
+        return name
+
+    def quant_type(self, key: str) -> str:
+        """The storage type of ``key``: F32, F16, BF16, Q8_0, Q4_K..."""
+        return self._infos[self.gguf_name(key)][0].name
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        shape = self._infos[self.gguf_name(key)][1]
+        return tuple(reversed(shape)) if key in self._transposed else shape
+
+    def get(self, key: str) -> torch.Tensor:
+        """One tensor, dequantized to float32, in the Hugging Face checkpoint's storage layout."""
+        name = self.gguf_name(key)
+        qtype, shape = self._infos[name]
+        tensor = self._tensors[name] if self._reader is not None else self._reopen(name)
+        if qtype.name in ("I8", "I16", "I32", "I64"):
+            raise CheckpointError(self.name, f"tensor {key} has type {qtype.name}, expected a float or quantized type")
+        try:
+            if qtype.name == "F64":
+                values = np.asarray(tensor.data, dtype=np.float32)
+            else:
+                values = self._gguf.quants.dequantize(tensor.data, qtype)
+            values = np.require(values.reshape(shape), np.float32, ["C", "W"])  # a copy of a read-only F32 view
+        except Exception as exc:  # unknown quant type, truncated data
+            raise CheckpointError(self.name, f"cannot dequantize tensor {name} ({qtype.name}): {first_line(exc)}") from None
+        out = torch.from_numpy(values)
+        if key in self._heads:
+            out = _unpermute(out, self._heads[key], self.name, key)
+        return out.T if key in self._transposed else out
+
+    def _reopen(self, name: str) -> Any:
+        self._open_reader()
+        return self._tensors[name]
+
+    # --- quantization -------------------------------------------------------------------------------
+    def quantized_types(self) -> list[str]:
+        """The block-quantized storage types of the layout's matrices (empty for F32/F16/BF16 files)."""
+        types = {self.quant_type(ref.tensor) for ref in self.layout().refs}
+        return sorted(types - FLOAT_TYPES)
+
+    def close(self) -> None:
+        super().close()
+        self._reader = None
+        self._tensors = {}
+
+
+def _unpermute(w: torch.Tensor, n_head: int, model: str, key: str) -> torch.Tensor:
+    """Undo llama.cpp's ``LlamaModel.permute`` of Q/K rows (``[out, in]``, per head: interleaved -> half-split)."""
+    rows = w.shape[0]
+    if n_head <= 0 or rows % (2 * n_head):
+        raise CheckpointError(model, f"tensor {key} has {rows} rows, not a multiple of 2 x {n_head} heads")
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape).contiguous()
+
+
+def warn_if_quantized(ck: Checkpoint) -> list[str]:
+    """Warn (:class:`QuantizationWarning`) when ``ck`` is a quantized GGUF; returns the quant types found."""
+    types = ck.quantized_types() if isinstance(ck, GGUFCheckpoint) else []
+    if types:
+        warnings.warn(f"{ck.name}: quantized GGUF ({', '.join(types)}): the ranks are those of the dequantized weights; "
+                      "quantization noise raises the measured rank, most at thresholds near 1 (4- and 5-bit types "
+                      "can also lower it slightly where the spectrum decays slowly)", QuantizationWarning, stacklevel=3)
+    return types
+
+
+def refuse_quantized_delta(ck: Checkpoint) -> None:
+    """A one-line error for a delta with a quantized side: its quantization noise would swamp the delta."""
+    types = ck.quantized_types() if isinstance(ck, GGUFCheckpoint) else []
+    if types:
+        raise CheckpointError(ck.name, f"quantized GGUF ({', '.join(types)}): --of delta needs unquantized weights, "
+                                       "quantization noise is as large as a fine-tuning delta (use an F32/F16/BF16 "
+                                       "GGUF or the original weights)")

@@ -1,0 +1,133 @@
+"""The cluster report: one base's stored vectors scored against their dataset labels and mapped.
+
+``cluster`` reads the vectors of one base and representation from the store, computes the kNN
+dataset score, predictions for unlabelled models and the clustering scores, reduces the vectors to
+2-D, and writes a PNG and a self-contained HTML page.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..analyse.maps import reduce
+from ..analyse.scores import clustering_scores, knn_dataset_score, predict_datasets
+from ..core.names import display_name, model_id
+from ..hub.ids import resolve_base
+from ..hub.labels import matches_source
+from ..plots.maps import plot_html, plot_png
+from ..represent.params import Representation
+from ..store import Store
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class ClusterReport:
+    """Scores and written files of one ``cluster`` run; ``as_json()`` is the CLI's ``--json``."""
+
+    base: str
+    params: str
+    n_models: int
+    metric: str
+    pool: str
+    knn_score: float
+    n_scored: int
+    per_dataset: dict[str, dict[str, float]]
+    loo_accuracy: float
+    clustering: dict[str, float]
+    predictions: list[dict[str, Any]]
+    files: dict[str, str] = field(default_factory=dict)
+    # Author effect: the kNN score when a model's same-author neighbours do not count.
+    knn_score_other_authors: float = float("nan")
+    n_scored_other_authors: int = 0
+    n_authors: int = 0
+    largest_author_share: float = float("nan")  # share of the models uploaded by the most prolific author
+    label_sources: list[str] | None = None  # the label sources kept (None: all)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
+        out.update(self.clustering)
+        return out
+
+
+def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
+    """The stored vectors of ``base`` (a path or a stored id) under ``params``; clear error when none."""
+    ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
+    for name in ids:
+        X, meta = store.load(base=name, params=params)
+        if len(meta):
+            return X, meta, name
+    stored = store.summary()
+    known = "; ".join(f"{b} [{p}]" for b, p in zip(stored["base"], stored["params"])) or "nothing stored"
+    raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()} (stored: {known})")
+
+
+def cluster(
+    base: PathLike | str,
+    *,
+    params: Representation | None = None,
+    store: Store | PathLike | None = None,
+    out: PathLike = "modelvec-out",
+    method: str = "umap",
+    standardize: bool = False,
+    metric: str = "cosine",
+    pool: str = "labelled",
+    k: int = 5,
+    seed: int = 0,
+    label_sources: Sequence[str] | None = None,
+) -> ClusterReport:
+    """Score and map the stored vectors of ``base``; writes ``out/clusters-<method>.png`` and ``.html``.
+
+    ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
+    ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
+    The report also gives the kNN score with same-author neighbours excluded, to tell an author
+    effect (one uploader's near-identical runs) from a dataset effect.
+    """
+    params = params or Representation()
+    own = not isinstance(store, Store)
+    db = Store(store) if own else store
+    try:
+        X, meta, base_name = load_base(db, base, params)
+    finally:
+        if own:
+            db.close()
+    labels = [list(d) for d in meta["datasets"]]
+    if label_sources is not None:
+        labels = [lab if matches_source(src if isinstance(src, str) else None, label_sources) else []
+                  for lab, src in zip(labels, meta["label_source"])]
+        meta = meta.assign(datasets=labels)
+    knn = knn_dataset_score(X, labels, metric=metric, pool=pool)
+    authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
+    by_author = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors)
+    counts = pd.Series([a for a in authors if a]).value_counts()
+    pred = predict_datasets(X, labels, k=k, metric=metric)
+    scores = clustering_scores(X, labels, metric=metric, seed=seed)
+    predictions = [
+        {"model": m, "predicted": p, "confidence": float(c)}
+        for m, p, c in zip(meta["model"], pred.predicted, pred.confidence)
+        if p is not None
+    ]
+    report = ClusterReport(
+        base=base_name, params=params.key(), n_models=len(meta), metric=metric, pool=pool, knn_score=knn.score,
+        n_scored=knn.n_scored, per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
+        loo_accuracy=pred.loo_accuracy, clustering=scores, predictions=predictions,
+        knn_score_other_authors=by_author.score, n_scored_other_authors=by_author.n_scored, n_authors=len(counts),
+        largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
+        label_sources=list(label_sources) if label_sources is not None else None,
+    )
+    if len(meta) >= 3:
+        coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)
+        folder = Path(out)
+        title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
+        subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
+        report.files["png"] = str(plot_png(coords, meta, folder / f"clusters-{method}.png", method=method,
+                                           title=title, subtitle=subtitle))
+        report.files["html"] = str(plot_html(coords, meta, folder / f"clusters-{method}.html", method=method,
+                                             title=f"{title} — {subtitle}"))
+    return report

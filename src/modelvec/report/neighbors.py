@@ -1,0 +1,141 @@
+"""Which stored models are like mine? The nearest stored models to any model, and the dataset they suggest.
+
+A model that is not in the store (a local folder, a LoRA adapter or a Hub id) is embedded on the fly
+with the stored representation against the stored base, compared, and not stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..analyse.scores import majority_dataset, nearest
+from ..core.names import is_hub_id, model_id
+from ..hub.client import HubSettings
+from ..hub.ids import resolve_base
+from ..represent.params import Representation
+from ..run import catalogue_entries, embed
+from ..store import Store
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class Neighbors:
+    """The stored models nearest to a query model, and the dataset their labels suggest for it."""
+
+    query: str
+    base: str
+    params: str
+    on_the_fly: bool  # the query was not in the store: embedded now with the stored settings, not stored
+    nearest: pd.DataFrame  # model, distance, datasets, label_source, author; nearest first
+    predicted: str | None  # the majority dataset of the k nearest labelled models (None: none labelled)
+    confidence: float  # the predicted dataset's share of their votes; nan when nothing was predicted
+    votes: dict[str, int] = field(default_factory=dict)
+    warning: str | None = None  # e.g. the query was embedded against another revision of the base
+
+    def as_json(self) -> dict[str, Any]:
+        """Everything above, the neighbours as records (nearest first)."""
+        out = {k: v for k, v in self.__dict__.items() if k != "nearest"}
+        out["nearest"] = json.loads(self.nearest.to_json(orient="records"))
+        return out
+
+
+def _stored_base(db: Store, base: PathLike | str | None, params: Representation) -> str:
+    """The base to compare against: the one given, else the only base with vectors under ``params``."""
+    if base is not None:
+        names = [model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
+        for name in names:
+            if not db.metadata(base=name, params=params).empty:
+                return name
+        raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()}")
+    bases = sorted(set(db.metadata(params=params)["base"]))
+    if len(bases) != 1:
+        known = ", ".join(bases) or "none"
+        raise LookupError(f"the store holds vectors of {len(bases)} bases with representation {params.key()} "
+                          f"({known}): name one with --base")
+    return bases[0]
+
+
+def _embed_query(model: PathLike | str, base: str, params: Representation, db: Store,
+                 settings: HubSettings | None) -> tuple[np.ndarray, str | None]:
+    """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it.
+
+    The scratch store gets the stored base revision and the model's catalogue entry, so a Hub
+    base resolves to the revision the stored vectors were computed against.
+    """
+    name = model_id(model)
+    with tempfile.TemporaryDirectory(prefix="modelvec-query-") as tmp, Store(Path(tmp) / "query.duckdb") as scratch:
+        sha = db.base_sha(base)
+        if sha is not None:
+            scratch.put_catalogue(base, sha, catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else [])
+        result = embed(base, [model], representation=params, store=scratch, settings=settings, workers=1)
+        if result.failed:
+            raise LookupError(next(iter(result.failed.values())))
+        base_hash = scratch.base_hashes(base, params)
+    stored = db.base_hashes(base, params)
+    warning = None
+    if base_hash and stored and base_hash[0] not in stored:
+        warning = (f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
+                   f"were computed against {', '.join(stored)}: distances may include the base's change")
+    return result.vectors[0], warning
+
+
+def neighbors(
+    model: PathLike | str,
+    *,
+    params: Representation | None = None,
+    store: Store | PathLike | None = None,
+    k: int = 10,
+    metric: str = "cosine",
+    base: PathLike | str | None = None,
+    settings: HubSettings | None = None,
+) -> Neighbors:
+    """The ``k`` stored models nearest to ``model``, and the dataset they suggest for it.
+
+    ``model`` is a stored model, or any local folder or Hub id: one not in the store is embedded
+    on the fly with ``params`` against the stored base (``base``, or the only one stored) and
+    compared, without being stored. The prediction is the majority dataset among the ``k``
+    nearest labelled models (the rule of ``cluster``'s predictions), with its vote share.
+    """
+    params = params or Representation()
+    own = not isinstance(store, Store)
+    db = Store(store) if own else store
+    try:
+        name = model_id(model) if os.path.exists(str(model)) else str(model)
+        rows = db.metadata(params=params, models=[name])
+        if base is not None or rows.empty:
+            base_name = _stored_base(db, base, params)
+            rows = rows[rows["base"] == base_name]
+        else:
+            base_name = rows["base"].iloc[0]
+        X, meta = db.load(base=base_name, params=params)
+        on_the_fly, warning = rows.empty, None
+        if on_the_fly:
+            if not os.path.exists(str(model)) and not is_hub_id(model):
+                raise LookupError(f"{model}: not in the store, and neither a local path nor a Hub id")
+            query, warning = _embed_query(model, base_name, params, db, settings)
+            me = None
+        else:
+            me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
+            query = X[me]
+    finally:
+        if own:
+            db.close()
+    idx, dist = nearest(X, query, k=k, metric=metric, exclude=me)
+    found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
+    found.insert(1, "distance", dist)
+    labels = [list(d) for d in meta["datasets"]]
+    labelled = np.array([i for i, d in enumerate(labels) if d and i != me], dtype=int)
+    predicted, confidence, votes = None, float("nan"), {}
+    if len(labelled):
+        voters, _ = nearest(X[labelled], query, k=k, metric=metric)
+        predicted, confidence, votes = majority_dataset([labels[i] for i in labelled[voters]])
+    return Neighbors(name, base_name, params.key(), on_the_fly, found, predicted, confidence, votes, warning)

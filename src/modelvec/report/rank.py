@@ -1,0 +1,76 @@
+"""The rank study written out: every value as CSV and JSON, one figure per threshold, and its warnings."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..core.names import display_name, is_hub_id
+from ..plots.rank import plot_rank
+from ..read.gguf import QuantizationWarning
+from ..rank.study import DEFAULT_THRESHOLDS, RankStudy, over_stored, rank_study
+from ..store import Store
+
+PathLike = str | os.PathLike[str]
+
+
+def write_outputs(study: RankStudy, out: PathLike, title: str) -> None:
+    """CSV and JSON of every value, and one figure per threshold with the best laws drawn."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    study.table.to_csv(folder / "ranks.csv", index=False)
+    study.files["csv"] = str(folder / "ranks.csv")
+    payload = {
+        "model": study.model, "of": study.of, "records": study.records(),
+        "singular_values": [{"stack": s.stack, "layer": s.layer, "family": s.family, "shape": list(s.shape),
+                             "values": s.singular_values.tolist()} for s in study.spectra],
+        "laws": [{"stack": k[0], "family": k[1], "threshold": k[2],
+                  "fits": [{"law": f.name, "equation": f.equation, "params": f.params, "r2": f.r2, "adj_r2": f.adj_r2,
+                            "aic": f.aic} for f in fits]} for k, fits in study.fits.items()],
+    }
+    (folder / "ranks.json").write_text(json.dumps(payload, default=float))
+    study.files["json"] = str(folder / "ranks.json")
+    for threshold in sorted(study.table["threshold"].unique()):
+        path = folder / f"rank-{threshold:g}.png"
+        plot_rank(study.table, study.fits, float(threshold), path, of=study.of, title=title)
+        study.files[f"png {threshold:g}"] = str(path)
+
+
+def rank_report(
+    model: PathLike | None = None,
+    *,
+    base: PathLike | None = None,
+    of: str = "weights",
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    over_finetunes: str | None = None,
+    store: Store | PathLike | None = None,
+    out: PathLike | None = None,
+    device: str = "cpu",
+) -> RankStudy:
+    """The rank study of ``model`` (its weights, or with ``of="delta"`` its delta to ``base``), or of the
+    deltas of every stored fine-tune of ``over_finetunes``; written to ``out`` when given.
+
+    A quantized GGUF's warning is kept in ``study.warnings`` (the ranks include quantization noise).
+    """
+    if over_finetunes is not None:
+        study = over_stored(over_finetunes, store=store, thresholds=thresholds, device=device)
+        shown = study.model if is_hub_id(study.model) else display_name(study.model)
+        title = f"{study.n_models} fine-tunes of {shown}: mean rank of ΔW across depth"
+    elif model is None:
+        raise ValueError("give a MODEL, or --over-finetunes BASE")
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", QuantizationWarning)
+            study = rank_study(model, base=base, of=of, thresholds=thresholds, device=device)
+        for w in caught:
+            if issubclass(w.category, QuantizationWarning):
+                study.warnings.append(str(w.message))
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        title = f"{display_name(model)}: rank of {'ΔW' if of == 'delta' else 'W'} across depth"
+    if out is not None:
+        write_outputs(study, out, title)
+    return study

@@ -1,0 +1,96 @@
+"""The representation: fine-tuning deltas turned into one vector, as ``vectors.md`` describes.
+
+For every stack, layer and family: dW = W_ft - W_base in R^{n x m} (x @ W orientation), a rank-r
+truncated SVD dW ~ U S V^T, and the n x r factor kept (U, or U S), flattened column by column
+(singular vector after singular vector). Per layer the families are concatenated in the
+architecture table's order; layers are pooled (``mean`` as described, or ``concat``); the stacks
+(encoder, decoder) are concatenated.
+
+Where the description is open, :class:`Representation` makes the choice explicit:
+
+- ``factor``: ``"U"`` (as the original study), ``"US"`` (U scaled by the singular values),
+  ``"S"`` (the singular values alone), or ``"sketch"``: dW @ Omega with one fixed, seeded
+  Gaussian Omega (m x r) per matrix shape shared by all models; linear in dW, so sketches of
+  different models live in one space, with no SVD. The default, ``sketch`` with ``block_norm``,
+  was chosen by ``modelvec evaluate`` on the demo zoo: it scored best of the vectors >= 100x
+  smaller than the full deltas (README, "Which representation?").
+- ``block_norm``: each layer-and-family block scaled to unit norm before pooling, so the large
+  feed-forward blocks do not drown the attention blocks.
+- ``pooling``: ``"mean"`` over layers (as described) or ``"concat"``.
+- ``solver``: ``"randomized"`` (randomized block Krylov with a fixed seed: deterministic, within
+  ~1e-3 of the exact vector on real fine-tunes at the default 4 iterations, ~25x faster on
+  bert-base) or ``"exact"`` (full LAPACK SVD; slow, the reference).
+- ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
+  column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
+  singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
+  ``"none"`` keeps what the solver returned.
+
+A PEFT LoRA adapter is a fine-tune whose delta comes factored, dW = L R^T (:mod:`modelvec.read.adapters`):
+its vector is computed from the thin factors and equals the merged model's, whatever the factor.
+
+Columns beyond min(n, m), and those whose singular value is numerically zero (below
+max(n, m) * eps * sigma_1, e.g. an untouched layer), are zeros: a zero delta has no directions,
+and arbitrary ones would only add noise.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+FACTORS = ("U", "US", "S", "sketch")
+POOLINGS = ("mean", "concat")
+SOLVERS = ("randomized", "exact")
+SIGNS = ("max-abs", "none")
+
+
+@dataclass(frozen=True)
+class Representation:
+    """The parameters of a representation, validated once; ``key()`` names it in the store."""
+
+    rank: int = 8
+    factor: str = "sketch"  # chosen by `modelvec evaluate` on the demo zoo (README)
+    pooling: str = "mean"
+    solver: str = "randomized"
+    sign: str = "max-abs"
+    n_iter: int = 4
+    n_oversamples: int = 8
+    seed: int = 0
+    block_norm: bool = True
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("factor", FACTORS), ("pooling", POOLINGS), ("solver", SOLVERS), ("sign", SIGNS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        for name in ("rank", "n_iter", "n_oversamples", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "rank" else 0):
+                raise ValueError(f"{name} must be an integer >= {1 if name == 'rank' else 0}, not {value!r}")
+        if not isinstance(self.block_norm, bool):
+            raise ValueError(f"block_norm must be a bool, not {self.block_norm!r}")
+
+    @property
+    def uses_svd(self) -> bool:
+        return self.factor != "sketch"
+
+    def block_size(self, n: int) -> int:
+        """Floats one n x m matrix contributes to a layer's vector."""
+        return self.rank if self.factor == "S" else n * self.rank
+
+    def key(self) -> str:
+        """A stable, readable id: equal keys mean bit-identical vectors for the same inputs."""
+        parts = [f"r{self.rank}", self.factor, self.pooling]
+        if not self.uses_svd:
+            parts.append(f"seed{self.seed}")
+        else:
+            parts.append(self.solver)
+            if self.factor != "S":
+                parts.append(self.sign)
+            if self.solver == "randomized":
+                parts += [f"it{self.n_iter}", f"os{self.n_oversamples}", f"seed{self.seed}"]
+        if self.block_norm:
+            parts.append("bn")
+        return "-".join(parts)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)

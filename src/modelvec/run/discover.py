@@ -1,0 +1,31 @@
+"""Discovery with the reading stage's judgement: Hub candidates matched against the base's architecture."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..hub.discovery import Discovery
+from ..hub.discovery import discover as hub_discover
+from ..read.matching import ArchitectureMatcher
+from ..store import Store
+
+
+def discover(base: str, *, store: Store | str | os.PathLike[str] | None = None, **kwargs: Any) -> Discovery:
+    """Find the fine-tunes of the Hub model ``base`` (see :func:`modelvec.hub.discovery.discover`).
+
+    Name-search candidates are kept when their config or safetensors header has the base's
+    matrices, as the architecture tables say (:class:`~modelvec.read.matching.ArchitectureMatcher`).
+    With ``store``, the catalogue is stored there (stored vectors are kept; their labels refreshed).
+    """
+    kwargs.setdefault("matcher", ArchitectureMatcher())
+    found = hub_discover(base, **kwargs)
+    if store is not None:
+        own = not isinstance(store, Store)
+        db = Store(store) if own else store
+        try:
+            db.put_catalogue(found.base, found.base_sha, found.entries)
+        finally:
+            if own:
+                db.close()
+    return found

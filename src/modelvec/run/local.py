@@ -1,0 +1,78 @@
+"""The local engine: this machine, with I/O threads that fetch and prefetch the next models."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from ..hub.client import HubSettings
+from ..represent.params import Representation
+from .work import BaseSpec, Outcome, Task, compute, fit_base
+
+if TYPE_CHECKING:
+    from ..read import Checkpoint
+    from ..represent import DeltaEmbedder
+
+
+def _prepare(task: Task, settings: HubSettings) -> Checkpoint:
+    """Off the compute thread: fetch (Hub), read the headers, and start reading the weights from disk."""
+    ck = task.open(settings)
+    ck.layout()
+    ck.prefetch()
+    return ck
+
+
+class LocalEngine:
+    """This machine: ``workers`` I/O threads fetch and prefetch the models queued behind the one computed.
+
+    The computation runs in the calling thread (torch uses every core for it). At most
+    ``workers + 1`` models are open at once, each memory-mapped rather than read into memory,
+    so memory stays flat however many models a run has; with ``keep_weights=False`` a Hub
+    model's files are deleted once it is embedded, so disk stays flat too.
+    """
+
+    def __init__(self, workers: int = 2, device: str = "cpu") -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, not {workers!r}")
+        self.workers = workers
+        self.device = device
+
+    @classmethod
+    def from_options(cls, workers: int | None, device: str, address: str | None = None) -> "LocalEngine":
+        """The engine of ``--engine local``: 2 I/O threads unless told otherwise; no cluster address."""
+        if address is not None:
+            raise ValueError("--address is for --engine ray")
+        return cls(2 if workers is None else workers, device)
+
+    def run(self, base: BaseSpec, params: Representation, tasks: Iterable[Task], settings: HubSettings,
+            keep_weights: bool = True) -> Iterator[Outcome]:
+        """Outcomes in task order. The base is read when the first task arrives, while the next ones download."""
+        todo = iter(tasks)
+        pending: deque[tuple[Task, Future[Checkpoint]]] = deque()
+        embedder: DeltaEmbedder | None = None
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="modelvec-io")
+
+        def fill() -> None:
+            while len(pending) < self.workers:
+                task = next(todo, None)
+                if task is None:
+                    return
+                pending.append((task, pool.submit(_prepare, task, settings)))
+
+        try:
+            fill()
+            while pending:
+                task, opened = pending.popleft()
+                fill()
+                if embedder is None:
+                    embedder = fit_base(base, params, self.device, settings)
+                outcome = compute(task, embedder, opened.result)
+                if not keep_weights:
+                    task.release(settings)
+                yield outcome
+        finally:
+            for _, opened in pending:
+                opened.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,261 @@
+"""The embedding pipeline: many fine-tunes of one base, through the store, failures recorded.
+
+Models are local folders or files, Hub ids, or catalogue entries from discovery. A Hub model is
+identified by its commit sha, so a stored vector is recognised before anything is downloaded; its
+files are fetched pinned to that sha and, with ``keep_weights=False``, deleted once embedded. The
+base is read once, lazily: a run where everything is stored never reads it. The work itself runs
+in an engine (:mod:`modelvec.run.engines`): threads here that download and prefetch the next models
+while one is computed, or tasks on a Ray cluster. This driver decides what to compute and writes
+the store from a background writer as outcomes arrive, so an interrupted run keeps everything
+committed and a re-run computes only what is missing; a bad model is recorded as failed with its
+one-line reason and the run goes on.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import CheckpointError, FetchError, Kind, error_of
+from ..core.names import is_hub_id, model_id
+from ..hub.client import HubSettings, describe_error, with_retries
+from ..hub.discovery import CatalogueEntry, describe
+from ..hub.download import fetch, resolve_revision
+from ..hub.ids import resolve_base
+from ..read import Checkpoint, open_checkpoint
+from ..represent.params import Representation
+from ..store import Failure, Store, VectorRow
+from .discover import discover
+from .engines import Engine, make_engine
+from .work import BaseSpec, Task
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class EmbedResult:
+    """What ``embed`` did: the vectors of the requested models that are stored, and what failed."""
+
+    vectors: np.ndarray
+    metadata: pd.DataFrame
+    embedded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    store: str | None = None  # the store file written
+
+    def as_json(self) -> dict[str, Any]:
+        """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
+        return {"store": self.store, "embedded": list(self.embedded), "skipped": list(self.skipped),
+                "failed": dict(self.failed)}
+
+
+Progress = Callable[[str, str, str], None]  # (model, status, detail)
+
+
+Model = PathLike | str | CatalogueEntry
+
+
+def embed(
+    base: PathLike | str,
+    models: Iterable[Model],
+    *,
+    representation: Representation | None = None,
+    device: str = "cpu",
+    store: Store | PathLike | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    settings: HubSettings | None = None,
+    keep_weights: bool = True,
+    workers: int | None = None,
+    engine: str | Engine = "local",
+    address: str | None = None,
+    load: bool = True,
+    **params: Any,
+) -> EmbedResult:
+    """Embed fine-tunes of ``base`` into the store and return their vectors and metadata.
+
+    ``base`` and each model are a local folder or weights file, or a Hub id (models may also be
+    :class:`CatalogueEntry` from :func:`discover`). The representation is ``representation`` or
+    built from keyword parameters (``rank=8, factor="sketch", pooling="mean", ...``; see
+    :class:`Representation`). Models already stored with the same weights (files unchanged, or
+    commit sha for Hub models), base and representation are skipped unless ``force``. A model
+    that fails is recorded (``result.failed``: model -> reason) and the run goes on. Hub models
+    are fetched through the huggingface_hub cache; ``keep_weights=False`` deletes each one's
+    files once embedded (the base stays). ``store=None`` uses ``$MODELVEC_STORE`` or
+    ``./modelvec.duckdb``.
+
+    ``engine="local"`` computes here while ``workers`` I/O threads (default 2) fetch and prefetch
+    the next models; ``engine="ray"`` runs each model as a task on the Ray cluster at ``address``
+    (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
+    no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
+    """
+    params = representation or Representation(**params)
+    settings = settings or HubSettings()
+    runner = engine if not isinstance(engine, str) else make_engine(engine, workers, device, address)
+    own_store = not isinstance(store, Store)
+    db = Store(store) if own_store else store
+    try:
+        return _run(base, models, params, db, force, progress or (lambda *_: None), settings, keep_weights,
+                    runner, load)
+    finally:
+        if own_store:
+            db.close()
+
+
+def embed_discovered(
+    base: str,
+    *,
+    refresh: bool = False,
+    limit: int | None = None,
+    sort: str = "downloads",
+    store: Store | PathLike | None = None,
+    settings: HubSettings | None = None,
+    **kwargs: Any,
+) -> EmbedResult:
+    """Embed every discovered fine-tune of the Hub model ``base`` (at most ``limit``, most downloaded first).
+
+    The catalogue stored by an earlier discovery is used; with ``refresh`` or when there is none,
+    :func:`discover` runs first and its catalogue is stored. Other keyword arguments go to
+    :func:`embed`.
+    """
+    settings = settings or HubSettings()
+    canonical = resolve_base(base).canonical
+    own_store = not isinstance(store, Store)
+    db = Store(store) if own_store else store
+    try:
+        if refresh or db.catalogue(canonical).empty:
+            found = discover(base, limit=limit, sort=sort, settings=settings)  # type: ignore[arg-type]
+            db.put_catalogue(found.base, found.base_sha, found.entries)
+        entries = catalogue_entries(db, canonical, kept=True)
+        if sort in ("likes", "created_at"):
+            key = {"likes": lambda e: e.likes or 0, "created_at": lambda e: e.created_at or ""}[sort]
+            entries.sort(key=key, reverse=True)
+        return embed(canonical, entries[:limit] if limit else entries, store=db, settings=settings, **kwargs)
+    finally:
+        if own_store:
+            db.close()
+
+
+def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
+    """The stored catalogue of ``base`` (or one ``model`` of it) as entries, most downloaded first."""
+    frame = db.catalogue(base, kept=kept, model=model)
+    entries = []
+    for row in frame.to_dict("records"):
+        row.pop("discovered_at", None)
+        labels = json.loads(row.pop("labels_json") or "[]")
+        for key in ("tags", "files", "formats", "datasets"):
+            row[key] = list(row[key]) if row[key] is not None else []
+        for key in ("downloads", "likes"):
+            row[key] = None if pd.isna(row[key]) else int(row[key])
+        entries.append(CatalogueEntry(**row, labels=labels))
+    return entries
+
+
+def _run(base: PathLike | str, models: Iterable[Model], params: Representation, db: Store, force: bool,
+         progress: Progress, settings: HubSettings, keep_weights: bool, engine: Engine, load: bool) -> EmbedResult:
+    spec = _base(base, db, settings)
+    result = EmbedResult(np.zeros((0, 0), np.float32), pd.DataFrame(), store=str(db.path))
+    wanted: list[str] = []
+    writer = db.writer()
+
+    def fail(name: str, error: str, model_hash: str | None, kind: Kind) -> None:
+        writer.put(Failure(name, spec.name, params, error, model_hash, kind))
+        result.failed[name] = error
+        progress(name, "failed", error)
+
+    def todo() -> Iterator[Task]:
+        """The models that need computing; the rest are skipped or known failures (checked lazily)."""
+        for model in models:
+            name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
+            wanted.append(name)
+            try:
+                task = _task(model, spec.name, db, settings)
+            except Exception as exc:
+                err = error_of(exc, name)
+                if err.model == spec.name:
+                    raise err from exc
+                fail(name, str(err), None, err.kind)
+                continue
+            if not force and db.has(name, task.identity, spec.name, spec.identity, params):
+                result.skipped.append(name)
+                progress(name, "skipped", "already stored")
+                continue
+            known = None if force else db.known_failure(name, task.identity, spec.name, params)
+            if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
+                result.failed[name] = known
+                progress(name, "failed", known)
+                continue
+            yield task
+
+    with writer:
+        for outcome in engine.run(spec, params, todo(), settings, keep_weights):
+            task = outcome.task
+            if outcome.error is not None:
+                fail(task.name, outcome.error, task.identity, outcome.kind)
+                continue
+            writer.put(VectorRow(task.name, task.identity, spec.name, spec.identity, params, str(outcome.architecture),
+                                 outcome.vector, outcome.datasets, task.source, outcome.seconds,
+                                 label_source=outcome.label_source, author=outcome.author))
+            result.embedded.append(task.name)
+            progress(task.name, "embedded", f"{outcome.seconds:.2f}s")
+    if load:
+        result.vectors, result.metadata = db.load(spec.name, params, models=wanted)
+    return result
+
+
+def _base(base: PathLike | str, db: Store, settings: HubSettings) -> BaseSpec:
+    """The base's store name and identity, and how to open it (a Hub base is fetched only when needed)."""
+    if not is_hub_id(base):
+        ck = Checkpoint(base, name=model_id(base))
+        return BaseSpec(ck.name, ck.fingerprint(), path=str(ck.path))
+    canonical = resolve_base(str(base)).canonical
+    sha = db.base_sha(canonical) or resolve_revision(canonical, "main", settings)
+    return BaseSpec(canonical, f"git:{sha}", repo=canonical, sha=sha)
+
+
+def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
+    """A model as a task: a Hub model is identified by its commit sha, a local one by its files' identity."""
+    if isinstance(model, CatalogueEntry) or is_hub_id(model):
+        entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base, db, settings)
+        if not entry.sha:
+            raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
+        return Task(entry.model, f"git:{entry.sha}", f"hf://{entry.model}@{entry.sha}", repo=entry.model,
+                    sha=entry.sha, files=tuple(entry.files or ()), datasets=tuple(entry.datasets),
+                    label_source=entry.label_source, author=entry.author)
+    name = model_id(model)
+    return Task(name, open_checkpoint(model, name=name).identity(), str(Path(model)), path=str(model))
+
+
+def local_files(name: str, source: str, db: Store, settings: HubSettings | None = None) -> str:
+    """A stored model's files on this machine: its path, or a Hub model fetched at its stored revision."""
+    settings = settings or HubSettings()
+    if source.startswith("hf://") and "@" in source:
+        repo, sha = source[len("hf://"):].rsplit("@", 1)
+        return str(fetch(repo, sha, None, settings))
+    if is_hub_id(name):  # a Hub base
+        canonical = resolve_base(name).canonical
+        sha = db.base_sha(canonical) or resolve_revision(canonical, "main", settings)
+        return str(fetch(canonical, sha, None, settings))
+    return name
+
+
+def _hub_entry(repo_id: str, base: str, db: Store, settings: HubSettings) -> CatalogueEntry:
+    """A Hub model named directly: its catalogue entry, or (online) what the Hub says about it now."""
+    stored = catalogue_entries(db, base, kept=None, model=repo_id)
+    if stored and (settings.offline or stored[0].sha):
+        return stored[0]
+    try:
+        info = with_retries(lambda: settings.api().model_info(repo_id), settings, repo_id)
+    except Exception as exc:
+        where = "no such local path, and on the Hub: " if "/" in repo_id or "." in repo_id else ""
+        raise FetchError(repo_id, where + describe_error(exc)) from exc
+    return describe(info, base, True, "named by the user")
+
+

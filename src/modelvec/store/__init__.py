@@ -1,0 +1,22 @@
+"""The store: one DuckDB file of vectors, failures and the Hub catalogue, and the vectors' bytes beside it.
+
+``store`` (the :class:`Store`), ``writer`` (rows and the background writer), ``vectorfile`` (the
+append-only float32 file), ``schema`` (tables and migrations), ``lock`` (waiting for another
+process) and ``export`` (Parquet).
+"""
+
+from .lock import StoreError, StoreLockedError, default_wait
+from .store import DEFAULT_STORE, Store, default_store_path
+from .writer import Failure, StoreWriter, VectorRow
+
+__all__ = [
+    "DEFAULT_STORE",
+    "Failure",
+    "Store",
+    "StoreError",
+    "StoreLockedError",
+    "StoreWriter",
+    "VectorRow",
+    "default_store_path",
+    "default_wait",
+]

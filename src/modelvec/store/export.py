@@ -1,0 +1,32 @@
+"""Exports of the store for other tools: Parquet, one row per vector."""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .vectorfile import VectorFile
+
+
+def export_parquet(con: duckdb.DuckDBPyConnection, heap: VectorFile, path: str | os.PathLike[str]) -> int:
+    """One row per stored vector: model, base, the representation parameters, datasets, vector."""
+    meta = con.sql(
+        """SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash, datasets,
+                  dim, "offset", vector_hash FROM vectors ORDER BY model, base, params"""
+    ).to_arrow_table()
+    columns = [c for c in meta.column_names if c not in ("dim", "offset", "vector_hash")]
+    schema = meta.select(columns).schema.append(pa.field("vector", pa.list_(pa.float32())))
+    with pq.ParquetWriter(str(path), schema) as out:
+        for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
+            part = meta.slice(lo, 256)
+            vectors = [heap.read([o], d, [h], [m])[0] for o, d, h, m in zip(
+                *(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model")))]
+            offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())
+            flat = pa.array(np.concatenate(vectors) if vectors else np.zeros(0, np.float32))
+            column = pa.ListArray.from_arrays(offsets, flat)
+            out.write_table(pa.Table.from_arrays([part.column(c) for c in columns] + [column], schema=schema))
+    return meta.num_rows

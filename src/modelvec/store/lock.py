@@ -1,0 +1,78 @@
+"""One process at a time writes a store: opening waits for another process's DuckDB lock, for a while."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+
+from ..core.errors import ModelvecError, TransientError
+
+DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its file ($MODELVEC_STORE_WAIT)
+_RETRY = (0.2, 0.4)  # seconds between two attempts to open a locked store (random, so waiters do not march in step)
+_log = logging.getLogger("modelvec.store")
+
+def default_wait() -> float:
+    """``$MODELVEC_STORE_WAIT`` (seconds; ``inf`` waits for ever) or 600."""
+    text = os.environ.get("MODELVEC_STORE_WAIT")
+    if not text:
+        return DEFAULT_WAIT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: not a number of seconds") from None
+    if value != value or value < 0:
+        raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: give a number of seconds >= 0")
+    return value
+
+class StoreError(ModelvecError):
+    """The store itself is damaged: a vector file that is not ours, truncated, or whose bytes changed (content)."""
+
+class StoreLockedError(TransientError):
+    """Another process still held the store's lock when ``Store(path, wait=...)`` gave up waiting for it."""
+
+    def __init__(self, path: Path, pid: int | None, waited: float) -> None:
+        self.path, self.pid, self.waited = path, pid, waited
+        holder = f"another process (PID {pid})" if pid is not None else "another process"
+        super().__init__(str(path), f"still in use by {holder} after waiting {waited:g} s; let it finish, "
+                                    "or wait longer (--wait SECONDS, $MODELVEC_STORE_WAIT)")
+
+_LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")
+_HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+
+def _lock_holder(exc: BaseException) -> tuple[str | None, int | None] | None:
+    """For DuckDB's error on a file locked by another process: (its program, its PID), as far as told; else None."""
+    text = str(exc)
+    if not isinstance(exc, duckdb.IOException) or not _LOCKED.search(text):
+        return None
+    found = _HOLDER.search(text)
+    return (found["program"], int(found["pid"])) if found else (None, None)
+
+def connect(path: Path, wait: float, on_wait: Callable[[str], None] | None) -> duckdb.DuckDBPyConnection:
+    """Open the DuckDB file, retrying while another process holds its lock, for at most ``wait`` seconds."""
+    start = time.monotonic()
+    told = False
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except duckdb.IOException as exc:
+            holder = _lock_holder(exc)
+            if holder is None:
+                raise
+            waited = time.monotonic() - start
+            if waited >= wait:
+                raise StoreLockedError(path, holder[1], round(waited, 1)) from None
+            if not told:
+                who = f"PID {holder[1]}" if holder[1] is not None else "another process"
+                limit = "for ever" if math.isinf(wait) else f"up to {wait:g} s"
+                message = f"{path}: in use by another process ({who}); waiting for it to finish, {limit}"
+                (on_wait or _log.warning)(message)
+                told = True
+            time.sleep(min(random.uniform(*_RETRY), max(0.0, wait - waited)))

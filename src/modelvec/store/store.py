@@ -1,0 +1,309 @@
+"""The store: one embedded DuckDB file holding every computed vector and every failure.
+
+A vector row is keyed by (model, base, base_hash, params): one vector per model per base per
+representation. ``model_hash`` is the fine-tune's identity (its commit sha, or its files' stat and
+headers), so a re-run skips a model whose row is current and recomputes one whose weights changed.
+Rows are committed as soon as they are computed (by :class:`StoreWriter` in a long run), so an
+interrupted run loses nothing already committed.
+
+The vectors' bytes live beside the DuckDB file in an append-only float32 file
+(``<store>.vectors``, see :class:`VectorFile`); each row holds its offset and an xxh3 of its
+bytes. Kept in DuckDB as ``FLOAT[]``, they made the writer's memory grow with every row (the
+buffer pool and checkpoints hold written list blocks: +250 MB per 600 bert-base vectors, and a
+capped ``memory_limit`` made checkpoints fail fatally), and each insert cost 10-15 ms. The bytes
+are fsynced before the row that points at them commits, so a committed row never points at
+missing bytes; bytes written by a run killed before its commit are unreferenced, never read.
+
+One process at a time writes a store: DuckDB locks its file for the process that opens it, and a
+second process's ``Store(path)`` waits for that lock (``wait`` seconds, default
+``$MODELVEC_STORE_WAIT`` or 600) before it opens the vector file, so only the lock holder ever
+appends to it. Appends also take an ``flock`` on the vector file, so two ``Store`` objects of one
+file in one process (which share DuckDB's database) never write over each other's bytes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import Kind
+from ..represent.params import Representation
+from .lock import StoreError, StoreLockedError, connect, default_wait
+from .schema import CATALOGUE_COLUMNS, META_COLUMNS, migrate
+from .vectorfile import VectorFile
+from .writer import Failure, StoreWriter, VectorRow, write_rows
+
+DEFAULT_STORE = "modelvec.duckdb"
+
+
+def default_store_path() -> Path:
+    """``$MODELVEC_STORE`` or ``./modelvec.duckdb``."""
+    return Path(os.environ.get("MODELVEC_STORE") or DEFAULT_STORE)
+
+
+@dataclass
+class StoreOverview:
+    """What ``modelvec show`` prints: counts per base and representation, the models, the failures."""
+
+    path: str
+    summary: pd.DataFrame
+    models: pd.DataFrame
+    failures: pd.DataFrame
+
+    def as_json(self) -> dict[str, Any]:
+        def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            return json.loads(frame.to_json(orient="records", date_format="iso"))
+
+        return {"store": self.path, "summary": records(self.summary), "models": records(self.models),
+                "failures": records(self.failures)}
+
+
+class Store:
+    """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``.
+
+    One process at a time has a store open (DuckDB's lock). While another process holds it,
+    opening waits for it, trying again every 0.2-0.4 s, for at most ``wait`` seconds (default
+    ``$MODELVEC_STORE_WAIT`` or 600; ``0`` does not wait, ``math.inf`` waits for ever), then raises
+    :class:`StoreLockedError` naming the holder's PID. ``on_wait`` gets one line when the wait
+    begins (default: a warning on the ``modelvec.store`` logger).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, wait: float | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_store_path()
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        wait = default_wait() if wait is None else float(wait)
+        if wait != wait or wait < 0:
+            raise ValueError(f"wait={wait}: give a number of seconds >= 0")
+        self.con = connect(self.path, wait, on_wait)
+        try:
+            # only after DuckDB's lock is held: only the process holding it appends to the vector file
+            self.heap = VectorFile(self._vector_file())
+        except BaseException:
+            self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
+            raise
+        try:
+            migrate(self.con, self.heap)
+        except BaseException:
+            self.close()
+            raise
+
+    def _vector_file(self) -> Path:
+        """The current vector file. Its name is kept in the store, so :meth:`compact` swaps it in the
+        commit that changes the offsets; files a crashed compaction left beside it are removed
+        (only the holder of the store's lock gets here)."""
+        self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        rows = self.con.execute("SELECT value FROM store_meta WHERE key = 'vector_file'").fetchall()
+        current = self.path.parent / (rows[0][0] if rows else f"{self.path.name}.vectors")
+        ours = re.compile(re.escape(f"{self.path.name}.vectors") + r"(\.[0-9a-f]{12})?")
+        for other in self.path.parent.glob(f"{glob.escape(self.path.name)}.vectors*"):
+            if other != current and ours.fullmatch(other.name):
+                other.unlink(missing_ok=True)
+        return current
+
+    def compact(self) -> tuple[int, int]:
+        """Rewrite the vector file with only the vectors rows point at; (bytes before, bytes after).
+
+        Replaced vectors (``--force``, changed weights) leave their old bytes behind. The live ones
+        are copied (checksums verified) to a new file and fsynced, then the offsets and the file's
+        name change in one commit: a crash at any point leaves the old store or the new one whole.
+        Not while a writer of this store is running.
+        """
+        rows = self.con.execute(
+            'SELECT model, base, base_hash, params, "offset", dim, vector_hash FROM vectors ORDER BY "offset"'
+        ).fetchall()
+        before = self.heap.path.stat().st_size
+        new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}")
+        try:
+            moved = []
+            for lo in range(0, len(rows), 256):  # 256 vectors in memory at a time
+                part = rows[lo : lo + 256]
+                vectors = [self.heap.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
+                moved += [[offset, *r[:4]] for offset, r in zip(new.append(vectors), part)]
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.con.executemany(
+                    'UPDATE vectors SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?', moved)
+                self.con.execute("INSERT OR REPLACE INTO store_meta VALUES ('vector_file', ?)", [new.path.name])
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+        except BaseException:
+            new.close()
+            new.path.unlink(missing_ok=True)
+            raise
+        old, self.heap = self.heap, new
+        old.close()
+        old.path.unlink(missing_ok=True)
+        return before, new.path.stat().st_size
+
+    # --- writes -------------------------------------------------------------------------------
+    def put(self, row: VectorRow) -> None:
+        """Insert or replace one vector (its own transaction); clears any recorded failure of that model."""
+        write_rows(self.con, self.heap, [row])
+
+    def put_many(self, rows: Sequence[VectorRow | Failure]) -> None:
+        """Insert or replace many vectors and failures in one transaction."""
+        write_rows(self.con, self.heap, rows)
+
+    def writer(self) -> "StoreWriter":
+        """A background writer for a long run: rows are committed as they come, off the compute thread."""
+        return StoreWriter(self)
+
+    def put_catalogue(self, base: str, base_sha: str, entries: Sequence[Any]) -> None:
+        """Insert or refresh discovered models (``CatalogueEntry``) in one transaction.
+
+        Vectors are kept; their labels and author are refreshed from the new entries, so a
+        re-discovery that learns better labels improves the analysis without re-embedding.
+        """
+        rows = []
+        for e in entries:
+            d = e.as_dict() if hasattr(e, "as_dict") else dict(e)
+            d["labels_json"] = json.dumps(d.pop("labels", []), sort_keys=True)
+            rows.append({c: d.get(c) for c in CATALOGUE_COLUMNS})
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("INSERT OR REPLACE INTO bases (base, sha) VALUES (?, ?)", [base, base_sha])
+            if rows:
+                cols = ", ".join(CATALOGUE_COLUMNS)
+                marks = ", ".join("?" for _ in CATALOGUE_COLUMNS)
+                self.con.executemany(f"INSERT OR REPLACE INTO catalogue ({cols}) VALUES ({marks})",
+                                     [[r[c] for c in CATALOGUE_COLUMNS] for r in rows])
+                self.con.execute(
+                    """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author
+                       FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
+                    [base],
+                )
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
+        """Discovered models (one row per base and model), most downloaded first."""
+        where, args = self._clauses(base=base, kept=kept, model=model)
+        return self.con.execute(
+            f"SELECT {', '.join(CATALOGUE_COLUMNS)}, discovered_at FROM catalogue {where} "
+            "ORDER BY base, downloads DESC NULLS LAST, model", args,
+        ).df()
+
+    def base_sha(self, base: str) -> str | None:
+        """The base revision recorded at the last discovery."""
+        rows = self.con.execute("SELECT sha FROM bases WHERE base = ?", [base]).fetchall()
+        return rows[0][0] if rows else None
+
+    def record_failure(self, model: str, base: str, params: Representation, error: str,
+                       model_hash: str | None = None, kind: Kind | str = Kind.CONTENT) -> None:
+        """Record why a model failed; a ``content`` failure with ``model_hash`` is skipped while the weights are unchanged."""
+        write_rows(self.con, self.heap, [Failure(model, base, params, error, model_hash, kind)])
+
+    def known_failure(self, model: str, model_hash: str, base: str, params: Representation) -> str | None:
+        """The recorded error when these very weights already failed, by their content, with this base and representation.
+
+        Resource and transient failures are not properties of the model: they are never returned here.
+        """
+        rows = self.con.execute(
+            "SELECT error FROM failures WHERE model = ? AND model_hash = ? AND base = ? AND params = ? "
+            "AND coalesce(kind, 'content') = 'content'",
+            [model, model_hash, base, params.key()],
+        ).fetchall()
+        return rows[0][0] if rows else None
+
+    # --- reads --------------------------------------------------------------------------------
+    def has(self, model: str, model_hash: str, base: str, base_hash: str, params: Representation) -> bool:
+        """Whether a current vector exists (same weights, same base weights, same representation)."""
+        hit = self.con.execute(
+            "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
+            [model, model_hash, base, base_hash, params.key()],
+        ).fetchall()
+        return bool(hit)
+
+    def base_hashes(self, base: str, params: Representation) -> list[str]:
+        """The identities of the base weights the stored vectors of ``base`` were computed against."""
+        rows = self.con.execute("SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1",
+                                [base, params.key()]).fetchall()
+        return [r[0] for r in rows]
+
+    @staticmethod
+    def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
+        """A WHERE clause: each column given a value (None = any) equals it, plus ``extra`` (sql, arg) pairs."""
+        items = [(f"{column} = ?", value) for column, value in equal.items() if value is not None] + list(extra)
+        return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
+
+    def _where(self, base: str | None, params: Representation | str | None, models: Sequence[str] | None) -> tuple[str, list[Any]]:
+        key = params.key() if isinstance(params, Representation) else params
+        extra = [("list_contains(?, model)", list(models))] if models is not None else []
+        return self._clauses(extra, base=base, params=key)
+
+    def metadata(self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per stored vector (no vectors), ordered by model."""
+        where, args = self._where(base, params, models)
+        return self.con.execute(f"SELECT {', '.join(META_COLUMNS)} FROM vectors {where} ORDER BY model, base, params", args).df()
+
+    def load(
+        self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
+    ) -> tuple[np.ndarray, pd.DataFrame]:
+        """Vectors as one float32 matrix and their metadata, rows ordered by model.
+
+        All selected vectors must share a dimension: select one base and one representation. Each
+        vector is copied once, from the memory-mapped vector file into the matrix, and checked
+        against its checksum (a damaged store raises :class:`StoreError` naming the model).
+        """
+        where, args = self._where(base, params, models)
+        rows = self.con.execute(
+            f"""SELECT "offset", vector_hash, {', '.join(META_COLUMNS)} FROM vectors {where}
+                ORDER BY model, base, params""", args,
+        ).df()
+        meta = rows[list(META_COLUMNS)].reset_index(drop=True)
+        if rows.empty:
+            return np.zeros((0, 0), np.float32), meta
+        if rows["dim"].nunique() != 1:
+            raise ValueError("the selected vectors have different dimensions: select one base and one representation")
+        matrix = self.heap.read(rows["offset"].tolist(), int(rows["dim"].iloc[0]), rows["vector_hash"].tolist(),
+                                rows["model"].tolist())
+        return matrix, meta
+
+    def failures(self) -> pd.DataFrame:
+        return self.con.execute(
+            "SELECT model, base, params, error, coalesce(kind, CASE WHEN model_hash IS NULL THEN 'transient' ELSE 'content' END) "
+            "AS kind, created_at FROM failures ORDER BY model").df()
+
+    def overview(self) -> StoreOverview:
+        """What is stored: vectors per base and representation, one row per model, and the failures."""
+        return StoreOverview(str(self.path), self.summary(), self.metadata(), self.failures())
+
+    def summary(self) -> pd.DataFrame:
+        """Counts per base and representation."""
+        return self.con.execute(
+            """SELECT base, params, architecture, count(*) AS models, any_value(dim) AS dim,
+                      round(avg(seconds), 3) AS mean_seconds
+               FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
+        ).df()
+
+    def export_parquet(self, path: str | os.PathLike[str]) -> int:
+        """One row per stored vector: model, base, the representation parameters, datasets, vector."""
+        from .export import export_parquet  # pyarrow's Parquet writer, only for an export
+
+        return export_parquet(self.con, self.heap, path)
+
+    def close(self) -> None:
+        self.con.close()
+        self.heap.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""The append-only float32 file that holds the vectors' bytes beside the DuckDB file.
+
+Kept in DuckDB as ``FLOAT[]``, vectors made the writer's memory grow with every row (the buffer pool
+and checkpoints hold written list blocks: +250 MB per 600 bert-base vectors, and a capped
+``memory_limit`` made checkpoints fail fatally), and each insert cost 10-15 ms. The bytes are
+fsynced before the row that points at them commits, so a committed row never points at missing
+bytes; bytes written by a run killed before its commit are unreferenced, never read.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+import numpy as np
+import xxhash
+
+from .lock import StoreError
+
+
+class VectorFile:
+    """The append-only float32 file that holds the vectors' bytes; DuckDB holds the rows.
+
+    Appends go to the end (aligned to 64 bytes) and are fsynced; only then does the caller commit
+    the rows that point at them. Reads copy each vector once,
+    from the page cache into the result, and writing keeps nothing in the process.
+    """
+
+    MAGIC = b"modelvec vectors float32-le v1\n".ljust(64, b"\0")
+    ALIGN = 64
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        head = os.pread(self._fd, len(self.MAGIC), 0)
+        if not head:
+            os.pwrite(self._fd, self.MAGIC, 0)
+            os.fsync(self._fd)
+        elif head != self.MAGIC:
+            os.close(self._fd)
+            raise StoreError(str(path), "not a modelvec vector file (bad header)")
+
+    def append(self, vectors: Sequence[np.ndarray]) -> list[int]:
+        """Write ``vectors`` (contiguous float32) at the end, fsync, and return their byte offsets.
+
+        The thread lock orders the appends of this object's users (the compute thread and a
+        :class:`StoreWriter`); the ``flock`` orders those of another ``VectorFile`` of the same file
+        (another ``Store`` of one path in this process, or a process still writing after it lost
+        DuckDB's lock), each of which would otherwise take the same end for its offset.
+        """
+        if not vectors:
+            return []
+        offsets = []
+        with self._lock:
+            if fcntl is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                end = os.fstat(self._fd).st_size
+                for vec in vectors:
+                    end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
+                    os.pwrite(self._fd, memoryview(vec).cast("B"), end)
+                    offsets.append(end)
+                    end += vec.nbytes
+                os.fdatasync(self._fd)
+            finally:
+                if fcntl is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return offsets
+
+    def read(self, offsets: Sequence[int], dim: int, hashes: Sequence[str], models: Sequence[str]) -> np.ndarray:
+        """The vectors at ``offsets`` as one (n, dim) float32 matrix, each checked against its hash."""
+        out = np.empty((len(offsets), dim), np.float32)
+        if not len(offsets):
+            return out
+        nbytes = dim * 4
+        for i in np.argsort(offsets, kind="stable"):  # in file order: sequential reads
+            offset, digest, model = offsets[i], hashes[i], models[i]
+            raw = out[i].view(np.uint8)
+            if os.preadv(self._fd, [raw], offset) != nbytes:  # one copy, page cache -> result; no page faults
+                raise StoreError(model, f"its stored vector is missing from {self.path} (the file is truncated); "
+                                        "re-embed it with --force")
+            if checksum(raw) != digest:
+                raise StoreError(model, f"its stored vector in {self.path} does not match its checksum; "
+                                        "re-embed it with --force")
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def vector_bytes(vector: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(vector, dtype="<f4").reshape(-1)
+
+
+def checksum(raw: np.ndarray) -> str:
+    """A vector's checksum as its row stores it: xxh3-64 of its bytes."""
+    return xxhash.xxh3_64_hexdigest(raw)
