@@ -18,9 +18,9 @@ import copy
 import itertools
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -128,6 +128,32 @@ def _gpt2(core) -> list[LayerItems]:
     return out
 
 
+def _phi3(core) -> list[LayerItems]:
+    """Phi-3's fused tensors, split as transformers' Phi3Attention and Phi3MLP split them."""
+    out = []
+    for i, layer in enumerate(core.layers):
+        att, mlp = layer.self_attn, layer.mlp
+        q = att.config.num_attention_heads * att.head_dim
+        kv = att.num_key_value_heads * att.head_dim
+        qkv, gate_up = (q, kv, kv), (mlp.gate_up_proj.weight.shape[0] // 2,) * 2  # rows of q | k | v, gate | up
+        out.append(
+            (
+                "decoder",
+                i,
+                [
+                    ("q", att.qkv_proj, qkv, 0),
+                    ("k", att.qkv_proj, qkv, 1),
+                    ("v", att.qkv_proj, qkv, 2),
+                    ("o", att.o_proj, 1, 0),
+                    ("ff_gate", mlp.gate_up_proj, gate_up, 0),
+                    ("ff1", mlp.gate_up_proj, gate_up, 1),
+                    ("ff2", mlp.down_proj, 1, 0),
+                ],
+            )
+        )
+    return out
+
+
 def _llama(core) -> list[LayerItems]:
     out = []
     for i, layer in enumerate(core.layers):
@@ -180,7 +206,12 @@ _LLAMA_KW = dict(
     eos_token_id=1,
 )
 _BERT_KW = dict(
-    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=40
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=40,
 )
 _T5_KW = dict(
     vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4,
@@ -196,11 +227,20 @@ SPECS: dict[str, Spec] = {
     s.name: s
     for s in (
         Spec("bert", "bert", lambda: T.BertModel(T.BertConfig(**_BERT_KW)), "bert", "", _bert_like_core),
-        Spec("bert-cls", "bert", lambda: T.BertForSequenceClassification(T.BertConfig(**_BERT_KW)), "bert", "bert.", _bert_like_core),
+        Spec(
+            "bert-cls",
+            "bert",
+            lambda: T.BertForSequenceClassification(T.BertConfig(**_BERT_KW)),
+            "bert",
+            "bert.",
+            _bert_like_core,
+        ),
         Spec(
             "roberta-cls",
             "roberta",
-            lambda: T.RobertaForSequenceClassification(T.RobertaConfig(**_BERT_KW, pad_token_id=1, bos_token_id=0, eos_token_id=2)),
+            lambda: T.RobertaForSequenceClassification(
+                T.RobertaConfig(**_BERT_KW, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+            ),
             "roberta",
             "roberta.",
             _bert_like_core,
@@ -209,25 +249,55 @@ SPECS: dict[str, Spec] = {
             "distilbert-cls",
             "distilbert",
             lambda: T.DistilBertForSequenceClassification(
-                T.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=32)
+                T.DistilBertConfig(
+                    vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=32
+                )
             ),
             "distilbert",
             "distilbert.",
             _distilbert,
         ),
-        Spec("t5-relu", "t5", lambda: T.T5ForConditionalGeneration(T.T5Config(**_T5_KW, feed_forward_proj="relu")), None, "", _t5),
-        Spec("t5-gated", "t5", lambda: T.T5ForConditionalGeneration(T.T5Config(**_T5_KW, feed_forward_proj="gated-gelu")), None, "", _t5),
+        Spec(
+            "t5-relu",
+            "t5",
+            lambda: T.T5ForConditionalGeneration(T.T5Config(**_T5_KW, feed_forward_proj="relu")),
+            None,
+            "",
+            _t5,
+        ),
+        Spec(
+            "t5-gated",
+            "t5",
+            lambda: T.T5ForConditionalGeneration(T.T5Config(**_T5_KW, feed_forward_proj="gated-gelu")),
+            None,
+            "",
+            _t5,
+        ),
         Spec(
             "gpt2-lm",
             "gpt2",
-            lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)),
+            lambda: T.GPT2LMHeadModel(
+                T.GPT2Config(
+                    vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+                )
+            ),
             "transformer",
             "transformer.",
             _gpt2,
         ),
         Spec("llama-lm", "llama", lambda: T.LlamaForCausalLM(T.LlamaConfig(**_LLAMA_KW)), "model", "model.", _llama),
-        Spec("mistral-lm", "llama", lambda: T.MistralForCausalLM(T.MistralConfig(**_LLAMA_KW)), "model", "model.", _llama),
+        Spec(
+            "mistral-lm", "llama", lambda: T.MistralForCausalLM(T.MistralConfig(**_LLAMA_KW)), "model", "model.", _llama
+        ),
         Spec("qwen2-lm", "llama", lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**_LLAMA_KW)), "model", "model.", _llama),
+        # Gemma: tied embeddings; Gemma 2: head_dim (16) set apart from hidden_size / heads (8)
+        Spec("gemma-lm", "gemma", lambda: T.GemmaForCausalLM(T.GemmaConfig(**_LLAMA_KW, head_dim=8)), "model", "model.",
+             _llama),
+        Spec("gemma2-lm", "gemma", lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**_LLAMA_KW, head_dim=16)), "model",
+             "model.", _llama),
+        # Phi-3: untied, fused qkv_proj (q 32 | k 16 | v 16 rows under grouped-query attention), fused gate_up_proj
+        Spec("phi3-lm", "phi3", lambda: T.Phi3ForCausalLM(T.Phi3Config(**_LLAMA_KW, pad_token_id=0)), "model",
+             "model.", _phi3),
     )
 }
 HEADED_WITH_BARE = ["bert-cls", "roberta-cls", "distilbert-cls", "gpt2-lm", "llama-lm"]
@@ -236,7 +306,10 @@ HEADED_WITH_BARE = ["bert-cls", "roberta-cls", "distilbert-cls", "gpt2-lm", "lla
 # --- oriented matrices, planted deltas, reference vector ---------------------------------------------
 
 
-def _slice(mod: torch.nn.Module, n_parts: int, part: int) -> slice:
+def _slice(mod: torch.nn.Module, n_parts: int | tuple[int, ...], part: int) -> slice:
+    """Equal parts of the output axis, or, given as a tuple, parts of those sizes."""
+    if isinstance(n_parts, tuple):
+        return slice(sum(n_parts[:part]), sum(n_parts[: part + 1]))
     out = mod.weight.shape[1] if isinstance(mod, Conv1D) else mod.weight.shape[0]
     width = out // n_parts
     return slice(part * width, (part + 1) * width)
@@ -268,7 +341,9 @@ class Planted:
     s: torch.Tensor  # k planted singular values, decreasing and well separated
 
 
-def plant(model: torch.nn.Module, spec: Spec, rank: int | None, where: Callable[[str, int, str], bool], seed: int) -> dict:
+def plant(
+    model: torch.nn.Module, spec: Spec, rank: int | None, where: Callable[[str, int, str], bool], seed: int
+) -> dict:
     """Adds dW = A diag(s) B^T (oriented) to every selected matrix; returns the planted factors."""
     gen = torch.Generator().manual_seed(seed)
     planted = {}
@@ -303,7 +378,9 @@ def ref_factor(delta: torch.Tensor, r: int, factor: str) -> torch.Tensor:
     return u.T.reshape(-1)
 
 
-def reference_vector(spec: Spec, base: torch.nn.Module, ft: torch.nn.Module, r: int, factor="U", pooling="mean") -> np.ndarray:
+def reference_vector(
+    spec: Spec, base: torch.nn.Module, ft: torch.nn.Module, r: int, factor="U", pooling="mean"
+) -> np.ndarray:
     stacks: dict[str, list[torch.Tensor]] = {}
     for (stack, layer, items_b), (stack_f, layer_f, items_f) in zip(spec.items(base), spec.items(ft), strict=True):
         assert (stack, layer) == (stack_f, layer_f)
@@ -440,7 +517,9 @@ def test_full_rank_delta_is_zero_padded_beyond_min_dim(zoo, name):
     case = zoo.case(name, rank=None)  # full-rank planted deltas, well-separated singular values
     r = 40
     e, vec = embed(case, rank=r, pooling="concat")
-    np.testing.assert_allclose(vec, reference_vector(case.spec, case.base, case.ft, r, pooling="concat"), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        vec, reference_vector(case.spec, case.base, case.ft, r, pooling="concat"), atol=ATOL, rtol=0
+    )
     shapes = {
         (stack, layer, fam): oriented(mod, n_parts, part).shape
         for stack, layer, items in case.spec.items(case.base)
@@ -512,7 +591,11 @@ def test_matrices_are_in_x_at_w_orientation(zoo, name, bare):
     ck = Checkpoint(case.folder("base", bare))
     layout = ck.layout()
     assert layout.prefix == ("" if bare else case.spec.prefix)
-    mods = {(stack, layer, fam): (mod, n_parts, part) for stack, layer, items in case.spec.items(case.base) for fam, mod, n_parts, part in items}
+    mods = {
+        (stack, layer, fam): (mod, n_parts, part)
+        for stack, layer, items in case.spec.items(case.base)
+        for fam, mod, n_parts, part in items
+    }
     assert [r.key for r in layout.refs] == list(mods)
     gen = torch.Generator().manual_seed(5)
     for ref in layout.refs:
@@ -555,7 +638,15 @@ def test_t5_shapes_with_inner_dim_different_from_d_model(zoo):
     for stack in ("encoder", "decoder"):
         refs = _refs(lay, 0, stack)
         shapes = {f: tuple(ck.matrix(refs[f], lay.prefix).shape) for f in refs}
-        want = {"q": (32, inner), "k": (32, inner), "v": (32, inner), "o": (inner, 32), "ff_gate": (32, 64), "ff1": (32, 64), "ff2": (64, 32)}
+        want = {
+            "q": (32, inner),
+            "k": (32, inner),
+            "v": (32, inner),
+            "o": (inner, 32),
+            "ff_gate": (32, 64),
+            "ff1": (32, 64),
+            "ff2": (64, 32),
+        }
         if stack == "decoder":
             want.update({f"cross_{f}": want[f] for f in "qkvo"})
         assert shapes == want
@@ -711,6 +802,10 @@ MODEL_TYPES = {
     "llama": "llama",
     "mistral": "llama",
     "qwen2": "llama",
+    "qwen3": "llama",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "phi3": "phi3",
 }
 ARCH_CLASSES = {
     "BertForMaskedLM": "bert",
@@ -724,6 +819,8 @@ ARCH_CLASSES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
+    "Gemma2ForCausalLM": "gemma",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
@@ -842,7 +939,7 @@ def test_family_batching_and_streamed_chunks_give_the_layer_vector(zoo, name, fa
         for ref, block in zip(e.layout_.refs, e.blocks_):
             d = ck.matrix(ref, ck.layout().prefix) - base.matrix(ref, base.layout().prefix)
             expected = (d @ representation.sketch_matrix(d.shape[1], 4, 0)).T.reshape(-1)
-            np.testing.assert_allclose(vec[block.start:block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(vec[block.start : block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -854,8 +951,9 @@ def test_cuda_vector_equals_cpu_vector(zoo, name, factor):
     cpu = DeltaEmbedder(**kw).fit(case.folder("base", False))
     gpu = DeltaEmbedder(**kw, device="cuda").fit(case.folder("base", False))
     assert gpu.by_family and gpu.weights_[gpu.layout_.refs[0].key].is_cuda
-    np.testing.assert_allclose(gpu.embed_one(case.folder("ft", False)), cpu.embed_one(case.folder("ft", False)),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        gpu.embed_one(case.folder("ft", False)), cpu.embed_one(case.folder("ft", False)), rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 import xxhash
@@ -100,7 +101,7 @@ class LoraSettings:
     base_model: str | None = None
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], model: str) -> "LoraSettings":
+    def from_config(cls, config: Mapping[str, Any], model: str) -> LoraSettings:
         """Validated settings; a one-line CheckpointError for anything that leaves the delta undefined."""
 
         def fail(cause: str) -> CheckpointError:
@@ -110,8 +111,11 @@ class LoraSettings:
         if "peft_type" in config and str(config["peft_type"]).upper() != "LORA":
             kind = str(config["peft_type"]).upper()
             why = _OTHER_TYPES.get(kind, "not implemented")
-            raise fail(f"peft_type {kind} is not supported: only LoRA adapters are ({kind} learns {why})"
-                       if kind in _OTHER_TYPES else f"peft_type {kind} is not supported: only LoRA adapters are")
+            raise fail(
+                f"peft_type {kind} is not supported: only LoRA adapters are ({kind} learns {why})"
+                if kind in _OTHER_TYPES
+                else f"peft_type {kind} is not supported: only LoRA adapters are"
+            )
         if missing:
             raise fail(f"lacks {', '.join(missing)}")
         for key, what in _VARIANTS.items():
@@ -119,8 +123,10 @@ class LoraSettings:
                 raise fail(f"{what} is not supported: its merged weights are not base + scaling * B A")
         init = config.get("init_lora_weights")
         if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
-            raise fail(f"init_lora_weights {init!r} changes the base weights themselves, so the adapter alone is not "
-                       "the delta (save it with PEFT's path_initial_model_for_weight_conversion)")
+            raise fail(
+                f"init_lora_weights {init!r} changes the base weights themselves, so the adapter alone is not "
+                "the delta (save it with PEFT's path_initial_model_for_weight_conversion)"
+            )
 
         def number(key: str, value: Any, integer: bool) -> Any:
             ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
@@ -146,8 +152,11 @@ class LoraSettings:
         if targets is None:
             raise fail("target_modules is null, so no module is adapted")
         layers = config.get("layers_to_transform")
-        if not (layers is None or (isinstance(layers, int) and not isinstance(layers, bool))
-                or (isinstance(layers, list) and all(isinstance(i, int) for i in layers))):
+        if not (
+            layers is None
+            or (isinstance(layers, int) and not isinstance(layers, bool))
+            or (isinstance(layers, list) and all(isinstance(i, int) for i in layers))
+        ):
             raise fail(f"layers_to_transform must be a layer index or a list of them, not {layers!r}")
         flags = {}
         for key in ("use_rslora", "fan_in_fan_out"):
@@ -156,12 +165,17 @@ class LoraSettings:
                 raise fail(f"{key} must be true or false, not {flags[key]!r}")
         base = config.get("base_model_name_or_path")
         settings = cls(
-            r=number("r", config["r"], True), lora_alpha=number("lora_alpha", config["lora_alpha"], False),
-            target_modules=targets, rank_pattern=patterns("rank_pattern", True),
-            alpha_pattern=patterns("alpha_pattern", False), **flags,
-            exclude_modules=names("exclude_modules"), modules_to_save=names("modules_to_save", allow_str=False),
+            r=number("r", config["r"], True),
+            lora_alpha=number("lora_alpha", config["lora_alpha"], False),
+            target_modules=targets,
+            rank_pattern=patterns("rank_pattern", True),
+            alpha_pattern=patterns("alpha_pattern", False),
+            **flags,
+            exclude_modules=names("exclude_modules"),
+            modules_to_save=names("modules_to_save", allow_str=False),  # type: ignore[arg-type]  # never a str here
             layers_to_transform=tuple(layers) if isinstance(layers, list) else layers,
-            layers_pattern=names("layers_pattern"), base_model=str(base) if base else None,
+            layers_pattern=names("layers_pattern"),
+            base_model=str(base) if base else None,
         )
         for key, value in settings._regexes():
             try:
@@ -243,7 +257,7 @@ class _Hit:
     layer: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def _module_patterns(arch: Architecture) -> tuple[tuple[re.Pattern[str], str, int, int], ...]:
     """Each table entry as a pattern over module names (the tensor name without ``.weight``)."""
     out = []
@@ -327,15 +341,28 @@ class AdapterCheckpoint(Checkpoint):
                 if hits and (best is None or len(hits) > len(best[1])):
                     best = (arch, hits)
             if best is None:
-                raise CheckpointError(self.name, "adapts no attention or feed-forward matrix of a supported family "
-                                                 f"(adapted: {_listing(modules)})")
+                raise CheckpointError(
+                    self.name,
+                    f"adapts no attention or feed-forward matrix of a supported family (adapted: {_listing(modules)})",
+                )
             arch, hits = best
             refs = []
             for _, hit in sorted(hits, key=lambda mh: (mh[1].stack, mh[1].layer, mh[1].tensor)):
                 stack = arch.stacks[hit.stack]
                 tensor = stack.tensors[hit.tensor]
-                refs += [MatrixRef(stack.name, hit.layer, family, tensor.name(hit.layer), tensor.orientation, part,
-                                   len(tensor.families), tensor.fused) for part, family in enumerate(tensor.families)]
+                refs += [
+                    MatrixRef(
+                        stack.name,
+                        hit.layer,
+                        family,
+                        tensor.name(hit.layer),
+                        tensor.orientation,
+                        part,
+                        len(tensor.families),
+                        tensor.fused,
+                    )
+                    for part, family in enumerate(tensor.families)
+                ]
             self._layout = Layout(arch, refs, hits[0][1].prefix)
         return self._layout
 
@@ -356,8 +383,11 @@ class AdapterCheckpoint(Checkpoint):
         adapted = {m: keys for m, keys in stored.items() if self.settings.targets(m)}  # PEFT loads only these
         for key in sorted(self.keys()):  # modules_to_save: whole copies, not a LoRA
             if key.endswith(".weight") and _match(base.arch, key.removeprefix(_PREFIX).removesuffix(".weight")):
-                raise CheckpointError(self.name, f"stores the whole of {key.removeprefix(_PREFIX)} (modules_to_save), "
-                                                 "a matrix of the representation: not supported")
+                raise CheckpointError(
+                    self.name,
+                    f"stores the whole of {key.removeprefix(_PREFIX)} (modules_to_save), "
+                    "a matrix of the representation: not supported",
+                )
         out: dict[Key, LowRankDelta] = {}
         prefixes = set()
         for module, (a_key, b_key) in stored.items():
@@ -368,8 +398,9 @@ class AdapterCheckpoint(Checkpoint):
             refs = by_tensor.get(tensor)
             if refs is None:
                 layers = max(r.layer for r in base.refs) + 1
-                raise IncompatibleError(self.name, f"adapts {module}, which the base does not have "
-                                                   f"({base.arch.name}, {layers} layers)")
+                raise IncompatibleError(
+                    self.name, f"adapts {module}, which the base does not have ({base.arch.name}, {layers} layers)"
+                )
             prefixes.add(hit.prefix)
             if module in adapted:
                 out.update(self._factors(module, a_key, b_key, refs, shapes))
@@ -377,21 +408,26 @@ class AdapterCheckpoint(Checkpoint):
             for tensor in by_tensor:
                 module = prefix + tensor.removesuffix(".weight")
                 if self.settings.targets(module) and module not in adapted:
-                    raise CheckpointError(self.name, f"target_modules selects {module}, but the adapter has no "
-                                                     "lora_A/lora_B for it")
+                    raise CheckpointError(
+                        self.name, f"target_modules selects {module}, but the adapter has no lora_A/lora_B for it"
+                    )
         if not out:
             raise self._matches_nothing(base, adapted or stored)
         return out
 
-    def _factors(self, module: str, a_key: str, b_key: str, refs: list[MatrixRef],
-                 shapes: Mapping[Key, tuple[int, ...]]) -> dict[Key, LowRankDelta]:
+    def _factors(
+        self, module: str, a_key: str, b_key: str, refs: list[MatrixRef], shapes: Mapping[Key, tuple[int, ...]]
+    ) -> dict[Key, LowRankDelta]:
         a, b = self.get(a_key), self.get(b_key)
-        n, m = shapes[refs[0].key]
-        whole = m * refs[0].n_parts
+        n = shapes[refs[0].key][0]
+        whole = sum(shapes[ref.key][1] for ref in refs) if len(refs) == refs[0].n_parts else -1
         r, _ = self.settings.rank_alpha(module)
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[1] != n or b.shape[0] != whole:
-            raise IncompatibleError(self.name, f"{module}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but the "
-                                               f"base's {refs[0].tensor} needs [r, {n}] and [{whole}, r]")
+            raise IncompatibleError(
+                self.name,
+                f"{module}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but the "
+                f"base's {refs[0].tensor} needs [r, {n}] and [{whole}, r]",
+            )
         if a.shape[0] != r:
             raise CheckpointError(self.name, f"{module}: lora_A has rank {a.shape[0]}, {ADAPTER_CONFIG} gives r={r}")
         for key, tensor in ((a_key, a), (b_key, b)):
@@ -399,7 +435,8 @@ class AdapterCheckpoint(Checkpoint):
                 raise CheckpointError(self.name, f"tensor {key} has NaN or Inf values")
         left = a.T.double() * self.settings.scaling(module)
         right = b.double()
-        return {ref.key: LowRankDelta(left, right[ref.part * m:(ref.part + 1) * m]) for ref in refs}
+        spans = {ref.key: ref.span(whole) for ref in refs}
+        return {ref.key: LowRankDelta(left, right[s[0] : s[1]]) for ref in refs if (s := spans[ref.key]) is not None}
 
     def _matches_nothing(self, base: Layout, modules: Mapping[str, Any]) -> IncompatibleError:
         """The error for an adapter that changes none of the base's matrices: another family, or targets elsewhere."""
@@ -409,8 +446,13 @@ class AdapterCheckpoint(Checkpoint):
             own = None
         of = f" (base_model_name_or_path: {self.settings.base_model})" if self.settings.base_model else ""
         if own is not None and own is not base.arch:
-            return IncompatibleError(self.name, f"is an adapter of a {own.name} model{of}, the base is {base.arch.name}")
+            return IncompatibleError(
+                self.name, f"is an adapter of a {own.name} model{of}, the base is {base.arch.name}"
+            )
         targets = self.settings.target_modules
         shown = targets if isinstance(targets, str) else _listing(targets)
-        return IncompatibleError(self.name, f"target_modules ({shown}) match none of the base's {base.arch.name} "
-                                            f"matrices (adapted: {_listing(modules)})")
+        return IncompatibleError(
+            self.name,
+            f"target_modules ({shown}) match none of the base's {base.arch.name} "
+            f"matrices (adapted: {_listing(modules)})",
+        )

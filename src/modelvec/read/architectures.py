@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from string import Template
-from typing import Any, Mapping
+from typing import Any
 
 from ..core.errors import ArchitectureError
 
@@ -49,8 +50,10 @@ class When:
 class Tensor:
     """One stored weight: its name template and the families it holds.
 
-    A fused tensor (GPT-2's ``c_attn`` = q|k|v) lists several families; it is split into equal
-    parts along the output axis. ``fused`` names the whole (used by the rank study).
+    A fused tensor (GPT-2's ``c_attn`` = q|k|v) lists several families; it is split along the output
+    axis into equal parts, or, with ``split``, in proportion to config values (Phi-3's ``qkv_proj``
+    with grouped-query attention: q has ``num_attention_heads`` heads, k and v ``num_key_value_heads``).
+    ``fused`` names the whole (used by the rank study).
     """
 
     template: str
@@ -59,6 +62,8 @@ class Tensor:
     when: When | None = None
     unless: When | None = None
     fused: str | None = None
+    #: per family, the config keys whose value sizes its part (first found wins); None: equal parts
+    split: tuple[tuple[str, ...], ...] | None = None
 
     def name(self, layer: int) -> str:
         return Template(self.template).substitute(layer=layer)
@@ -67,6 +72,21 @@ class Tensor:
         return (self.when is None or self.when.holds(config)) and not (
             self.unless is not None and self.unless.holds(config)
         )
+
+    def weights(self, config: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """The relative sizes of the fused parts (None: equal), from ``split`` and the config."""
+        if self.split is None:
+            return None
+        sizes = []
+        for keys in self.split:
+            value = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
+            if value is None:
+                raise ArchitectureError(
+                    str(config.get("_name_or_path", "model")),
+                    f"config.json gives no {' or '.join(keys)}, needed to split the fused {self.template}",
+                )
+            sizes.append(int(value))
+        return tuple(sizes)
 
 
 @dataclass(frozen=True)
@@ -92,14 +112,17 @@ class Architecture:
     #: feed-forward, heads...); each entry lists alternative keys, first found wins. Discovery uses
     #: them to accept a name-search candidate without downloading its weights.
     shape_keys: tuple[tuple[str, ...], ...] = (
-        ("num_hidden_layers",), ("hidden_size",), ("intermediate_size",), ("num_attention_heads",),
+        ("num_hidden_layers",),
+        ("hidden_size",),
+        ("intermediate_size",),
+        ("num_attention_heads",),
     )
 
     def shape(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The sizes named by :attr:`shape_keys`, under each entry's first key (None when absent)."""
         return {keys[0]: next((config[k] for k in keys if k in config), None) for keys in self.shape_keys}
 
-    def matrices(self, config: Mapping[str, Any]) -> list["MatrixRef"]:
+    def matrices(self, config: Mapping[str, Any]) -> list[MatrixRef]:
         """Every matrix this config's model has, in stack, layer, table order."""
         refs: list[MatrixRef] = []
         for stack in self.stacks:
@@ -108,6 +131,7 @@ class Architecture:
                 for tensor in stack.tensors:
                     if not tensor.applies(config):
                         continue
+                    weights = tensor.weights(config)
                     for part, family in enumerate(tensor.families):
                         refs.append(
                             MatrixRef(
@@ -119,6 +143,7 @@ class Architecture:
                                 part=part,
                                 n_parts=len(tensor.families),
                                 fused=tensor.fused,
+                                weights=weights,
                             )
                         )
         return refs
@@ -129,8 +154,7 @@ class Architecture:
                 return int(config[key])
         raise ArchitectureError(
             str(config.get("_name_or_path", "model")),
-            f"config.json gives no layer count for the {stack.name} "
-            f"(looked for {', '.join(stack.layers_keys)})",
+            f"config.json gives no layer count for the {stack.name} (looked for {', '.join(stack.layers_keys)})",
         )
 
 
@@ -146,10 +170,21 @@ class MatrixRef:
     part: int = 0
     n_parts: int = 1
     fused: str | None = None
+    weights: tuple[int, ...] | None = None  # relative part sizes of a fused tensor (None: equal)
 
     @property
     def key(self) -> tuple[str, int, str]:
         return (self.stack, self.layer, self.family)
+
+    def span(self, whole: int) -> tuple[int, int] | None:
+        """This part's [start, stop) along the fused axis of length ``whole``; None when it does not divide."""
+        weights = self.weights or (1,) * self.n_parts
+        total = sum(weights)
+        if total <= 0 or whole % total:
+            return None
+        unit = whole // total
+        start = unit * sum(weights[: self.part])
+        return start, start + unit * weights[self.part]
 
 
 def _attention(template: str, names: tuple[str, str, str, str], families=ATTENTION) -> tuple[Tensor, ...]:
@@ -222,8 +257,12 @@ DISTILBERT = Architecture(
         ),
     ),
     description="DistilBERT",
-    shape_keys=(("n_layers", "num_hidden_layers"), ("dim", "hidden_size"), ("hidden_dim", "intermediate_size"),
-                ("n_heads", "num_attention_heads")),
+    shape_keys=(
+        ("n_layers", "num_hidden_layers"),
+        ("dim", "hidden_size"),
+        ("hidden_dim", "intermediate_size"),
+        ("n_heads", "num_attention_heads"),
+    ),
 )
 
 T5 = Architecture(
@@ -236,8 +275,15 @@ T5 = Architecture(
         _t5_stack("decoder", ("num_decoder_layers", "num_layers"), cross=True),
     ),
     description="T5 (t5-base: wi; v1.1/Flan-T5: gated wi_0/wi_1), encoder-decoder with cross-attention",
-    shape_keys=(("num_layers",), ("num_decoder_layers",), ("d_model",), ("d_ff",), ("num_heads",), ("d_kv",),
-                ("feed_forward_proj",)),
+    shape_keys=(
+        ("num_layers",),
+        ("num_decoder_layers",),
+        ("d_model",),
+        ("d_ff",),
+        ("num_heads",),
+        ("d_kv",),
+        ("feed_forward_proj",),
+    ),
 )
 
 GPT2 = Architecture(
@@ -258,32 +304,80 @@ GPT2 = Architecture(
         ),
     ),
     description="GPT-2 (gpt2, gpt2-medium, distilgpt2): Conv1D [in,out], fused c_attn = q|k|v",
-    shape_keys=(("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size"), ("n_inner",), ("n_head", "num_attention_heads")),
+    shape_keys=(
+        ("n_layer", "num_hidden_layers"),
+        ("n_embd", "hidden_size"),
+        ("n_inner",),
+        ("n_head", "num_attention_heads"),
+    ),
+)
+
+_LLAMA_SHAPE = (
+    ("num_hidden_layers",),
+    ("hidden_size",),
+    ("intermediate_size",),
+    ("num_attention_heads",),
+    ("num_key_value_heads",),
+    ("head_dim",),
+)
+
+_LLAMA_LAYER = (
+    *_attention("layers.${layer}.self_attn.{}.weight", ("q_proj", "k_proj", "v_proj", "o_proj")),
+    Tensor("layers.${layer}.mlp.gate_proj.weight", ("ff_gate",)),
+    Tensor("layers.${layer}.mlp.up_proj.weight", ("ff1",)),
+    Tensor("layers.${layer}.mlp.down_proj.weight", ("ff2",)),
 )
 
 LLAMA = Architecture(
     name="llama",
-    model_types=("llama", "mistral", "qwen2"),
-    class_prefixes=("Llama", "Mistral", "Qwen2"),
+    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    class_prefixes=("Llama", "Mistral", "Qwen2", "Qwen3"),
+    prefixes=("model.", ""),
+    stacks=(Stack("decoder", ("num_hidden_layers",), _LLAMA_LAYER),),
+    description="Llama family (llama, mistral, qwen2, qwen3): gated FFN, grouped-query attention",
+    shape_keys=_LLAMA_SHAPE,
+)
+
+GEMMA = Architecture(
+    name="gemma",
+    model_types=("gemma", "gemma2"),
+    class_prefixes=("Gemma", "Gemma2"),
+    prefixes=("model.", ""),
+    stacks=(Stack("decoder", ("num_hidden_layers",), _LLAMA_LAYER),),
+    description="Gemma and Gemma 2: Llama's matrices (head_dim set apart from hidden_size), tied embeddings",
+    shape_keys=_LLAMA_SHAPE,
+)
+
+PHI3 = Architecture(
+    name="phi3",
+    model_types=("phi3",),
+    class_prefixes=("Phi3",),
     prefixes=("model.", ""),
     stacks=(
         Stack(
             "decoder",
             ("num_hidden_layers",),
             (
-                *_attention("layers.${layer}.self_attn.{}.weight", ("q_proj", "k_proj", "v_proj", "o_proj")),
-                Tensor("layers.${layer}.mlp.gate_proj.weight", ("ff_gate",)),
-                Tensor("layers.${layer}.mlp.up_proj.weight", ("ff1",)),
+                Tensor(
+                    "layers.${layer}.self_attn.qkv_proj.weight",
+                    ATTENTION[:3],
+                    fused="qkv",
+                    split=(("num_attention_heads",), ("num_key_value_heads", "num_attention_heads"),
+                           ("num_key_value_heads", "num_attention_heads")),
+                ),
+                Tensor("layers.${layer}.self_attn.o_proj.weight", ("o",)),
+                Tensor("layers.${layer}.mlp.gate_up_proj.weight", ("ff_gate", "ff1"), fused="gate_up"),
                 Tensor("layers.${layer}.mlp.down_proj.weight", ("ff2",)),
             ),
         ),
     ),
-    description="Llama family (llama, mistral, qwen2): gated FFN, grouped-query attention",
-    shape_keys=(("num_hidden_layers",), ("hidden_size",), ("intermediate_size",), ("num_attention_heads",),
-                ("num_key_value_heads",)),
+    description="Phi-3: fused qkv_proj (q | k | v by head counts) and gate_up_proj (gate | up)",
+    shape_keys=_LLAMA_SHAPE,
 )
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (BERT, ROBERTA, DISTILBERT, T5, GPT2, LLAMA)}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a for a in (BERT, ROBERTA, DISTILBERT, T5, GPT2, LLAMA, GEMMA, PHI3)
+}
 
 
 def supported() -> str:
@@ -306,7 +400,9 @@ def detect(config: Mapping[str, Any] | None, model: str = "model", names: set[st
         else:
             for cls in config.get("architectures") or []:
                 for arch in ARCHITECTURES.values():
-                    if re.fullmatch(rf"({'|'.join(arch.class_prefixes)})(Model|LMHeadModel|For\w+|Encoder\w*)", str(cls)):
+                    if re.fullmatch(
+                        rf"({'|'.join(arch.class_prefixes)})(Model|LMHeadModel|For\w+|Encoder\w*)", str(cls)
+                    ):
                         return arch
         seen = model_type or ",".join(map(str, config.get("architectures") or [])) or "none given"
         raise ArchitectureError(model, f"unknown architecture '{seen}'; supported model types: {supported()}")

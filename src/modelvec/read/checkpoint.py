@@ -12,18 +12,19 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import xxhash
 from safetensors import safe_open
 
-from .architectures import Architecture, MatrixRef, Orientation, detect
 from ..core.errors import CheckpointError, IncompatibleError, raise_if_resource, shown
 from ..core.files import BIN, BIN_INDEX, SAFETENSORS, SAFETENSORS_INDEX
-from .headers import safetensors_fault, short_cause as _short
-
+from .architectures import Architecture, MatrixRef, Orientation, detect
+from .headers import safetensors_fault
+from .headers import short_cause as _short
 
 _HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -39,6 +40,8 @@ _BIN_CAUSES = (
     ("EOFError", "truncated (the data ends early)"),
     ("ValueError: not a state dict", "it does not hold a state dict"),
 )
+
+
 def _exists(path: Path) -> bool:
     """Whether something is at ``path``; a name the OS refuses (too long, a NUL byte) names nothing."""
     try:
@@ -97,7 +100,9 @@ class Checkpoint:
         """The weight files, and for sharded checkpoints which file holds which tensor."""
         if self.path.is_file():
             if self.path.suffix not in (".safetensors", ".bin", ".pt", ".pth"):
-                raise CheckpointError(self.name, f"unsupported weights file {self.path.name} (want .safetensors or .bin)")
+                raise CheckpointError(
+                    self.name, f"unsupported weights file {self.path.name} (want .safetensors or .bin)"
+                )
             return [self.path], None
         for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
             index = self.path / index_name
@@ -112,7 +117,9 @@ class Checkpoint:
         for single in (SAFETENSORS, BIN):
             if _exists(self.path / single):
                 return self._regular([self.path / single]), None
-        raise CheckpointError(self.name, f"no weights found in {self.path} (looked for {SAFETENSORS}, {BIN} and their index files)")
+        raise CheckpointError(
+            self.name, f"no weights found in {self.path} (looked for {SAFETENSORS}, {BIN} and their index files)"
+        )
 
     def _weight_map(self, index: Path) -> dict[str, Path]:
         """Which shard holds each tensor, from an index file; a shard must be a plain file name next to it."""
@@ -173,7 +180,8 @@ class Checkpoint:
             file = self._key_file[key]
             if key not in self._names(file):
                 raise CheckpointError(
-                    self.name, f"{shown(file.name)} lacks tensor {shown(key)}, which {self._index_name} puts there")
+                    self.name, f"{shown(file.name)} lacks tensor {shown(key)}, which {self._index_name} puts there"
+                )
             return file
         for file in self.files:
             if key in self._names(file):
@@ -214,13 +222,13 @@ class Checkpoint:
     def architecture(self) -> Architecture:
         return detect(self.config, self.name, None if self.config else self.keys())
 
-    def layout(self) -> "Layout":
+    def layout(self) -> Layout:
         """Where each matrix of the representation lives in this checkpoint (prefix resolved); worked out once."""
         if self._layout is None:
             self._layout = self._resolve_layout()
         return self._layout
 
-    def _resolve_layout(self) -> "Layout":
+    def _resolve_layout(self) -> Layout:
         arch = self.architecture()
         config = self.config if self.config else _infer_config(arch, self.keys())
         refs = arch.matrices(config)
@@ -252,14 +260,16 @@ class Checkpoint:
                 cache[name] = whole
         if ref.n_parts == 1:
             return whole
-        out = whole.shape[1]
-        if out % ref.n_parts:
-            raise CheckpointError(self.name, f"fused tensor {name} of shape {list(whole.shape)} does not split into {ref.n_parts} parts")
-        width = out // ref.n_parts
-        return whole[:, ref.part * width : (ref.part + 1) * width]
+        span = ref.span(whole.shape[1])
+        if span is None:
+            parts = ":".join(map(str, ref.weights)) if ref.weights else str(ref.n_parts)
+            raise CheckpointError(
+                self.name, f"fused tensor {name} of shape {list(whole.shape)} does not split into parts {parts}"
+            )
+        return whole[:, span[0] : span[1]]
 
     def low_rank_deltas(
-        self, base: "Layout", shapes: Mapping[tuple[str, int, str], tuple[int, ...]]
+        self, base: Layout, shapes: Mapping[tuple[str, int, str], tuple[int, ...]]
     ) -> dict[tuple[str, int, str], LowRankDelta]:
         """The deltas against ``base`` as thin factors; only checkpoints with ``factored`` store them so."""
         raise CheckpointError(self.name, "holds full weights, not low-rank deltas")
@@ -300,7 +310,9 @@ class Checkpoint:
         the computation; a no-op for files already cached, and where the OS lacks the call.
         """
         advise = getattr(os, "posix_fadvise", None)
-        for file in self.files if advise is not None else ():
+        if advise is None:
+            return
+        for file in self.files:
             fd = os.open(file, os.O_RDONLY)
             try:
                 advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
@@ -318,7 +330,7 @@ class Checkpoint:
         self._handles.clear()
         self._file_names.clear()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -393,4 +405,6 @@ def check_compatible(model: Checkpoint, model_layout: Layout, base_layout: Layou
     if [r.key for r in model_layout.refs] != [r.key for r in base_layout.refs]:
         n_model = max(r.layer for r in model_layout.refs) + 1
         n_base = max(r.layer for r in base_layout.refs) + 1
-        raise IncompatibleError(model.name, f"has {n_model} layers / matrices that differ from the base's ({n_base} layers)")
+        raise IncompatibleError(
+            model.name, f"has {n_model} layers / matrices that differ from the base's ({n_base} layers)"
+        )
