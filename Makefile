@@ -11,7 +11,7 @@ STORE   ?= .cache/demo.duckdb
 PER_DATASET ?= 5
 OUT     ?= .cache/demo-out
 
-.PHONY: install browser test demo demo-on-hub bench clean
+.PHONY: install browser test lint demo demo-on-hub evidence bench clean
 
 install: $(STAMP)
 
@@ -29,8 +29,17 @@ $(STAMP): pyproject.toml | $(PY)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(PY) -m pytest
+
+# The habits of the field, run by `make test` (so by CI): lint and format, types, the stages'
+# import contracts, every imported package declared.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench demo
+	$(VENV)/bin/ruff format --check src tests bench demo
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/deptry src
 
 ZOO_BASE   = $$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(ZOO)/zoo.json)
 ZOO_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(ZOO)/zoo.json)

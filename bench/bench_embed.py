@@ -147,8 +147,15 @@ def main() -> None:
     manifest = args.zoo / "zoo.json"
     if manifest.exists():
         zoo = json.loads(manifest.read_text())
-        rows.append(bench("demo zoo (all-MiniLM-L6-v2 fine-tunes)", Path(zoo["base"]),
-                          [Path(m["path"]) for m in zoo["models"]], args.repeats, len(zoo["models"])))
+        rows.append(
+            bench(
+                "demo zoo (all-MiniLM-L6-v2 fine-tunes)",
+                Path(zoo["base"]),
+                [Path(m["path"]) for m in zoo["models"]],
+                args.repeats,
+                len(zoo["models"]),
+            )
+        )
     else:
         print(f"no demo zoo at {args.zoo} (run `make demo`); skipped", file=sys.stderr)
     for row in rows:

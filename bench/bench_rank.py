@@ -91,12 +91,26 @@ def warm_page_cache(folder: Path) -> None:
 
 # --- the straightforward way ------------------------------------------------------------------------
 # module name -> family, per model_type; written by hand, as a user would, and checked against modelvec.
-_BERT = ("encoder", re.compile(r"encoder\.layer\.(\d+)\.(attention\.self\.query|attention\.self\.key|attention\.self\.value"
-                               r"|attention\.output\.dense|intermediate\.dense|output\.dense)"),
-         {"attention.self.query": "q", "attention.self.key": "k", "attention.self.value": "v",
-          "attention.output.dense": "o", "intermediate.dense": "ff1", "output.dense": "ff2"})
-_GPT2 = ("decoder", re.compile(r"h\.(\d+)\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)"),
-         {"attn.c_attn": "qkv", "attn.c_proj": "o", "mlp.c_fc": "ff1", "mlp.c_proj": "ff2"})
+_BERT = (
+    "encoder",
+    re.compile(
+        r"encoder\.layer\.(\d+)\.(attention\.self\.query|attention\.self\.key|attention\.self\.value"
+        r"|attention\.output\.dense|intermediate\.dense|output\.dense)"
+    ),
+    {
+        "attention.self.query": "q",
+        "attention.self.key": "k",
+        "attention.self.value": "v",
+        "attention.output.dense": "o",
+        "intermediate.dense": "ff1",
+        "output.dense": "ff2",
+    },
+)
+_GPT2 = (
+    "decoder",
+    re.compile(r"h\.(\d+)\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)"),
+    {"attn.c_attn": "qkv", "attn.c_proj": "o", "mlp.c_fc": "ff1", "mlp.c_proj": "ff2"},
+)
 PATTERNS = {"bert": _BERT, "gpt2": _GPT2}
 
 
@@ -176,7 +190,7 @@ def ww_target(model) -> tuple[torch.nn.Module, dict[int, Key]]:
         if target is model:
             key = matched(model, name)
         elif name.startswith("model."):
-            key = matched(model, name[len("model."):])
+            key = matched(model, name[len("model.") :])
         elif name.startswith("parts."):
             key = part_keys[int(name.split(".")[1])]
         else:
@@ -208,8 +222,9 @@ def ww_analyze(model) -> tuple[float, int]:
 
     start = time.perf_counter()
     target, ids = ww_target(model)
-    details = ww.WeightWatcher(model=target).analyze(layers=list(ids), randomize=False, mp_fit=False, plot=False,
-                                                     vectors=False, detX=False)
+    details = ww.WeightWatcher(model=target).analyze(
+        layers=list(ids), randomize=False, mp_fit=False, plot=False, vectors=False, detX=False
+    )
     return time.perf_counter() - start, len(details)
 
 
@@ -233,8 +248,14 @@ def agreement(model, items, table, other_ranks: dict[str, dict[Key, list[int]]])
         expected = ref[key][THRESHOLDS.index(float(row.threshold))]
         if int(row.rank) != expected:
             mismatches += 1
-            cases.append({"matrix": "/".join(map(str, key)), "threshold": float(row.threshold),
-                          "modelvec": int(row.rank), "float64": expected})
+            cases.append(
+                {
+                    "matrix": "/".join(map(str, key)),
+                    "threshold": float(row.threshold),
+                    "modelvec": int(row.rank),
+                    "float64": expected,
+                }
+            )
     rel, rel_normwise, margin, cum_diff = 0.0, 0.0, np.inf, 0.0
     for key, s64 in ref_s.items():
         s32 = mv_s[key].singular_values.astype(np.float64)
@@ -244,15 +265,22 @@ def agreement(model, items, table, other_ranks: dict[str, dict[Key, list[int]]])
         nonzero = s64 > 0
         rel = max(rel, float(np.max(diff[nonzero] / s64[nonzero])) if nonzero.any() else 0.0)
         rel_normwise = max(rel_normwise, float(diff.max() / s64[0]) if s64[0] > 0 else 0.0)
-        cumulative = np.cumsum(s64 ** 2) / np.sum(s64 ** 2)
-        cum_diff = max(cum_diff, float(np.max(np.abs(np.cumsum(s32 ** 2) / np.sum(s32 ** 2) - cumulative))))
+        cumulative = np.cumsum(s64**2) / np.sum(s64**2)
+        cum_diff = max(cum_diff, float(np.max(np.abs(np.cumsum(s32**2) / np.sum(s32**2) - cumulative))))
         for t, r in zip(THRESHOLDS, ref[key]):  # distance of t from the float64 boundary it falls between
             margin = min(margin, abs(cumulative[r - 1] - t), abs(t - cumulative[r - 2]) if r >= 2 else np.inf)
-    out = {"matrices": len(ref), "checks": len(table), "mismatches_vs_float64": mismatches,
-           "mismatch_cases": cases, "max_rel_diff_sv": rel, "max_rel_diff_sv_normwise": rel_normwise,
-           "closest_threshold_margin": float(margin), "max_cum_energy_diff": cum_diff,
-           "a_float32_rank_could_flip": bool(margin <= cum_diff),  # margin within float32 error: 0 mismatches was luck
-           "float64_reference_s": ref_seconds}
+    out = {
+        "matrices": len(ref),
+        "checks": len(table),
+        "mismatches_vs_float64": mismatches,
+        "mismatch_cases": cases,
+        "max_rel_diff_sv": rel,
+        "max_rel_diff_sv_normwise": rel_normwise,
+        "closest_threshold_margin": float(margin),
+        "max_cum_energy_diff": cum_diff,
+        "a_float32_rank_could_flip": bool(margin <= cum_diff),  # margin within float32 error: 0 mismatches was luck
+        "float64_reference_s": ref_seconds,
+    }
     for label, ranks in other_ranks.items():
         if set(ranks) != set(ref):
             out[f"{label}_mismatches_vs_float64"] = f"covers {len(ranks)} of {len(ref)} matrices"
@@ -310,12 +338,17 @@ def bench(name: str, folder: Path, repeats: int, use_ww: bool, ww_analyze_on: bo
                 add("ww_analyze_only_s", seconds)
                 add("ww_analyze_s", load + seconds)
         probes.append(probe())
-        print(f"  {name} repeat {i + 1}/{repeats}: " + ", ".join(f"{k}={v[-1]:.2f}" for k, v in runs.items()),
-              file=sys.stderr)
+        print(
+            f"  {name} repeat {i + 1}/{repeats}: " + ", ".join(f"{k}={v[-1]:.2f}" for k, v in runs.items()),
+            file=sys.stderr,
+        )
     row: dict = {"model": name, "repeats": repeats, "probe_s_min": min(probes), "probe_s_max": max(probes)}
     if max(probes) > 2 * min(probes):
-        print(f"  warning: the probe ranged {min(probes):.3f}-{max(probes):.3f} s: the machine was busy during "
-              f"{name}; its timings are not comparable (rerun when idle, or with --threads 1)", file=sys.stderr)
+        print(
+            f"  warning: the probe ranged {min(probes):.3f}-{max(probes):.3f} s: the machine was busy during "
+            f"{name}; its timings are not comparable (rerun when idle, or with --threads 1)",
+            file=sys.stderr,
+        )
     row.update({k: statistics.median(v) for k, v in runs.items()})
     row["straightforward / modelvec"] = row["straightforward_s"] / row["modelvec_s"]
     if use_ww:
@@ -334,7 +367,7 @@ def weightwatcher_available() -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import weightwatcher  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any failure means: skip that column, say why
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -370,22 +403,37 @@ def main() -> None:
         blas = [(p.get("internal_api"), p.get("num_threads")) for p in threadpool_info()]
     except ImportError:
         blas = "threadpoolctl not installed, not limited"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; transformers {transformers.__version__}; "
-          f"{why}; numpy/scipy BLAS pools {blas}", file=sys.stderr)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; transformers {transformers.__version__}; "
+        f"{why}; numpy/scipy BLAS pools {blas}",
+        file=sys.stderr,
+    )
 
     wanted = set(args.models.split(",")) - ({"gpt2"} if args.skip_gpt2 else set())
-    cases = [(name, make(), repeats) for short, name, make, repeats in (
-        ("minilm", "all-MiniLM-L6-v2 (real, 6x384)", minilm, args.repeats),
-        ("bert", "bert-base-sized random (12x768)", bert_base_random, args.repeats),
-        ("gpt2", "gpt2-medium-sized random (24x1024)", gpt2_medium_random, args.gpt2_repeats)) if short in wanted]
+    cases = [
+        (name, make(), repeats)
+        for short, name, make, repeats in (
+            ("minilm", "all-MiniLM-L6-v2 (real, 6x384)", minilm, args.repeats),
+            ("bert", "bert-base-sized random (12x768)", bert_base_random, args.repeats),
+            ("gpt2", "gpt2-medium-sized random (24x1024)", gpt2_medium_random, args.gpt2_repeats),
+        )
+        if short in wanted
+    ]
     rows = []
     for name, folder, repeats in cases:
         rows.append(bench(name, folder, repeats, use_ww, use_ww and not args.skip_ww_analyze))
         print(json.dumps(rows[-1]), flush=True)
-    cols = [("modelvec_s", "modelvec s"), ("straightforward_s", "straightfwd s"),
-            ("straightforward / modelvec", "ratio"), ("ww_esd_s", "ww ESD s"), ("ww_esd / modelvec", "ratio"),
-            ("ww_analyze_s", "ww analyze s"), ("ww_analyze / modelvec", "ratio"),
-            ("mismatches_vs_float64", "mismatches"), ("max_rel_diff_sv", "max rel diff")]
+    cols = [
+        ("modelvec_s", "modelvec s"),
+        ("straightforward_s", "straightfwd s"),
+        ("straightforward / modelvec", "ratio"),
+        ("ww_esd_s", "ww ESD s"),
+        ("ww_esd / modelvec", "ratio"),
+        ("ww_analyze_s", "ww analyze s"),
+        ("ww_analyze / modelvec", "ratio"),
+        ("mismatches_vs_float64", "mismatches"),
+        ("max_rel_diff_sv", "max rel diff"),
+    ]
     print()
     print(f"{'model':36}" + "".join(f"{label:>14}" for _, label in cols))
     for row in rows:

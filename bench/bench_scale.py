@@ -27,24 +27,28 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-import torch  # noqa: E402
+import torch
+from bench_embed import CACHE, ROOT, base_in_memory, bert_base_pair, io_floor
 
-import modelvec  # noqa: E402
-from bench_embed import CACHE, ROOT, base_in_memory, bert_base_pair, io_floor  # noqa: E402
+import modelvec
 
 OUT_JSON = CACHE / "bench_scale.json"
 SCALE_DIR = CACHE / "scale"
 CHUNK = 16 << 20
 # The six matrices of a BERT layer, anchored after the layer index ("output.dense" is not "attention.output.dense").
-_MATRIX = re.compile(r"encoder\.layer\.(\d+)\.(attention\.self\.query|attention\.self\.key|attention\.self\.value|"
-                     r"attention\.output\.dense|intermediate\.dense|output\.dense)\.weight$")
+_MATRIX = re.compile(
+    r"encoder\.layer\.(\d+)\.(attention\.self\.query|attention\.self\.key|attention\.self\.value|"
+    r"attention\.output\.dense|intermediate\.dense|output\.dense)\.weight$"
+)
 
 
 # ---------------------------------------------------------------- child side: one configuration, one process
+
 
 class RssSampler(threading.Thread):
     """Peaks of VmRSS, RssAnon and RssFile (kB) from /proc/self/status, sampled every 50 ms."""
@@ -82,8 +86,11 @@ def proc_status() -> dict[str, int]:
 
 def run_modelvec(spec: dict, stamps: list[float]) -> dict:
     """``modelvec.embed`` into a fresh store, with only the keyword arguments this ``embed`` accepts."""
-    named = {n for n, p in inspect.signature(modelvec.embed).parameters.items()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = {
+        n
+        for n, p in inspect.signature(modelvec.embed).parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
     wanted = {"workers": spec["workers"], "load": False}
     kwargs = {k: v for k, v in wanted.items() if k in named}
     counts = {"embedded": 0, "skipped": 0, "failed": 0}
@@ -98,8 +105,12 @@ def run_modelvec(spec: dict, stamps: list[float]) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         modelvec.embed(spec["base"], spec["models"], store=Path(tmp) / "bench.duckdb", progress=progress, **kwargs)
-    return {"embed_kwargs": kwargs, "embed_kwargs_dropped": sorted(set(wanted) - set(kwargs)), **counts,
-            "failures": failures[:3]}
+    return {
+        "embed_kwargs": kwargs,
+        "embed_kwargs_dropped": sorted(set(wanted) - set(kwargs)),
+        **counts,
+        "failures": failures[:3],
+    }
 
 
 def _file_tensor(folder: str, name: str) -> torch.Tensor:
@@ -107,7 +118,7 @@ def _file_tensor(folder: str, name: str) -> torch.Tensor:
     from safetensors import safe_open
 
     with safe_open(str(Path(folder) / "model.safetensors"), "pt") as fh:
-        key = next(k for k in fh.keys() if k == name or k.endswith("." + name))
+        key = next(k for k in fh.keys() if k == name or k.endswith("." + name))  # noqa: SIM118  (safe_open is not iterable)
         return fh.get_tensor(key)
 
 
@@ -129,12 +140,19 @@ def run_loop(spec: dict, stamps: list[float]) -> dict:
             match = _MATRIX.search(name)
             if not match:
                 continue
-            if i == 0 and not layers:  # the loaded weights must be the files' and differ from the base
-                if not torch.equal(w, _file_tensor(path, name)) or not torch.equal(base_w[name], _file_tensor(
-                        spec["base"], name)) or torch.equal(w, base_w[name]):
-                    raise RuntimeError(f"{path}: {name} as loaded is not the file's, or equals the base's")
+            # the loaded weights must be the files' and differ from the base
+            if (
+                i == 0
+                and not layers
+                and (
+                    not torch.equal(w, _file_tensor(path, name))
+                    or not torch.equal(base_w[name], _file_tensor(spec["base"], name))
+                    or torch.equal(w, base_w[name])
+                )
+            ):
+                raise RuntimeError(f"{path}: {name} as loaded is not the file's, or equals the base's")
             delta = w - base_w[name]
-            U, S, V = torch.svd_lowrank(delta.T, q=8)  # x @ W orientation: the transpose of nn.Linear's weight
+            U, _S, _V = torch.svd_lowrank(delta.T, q=8)  # x @ W orientation: the transpose of nn.Linear's weight
             layers.setdefault(int(match.group(1)), []).append(U.flatten())
         vector = torch.stack([torch.cat(us) for us in layers.values()]).mean(0)
         dim = vector.numel()
@@ -157,7 +175,11 @@ def run_floor(spec: dict, stamps: list[float]) -> dict:
 
 
 RUNNERS: dict[str, Callable[[dict, list[float]], dict]] = {
-    "modelvec": run_modelvec, "loop": run_loop, "floor": run_floor, "floor_base_in_memory": run_floor}
+    "modelvec": run_modelvec,
+    "loop": run_loop,
+    "floor": run_floor,
+    "floor_base_in_memory": run_floor,
+}
 
 
 def child(spec: dict) -> None:
@@ -178,23 +200,32 @@ def child(spec: dict) -> None:
     if "per_model_s" not in result:
         result["per_model_s"] = (stamps[-1] - stamps[0]) / (n - 1) if n > 1 else None
         result["first_model_s"] = stamps[0] - start if stamps else None
-    result.update(config=spec["config"], workers=spec.get("workers"), models=len(spec["models"]), total_s=total,
-                  threads=torch.get_num_threads(), peak_rss_mb=peak["VmRSS"] / 1024,
-                  peak_rss_anon_mb=peak["RssAnon"] / 1024, peak_rss_file_mb=peak["RssFile"] / 1024,
-                  vm_hwm_mb=proc_status()["VmHWM"] / 1024,
-                  ru_maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result.update(
+        config=spec["config"],
+        workers=spec.get("workers"),
+        models=len(spec["models"]),
+        total_s=total,
+        threads=torch.get_num_threads(),
+        peak_rss_mb=peak["VmRSS"] / 1024,
+        peak_rss_anon_mb=peak["RssAnon"] / 1024,
+        peak_rss_file_mb=peak["RssFile"] / 1024,
+        vm_hwm_mb=proc_status()["VmHWM"] / 1024,
+        ru_maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
     print(json.dumps(result))
 
 
 # ---------------------------------------------------------------- parent side
+
 
 def spawn(config: str, base: Path, models: list[Path], workers: int | None = None) -> dict:
     """One configuration in a fresh subprocess; its JSON line (or an error record)."""
     spec = {"config": config, "base": str(base), "models": [str(m) for m in models], "workers": workers}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, env=env
+    )
     label = config + (f" (workers={workers})" if workers is not None else "")
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
@@ -203,8 +234,10 @@ def spawn(config: str, base: Path, models: list[Path], workers: int | None = Non
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["process_s"] = time.perf_counter() - start
     if result.get("embedded") != len(models):
-        print(f"{label}: {result.get('embedded')} of {len(models)} embedded ({result.get('failures') or ''})",
-              file=sys.stderr)
+        print(
+            f"{label}: {result.get('embedded')} of {len(models)} embedded ({result.get('failures') or ''})",
+            file=sys.stderr,
+        )
     print(f"{label}: {len(models)} models, {result['total_s']:.1f} s", file=sys.stderr)
     return result
 
@@ -266,9 +299,13 @@ def set_table(result: dict) -> str:
     """Markdown table of one model set, with the ratios to the loop and to both floors."""
     by = {r["config"]: r for r in result["rows"] if r["config"] != "modelvec"}
     loop_s, floor_s, bim_s = (by.get(k, {}).get("per_model_s") for k in ("loop", "floor", "floor_base_in_memory"))
-    lines = [f"### {result['label']} ({len(result['models'])} models, per-model cost with start-up excluded)", "",
-             "| configuration | total s | per-model s | models/min | x faster than loop | x floor "
-             "| x floor (base in memory) | peak RSS MB | peak RssAnon MB |", "|" + "---|" * 9]
+    lines = [
+        f"### {result['label']} ({len(result['models'])} models, per-model cost with start-up excluded)",
+        "",
+        "| configuration | total s | per-model s | models/min | x faster than loop | x floor "
+        "| x floor (base in memory) | peak RSS MB | peak RssAnon MB |",
+        "|" + "---|" * 9,
+    ]
     for r in result["rows"]:
         name = r["config"] + (f" workers={r['workers']}" if r["config"] == "modelvec" else "")
         name += " (no store writes)" if r["config"] == "loop" else ""
@@ -277,32 +314,48 @@ def set_table(result: dict) -> str:
             continue
         s = r["per_model_s"]
         measured = r["config"] in ("modelvec", "loop")
-        lines.append(" | ".join([
-            f"| {name}", fmt(r["total_s"]), fmt(s), fmt(60 / s if s else None),
-            fmt(_ratio(loop_s, s)) if r["config"] == "modelvec" else "",
-            fmt(_ratio(s, floor_s)) if measured else "", fmt(_ratio(s, bim_s)) if measured else "",
-            f"{r['peak_rss_mb']:.0f}", f"{r['peak_rss_anon_mb']:.0f} |"]))
+        lines.append(
+            " | ".join(
+                [
+                    f"| {name}",
+                    fmt(r["total_s"]),
+                    fmt(s),
+                    fmt(60 / s if s else None),
+                    fmt(_ratio(loop_s, s)) if r["config"] == "modelvec" else "",
+                    fmt(_ratio(s, floor_s)) if measured else "",
+                    fmt(_ratio(s, bim_s)) if measured else "",
+                    f"{r['peak_rss_mb']:.0f}",
+                    f"{r['peak_rss_anon_mb']:.0f} |",
+                ]
+            )
+        )
     dropped = {k for r in result["rows"] for k in r.get("embed_kwargs_dropped", [])}
     if dropped:
-        lines.append(f"\nnote: this modelvec.embed does not accept {', '.join(sorted(dropped))}; ran without them "
-                     "(the workers rows are then one configuration)")
+        lines.append(
+            f"\nnote: this modelvec.embed does not accept {', '.join(sorted(dropped))}; ran without them "
+            "(the workers rows are then one configuration)"
+        )
     return "\n".join(lines)
 
 
 def scale_table(rows: list[dict], distinct: int, workers: int) -> str:
-    lines = [f"### Scaling: modelvec workers={workers}; {rows[-1]['models'] if rows else 0} models = {distinct} "
-             "distinct fine-tunes hard-linked under that many names (all in the page cache)", "",
-             "| models | total s | per-model s | models/min | peak RSS MB | peak RssAnon MB | VmHWM MB "
-             "| ru_maxrss MB |",
-             "|" + "---|" * 8]
+    lines = [
+        f"### Scaling: modelvec workers={workers}; {rows[-1]['models'] if rows else 0} models = {distinct} "
+        "distinct fine-tunes hard-linked under that many names (all in the page cache)",
+        "",
+        "| models | total s | per-model s | models/min | peak RSS MB | peak RssAnon MB | VmHWM MB | ru_maxrss MB |",
+        "|" + "---|" * 8,
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['models']} | failed |" + " |" * 6)
             continue
         s = r["per_model_s"]
-        lines.append(f"| {r['models']} | {fmt(r['total_s'])} | {fmt(s)} | {fmt(60 / s if s else None)} | "
-                     f"{r['peak_rss_mb']:.0f} | {r['peak_rss_anon_mb']:.0f} | {r['vm_hwm_mb']:.0f} | "
-                     f"{r['ru_maxrss_mb']:.0f} |")
+        lines.append(
+            f"| {r['models']} | {fmt(r['total_s'])} | {fmt(s)} | {fmt(60 / s if s else None)} | "
+            f"{r['peak_rss_mb']:.0f} | {r['peak_rss_anon_mb']:.0f} | {r['vm_hwm_mb']:.0f} | "
+            f"{r['ru_maxrss_mb']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -323,21 +376,40 @@ def main() -> None:
         args.models, args.scale = 3, "1,3"
     workers = [int(w) for w in args.workers.split(",")]
     scale = [int(n) for n in args.scale.split(",") if n]
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "python": sys.version.split()[0],
-           "embed_params": list(inspect.signature(modelvec.embed).parameters)}
+    env = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "python": sys.version.split()[0],
+        "embed_params": list(inspect.signature(modelvec.embed).parameters),
+    }
     print(f"torch {env['torch']}, {env['threads']} threads, {env['cpus']} CPUs", file=sys.stderr)
     results: dict[str, Any] = {"env": env, "args": vars(args), "sets": [], "scale": []}
     base, distinct = bert_base_pair(args.models)
-    results["sets"].append(bench_set(f"bert-base-sized random (12x768, ff 3072), {len(distinct)} distinct fine-tunes",
-                                     base, distinct, workers, args.skip_loop))
+    results["sets"].append(
+        bench_set(
+            f"bert-base-sized random (12x768, ff 3072), {len(distinct)} distinct fine-tunes",
+            base,
+            distinct,
+            workers,
+            args.skip_loop,
+        )
+    )
     manifest = args.zoo / "zoo.json"
     if args.skip_zoo:
         pass
     elif manifest.exists():
         zoo = json.loads(manifest.read_text())
-        results["sets"].append(bench_set("demo zoo (all-MiniLM-L6-v2 fine-tunes)", Path(zoo["base"]),
-                                         [Path(m["path"]) for m in zoo["models"]], workers, args.skip_loop))
+        results["sets"].append(
+            bench_set(
+                "demo zoo (all-MiniLM-L6-v2 fine-tunes)",
+                Path(zoo["base"]),
+                [Path(m["path"]) for m in zoo["models"]],
+                workers,
+                args.skip_loop,
+            )
+        )
     else:
         print(f"no demo zoo at {manifest} (run `make demo`); zoo skipped", file=sys.stderr)
     if scale:
@@ -349,8 +421,10 @@ def main() -> None:
         results["scale"] = [spawn("modelvec", base, models[:n], workers[-1]) for n in scale]
     OUT_JSON.parent.mkdir(parents=True, exist_ok=True)
     OUT_JSON.write_text(json.dumps(results, indent=1, default=str))
-    print(f"torch {env['torch']}, {env['threads']} threads, {env['cpus']} CPUs; "
-          f"embed accepts: {', '.join(env['embed_params'])}\n")
+    print(
+        f"torch {env['torch']}, {env['threads']} threads, {env['cpus']} CPUs; "
+        f"embed accepts: {', '.join(env['embed_params'])}\n"
+    )
     for s in results["sets"]:
         print(set_table(s) + "\n")
     print("targets (bert-base-sized, warm page cache): >= 3x faster than loop, <= 1.25x floor, flat peak RssAnon\n")

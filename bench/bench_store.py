@@ -35,16 +35,43 @@ def main() -> None:
         with Store(path) as db:
             start = time.perf_counter()
             for i in range(args.put_rows):
-                db.put(VectorRow(f"model-{i:06d}", "h", "base", "bh", params, "bert",
-                                 rng.standard_normal(args.dim, dtype=np.float32), ["ds"], "src", 0.1))
+                db.put(
+                    VectorRow(
+                        f"model-{i:06d}",
+                        "h",
+                        "base",
+                        "bh",
+                        params,
+                        "bert",
+                        rng.standard_normal(args.dim, dtype=np.float32),
+                        ["ds"],
+                        "src",
+                        0.1,
+                    )
+                )
             put_s = (time.perf_counter() - start) / args.put_rows
             rest = args.rows - args.put_rows
             chunk = 500
             for lo in range(0, rest, chunk):
                 n = min(chunk, rest - lo)
                 flat = rng.standard_normal((n, args.dim), dtype=np.float32)
-                db.put_many([VectorRow(f"model-{args.put_rows + lo + i:06d}", "h", "base", "bh", params, "bert",
-                                       flat[i], ["ds"], "src", 0.1) for i in range(n)])
+                db.put_many(
+                    [
+                        VectorRow(
+                            f"model-{args.put_rows + lo + i:06d}",
+                            "h",
+                            "base",
+                            "bh",
+                            params,
+                            "bert",
+                            flat[i],
+                            ["ds"],
+                            "src",
+                            0.1,
+                        )
+                        for i in range(n)
+                    ]
+                )
         size_gb = (path.stat().st_size + Path(f"{path}.vectors").stat().st_size) / 1e9
         load_s = []
         for _ in range(2):  # the first read after writing is slower here (page cache state), the second is warm
@@ -61,12 +88,21 @@ def main() -> None:
         start = time.perf_counter()
         np.load(npy)
         npy_s = time.perf_counter() - start
-    print(json.dumps({
-        "rows": args.rows, "dim": args.dim, "gigabytes": round(args.rows * args.dim * 4 / 1e9, 2),
-        "store_file_gb": round(size_gb, 2), "put_ms_per_row": round(put_s * 1e3, 2),
-        "first_load_after_write_s": round(load_s[0], 2), "warm_load_s": round(load_s[1], 2),
-        "raw_npy_load_s": round(npy_s, 2), "warm_ratio_to_npy": round(load_s[1] / npy_s, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "dim": args.dim,
+                "gigabytes": round(args.rows * args.dim * 4 / 1e9, 2),
+                "store_file_gb": round(size_gb, 2),
+                "put_ms_per_row": round(put_s * 1e3, 2),
+                "first_load_after_write_s": round(load_s[0], 2),
+                "warm_load_s": round(load_s[1], 2),
+                "raw_npy_load_s": round(npy_s, 2),
+                "warm_ratio_to_npy": round(load_s[1] / npy_s, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

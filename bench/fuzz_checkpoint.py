@@ -30,9 +30,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 with atheris.instrument_imports(include=["modelvec.checkpoint"]):
+    from modelvec.core.errors import ModelvecError
     from modelvec.read import Checkpoint
     from modelvec.read.headers import _safetensors_fault
-    from modelvec.core.errors import ModelvecError
 
 NAME = "org/fuzzed model"
 
@@ -60,9 +60,33 @@ def _workdir() -> Path:
 
 WORK = _workdir()
 SINGLE = WORK / "single.safetensors"
-DICTIONARY = ["dtype", "shape", "data_offsets", "__metadata__", "weight_map", "metadata", "F32", "F16", "BF16",
-              "F64", "I8", "BOOL", "F4", "F8_E4M3", "one.safetensors", "two.safetensors", "../outside.safetensors",
-              "config.json", "18446744073709551615", "-1", "[]", "{}", "[0,0]", "null", "1e400"]
+DICTIONARY = [
+    "dtype",
+    "shape",
+    "data_offsets",
+    "__metadata__",
+    "weight_map",
+    "metadata",
+    "F32",
+    "F16",
+    "BF16",
+    "F64",
+    "I8",
+    "BOOL",
+    "F4",
+    "F8_E4M3",
+    "one.safetensors",
+    "two.safetensors",
+    "../outside.safetensors",
+    "config.json",
+    "18446744073709551615",
+    "-1",
+    "[]",
+    "{}",
+    "[0,0]",
+    "null",
+    "1e400",
+]
 FOLDER = WORK / "sharded"
 
 
@@ -74,8 +98,11 @@ def _setup() -> list[bytes]:
     save_file({"a": torch.randn(2, 2)}, str(WORK / "outside.safetensors"))
     (FOLDER / "config.json").write_text("{}")
     small = WORK / "seed.safetensors"
-    save_file({"w": torch.randn(3, 4), "h": torch.randn(5).half(), "s": torch.tensor(1.0, dtype=torch.float64)},
-              str(small), metadata={"format": "pt"})
+    save_file(
+        {"w": torch.randn(3, 4), "h": torch.randn(5).half(), "s": torch.tensor(1.0, dtype=torch.float64)},
+        str(small),
+        metadata={"format": "pt"},
+    )
     header = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
     edge = json.dumps(header).encode()
     index = {"metadata": {}, "weight_map": {"a": "one.safetensors", "b": "one.safetensors", "c": "two.safetensors"}}

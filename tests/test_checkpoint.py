@@ -50,7 +50,9 @@ def as_bin(src: Path, out: Path, shards: int = 1) -> Path:
 
 
 def as_dtype(src: Path, out: Path, dtype: torch.dtype) -> Path:
-    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(src / "model.safetensors")).items()}
+    state = {
+        k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(src / "model.safetensors")).items()
+    }
     return save_state(out, state, json.loads((src / "config.json").read_text()))
 
 
@@ -218,8 +220,16 @@ def test_other_family_error_when_both_configs_are_known(tmp_path, tiny_bert):
     "make, needle",
     [
         (lambda d: d, "no weights found"),
-        (lambda d: (d / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}"), "cannot read model.safetensors"),
-        (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": {"a.weight": "model-2.safetensors"}}'), "missing shard model-2.safetensors"),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}"),
+            "cannot read model.safetensors",
+        ),
+        (
+            lambda d: (d / "model.safetensors.index.json").write_text(
+                '{"weight_map": {"a.weight": "model-2.safetensors"}}'
+            ),
+            "missing shard model-2.safetensors",
+        ),
         (lambda d: (d / "config.json").write_text("{not json"), "config.json is not valid JSON"),
     ],
     ids=["empty-folder", "corrupt-safetensors", "missing-shard", "bad-config"],

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, Representation
-from modelvec.cli import app
 from modelvec.analyse.evaluation import REFERENCE, evaluate, task_vector_gram
+from modelvec.cli import app
 from modelvec.report import cluster, neighbors
 
 DATASETS = ("imdb", "glue/sst2", "squad")
@@ -41,7 +41,9 @@ def planted_dataset_finetune(base: Path, out: Path, dataset: int, model_seed: in
 @pytest.fixture(scope="module")
 def planted(tiny_bert, tmp_path_factory):
     root = tmp_path_factory.mktemp("planted")
-    models = [planted_dataset_finetune(tiny_bert, root / f"d{d}-m{i}", d, 10 * d + i) for d in range(3) for i in range(4)]
+    models = [
+        planted_dataset_finetune(tiny_bert, root / f"d{d}-m{i}", d, 10 * d + i) for d in range(3) for i in range(4)
+    ]
     unlabelled = planted_dataset_finetune(tiny_bert, root / "mystery", 1, 99)
     (unlabelled / "README.md").unlink()
     store = root / "store.duckdb"
@@ -55,8 +57,10 @@ def test_task_vector_gram_is_the_inner_product_of_flattened_deltas(planted):
     tv = task_vector_gram(base, models[:4])
     b, cks = Checkpoint(base), [Checkpoint(m) for m in models[:4]]
     layout = b.layout()
-    flat = [torch.cat([(ck.matrix(r, ck.layout().prefix) - b.matrix(r, layout.prefix)).reshape(-1) for r in layout.refs])
-            for ck in cks]
+    flat = [
+        torch.cat([(ck.matrix(r, ck.layout().prefix) - b.matrix(r, layout.prefix)).reshape(-1) for r in layout.refs])
+        for ck in cks
+    ]
     brute = torch.stack(flat).double()
     np.testing.assert_allclose(tv.gram, (brute @ brute.T).numpy(), rtol=1e-6)
     assert tv.dim == brute.shape[1]
@@ -79,23 +83,67 @@ def test_planted_datasets_cluster_perfectly(planted, tmp_path):
 
 def test_cluster_cli_json(planted, tmp_path):
     base, _, _, store = planted
-    result = CliRunner().invoke(app, ["cluster", str(base), "--rank", "4", "--store", str(store), "--reduce", "pca",
-                                      "--out", str(tmp_path), "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "cluster",
+            str(base),
+            "--rank",
+            "4",
+            "--store",
+            str(store),
+            "--reduce",
+            "pca",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for key in ("knn_score", "n_scored", "per_dataset", "metric", "pool", "silhouette", "kmeans_nmi", "kmeans_ari",
-                "hdbscan_nmi", "hdbscan_ari", "loo_accuracy"):
+    for key in (
+        "knn_score",
+        "n_scored",
+        "per_dataset",
+        "metric",
+        "pool",
+        "silhouette",
+        "kmeans_nmi",
+        "kmeans_ari",
+        "hdbscan_nmi",
+        "hdbscan_ari",
+        "loo_accuracy",
+    ):
         assert key in data, key
     assert data["knn_score"] == 1.0 and data["metric"] == "cosine" and data["pool"] == "labelled"
     assert data["per_dataset"]["imdb"] == {"score": 1.0, "count": 4}
-    table = CliRunner().invoke(app, ["cluster", str(base), "--rank", "4", "--store", str(store), "--reduce", "pca",
-                                     "--out", str(tmp_path), "--pool", "all", "--metric", "euclidean"])
+    table = CliRunner().invoke(
+        app,
+        [
+            "cluster",
+            str(base),
+            "--rank",
+            "4",
+            "--store",
+            str(store),
+            "--reduce",
+            "pca",
+            "--out",
+            str(tmp_path),
+            "--pool",
+            "all",
+            "--metric",
+            "euclidean",
+        ],
+    )
     assert table.exit_code == 0 and "kNN dataset score" in table.output and "PNG map" in table.output
 
 
 def test_cluster_without_vectors_is_a_clear_error(planted, tmp_path):
     base, _, _, store = planted
-    result = CliRunner().invoke(app, ["cluster", str(base), "--rank", "7", "--store", str(store), "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["cluster", str(base), "--rank", "7", "--store", str(store), "--out", str(tmp_path)]
+    )
     assert result.exit_code == 2 and "no vectors stored for this base with representation r7" in result.output
 
 
@@ -159,7 +207,7 @@ def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, 
 
 def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):
     base, models, _, store = planted
-    variants = {"U": Representation(rank=4), "sketch": Representation(rank=4, factor="sketch")}
+    variants = {"U": Representation(rank=4, factor="U"), "sketch": Representation(rank=4, factor="sketch")}
     table = evaluate(base, models, variants=variants, store=store)
     assert list(table["method"]) == ["U", "sketch", REFERENCE]
     ref = table.set_index("method").loc[REFERENCE]
@@ -168,3 +216,17 @@ def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):
     sketch = table.set_index("method").loc["sketch"]
     assert sketch["dim"] == modelvec.DeltaEmbedder(rank=4, factor="sketch").fit(base).dim_
     assert sketch["ref_corr"] > 0.9  # a linear sketch keeps the geometry of the full deltas
+
+
+def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):
+    from modelvec.analyse.evaluation import VARIANTS, variants
+
+    for table in (VARIANTS, variants(ranks=(8, 16, 32))):
+        keys = [p.key() for p in table.values()]
+        assert len(set(keys)) == len(keys) == len(table)  # distinct labels mean distinct computations
+        assert all(name == p.label() for name, p in table.items())
+    assert len(variants(ranks=(8, 16, 32))) == 3 * len(VARIANTS)
+    base, models, _, store = planted
+    twice = {"sketch": Representation(rank=4), "U": Representation(rank=4, factor="sketch")}
+    with pytest.raises(ValueError, match="'sketch' and 'U' have the same parameters"):
+        evaluate(base, models, variants=twice, store=store)

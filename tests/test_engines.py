@@ -13,11 +13,11 @@ import pytest
 
 from conftest import planted_finetune
 from modelvec import Representation, Store, embed
-from modelvec.read import Checkpoint
-from modelvec.run.work import BaseSpec, Task
-from modelvec.run.local import LocalEngine
-from modelvec.run.engines import make_engine
 from modelvec.hub.client import HubSettings
+from modelvec.read import Checkpoint
+from modelvec.run.engines import make_engine
+from modelvec.run.local import LocalEngine
+from modelvec.run.work import BaseSpec, Task
 from modelvec.store import Failure, VectorRow
 
 OPEN_SECONDS = 0.3
@@ -86,7 +86,7 @@ def test_a_model_that_fails_to_open_in_an_io_thread_is_recorded_and_the_run_goes
     (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     result = embed(tiny_bert, [finetunes[0], broken, finetunes[1]], store=tmp_path / "s.duckdb", workers=2)
     assert len(result.embedded) == 2
-    (name, reason), = result.failed.items()
+    ((name, reason),) = result.failed.items()
     assert name == str(broken.resolve()) and reason.startswith(f"{broken.resolve()}: ") and "\n" not in reason
 
 

@@ -24,8 +24,10 @@ from modelvec.hub import client as _hub_client  # noqa: F401  (teaches error_of 
 from modelvec.represent import DeltaEmbedder
 from modelvec.store import Store, StoreError, StoreLockedError
 
-CPU_OOM = ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
-           "you tried to allocate 1073741824 bytes.")
+CPU_OOM = (
+    "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+    "you tried to allocate 1073741824 bytes."
+)
 CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB"
 
 
@@ -46,23 +48,31 @@ def test_every_error_pickles_with_its_fields():
             back = pickle.loads(pickle.dumps(err))
             assert type(back) is cls
             assert (back.model, back.cause, back.kind, str(back), back.extra) == (
-                err.model, err.cause, err.kind, str(err), 7)
+                err.model,
+                err.cause,
+                err.kind,
+                str(err),
+                7,
+            )
     locked = pickle.loads(pickle.dumps(StoreLockedError(Path("/x/s.duckdb"), 41, 2.5)))
     assert (locked.path, locked.pid, locked.waited, locked.kind) == (Path("/x/s.duckdb"), 41, 2.5, Kind.TRANSIENT)
     assert "PID 41" in str(locked)
 
 
-@pytest.mark.parametrize(("exc", "kind", "words"), [
-    (RuntimeError(CPU_OOM), Kind.RESOURCE, "out of memory"),
-    (torch.OutOfMemoryError(CUDA_OOM), Kind.RESOURCE, "out of memory"),
-    (MemoryError(), Kind.RESOURCE, "out of memory"),
-    (OSError(errno.ENOMEM, "Cannot allocate memory"), Kind.RESOURCE, "out of memory"),
-    (OSError(errno.ENOSPC, "No space left on device"), Kind.RESOURCE, "out of disk space"),
-    (RuntimeError("can't start new thread"), Kind.RESOURCE, "out of memory"),
-    (TimeoutError("read timed out"), Kind.TRANSIENT, "TimeoutError"),
-    (httpx2.ConnectError("connection refused"), Kind.TRANSIENT, "connection refused"),
-    (ValueError("bad header\nsecond line"), Kind.CONTENT, "ValueError: bad header"),
-])
+@pytest.mark.parametrize(
+    ("exc", "kind", "words"),
+    [
+        (RuntimeError(CPU_OOM), Kind.RESOURCE, "out of memory"),
+        (torch.OutOfMemoryError(CUDA_OOM), Kind.RESOURCE, "out of memory"),
+        (MemoryError(), Kind.RESOURCE, "out of memory"),
+        (OSError(errno.ENOMEM, "Cannot allocate memory"), Kind.RESOURCE, "out of memory"),
+        (OSError(errno.ENOSPC, "No space left on device"), Kind.RESOURCE, "out of disk space"),
+        (RuntimeError("can't start new thread"), Kind.RESOURCE, "out of memory"),
+        (TimeoutError("read timed out"), Kind.TRANSIENT, "TimeoutError"),
+        (httpx2.ConnectError("connection refused"), Kind.TRANSIENT, "connection refused"),
+        (ValueError("bad header\nsecond line"), Kind.CONTENT, "ValueError: bad header"),
+    ],
+)
 def test_any_exception_becomes_one_line_with_a_kind(exc, kind, words):
     try:  # raised from inside a library's own error, as they surface in practice
         try:
@@ -89,8 +99,9 @@ def _oom_once(monkeypatch, message: type[BaseException] | str, target: str = "_e
 
 
 @pytest.mark.parametrize("oom", [CPU_OOM, torch.OutOfMemoryError], ids=["cpu", "cuda"])
-def test_out_of_memory_is_recorded_as_resource_and_retried_next_run(tiny_bert, tiny_finetunes, tmp_path, oom,
-                                                                    monkeypatch):
+def test_out_of_memory_is_recorded_as_resource_and_retried_next_run(
+    tiny_bert, tiny_finetunes, tmp_path, oom, monkeypatch
+):
     store = tmp_path / "s.duckdb"
     with monkeypatch.context() as m:
         _oom_once(m, oom)
@@ -135,7 +146,9 @@ def test_out_of_memory_batching_per_family_falls_back_to_layers_on_cpu(tiny_bert
     got = embedder.transform(tiny_finetunes[:2])
     assert calls == ["family", "family"]  # tried per family, then layer by layer (which needs no family batch)
     np.testing.assert_allclose(got, reference, atol=1e-6)
-    monkeypatch.setattr(DeltaEmbedder, "_sketch_streamed", lambda self, *a: (_ for _ in ()).throw(RuntimeError(CPU_OOM)))
+    monkeypatch.setattr(
+        DeltaEmbedder, "_sketch_streamed", lambda self, *a: (_ for _ in ()).throw(RuntimeError(CPU_OOM))
+    )
     with pytest.raises(RuntimeError, match="DefaultCPUAllocator"):  # out of memory there too: the caller records it
         embedder.embed_one(tiny_finetunes[0])
 
@@ -187,26 +200,60 @@ def test_a_real_memory_limit_fails_the_embed_then_the_same_command_without_it_em
     state = {}
     for i in range(layers):
         p = f"encoder.layer.{i}."
-        for name, shape in [("attention.self.query", (d, d)), ("attention.self.key", (d, d)),
-                            ("attention.self.value", (d, d)), ("attention.output.dense", (d, d)),
-                            ("intermediate.dense", (4 * d, d)), ("output.dense", (d, 4 * d))]:
+        for name, shape in [
+            ("attention.self.query", (d, d)),
+            ("attention.self.key", (d, d)),
+            ("attention.self.value", (d, d)),
+            ("attention.output.dense", (d, d)),
+            ("intermediate.dense", (4 * d, d)),
+            ("output.dense", (d, 4 * d)),
+        ]:
             state[p + name + ".weight"] = torch.randn(shape, generator=gen)
-    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": d, "num_hidden_layers": layers,
-              "num_attention_heads": 8, "intermediate_size": 4 * d}
+    config = {
+        "model_type": "bert",
+        "architectures": ["BertModel"],
+        "hidden_size": d,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 8,
+        "intermediate_size": 4 * d,
+    }
     base = save_state(tmp_path / "base", state, config)
-    tuned = save_state(tmp_path / "ft", {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in state.items()},
-                       config)
+    tuned = save_state(
+        tmp_path / "ft", {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in state.items()}, config
+    )
     store = tmp_path / "s.duckdb"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    limited = subprocess.run([sys.executable, "-c", LIMITED, str(base), str(tuned), str(store)], capture_output=True,
-                             text=True, timeout=300, env=env)
+    limited = subprocess.run(
+        [sys.executable, "-c", LIMITED, str(base), str(tuned), str(store)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert limited.returncode == 0, limited.stderr[-2000:]
     why = limited.stdout.strip().splitlines()[-1]
     assert why.startswith(f"{tuned}: out of memory"), why
     with Store(store) as db:
         assert db.failures()["kind"].tolist() == ["resource"]
-    free = subprocess.run([sys.executable, "-m", "modelvec.cli", "embed", "--base", str(base), str(tuned), "--store", str(store),
-                           "--json"], capture_output=True, text=True, timeout=300, env=env)
+    free = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modelvec.cli",
+            "embed",
+            "--base",
+            str(base),
+            str(tuned),
+            "--store",
+            str(store),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert free.returncode == 0, free.stderr[-2000:]
     import json
+
     assert json.loads(free.stdout)["embedded"] == [str(tuned)]

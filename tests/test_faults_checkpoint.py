@@ -28,7 +28,8 @@ from safetensors.torch import load_file, save_file
 import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, CheckpointError, DeltaEmbedder, ModelvecError, Store
-from modelvec.read.headers import _DTYPE_BITS, safetensors_fault as _safetensors_fault
+from modelvec.read.headers import _DTYPE_BITS
+from modelvec.read.headers import safetensors_fault as _safetensors_fault
 
 NAME = "org/broken model"  # how the checkpoints under test are named: every message must start with it
 
@@ -78,8 +79,13 @@ def expect_error(embedder: DeltaEmbedder, folder: Path, *needles: str) -> str:
 
 def _cuts(size: int, header: int) -> dict[str, int]:
     return {
-        "empty": 0, "inside-length": 3, "length-only": 8, "inside-header": 8 + header // 2,
-        "after-header": 8 + header, "mid-data": (8 + header + size) // 2, "one-byte-short": size - 1,
+        "empty": 0,
+        "inside-length": 3,
+        "length-only": 8,
+        "inside-header": 8 + header // 2,
+        "after-header": 8 + header,
+        "mid-data": (8 + header + size) // 2,
+        "one-byte-short": size - 1,
     }
 
 
@@ -135,10 +141,18 @@ HEADERS = {
     "nested-deeply": (b"[" * 100_000 + b"]" * 100_000, DATA, None, ["nested too deeply"]),
     "entry-not-an-object": ({"a": 5}, DATA, None, ["tensor a is 5"]),
     "entry-without-dtype": ({"a": {"shape": [1], "data_offsets": [0, 4]}}, bytes(4), None, ["tensor a has no dtype"]),
-    "offsets-out-of-range": ({"a": A, "b": {**B, "data_offsets": [1000, 1016]}}, DATA, None,
-                             ["tensor b", "[1000, 1016]", "past the 40 bytes"]),
-    "offsets-overlap": ({"a": A, "b": {**B, "data_offsets": [8, 24], "shape": [4]}}, DATA[:24], None,
-                        ["tensor b overlaps tensor a"]),
+    "offsets-out-of-range": (
+        {"a": A, "b": {**B, "data_offsets": [1000, 1016]}},
+        DATA,
+        None,
+        ["tensor b", "[1000, 1016]", "past the 40 bytes"],
+    ),
+    "offsets-overlap": (
+        {"a": A, "b": {**B, "data_offsets": [8, 24], "shape": [4]}},
+        DATA[:24],
+        None,
+        ["tensor b overlaps tensor a"],
+    ),
     "offsets-gap": ({"a": {**A, "data_offsets": [16, 40]}}, DATA, None, ["bytes 0-16 unused"]),
     "offsets-end-before-begin": ({"a": {**A, "data_offsets": [24, 0]}}, DATA[:24], None, ["begin <= end", "[24, 0]"]),
     "offsets-three": ({"a": {**A, "data_offsets": [0, 24, 24]}}, DATA[:24], None, ["data_offsets are not"]),
@@ -180,10 +194,17 @@ def test_valid_headers_pass_the_check(tiny_bert, tiny_finetunes, tmp_path):
         assert _safetensors_fault(file) is None
     edge = {
         "empty": ({}, b""),
-        "zero-size-tensors": ({"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
-                               "b": {"dtype": "F16", "shape": [2, 0], "data_offsets": [0, 0]}}, b""),
-        "scalar-and-metadata": ({"__metadata__": {"format": "pt"},
-                                 "s": {"dtype": "F64", "shape": [], "data_offsets": [0, 8]}}, bytes(8)),
+        "zero-size-tensors": (
+            {
+                "a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+                "b": {"dtype": "F16", "shape": [2, 0], "data_offsets": [0, 0]},
+            },
+            b"",
+        ),
+        "scalar-and-metadata": (
+            {"__metadata__": {"format": "pt"}, "s": {"dtype": "F64", "shape": [], "data_offsets": [0, 8]}},
+            bytes(8),
+        ),
         "padded-header": (b'{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}     ', bytes(4)),
         "four-bit": ({"a": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}, bytes(2)),
     }
@@ -198,8 +219,9 @@ def test_valid_headers_pass_the_check(tiny_bert, tiny_finetunes, tmp_path):
 # --- wrong dtypes and shapes in a batch run: recorded, and the run goes on -----------------------
 
 
-def _with_tensor(src: Path, out: Path, value: torch.Tensor, key: str = "encoder.layer.1.attention.self.value.weight"
-                 ) -> Path:
+def _with_tensor(
+    src: Path, out: Path, value: torch.Tensor, key: str = "encoder.layer.1.attention.self.value.weight"
+) -> Path:
     state = load_file(str(src / "model.safetensors"))
     state[key] = value
     return save_state(out, state, json.loads((src / "config.json").read_text()))
@@ -220,15 +242,20 @@ BROKEN = {
     "wrong-shape": (lambda s, o: _with_tensor(s, o, torch.zeros(48, 32)), ["[48, 32]", "[32, 32]"]),
     "not-a-matrix": (lambda s, o: _with_tensor(s, o, torch.zeros(32, 32, 1)), ["expected a matrix"]),
     "truncated": (lambda s, o: with_weights(s, o, (s / "model.safetensors").read_bytes()[:-100]), ["truncated"]),
-    "bad-header": (lambda s, o: with_weights(s, o, safetensors_bytes({"a": {**A, "dtype": "F33"}}, DATA[:24])),
-                   ["unknown dtype"]),
+    "bad-header": (
+        lambda s, o: with_weights(s, o, safetensors_bytes({"a": {**A, "dtype": "F33"}}, DATA[:24])),
+        ["unknown dtype"],
+    ),
 }
 
 
 def test_batch_run_records_broken_models_and_keeps_the_good(tiny_bert, tiny_finetunes, tmp_path):
     broken = {case: make(tiny_finetunes[0], tmp_path / case) for case, (make, _) in BROKEN.items()}
-    float64 = _with_tensor(tiny_finetunes[2], tmp_path / "float64", load_file(
-        str(tiny_finetunes[2] / "model.safetensors"))["encoder.layer.1.attention.self.value.weight"].double())
+    float64 = _with_tensor(
+        tiny_finetunes[2],
+        tmp_path / "float64",
+        load_file(str(tiny_finetunes[2] / "model.safetensors"))["encoder.layer.1.attention.self.value.weight"].double(),
+    )
     good = [*tiny_finetunes, float64]  # float64 is read exactly as float32: the same vector as its source
     models = [m for pair in zip(good + [None] * len(broken), broken.values()) for m in pair if m is not None]
     result = modelvec.embed(tiny_bert, models, rank=4, store=tmp_path / "s.duckdb")
@@ -357,8 +384,10 @@ def test_broken_files_leave_nothing_open(embedder, tiny_finetunes, tmp_path):
     raw = (tiny_finetunes[0] / "model.safetensors").read_bytes()
     cuts = (5, 100, len(raw) - 1)
     folders = [with_weights(tiny_finetunes[0], tmp_path / f"cut{i}", raw[:cut]) for i, cut in enumerate(cuts)]
-    folders += [with_weights(tiny_finetunes[0], tmp_path / f"h{i}", safetensors_bytes(h, d, n))
-                for i, (h, d, n, _) in enumerate(HEADERS.values())]
+    folders += [
+        with_weights(tiny_finetunes[0], tmp_path / f"h{i}", safetensors_bytes(h, d, n))
+        for i, (h, d, n, _) in enumerate(HEADERS.values())
+    ]
     for _ in range(3):
         for folder in folders:
             with pytest.raises(ModelvecError):
@@ -374,10 +403,15 @@ def test_broken_files_leave_nothing_open(embedder, tiny_finetunes, tmp_path):
 
 # --- properties: random bytes, headers and index files -----------------------------------------
 
+
 def fast(examples: int) -> settings:
     """Bounded examples, no deadline (a first read is slower), no example database written into the repository."""
-    return settings(max_examples=examples, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
 
 
 def read_all(path: Path) -> dict[str, torch.Tensor] | None:
@@ -410,8 +444,11 @@ def accepted_by_safetensors(path: Path) -> bool:
 def small_file(tmp_path_factory) -> bytes:
     """A few tensors of the dtypes checkpoints hold (edits of their data bytes keep the file readable)."""
     path = tmp_path_factory.mktemp("small") / "model.safetensors"
-    save_file({"w.f32": torch.randn(3, 4), "w.f16": torch.randn(5).half(), "w.bf16": torch.randn(2, 2).bfloat16()},
-              str(path), metadata={"format": "pt"})
+    save_file(
+        {"w.f32": torch.randn(3, 4), "w.f16": torch.randn(5).half(), "w.bf16": torch.randn(2, 2).bfloat16()},
+        str(path),
+        metadata={"format": "pt"},
+    )
     return path.read_bytes()
 
 
@@ -430,10 +467,10 @@ def _apply(raw: bytes, edit: tuple) -> bytes:
     at = {"length": 0, "data": len(raw) - args[0]}.get(kind, args[0] % (len(raw) + 1))
     return {
         "cut": lambda: raw[:at],
-        "set": lambda: raw[:at] + bytes([args[-1]]) + raw[at + 1:],
-        "data": lambda: raw[:at] + bytes([args[-1]]) + raw[at + 1:],
+        "set": lambda: raw[:at] + bytes([args[-1]]) + raw[at + 1 :],
+        "data": lambda: raw[:at] + bytes([args[-1]]) + raw[at + 1 :],
         "insert": lambda: raw[:at] + args[-1] + raw[at:],
-        "delete": lambda: raw[:at] + raw[at + args[-1]:],
+        "delete": lambda: raw[:at] + raw[at + args[-1] :],
         "length": lambda: args[0].to_bytes(8, "little") + raw[8:],
     }[kind]()
 
@@ -453,8 +490,9 @@ def test_property_mutated_file(small_file, tmp_path_factory, edits):
 _DIM_WIDE = st.one_of(st.integers(-3, 2**65), st.floats(allow_nan=True), st.text(max_size=3), st.none(), st.booleans())
 _ENTRY = st.fixed_dictionaries(
     {
-        "dtype": st.one_of(st.sampled_from(sorted(_DTYPE_BITS)), st.sampled_from(["F33", "f32", ""]), st.none(),
-                           st.integers()),
+        "dtype": st.one_of(
+            st.sampled_from(sorted(_DTYPE_BITS)), st.sampled_from(["F33", "f32", ""]), st.none(), st.integers()
+        ),
         "shape": st.one_of(st.lists(st.integers(0, 5), max_size=3), st.lists(_DIM_WIDE, max_size=3), _DIM_WIDE),
         "consistent": st.booleans(),
         "offsets": st.one_of(st.lists(st.integers(-5, 2**65), min_size=0, max_size=3), _DIM_WIDE),
@@ -478,8 +516,9 @@ def _headers(draw) -> tuple[object, int]:
         end = end + size if e["consistent"] and size is not None else end
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": offsets}
     if draw(st.booleans()):
-        header["__metadata__"] = draw(st.one_of(st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
-                                                st.integers(), st.none()))
+        header["__metadata__"] = draw(
+            st.one_of(st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2), st.integers(), st.none())
+        )
     return header, max(0, end + draw(st.sampled_from([0, 0, 0, -1, 1, 7])))
 
 
@@ -512,9 +551,27 @@ def shard_folder(tmp_path_factory) -> Path:
 
 
 _SHARD = st.one_of(
-    st.sampled_from(["one.safetensors", "two.safetensors", "config.json", "model.safetensors.index.json", "sub",
-                     "../outside.safetensors", "/etc/passwd", "..", ".", "", "absent.safetensors", "a\0b", "x" * 300]),
-    st.text(max_size=8), st.integers(), st.none(), st.lists(st.text(max_size=2), max_size=2),
+    st.sampled_from(
+        [
+            "one.safetensors",
+            "two.safetensors",
+            "config.json",
+            "model.safetensors.index.json",
+            "sub",
+            "../outside.safetensors",
+            "/etc/passwd",
+            "..",
+            ".",
+            "",
+            "absent.safetensors",
+            "a\0b",
+            "x" * 300,
+        ]
+    ),
+    st.text(max_size=8),
+    st.integers(),
+    st.none(),
+    st.lists(st.text(max_size=2), max_size=2),
 )
 _VALID_MAP = {"a": "one.safetensors", "b": "one.safetensors", "c": "two.safetensors"}
 
@@ -534,13 +591,19 @@ def _edited_map(draw) -> dict[str, object]:
 
 _WEIGHT_MAP = _edited_map() | st.one_of(
     st.dictionaries(st.sampled_from(["a", "b", "c", "d"]) | st.text(max_size=4), _SHARD, max_size=5),
-    st.none(), st.lists(st.text(max_size=3), max_size=2), st.text(max_size=5), st.integers(),
+    st.none(),
+    st.lists(st.text(max_size=3), max_size=2),
+    st.text(max_size=5),
+    st.integers(),
 )
 
 
 @fast(200)
-@given(weight_map=_WEIGHT_MAP, extra=st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-       garble=st.one_of(st.none(), st.integers(0, 60)))
+@given(
+    weight_map=_WEIGHT_MAP,
+    extra=st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    garble=st.one_of(st.none(), st.integers(0, 60)),
+)
 def test_property_index(shard_folder, weight_map, extra, garble):
     text = json.dumps({**extra, "weight_map": weight_map} if weight_map is not None else extra)
     if garble is not None:  # cut the JSON short

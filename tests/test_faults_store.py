@@ -19,6 +19,7 @@ once and forks a fresh writer for each trial, so a trial costs milliseconds, not
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import mmap
@@ -31,17 +32,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import duckdb
 import numpy as np
 import pytest
 
 from conftest import planted_finetune
-from modelvec.store import Failure, Store, StoreLockedError, VectorRow
 from modelvec.represent import Representation
+from modelvec.store import Failure, Store, StoreLockedError, VectorRow
 from modelvec.store.vectorfile import VectorFile
 
 N_MODELS = 160
@@ -52,8 +53,18 @@ KEY = "model, base, base_hash, params"
 # --- helpers -----------------------------------------------------------------------------------
 def _embed_cmd(models, store: Path, *extra: str) -> list[str]:
     base = models[0].parent.parent / "base"
-    return [sys.executable, "-m", "modelvec.cli", "embed", "--base", str(base), *map(str, models),
-            "--store", str(store), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "modelvec.cli",
+        "embed",
+        "--base",
+        str(base),
+        *map(str, models),
+        "--store",
+        str(store),
+        *extra,
+    ]
 
 
 def _opened(pid: int, path: Path) -> bool:
@@ -146,10 +157,12 @@ def test_two_embed_processes_on_one_store_serialise(corpus, tmp_path):
 def _two_at_once(corpus: Corpus, store: Path) -> None:
     third = N_MODELS // 3
     lists = [corpus.models[: 2 * third], corpus.models[third:]]
-    procs = [subprocess.Popen(_embed_cmd(models, store), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for models in lists]
+    procs = [
+        subprocess.Popen(_embed_cmd(models, store), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for models in lists
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, errs) in zip(procs, outs):
+    for p, (_out, errs) in zip(procs, outs):
         assert p.returncode == 0, errs
     waited = [i for i, (_, errs) in enumerate(outs) if "waiting for it to finish" in errs]
     assert len(waited) == 1, [errs for _, errs in outs]  # the runs overlap: one held the store, the other waited
@@ -170,8 +183,9 @@ def test_embed_gives_up_waiting_with_one_clear_line(corpus, tmp_path):
     store = tmp_path / "held.duckdb"
     with Store(store) as db:
         heap_size = db.heap.path.stat().st_size
-        out = subprocess.run(_embed_cmd(corpus.models[:3], store, "--wait", "0.5"), env=ENV, capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            _embed_cmd(corpus.models[:3], store, "--wait", "0.5"), env=ENV, capture_output=True, text=True, timeout=120
+        )
         assert db.con.execute("SELECT count(*) FROM vectors").fetchall() == [(0,)]
         assert db.heap.path.stat().st_size == heap_size  # only the lock holder appends to the vector file
     assert out.returncode == 2, out.stderr
@@ -184,8 +198,10 @@ def test_embed_gives_up_waiting_with_one_clear_line(corpus, tmp_path):
     assert "embedded" not in out.stdout
 
 
-HOLDER = ("import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('locked', flush=True); "
-          "time.sleep(float(sys.argv[2])); con.close(); time.sleep(30)")
+HOLDER = (
+    "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('locked', flush=True); "
+    "time.sleep(float(sys.argv[2])); con.close(); time.sleep(30)"
+)
 
 
 def _holder(store: Path, seconds: float) -> subprocess.Popen:
@@ -226,7 +242,8 @@ def test_store_wait_runs_out(tmp_path, monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="modelvec.store"), pytest.raises(StoreLockedError):
             Store(store)
         assert [r.getMessage() for r in caplog.records] == [
-            f"{store}: in use by another process (PID {holder.pid}); waiting for it to finish, up to 0.3 s"]
+            f"{store}: in use by another process (PID {holder.pid}); waiting for it to finish, up to 0.3 s"
+        ]
         told: list[str] = []
         start = time.monotonic()
         with pytest.raises(StoreLockedError, match=r"after waiting 0 s"):
@@ -333,7 +350,8 @@ def _write_until_killed(store: str, start: int, seed: int, small_checkpoints: bo
             if mode == "put":
                 for r in rows:
                     db.put(r) if isinstance(r, VectorRow) else db.record_failure(
-                        r.model, r.base, r.params, r.error, r.model_hash)
+                        r.model, r.base, r.params, r.error, r.model_hash
+                    )
             elif mode == "writer":
                 with db.writer() as w:
                     for r in rows:
@@ -380,8 +398,14 @@ def test_writer_killed_inside_store_writes(tmp_path):
 def _kill_writer(store: Path, seed: int, trials: int = 16) -> tuple[dict[str, int], int, int]:
     heap = Path(f"{store}.vectors")
     rng = random.Random(seed)
-    helper = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=ENV, cwd=Path(__file__).parent)
+    helper = subprocess.Popen(
+        [sys.executable, __file__],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=Path(__file__).parent,
+    )
     n, last_heap = 0, 0
     phases: dict[str, int] = {}
     torn = 0
@@ -427,8 +451,12 @@ def _kill_writer(store: Path, seed: int, trials: int = 16) -> tuple[dict[str, in
 # --- 3. threads in one process ------------------------------------------------------------------
 def _rows(tag: str, n: int, dim: int = 64) -> list[VectorRow]:
     rng = np.random.default_rng(sum(map(ord, tag)))
-    return [VectorRow(f"{tag}{i:04d}", "h", "b", "bh", PARAMS, "bert", rng.standard_normal(dim).astype(np.float32),
-                      [], "x", 0.1) for i in range(n)]
+    return [
+        VectorRow(
+            f"{tag}{i:04d}", "h", "b", "bh", PARAMS, "bert", rng.standard_normal(dim).astype(np.float32), [], "x", 0.1
+        )
+        for i in range(n)
+    ]
 
 
 def _assert_all_intact(db: Store, rows: list[VectorRow]) -> None:
@@ -438,7 +466,7 @@ def _assert_all_intact(db: Store, rows: list[VectorRow]) -> None:
     for model, x in zip(meta["model"], X):
         assert np.array_equal(x, expected[model])
     offsets = sorted(r[0] for r in db.con.execute('SELECT "offset" FROM vectors').fetchall())
-    assert all(b - a >= X.shape[1] * 4 for a, b in zip(offsets, offsets[1:]))  # no two rows share bytes
+    assert all(b - a >= X.shape[1] * 4 for a, b in itertools.pairwise(offsets))  # no two rows share bytes
 
 
 @pytest.fixture
@@ -495,10 +523,11 @@ def test_two_stores_of_one_file_written_from_two_threads(tmp_path, fast_switchin
     batches = {"a": _rows("a", 60), "b": _rows("b", 60)}
     errors: list[BaseException] = []
     with Store(path) as one, Store(path) as two:
+
         def write(db: Store, rows: list[VectorRow]) -> None:
             try:
                 for lo in range(0, len(rows), 10):
-                    db.put_many(rows[lo:lo + 10])
+                    db.put_many(rows[lo : lo + 10])
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 

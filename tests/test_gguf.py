@@ -20,12 +20,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from conftest import save_state
-from modelvec.read import Checkpoint
 from modelvec.cli import app
 from modelvec.core.errors import CheckpointError
-from modelvec.read import open_checkpoint
-from modelvec.read.gguf import GGUFCheckpoint, QuantizationWarning
 from modelvec.rank import rank_study, rank_table, spectra
+from modelvec.read import Checkpoint, open_checkpoint
+from modelvec.read.gguf import GGUFCheckpoint, QuantizationWarning
 
 THRESHOLDS = (0.5, 0.9, 0.99, 0.999, 1.0)
 Q = gguf.GGMLQuantizationType
@@ -44,13 +43,22 @@ def write_gguf(folder: Path, path: Path, arch: str, qtype=Q.F32) -> Path:
     state = load_file(str(folder / "model.safetensors"))
     writer = gguf.GGUFWriter(path, arch)
     if arch == "gpt2":
-        n_layers, width, ff, heads = config["n_layer"], config["n_embd"], config.get("n_inner") or 4 * config["n_embd"], config["n_head"]
+        n_layers, width, ff, heads = (
+            config["n_layer"],
+            config["n_embd"],
+            config.get("n_inner") or 4 * config["n_embd"],
+            config["n_head"],
+        )
     elif arch == "t5":
         n_layers, width, ff, heads = config["num_layers"], config["d_model"], config["d_ff"], config["num_heads"]
         writer.add_decoder_block_count(config["num_decoder_layers"])
     else:
-        n_layers, width, ff, heads = (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"],
-                                      config["num_attention_heads"])
+        n_layers, width, ff, heads = (
+            config["num_hidden_layers"],
+            config["hidden_size"],
+            config["intermediate_size"],
+            config["num_attention_heads"],
+        )
     writer.add_block_count(n_layers)
     writer.add_embedding_length(width)
     writer.add_feed_forward_length(ff)
@@ -99,8 +107,15 @@ def llama(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     folder = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(config).save_pretrained(folder)
     state = load_file(str(folder / "model.safetensors"))
@@ -114,25 +129,40 @@ def _model(kind: str, folder: Path) -> Path:
     if kind == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4, n_positions=32)).save_pretrained(folder)
+        GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4, n_positions=32)).save_pretrained(
+            folder
+        )
     elif kind == "bert":
-        from conftest import tiny_bert_config
         from transformers import BertModel
+
+        from conftest import tiny_bert_config
 
         BertModel(tiny_bert_config()).save_pretrained(folder)
     else:
         from transformers import T5Config, T5ForConditionalGeneration
 
-        T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2,
-                                            num_heads=4, feed_forward_proj="gated-gelu")).save_pretrained(folder)
+        T5ForConditionalGeneration(
+            T5Config(
+                vocab_size=64,
+                d_model=32,
+                d_ff=64,
+                d_kv=8,
+                num_layers=2,
+                num_decoder_layers=2,
+                num_heads=4,
+                feed_forward_proj="gated-gelu",
+            )
+        ).save_pretrained(folder)
     return folder
 
 
 @pytest.fixture(scope="module")
 def gguf_files(llama, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf")
-    return {name: write_gguf(llama, root / f"llama-{name}.gguf", "llama", qtype)
-            for name, qtype in (("f32", Q.F32), ("f16", Q.F16), ("q8_0", Q.Q8_0))}
+    return {
+        name: write_gguf(llama, root / f"llama-{name}.gguf", "llama", qtype)
+        for name, qtype in (("f32", Q.F32), ("f16", Q.F16), ("q8_0", Q.Q8_0))
+    }
 
 
 def _ranks(items) -> dict:
@@ -144,10 +174,13 @@ def test_f32_llama_gguf_gives_exactly_the_safetensors_tensors_and_ranks(llama, g
     ck, ref = open_checkpoint(gguf_files["f32"]), Checkpoint(llama)
     assert isinstance(ck, GGUFCheckpoint) and ck.architecture().name == "llama"
     assert {k: ck.config[k] for k in ("num_hidden_layers", "hidden_size", "num_key_value_heads")} == {
-        "num_hidden_layers": 3, "hidden_size": 64, "num_key_value_heads": 2}
+        "num_hidden_layers": 3,
+        "hidden_size": 64,
+        "num_key_value_heads": 2,
+    }
     layout = ck.layout()
     assert ck.gguf_name("layers.1.self_attn.q_proj.weight") == "blk.1.attn_q.weight"
-    assert "token_embd.weight" in ck.keys()  # no matrix role: kept under its GGUF name
+    assert "token_embd.weight" in ck.keys()  # noqa: SIM118  (a checkpoint, not a dict)
     for r in layout.refs:  # the converter's Q/K permutation is undone: the very same tensors
         torch.testing.assert_close(ck.get(r.tensor), ref.get("model." + r.tensor), rtol=0, atol=0)
         assert ck.shape(r.tensor) == ref.shape("model." + r.tensor)
@@ -166,7 +199,9 @@ def test_f32_gguf_of_other_families_gives_the_safetensors_ranks(kind, tmp_path):
     folder = _model(kind, tmp_path / kind)
     path = write_gguf(folder, tmp_path / f"{kind}.gguf", kind)
     exact, got = spectra(folder), spectra(path)
-    assert [(s.stack, s.layer, s.family, s.shape) for s in exact] == [(s.stack, s.layer, s.family, s.shape) for s in got]
+    assert [(s.stack, s.layer, s.family, s.shape) for s in exact] == [
+        (s.stack, s.layer, s.family, s.shape) for s in got
+    ]
     for a, b in zip(exact, got):
         np.testing.assert_allclose(b.singular_values, a.singular_values, rtol=1e-6, atol=1e-7)
     assert _ranks(exact) == _ranks(got)
@@ -176,7 +211,9 @@ def test_f32_gguf_of_other_families_gives_the_safetensors_ranks(kind, tmp_path):
 
 def test_q8_0_gguf_warns_and_its_ranks_are_at_least_the_exact_ones(llama, gguf_files):
     exact = spectra(llama)
-    with pytest.warns(QuantizationWarning, match=r"quantized GGUF \(Q8_0\): .*quantization noise raises the measured rank"):
+    with pytest.warns(
+        QuantizationWarning, match=r"quantized GGUF \(Q8_0\): .*quantization noise raises the measured rank"
+    ):
         got = spectra(gguf_files["q8_0"])
     worst = 0.0
     for a, b in zip(exact, got):
@@ -199,8 +236,9 @@ def test_f16_gguf_does_not_warn(gguf_files, llama):
 
 
 def test_cli_rank_of_a_gguf_prints_the_warning(gguf_files, tmp_path):
-    result = CliRunner().invoke(app, ["rank", str(gguf_files["q8_0"]), "--threshold", "0.9", "--out", str(tmp_path / "r"),
-                                      "--json"])
+    result = CliRunner().invoke(
+        app, ["rank", str(gguf_files["q8_0"]), "--threshold", "0.9", "--out", str(tmp_path / "r"), "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert "warning:" in result.stderr and "Q8_0" in result.stderr and "raises the measured rank" in result.stderr
     records = json.loads(result.stdout)
@@ -213,8 +251,12 @@ def test_cli_rank_of_a_gguf_prints_the_warning(gguf_files, tmp_path):
 def test_delta_is_exact_between_float_files_and_refused_when_quantized(llama, gguf_files, tmp_path):
     state = load_file(str(llama / "model.safetensors"))
     g = torch.Generator().manual_seed(7)
-    ft = {k: v + 0.01 * torch.randn(v.shape[0], 2, generator=g) @ torch.randn(2, v.shape[1], generator=g)
-          if ".layers." in k and v.ndim == 2 else v for k, v in state.items()}
+    ft = {
+        k: v + 0.01 * torch.randn(v.shape[0], 2, generator=g) @ torch.randn(2, v.shape[1], generator=g)
+        if ".layers." in k and v.ndim == 2
+        else v
+        for k, v in state.items()
+    }
     ft_folder = save_state(tmp_path / "ft", ft, json.loads((llama / "config.json").read_text()))
     ft_gguf = write_gguf(ft_folder, tmp_path / "ft.gguf", "llama")
     exact = spectra(ft_folder, base=llama, of="delta")
@@ -230,9 +272,13 @@ def test_delta_is_exact_between_float_files_and_refused_when_quantized(llama, gg
 def test_corrupt_truncated_and_unknown_gguf_give_one_line_errors(gguf_files, tmp_path):
     data = gguf_files["q8_0"].read_bytes()
     corrupt, foreign = "is truncated or corrupt", "is not a GGUF file (no GGUF magic)"
-    cases = {"truncated.gguf": (data[: len(data) // 2], corrupt), "tail-cut.gguf": (data[:-10], corrupt),
-             "header-only.gguf": (data[:40], corrupt), "garbage.gguf": (b"not a gguf file at all" * 10, foreign),
-             "empty.gguf": (b"", foreign)}
+    cases = {
+        "truncated.gguf": (data[: len(data) // 2], corrupt),
+        "tail-cut.gguf": (data[:-10], corrupt),
+        "header-only.gguf": (data[:40], corrupt),
+        "garbage.gguf": (b"not a gguf file at all" * 10, foreign),
+        "empty.gguf": (b"", foreign),
+    }
     for name, (content, why) in cases.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(CheckpointError) as info:
@@ -247,7 +293,9 @@ def test_corrupt_truncated_and_unknown_gguf_give_one_line_errors(gguf_files, tmp
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(CheckpointError, match=r"mamba.gguf: unsupported GGUF architecture 'mamba' in mamba.gguf \(supported: bert, "):
+    with pytest.raises(
+        CheckpointError, match=r"mamba.gguf: unsupported GGUF architecture 'mamba' in mamba.gguf \(supported: bert, "
+    ):
         spectra(unknown)
     result = CliRunner().invoke(app, ["rank", str(unknown), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "unsupported GGUF architecture" in result.stderr

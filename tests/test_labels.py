@@ -7,7 +7,17 @@ import yaml
 
 from modelvec.hub import labels
 from modelvec.hub.cards import read_card
-from modelvec.hub.labels import ALIASES, SOURCES, Label, Labels, _key, dataset_labels, guess_from_name, matches_source, normalise_dataset
+from modelvec.hub.labels import (
+    ALIASES,
+    SOURCES,
+    Label,
+    Labels,
+    _key,
+    dataset_labels,
+    guess_from_name,
+    matches_source,
+    normalise_dataset,
+)
 
 # What `Trainer.push_to_hub` wrote for years: `datasets: [glue]`, the config only in `args`.
 TRAINER_CARD = """
@@ -89,13 +99,13 @@ def card(text: str) -> dict:
 
 # --- dataset_labels on real-looking cards ---------------------------------------------------------
 
+
 def test_trainer_card_takes_config_from_args_and_card_glue_is_refined():
     got = dataset_labels("someone/bert-base-uncased-finetuned-sst2", card(TRAINER_CARD))
     assert got.datasets == ("glue/sst2",)
     assert got.source == "model-index+card"
     assert not got.guessed
-    assert got.labels == (Label("glue/sst2", "model-index", "glue (config sst2)"),
-                          Label("glue/sst2", "card", "glue"))
+    assert got.labels == (Label("glue/sst2", "model-index", "glue (config sst2)"), Label("glue/sst2", "card", "glue"))
 
 
 def test_newer_card_uses_type_and_config_not_the_descriptive_name():
@@ -178,10 +188,14 @@ def test_repeated_spellings_are_one_dataset_with_each_raw_kept():
 
 # --- the name guess ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("repo, expected", [
-    ("textattack/bert-base-uncased-SST-2", ("glue/sst2",)),
-    ("textattack/bert-base-uncased-MNLI", ("glue/mnli",)),
-])
+
+@pytest.mark.parametrize(
+    "repo, expected",
+    [
+        ("textattack/bert-base-uncased-SST-2", ("glue/sst2",)),
+        ("textattack/bert-base-uncased-MNLI", ("glue/mnli",)),
+    ],
+)
 def test_name_guess_only_when_nothing_declared(repo, expected):
     got = dataset_labels(repo, None, tags=None)
     assert got.datasets == expected
@@ -190,37 +204,43 @@ def test_name_guess_only_when_nothing_declared(repo, expected):
     assert got.labels == tuple(Label(d, "name", repo) for d in expected)
 
 
-@pytest.mark.parametrize("repo, expected", [
-    ("distilbert/distilbert-base-uncased-finetuned-sst-2-english", ("glue/sst2",)),
-    ("someone/roberta-base-imdb", ("imdb",)),
-    ("someone/bert-base-cased-finetuned-mrpc", ("glue/mrpc",)),
-    ("MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli", ("glue/mnli", "fever", "anli")),
-    ("deepset/bert-base-uncased-squad2", ("squad_v2",)),
-    ("someone/distilbert-finetuned-squad-v2", ("squad_v2",)),
-    ("someone/distilbert-finetuned-squad", ("squad",)),
-    ("textattack/bert-base-uncased-ag-news", ("ag_news",)),
-    ("textattack/roberta-base-rotten-tomatoes", ("rotten_tomatoes",)),
-    ("textattack/albert-base-v2-STS-B", ("glue/stsb",)),
-    ("someone/bert-base-yelp-review-full", ("yelp_review_full",)),
-    ("someone/roberta-large-rte", ("glue/rte",)),
-    ("someone/bert-base-glue-sst2", ("glue/sst2",)),  # bare collection refined by the config
-    ("bert-base-uncased-emotion", ("emotion",)),  # no namespace
-    ("someone/roberta-base-squad_v2.0", ("squad_v2",)),  # "." separates tokens too
-    ("someone/bert.base.cola", ("glue/cola",)),
-    ("someone/imdb-bert-imdb-ag-news-IMDB", ("imdb", "ag_news")),  # each dataset once, first-seen order
-])
+@pytest.mark.parametrize(
+    "repo, expected",
+    [
+        ("distilbert/distilbert-base-uncased-finetuned-sst-2-english", ("glue/sst2",)),
+        ("someone/roberta-base-imdb", ("imdb",)),
+        ("someone/bert-base-cased-finetuned-mrpc", ("glue/mrpc",)),
+        ("MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli", ("glue/mnli", "fever", "anli")),
+        ("deepset/bert-base-uncased-squad2", ("squad_v2",)),
+        ("someone/distilbert-finetuned-squad-v2", ("squad_v2",)),
+        ("someone/distilbert-finetuned-squad", ("squad",)),
+        ("textattack/bert-base-uncased-ag-news", ("ag_news",)),
+        ("textattack/roberta-base-rotten-tomatoes", ("rotten_tomatoes",)),
+        ("textattack/albert-base-v2-STS-B", ("glue/stsb",)),
+        ("someone/bert-base-yelp-review-full", ("yelp_review_full",)),
+        ("someone/roberta-large-rte", ("glue/rte",)),
+        ("someone/bert-base-glue-sst2", ("glue/sst2",)),  # bare collection refined by the config
+        ("bert-base-uncased-emotion", ("emotion",)),  # no namespace
+        ("someone/roberta-base-squad_v2.0", ("squad_v2",)),  # "." separates tokens too
+        ("someone/bert.base.cola", ("glue/cola",)),
+        ("someone/imdb-bert-imdb-ag-news-IMDB", ("imdb", "ag_news")),  # each dataset once, first-seen order
+    ],
+)
 def test_guess_from_name(repo, expected):
     assert guess_from_name(repo) == expected
 
 
-@pytest.mark.parametrize("repo", [
-    "google-bert/bert-base-uncased",
-    "FacebookAI/roberta-base",  # "rte" is inside "roberta", never a match
-    "someone/my-model",
-    "microsoft/deberta-v3-large",
-    "someone/bert-base-cased-finetuned-v2",
-    "imdb/bert-base-uncased",  # the namespace is not the name
-])
+@pytest.mark.parametrize(
+    "repo",
+    [
+        "google-bert/bert-base-uncased",
+        "FacebookAI/roberta-base",  # "rte" is inside "roberta", never a match
+        "someone/my-model",
+        "microsoft/deberta-v3-large",
+        "someone/bert-base-cased-finetuned-v2",
+        "imdb/bert-base-uncased",  # the namespace is not the name
+    ],
+)
 def test_names_without_a_dataset_give_empty_labels(repo):
     assert guess_from_name(repo) == ()
     got = dataset_labels(repo)
@@ -239,13 +259,16 @@ def test_stopwords_never_match_alone_but_may_join(monkeypatch):
 
 # --- bare collection refined by the name ---------------------------------------------------------
 
+
 def test_bare_glue_string_refined_by_name():
     got = dataset_labels("someone/bert-base-uncased-finetuned-mrpc", {"datasets": "glue"})
     assert got.datasets == ("glue/mrpc",)
     assert got.source == "card+name"
     assert got.guessed
-    assert set(got.labels) == {Label("glue/mrpc", "card", "glue"),
-                               Label("glue/mrpc", "name", "someone/bert-base-uncased-finetuned-mrpc")}
+    assert set(got.labels) == {
+        Label("glue/mrpc", "card", "glue"),
+        Label("glue/mrpc", "name", "someone/bert-base-uncased-finetuned-mrpc"),
+    }
 
 
 def test_bare_glue_stays_bare_when_the_name_names_no_task():
@@ -261,13 +284,16 @@ def test_no_name_refinement_when_a_specific_dataset_is_declared():
     assert got.source == "card"
 
 
-@pytest.mark.parametrize("declared, repo, expected", [
-    ("super_glue", "someone/roberta-base-boolq", "super_glue/boolq"),
-    ("super_glue", "someone/roberta-base-rte", "super_glue/rte"),  # super_glue's rte, not glue's
-    ("tweet_eval", "cardiffnlp/twitter-roberta-base-sentiment", "tweet_eval/sentiment"),
-    ("tweet_eval", "someone/bert-tweet-emotion", "tweet_eval/emotion"),
-    ("glue", "someone/bert-mnli-mm", "glue/mnli"),
-])
+@pytest.mark.parametrize(
+    "declared, repo, expected",
+    [
+        ("super_glue", "someone/roberta-base-boolq", "super_glue/boolq"),
+        ("super_glue", "someone/roberta-base-rte", "super_glue/rte"),  # super_glue's rte, not glue's
+        ("tweet_eval", "cardiffnlp/twitter-roberta-base-sentiment", "tweet_eval/sentiment"),
+        ("tweet_eval", "someone/bert-tweet-emotion", "tweet_eval/emotion"),
+        ("glue", "someone/bert-mnli-mm", "glue/mnli"),
+    ],
+)
 def test_other_collections_refined_by_name(declared, repo, expected):
     got = dataset_labels(repo, tags=[f"dataset:{declared}"])
     assert got.datasets == (expected,)
@@ -276,59 +302,76 @@ def test_other_collections_refined_by_name(declared, repo, expected):
 
 # --- normalisation -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, config", [
-    ("glue/sst2", None), ("sst2", None), ("SST-2", None), ("glue", "sst2"), ("sst_2", None), ("SST2", None),
-    ("glue", "SST-2"), ("GLUE/SST-2", None), ("nyu-mll/glue", "sst2"), ("stanfordnlp/sst2", None),
-    ("SetFit/sst2", None), ("gpt3mix/sst2", None), ("  hf://datasets/stanfordnlp/sst2 ", None),
-])
+
+@pytest.mark.parametrize(
+    "name, config",
+    [
+        ("glue/sst2", None),
+        ("sst2", None),
+        ("SST-2", None),
+        ("glue", "sst2"),
+        ("sst_2", None),
+        ("SST2", None),
+        ("glue", "SST-2"),
+        ("GLUE/SST-2", None),
+        ("nyu-mll/glue", "sst2"),
+        ("stanfordnlp/sst2", None),
+        ("SetFit/sst2", None),
+        ("gpt3mix/sst2", None),
+        ("  hf://datasets/stanfordnlp/sst2 ", None),
+    ],
+)
 def test_sst2_spellings_are_equal(name, config):
     assert normalise_dataset(name, config) == "glue/sst2"
 
 
-@pytest.mark.parametrize("name, config, expected", [
-    ("nyu-mll/glue", "cola", "glue/cola"),
-    ("nyu-mll/glue", None, "glue"),
-    ("stanfordnlp/imdb", None, "imdb"),
-    ("datasets/stanfordnlp/imdb", None, "imdb"),
-    ("stanfordnlp/imdb", "plain_text", "imdb"),
-    ("stanfordnlp/snli", None, "snli"),
-    ("fancyzhx/ag_news", "default", "ag_news"),
-    ("AG News", None, "ag_news"),
-    ("ag-news", None, "ag_news"),
-    ("rajpurkar/squad", "plain_text", "squad"),
-    ("rajpurkar/squad_v2", "squad_v2", "squad_v2"),
-    ("eriktks/conll2003", "conll2003", "conll2003"),
-    ("dair-ai/emotion", None, "emotion"),
-    ("cardiffnlp/tweet_eval", "sentiment", "tweet_eval/sentiment"),
-    ("nyu-mll/multi_nli", None, "glue/mnli"),
-    ("multi_nli", "default", "glue/mnli"),
-    ("abisee/cnn_dailymail", "3.0.0", "cnn_dailymail"),
-    ("EdinburghNLP/xsum", None, "xsum"),
-    ("Salesforce/wikitext", "wikitext-103-raw-v1", "wikitext/wikitext-103-raw-v1"),
-    ("aps/super_glue", "BoolQ", "super_glue/boolq"),
-    ("super_glue", "rte", "super_glue/rte"),
-    ("google/xtreme", "PAN-X.de", "xtreme/pan-x.de"),
-    ("paws-x", "de", "paws-x/de"),
-    ("cornell-movie-review-data/rotten_tomatoes", None, "rotten_tomatoes"),
-    ("yelp_review_full", "yelp_review_full", "yelp_review_full"),
-    ("amazon_polarity", None, "amazon_polarity"),
-    ("STS-B", None, "glue/stsb"),
-    ("MNLI", None, "glue/mnli"),
-    ("mnli-mm", None, "glue/mnli"),
-    ("mnli_mismatched", None, "glue/mnli"),
-    ("glue", "mnli_matched", "glue/mnli"),
-    ("glue", "mnli-mm", "glue/mnli"),
-    ("glue", "glue", "glue"),
-    ("GLUE MNLI", None, "glue/mnli"),
-    ("nyu-mll/glue/cola", None, "glue/cola"),
-    ("my-org/My_Data", None, "my-org/my_data"),
-    ("my-org/My_Data", "EN", "my-org/my_data/en"),
-    ("my-org/My_Data", "default", "my-org/my_data"),
-    ("my-org/my_data", "my_data", "my-org/my_data"),
-    ("Some Dataset", None, "some dataset"),
-    ("IMDB reviews", None, "imdb reviews"),  # only collections take a config from the name itself
-    ("squad2", None, "squad_v2"),
-])
+@pytest.mark.parametrize(
+    "name, config, expected",
+    [
+        ("nyu-mll/glue", "cola", "glue/cola"),
+        ("nyu-mll/glue", None, "glue"),
+        ("stanfordnlp/imdb", None, "imdb"),
+        ("datasets/stanfordnlp/imdb", None, "imdb"),
+        ("stanfordnlp/imdb", "plain_text", "imdb"),
+        ("stanfordnlp/snli", None, "snli"),
+        ("fancyzhx/ag_news", "default", "ag_news"),
+        ("AG News", None, "ag_news"),
+        ("ag-news", None, "ag_news"),
+        ("rajpurkar/squad", "plain_text", "squad"),
+        ("rajpurkar/squad_v2", "squad_v2", "squad_v2"),
+        ("eriktks/conll2003", "conll2003", "conll2003"),
+        ("dair-ai/emotion", None, "emotion"),
+        ("cardiffnlp/tweet_eval", "sentiment", "tweet_eval/sentiment"),
+        ("nyu-mll/multi_nli", None, "glue/mnli"),
+        ("multi_nli", "default", "glue/mnli"),
+        ("abisee/cnn_dailymail", "3.0.0", "cnn_dailymail"),
+        ("EdinburghNLP/xsum", None, "xsum"),
+        ("Salesforce/wikitext", "wikitext-103-raw-v1", "wikitext/wikitext-103-raw-v1"),
+        ("aps/super_glue", "BoolQ", "super_glue/boolq"),
+        ("super_glue", "rte", "super_glue/rte"),
+        ("google/xtreme", "PAN-X.de", "xtreme/pan-x.de"),
+        ("paws-x", "de", "paws-x/de"),
+        ("cornell-movie-review-data/rotten_tomatoes", None, "rotten_tomatoes"),
+        ("yelp_review_full", "yelp_review_full", "yelp_review_full"),
+        ("amazon_polarity", None, "amazon_polarity"),
+        ("STS-B", None, "glue/stsb"),
+        ("MNLI", None, "glue/mnli"),
+        ("mnli-mm", None, "glue/mnli"),
+        ("mnli_mismatched", None, "glue/mnli"),
+        ("glue", "mnli_matched", "glue/mnli"),
+        ("glue", "mnli-mm", "glue/mnli"),
+        ("glue", "glue", "glue"),
+        ("GLUE MNLI", None, "glue/mnli"),
+        ("nyu-mll/glue/cola", None, "glue/cola"),
+        ("my-org/My_Data", None, "my-org/my_data"),
+        ("my-org/My_Data", "EN", "my-org/my_data/en"),
+        ("my-org/My_Data", "default", "my-org/my_data"),
+        ("my-org/my_data", "my_data", "my-org/my_data"),
+        ("Some Dataset", None, "some dataset"),
+        ("IMDB reviews", None, "imdb reviews"),  # only collections take a config from the name itself
+        ("squad2", None, "squad_v2"),
+    ],
+)
 def test_normalise_dataset(name, config, expected):
     assert normalise_dataset(name, config) == expected
 
@@ -352,15 +395,19 @@ def test_alias_table_is_consistent():
 
 # --- odd input -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model_index", [
-    "glue",
-    ["glue", "sst2"],
-    [{"name": "m", "results": [{"task": {"type": "text-classification"}, "metrics": []}]}],
-    [{"name": "m", "results": [{"dataset": None}, {"dataset": ["glue"]}, {"dataset": {"type": 3, "name": None}}]}],
-    [{"name": "m", "results": "nope"}, {"results": [[{"dataset": {"type": "glue"}}]]}, None, 7],
-    {"results": None},
-    42,
-])
+
+@pytest.mark.parametrize(
+    "model_index",
+    [
+        "glue",
+        ["glue", "sst2"],
+        [{"name": "m", "results": [{"task": {"type": "text-classification"}, "metrics": []}]}],
+        [{"name": "m", "results": [{"dataset": None}, {"dataset": ["glue"]}, {"dataset": {"type": 3, "name": None}}]}],
+        [{"name": "m", "results": "nope"}, {"results": [[{"dataset": {"type": "glue"}}]]}, None, 7],
+        {"results": None},
+        42,
+    ],
+)
 def test_malformed_model_index_is_ignored(model_index):
     got = dataset_labels("someone/bert-base-uncased-imdb", {}, model_index=model_index)
     assert got.datasets == ("imdb",)
@@ -368,20 +415,36 @@ def test_malformed_model_index_is_ignored(model_index):
 
 
 def test_malformed_entries_skipped_next_to_good_ones():
-    mi = ["junk", {"results": [{"dataset": "junk-not-a-mapping-but-an-id"}, {"dataset": {"type": "imdb"}},
-                               {"dataset": {"name": "", "type": ""}}]}]
+    mi = [
+        "junk",
+        {
+            "results": [
+                {"dataset": "junk-not-a-mapping-but-an-id"},
+                {"dataset": {"type": "imdb"}},
+                {"dataset": {"name": "", "type": ""}},
+            ]
+        },
+    ]
     data = {"datasets": [None, 3, {"name": "glue"}, ["sst2"], "  ", "yelp_polarity"], "model-index": mi}
     got = dataset_labels("someone/model", data, tags=["dataset:", 5, None, "dataset:amazon_polarity"])
     # tags count only when the card lists no datasets (the Hub derives dataset: tags from the card)
     assert got.datasets == ("junk-not-a-mapping-but-an-id", "imdb", "yelp_polarity")
     assert got.source == "model-index+card"
-    got = dataset_labels("someone/model", {"datasets": [None, 3]}, tags=["dataset:", 5, None, "dataset:amazon_polarity"])
+    got = dataset_labels(
+        "someone/model", {"datasets": [None, 3]}, tags=["dataset:", 5, None, "dataset:amazon_polarity"]
+    )
     assert got.datasets == ("amazon_polarity",) and got.source == "tag"
 
 
-@pytest.mark.parametrize("repo, card_data, tags", [
-    (None, None, None), (3, "not a card", 7), ("", {"datasets": 12}, "dataset:"), ("x/y", {"datasets": [[], {}]}, [[]]),
-])
+@pytest.mark.parametrize(
+    "repo, card_data, tags",
+    [
+        (None, None, None),
+        (3, "not a card", 7),
+        ("", {"datasets": 12}, "dataset:"),
+        ("x/y", {"datasets": [[], {}]}, [[]]),
+    ],
+)
 def test_odd_input_never_raises(repo, card_data, tags):
     got = dataset_labels(repo, card_data, tags)
     assert got == Labels((), None, ())
@@ -407,29 +470,33 @@ def test_guess_from_name_odd_input(value):
 
 # --- matches_source ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("source, wanted, expected", [
-    ("model-index+card", ["card"], True),
-    ("model-index+card", ["tag"], False),
-    ("model-index+card", ["declared"], True),
-    ("model-index+card", ["guessed"], False),
-    ("model-index+card", ["none"], False),
-    ("model-index+card", ["model-index+card"], True),
-    ("model-index+card", ["model-index+tag"], False),
-    ("model-index+card+tag", ["model-index+card"], False),  # a joined item means exactly that
-    ("model-index", ["model_index"], True),
-    ("name", ["declared"], False),
-    ("name", ["guessed"], True),
-    ("name", ["name"], True),
-    ("card+name", ["declared"], False),
-    ("card+name", ["guessed"], True),
-    ("tag", ["guessed", "none"], False),
-    ("tag", ["guessed", "tag"], True),
-    (None, ["none"], True),
-    (None, ["declared", "guessed"], False),
-    (None, [], False),
-    ("card", "card", True),  # a bare string is one item, not its letters
-    ("card", [None, 3, "card"], True),
-])
+
+@pytest.mark.parametrize(
+    "source, wanted, expected",
+    [
+        ("model-index+card", ["card"], True),
+        ("model-index+card", ["tag"], False),
+        ("model-index+card", ["declared"], True),
+        ("model-index+card", ["guessed"], False),
+        ("model-index+card", ["none"], False),
+        ("model-index+card", ["model-index+card"], True),
+        ("model-index+card", ["model-index+tag"], False),
+        ("model-index+card+tag", ["model-index+card"], False),  # a joined item means exactly that
+        ("model-index", ["model_index"], True),
+        ("name", ["declared"], False),
+        ("name", ["guessed"], True),
+        ("name", ["name"], True),
+        ("card+name", ["declared"], False),
+        ("card+name", ["guessed"], True),
+        ("tag", ["guessed", "none"], False),
+        ("tag", ["guessed", "tag"], True),
+        (None, ["none"], True),
+        (None, ["declared", "guessed"], False),
+        (None, [], False),
+        ("card", "card", True),  # a bare string is one item, not its letters
+        ("card", [None, 3, "card"], True),
+    ],
+)
 def test_matches_source(source, wanted, expected):
     assert matches_source(source, wanted) is expected
 
@@ -440,8 +507,12 @@ def test_matches_source_rejects_unknown_words():
 
 
 def test_every_labels_source_is_in_sources_order():
-    got = dataset_labels("someone/bert-finetuned-mrpc", {"license": "mit"}, tags=["dataset:glue"],
-                         model_index=[{"results": [{"dataset": {"type": "glue"}}]}])
+    got = dataset_labels(
+        "someone/bert-finetuned-mrpc",
+        {"license": "mit"},
+        tags=["dataset:glue"],
+        model_index=[{"results": [{"dataset": {"type": "glue"}}]}],
+    )
     assert got.source == "model-index+tag+name"
     assert got.source.split("+") == [s for s in SOURCES if s in got.source.split("+")]
     assert all(label.dataset in got.datasets and label.source in SOURCES for label in got.labels)
@@ -451,7 +522,8 @@ def test_every_labels_source_is_in_sources_order():
 def test_name_guess_with_extra_known_datasets():
     # a dataset the alias table does not know is recognised when the caller knows it (4 tokens long)
     assert guess_from_name("someone/minilm-bbc-news-sentence-pairs-s4", known=["bbc-news-sentence-pairs"]) == (
-        "bbc-news-sentence-pairs",)
+        "bbc-news-sentence-pairs",
+    )
     assert guess_from_name("someone/minilm-bbc-news-sentence-pairs-s4") == ()
     assert guess_from_name("x/bert-acme-reviews", known=["acme/acme-reviews"]) == ("acme/acme-reviews",)
     assert guess_from_name("x/bert-acme", known=["acme-reviews"]) == ()  # whole names only

@@ -76,6 +76,7 @@ def rss(y: np.ndarray, pred: np.ndarray) -> float:
 
 # --- parameter recovery ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("law,params,L", CASES, ids=IDS)
 def test_exact_data_recovers_parameters(law, params, L):
     x = layers(L)
@@ -129,6 +130,7 @@ def test_quadratic_is_accurate_far_from_the_origin():
 
 
 # --- the quarter ellipse's convention ------------------------------------------------------------
+
 
 def test_quarter_ellipse_with_one_based_layers_ends_at_r_min():
     x = layers(12)
@@ -226,6 +228,7 @@ def test_fit_laws_subset_and_failed_fits_last():
 
 # --- scores by hand ------------------------------------------------------------------------------
 
+
 def test_scores_match_the_formulas_for_a_linear_fit():
     x = layers(12)
     y = noisy(20 + 3 * x, 0.1, seed=7)
@@ -255,6 +258,7 @@ def test_scores_are_those_of_predict(law):
 
 # --- predict -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("law,params,L", CASES, ids=IDS)
 def test_predict_reproduces_the_fitted_values(law, params, L):
     x = layers(L)
@@ -268,20 +272,24 @@ def test_predict_reproduces_the_fitted_values(law, params, L):
     np.testing.assert_allclose(fit.predict(list(half)), truth(law, fit.params, half, L), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("law,params,L,equation", [
-    ("linear", {"a": 12.34, "b": 4.567}, 12, "r(x) = 12.34 + 4.567·x"),
-    ("linear", {"a": 700.0, "b": -9.5}, 24, "r(x) = 700 − 9.5·x"),
-    ("quadratic", {"a": 300.0, "b": 40.0, "c": -1.625}, 24, "r(x) = 300 + 40·x − 1.625·x²"),
-    ("exponential", {"a": 700.0, "b": -0.09}, 24, "r(x) = 700·exp(−0.09·x)"),
-    ("power", {"a": 0.3, "b": 0.35}, 24, "r(x) = 0.3·x^0.35"),
-    ("quarter_ellipse", {"r_min": 0.9, "r_max": 0.125}, 24, "r(x) = 0.9 + (0.125 − 0.9)·√(1 − (x/24)²)"),
-])
+@pytest.mark.parametrize(
+    "law,params,L,equation",
+    [
+        ("linear", {"a": 12.34, "b": 4.567}, 12, "r(x) = 12.34 + 4.567·x"),
+        ("linear", {"a": 700.0, "b": -9.5}, 24, "r(x) = 700 − 9.5·x"),
+        ("quadratic", {"a": 300.0, "b": 40.0, "c": -1.625}, 24, "r(x) = 300 + 40·x − 1.625·x²"),
+        ("exponential", {"a": 700.0, "b": -0.09}, 24, "r(x) = 700·exp(−0.09·x)"),
+        ("power", {"a": 0.3, "b": 0.35}, 24, "r(x) = 0.3·x^0.35"),
+        ("quarter_ellipse", {"r_min": 0.9, "r_max": 0.125}, 24, "r(x) = 0.9 + (0.125 − 0.9)·√(1 − (x/24)²)"),
+    ],
+)
 def test_equation_is_filled_with_the_fitted_numbers(law, params, L, equation):
     x = layers(L)
     assert fit_law(law, x, truth(law, params, x, L)).equation == equation
 
 
 # --- edge cases ----------------------------------------------------------------------------------
+
 
 def test_constant_ranks_do_not_crash():
     x = layers(12)

@@ -13,9 +13,14 @@ LINT = str(Path(sys.executable).with_name("lint-imports"))
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LINT, "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root,
-                          env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [LINT, "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_package_keeps_every_contract():

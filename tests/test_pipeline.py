@@ -85,8 +85,11 @@ def test_two_runs_give_identical_bytes(tiny_bert, tiny_finetunes, tmp_path):
         "sys.stdout.buffer.write(r.vectors.tobytes())"
     )
     outs = [
-        subprocess.run([sys.executable, "-c", script, str(tiny_bert), str(tmp_path / f"{i}.duckdb"), *map(str, tiny_finetunes)],
-                       check=True, capture_output=True).stdout
+        subprocess.run(
+            [sys.executable, "-c", script, str(tiny_bert), str(tmp_path / f"{i}.duckdb"), *map(str, tiny_finetunes)],
+            check=True,
+            capture_output=True,
+        ).stdout
         for i in range(2)
     ]
     assert len(outs[0]) == 3 * DeltaEmbedder(rank=4).fit(tiny_bert).dim_ * 4
@@ -115,7 +118,7 @@ def test_randomized_solver_matches_exact_on_a_flat_decaying_spectrum(shape):
     delta = torch.stack([(a * 0.9**steps) @ b.T, 0.1 * (a * 0.95**steps) @ b.T])
     u_e, s_e = truncated_svd(delta, 8, "exact")
     u_r, s_r = truncated_svd(delta, 8, "randomized", n_iter=3, n_oversamples=8)
-    assert 16 * 4 < width  # the Krylov path, not the small-matrix exact fallback
+    assert width > 16 * 4  # the Krylov path, not the small-matrix exact fallback
     torch.testing.assert_close(s_r, s_e, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(canonical_signs(u_r), canonical_signs(u_e), rtol=1e-3, atol=2e-4)
 
@@ -125,7 +128,7 @@ def test_planted_rank_two_delta_is_recovered(tiny_bert, tmp_path):
     emb = DeltaEmbedder(rank=8, factor="US", pooling="concat", solver="exact").fit(tiny_bert)
     vec = emb.embed_one(ft)
     for block in emb.blocks_:
-        cols = vec[block.start:block.stop].reshape(8, block.n)  # column by column
+        cols = vec[block.start : block.stop].reshape(8, block.n)  # column by column
         norms = np.linalg.norm(cols, axis=1)
         assert (norms[:2] > 1e-3).all() and (norms[2:] == 0).all(), block
 
@@ -164,7 +167,17 @@ def test_cli_embed_show_export(tiny_bert, tiny_finetunes, tmp_path):
     store = tmp_path / "cli.duckdb"
     broken = tmp_path / "broken"
     broken.mkdir()
-    args = ["embed", "--base", str(tiny_bert), *map(str, tiny_finetunes), str(broken), "--rank", "4", "--store", str(store)]
+    args = [
+        "embed",
+        "--base",
+        str(tiny_bert),
+        *map(str, tiny_finetunes),
+        str(broken),
+        "--rank",
+        "4",
+        "--store",
+        str(store),
+    ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert "embedded 3, skipped 0 (already stored), failed 1" in first.output
@@ -175,7 +188,9 @@ def test_cli_embed_show_export(tiny_bert, tiny_finetunes, tmp_path):
     assert shown.exit_code == 0 and "r4-sketch" in shown.output and "failures" in shown.output
     exported = runner.invoke(app, ["export", "--parquet", str(tmp_path / "x.parquet"), "--store", str(store)])
     assert exported.exit_code == 0 and pq.read_table(tmp_path / "x.parquet").num_rows == 3
-    bad = runner.invoke(app, ["embed", "--base", str(tiny_bert), str(tiny_finetunes[0]), "--factor", "W", "--store", str(store)])
+    bad = runner.invoke(
+        app, ["embed", "--base", str(tiny_bert), str(tiny_finetunes[0]), "--factor", "W", "--store", str(store)]
+    )
     assert bad.exit_code != 0
 
 
@@ -194,6 +209,6 @@ def test_real_packaged_minilm(minilm, tmp_path):
     vec = emb.embed_one(ft)
     assert vec.shape == (emb.dim_,) and np.isfinite(vec).all()
     for block in emb.blocks_:
-        cols = vec[block.start:block.stop].reshape(8, block.n)
+        cols = vec[block.start : block.stop].reshape(8, block.n)
         # rank-2 planted: two live directions (mean over 6 layers of unit vectors), the rest exactly zero
         assert (np.linalg.norm(cols[:2], axis=1) > 0.1).all() and not cols[2:].any()

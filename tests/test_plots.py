@@ -117,17 +117,21 @@ def test_reduce_more_components_than_data_pads_with_zeros():
 
 def make_meta(datasets: list, authors: list | None = None, sources: list | None = None) -> pd.DataFrame:
     n = len(datasets)
-    return pd.DataFrame({
-        "model": [f"org{i % 3}/model-{i}" for i in range(n)],
-        "datasets": datasets,
-        "label_source": sources if sources is not None else [("card" if d else None) for d in datasets],
-        "author": authors if authors is not None else [f"org{i % 3}" for i in range(n)],
-    })
+    return pd.DataFrame(
+        {
+            "model": [f"org{i % 3}/model-{i}" for i in range(n)],
+            "datasets": datasets,
+            "label_source": sources if sources is not None else [("card" if d else None) for d in datasets],
+            "author": authors if authors is not None else [f"org{i % 3}" for i in range(n)],
+        }
+    )
 
 
 def test_grouping_first_dataset_missing_values_and_order():
-    meta = make_meta([["b"], ["a", "b"], np.array(["a"]), [], None, float("nan"), "c", ["b"]],
-                     sources=["card", "card", "card", None, None, float("nan"), "card", "hub"])
+    meta = make_meta(
+        [["b"], ["a", "b"], np.array(["a"]), [], None, float("nan"), "c", ["b"]],
+        sources=["card", "card", "card", None, None, float("nan"), "card", "hub"],
+    )
     g = grouping(meta)
     assert g.labels == ("b", "a", "a", None, None, None, "c", "b")
     assert list(g.colors) == ["a", "b", "c"]  # largest first, ties by name
@@ -175,7 +179,7 @@ def picture() -> tuple[np.ndarray, pd.DataFrame]:
 
 def colour_mask(image: np.ndarray, hex_colour: str, alpha: float, tol: float = 0.04) -> np.ndarray:
     """Pixels within ``tol`` of ``hex_colour`` drawn with ``alpha`` over white."""
-    rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    rgb = np.array([int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
     expected = alpha * rgb + (1 - alpha)
     return (np.abs(image[..., :3] - expected) <= tol).all(axis=-1)
 
@@ -215,8 +219,9 @@ def test_plot_png_other_colourings_and_validation(picture, tmp_path):
 
 # --- HTML ----------------------------------------------------------------------------------
 
-NETWORK_REF = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""",
-                         re.IGNORECASE)
+NETWORK_REF = re.compile(
+    r"""<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE
+)
 
 
 def test_plot_html_is_self_contained_and_names_every_model(picture, tmp_path):
@@ -238,9 +243,18 @@ def test_plot_html_is_self_contained_and_names_every_model(picture, tmp_path):
 
 CHROMIUM = Path("/usr/bin/chromium")
 # No network: nothing in the page needs it, and the browser must not phone home either.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-default-apps", "--disable-extensions",
-                 "--metrics-recording-only", "--no-default-browser-check"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--metrics-recording-only",
+    "--no-default-browser-check",
+]
 POSITION_JS = """(id) => {
   const gd = document.getElementById('modelvec-map');
   const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
@@ -260,8 +274,10 @@ def chromium():
     try:
         from playwright.sync_api import sync_playwright  # the Python package only: never `playwright install`
     except ImportError:
-        pytest.fail("the playwright Python package is missing: `pip install playwright` (a dev dependency; it drives "
-                    f"{CHROMIUM}, so do not run `playwright install`)")
+        pytest.fail(
+            "the playwright Python package is missing: `pip install playwright` (a dev dependency; it drives "
+            f"{CHROMIUM}, so do not run `playwright install`)"
+        )
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
@@ -312,8 +328,9 @@ def test_browser_draws_every_point_offline_and_hover_names_the_model(page_of, tm
             page.screenshot(path=str(tmp_path / "screenshot-hover.png"))  # for a person to look at
     x, y = page.evaluate(POSITION_JS, meta["model"][0])  # two datasets: both in the hover text
     page.mouse.move(x, y)
-    page.wait_for_function("() => (document.querySelector('.hovertext') || {}).textContent?.includes('alpha, gamma')",
-                           timeout=5_000)
+    page.wait_for_function(
+        "() => (document.querySelector('.hovertext') || {}).textContent?.includes('alpha, gamma')", timeout=5_000
+    )
 
 
 def test_browser_legend_filters_and_buttons_switch_the_colouring(page_of):
@@ -322,18 +339,21 @@ def test_browser_legend_filters_and_buttons_switch_the_colouring(page_of):
     legend = page.locator(".legend .traces")
     assert [t.strip() for t in legend.all_text_contents()] == ["alpha (8)", "beta (8)", "gamma (8)", "unlabelled (6)"]
     legend.filter(has_text="beta").locator(".legendtoggle").click()  # hide a dataset
-    page.wait_for_function(f"() => document.querySelectorAll('.scatterlayer .point').length === {len(meta) - 8}",
-                           timeout=5_000)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.scatterlayer .point').length === {len(meta) - 8}", timeout=5_000
+    )
 
     page.locator(".updatemenu-button", has_text="colour by author").click()
-    page.wait_for_function("() => document.querySelector('.legend .legendtitletext')?.textContent === 'author'",
-                           timeout=5_000)
+    page.wait_for_function(
+        "() => document.querySelector('.legend .legendtitletext')?.textContent === 'author'", timeout=5_000
+    )
     authors = sorted(t.strip() for t in legend.all_text_contents())
     assert authors == ["org0 (10)", "org1 (10)", "org2 (10)"]
     assert point_count(page) == len(meta)
 
     page.locator(".updatemenu-button", has_text="colour by label source").click()
-    page.wait_for_function("() => document.querySelector('.legend .legendtitletext')?.textContent === 'label source'",
-                           timeout=5_000)
+    page.wait_for_function(
+        "() => document.querySelector('.legend .legendtitletext')?.textContent === 'label source'", timeout=5_000
+    )
     assert [t.strip() for t in legend.all_text_contents()] == ["card (24)", "no label source (6)"]
     assert point_count(page) == len(meta)

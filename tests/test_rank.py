@@ -15,21 +15,21 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import save_state
 from modelvec.cli import app
-from modelvec.rank import aggregate, energy_rank, over_finetunes, rank_study, rank_table, spectra
+from modelvec.rank import aggregate, energy_rank, over_finetunes, rank_table, spectra
 
 
 @pytest.mark.parametrize(
     "values, threshold, expected",
     [
-        ([3, 2, 1], 0.5, 1),     # 9/14 = 0.64
-        ([3, 2, 1], 0.9, 2),     # 13/14 = 0.93
+        ([3, 2, 1], 0.5, 1),  # 9/14 = 0.64
+        ([3, 2, 1], 0.9, 2),  # 13/14 = 0.93
         ([3, 2, 1], 0.99, 3),
         ([3, 2, 1], 1.0, 3),
         ([1, 1, 1, 1], 0.5, 2),  # ties: exactly half the energy at r = 2
         ([1, 1, 1, 1], 0.75, 3),
         ([1, 1, 1, 1], 1.0, 4),
         ([5, 4, 0, 0], 1.0, 2),  # zero singular values never count
-        ([0, 0, 0], 0.9, 0),     # a zero matrix has rank 0 (documented rule)
+        ([0, 0, 0], 0.9, 0),  # a zero matrix has rank 0 (documented rule)
         ([2], 0.01, 1),
     ],
 )
@@ -73,8 +73,14 @@ def test_delta_spectra_are_those_of_the_difference(tiny_bert, tiny_finetunes):
     found = spectra(tiny_finetunes[0], base=tiny_bert, of="delta")
     base, ft = load_file(str(tiny_bert / "model.safetensors")), load_file(str(tiny_finetunes[0] / "model.safetensors"))
     for sp in found:
-        name = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
-                "o": "attention.output.dense", "ff1": "intermediate.dense", "ff2": "output.dense"}[sp.family]
+        name = {
+            "q": "attention.self.query",
+            "k": "attention.self.key",
+            "v": "attention.self.value",
+            "o": "attention.output.dense",
+            "ff1": "intermediate.dense",
+            "ff2": "output.dense",
+        }[sp.family]
         key = f"encoder.layer.{sp.layer}.{name}.weight"
         delta = (ft[key].double() - base[key].double()).T  # x @ W orientation: [in, out]
         assert sp.shape == tuple(delta.shape)
@@ -103,13 +109,15 @@ def test_gpt2_fused_and_split_agree_with_transformers_modules(tiny_gpt2):
         assert w.shape == (d, 3 * d)
         np.testing.assert_allclose(found[(layer, "qkv")].singular_values, torch.linalg.svdvals(w).numpy(), rtol=1e-4)
         for i, family in enumerate(("q", "k", "v")):
-            part = w[:, i * d:(i + 1) * d]
+            part = w[:, i * d : (i + 1) * d]
             x = torch.randn(5, d, dtype=torch.float64)
-            q_module = block.attn.c_attn(x.float()).double()[:, i * d:(i + 1) * d]
-            torch.testing.assert_close(x @ part + block.attn.c_attn.bias.detach().double()[i * d:(i + 1) * d], q_module,
-                                       rtol=1e-4, atol=1e-5)
-            np.testing.assert_allclose(found[(layer, family)].singular_values, torch.linalg.svdvals(part).numpy(),
-                                       rtol=1e-4)
+            q_module = block.attn.c_attn(x.float()).double()[:, i * d : (i + 1) * d]
+            torch.testing.assert_close(
+                x @ part + block.attn.c_attn.bias.detach().double()[i * d : (i + 1) * d], q_module, rtol=1e-4, atol=1e-5
+            )
+            np.testing.assert_allclose(
+                found[(layer, family)].singular_values, torch.linalg.svdvals(part).numpy(), rtol=1e-4
+            )
         assert found[(layer, "qkv")].shape == (d, 3 * d) and found[(layer, "q")].shape == (d, d)
         # the fused matrix holds all the energy of its parts
         fused = (found[(layer, "qkv")].singular_values.astype(float) ** 2).sum()
@@ -146,8 +154,14 @@ def test_over_finetunes_records_failures_and_goes_on(tiny_bert, tiny_finetunes, 
     assert (study.table["models"] == 3).all()
 
 
-@pytest.mark.parametrize("given", [["--threshold", "0.5,0.9"], ["--threshold", "0.5", "--threshold", "0.9"],
-                                   ["--threshold", "0.5, 0.9", "--threshold", "0.9"]])
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--threshold", "0.5,0.9"],
+        ["--threshold", "0.5", "--threshold", "0.9"],
+        ["--threshold", "0.5, 0.9", "--threshold", "0.9"],
+    ],
+)
 def test_threshold_option_takes_repeated_and_comma_separated_values(tiny_bert, tmp_path, given):
     result = CliRunner().invoke(app, ["rank", str(tiny_bert), *given, "--out", str(tmp_path / "r"), "--json"])
     assert result.exit_code == 0, result.output
@@ -158,8 +172,19 @@ def test_threshold_option_takes_repeated_and_comma_separated_values(tiny_bert, t
 
 def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
     runner = CliRunner()
-    args = ["rank", str(tiny_finetunes[0]), "--base", str(tiny_bert), "--of", "delta", "--threshold", "0.5,0.9",
-            "--out", str(tmp_path / "r"), "--json"]
+    args = [
+        "rank",
+        str(tiny_finetunes[0]),
+        "--base",
+        str(tiny_bert),
+        "--of",
+        "delta",
+        "--threshold",
+        "0.5,0.9",
+        "--out",
+        str(tmp_path / "r"),
+        "--json",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)
@@ -167,8 +192,20 @@ def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
     assert {r["threshold"] for r in records} == {0.5, 0.9}
     store = tmp_path / "s.duckdb"
     modelvec.embed(tiny_bert, tiny_finetunes, store=store)
-    over = runner.invoke(app, ["rank", "--over-finetunes", str(tiny_bert), "--store", str(store),
-                               "--out", str(tmp_path / "o"), "--threshold", "0.9"])
+    over = runner.invoke(
+        app,
+        [
+            "rank",
+            "--over-finetunes",
+            str(tiny_bert),
+            "--store",
+            str(store),
+            "--out",
+            str(tmp_path / "o"),
+            "--threshold",
+            "0.9",
+        ],
+    )
     assert over.exit_code == 0, over.output
     assert "best law" in over.output and (tmp_path / "o" / "rank-0.9.png").exists()
     missing = runner.invoke(app, ["rank"])

@@ -29,15 +29,15 @@ ray = pytest.importorskip("ray")
 import modelvec  # noqa: E402
 from conftest import planted_finetune  # noqa: E402
 from modelvec import Representation, Store  # noqa: E402
-from modelvec.cli import app# noqa: E402
-from modelvec.read import Checkpoint# noqa: E402
-from modelvec.run.work import BaseSpec, Task# noqa: E402
+from modelvec.cli import app  # noqa: E402
 from modelvec.core.errors import CheckpointError, Kind, ModelvecError  # noqa: E402
 from modelvec.hub.client import HubSettings  # noqa: E402
-from modelvec.represent import DeltaEmbedder# noqa: E402
-from modelvec.run.pipeline import _base, _task# noqa: E402
+from modelvec.read import Checkpoint  # noqa: E402
+from modelvec.represent import DeltaEmbedder  # noqa: E402
 from modelvec.run import ray_engine  # noqa: E402
-from modelvec.run.ray_engine import IN_FLIGHT, RayEngine# noqa: E402
+from modelvec.run.pipeline import _base, _task  # noqa: E402
+from modelvec.run.ray_engine import IN_FLIGHT, RayEngine  # noqa: E402
+from modelvec.run.work import BaseSpec, Task  # noqa: E402
 
 PARAMS = Representation(rank=4)
 BIN = Path(sys.executable).parent
@@ -56,8 +56,10 @@ def cluster():
 @pytest.fixture(scope="module")
 def finetunes(tiny_bert, tmp_path_factory) -> list[Path]:
     root = tmp_path_factory.mktemp("ray-finetunes")
-    return [planted_finetune(tiny_bert, root / f"ft{i}", seed=10 + i, card_datasets=["imdb" if i % 2 else "glue/sst2"])
-            for i in range(4)]
+    return [
+        planted_finetune(tiny_bert, root / f"ft{i}", seed=10 + i, card_datasets=["imdb" if i % 2 else "glue/sst2"])
+        for i in range(4)
+    ]
 
 
 def corrupt_copy(good: Path, out: Path) -> Path:
@@ -112,7 +114,9 @@ def test_engine_arguments_are_checked_once(monkeypatch):
 def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster, tiny_bert, finetunes, tmp_path):
     broken = corrupt_copy(finetunes[0], tmp_path / "broken")
     models = [finetunes[0], finetunes[1], broken, finetunes[2], finetunes[3]]
-    on_ray = modelvec.embed(tiny_bert, models, representation=PARAMS, engine="ray", workers=2, store=tmp_path / "ray.duckdb")
+    on_ray = modelvec.embed(
+        tiny_bert, models, representation=PARAMS, engine="ray", workers=2, store=tmp_path / "ray.duckdb"
+    )
     local = modelvec.embed(tiny_bert, models, representation=PARAMS, store=tmp_path / "local.duckdb")
     good = sorted(str(m.resolve()) for m in finetunes)
     assert sorted(on_ray.embedded) == good == sorted(local.embedded)
@@ -131,7 +135,9 @@ def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster
     with Store(tmp_path / "ray.duckdb") as db:
         assert db.failures()["model"].tolist() == [name]
     # a second run skips every stored model and does not read the broken one again
-    again = modelvec.embed(tiny_bert, models, representation=PARAMS, engine="ray", workers=2, store=tmp_path / "ray.duckdb")
+    again = modelvec.embed(
+        tiny_bert, models, representation=PARAMS, engine="ray", workers=2, store=tmp_path / "ray.duckdb"
+    )
     assert sorted(again.skipped) == good and not again.embedded
     assert again.failed == {name: reason}
     assert np.array_equal(again.vectors, on_ray.vectors)
@@ -187,8 +193,9 @@ def test_more_workers_than_the_cluster_has_cpus_still_finishes(cluster, tiny_ber
     """Actors that never get a CPU are never sent tasks, so the run does not wait on them."""
     spec, tasks = tasks_for(tiny_bert, finetunes, tmp_path)
     done: list = []
-    worker = threading.Thread(target=lambda: done.extend(RayEngine(workers=4).run(spec, PARAMS, tasks, HubSettings())),
-                              daemon=True)
+    worker = threading.Thread(
+        target=lambda: done.extend(RayEngine(workers=4).run(spec, PARAMS, tasks, HubSettings())), daemon=True
+    )
     worker.start()
     worker.join(60)
     assert not worker.is_alive(), "the run waited on actors the 2-CPU cluster cannot place"
@@ -231,8 +238,16 @@ def test_hub_models_are_fetched_by_the_workers_and_released(cluster, tiny_bert, 
     cache = tmp_path / "hf-cache"
     with hub.serve() as server:
         settings = HubSettings(endpoint=server.endpoint, cache_dir=str(cache), token=False, backoff=0.01)
-        result = modelvec.embed("org/tiny-base", list(made), representation=PARAMS, engine="ray", workers=2,
-                                store=tmp_path / "s.duckdb", settings=settings, keep_weights=False)
+        result = modelvec.embed(
+            "org/tiny-base",
+            list(made),
+            representation=PARAMS,
+            engine="ray",
+            workers=2,
+            store=tmp_path / "s.duckdb",
+            settings=settings,
+            keep_weights=False,
+        )
     assert sorted(result.embedded) == sorted(made) and not result.failed
     expected = {name: reference(tiny_bert, [folder])[str(folder.resolve())] for name, folder in made.items()}
     for row, name in enumerate(result.metadata["model"]):
@@ -248,8 +263,21 @@ def test_cli_embed_with_the_ray_engine(cluster, tiny_bert, finetunes, tmp_path):
     store = tmp_path / "cli.duckdb"
     broken = tmp_path / "empty"
     broken.mkdir()
-    args = ["embed", "--engine", "ray", "--workers", "2", "--base", str(tiny_bert), *map(str, finetunes[:3]),
-            str(broken), "--rank", "4", "--store", str(store)]
+    args = [
+        "embed",
+        "--engine",
+        "ray",
+        "--workers",
+        "2",
+        "--base",
+        str(tiny_bert),
+        *map(str, finetunes[:3]),
+        str(broken),
+        "--rank",
+        "4",
+        "--store",
+        str(store),
+    ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert "embedded 3, skipped 0 (already stored), failed 1" in first.output
@@ -284,9 +312,26 @@ def test_cli_on_an_existing_cluster_started_with_ray_start(tiny_bert, finetunes,
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
-         "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp_dir],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            temp_dir,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         log = []
         for line in head.stdout:  # --block: it prints this, then stays until it is told to stop
@@ -297,9 +342,26 @@ def test_cli_on_an_existing_cluster_started_with_ray_start(tiny_bert, finetunes,
             pytest.fail("ray start did not start:\n" + "".join(log[-20:]))
         store = tmp_path / "cluster.duckdb"
         run = subprocess.run(
-            [str(BIN / "modelvec"), "embed", "--engine", "ray", "--address", f"127.0.0.1:{port}", "--base",
-             str(tiny_bert), *map(str, finetunes[:3]), "--rank", "4", "--store", str(store)],
-            env=env, capture_output=True, text=True, timeout=120)
+            [
+                str(BIN / "modelvec"),
+                "embed",
+                "--engine",
+                "ray",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--base",
+                str(tiny_bert),
+                *map(str, finetunes[:3]),
+                "--rank",
+                "4",
+                "--store",
+                str(store),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stdout + run.stderr[-3000:]
         assert "embedded 3, skipped 0 (already stored), failed 0" in run.stdout
         assert "Connecting to existing Ray cluster" in run.stderr  # not a local instance of its own

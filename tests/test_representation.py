@@ -22,7 +22,7 @@ def test_singular_values_alone(tiny_bert, tiny_finetunes):
     for ref, block in zip(emb.layout_.refs, emb.blocks_):
         expected = torch.linalg.svdvals(_delta(tiny_bert, tiny_finetunes[0], ref).double())[:4]
         expected[2:] = 0  # planted rank 2: the rest is numerically zero and zeroed
-        np.testing.assert_allclose(vec[block.start:block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(vec[block.start : block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
 
 
 def test_sketch_is_the_delta_times_a_shared_gaussian(tiny_bert, tiny_finetunes):
@@ -31,7 +31,7 @@ def test_sketch_is_the_delta_times_a_shared_gaussian(tiny_bert, tiny_finetunes):
     for ref, block in zip(emb.layout_.refs, emb.blocks_):
         d = _delta(tiny_bert, tiny_finetunes[1], ref)
         expected = (d @ sketch_matrix(d.shape[1], 4, 3)).T.reshape(-1)
-        np.testing.assert_allclose(vec[block.start:block.stop], expected.numpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(vec[block.start : block.stop], expected.numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_sketch_is_linear_in_the_delta(tiny_bert, tmp_path):
@@ -46,11 +46,15 @@ def test_sketch_is_linear_in_the_delta(tiny_bert, tmp_path):
 def test_block_normalisation_gives_unit_blocks(tiny_bert, tiny_finetunes, factor):
     emb = DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=True).fit(tiny_bert)
     vec = emb.embed_one(tiny_finetunes[2])
-    norms = [np.linalg.norm(vec[b.start:b.stop]) for b in emb.blocks_]
+    norms = [np.linalg.norm(vec[b.start : b.stop]) for b in emb.blocks_]
     np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
-    plain = DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=False).fit(tiny_bert).embed_one(tiny_finetunes[2])
+    plain = (
+        DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=False)
+        .fit(tiny_bert)
+        .embed_one(tiny_finetunes[2])
+    )
     for b in emb.blocks_:  # same direction, only the scale differs
-        x, y = vec[b.start:b.stop], plain[b.start:b.stop]
+        x, y = vec[b.start : b.stop], plain[b.start : b.stop]
         assert np.dot(x, y) == pytest.approx(np.linalg.norm(y), rel=1e-5)
 
 

@@ -32,7 +32,17 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
 
     models = [planted_finetune(tiny_bert, tmp_path / "ft" / f"m{i:03d}", seed=i) for i in range(N_MODELS)]
     store = tmp_path / "s.duckdb"
-    cmd = [sys.executable, "-m", "modelvec.cli", "embed", "--base", str(tiny_bert), *map(str, models), "--store", str(store)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "modelvec.cli",
+        "embed",
+        "--base",
+        str(tiny_bert),
+        *map(str, models),
+        "--store",
+        str(store),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wal = Path(str(store) + ".wal")

@@ -128,7 +128,10 @@ def old_store(path: Path, rows: list) -> Path:
     con.executemany(
         "INSERT INTO vectors VALUES (?, 'h', 'base', ?, ?, 4, 'U', 'mean', 'randomized', 'max-abs', '{}', 'bert', "
         "?, ?, ?, 'local', 0.25, now())",
-        [[model, base_hash, PARAMS.key(), len(vec), vec.tolist(), list(datasets)] for model, base_hash, vec, datasets in rows],
+        [
+            [model, base_hash, PARAMS.key(), len(vec), vec.tolist(), list(datasets)]
+            for model, base_hash, vec, datasets in rows
+        ],
     )
     con.close()
     return path
@@ -164,9 +167,21 @@ def test_the_cli_reports_a_damaged_store_in_one_line(tmp_path):
     with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
         f.seek(offset)
         f.write(b"\xff\xff\xff\xff")
-    done = subprocess.run([sys.executable, "-c", "from modelvec.cli import main; main()", "export", "--parquet",
-                           str(tmp_path / "v.parquet"), "--store", str(tmp_path / "s.duckdb")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from modelvec.cli import main; main()",
+            "export",
+            "--parquet",
+            str(tmp_path / "v.parquet"),
+            "--store",
+            str(tmp_path / "s.duckdb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
     assert len(lines) == 1 and "m0: its stored vector" in lines[0] and "checksum" in lines[0]

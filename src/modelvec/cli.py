@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +38,7 @@ def _say(console_: Console, text: str) -> None:
 class _OneLineErrors(TyperGroup):
     """Runs the command; a user-facing failure becomes one line on stderr and exit status 2 (bad input, not a crash)."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context
         try:
             return super().invoke(ctx)
         except (ModelvecError, ValueError, LookupError) as exc:
@@ -47,22 +46,31 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(2) from None
 
 
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Turn fine-tuned transformers into vectors from their weight deltas.")
+app = typer.Typer(
+    cls=_OneLineErrors,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Turn fine-tuned transformers into vectors from their weight deltas.",
+)
 
 StoreOpt = typer.Option(None, "--store", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb).")
-WaitOpt = typer.Option(None, "--wait", min=0, metavar="SECONDS",
-                       help="While another process uses the store, wait this long for it "
-                            "(default: $MODELVEC_STORE_WAIT or 600).")
+WaitOpt = typer.Option(
+    None,
+    "--wait",
+    min=0,
+    metavar="SECONDS",
+    help="While another process uses the store, wait this long for it (default: $MODELVEC_STORE_WAIT or 600).",
+)
 JsonOpt = typer.Option(False, "--json", help="Print the API's answer as JSON instead of tables.")
 
 
-def _split(values: Optional[List[str]]) -> List[str]:
+def _split(values: list[str] | None) -> list[str]:
     """Repeated and comma-separated values as one list: ``["a,b", "c"]`` -> ``["a", "b", "c"]``."""
     return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
 
 
-def _numbers(values: Optional[List[str]]) -> List[float]:
+def _numbers(values: list[str] | None) -> list[float]:
     out = []
     for part in _split(values):
         try:
@@ -80,7 +88,7 @@ def _short(name: str) -> str:
         return name
 
 
-def _store(path: Optional[Path], wait: Optional[float] = None) -> Store:
+def _store(path: Path | None, wait: float | None = None) -> Store:
     """The store, opened now so that a wait for another process's run is said on one line before any progress bar."""
     from .store import Store
 
@@ -109,23 +117,38 @@ def _fmt(value: object) -> str:
 
 _D = Representation()  # the defaults live in Representation only
 RankOpt = typer.Option(_D.rank, "--rank", min=1, help="Rank r of the truncated SVD (or sketch) of each delta.")
-FactorOpt = typer.Option(_D.factor, "--factor", help=f"Factor kept: {'|'.join(FACTORS)} (S: singular values alone; "
-                                                     "sketch: dW times a shared Gaussian).")
+FactorOpt = typer.Option(
+    _D.factor,
+    "--factor",
+    help=f"Factor kept: {'|'.join(FACTORS)} (S: singular values alone; sketch: dW times a shared Gaussian).",
+)
 PoolingOpt = typer.Option(_D.pooling, "--pooling", help=f"Layer pooling: {'|'.join(POOLINGS)}.")
 SolverOpt = typer.Option(_D.solver, "--solver", help=f"SVD solver: {'|'.join(SOLVERS)}.")
 SignOpt = typer.Option(_D.sign, "--sign", help=f"Sign canonicalisation: {'|'.join(SIGNS)}.")
 NIterOpt = typer.Option(_D.n_iter, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver.")
 OversamplesOpt = typer.Option(_D.n_oversamples, "--oversamples", min=0, help="Extra columns of the randomized solver.")
 SeedOpt = typer.Option(_D.seed, "--seed", help="Seed of the randomized solver and the sketch.")
-BlockNormOpt = typer.Option(_D.block_norm, "--block-norm/--no-block-norm",
-                            help="Scale each layer-and-family block to unit norm.")
+BlockNormOpt = typer.Option(
+    _D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm."
+)
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
 # cluster and neighbors also accept --method for the representation's factor (the stored vectors to read).
-MethodOpt = typer.Option(_D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}.")
+MethodOpt = typer.Option(
+    _D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}."
+)
 
 
-def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter: int, oversamples: int, seed: int,
-            block_norm: bool) -> Representation:
+def _params(
+    rank: int,
+    factor: str,
+    pooling: str,
+    solver: str,
+    sign: str,
+    n_iter: int,
+    oversamples: int,
+    seed: int,
+    block_norm: bool,
+) -> Representation:
     try:
         return Representation(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
     except ValueError as exc:
@@ -134,25 +157,46 @@ def _params(rank: int, factor: str, pooling: str, solver: str, sign: str, n_iter
 
 @app.command()
 def embed(
-    targets: List[str] = typer.Argument(..., help="Fine-tunes (folders, weight files or Hub ids) with --base; "
-                                                  "or just BASE (a Hub id): every discovered fine-tune of it."),
-    base: Optional[str] = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
-    rank: int = RankOpt, factor: str = FactorOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
-    n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
+    targets: list[str] = typer.Argument(
+        ...,
+        help="Fine-tunes (folders, weight files or Hub ids) with --base; "
+        "or just BASE (a Hub id): every discovered fine-tune of it.",
+    ),
+    base: str | None = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
+    rank: int = RankOpt,
+    factor: str = FactorOpt,
+    pooling: str = PoolingOpt,
+    solver: str = SolverOpt,
+    sign: str = SignOpt,
+    n_iter: int = NIterOpt,
+    oversamples: int = OversamplesOpt,
+    seed: int = SeedOpt,
+    block_norm: bool = BlockNormOpt,
     device: str = typer.Option("cpu", help="torch device for deltas and SVDs."),
-    store: Optional[Path] = StoreOpt,
+    store: Path | None = StoreOpt,
     force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="BASE mode: at most this many fine-tunes."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="BASE mode: at most this many fine-tunes."),
     sort: str = typer.Option("downloads", "--sort", help="BASE mode: which first: downloads|likes|created_at."),
     refresh: bool = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding."),
-    keep_weights: bool = typer.Option(True, "--keep-weights/--no-keep-weights",
-                                      help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays)."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1,
-                                          help="local: I/O threads fetching the next models (default 2); "
-                                               "ray: actors (default one per CPU of the cluster)."),
-    engine: str = typer.Option("local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."),
-    address: Optional[str] = typer.Option(None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."),
-    wait: Optional[float] = WaitOpt,
+    keep_weights: bool = typer.Option(
+        True,
+        "--keep-weights/--no-keep-weights",
+        help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays).",
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="local: I/O threads fetching the next models (default 2); "
+        "ray: actors (default one per CPU of the cluster).",
+    ),
+    engine: str = typer.Option(
+        "local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."
+    ),
+    wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
@@ -167,13 +211,24 @@ def embed(
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
     if base is None and len(targets) != 1:
-        raise typer.BadParameter("give --base BASE with the models, or a single BASE to embed its discovered fine-tunes")
+        raise typer.BadParameter(
+            "give --base BASE with the models, or a single BASE to embed its discovered fine-tunes"
+        )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with _store(store, wait) as db, Progress(*columns, console=err, transient=False, disable=as_json) as bar:
         task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
         common: dict[str, Any] = dict(
-            representation=params, device=device, store=db, force=force, progress=lambda *_: bar.advance(task),
-            keep_weights=keep_weights, workers=workers, engine=engine, address=address, load=False)
+            representation=params,
+            device=device,
+            store=db,
+            force=force,
+            progress=lambda *_: bar.advance(task),
+            keep_weights=keep_weights,
+            workers=workers,
+            engine=engine,
+            address=address,
+            load=False,
+        )
         if base is None:
             result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
         else:
@@ -181,8 +236,11 @@ def embed(
     if as_json:
         _print_json(result.as_json())
         return
-    _say(console, f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
-                  f"failed {len(result.failed)} -> {db.path}")
+    _say(
+        console,
+        f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
+        f"failed {len(result.failed)} -> {db.path}",
+    )
     for reason in result.failed.values():
         _say(console, f"  failed: {reason}")
     if result.failed and not result.embedded and not result.skipped:
@@ -191,14 +249,17 @@ def embed(
 
 @app.command()
 def discover(
-    base: str = typer.Argument(..., help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Keep at most this many fine-tunes."),
+    base: str = typer.Argument(
+        ..., help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Keep at most this many fine-tunes."),
     sort: str = typer.Option("downloads", "--sort", help="Listing order: downloads|likes|created_at|last_modified."),
-    search: bool = typer.Option(True, "--search/--no-search",
-                                help="Also search by name and keep candidates whose config matches the base."),
+    search: bool = typer.Option(
+        True, "--search/--no-search", help="Also search by name and keep candidates whose config matches the base."
+    ),
     show_rejected: bool = typer.Option(False, "--rejected", help="Also list the rejected candidates and why."),
     as_json: bool = JsonOpt,
-    store: Optional[Path] = StoreOpt,
+    store: Path | None = StoreOpt,
 ) -> None:
     """Find the fine-tunes of BASE on the Hub (HF_ENDPOINT) and store the catalogue; vectors are kept."""
     from .run import discover as find
@@ -208,11 +269,24 @@ def discover(
     if as_json:
         _print_json(found.as_json())
         return
-    table = Table("model", "downloads", "datasets", "labels from", "author", "why kept",
-                  title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}")
+    table = Table(
+        "model",
+        "downloads",
+        "datasets",
+        "labels from",
+        "author",
+        "why kept",
+        title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}",
+    )
     for e in found.kept:
-        table.add_row(e.model, str(e.downloads if e.downloads is not None else "-"), ", ".join(e.datasets) or "-",
-                      e.label_source or "-", e.author or "-", e.reason)
+        table.add_row(
+            e.model,
+            str(e.downloads if e.downloads is not None else "-"),
+            ", ".join(e.datasets) or "-",
+            e.label_source or "-",
+            e.author or "-",
+            e.reason,
+        )
     console.print(table)
     if show_rejected and found.rejected:
         rejected = Table("model", "why rejected", title="rejected candidates")
@@ -224,7 +298,7 @@ def discover(
 
 @app.command()
 def show(
-    store: Optional[Path] = StoreOpt,
+    store: Path | None = StoreOpt,
     failures: bool = typer.Option(True, help="Also list failures."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -234,10 +308,13 @@ def show(
     if as_json:
         _print_json(overview.as_json())
         return
-    table = Table("base", "representation", "architecture", "models", "dim", "mean s/model", title=f"vectors in {db.path}")
+    table = Table(
+        "base", "representation", "architecture", "models", "dim", "mean s/model", title=f"vectors in {db.path}"
+    )
     for row in overview.summary.itertuples():
-        table.add_row(_short(row.base), row.params, row.architecture, str(row.models), str(row.dim),
-                      f"{row.mean_seconds:.3f}")
+        table.add_row(
+            _short(row.base), row.params, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}"
+        )
     console.print(table)
     if not overview.models.empty:
         models = Table("model", "datasets", "dim", "seconds", title="models")
@@ -245,8 +322,13 @@ def show(
             models.add_row(_short(row.model), ", ".join(row.datasets) or "-", str(row.dim), f"{row.seconds:.2f}")
         console.print(models)
     if failures and not overview.failures.empty:
-        table = Table("model", "kind", "error", title="failures (content: skipped while the weights are unchanged; "
-                                                      "resource, transient: tried again next run)")
+        table = Table(
+            "model",
+            "kind",
+            "error",
+            title="failures (content: skipped while the weights are unchanged; "
+            "resource, transient: tried again next run)",
+        )
         for row in overview.failures.itertuples():
             table.add_row(_short(row.model), row.kind, row.error)
         console.print(table)
@@ -255,7 +337,7 @@ def show(
 @app.command()
 def export(
     parquet: Path = typer.Option(..., "--parquet", help="Parquet file to write."),
-    store: Optional[Path] = StoreOpt,
+    store: Path | None = StoreOpt,
 ) -> None:
     """Write one row per stored vector: model, base, representation parameters, datasets, vector."""
     with _store(store) as db:
@@ -264,7 +346,7 @@ def export(
 
 
 @app.command()
-def compact(store: Optional[Path] = StoreOpt) -> None:
+def compact(store: Path | None = StoreOpt) -> None:
     """Drop the bytes of replaced vectors from the store's vector file (safe to interrupt)."""
     with _store(store) as db:
         before, after = db.compact()
@@ -281,20 +363,39 @@ def cluster(
     k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
     as_json: bool = JsonOpt,
-    label_source: Optional[List[str]] = typer.Option(
-        None, "--label-source",
+    label_source: list[str] | None = typer.Option(
+        None,
+        "--label-source",
         help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed "
-             "(repeated or comma-separated)."),
-    rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
-    n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
-    store: Optional[Path] = StoreOpt,
+        "(repeated or comma-separated).",
+    ),
+    rank: int = RankOpt,
+    factor: str = MethodOpt,
+    pooling: str = PoolingOpt,
+    solver: str = SolverOpt,
+    sign: str = SignOpt,
+    n_iter: int = NIterOpt,
+    oversamples: int = OversamplesOpt,
+    seed: int = SeedOpt,
+    block_norm: bool = BlockNormOpt,
+    store: Path | None = StoreOpt,
 ) -> None:
     """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
     from .report import cluster as run_cluster
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
-    report = run_cluster(base, params=params, store=store, out=out, method=reduce, standardize=standardize,
-                         metric=metric, pool=pool, k=k, label_sources=_split(label_source) or None)
+    report = run_cluster(
+        base,
+        params=params,
+        store=store,
+        out=out,
+        method=reduce,
+        standardize=standardize,
+        metric=metric,
+        pool=pool,
+        k=k,
+        label_sources=_split(label_source) or None,
+    )
     if as_json:
         _print_json(report.as_json())
         return
@@ -306,8 +407,10 @@ def cluster(
     scores = Table("score", "value", title=f"{report.n_models} models · metric {report.metric} · pool {report.pool}")
     scores.add_row("leave-one-out dataset prediction accuracy", _fmt(report.loo_accuracy))
     if report.n_authors:
-        scores.add_row(f"kNN score, same-author neighbours excluded ({report.n_scored_other_authors} scored)",
-                       _fmt(report.knn_score_other_authors))
+        scores.add_row(
+            f"kNN score, same-author neighbours excluded ({report.n_scored_other_authors} scored)",
+            _fmt(report.knn_score_other_authors),
+        )
         scores.add_row(f"authors ({report.n_authors}): share of the most prolific", _fmt(report.largest_author_share))
     for name, value in report.clustering.items():
         scores.add_row(name, _fmt(value))
@@ -325,11 +428,18 @@ def cluster(
 def neighbors(
     model: str = typer.Argument(..., help="A model: stored, or a local folder or Hub id to embed on the fly."),
     k: int = typer.Option(10, "--k", min=1, help="How many neighbours (and voters for the predicted dataset)."),
-    base: Optional[str] = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
+    base: str | None = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
     metric: str = MetricOpt,
-    rank: int = RankOpt, factor: str = MethodOpt, pooling: str = PoolingOpt, solver: str = SolverOpt, sign: str = SignOpt,
-    n_iter: int = NIterOpt, oversamples: int = OversamplesOpt, seed: int = SeedOpt, block_norm: bool = BlockNormOpt,
-    store: Optional[Path] = StoreOpt,
+    rank: int = RankOpt,
+    factor: str = MethodOpt,
+    pooling: str = PoolingOpt,
+    solver: str = SolverOpt,
+    sign: str = SignOpt,
+    n_iter: int = NIterOpt,
+    oversamples: int = OversamplesOpt,
+    seed: int = SeedOpt,
+    block_norm: bool = BlockNormOpt,
+    store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """The stored models nearest to MODEL, with distance and labels, and its predicted dataset.
@@ -345,31 +455,41 @@ def neighbors(
         _print_json(found.as_json())
         return
     if found.on_the_fly:
-        _say(err, f"{_short(found.query)} is not in the store: embedded now ({found.params}, base {_short(found.base)}), "
-                  "not stored")
+        _say(
+            err,
+            f"{_short(found.query)} is not in the store: embedded now ({found.params}, base {_short(found.base)}), "
+            "not stored",
+        )
     if found.warning:
         _say(err, f"warning: {found.warning}")
     table = Table("#", "model", f"{metric} distance", "datasets", "author", title=f"nearest to {_short(found.query)}")
     for i, row in enumerate(found.nearest.itertuples(), 1):
-        table.add_row(str(i), _short(row.model), f"{row.distance:.4f}", ", ".join(row.datasets) or "-",
-                      row.author if isinstance(row.author, str) else "-")
+        table.add_row(
+            str(i),
+            _short(row.model),
+            f"{row.distance:.4f}",
+            ", ".join(row.datasets) or "-",
+            row.author if isinstance(row.author, str) else "-",
+        )
     console.print(table)
     if found.predicted is None:
         console.print("predicted dataset: none (no labelled neighbour)")
     else:
         votes = ", ".join(f"{name} {n}" for name, n in found.votes.items())
-        console.print(f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
-                      f"votes of the {k} nearest labelled models: {votes})")
+        console.print(
+            f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
+            f"votes of the {k} nearest labelled models: {votes})"
+        )
 
 
 @app.command()
 def evaluate(
-    models: List[Path] = typer.Argument(..., help="Fine-tuned models with dataset labels in their cards."),
+    models: list[Path] = typer.Argument(..., help="Fine-tuned models with dataset labels in their cards."),
     base: Path = typer.Option(..., "--base", help="The base model."),
     metric: str = MetricOpt,
-    store: Optional[Path] = StoreOpt,
+    store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
-    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side."""
     from .analyse import evaluate as run_evaluate
@@ -381,8 +501,17 @@ def evaluate(
     if as_json:
         _print_json(table.to_dict(orient="records"))
         return
-    shown = ["method", "dim", "seconds_per_model", "knn_score", "loo_accuracy", "silhouette", "kmeans_ari", "hdbscan_ari",
-             "ref_corr"]
+    shown = [
+        "method",
+        "dim",
+        "seconds_per_model",
+        "knn_score",
+        "loo_accuracy",
+        "silhouette",
+        "kmeans_ari",
+        "hdbscan_ari",
+        "ref_corr",
+    ]
     if not console.is_terminal:  # a log or a pipe: a Markdown table stays readable at any width
         print(table[shown].to_markdown(index=False, floatfmt=".3f"))
         return
@@ -395,22 +524,27 @@ def evaluate(
 
 @app.command()
 def rank(
-    model: Optional[str] = typer.Argument(None, help="The model whose matrices to study (folder, weights file or .gguf)."),
-    base: Optional[Path] = typer.Option(None, "--base", help="The base, for --of delta."),
+    model: str | None = typer.Argument(None, help="The model whose matrices to study (folder, weights file or .gguf)."),
+    base: Path | None = typer.Option(None, "--base", help="The base, for --of delta."),
     of: str = typer.Option("weights", "--of", help="Study the weights W, or the delta W - W_base: weights|delta."),
-    threshold: List[str] = typer.Option(["0.5,0.9,0.99"], "--threshold",
-                                        help="Energy thresholds, repeated or comma-separated: --threshold 0.5,0.9,0.99."),
-    over_finetunes: Optional[str] = typer.Option(None, "--over-finetunes", metavar="BASE",
-                                                 help="Study the deltas of every stored fine-tune of BASE."),
+    threshold: list[str] = typer.Option(
+        ["0.5,0.9,0.99"],
+        "--threshold",
+        help="Energy thresholds, repeated or comma-separated: --threshold 0.5,0.9,0.99.",
+    ),
+    over_finetunes: str | None = typer.Option(
+        None, "--over-finetunes", metavar="BASE", help="Study the deltas of every stored fine-tune of BASE."
+    ),
     out: Path = typer.Option(Path("modelvec-out/rank"), "--out", help="Folder for the figures, CSV and JSON."),
     as_json: bool = JsonOpt,
-    store: Optional[Path] = StoreOpt,
+    store: Path | None = StoreOpt,
 ) -> None:
     """How the rank of every matrix changes with depth: figures per threshold, every value, fitted laws."""
     from .report import rank_report
 
-    study = rank_report(model, base=base, of=of, thresholds=_numbers(threshold), over_finetunes=over_finetunes,
-                        store=store, out=out)
+    study = rank_report(
+        model, base=base, of=of, thresholds=_numbers(threshold), over_finetunes=over_finetunes, store=store, out=out
+    )
     for reason in study.failed.values():
         _say(err, f"failed: {reason}")
     for warning in study.warnings:
@@ -418,12 +552,25 @@ def rank(
     if as_json:
         _print_json(study.records())
         return
-    table = Table("stack", "family", "threshold", "best law (adj. R²)", "equation", "runner-up",
-                  title=f"rank of {'ΔW' if study.of == 'delta' else 'W'} across depth: {_short(study.model)}")
+    table = Table(
+        "stack",
+        "family",
+        "threshold",
+        "best law (adj. R²)",
+        "equation",
+        "runner-up",
+        title=f"rank of {'ΔW' if study.of == 'delta' else 'W'} across depth: {_short(study.model)}",
+    )
     for (stack, family, t), fits in study.fits.items():
-        best, second = (fits + [None, None])[:2]
-        table.add_row(stack, family, f"{t:g}", f"{best.name} ({_fmt(best.adj_r2)})", best.equation,
-                      f"{second.name} ({_fmt(second.adj_r2)})" if second else "-")
+        best, second = fits[0], (fits[1] if len(fits) > 1 else None)
+        table.add_row(
+            stack,
+            family,
+            f"{t:g}",
+            f"{best.name} ({_fmt(best.adj_r2)})",
+            best.equation,
+            f"{second.name} ({_fmt(second.adj_r2)})" if second else "-",
+        )
     console.print(table)
     for kind, path in study.files.items():
         _say(console, f"{kind}: {path}")

@@ -9,7 +9,15 @@ from typing import Any
 
 from .laws import LAWS, Fit, fit_law, fit_laws
 from .maps import reduce
-from .scores import KnnScore, Predictions, clustering_scores, knn_dataset_score, majority_dataset, nearest, predict_datasets
+from .scores import (
+    KnnScore,
+    Predictions,
+    clustering_scores,
+    knn_dataset_score,
+    majority_dataset,
+    nearest,
+    predict_datasets,
+)
 
 __all__ = [
     "LAWS",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,30 +22,40 @@ from ..core.names import model_id
 from ..read import Checkpoint
 from ..represent.params import Representation
 from ..run import embed
-from ..store import Store
+from ..store import Store, opened
 from .scores import clustering_scores, knn_dataset_score, predict_datasets
 
 PathLike = str | os.PathLike[str]
 
-#: The variants compared, named for the table. The first is the description's method as the
-#: original study ran it; block normalisation is tried alone and combined with the others.
-VARIANTS: dict[str, Representation] = {
-    "U (original study)": Representation(factor="U", sign="none"),
-    "U, sign-canonical": Representation(factor="U"),
-    "U·Σ": Representation(factor="US", sign="none"),
-    "U·Σ, sign-canonical": Representation(factor="US"),
-    "U·Σ, sign-canonical, concat": Representation(factor="US", pooling="concat"),
-    "sketch ΔW·Ω": Representation(factor="sketch"),
-    "sketch ΔW·Ω, concat": Representation(factor="sketch", pooling="concat"),
-    "singular values": Representation(factor="S"),
-    "U (original study) + block-norm": Representation(factor="U", sign="none", block_norm=True),
-    "U, sign-canonical + block-norm": Representation(factor="U", block_norm=True),
-    "U·Σ, sign-canonical + block-norm": Representation(factor="US", block_norm=True),
-    "U·Σ, sign-canonical, concat + block-norm": Representation(factor="US", pooling="concat", block_norm=True),
-    "sketch ΔW·Ω + block-norm": Representation(factor="sketch", block_norm=True),
-    "sketch ΔW·Ω, concat + block-norm": Representation(factor="sketch", pooling="concat", block_norm=True),
-    "singular values + block-norm": Representation(factor="S", block_norm=True),
-}
+
+def variants(ranks: Sequence[int] = (Representation.rank,)) -> dict[str, Representation]:
+    """The representations compared, named by their parameters (:meth:`Representation.label`).
+
+    The description's factors as the original study ran them (U, raw signs), with canonical signs,
+    scaled by Σ, and the singular values alone; the sketch; each pooled by mean and (U·Σ, sketch)
+    concatenated over layers; each with and without block normalisation; at every rank in ``ranks``.
+    """
+    grid = [
+        dict(factor="U", sign="none"),
+        dict(factor="U"),
+        dict(factor="US", sign="none"),
+        dict(factor="US"),
+        dict(factor="US", pooling="concat"),
+        dict(factor="sketch"),
+        dict(factor="sketch", pooling="concat"),
+        dict(factor="S"),
+    ]
+    out: dict[str, Representation] = {}
+    for block_norm in (False, True):
+        for rank in ranks:
+            for fields in grid:
+                params = Representation(rank=rank, block_norm=block_norm, **fields)  # type: ignore[arg-type]
+                out[params.label()] = params
+    return out
+
+
+#: The default comparison: every variant at the default rank (16 distinct parameter sets).
+VARIANTS: dict[str, Representation] = variants()
 REFERENCE = "task vectors (exact reference)"
 
 
@@ -86,13 +96,25 @@ def _cosine_similarities(X: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
-def score_row(name: str, X: np.ndarray, labels: Sequence[Sequence[str]], reference: np.ndarray | None,
-              *, metric: str = "cosine", k: int = 5, seed: int = 0) -> dict[str, object]:
+def score_row(
+    name: str,
+    X: np.ndarray,
+    labels: Sequence[Sequence[str]],
+    reference: np.ndarray | None,
+    *,
+    metric: str = "cosine",
+    k: int = 5,
+    seed: int = 0,
+) -> dict[str, object]:
     """The scores of one representation's vectors against the labels (and the reference geometry)."""
     knn = knn_dataset_score(X, labels, metric=metric)
     pred = predict_datasets(X, labels, k=k, metric=metric)
-    row: dict[str, object] = {"method": name, "knn_score": knn.score, "n_scored": knn.n_scored,
-                              "loo_accuracy": pred.loo_accuracy}
+    row: dict[str, object] = {
+        "method": name,
+        "knn_score": knn.score,
+        "n_scored": knn.n_scored,
+        "loo_accuracy": pred.loo_accuracy,
+    }
     row.update(clustering_scores(X, labels, metric=metric, seed=seed))
     if reference is not None:
         iu = np.triu_indices(len(X), 1)
@@ -117,10 +139,13 @@ def evaluate(
     silhouette, kmeans_nmi, kmeans_ari, hdbscan_nmi, hdbscan_ari, n_clustered, ref_corr.
     """
     variants = variants or VARIANTS
+    same: dict[str, str] = {}
+    for name, params in variants.items():
+        if params.key() in same:
+            raise ValueError(f"variants {same[params.key()]!r} and {name!r} have the same parameters ({params.key()})")
+        same[params.key()] = name
     say = progress or (lambda _msg: None)
-    own = not isinstance(store, Store)
-    db = Store(store) if own else store
-    try:
+    with opened(store) as db:
         results = {}
         for name, params in variants.items():
             say(f"embedding: {name}")
@@ -144,14 +169,26 @@ def evaluate(
             row = score_row(name, X, labels, reference, metric=metric, k=k)
             row.update(params=params.key(), dim=X.shape[1], seconds_per_model=float(meta["seconds"].median()))
             rows.append(row)
+        assert first_meta is not None  # at least 3 models were scored above
         labels = [list(d) for d in first_meta["datasets"]]
         row = score_row(REFERENCE, tv.embedding(), labels, reference, metric=metric, k=k)
         row.update(params="full deltas", dim=tv.dim, seconds_per_model=tv.seconds_per_model)
         rows.append(row)
-    finally:
-        if own:
-            db.close()
-    columns = ["method", "params", "dim", "seconds_per_model", "knn_score", "n_scored", "loo_accuracy", "silhouette",
-               "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari", "n_clustered", "ref_corr"]
+    columns = [
+        "method",
+        "params",
+        "dim",
+        "seconds_per_model",
+        "knn_score",
+        "n_scored",
+        "loo_accuracy",
+        "silhouette",
+        "kmeans_nmi",
+        "kmeans_ari",
+        "hdbscan_nmi",
+        "hdbscan_ari",
+        "n_clustered",
+        "ref_corr",
+    ]
     frame = pd.DataFrame(rows)
     return frame[[c for c in columns if c in frame.columns]]

@@ -87,8 +87,9 @@ class Fit:
         return _evaluate(self.name, self.params, np.asarray(x, dtype=np.float64), self._depth)
 
 
-def fit_law(name: str, x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], *,
-            depth: float | None = None) -> Fit:
+def fit_law(
+    name: str, x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], *, depth: float | None = None
+) -> Fit:
     """Fit one law by least squares on y; ``depth`` (L, quarter ellipse only) defaults to max(x)."""
     if name not in _PARAMS:
         raise ValueError(f"unknown law {name!r}; choose from {', '.join(LAWS)}")
@@ -108,8 +109,13 @@ def fit_law(name: str, x: np.ndarray | Sequence[float], y: np.ndarray | Sequence
     return _scored(name, params, xs, ys, L)
 
 
-def fit_laws(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], *, depth: float | None = None,
-             laws: Sequence[str] = LAWS) -> list[Fit]:
+def fit_laws(
+    x: np.ndarray | Sequence[float],
+    y: np.ndarray | Sequence[float],
+    *,
+    depth: float | None = None,
+    laws: Sequence[str] = LAWS,
+) -> list[Fit]:
     """Fit every law in ``laws`` and rank them, best first (see the module docstring for the order)."""
     fits = [fit_law(name, x, y, depth=depth) for name in laws]
     order = {name: i for i, name in enumerate(LAWS)}
@@ -123,6 +129,7 @@ def fit_laws(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], *
 
 
 # --- inputs ------------------------------------------------------------------------------------
+
 
 def _points(x, y) -> tuple[np.ndarray, np.ndarray]:
     """1-D float64 copies of x and y; bad input is the caller's bug, so it raises."""
@@ -141,6 +148,7 @@ def _check_depth(depth: float | None) -> None:
 
 
 # --- the laws ----------------------------------------------------------------------------------
+
 
 def _ellipse_s(x: np.ndarray, L: float) -> np.ndarray:
     """√(1 − (x/L)²), clipped at 0 so the law is defined beyond x = L."""
@@ -191,6 +199,8 @@ def _fit_quadratic(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
 
 def _fit_ellipse(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
     # Linear in (r_min, r_max) for fixed L: r = r_min·(1 − s) + r_max·s.
+    if L is None:
+        raise ValueError("the quarter ellipse needs the depth L")
     s = _ellipse_s(x, float(L))
     c = _lstsq(np.column_stack([1.0 - s, s]), y)
     if c is None:
@@ -198,8 +208,9 @@ def _fit_ellipse(x: np.ndarray, y: np.ndarray, L: float | None) -> Fitted:
     return {"r_min": c[0], "r_max": c[1]}, ""
 
 
-def _fit_positive(model: Callable[[np.ndarray, float, float], np.ndarray], u: np.ndarray,
-                  x: np.ndarray, y: np.ndarray) -> Fitted:
+def _fit_positive(
+    model: Callable[[np.ndarray, float, float], np.ndarray], u: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> Fitted:
     """a·g(b, x) by curve_fit on y, started from the straight-line fit of log y against u."""
     from scipy.optimize import curve_fit  # scipy only when a nonlinear law is fitted
 
@@ -239,6 +250,7 @@ _FITTERS: dict[str, Callable[[np.ndarray, np.ndarray, float | None], Fitted]] = 
 
 # --- scores and equations ----------------------------------------------------------------------
 
+
 def _scored(name: str, params: dict[str, float], x: np.ndarray, y: np.ndarray, L: float | None) -> Fit:
     n, k = len(y), len(params)
     params = {key: float(v) for key, v in params.items()}
@@ -277,4 +289,4 @@ def _equation(name: str, p: dict[str, float], L: float | None) -> str:
     if name == "power":
         return f"r(x) = {_num(p['a'])}·x^{_num(p['b'])}"
     lo, hi = p["r_min"], p["r_max"]
-    return f"r(x) = {_num(lo)} + ({_num(hi)}{_signed(-lo, '')})·√(1 − (x/{_num(float(L))})²)"
+    return f"r(x) = {_num(lo)} + ({_num(hi)}{_signed(-lo, '')})·√(1 − (x/{_num(float(L or 0))})²)"

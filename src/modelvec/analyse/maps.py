@@ -39,8 +39,15 @@ MIN_NEIGHBOUR_N = 4  # below this t-SNE and UMAP have no neighbourhoods; see the
 TSNE_EXACT_MAX_N = 200  # t-SNE's exact gradient up to here, Barnes-Hut above
 
 
-def reduce(X: np.ndarray, method: str = "umap", *, standardize: bool = False, seed: int = 0,
-           n_components: int = 2, metric: str = "cosine") -> np.ndarray:
+def reduce(
+    X: np.ndarray,
+    method: str = "umap",
+    *,
+    standardize: bool = False,
+    seed: int = 0,
+    n_components: int = 2,
+    metric: str = "cosine",
+) -> np.ndarray:
     """Reduce ``X`` (n models x d features) to ``(n, n_components)`` float64 coordinates.
 
     ``standardize`` scales every feature to zero mean and unit variance first (sklearn's
@@ -77,8 +84,12 @@ def reduce(X: np.ndarray, method: str = "umap", *, standardize: bool = False, se
     if method == "pca":
         return _pca(X, n_components, seed)
     if n < max(MIN_NEIGHBOUR_N, n_components + 2):
-        warnings.warn(f"{method}: {n} models are too few for neighbourhoods; using classical MDS of the "
-                      f"{metric} distances instead (exact for 2-3 points)", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"{method}: {n} models are too few for neighbourhoods; using classical MDS of the "
+            f"{metric} distances instead (exact for 2-3 points)",
+            UserWarning,
+            stacklevel=2,
+        )
         return _classical_mds(X, n_components, metric)
     if method == "tsne":
         return _tsne(X, n_components, seed, metric)
@@ -103,8 +114,14 @@ def _tsne(X: np.ndarray, n_components: int, seed: int, metric: str) -> np.ndarra
     from sklearn.manifold import TSNE
 
     n = X.shape[0]
-    tsne = TSNE(n_components=n_components, perplexity=min(30.0, (n - 1) / 3), init="pca", random_state=seed,
-                metric=metric, method="barnes_hut" if n > TSNE_EXACT_MAX_N and n_components < 4 else "exact")
+    tsne = TSNE(
+        n_components=n_components,
+        perplexity=min(30.0, (n - 1) / 3),
+        init="pca",
+        random_state=seed,
+        metric=metric,
+        method="barnes_hut" if n > TSNE_EXACT_MAX_N and n_components < 4 else "exact",
+    )
     return _pad(tsne.fit_transform(X), n_components)
 
 
@@ -113,8 +130,9 @@ def _umap(X: np.ndarray, n_components: int, seed: int, metric: str) -> np.ndarra
         warnings.simplefilter("ignore", ImportWarning)  # "Tensorflow not installed; ParametricUMAP unavailable"
         import umap
 
-    model = umap.UMAP(n_components=n_components, n_neighbors=min(15, X.shape[0] - 1), metric=metric,
-                      random_state=seed, n_jobs=1)  # n_jobs=1: what random_state implies anyway, without the warning
+    model = umap.UMAP(
+        n_components=n_components, n_neighbors=min(15, X.shape[0] - 1), metric=metric, random_state=seed, n_jobs=1
+    )  # n_jobs=1: what random_state implies anyway, without the warning
     return _pad(model.fit_transform(X), n_components)
 
 

@@ -64,7 +64,7 @@ class Predictions:
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
-    return value  # type: ignore[return-value]
+    return str(value)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -89,13 +89,17 @@ def _as_matrix(X: np.ndarray, name: str = "X") -> np.ndarray:
 def _label_sets(labels: Sequence[Sequence[str]], n: int) -> list[frozenset[str]]:
     """One frozenset per model; a bare string per model is refused (it would be split into letters)."""
     if isinstance(labels, str) or len(labels) != n:
-        raise ValueError(f"labels must hold one sequence of dataset names per model ({n}), "
-                         f"not {len(labels) if not isinstance(labels, str) else 'a string'}")
+        raise ValueError(
+            f"labels must hold one sequence of dataset names per model ({n}), "
+            f"not {len(labels) if not isinstance(labels, str) else 'a string'}"
+        )
     sets = []
     for i, entry in enumerate(labels):
         if isinstance(entry, str) or not all(isinstance(x, str) and x for x in entry):
-            raise ValueError(f"labels[{i}] must be a sequence of non-empty dataset names "
-                             f"(e.g. ['imdb'], or [] when unlabelled), not {entry!r}")
+            raise ValueError(
+                f"labels[{i}] must be a sequence of non-empty dataset names "
+                f"(e.g. ['imdb'], or [] when unlabelled), not {entry!r}"
+            )
         sets.append(frozenset(entry))
     return sets
 
@@ -144,11 +148,12 @@ def _distances(A: np.ndarray, B: np.ndarray, metric: str) -> np.ndarray:
 def _blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
     step = max(1, _BLOCK_ELEMENTS // max(1, n_columns))
     for start in range(0, len(rows), step):
-        yield rows[start:start + step]
+        yield rows[start : start + step]
 
 
-def _ranked(Z: np.ndarray, rows: np.ndarray, columns: np.ndarray, metric: str,
-            groups: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _ranked(
+    Z: np.ndarray, rows: np.ndarray, columns: np.ndarray, metric: str, groups: np.ndarray | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
 
     A row that is also a column gets distance +inf to itself, so it ranks last; so does a column
@@ -186,8 +191,14 @@ def _group_codes(values: Sequence[object] | None, n: int) -> np.ndarray | None:
 # --- public API ---------------------------------------------------------------------------------
 
 
-def knn_dataset_score(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine",
-                      pool: str = "labelled", exclude_same: Sequence[object] | None = None) -> KnnScore:
+def knn_dataset_score(
+    X: np.ndarray,
+    labels: Sequence[Sequence[str]],
+    *,
+    metric: str = "cosine",
+    pool: str = "labelled",
+    exclude_same: Sequence[object] | None = None,
+) -> KnnScore:
     """Share of each labelled model's k-1 nearest neighbours tuned on the same dataset, averaged.
 
     For a model f whose dataset has k >= 2 models, take its k-1 nearest neighbours (f excluded)
@@ -238,12 +249,14 @@ def knn_dataset_score(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric:
         if mask.any():
             per_dataset[name] = (float(per_model[mask].mean()), int(mask.sum()))
     score = float(per_model[scored].mean()) if scored.any() else float("nan")
-    return KnnScore(score=score, n_scored=int(scored.sum()), per_dataset=per_dataset,
-                    per_model=per_model, metric=metric, pool=pool)
+    return KnnScore(
+        score=score, n_scored=int(scored.sum()), per_dataset=per_dataset, per_model=per_model, metric=metric, pool=pool
+    )
 
 
-def predict_datasets(X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int = 5,
-                     metric: str = "cosine") -> Predictions:
+def predict_datasets(
+    X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int = 5, metric: str = "cosine"
+) -> Predictions:
     """Majority dataset among each unlabelled model's k nearest labelled models.
 
     Each neighbour votes once for each of its labels; the winner has the most votes, ties going
@@ -287,8 +300,7 @@ def predict_datasets(X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int =
                 winner, _ = vote(labelled[ranks[:top]])
                 correct += bool(member[i, winner])
     loo = correct / n_loo if n_loo else float("nan")
-    return Predictions(predicted=predicted, confidence=confidence, loo_accuracy=loo, n_loo=n_loo, k=k,
-                       metric=metric)
+    return Predictions(predicted=predicted, confidence=confidence, loo_accuracy=loo, n_loo=n_loo, k=k, metric=metric)
 
 
 def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | None, float, dict[str, int]]:
@@ -307,8 +319,9 @@ def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | N
     return winner, votes[winner] / sum(votes.values()), dict(sorted(votes.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def clustering_scores(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine",
-                      seed: int = 0) -> dict[str, float]:
+def clustering_scores(
+    X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine", seed: int = 0
+) -> dict[str, float]:
     """Do generic clusterers, blind to the labels, recover the datasets? (1 = perfectly.)
 
     Computed on the models with exactly one label whose dataset has at least two such models
@@ -356,8 +369,9 @@ def clustering_scores(X: np.ndarray, labels: Sequence[Sequence[str]], *, metric:
     }
 
 
-def nearest(X: np.ndarray, query: np.ndarray, *, k: int = 10, metric: str = "cosine",
-            exclude: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def nearest(
+    X: np.ndarray, query: np.ndarray, *, k: int = 10, metric: str = "cosine", exclude: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices and distances of the k rows of X nearest to ``query``, by (distance, index).
 
     ``exclude`` drops one row, typically the query model itself (by index, not by distance, so

@@ -119,8 +119,11 @@ Explainer = Callable[[BaseException], "tuple[Kind, str] | None"]
 _EXPLAINERS: list[Explainer] = []
 
 #: How out-of-memory reads in the messages of torch, numpy and the OS, CPU and GPU alike.
-_OOM = re.compile(r"out of memory|can't allocate memory|cannot allocate memory|failed to allocate|"
-                  r"DefaultCPUAllocator|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc|can't start new thread", re.IGNORECASE)
+_OOM = re.compile(
+    r"out of memory|can't allocate memory|cannot allocate memory|failed to allocate|"
+    r"DefaultCPUAllocator|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc|can't start new thread",
+    re.IGNORECASE,
+)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 

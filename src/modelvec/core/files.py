@@ -65,7 +65,8 @@ def is_adapter(path: str | Path) -> bool:
     folder = Path(path)
     try:
         return (folder / ADAPTER_CONFIG).is_file() and not any(
-            (folder / name).exists() for name in (SAFETENSORS, SAFETENSORS_INDEX, BIN, BIN_INDEX))
+            (folder / name).exists() for name in (SAFETENSORS, SAFETENSORS_INDEX, BIN, BIN_INDEX)
+        )
     except (OSError, ValueError):
         return False
 

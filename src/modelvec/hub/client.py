@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import TypeVar
 
 import httpx2
 from huggingface_hub import HfApi, constants
@@ -50,8 +51,9 @@ class HubSettings:
     retries: int = 5
     backoff: float = field(default_factory=lambda: float(os.environ.get("MODELVEC_HUB_BACKOFF", "1.0")))
     max_wait: float = 30.0
-    timeout: float = field(default_factory=lambda: float(os.environ.get("MODELVEC_HUB_TIMEOUT",
-                                                                        constants.HF_HUB_ETAG_TIMEOUT)))
+    timeout: float = field(
+        default_factory=lambda: float(os.environ.get("MODELVEC_HUB_TIMEOUT", constants.HF_HUB_ETAG_TIMEOUT))
+    )
 
     def api(self) -> HfApi:
         """An ``HfApi`` whose ``model_info`` times out after :attr:`timeout` unless told otherwise."""
@@ -67,13 +69,12 @@ class _Api(HfApi):
         super().__init__(*args, **kwargs)
         self._timeout = timeout
 
-    def model_info(self, *args, timeout: float | None = None, **kwargs):  # type: ignore[override]
+    def model_info(self, *args, timeout: float | None = None, **kwargs):
         return super().model_info(*args, timeout=self._timeout if timeout is None else timeout, **kwargs)
 
 
 class CorruptDownload(OSError):
     """A downloaded file's bytes do not match the sha256 the Hub announced for it (its ETag); retried."""
-
 
 
 def transient(exc: BaseException) -> bool:
@@ -101,8 +102,9 @@ def _retry_after(exc: BaseException) -> float | None:
     return None
 
 
-def with_retries(call: Callable[[], T], settings: HubSettings, what: str,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+def with_retries(
+    call: Callable[[], T], settings: HubSettings, what: str, sleep: Callable[[float], None] = time.sleep
+) -> T:
     """``call()``, retried on transient failures with exponential backoff and jitter.
 
     ``Retry-After`` is honoured (capped at ``max_wait``). After the last try the error is raised, with
@@ -135,11 +137,15 @@ def _first_line(exc: BaseException) -> str:
 def describe_error(exc: BaseException) -> str:
     """The cause of a failed Hub call in one line, with how many tries it took, for the failures table."""
     from huggingface_hub.errors import (
-        GatedRepoError, HFValidationError, LocalEntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    tries = next((e.modelvec_tries for e in chain(exc) if isinstance(getattr(e, "modelvec_tries", None), int)), 1)
+    tries = next((getattr(e, "modelvec_tries") for e in chain(exc) if isinstance(getattr(e, "modelvec_tries", None), int)), 1)
     after = f" after {tries} tries" if tries > 1 else ""
     for e in chain(exc):
         if isinstance(e, GatedRepoError):
@@ -150,7 +156,9 @@ def describe_error(exc: BaseException) -> str:
             return "revision not found"
         if isinstance(e, RemoteEntryNotFoundError):
             return "file not found in the repository"
-        if isinstance(e, OfflineModeIsEnabled) or (isinstance(e, LocalEntryNotFoundError) and constants.is_offline_mode()):
+        if isinstance(e, OfflineModeIsEnabled) or (
+            isinstance(e, LocalEntryNotFoundError) and constants.is_offline_mode()
+        ):
             return "offline (HF_HUB_OFFLINE=1) and not in the local cache"
         if isinstance(e, HfHubHTTPError) and e.response is not None:
             return f"HTTP {e.response.status_code} from the Hub{after}"

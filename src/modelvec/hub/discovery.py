@@ -19,9 +19,10 @@ pinned revision sha, author, counts, tags, weight formats and dataset labels wit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
+from typing import Any, Literal, Protocol
 
 from huggingface_hub import hf_hub_download
 
@@ -35,8 +36,22 @@ SORTS = ("downloads", "likes", "created_at", "last_modified")
 #: The ``base_model:<relation>:<base>`` tags that declare a model modelvec can embed against the base.
 RELATIONS = ("finetune", "adapter")
 #: What one listing call asks for, so no per-model call is needed for declared fine-tunes.
-EXPAND = ["author", "cardData", "createdAt", "downloads", "gated", "lastModified", "library_name", "likes",
-          "model-index", "pipeline_tag", "private", "sha", "siblings", "tags"]
+EXPAND = [
+    "author",
+    "cardData",
+    "createdAt",
+    "downloads",
+    "gated",
+    "lastModified",
+    "library_name",
+    "likes",
+    "model-index",
+    "pipeline_tag",
+    "private",
+    "sha",
+    "siblings",
+    "tags",
+]
 
 
 @dataclass
@@ -112,12 +127,23 @@ def describe(info: Any, base: str, kept: bool, reason: str) -> CatalogueEntry:
     labels = dataset_labels(info.id, card, info.tags or [], getattr(info, "model_index", None))
     gated = getattr(info, "gated", None)
     return CatalogueEntry(
-        model=info.id, base=base, kept=kept, reason=reason, sha=info.sha,
+        model=info.id,
+        base=base,
+        kept=kept,
+        reason=reason,
+        sha=info.sha,
         author=info.author or (info.id.split("/", 1)[0] if "/" in info.id else None),
         created_at=info.created_at.isoformat() if getattr(info, "created_at", None) else None,
-        downloads=info.downloads, likes=info.likes, pipeline_tag=info.pipeline_tag, library=info.library_name,
-        gated=str(gated) if gated not in (None, False) else None, tags=list(info.tags or []), files=files,
-        formats=list(formats(files)), datasets=list(labels.datasets), label_source=labels.source,
+        downloads=info.downloads,
+        likes=info.likes,
+        pipeline_tag=info.pipeline_tag,
+        library=info.library_name,
+        gated=str(gated) if gated not in (None, False) else None,
+        tags=list(info.tags or []),
+        files=files,
+        formats=list(formats(files)),
+        datasets=list(labels.datasets),
+        label_source=labels.source,
         labels=[{"dataset": lb.dataset, "source": lb.source, "raw": lb.raw} for lb in labels.labels],
     )
 
@@ -168,7 +194,7 @@ def discover(
 
     def listing(**query: Any) -> Iterable[Any]:
         # Lazy: pages are fetched as consumed (huggingface_hub retries each page on 429/5xx itself).
-        return api.list_models(sort=sort, expand=EXPAND, **query)
+        return api.list_models(sort=sort, expand=EXPAND, **query)  # type: ignore[arg-type]
 
     declared: dict[str, Any] = {}
     for relation in RELATIONS:
@@ -210,8 +236,14 @@ def _guess_from_siblings(entries: list[CatalogueEntry]) -> None:
     A dataset the alias table does not know ("acme-reviews") is still recognised in an
     unlabelled sibling's name ("someone/bert-acme-reviews"); the label is marked as guessed.
     """
-    vocab = sorted({d for e in entries if e.kept and e.label_source and "name" not in e.label_source.split("+")
-                    for d in e.datasets})
+    vocab = sorted(
+        {
+            d
+            for e in entries
+            if e.kept and e.label_source and "name" not in e.label_source.split("+")
+            for d in e.datasets
+        }
+    )
     for e in entries:
         if not e.datasets and vocab:
             guessed = guess_from_name(e.model, known=vocab)
@@ -222,7 +254,9 @@ def _guess_from_siblings(entries: list[CatalogueEntry]) -> None:
 
 def _sort_key(info: Any, sort: str) -> Any:
     """The listing's order, to merge the two declared listings (by canonical and by short id)."""
-    attr = {"downloads": "downloads", "likes": "likes", "created_at": "created_at", "last_modified": "last_modified"}[sort]
+    attr = {"downloads": "downloads", "likes": "likes", "created_at": "created_at", "last_modified": "last_modified"}[
+        sort
+    ]
     value = getattr(info, attr, None)
     if value is None:
         return (0, 0) if attr in ("downloads", "likes") else (0, "")
@@ -239,8 +273,14 @@ def _check_weights(entry: CatalogueEntry) -> None:
         entry.reason = f"{entry.reason}; but no PyTorch weights (has: {', '.join(entry.formats) or 'no weight files'})"
 
 
-def _check_candidate(entry: CatalogueEntry, base_config: Mapping[str, Any], base_id: BaseId, base_cache: dict[str, Any],
-                     settings: HubSettings, matcher: Matcher) -> tuple[bool, str]:
+def _check_candidate(
+    entry: CatalogueEntry,
+    base_config: Mapping[str, Any],
+    base_id: BaseId,
+    base_cache: dict[str, Any],
+    settings: HubSettings,
+    matcher: Matcher,
+) -> tuple[bool, str]:
     prefix = f"name search '{base_id.search_term}'"
     try:
         if "config.json" in entry.files:
@@ -256,9 +296,16 @@ def _check_candidate(entry: CatalogueEntry, base_config: Mapping[str, Any], base
 
 def _config(repo_id: str, revision: str | None, settings: HubSettings) -> dict[str, Any]:
     path = with_retries(
-        lambda: hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=settings.cache_dir,
-                                endpoint=settings.endpoint, token=settings.token),
-        settings, f"{repo_id}/config.json",
+        lambda: hf_hub_download(
+            repo_id,
+            "config.json",
+            revision=revision,
+            cache_dir=settings.cache_dir,
+            endpoint=settings.endpoint,
+            token=settings.token,
+        ),
+        settings,
+        f"{repo_id}/config.json",
     )
     config = json.loads(Path(path).read_text())
     if not isinstance(config, dict):
@@ -266,8 +313,14 @@ def _config(repo_id: str, revision: str | None, settings: HubSettings) -> dict[s
     return config
 
 
-def _header_match(entry: CatalogueEntry, base_id: BaseId, base_config: Mapping[str, Any], base_cache: dict[str, Any],
-                  settings: HubSettings, matcher: Matcher) -> tuple[bool, str]:
+def _header_match(
+    entry: CatalogueEntry,
+    base_id: BaseId,
+    base_config: Mapping[str, Any],
+    base_cache: dict[str, Any],
+    settings: HubSettings,
+    matcher: Matcher,
+) -> tuple[bool, str]:
     """Compare the shapes of the base's matrices with the candidate's safetensors header (no weights)."""
     api = settings.api()
 

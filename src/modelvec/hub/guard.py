@@ -10,7 +10,6 @@ huggingface_hub's HTTP client refuse both, through its public ``set_client_facto
 from __future__ import annotations
 
 import threading
-from typing import Any
 from urllib.parse import unquote
 
 
@@ -27,8 +26,12 @@ _guarded_factory = None
 
 
 def _unsafe_name(value: str) -> bool:
-    return (not value or value in (".", "..") or len(value) > 255
-            or any(c in "/\\:" or ord(c) < 32 or ord(c) == 127 for c in value))
+    return (
+        not value
+        or value in (".", "..")
+        or len(value) > 255
+        or any(c in "/\\:" or ord(c) < 32 or ord(c) == 127 for c in value)
+    )
 
 
 def check_request(request) -> None:
@@ -43,8 +46,11 @@ def check_request(request) -> None:
     for i, segment in enumerate(segments[:-1]):
         if segment == "resolve":
             revision = unquote(segments[i + 1])
-            if (revision.startswith("/") or any(p in ("", ".", "..") for p in revision.split("/"))
-                    or any(c == "\\" or ord(c) < 32 or ord(c) == 127 for c in revision)):
+            if (
+                revision.startswith("/")
+                or any(p in ("", ".", "..") for p in revision.split("/"))
+                or any(c == "\\" or ord(c) < 32 or ord(c) == 127 for c in revision)
+            ):
                 raise UnsafeHubName(f"refused to ask for revision {revision[:80]!r}, which is no git ref")
 
 
@@ -58,8 +64,10 @@ def check_answer(response) -> None:
             continue
         name = value.lstrip("W/").strip('"') if "etag" in header.lower() else value  # as huggingface_hub reads it
         if _unsafe_name(name):
-            raise UnsafeHubName(f"the Hub answered {header}: {value[:80]!r} for {response.request.url.path[:200]}, "
-                                "which is not a safe file name; refused")
+            raise UnsafeHubName(
+                f"the Hub answered {header}: {value[:80]!r} for {response.request.url.path[:200]}, "
+                "which is not a safe file name; refused"
+            )
 
 
 def guard_hub_client() -> None:

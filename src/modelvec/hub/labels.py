@@ -45,8 +45,16 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "glue/mrpc": ("mrpc", "setfit/mrpc"),
     "glue/qqp": ("qqp", "setfit/qqp"),
     "glue/stsb": ("stsb", "sts-b", "setfit/stsb"),
-    "glue/mnli": ("mnli", "mnli-mm", "mnli_matched", "mnli_mismatched", "multi_nli", "multinli",
-                  "nyu-mll/multi_nli", "setfit/mnli"),
+    "glue/mnli": (
+        "mnli",
+        "mnli-mm",
+        "mnli_matched",
+        "mnli_mismatched",
+        "multi_nli",
+        "multinli",
+        "nyu-mll/multi_nli",
+        "setfit/mnli",
+    ),
     "glue/qnli": ("qnli", "setfit/qnli"),
     "glue/rte": ("rte", "setfit/rte"),
     "glue/wnli": ("wnli", "setfit/wnli"),
@@ -99,8 +107,19 @@ ALIASES: dict[str, tuple[str, ...]] = {
 COLLECTION_CONFIGS: dict[str, tuple[str, ...]] = {
     "glue": GLUE_TASKS,
     "super_glue": ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc", "wsc.fixed", "axb", "axg"),
-    "tweet_eval": ("emoji", "emotion", "hate", "irony", "offensive", "sentiment", "stance_abortion",
-                   "stance_atheism", "stance_climate", "stance_feminist", "stance_hillary"),
+    "tweet_eval": (
+        "emoji",
+        "emotion",
+        "hate",
+        "irony",
+        "offensive",
+        "sentiment",
+        "stance_abortion",
+        "stance_atheism",
+        "stance_climate",
+        "stance_feminist",
+        "stance_hillary",
+    ),
     "xtreme": ("xnli", "tydiqa", "mlqa", "pan-x", "paws-x", "udpos", "bucc18", "tatoeba"),
 }
 
@@ -116,11 +135,40 @@ _PREFIXES = ("https://huggingface.co/datasets/", "hf://datasets/", "datasets/")
 
 # Tokens that never name a dataset on their own in a repo name (they may still be part of a joined
 # match such as "squad" + "v2").
-NAME_STOPWORDS = frozenset({
-    "bert", "base", "uncased", "cased", "large", "small", "tiny", "mini", "medium", "xl", "xxl",
-    "finetuned", "fine", "tuned", "ft", "english", "en", "v1", "v2", "v3", "model", "distilbert",
-    "roberta", "deberta", "albert", "electra", "xlm", "bart", "t5", "gpt2",
-})
+NAME_STOPWORDS = frozenset(
+    {
+        "bert",
+        "base",
+        "uncased",
+        "cased",
+        "large",
+        "small",
+        "tiny",
+        "mini",
+        "medium",
+        "xl",
+        "xxl",
+        "finetuned",
+        "fine",
+        "tuned",
+        "ft",
+        "english",
+        "en",
+        "v1",
+        "v2",
+        "v3",
+        "model",
+        "distilbert",
+        "roberta",
+        "deberta",
+        "albert",
+        "electra",
+        "xlm",
+        "bart",
+        "t5",
+        "gpt2",
+    }
+)
 _MAX_JOIN = 3  # tokens joined when matching a repo name: "yelp-review-full"
 
 _SEPARATORS = re.compile(r"[-_ .]")
@@ -214,7 +262,7 @@ def normalise_dataset(name: str, config: str | None = None) -> str:
     text = name.strip().lower()
     for prefix in _PREFIXES:
         if text.startswith(prefix):
-            text = text[len(prefix):]
+            text = text[len(prefix) :]
             break
     text = text.strip().strip("/")
     if not text:
@@ -223,9 +271,9 @@ def normalise_dataset(name: str, config: str | None = None) -> str:
     if base is None:
         # "glue/SST-2", "GLUE MNLI", "nyu-mll/glue/cola": a known collection followed by its config
         for match in _COLLECTION_SPLIT.finditer(text):
-            head = _lookup(text[:match.start()])
+            head = _lookup(text[: match.start()])
             if head is not None and "/" not in head and head in COLLECTION_CONFIGS:
-                inner = normalise_dataset(head, text[match.end():])
+                inner = normalise_dataset(head, text[match.end() :])
                 if inner != head:
                     base = inner
                     break
@@ -247,7 +295,7 @@ def _scan(tokens: Sequence[str], keys: Mapping[str, str], max_join: int = _MAX_J
     i = 0
     while i < len(tokens):
         for width in range(min(max_join, len(tokens) - i), 0, -1):
-            joined = "".join(tokens[i:i + width])
+            joined = "".join(tokens[i : i + width])
             if width == 1 and joined in NAME_STOPWORDS:
                 continue
             hit = keys.get(joined)
@@ -331,11 +379,11 @@ def _card_labels(card: Mapping[str, Any]) -> list[Label]:
 
 def _tag_labels(tags: Any) -> list[Label]:
     out = []
-    for tag in ([tags] if isinstance(tags, str) else _as_list(tags)):
+    for tag in [tags] if isinstance(tags, str) else _as_list(tags):
         raw = _text(tag)
         if raw is None or not raw.lower().startswith("dataset:"):
             continue
-        if normalised := normalise_dataset(raw[len("dataset:"):]):
+        if normalised := normalise_dataset(raw[len("dataset:") :]):
             out.append(Label(normalised, "tag", raw))
     return out
 
@@ -376,8 +424,9 @@ def _assemble(labels: Sequence[Label]) -> Labels:
     return Labels(datasets, "+".join(sources) or None, tuple(labels))
 
 
-def dataset_labels(repo_id: str, card: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None,
-                   model_index: Any = None) -> Labels:
+def dataset_labels(
+    repo_id: str, card: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None, model_index: Any = None
+) -> Labels:
     """A model's dataset labels from what the Hub says about it, most specific source first.
 
     ``model_index`` (when not None) replaces the card's ``model-index:``. The repo name is consulted

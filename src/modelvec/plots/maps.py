@@ -29,9 +29,10 @@ import html
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,8 +40,26 @@ import pandas as pd
 COLOR_BY = ("dataset", "author", "label_source")
 METHOD_AXES = {"umap": "UMAP", "tsne": "t-SNE", "pca": "PC"}
 # tab10 then the light half of tab20, without the greys (grey means "no value" / "other" here).
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
-           "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+)
 UNLABELLED_COLOR = "#c8c8c8"
 OTHER_COLOR = "#555555"
 _NONE_NAMES = {"dataset": "unlabelled", "author": "no author", "label_source": "no label source"}
@@ -88,7 +107,7 @@ def grouping(meta: pd.DataFrame, by: str = "dataset", *, max_colors: int = len(P
             counts[label] = counts.get(label, 0) + 1
     order = sorted(counts, key=lambda g: (-counts[g], g))
     if len(order) > max_colors:
-        kept, lumped = order[: max_colors - 1], order[max_colors - 1:]
+        kept, lumped = order[: max_colors - 1], order[max_colors - 1 :]
         other = f"{len(lumped)} other {_PLURALS[by]}"
         lumped_set = set(lumped)
         first = [other if label in lumped_set else label for label in first]
@@ -97,13 +116,28 @@ def grouping(meta: pd.DataFrame, by: str = "dataset", *, max_colors: int = len(P
     else:
         colors = {g: PALETTE[i] for i, g in enumerate(order)}
         counts = {g: counts[g] for g in order}
-    return Grouping(by=by, labels=tuple(first), colors=colors, counts=counts, none_name=_NONE_NAMES[by],
-                    n_none=sum(label is None for label in first), n_groups=len(order),
-                    multi=sum(len(v) > 1 for v in values))
+    return Grouping(
+        by=by,
+        labels=tuple(first),
+        colors=colors,
+        counts=counts,
+        none_name=_NONE_NAMES[by],
+        n_none=sum(label is None for label in first),
+        n_groups=len(order),
+        multi=sum(len(v) > 1 for v in values),
+    )
 
 
-def plot_png(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *, color_by: str = "dataset",
-             method: str = "umap", title: str = "", subtitle: str = "") -> Path:
+def plot_png(
+    coords: np.ndarray,
+    meta: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    color_by: str = "dataset",
+    method: str = "umap",
+    title: str = "",
+    subtitle: str = "",
+) -> Path:
     """Write a scatter plot of ``coords`` coloured by ``color_by`` as a PNG (150 dpi) at ``path``.
 
     ``method`` names the axes ("umap" -> "UMAP 1"/"UMAP 2", "tsne" -> "t-SNE", "pca" -> "PC";
@@ -127,25 +161,62 @@ def plot_png(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *,
     labels = np.array([label if label is not None else "" for label in g.labels], dtype=object)
     none = np.array([label is None for label in g.labels], dtype=bool)
     if none.any():
-        ax.scatter(coords[none, 0], coords[none, 1], s=size * 0.55, c=UNLABELLED_COLOR, alpha=0.6, linewidths=0,
-                   zorder=1, rasterized=n > 5000)
+        ax.scatter(
+            coords[none, 0],
+            coords[none, 1],
+            s=size * 0.55,
+            c=UNLABELLED_COLOR,
+            alpha=0.6,
+            linewidths=0,
+            zorder=1,
+            rasterized=n > 5000,
+        )
     # Largest group first, so that small groups are drawn on top and stay visible.
     for z, (name, color) in enumerate(g.colors.items()):
         mask = labels == name
-        ax.scatter(coords[mask, 0], coords[mask, 1], s=size, c=color, alpha=0.9, edgecolors="white",
-                   linewidths=0.4 if size > 10 else 0.0, zorder=2 + z, rasterized=n > 5000)
+        ax.scatter(
+            coords[mask, 0],
+            coords[mask, 1],
+            s=size,
+            c=color,
+            alpha=0.9,
+            edgecolors="white",
+            linewidths=0.4 if size > 10 else 0.0,
+            zorder=2 + z,
+            rasterized=n > 5000,
+        )
 
-    handles = [Line2D([], [], ls="", marker="o", markersize=7, markerfacecolor=c, markeredgecolor=c)
-               for c in g.colors.values()]
+    handles = [
+        Line2D([], [], ls="", marker="o", markersize=7, markerfacecolor=c, markeredgecolor=c) for c in g.colors.values()
+    ]
     names = [f"{_short(name)} ({g.counts[name]})" for name in g.colors]
     if g.n_none:
-        handles.append(Line2D([], [], ls="", marker="o", markersize=5, markerfacecolor=UNLABELLED_COLOR,
-                              markeredgecolor=UNLABELLED_COLOR))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="o",
+                markersize=5,
+                markerfacecolor=UNLABELLED_COLOR,
+                markeredgecolor=UNLABELLED_COLOR,
+            )
+        )
         names.append(f"{g.none_name} ({g.n_none})")
     legend_title = _TITLES[color_by] + (" (first listed)" if g.multi else "")
-    legend = ax.legend(handles, names, title=legend_title, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                       frameon=False, fontsize=8.5, title_fontsize=9.5, handletextpad=0.3, borderaxespad=0.0,
-                       ncols=1 if len(names) <= 24 else 2)
+    legend = ax.legend(
+        handles,
+        names,
+        title=legend_title,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        frameon=False,
+        fontsize=8.5,
+        title_fontsize=9.5,
+        handletextpad=0.3,
+        borderaxespad=0.0,
+        ncols=1 if len(names) <= 24 else 2,
+    )
     legend.set_alignment("left")  # the title over the entries, not centred
 
     ax.set_xlabel(f"{axis} 1", fontsize=10)
@@ -162,10 +233,28 @@ def plot_png(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *,
     summary = _summary(g, n)
     line2 = f"{subtitle}  ·  {summary}" if subtitle else summary
     if title:
-        ax.annotate(title, (0, 1), xycoords="axes fraction", xytext=(0, 22), textcoords="offset points",
-                    fontsize=13, fontweight="bold", va="bottom", ha="left")
-    ax.annotate(line2, (0, 1), xycoords="axes fraction", xytext=(0, 8), textcoords="offset points", fontsize=9,
-                color="0.35", va="bottom", ha="left")
+        ax.annotate(
+            title,
+            (0, 1),
+            xycoords="axes fraction",
+            xytext=(0, 22),
+            textcoords="offset points",
+            fontsize=13,
+            fontweight="bold",
+            va="bottom",
+            ha="left",
+        )
+    ax.annotate(
+        line2,
+        (0, 1),
+        xycoords="axes fraction",
+        xytext=(0, 8),
+        textcoords="offset points",
+        fontsize=9,
+        color="0.35",
+        va="bottom",
+        ha="left",
+    )
 
     def write(tmp: str) -> None:
         fig.savefig(tmp, format="png", dpi=150, bbox_inches="tight", pad_inches=0.15, facecolor="white")
@@ -173,8 +262,9 @@ def plot_png(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *,
     return write_atomically(Path(path), write)
 
 
-def plot_html(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *, title: str = "",
-              method: str = "umap") -> Path:
+def plot_html(
+    coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *, title: str = "", method: str = "umap"
+) -> Path:
     """Write an interactive, self-contained HTML page of the map at ``path``.
 
     plotly.js is embedded in the page (about 5 MB): it opens offline and requests nothing from
@@ -190,12 +280,24 @@ def plot_html(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *
 
     axis = _axis_name(method)
     values = {by: _values(meta, by) for by in COLOR_BY}
-    custom = np.array([[_html_text(m), _html_text(", ".join(d)) or "—", _html_text(", ".join(s)) or "—",
-                        _html_text(", ".join(a)) or "—"]
-                       for m, d, s, a in zip(meta["model"].astype(str), values["dataset"], values["label_source"],
-                                             values["author"])], dtype=object).reshape(len(coords), 4)
-    hover = ("<b>%{customdata[0]}</b><br>datasets: %{customdata[1]}<br>label source: %{customdata[2]}"
-             "<br>author: %{customdata[3]}<extra></extra>")
+    custom = np.array(
+        [
+            [
+                _html_text(m),
+                _html_text(", ".join(d)) or "—",
+                _html_text(", ".join(s)) or "—",
+                _html_text(", ".join(a)) or "—",
+            ]
+            for m, d, s, a in zip(
+                meta["model"].astype(str), values["dataset"], values["label_source"], values["author"]
+            )
+        ],
+        dtype=object,
+    ).reshape(len(coords), 4)
+    hover = (
+        "<b>%{customdata[0]}</b><br>datasets: %{customdata[1]}<br>label source: %{customdata[2]}"
+        "<br>author: %{customdata[3]}<extra></extra>"
+    )
     n = len(coords)
     size = float(np.clip(11.0 * math.sqrt(100.0 / max(n, 1)), 4.0, 11.0))
 
@@ -210,41 +312,94 @@ def plot_html(coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *
         none = np.array([label is None for label in g.labels], dtype=bool)
         if none.any():  # first: drawn behind the others
             indices.append(len(fig.data))
-            fig.add_trace(go.Scatter(
-                x=coords[none, 0], y=coords[none, 1], mode="markers", name=f"{g.none_name} ({g.n_none})",
-                marker=dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55), customdata=custom[none],
-                hovertemplate=hover, legendrank=10_000, visible=by == "dataset"))
+            fig.add_trace(
+                go.Scatter(
+                    x=coords[none, 0],
+                    y=coords[none, 1],
+                    mode="markers",
+                    name=f"{g.none_name} ({g.n_none})",
+                    marker=dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55),
+                    customdata=custom[none],
+                    hovertemplate=hover,
+                    legendrank=10_000,
+                    visible=by == "dataset",
+                )
+            )
         for rank, (name, color) in enumerate(g.colors.items()):
             mask = labels == name
             indices.append(len(fig.data))
-            fig.add_trace(go.Scatter(
-                x=coords[mask, 0], y=coords[mask, 1], mode="markers", name=f"{_html_text(name)} ({g.counts[name]})",
-                marker=dict(color=color, size=size, opacity=0.9, line=dict(color="white", width=0.5)),
-                customdata=custom[mask], hovertemplate=hover, legendrank=rank + 1, visible=by == "dataset"))
+            fig.add_trace(
+                go.Scatter(
+                    x=coords[mask, 0],
+                    y=coords[mask, 1],
+                    mode="markers",
+                    name=f"{_html_text(name)} ({g.counts[name]})",
+                    marker=dict(color=color, size=size, opacity=0.9, line=dict(color="white", width=0.5)),
+                    customdata=custom[mask],
+                    hovertemplate=hover,
+                    legendrank=rank + 1,
+                    visible=by == "dataset",
+                )
+            )
         sets[by] = indices
     buttons = []
     for by in COLOR_BY:
         visible = [False] * len(fig.data)
         for i in sets[by]:
             visible[i] = True
-        buttons.append(dict(label=f"colour by {_TITLES[by]}", method="update",
-                            args=[{"visible": visible}, {"legend.title.text": legend_titles[by]}]))
+        buttons.append(
+            dict(
+                label=f"colour by {_TITLES[by]}",
+                method="update",
+                args=[{"visible": visible}, {"legend.title.text": legend_titles[by]}],
+            )
+        )
 
     heading = _html_text(title) if title else f"{axis} map"
     fig.update_layout(
-        title=dict(text=f"{heading}<br><sup>{n} models · hover a point for its model; click a legend entry to hide "
-                        "it, double-click to show it alone</sup>", x=0.01, xanchor="left", y=0.98, yanchor="top"),
-        template="plotly_white", hovermode="closest", height=760, margin=dict(t=105, l=60, r=20, b=60),
+        title=dict(
+            text=f"{heading}<br><sup>{n} models · hover a point for its model; click a legend entry to hide "
+            "it, double-click to show it alone</sup>",
+            x=0.01,
+            xanchor="left",
+            y=0.98,
+            yanchor="top",
+        ),
+        template="plotly_white",
+        hovermode="closest",
+        height=760,
+        margin=dict(t=105, l=60, r=20, b=60),
         legend=dict(title=dict(text=legend_titles["dataset"]), itemsizing="constant"),
         xaxis=dict(title=dict(text=f"{axis} 1"), zeroline=False),
         yaxis=dict(title=dict(text=f"{axis} 2"), zeroline=False, scaleanchor="x", scaleratio=1),
-        updatemenus=[dict(type="buttons", direction="right", buttons=buttons, active=0, showactive=True,
-                          x=0.0, xanchor="left", y=1.01, yanchor="bottom", pad=dict(r=4, b=4),
-                          font=dict(size=11))],
+        updatemenus=[
+            dict(
+                type="buttons",
+                direction="right",
+                buttons=buttons,
+                active=0,
+                showactive=True,
+                x=0.0,
+                xanchor="left",
+                y=1.01,
+                yanchor="bottom",
+                pad=dict(r=4, b=4),
+                font=dict(size=11),
+            )
+        ],
     )
-    page = pio.to_html(fig, include_plotlyjs=True, full_html=True, include_mathjax=False, div_id="modelvec-map",
-                       config={"displaylogo": False, "responsive": True,
-                               "toImageButtonOptions": {"format": "png", "filename": "modelvec-map"}})
+    page = pio.to_html(
+        fig,
+        include_plotlyjs=True,
+        full_html=True,
+        include_mathjax=False,
+        div_id="modelvec-map",
+        config={
+            "displaylogo": False,
+            "responsive": True,
+            "toImageButtonOptions": {"format": "png", "filename": "modelvec-map"},
+        },
+    )
     page_title = html.escape(title or f"modelvec {axis} map")
     page = page.replace("<head>", f"<head>\n    <title>{page_title}</title>", 1)
     return write_atomically(Path(path), lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))

@@ -12,14 +12,32 @@ from .maps import PALETTE, write_atomically
 
 #: Families in a fixed colour order, so the same family has the same colour in every figure.
 FAMILY_ORDER = ("q", "k", "v", "o", "qkv", "ff_gate", "ff1", "ff2", "cross_q", "cross_k", "cross_v", "cross_o")
-FAMILY_NAMES = {"q": "query Wq", "k": "key Wk", "v": "value Wv", "o": "output Wo", "qkv": "fused c_attn Wq|Wk|Wv",
-                "ff_gate": "feed-forward gate", "ff1": "feed-forward W1", "ff2": "feed-forward W2",
-                "cross_q": "cross-attn query", "cross_k": "cross-attn key", "cross_v": "cross-attn value",
-                "cross_o": "cross-attn output"}
+FAMILY_NAMES = {
+    "q": "query Wq",
+    "k": "key Wk",
+    "v": "value Wv",
+    "o": "output Wo",
+    "qkv": "fused c_attn Wq|Wk|Wv",
+    "ff_gate": "feed-forward gate",
+    "ff1": "feed-forward W1",
+    "ff2": "feed-forward W2",
+    "cross_q": "cross-attn query",
+    "cross_k": "cross-attn key",
+    "cross_v": "cross-attn value",
+    "cross_o": "cross-attn output",
+}
 
 
-def plot_rank(table: pd.DataFrame, fits: dict, threshold: float, path: str | os.PathLike, *, of: str = "weights",
-              title: str = "", value: str = "rank") -> Path:
+def plot_rank(
+    table: pd.DataFrame,
+    fits: dict,
+    threshold: float,
+    path: str | os.PathLike,
+    *,
+    of: str = "weights",
+    title: str = "",
+    value: str = "rank",
+) -> Path:
     """One line per family across layers at one threshold, each with its best-fitting law dashed.
 
     ``table`` has columns stack, layer (0-based), family, threshold and ``value`` (plus
@@ -37,14 +55,20 @@ def plot_rank(table: pd.DataFrame, fits: dict, threshold: float, path: str | os.
     for i, stack in enumerate(stacks):
         ax = fig.add_subplot(1, len(stacks), i + 1)
         part = data[data["stack"] == stack]
-        families = sorted(part["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f))
+        families = sorted(
+            part["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f)
+        )
         for j, family in enumerate(families):
             rows = part[part["family"] == family].sort_values("layer")
             x = rows["layer"].to_numpy() + 1
             y = rows[value].to_numpy(dtype=float)
             color = PALETTE[j % len(PALETTE)]
             best = (fits.get((stack, family, float(threshold))) or [None])[0]
-            law = f" — {best.name.replace('_', ' ')}, adj. R² {best.adj_r2:.2f}" if best is not None and best.adj_r2 == best.adj_r2 else ""
+            law = (
+                f" — {best.name.replace('_', ' ')}, adj. R² {best.adj_r2:.2f}"
+                if best is not None and best.adj_r2 == best.adj_r2
+                else ""
+            )
             ax.plot(x, y, "o-", color=color, lw=1.6, ms=4, label=f"{FAMILY_NAMES.get(family, family)}{law}")
             if "rank_std" in rows and rows["rank_std"].any():
                 std = rows["rank_std"].to_numpy(dtype=float)

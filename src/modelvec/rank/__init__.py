@@ -12,10 +12,29 @@ from typing import TYPE_CHECKING, Any
 from .energy import DEFAULT_THRESHOLDS, energy_rank
 
 if TYPE_CHECKING:
-    from .study import RankStudy, Spectrum, aggregate, fit_table, over_finetunes, over_stored, rank_study, rank_table, spectra
+    from .study import (
+        RankStudy,
+        Spectrum,
+        aggregate,
+        fit_table,
+        over_finetunes,
+        over_stored,
+        rank_study,
+        rank_table,
+        spectra,
+    )
 
-_STUDY = ("RankStudy", "Spectrum", "aggregate", "fit_table", "over_finetunes", "over_stored", "rank_study", "rank_table",
-          "spectra")
+_STUDY = (
+    "RankStudy",
+    "Spectrum",
+    "aggregate",
+    "fit_table",
+    "over_finetunes",
+    "over_stored",
+    "rank_study",
+    "rank_table",
+    "spectra",
+)
 __all__ = ["DEFAULT_THRESHOLDS", "energy_rank", *_STUDY]
 
 

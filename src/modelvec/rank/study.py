@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,7 @@ from ..hub.ids import resolve_base
 from ..read import Checkpoint, Layout, MatrixRef, check_compatible, open_checkpoint
 from ..read.gguf import refuse_quantized_delta, warn_if_quantized
 from ..run import local_files
-from ..store import Store
+from ..store import Store, opened
 from .energy import DEFAULT_THRESHOLDS, energy_rank
 
 PathLike = str | os.PathLike[str]
@@ -58,8 +58,14 @@ def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
     return refs
 
 
-def spectra(model: PathLike | Checkpoint, *, base: PathLike | Checkpoint | None = None, of: str = "weights",
-            fused: bool = True, device: str = "cpu") -> list[Spectrum]:
+def spectra(
+    model: PathLike | Checkpoint,
+    *,
+    base: PathLike | Checkpoint | None = None,
+    of: str = "weights",
+    fused: bool = True,
+    device: str = "cpu",
+) -> list[Spectrum]:
     """Singular values of every matrix of ``model`` (``of="weights"``) or of its delta to ``base``.
 
     A ``.gguf`` file is read dequantized (``quantized.GGUFCheckpoint``); when quantized, its weights'
@@ -103,11 +109,13 @@ def spectra(model: PathLike | Checkpoint, *, base: PathLike | Checkpoint | None 
 
     for ref in refs:
         w = ck.matrix(ref, layout.prefix, cache)
-        if base_ck is not None:
+        if base_ck is not None and base_layout is not None:
             w0 = base_ck.matrix(ref, base_layout.prefix, base_cache)
             if w.shape != w0.shape:
-                raise IncompatibleError(ck.name, f"tensor {layout.prefix + ref.tensor} has shape "
-                                        f"{list(w.shape)}, the base's has {list(w0.shape)}")
+                raise IncompatibleError(
+                    ck.name,
+                    f"tensor {layout.prefix + ref.tensor} has shape {list(w.shape)}, the base's has {list(w0.shape)}",
+                )
             w = w - w0
         shape = (int(w.shape[0]), int(w.shape[1]))
         by_shape.setdefault(shape, []).append((ref, w))
@@ -125,8 +133,19 @@ def rank_table(items: Sequence[Spectrum], thresholds: Sequence[float] = DEFAULT_
         n, m = sp.shape
         for t in thresholds:
             r = energy_rank(sp.singular_values, t)
-            rows.append({"stack": sp.stack, "layer": sp.layer, "family": sp.family, "shape": f"{n}x{m}", "n": n, "m": m,
-                         "threshold": float(t), "rank": r, "rank_fraction": r / min(n, m)})
+            rows.append(
+                {
+                    "stack": sp.stack,
+                    "layer": sp.layer,
+                    "family": sp.family,
+                    "shape": f"{n}x{m}",
+                    "n": n,
+                    "m": m,
+                    "threshold": float(t),
+                    "rank": r,
+                    "rank_fraction": r / min(n, m),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -135,9 +154,14 @@ def aggregate(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
     data = pd.concat(tables, ignore_index=True)
     keys = ["stack", "family", "layer", "shape", "threshold"]
     grouped = data.groupby(keys, sort=False)
-    out = grouped.agg(rank=("rank", "mean"), rank_std=("rank", "std"), rank_min=("rank", "min"),
-                      rank_max=("rank", "max"), rank_fraction=("rank_fraction", "mean"),
-                      models=("rank", "size")).reset_index()
+    out = grouped.agg(
+        rank=("rank", "mean"),
+        rank_std=("rank", "std"),
+        rank_min=("rank", "min"),
+        rank_max=("rank", "max"),
+        rank_fraction=("rank_fraction", "mean"),
+        models=("rank", "size"),
+    ).reset_index()
     return out.fillna({"rank_std": 0.0})
 
 
@@ -170,16 +194,28 @@ def fit_table(table: pd.DataFrame, *, value: str = "rank") -> dict[tuple[str, st
     return fits
 
 
-def rank_study(model: PathLike, *, base: PathLike | None = None, of: str = "weights",
-               thresholds: Sequence[float] = DEFAULT_THRESHOLDS, device: str = "cpu") -> RankStudy:
+def rank_study(
+    model: PathLike,
+    *,
+    base: PathLike | None = None,
+    of: str = "weights",
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    device: str = "cpu",
+) -> RankStudy:
     """The rank study of one model's weights, or of its delta to ``base``."""
     items = spectra(model, base=base, of=of, device=device)
     table = rank_table(items, thresholds)
     return RankStudy(str(model), of, table, items, fit_table(table))
 
 
-def over_finetunes(base: PathLike, models: Sequence[PathLike], *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-                   device: str = "cpu", name: str | None = None) -> tuple[RankStudy, dict[str, str]]:
+def over_finetunes(
+    base: PathLike,
+    models: Sequence[PathLike],
+    *,
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    device: str = "cpu",
+    name: str | None = None,
+) -> tuple[RankStudy, dict[str, str]]:
     """The rank study of the deltas of many fine-tunes of ``base``: mean and spread per family and layer.
 
     Returns the aggregated study and the models that failed (model -> reason); the others go on.
@@ -202,16 +238,19 @@ def over_finetunes(base: PathLike, models: Sequence[PathLike], *, thresholds: Se
     return study, failed
 
 
-def over_stored(base: str, *, store: Store | PathLike | None = None, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-                device: str = "cpu") -> RankStudy:
+def over_stored(
+    base: str,
+    *,
+    store: Store | PathLike | None = None,
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    device: str = "cpu",
+) -> RankStudy:
     """The rank study of the deltas of every fine-tune of ``base`` in the store (``over_finetunes``).
 
     ``base`` is a local path or a Hub id as stored; Hub models are fetched at their stored
     revisions. A fine-tune that cannot be fetched or read is in ``study.failed``; the others go on.
     """
-    own = not isinstance(store, Store)
-    db = Store(store) if own else store
-    try:
+    with opened(store) as db:
         meta = db.metadata()
         local = Path(base).exists()
         base_id = model_id(base) if local else base
@@ -227,10 +266,8 @@ def over_stored(base: str, *, store: Store | PathLike | None = None, thresholds:
                 models.append(local_files(m, rows[m], db))
             except ModelvecError as exc:  # e.g. gone from the Hub and from the cache: the others go on
                 unreadable[m] = str(exc)
-    finally:
-        if own:
-            db.close()
-    study, failed = over_finetunes(base_path, models, thresholds=thresholds, device=device,
-                                   name=None if base_path == base_id else base_id)
+    study, failed = over_finetunes(
+        base_path, models, thresholds=thresholds, device=device, name=None if base_path == base_id else base_id
+    )
     study.failed = {**unreadable, **failed}
     return study

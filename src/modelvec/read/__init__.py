@@ -16,11 +16,26 @@ from .formats import FORMATS, Format, format_of, open_checkpoint, register_forma
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint, Layout, LowRankDelta, check_compatible
 
-_LAZY = {"Checkpoint": "checkpoint", "Layout": "checkpoint", "LowRankDelta": "checkpoint",
-         "check_compatible": "checkpoint"}
+_LAZY = {
+    "Checkpoint": "checkpoint",
+    "Layout": "checkpoint",
+    "LowRankDelta": "checkpoint",
+    "check_compatible": "checkpoint",
+}
 
-__all__ = ["ARCHITECTURES", "Architecture", "FORMATS", "Format", "MatrixRef", "Orientation", "detect", "format_of",
-           "open_checkpoint", "register_format", *_LAZY]
+__all__ = [
+    "ARCHITECTURES",
+    "Architecture",
+    "FORMATS",
+    "Format",
+    "MatrixRef",
+    "Orientation",
+    "detect",
+    "format_of",
+    "open_checkpoint",
+    "register_format",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

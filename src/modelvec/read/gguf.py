@@ -62,17 +62,42 @@ _LLM = {
 }
 FAMILIES: dict[str, _Family] = {
     # llama.cpp's LlamaModel converter permutes the rows of q_proj and k_proj (see GGUFCheckpoint).
-    "llama": _Family("llama", "llama", {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
-                     {"num_key_value_heads": "num_attention_heads"}, permuted_qk=True),
-    "qwen2": _Family("llama", "qwen2", {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
-                     {"num_key_value_heads": "num_attention_heads"}),
-    "gpt2": _Family("gpt2", "gpt2", {"n_layer": "{arch}.block_count", "n_embd": "{arch}.embedding_length",
-                                     "n_inner": "{arch}.feed_forward_length", "n_head": "{arch}.attention.head_count"}),
+    "llama": _Family(
+        "llama",
+        "llama",
+        {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
+        {"num_key_value_heads": "num_attention_heads"},
+        permuted_qk=True,
+    ),
+    "qwen2": _Family(
+        "llama",
+        "qwen2",
+        {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
+        {"num_key_value_heads": "num_attention_heads"},
+    ),
+    "gpt2": _Family(
+        "gpt2",
+        "gpt2",
+        {
+            "n_layer": "{arch}.block_count",
+            "n_embd": "{arch}.embedding_length",
+            "n_inner": "{arch}.feed_forward_length",
+            "n_head": "{arch}.attention.head_count",
+        },
+    ),
     "bert": _Family("bert", "bert", dict(_LLM)),
-    "t5": _Family("t5", "t5", {"num_layers": "{arch}.block_count", "num_decoder_layers": "{arch}.decoder_block_count",
-                               "d_model": "{arch}.embedding_length", "d_ff": "{arch}.feed_forward_length",
-                               "num_heads": "{arch}.attention.head_count"},
-                  {"num_decoder_layers": "num_layers"}),
+    "t5": _Family(
+        "t5",
+        "t5",
+        {
+            "num_layers": "{arch}.block_count",
+            "num_decoder_layers": "{arch}.decoder_block_count",
+            "d_model": "{arch}.embedding_length",
+            "d_ff": "{arch}.feed_forward_length",
+            "num_heads": "{arch}.attention.head_count",
+        },
+        {"num_decoder_layers": "num_layers"},
+    ),
 }
 
 
@@ -82,8 +107,6 @@ def _gguf(name: str) -> Any:
     except ImportError:
         raise CheckpointError(name, "reading .gguf files needs the gguf package (pip install gguf)") from None
     return gguf
-
-
 
 
 class GGUFCheckpoint(Checkpoint):
@@ -109,7 +132,9 @@ class GGUFCheckpoint(Checkpoint):
         path = Path(path)
         self.name = name or str(path)
         if not path.is_file():
-            raise CheckpointError(self.name, f"{path.name} is not a regular file" if path.exists() else f"no such file: {path}")
+            raise CheckpointError(
+                self.name, f"{path.name} is not a regular file" if path.exists() else f"no such file: {path}"
+            )
         self._gguf = _gguf(self.name)
         self.path = path
         self._reader: Any = None
@@ -121,10 +146,15 @@ class GGUFCheckpoint(Checkpoint):
         self.gguf_arch = str(arch)
         family = FAMILIES.get(self.gguf_arch)
         if family is None:
-            raise CheckpointError(self.name, f"unsupported GGUF architecture '{shown(self.gguf_arch, 60)}' in {path.name} "
-                                             f"(supported: {', '.join(sorted(FAMILIES))})")
+            raise CheckpointError(
+                self.name,
+                f"unsupported GGUF architecture '{shown(self.gguf_arch, 60)}' in {path.name} "
+                f"(supported: {', '.join(sorted(FAMILIES))})",
+            )
         self.family = family
-        self._infos = {t.name: (t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in reader.tensors}
+        self._infos = {
+            t.name: (t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in reader.tensors
+        }
         self._gguf_config = self._config_from(fields)
         super().__init__(path, self.name)  # the hooks below give the files and the config
         self._hf_to_gguf, self._transposed, self._heads = self._map_names()
@@ -145,7 +175,9 @@ class GGUFCheckpoint(Checkpoint):
                 with open(self.path, "rb") as fh:
                     magic = fh.read(4)
                 what = "is truncated or corrupt" if magic == b"GGUF" else "is not a GGUF file (no GGUF magic)"
-                raise CheckpointError(self.name, f"cannot read {self.path.name}: it {what} ({first_line(exc)})") from None
+                raise CheckpointError(
+                    self.name, f"cannot read {self.path.name}: it {what} ({first_line(exc)})"
+                ) from None
             if reader.byte_order != "I":
                 raise CheckpointError(self.name, f"{self.path.name} is a GGUF of the other byte order (not supported)")
             self._reader = reader
@@ -172,14 +204,19 @@ class GGUFCheckpoint(Checkpoint):
                 value = config.get(self.family.defaults[key])
             if value is None:
                 if key in ("num_hidden_layers", "n_layer", "num_layers"):
-                    raise CheckpointError(self.name, f"{self.path.name} has no {template.format(arch=self.gguf_arch)} "
-                                                     "in its GGUF metadata")
+                    raise CheckpointError(
+                        self.name,
+                        f"{self.path.name} has no {template.format(arch=self.gguf_arch)} in its GGUF metadata",
+                    )
                 continue
             try:
                 config[key] = int(value)
             except (TypeError, ValueError):
-                raise CheckpointError(self.name, f"bad GGUF metadata {template.format(arch=self.gguf_arch)}: "
-                                                 f"{shown(repr(value), 60)} is not a count") from None
+                raise CheckpointError(
+                    self.name,
+                    f"bad GGUF metadata {template.format(arch=self.gguf_arch)}: "
+                    f"{shown(repr(value), 60)} is not a count",
+                ) from None
         if self.gguf_arch == "t5":  # gated (v1.1, Flan) or not: the GGUF has ffn_gate tensors or not
             config["feed_forward_proj"] = "gated-gelu" if "enc.blk.0.ffn_gate.weight" in self._infos else "relu"
         return config
@@ -192,15 +229,24 @@ class GGUFCheckpoint(Checkpoint):
         gg = self._gguf
         arch_enum = {v: k for k, v in gg.MODEL_ARCH_NAMES.items()}.get(self.gguf_arch)
         if arch_enum is None:
-            raise CheckpointError(self.name, f"the installed gguf package does not know architecture '{self.gguf_arch}'")
+            raise CheckpointError(
+                self.name, f"the installed gguf package does not know architecture '{self.gguf_arch}'"
+            )
         table = ARCHITECTURES[self.family.table]
-        n_blocks = max([v for k, v in self.config.items() if k in ("num_hidden_layers", "n_layer", "num_layers",
-                                                                    "num_decoder_layers") and isinstance(v, int)] + [1])
+        config = self.config or {}
+        n_blocks = max(
+            [
+                v
+                for k, v in config.items()
+                if k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers") and isinstance(v, int)
+            ]
+            + [1]
+        )
         names = gg.get_tensor_name_map(arch_enum, n_blocks)
         mapped: dict[str, str] = {}
         transposed: set[str] = set()
         heads: dict[str, int] = {}
-        for ref in table.matrices(self.config):
+        for ref in table.matrices(config):
             hit = None
             for prefix in dict.fromkeys(("", *table.prefixes)):
                 found = names.get_type_and_name(prefix + ref.tensor, try_suffixes=(".weight", ".bias"))
@@ -215,9 +261,11 @@ class GGUFCheckpoint(Checkpoint):
                 transposed.add(ref.tensor)
             if self.family.permuted_qk and kind in (gg.MODEL_TENSOR.ATTN_Q, gg.MODEL_TENSOR.ATTN_K):
                 key = "num_attention_heads" if kind == gg.MODEL_TENSOR.ATTN_Q else "num_key_value_heads"
-                if not isinstance(self.config.get(key), int):
-                    raise CheckpointError(self.name, f"{self.path.name} gives no head count, needed to read {gguf_name}")
-                heads[ref.tensor] = int(self.config[key])
+                if not isinstance(config.get(key), int):
+                    raise CheckpointError(
+                        self.name, f"{self.path.name} gives no head count, needed to read {gguf_name}"
+                    )
+                heads[ref.tensor] = int(config[key])
         return mapped, transposed, heads
 
     def keys(self) -> set[str]:
@@ -254,7 +302,9 @@ class GGUFCheckpoint(Checkpoint):
                 values = self._gguf.quants.dequantize(tensor.data, qtype)
             values = np.require(values.reshape(shape), np.float32, ["C", "W"])  # a copy of a read-only F32 view
         except Exception as exc:  # unknown quant type, truncated data
-            raise CheckpointError(self.name, f"cannot dequantize tensor {name} ({qtype.name}): {first_line(exc)}") from None
+            raise CheckpointError(
+                self.name, f"cannot dequantize tensor {name} ({qtype.name}): {first_line(exc)}"
+            ) from None
         out = torch.from_numpy(values)
         if key in self._heads:
             out = _unpermute(out, self._heads[key], self.name, key)
@@ -288,9 +338,13 @@ def warn_if_quantized(ck: Checkpoint) -> list[str]:
     """Warn (:class:`QuantizationWarning`) when ``ck`` is a quantized GGUF; returns the quant types found."""
     types = ck.quantized_types() if isinstance(ck, GGUFCheckpoint) else []
     if types:
-        warnings.warn(f"{ck.name}: quantized GGUF ({', '.join(types)}): the ranks are those of the dequantized weights; "
-                      "quantization noise raises the measured rank, most at thresholds near 1 (4- and 5-bit types "
-                      "can also lower it slightly where the spectrum decays slowly)", QuantizationWarning, stacklevel=3)
+        warnings.warn(
+            f"{ck.name}: quantized GGUF ({', '.join(types)}): the ranks are those of the dequantized weights; "
+            "quantization noise raises the measured rank, most at thresholds near 1 (4- and 5-bit types "
+            "can also lower it slightly where the spectrum decays slowly)",
+            QuantizationWarning,
+            stacklevel=3,
+        )
     return types
 
 
@@ -298,6 +352,9 @@ def refuse_quantized_delta(ck: Checkpoint) -> None:
     """A one-line error for a delta with a quantized side: its quantization noise would swamp the delta."""
     types = ck.quantized_types() if isinstance(ck, GGUFCheckpoint) else []
     if types:
-        raise CheckpointError(ck.name, f"quantized GGUF ({', '.join(types)}): --of delta needs unquantized weights, "
-                                       "quantization noise is as large as a fine-tuning delta (use an F32/F16/BF16 "
-                                       "GGUF or the original weights)")
+        raise CheckpointError(
+            ck.name,
+            f"quantized GGUF ({', '.join(types)}): --of delta needs unquantized weights, "
+            "quantization noise is as large as a fine-tuning delta (use an F32/F16/BF16 "
+            "GGUF or the original weights)",
+        )

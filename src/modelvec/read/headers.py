@@ -21,9 +21,28 @@ _MAX_HEADER = 100_000_000  # safetensors' own limit on a header; a larger length
 
 # Bits per element of each safetensors dtype (safetensors 0.8's list), to check a header's byte ranges.
 _DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 
@@ -50,10 +69,12 @@ def _nbytes(shape: list[int], bits: int) -> int | None:
 _ENTRY_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("dtype", lambda v: isinstance(v, str) and v in _DTYPE_BITS, "unknown dtype"),
     ("shape", lambda v: isinstance(v, list) and all(map(_size, v)), "shape is not a list of non-negative integers:"),
-    ("data_offsets", lambda v: isinstance(v, list) and len(v) == 2 and all(map(_size, v)) and v[0] <= v[1],
-     "data_offsets are not [begin, end] with begin <= end:"),
+    (
+        "data_offsets",
+        lambda v: isinstance(v, list) and len(v) == 2 and all(map(_size, v)) and v[0] <= v[1],
+        "data_offsets are not [begin, end] with begin <= end:",
+    ),
 )
-
 
 
 def safetensors_fault(file: Path) -> str | None:
@@ -102,8 +123,10 @@ def safetensors_fault(file: Path) -> str | None:
         (begin, end), need = entry["data_offsets"], _nbytes(entry["shape"], _DTYPE_BITS[entry["dtype"]])
         if need != end - begin:
             size_of = "is too large or not whole bytes" if need is None else f"takes {need:,} bytes"
-            return (f"header entry of tensor {shown(name)}: shape {shown(entry['shape'])} of {entry['dtype']} "
-                    f"{size_of}, its data_offsets span {end - begin:,}")
+            return (
+                f"header entry of tensor {shown(name)}: shape {shown(entry['shape'])} of {entry['dtype']} "
+                f"{size_of}, its data_offsets span {end - begin:,}"
+            )
         spans.append((begin, end, name))
     data = size - 8 - length
     covered, previous = 0, None
@@ -122,7 +145,6 @@ def safetensors_fault(file: Path) -> str | None:
     if covered < data:
         return f"corrupt ({data - covered:,} bytes follow the last tensor's data)"
     return None
-
 
 
 def short_cause(exc: BaseException, limit: int = 160) -> str:

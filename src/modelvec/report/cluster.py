@@ -8,9 +8,10 @@ dataset score, predictions for unlabelled models and the clustering scores, redu
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ from ..hub.ids import resolve_base
 from ..hub.labels import matches_source
 from ..plots.maps import plot_html, plot_png
 from ..represent.params import Representation
-from ..store import Store
+from ..store import Store, opened
 
 PathLike = str | os.PathLike[str]
 
@@ -90,17 +91,14 @@ def cluster(
     effect (one uploader's near-identical runs) from a dataset effect.
     """
     params = params or Representation()
-    own = not isinstance(store, Store)
-    db = Store(store) if own else store
-    try:
+    with opened(store) as db:
         X, meta, base_name = load_base(db, base, params)
-    finally:
-        if own:
-            db.close()
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:
-        labels = [lab if matches_source(src if isinstance(src, str) else None, label_sources) else []
-                  for lab, src in zip(labels, meta["label_source"])]
+        labels = [
+            lab if matches_source(src if isinstance(src, str) else None, label_sources) else []
+            for lab, src in zip(labels, meta["label_source"])
+        ]
         meta = meta.assign(datasets=labels)
     knn = knn_dataset_score(X, labels, metric=metric, pool=pool)
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
@@ -114,10 +112,20 @@ def cluster(
         if p is not None
     ]
     report = ClusterReport(
-        base=base_name, params=params.key(), n_models=len(meta), metric=metric, pool=pool, knn_score=knn.score,
-        n_scored=knn.n_scored, per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
-        loo_accuracy=pred.loo_accuracy, clustering=scores, predictions=predictions,
-        knn_score_other_authors=by_author.score, n_scored_other_authors=by_author.n_scored, n_authors=len(counts),
+        base=base_name,
+        params=params.key(),
+        n_models=len(meta),
+        metric=metric,
+        pool=pool,
+        knn_score=knn.score,
+        n_scored=knn.n_scored,
+        per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
+        loo_accuracy=pred.loo_accuracy,
+        clustering=scores,
+        predictions=predictions,
+        knn_score_other_authors=by_author.score,
+        n_scored_other_authors=by_author.n_scored,
+        n_authors=len(counts),
         largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
         label_sources=list(label_sources) if label_sources is not None else None,
     )
@@ -126,8 +134,10 @@ def cluster(
         folder = Path(out)
         title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
         subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
-        report.files["png"] = str(plot_png(coords, meta, folder / f"clusters-{method}.png", method=method,
-                                           title=title, subtitle=subtitle))
-        report.files["html"] = str(plot_html(coords, meta, folder / f"clusters-{method}.html", method=method,
-                                             title=f"{title} — {subtitle}"))
+        report.files["png"] = str(
+            plot_png(coords, meta, folder / f"clusters-{method}.png", method=method, title=title, subtitle=subtitle)
+        )
+        report.files["html"] = str(
+            plot_html(coords, meta, folder / f"clusters-{method}.html", method=method, title=f"{title} — {subtitle}")
+        )
     return report

@@ -22,7 +22,7 @@ from ..hub.client import HubSettings
 from ..hub.ids import resolve_base
 from ..represent.params import Representation
 from ..run import catalogue_entries, embed
-from ..store import Store
+from ..store import Store, opened
 
 PathLike = str | os.PathLike[str]
 
@@ -59,13 +59,16 @@ def _stored_base(db: Store, base: PathLike | str | None, params: Representation)
     bases = sorted(set(db.metadata(params=params)["base"]))
     if len(bases) != 1:
         known = ", ".join(bases) or "none"
-        raise LookupError(f"the store holds vectors of {len(bases)} bases with representation {params.key()} "
-                          f"({known}): name one with --base")
+        raise LookupError(
+            f"the store holds vectors of {len(bases)} bases with representation {params.key()} "
+            f"({known}): name one with --base"
+        )
     return bases[0]
 
 
-def _embed_query(model: PathLike | str, base: str, params: Representation, db: Store,
-                 settings: HubSettings | None) -> tuple[np.ndarray, str | None]:
+def _embed_query(
+    model: PathLike | str, base: str, params: Representation, db: Store, settings: HubSettings | None
+) -> tuple[np.ndarray, str | None]:
     """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it.
 
     The scratch store gets the stored base revision and the model's catalogue entry, so a Hub
@@ -75,7 +78,9 @@ def _embed_query(model: PathLike | str, base: str, params: Representation, db: S
     with tempfile.TemporaryDirectory(prefix="modelvec-query-") as tmp, Store(Path(tmp) / "query.duckdb") as scratch:
         sha = db.base_sha(base)
         if sha is not None:
-            scratch.put_catalogue(base, sha, catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else [])
+            scratch.put_catalogue(
+                base, sha, catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
+            )
         result = embed(base, [model], representation=params, store=scratch, settings=settings, workers=1)
         if result.failed:
             raise LookupError(next(iter(result.failed.values())))
@@ -83,8 +88,10 @@ def _embed_query(model: PathLike | str, base: str, params: Representation, db: S
     stored = db.base_hashes(base, params)
     warning = None
     if base_hash and stored and base_hash[0] not in stored:
-        warning = (f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
-                   f"were computed against {', '.join(stored)}: distances may include the base's change")
+        warning = (
+            f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
+            f"were computed against {', '.join(stored)}: distances may include the base's change"
+        )
     return result.vectors[0], warning
 
 
@@ -106,9 +113,7 @@ def neighbors(
     nearest labelled models (the rule of ``cluster``'s predictions), with its vote share.
     """
     params = params or Representation()
-    own = not isinstance(store, Store)
-    db = Store(store) if own else store
-    try:
+    with opened(store) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
         rows = db.metadata(params=params, models=[name])
         if base is not None or rows.empty:
@@ -126,15 +131,13 @@ def neighbors(
         else:
             me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
             query = X[me]
-    finally:
-        if own:
-            db.close()
     idx, dist = nearest(X, query, k=k, metric=metric, exclude=me)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist)
     labels = [list(d) for d in meta["datasets"]]
     labelled = np.array([i for i, d in enumerate(labels) if d and i != me], dtype=int)
-    predicted, confidence, votes = None, float("nan"), {}
+    predicted, confidence = None, float("nan")
+    votes: dict[str, int] = {}
     if len(labelled):
         voters, _ = nearest(X[labelled], query, k=k, metric=metric)
         predicted, confidence, votes = majority_dataset([labels[i] for i in labelled[voters]])

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..core.names import display_name, is_hub_id
 from ..plots.rank import plot_rank
-from ..read.gguf import QuantizationWarning
 from ..rank.study import DEFAULT_THRESHOLDS, RankStudy, over_stored, rank_study
+from ..read.gguf import QuantizationWarning
 from ..store import Store
 
 PathLike = str | os.PathLike[str]
@@ -24,12 +24,38 @@ def write_outputs(study: RankStudy, out: PathLike, title: str) -> None:
     study.table.to_csv(folder / "ranks.csv", index=False)
     study.files["csv"] = str(folder / "ranks.csv")
     payload = {
-        "model": study.model, "of": study.of, "records": study.records(),
-        "singular_values": [{"stack": s.stack, "layer": s.layer, "family": s.family, "shape": list(s.shape),
-                             "values": s.singular_values.tolist()} for s in study.spectra],
-        "laws": [{"stack": k[0], "family": k[1], "threshold": k[2],
-                  "fits": [{"law": f.name, "equation": f.equation, "params": f.params, "r2": f.r2, "adj_r2": f.adj_r2,
-                            "aic": f.aic} for f in fits]} for k, fits in study.fits.items()],
+        "model": study.model,
+        "of": study.of,
+        "records": study.records(),
+        "singular_values": [
+            {
+                "stack": s.stack,
+                "layer": s.layer,
+                "family": s.family,
+                "shape": list(s.shape),
+                "values": s.singular_values.tolist(),
+            }
+            for s in study.spectra
+        ],
+        "laws": [
+            {
+                "stack": k[0],
+                "family": k[1],
+                "threshold": k[2],
+                "fits": [
+                    {
+                        "law": f.name,
+                        "equation": f.equation,
+                        "params": f.params,
+                        "r2": f.r2,
+                        "adj_r2": f.adj_r2,
+                        "aic": f.aic,
+                    }
+                    for f in fits
+                ],
+            }
+            for k, fits in study.fits.items()
+        ],
     }
     (folder / "ranks.json").write_text(json.dumps(payload, default=float))
     study.files["json"] = str(folder / "ranks.json")

@@ -16,9 +16,15 @@ if TYPE_CHECKING:
     from .linalg import canonical_signs, factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 
 _LAZY = {
-    "BATCHINGS": "embedder", "Block": "embedder", "DeltaEmbedder": "embedder",
-    "canonical_signs": "linalg", "factor_blocks": "linalg", "low_rank_svd": "linalg", "normalise_blocks": "linalg",
-    "sketch_matrix": "linalg", "truncated_svd": "linalg",
+    "BATCHINGS": "embedder",
+    "Block": "embedder",
+    "DeltaEmbedder": "embedder",
+    "canonical_signs": "linalg",
+    "factor_blocks": "linalg",
+    "low_rank_svd": "linalg",
+    "normalise_blocks": "linalg",
+    "sketch_matrix": "linalg",
+    "truncated_svd": "linalg",
 }
 
 __all__ = ["FACTORS", "POOLINGS", "SIGNS", "SOLVERS", "Representation", *_LAZY]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -69,8 +69,8 @@ class DeltaEmbedder:
         self.batching = batching
 
     @classmethod
-    def from_params(cls, params: Representation, device: str = "cpu", batching: str = "auto") -> "DeltaEmbedder":
-        return cls(**params.as_dict(), device=device, batching=batching)
+    def from_params(cls, params: Representation, device: str = "cpu", batching: str = "auto") -> DeltaEmbedder:
+        return cls(**params.as_dict(), device=device, batching=batching)  # type: ignore[arg-type]
 
     @property
     def by_family(self) -> bool:
@@ -78,7 +78,7 @@ class DeltaEmbedder:
         return self.batching == "family" or (self.batching == "auto" and self.device.type != "cpu")
 
     # --- fit ----------------------------------------------------------------------------------
-    def fit(self, base: str | os.PathLike[str] | Checkpoint) -> "DeltaEmbedder":
+    def fit(self, base: str | os.PathLike[str] | Checkpoint) -> DeltaEmbedder:
         """Read the base's matrices once; they are reused for every fine-tune.
 
         Batched per family, each family's base matrices are stacked on the device in their
@@ -133,7 +133,9 @@ class DeltaEmbedder:
             for ref in refs:
                 n = self.weights_[ref.key].shape[0]
                 size = self.params.block_size(n)
-                blocks.append(Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + size))
+                blocks.append(
+                    Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + size)
+                )
                 pos += size
         return blocks
 
@@ -194,7 +196,7 @@ class DeltaEmbedder:
                     raise
 
             sketches = list(self._pool().map(sketch, layout.refs))
-            by_key = dict(zip((ref.key for ref in layout.refs), sketches))
+            by_key = {ref.key: s for ref, s in zip(layout.refs, sketches) if s is not None}
         else:
             return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
         return self._pooled(layout, lambda refs: [by_key[r.key] for r in refs])
@@ -248,7 +250,9 @@ class DeltaEmbedder:
         if w.shape != self.weights_[ref.key].shape:
             name = layout.prefix + ref.tensor
             base_stored = list(self.base_.shape(self.layout_.prefix + ref.tensor))
-            raise IncompatibleError(ck.name, f"tensor {name} has shape {list(ck.shape(name))}, the base's has {base_stored}")
+            raise IncompatibleError(
+                ck.name, f"tensor {name} has shape {list(ck.shape(name))}, the base's has {base_stored}"
+            )
         return w
 
     def _omega_t(self, m: int) -> torch.Tensor:
@@ -264,7 +268,9 @@ class DeltaEmbedder:
         m = batch.shape[-1]
         try:
             if p.uses_svd:
-                u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
+                u, s = truncated_svd(
+                    batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed
+                )
                 return factor_blocks(u, s, p, m), bool(torch.isfinite(s).all())
             # (dW Omega)^T = Omega^T dW^T, computed in that form: a wide product, ~5x faster
             # than the skinny dW @ Omega on CPU BLAS; its rows are the columns of dW Omega.
@@ -317,16 +323,22 @@ class DeltaEmbedder:
         pool = self.__dict__.get("_threads")
         if pool is None:
             pool = self.__dict__["_threads"] = ThreadPoolExecutor(
-                torch.get_num_threads(), thread_name_prefix="modelvec-sketch", initializer=torch.set_num_threads,
-                initargs=(1,))
+                torch.get_num_threads(),
+                thread_name_prefix="modelvec-sketch",
+                initializer=torch.set_num_threads,
+                initargs=(1,),
+            )
         return pool
 
     def __getstate__(self) -> dict:
         """Picklable (Ray ships embedders' parameters): the thread pool and scratch buffers stay behind."""
-        return {k: v for k, v in self.__dict__.items()
-                if k not in ("_threads", "_buffers", "_chunks", "_smaller_embedder")}
+        return {
+            k: v for k, v in self.__dict__.items() if k not in ("_threads", "_buffers", "_chunks", "_smaller_embedder")
+        }
 
-    def _sketch_streamed(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _sketch_streamed(
+        self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """One matrix's sketch Omega^T dW^T, the delta streamed through a cache-sized buffer.
 
         Reading both matrices and writing the whole delta out, then reading it again for the
@@ -400,7 +412,9 @@ class DeltaEmbedder:
         for ref, delta in zip(refs, batch):
             if not torch.isfinite(delta).all():
                 raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-        raise CheckpointError(ck.name, f"the SVD of the deltas of {refs[0].stack} layer {refs[0].layer} did not converge")
+        raise CheckpointError(
+            ck.name, f"the SVD of the deltas of {refs[0].stack} layer {refs[0].layer} did not converge"
+        )
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "weights_"):

@@ -8,7 +8,13 @@ from .params import Representation
 
 
 def truncated_svd(
-    delta: torch.Tensor, rank: int, solver: str = "randomized", *, n_iter: int = 4, n_oversamples: int = 8, seed: int = 0
+    delta: torch.Tensor,
+    rank: int,
+    solver: str = "randomized",
+    *,
+    n_iter: int = 4,
+    n_oversamples: int = 8,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-``rank`` left singular vectors and values of each matrix of a (b, n, m) batch.
 
@@ -53,7 +59,7 @@ def low_rank_svd(left: torch.Tensor, right: torch.Tensor, rank: int) -> tuple[to
     and S (..., k), k = min(rank, n, m, r), singular values in decreasing order.
     """
     q_left, r_left = torch.linalg.qr(left)
-    q_right, r_right = torch.linalg.qr(right)
+    _q_right, r_right = torch.linalg.qr(right)
     u, s, _ = torch.linalg.svd(r_left @ r_right.mT, full_matrices=False)
     k = min(rank, s.shape[-1])
     return q_left @ u[..., :k], s[..., :k]

@@ -33,7 +33,6 @@ max(n, m) * eps * sigma_1, e.g. an untouched layer), are zeros: a zero delta has
 and arbitrary ones would only add noise.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -91,6 +90,22 @@ class Representation:
         if self.block_norm:
             parts.append("bn")
         return "-".join(parts)
+
+    def label(self) -> str:
+        """A readable name for tables, made from the parameters (so distinct parameters, distinct names):
+        the factor, then what differs from the plain method (sign, pooling, block norm, rank, solver)."""
+        name = {"U": "U", "US": "U·Σ", "S": "singular values", "sketch": "sketch ΔW·Ω"}[self.factor]
+        parts = [name]
+        if self.factor in ("U", "US"):
+            parts.append("sign-canonical" if self.sign == "max-abs" else "raw signs")
+        if self.uses_svd and self.solver == "exact":
+            parts.append("exact SVD")
+        if self.pooling == "concat":
+            parts.append("concat")
+        if self.rank != Representation.rank:
+            parts.append(f"r{self.rank}")
+        text = ", ".join(parts)
+        return text + " + block-norm" if self.block_norm else text
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -8,7 +8,7 @@ from typing import Any
 from ..hub.discovery import Discovery
 from ..hub.discovery import discover as hub_discover
 from ..read.matching import ArchitectureMatcher
-from ..store import Store
+from ..store import Store, opened
 
 
 def discover(base: str, *, store: Store | str | os.PathLike[str] | None = None, **kwargs: Any) -> Discovery:
@@ -21,11 +21,6 @@ def discover(base: str, *, store: Store | str | os.PathLike[str] | None = None, 
     kwargs.setdefault("matcher", ArchitectureMatcher())
     found = hub_discover(base, **kwargs)
     if store is not None:
-        own = not isinstance(store, Store)
-        db = Store(store) if own else store
-        try:
+        with opened(store) as db:
             db.put_catalogue(found.base, found.base_sha, found.entries)
-        finally:
-            if own:
-                db.close()
     return found

@@ -21,8 +21,14 @@ from .work import BaseSpec, Outcome, Task
 class Engine(Protocol):
     """What the pipeline asks of an engine."""
 
-    def run(self, base: BaseSpec, params: Representation, tasks: Iterable[Task], settings: HubSettings,
-            keep_weights: bool = True) -> Iterator[Outcome]:
+    def run(
+        self,
+        base: BaseSpec,
+        params: Representation,
+        tasks: Iterable[Task],
+        settings: HubSettings,
+        keep_weights: bool = True,
+    ) -> Iterator[Outcome]:
         """One outcome per task, as they complete; the base is read only when a task arrives."""
         ...
 

@@ -40,14 +40,20 @@ class LocalEngine:
         self.device = device
 
     @classmethod
-    def from_options(cls, workers: int | None, device: str, address: str | None = None) -> "LocalEngine":
+    def from_options(cls, workers: int | None, device: str, address: str | None = None) -> LocalEngine:
         """The engine of ``--engine local``: 2 I/O threads unless told otherwise; no cluster address."""
         if address is not None:
             raise ValueError("--address is for --engine ray")
         return cls(2 if workers is None else workers, device)
 
-    def run(self, base: BaseSpec, params: Representation, tasks: Iterable[Task], settings: HubSettings,
-            keep_weights: bool = True) -> Iterator[Outcome]:
+    def run(
+        self,
+        base: BaseSpec,
+        params: Representation,
+        tasks: Iterable[Task],
+        settings: HubSettings,
+        keep_weights: bool = True,
+    ) -> Iterator[Outcome]:
         """Outcomes in task order. The base is read when the first task arrives, while the next ones download."""
         todo = iter(tasks)
         pending: deque[tuple[Task, Future[Checkpoint]]] = deque()

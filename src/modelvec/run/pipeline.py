@@ -13,12 +13,12 @@ one-line reason and the run goes on.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
-
-import json
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ from ..hub.download import fetch, resolve_revision
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, open_checkpoint
 from ..represent.params import Representation
-from ..store import Failure, Store, VectorRow
+from ..store import Failure, Store, VectorRow, opened
 from .discover import discover
 from .engines import Engine, make_engine
 from .work import BaseSpec, Task
@@ -52,8 +52,12 @@ class EmbedResult:
 
     def as_json(self) -> dict[str, Any]:
         """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
-        return {"store": self.store, "embedded": list(self.embedded), "skipped": list(self.skipped),
-                "failed": dict(self.failed)}
+        return {
+            "store": self.store,
+            "embedded": list(self.embedded),
+            "skipped": list(self.skipped),
+            "failed": dict(self.failed),
+        }
 
 
 Progress = Callable[[str, str, str], None]  # (model, status, detail)
@@ -96,17 +100,13 @@ def embed(
     (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
     no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
     """
-    params = representation or Representation(**params)
+    chosen = representation or Representation(**params)
     settings = settings or HubSettings()
     runner = engine if not isinstance(engine, str) else make_engine(engine, workers, device, address)
-    own_store = not isinstance(store, Store)
-    db = Store(store) if own_store else store
-    try:
-        return _run(base, models, params, db, force, progress or (lambda *_: None), settings, keep_weights,
-                    runner, load)
-    finally:
-        if own_store:
-            db.close()
+    with opened(store) as db:
+        return _run(
+            base, models, chosen, db, force, progress or (lambda *_: None), settings, keep_weights, runner, load
+        )
 
 
 def embed_discovered(
@@ -127,20 +127,15 @@ def embed_discovered(
     """
     settings = settings or HubSettings()
     canonical = resolve_base(base).canonical
-    own_store = not isinstance(store, Store)
-    db = Store(store) if own_store else store
-    try:
+    with opened(store) as db:
         if refresh or db.catalogue(canonical).empty:
-            found = discover(base, limit=limit, sort=sort, settings=settings)  # type: ignore[arg-type]
+            found = discover(base, limit=limit, sort=sort, settings=settings)
             db.put_catalogue(found.base, found.base_sha, found.entries)
         entries = catalogue_entries(db, canonical, kept=True)
         if sort in ("likes", "created_at"):
             key = {"likes": lambda e: e.likes or 0, "created_at": lambda e: e.created_at or ""}[sort]
             entries.sort(key=key, reverse=True)
         return embed(canonical, entries[:limit] if limit else entries, store=db, settings=settings, **kwargs)
-    finally:
-        if own_store:
-            db.close()
 
 
 def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
@@ -158,8 +153,18 @@ def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str
     return entries
 
 
-def _run(base: PathLike | str, models: Iterable[Model], params: Representation, db: Store, force: bool,
-         progress: Progress, settings: HubSettings, keep_weights: bool, engine: Engine, load: bool) -> EmbedResult:
+def _run(
+    base: PathLike | str,
+    models: Iterable[Model],
+    params: Representation,
+    db: Store,
+    force: bool,
+    progress: Progress,
+    settings: HubSettings,
+    keep_weights: bool,
+    engine: Engine,
+    load: bool,
+) -> EmbedResult:
     spec = _base(base, db, settings)
     result = EmbedResult(np.zeros((0, 0), np.float32), pd.DataFrame(), store=str(db.path))
     wanted: list[str] = []
@@ -200,9 +205,22 @@ def _run(base: PathLike | str, models: Iterable[Model], params: Representation, 
             if outcome.error is not None:
                 fail(task.name, outcome.error, task.identity, outcome.kind)
                 continue
-            writer.put(VectorRow(task.name, task.identity, spec.name, spec.identity, params, str(outcome.architecture),
-                                 outcome.vector, outcome.datasets, task.source, outcome.seconds,
-                                 label_source=outcome.label_source, author=outcome.author))
+            writer.put(
+                VectorRow(
+                    task.name,
+                    task.identity,
+                    spec.name,
+                    spec.identity,
+                    params,
+                    str(outcome.architecture),
+                    outcome.vector,  # type: ignore[arg-type]  # no error: a vector
+                    outcome.datasets,
+                    task.source,
+                    outcome.seconds,
+                    label_source=outcome.label_source,
+                    author=outcome.author,
+                )
+            )
             result.embedded.append(task.name)
             progress(task.name, "embedded", f"{outcome.seconds:.2f}s")
     if load:
@@ -226,9 +244,17 @@ def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
         entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base, db, settings)
         if not entry.sha:
             raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
-        return Task(entry.model, f"git:{entry.sha}", f"hf://{entry.model}@{entry.sha}", repo=entry.model,
-                    sha=entry.sha, files=tuple(entry.files or ()), datasets=tuple(entry.datasets),
-                    label_source=entry.label_source, author=entry.author)
+        return Task(
+            entry.model,
+            f"git:{entry.sha}",
+            f"hf://{entry.model}@{entry.sha}",
+            repo=entry.model,
+            sha=entry.sha,
+            files=tuple(entry.files or ()),
+            datasets=tuple(entry.datasets),
+            label_source=entry.label_source,
+            author=entry.author,
+        )
     name = model_id(model)
     return Task(name, open_checkpoint(model, name=name).identity(), str(Path(model)), path=str(model))
 
@@ -237,7 +263,7 @@ def local_files(name: str, source: str, db: Store, settings: HubSettings | None 
     """A stored model's files on this machine: its path, or a Hub model fetched at its stored revision."""
     settings = settings or HubSettings()
     if source.startswith("hf://") and "@" in source:
-        repo, sha = source[len("hf://"):].rsplit("@", 1)
+        repo, sha = source[len("hf://") :].rsplit("@", 1)
         return str(fetch(repo, sha, None, settings))
     if is_hub_id(name):  # a Hub base
         canonical = resolve_base(name).canonical
@@ -257,5 +283,3 @@ def _hub_entry(repo_id: str, base: str, db: Store, settings: HubSettings) -> Cat
         where = "no such local path, and on the Hub: " if "/" in repo_id or "." in repo_id else ""
         raise FetchError(repo_id, where + describe_error(exc)) from exc
     return describe(info, base, True, "named by the user")
-
-

@@ -40,8 +40,9 @@ import os
 import re
 import warnings
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,8 +69,14 @@ FORWARDED_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")  # where the driver resolved t
 
 def _deaths() -> tuple[type[BaseException], ...]:
     """The Ray errors that mean the worker (or its node) is gone, not that the model failed."""
-    return (_rayx.RayActorError, _rayx.WorkerCrashedError, _rayx.NodeDiedError, _rayx.OutOfMemoryError,
-            _rayx.LocalRayletDiedError, _rayx.ObjectLostError)
+    return (
+        _rayx.RayActorError,
+        _rayx.WorkerCrashedError,
+        _rayx.NodeDiedError,
+        _rayx.OutOfMemoryError,
+        _rayx.LocalRayletDiedError,
+        _rayx.ObjectLostError,
+    )
 
 
 def _one_line(exc: BaseException) -> str:
@@ -99,8 +106,9 @@ register_explainer(_explain)
 class _Worker:
     """A Ray actor: reads the base once, then embeds the models sent to it, one at a time."""
 
-    def __init__(self, base: BaseSpec, params: Representation, device: str, settings: HubSettings,
-                 keep_weights: bool) -> None:
+    def __init__(
+        self, base: BaseSpec, params: Representation, device: str, settings: HubSettings, keep_weights: bool
+    ) -> None:
         import torch
 
         torch.set_num_threads(1)  # one actor per CPU
@@ -164,7 +172,7 @@ class RayEngine:
         self.address = address
 
     @classmethod
-    def from_options(cls, workers: int | None, device: str, address: str | None = None) -> "RayEngine":
+    def from_options(cls, workers: int | None, device: str, address: str | None = None) -> RayEngine:
         """The engine of ``--engine ray``: one actor per CPU (GPU) unless ``workers`` says otherwise."""
         return cls(workers, device, address)
 
@@ -172,8 +180,14 @@ class RayEngine:
     def gpu(self) -> bool:
         return str(self.device).startswith("cuda")
 
-    def run(self, base: BaseSpec, params: Representation, tasks: Iterable[Task], settings: HubSettings,
-            keep_weights: bool = True) -> Iterator[Outcome]:
+    def run(
+        self,
+        base: BaseSpec,
+        params: Representation,
+        tasks: Iterable[Task],
+        settings: HubSettings,
+        keep_weights: bool = True,
+    ) -> Iterator[Outcome]:
         """Outcomes as they complete, in any order. Ray is not touched until the first task arrives."""
         todo = iter(tasks)
         first = next(todo, None)
@@ -187,8 +201,10 @@ class RayEngine:
                 where = f"at {self.address}" if self.address else "here"
                 hint = ""
                 if self.address not in (None, "auto", "local") and "RAY_AUTH_MODE" not in os.environ:
-                    hint = (" (a cluster started by `ray start` uses token authentication: set RAY_AUTH_MODE=token and "
-                            "its token, RAY_AUTH_TOKEN or ~/.ray/auth_token, here)")
+                    hint = (
+                        " (a cluster started by `ray start` uses token authentication: set RAY_AUTH_MODE=token and "
+                        "its token, RAY_AUTH_TOKEN or ~/.ray/auth_token, here)"
+                    )
                 raise ValueError(f"cannot start or reach the Ray cluster {where}: {_one_line(exc)}{hint}") from None
         try:
             yield from _Run(self, base, params, settings, keep_weights, _chain(first, todo)).outcomes()
@@ -217,8 +233,15 @@ def _chain(first: Task, rest: Iterator[Task]) -> Iterator[Task]:
 class _Run:
     """One run's actors and tasks: pulls tasks as actors have room, collects outcomes, replaces dead actors."""
 
-    def __init__(self, engine: RayEngine, base: BaseSpec, params: Representation, settings: HubSettings,
-                 keep_weights: bool, todo: Iterator[Task]) -> None:
+    def __init__(
+        self,
+        engine: RayEngine,
+        base: BaseSpec,
+        params: Representation,
+        settings: HubSettings,
+        keep_weights: bool,
+        todo: Iterator[Task],
+    ) -> None:
         self.base = base
         self.todo = todo
         self.exhausted = False
@@ -252,8 +275,11 @@ class _Run:
                 done, _ = ray.wait(waiting, num_returns=1, timeout=None if any_ready or self.warned else STALL_SECONDS)
                 if not done:
                     self.warned = True
-                    warnings.warn(f"no Ray worker has started after {STALL_SECONDS:.0f} s: does the cluster have the "
-                                  f"resources asked for ({self.asked} per worker)?", stacklevel=2)
+                    warnings.warn(
+                        f"no Ray worker has started after {STALL_SECONDS:.0f} s: does the cluster have the "
+                        f"resources asked for ({self.asked} per worker)?",
+                        stacklevel=2,
+                    )
                     continue
                 ref = done[0]
                 if ref in self.starting:
@@ -286,7 +312,7 @@ class _Run:
 
     def _start(self) -> None:
         actor = self.actor_class.remote(*self.args)
-        slot = _Slot(actor, actor.ready.remote())
+        slot = _Slot(actor, actor.ready.remote())  # type: ignore[attr-defined]  # a Ray actor method
         self.slots.append(slot)
         self.starting[slot.started] = slot
 
@@ -297,13 +323,18 @@ class _Run:
         except _rayx.RayError as exc:
             if getattr(exc, "actor_init_failed", False) or not isinstance(exc, _deaths()):
                 # not the base (its faults are caught in __init__): the worker cannot run modelvec at all
-                raise ValueError(f"a Ray worker cannot start: {_one_line(exc)} (is modelvec[ray] installed on every "
-                                 "node, with the driver's versions?)") from None
+                raise ValueError(
+                    f"a Ray worker cannot start: {_one_line(exc)} (is modelvec[ray] installed on every "
+                    "node, with the driver's versions?)"
+                ) from None
             self._forget(slot)
             self.deaths_starting += 1
             if self.deaths_starting > self.size:
-                raise CheckpointError(self.base.name, "cannot be opened on a Ray worker: the worker died reading it "
-                                      f"({self.deaths_starting} times): {_one_line(exc)}") from None
+                raise CheckpointError(
+                    self.base.name,
+                    "cannot be opened on a Ray worker: the worker died reading it "
+                    f"({self.deaths_starting} times): {_one_line(exc)}",
+                ) from None
             return
         if failure is not None:
             raise CheckpointError(self.base.name, f"cannot be opened on a Ray worker: {failure}")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -125,5 +126,6 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         if err.model == embedder.base_.name and err.kind is Kind.CONTENT:  # the base is broken: nothing can be embedded
             raise err from exc
         return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start)
-    return Outcome(task, vector, embedder.layout_.arch.name, datasets, label_source, author,
-                   time.perf_counter() - start)
+    return Outcome(
+        task, vector, embedder.layout_.arch.name, datasets, label_source, author, time.perf_counter() - start
+    )

@@ -6,7 +6,7 @@ process) and ``export`` (Parquet).
 """
 
 from .lock import StoreError, StoreLockedError, default_wait
-from .store import DEFAULT_STORE, Store, default_store_path
+from .store import DEFAULT_STORE, Store, default_store_path, opened
 from .writer import Failure, StoreWriter, VectorRow
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "VectorRow",
     "default_store_path",
     "default_wait",
+    "opened",
 ]

@@ -23,8 +23,10 @@ def export_parquet(con: duckdb.DuckDBPyConnection, heap: VectorFile, path: str |
     with pq.ParquetWriter(str(path), schema) as out:
         for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
             part = meta.slice(lo, 256)
-            vectors = [heap.read([o], d, [h], [m])[0] for o, d, h, m in zip(
-                *(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model")))]
+            vectors = [
+                heap.read([o], d, [h], [m])[0]
+                for o, d, h, m in zip(*(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model")))
+            ]
             offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())
             flat = pa.array(np.concatenate(vectors) if vectors else np.zeros(0, np.float32))
             column = pa.ListArray.from_arrays(offsets, flat)

@@ -19,6 +19,7 @@ DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its 
 _RETRY = (0.2, 0.4)  # seconds between two attempts to open a locked store (random, so waiters do not march in step)
 _log = logging.getLogger("modelvec.store")
 
+
 def default_wait() -> float:
     """``$MODELVEC_STORE_WAIT`` (seconds; ``inf`` waits for ever) or 600."""
     text = os.environ.get("MODELVEC_STORE_WAIT")
@@ -32,8 +33,10 @@ def default_wait() -> float:
         raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: give a number of seconds >= 0")
     return value
 
+
 class StoreError(ModelvecError):
     """The store itself is damaged: a vector file that is not ours, truncated, or whose bytes changed (content)."""
+
 
 class StoreLockedError(TransientError):
     """Another process still held the store's lock when ``Store(path, wait=...)`` gave up waiting for it."""
@@ -41,11 +44,16 @@ class StoreLockedError(TransientError):
     def __init__(self, path: Path, pid: int | None, waited: float) -> None:
         self.path, self.pid, self.waited = path, pid, waited
         holder = f"another process (PID {pid})" if pid is not None else "another process"
-        super().__init__(str(path), f"still in use by {holder} after waiting {waited:g} s; let it finish, "
-                                    "or wait longer (--wait SECONDS, $MODELVEC_STORE_WAIT)")
+        super().__init__(
+            str(path),
+            f"still in use by {holder} after waiting {waited:g} s; let it finish, "
+            "or wait longer (--wait SECONDS, $MODELVEC_STORE_WAIT)",
+        )
+
 
 _LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")
 _HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+
 
 def _lock_holder(exc: BaseException) -> tuple[str | None, int | None] | None:
     """For DuckDB's error on a file locked by another process: (its program, its PID), as far as told; else None."""
@@ -54,6 +62,7 @@ def _lock_holder(exc: BaseException) -> tuple[str | None, int | None] | None:
         return None
     found = _HOLDER.search(text)
     return (found["program"], int(found["pid"])) if found else (None, None)
+
 
 def connect(path: Path, wait: float, on_wait: Callable[[str], None] | None) -> duckdb.DuckDBPyConnection:
     """Open the DuckDB file, retrying while another process holds its lock, for at most ``wait`` seconds."""

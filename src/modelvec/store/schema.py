@@ -73,19 +73,47 @@ CREATE TABLE IF NOT EXISTS bases (
 """
 
 CATALOGUE_COLUMNS = (
-    "base", "model", "kept", "reason", "sha", "author", "created_at", "downloads", "likes", "pipeline_tag", "library",
-    "gated", "tags", "files", "formats", "datasets", "label_source", "labels_json",
+    "base",
+    "model",
+    "kept",
+    "reason",
+    "sha",
+    "author",
+    "created_at",
+    "downloads",
+    "likes",
+    "pipeline_tag",
+    "library",
+    "gated",
+    "tags",
+    "files",
+    "formats",
+    "datasets",
+    "label_source",
+    "labels_json",
 )
 
 META_COLUMNS = (
-    "model", "base", "params", "architecture", "dim", "datasets", "label_source", "author", "source", "model_hash",
-    "seconds", "created_at",
+    "model",
+    "base",
+    "params",
+    "architecture",
+    "dim",
+    "datasets",
+    "label_source",
+    "author",
+    "source",
+    "model_hash",
+    "seconds",
+    "created_at",
 )
 # Columns added after the first release: added in place to older store files.
-MIGRATIONS = ("ALTER TABLE vectors ADD COLUMN IF NOT EXISTS label_source VARCHAR",
-               "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS author VARCHAR",
-               "ALTER TABLE failures ADD COLUMN IF NOT EXISTS model_hash VARCHAR",
-               "ALTER TABLE failures ADD COLUMN IF NOT EXISTS kind VARCHAR")
+MIGRATIONS = (
+    "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS label_source VARCHAR",
+    "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS author VARCHAR",
+    "ALTER TABLE failures ADD COLUMN IF NOT EXISTS model_hash VARCHAR",
+    "ALTER TABLE failures ADD COLUMN IF NOT EXISTS kind VARCHAR",
+)
 
 
 def migrate(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
@@ -103,6 +131,7 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     ).fetchall()
     return [r[0] for r in rows]
 
+
 def _move_vectors_out(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
     """Migrate a store whose vectors are ``FLOAT[]`` in DuckDB: their bytes go to the vector file.
 
@@ -116,8 +145,14 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
     try:
         con.execute("DROP TABLE IF EXISTS vectors_moved")
         con.execute(SCHEMA.split(";")[0].replace("vectors (", "vectors_moved (", 1))
-        keys: dict[str, list[Any]] = {"model": [], "base": [], "base_hash": [], "params": [], "offset": [],
-                                      "vector_hash": []}
+        keys: dict[str, list[Any]] = {
+            "model": [],
+            "base": [],
+            "base_hash": [],
+            "params": [],
+            "offset": [],
+            "vector_hash": [],
+        }
         reader = con.sql("SELECT model, base, base_hash, params, vector FROM vectors").to_arrow_reader(256)
         for batch in reader:  # 256 vectors in memory at a time
             vectors = [vector_bytes(np.asarray(v.values, np.float32)) for v in batch.column(4)]
@@ -127,8 +162,8 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
             keys["vector_hash"] += [checksum(v) for v in vectors]
         con.register("moved", pa.table(keys))
         con.execute(
-            f"""INSERT INTO vectors_moved ({', '.join(keep)}, "offset", vector_hash)
-                SELECT {', '.join(f'v.{c}' for c in keep)}, m."offset", m.vector_hash
+            f"""INSERT INTO vectors_moved ({", ".join(keep)}, "offset", vector_hash)
+                SELECT {", ".join(f"v.{c}" for c in keep)}, m."offset", m.vector_hash
                 FROM vectors v JOIN moved m USING (model, base, base_hash, params)"""
         )
         con.unregister("moved")

@@ -28,7 +28,8 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,26 @@ import pandas as pd
 
 from ..core.errors import Kind
 from ..represent.params import Representation
-from .lock import StoreError, StoreLockedError, connect, default_wait
+from .lock import connect, default_wait
 from .schema import CATALOGUE_COLUMNS, META_COLUMNS, migrate
 from .vectorfile import VectorFile
 from .writer import Failure, StoreWriter, VectorRow, write_rows
 
 DEFAULT_STORE = "modelvec.duckdb"
+
+
+StoreLike = "Store | str | os.PathLike[str] | None"
+
+
+@contextmanager
+def opened(store: Store | str | os.PathLike[str] | None) -> Iterator[Store]:
+    """``store`` itself when it is an open :class:`Store` (left open for its owner), else the store at
+    that path (None: the default), closed on the way out. For API functions that take either."""
+    if isinstance(store, Store):
+        yield store
+        return
+    with Store(store) as db:
+        yield db
 
 
 def default_store_path() -> Path:
@@ -64,8 +79,12 @@ class StoreOverview:
         def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
             return json.loads(frame.to_json(orient="records", date_format="iso"))
 
-        return {"store": self.path, "summary": records(self.summary), "models": records(self.models),
-                "failures": records(self.failures)}
+        return {
+            "store": self.path,
+            "summary": records(self.summary),
+            "models": records(self.models),
+            "failures": records(self.failures),
+        }
 
 
 class Store:
@@ -78,8 +97,13 @@ class Store:
     begins (default: a warning on the ``modelvec.store`` logger).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, wait: float | None = None,
-                 on_wait: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        wait: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +158,9 @@ class Store:
             self.con.execute("BEGIN TRANSACTION")
             try:
                 self.con.executemany(
-                    'UPDATE vectors SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?', moved)
+                    'UPDATE vectors SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
+                    moved,
+                )
                 self.con.execute("INSERT OR REPLACE INTO store_meta VALUES ('vector_file', ?)", [new.path.name])
                 self.con.execute("COMMIT")
             except BaseException:
@@ -158,7 +184,7 @@ class Store:
         """Insert or replace many vectors and failures in one transaction."""
         write_rows(self.con, self.heap, rows)
 
-    def writer(self) -> "StoreWriter":
+    def writer(self) -> StoreWriter:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
         return StoreWriter(self)
 
@@ -179,8 +205,10 @@ class Store:
             if rows:
                 cols = ", ".join(CATALOGUE_COLUMNS)
                 marks = ", ".join("?" for _ in CATALOGUE_COLUMNS)
-                self.con.executemany(f"INSERT OR REPLACE INTO catalogue ({cols}) VALUES ({marks})",
-                                     [[r[c] for c in CATALOGUE_COLUMNS] for r in rows])
+                self.con.executemany(
+                    f"INSERT OR REPLACE INTO catalogue ({cols}) VALUES ({marks})",
+                    [[r[c] for c in CATALOGUE_COLUMNS] for r in rows],
+                )
                 self.con.execute(
                     """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author
                        FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
@@ -196,7 +224,8 @@ class Store:
         where, args = self._clauses(base=base, kept=kept, model=model)
         return self.con.execute(
             f"SELECT {', '.join(CATALOGUE_COLUMNS)}, discovered_at FROM catalogue {where} "
-            "ORDER BY base, downloads DESC NULLS LAST, model", args,
+            "ORDER BY base, downloads DESC NULLS LAST, model",
+            args,
         ).df()
 
     def base_sha(self, base: str) -> str | None:
@@ -204,8 +233,15 @@ class Store:
         rows = self.con.execute("SELECT sha FROM bases WHERE base = ?", [base]).fetchall()
         return rows[0][0] if rows else None
 
-    def record_failure(self, model: str, base: str, params: Representation, error: str,
-                       model_hash: str | None = None, kind: Kind | str = Kind.CONTENT) -> None:
+    def record_failure(
+        self,
+        model: str,
+        base: str,
+        params: Representation,
+        error: str,
+        model_hash: str | None = None,
+        kind: Kind | str = Kind.CONTENT,
+    ) -> None:
         """Record why a model failed; a ``content`` failure with ``model_hash`` is skipped while the weights are unchanged."""
         write_rows(self.con, self.heap, [Failure(model, base, params, error, model_hash, kind)])
 
@@ -232,8 +268,9 @@ class Store:
 
     def base_hashes(self, base: str, params: Representation) -> list[str]:
         """The identities of the base weights the stored vectors of ``base`` were computed against."""
-        rows = self.con.execute("SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1",
-                                [base, params.key()]).fetchall()
+        rows = self.con.execute(
+            "SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1", [base, params.key()]
+        ).fetchall()
         return [r[0] for r in rows]
 
     @staticmethod
@@ -242,15 +279,21 @@ class Store:
         items = [(f"{column} = ?", value) for column, value in equal.items() if value is not None] + list(extra)
         return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
 
-    def _where(self, base: str | None, params: Representation | str | None, models: Sequence[str] | None) -> tuple[str, list[Any]]:
+    def _where(
+        self, base: str | None, params: Representation | str | None, models: Sequence[str] | None
+    ) -> tuple[str, list[Any]]:
         key = params.key() if isinstance(params, Representation) else params
         extra = [("list_contains(?, model)", list(models))] if models is not None else []
         return self._clauses(extra, base=base, params=key)
 
-    def metadata(self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None) -> pd.DataFrame:
+    def metadata(
+        self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
+    ) -> pd.DataFrame:
         """One row per stored vector (no vectors), ordered by model."""
         where, args = self._where(base, params, models)
-        return self.con.execute(f"SELECT {', '.join(META_COLUMNS)} FROM vectors {where} ORDER BY model, base, params", args).df()
+        return self.con.execute(
+            f"SELECT {', '.join(META_COLUMNS)} FROM vectors {where} ORDER BY model, base, params", args
+        ).df()
 
     def load(
         self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
@@ -263,22 +306,25 @@ class Store:
         """
         where, args = self._where(base, params, models)
         rows = self.con.execute(
-            f"""SELECT "offset", vector_hash, {', '.join(META_COLUMNS)} FROM vectors {where}
-                ORDER BY model, base, params""", args,
+            f"""SELECT "offset", vector_hash, {", ".join(META_COLUMNS)} FROM vectors {where}
+                ORDER BY model, base, params""",
+            args,
         ).df()
         meta = rows[list(META_COLUMNS)].reset_index(drop=True)
         if rows.empty:
             return np.zeros((0, 0), np.float32), meta
         if rows["dim"].nunique() != 1:
             raise ValueError("the selected vectors have different dimensions: select one base and one representation")
-        matrix = self.heap.read(rows["offset"].tolist(), int(rows["dim"].iloc[0]), rows["vector_hash"].tolist(),
-                                rows["model"].tolist())
+        matrix = self.heap.read(
+            rows["offset"].tolist(), int(rows["dim"].iloc[0]), rows["vector_hash"].tolist(), rows["model"].tolist()
+        )
         return matrix, meta
 
     def failures(self) -> pd.DataFrame:
         return self.con.execute(
             "SELECT model, base, params, error, coalesce(kind, CASE WHEN model_hash IS NULL THEN 'transient' ELSE 'content' END) "
-            "AS kind, created_at FROM failures ORDER BY model").df()
+            "AS kind, created_at FROM failures ORDER BY model"
+        ).df()
 
     def overview(self) -> StoreOverview:
         """What is stored: vectors per base and representation, one row per model, and the failures."""
@@ -302,7 +348,7 @@ class Store:
         self.con.close()
         self.heap.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -66,7 +66,7 @@ class VectorFile:
                 end = os.fstat(self._fd).st_size
                 for vec in vectors:
                     end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
-                    os.pwrite(self._fd, memoryview(vec).cast("B"), end)
+                    os.pwrite(self._fd, vec.data.cast("B"), end)
                     offsets.append(end)
                     end += vec.nbytes
                 os.fdatasync(self._fd)
@@ -85,11 +85,14 @@ class VectorFile:
             offset, digest, model = offsets[i], hashes[i], models[i]
             raw = out[i].view(np.uint8)
             if os.preadv(self._fd, [raw], offset) != nbytes:  # one copy, page cache -> result; no page faults
-                raise StoreError(model, f"its stored vector is missing from {self.path} (the file is truncated); "
-                                        "re-embed it with --force")
+                raise StoreError(
+                    model,
+                    f"its stored vector is missing from {self.path} (the file is truncated); re-embed it with --force",
+                )
             if checksum(raw) != digest:
-                raise StoreError(model, f"its stored vector in {self.path} does not match its checksum; "
-                                        "re-embed it with --force")
+                raise StoreError(
+                    model, f"its stored vector in {self.path} does not match its checksum; re-embed it with --force"
+                )
         return out
 
     def close(self) -> None:
@@ -104,4 +107,4 @@ def vector_bytes(vector: np.ndarray) -> np.ndarray:
 
 def checksum(raw: np.ndarray) -> str:
     """A vector's checksum as its row stores it: xxh3-64 of its bytes."""
-    return xxhash.xxh3_64_hexdigest(raw)
+    return xxhash.xxh3_64_hexdigest(raw.data)

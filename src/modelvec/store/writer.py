@@ -54,7 +54,6 @@ class Failure:
     kind: Kind | str = Kind.CONTENT
 
 
-
 def write_rows(con: duckdb.DuckDBPyConnection, heap: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
     """Write vectors and failures: the bytes first (fsynced), then every row in one transaction."""
     vectors = [vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
@@ -76,13 +75,31 @@ def write_rows(con: duckdb.DuckDBPyConnection, heap: VectorFile, rows: Sequence[
                     architecture, dim, "offset", vector_hash, datasets, label_source, author, source, seconds)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 [
-                    row.model, row.model_hash, row.base, row.base_hash, p.key(), p.rank, p.factor, p.pooling,
-                    p.solver, p.sign, json.dumps(p.as_dict(), sort_keys=True), row.architecture,
-                    int(np.size(row.vector)), next(offsets), next(hashes), list(row.datasets),
-                    row.label_source, row.author, row.source, float(row.seconds),
+                    row.model,
+                    row.model_hash,
+                    row.base,
+                    row.base_hash,
+                    p.key(),
+                    p.rank,
+                    p.factor,
+                    p.pooling,
+                    p.solver,
+                    p.sign,
+                    json.dumps(p.as_dict(), sort_keys=True),
+                    row.architecture,
+                    int(np.size(row.vector)),
+                    next(offsets),
+                    next(hashes),
+                    list(row.datasets),
+                    row.label_source,
+                    row.author,
+                    row.source,
+                    float(row.seconds),
                 ],
             )
-            con.execute("DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()])
+            con.execute(
+                "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()]
+            )
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -101,7 +118,7 @@ class StoreWriter:
 
     _STOP = object()
 
-    def __init__(self, store: "Store", max_batch: int = 64) -> None:
+    def __init__(self, store: Store, max_batch: int = 64) -> None:
         self._con = store.con.cursor()  # a connection of its own: DuckDB connections are not shared across threads
         self._heap = store.heap
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -146,7 +163,7 @@ class StoreWriter:
             error, self._error = self._error, None
             raise error
 
-    def __enter__(self) -> "StoreWriter":
+    def __enter__(self) -> StoreWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,129 @@
+"""The CLI is a thin shell: for every command with ``--json``, what it prints is what the API returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import modelvec
+from conftest import planted_finetune
+from modelvec.cli import _json_default, app
+from modelvec.hub.client import HubSettings
+from modelvec.store import Store
+from modelvec.testing.localhub import LocalHub
+
+DATASETS = ["imdb", "imdb", "imdb", "sst2", "sst2", "sst2"]
+TIMINGS = {"seconds_per_model"}  # measured each run: not part of the answer being compared
+
+
+def _as_printed(value):
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def _cli(*args: str):
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def zoo(tiny_bert, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-json")
+    models = [
+        planted_finetune(
+            tiny_bert, root / f"ft{i}", seed=40 + (i % 3) + 10 * (d == "sst2"), scale=0.05 + 0.01 * i, card_datasets=[d]
+        )
+        for i, d in enumerate(DATASETS)
+    ]
+    return tiny_bert, models, root
+
+
+def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tmp_path):
+    base, models, _ = zoo
+    api_store, cli_store = tmp_path / "api.duckdb", tmp_path / "cli.duckdb"
+    api = modelvec.embed(base, models, store=api_store).as_json()
+    cli = _cli("embed", "--base", str(base), *map(str, models), "--store", str(cli_store))
+    assert {**cli, "store": None} == _as_printed({**api, "store": None}) and cli["embedded"]
+
+    with Store(api_store) as db:
+        api_show = _as_printed(db.overview().as_json())
+    cli_show = _cli("show", "--store", str(api_store))
+    assert cli_show == api_show and cli_show["models"]
+
+    report = modelvec.cluster(base, store=api_store, out=tmp_path / "a", method="pca")
+    cli_cluster = _cli("cluster", str(base), "--store", str(api_store), "--out", str(tmp_path / "a"), "--reduce", "pca")
+    assert cli_cluster == _as_printed(report.as_json())
+
+    found = modelvec.neighbors(str(models[0]), store=api_store, k=3)
+    assert _cli("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == _as_printed(found.as_json())
+
+    study = modelvec.rank_report(models[1], base=base, of="delta", thresholds=(0.5, 0.9), out=tmp_path / "r")
+    cli_rank = _cli(
+        "rank",
+        str(models[1]),
+        "--base",
+        str(base),
+        "--of",
+        "delta",
+        "--threshold",
+        "0.5,0.9",
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert cli_rank == _as_printed(study.records())
+
+    from modelvec.analyse.evaluation import variants
+
+    table = modelvec.evaluate(base, models, store=api_store, variants=variants())
+    rows = _cli("evaluate", *map(str, models), "--base", str(base), "--store", str(api_store))
+    drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
+    assert drop(rows) == drop(_as_printed(table.to_dict(orient="records")))
+
+
+def test_discover_prints_the_api_answer(tiny_bert, tmp_path):
+    hub = LocalHub(tmp_path / "hub")
+    files = {p.name: p for p in tiny_bert.iterdir() if p.is_file()}
+    hub.publish("google-bert/bert-base-uncased", files, author="google-bert")
+    ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3)
+    card = b"---\nbase_model: google-bert/bert-base-uncased\ndatasets: [imdb]\n---\n"
+    hub.publish("alice/bert-imdb", {**{p.name: p for p in ft.iterdir()}, "README.md": card})
+    with hub.serve() as server:  # huggingface_hub reads HF_ENDPOINT once, at import: the CLI runs in a fresh process
+        env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_CACHE": str(tmp_path / "cache")}
+        api = modelvec.discover("bert-base-uncased", settings=HubSettings(endpoint=server.endpoint), search=False)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "modelvec.cli",
+                "discover",
+                "bert-base-uncased",
+                "--no-search",
+                "--store",
+                str(tmp_path / "s.duckdb"),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+    assert out.returncode == 0, out.stderr[-2000:]
+    cli = json.loads(out.stdout)
+    assert cli == _as_printed(api.as_json())
+    assert [e["model"] for e in cli["entries"] if e["kept"]] == ["alice/bert-imdb"]
+
+
+def test_help_and_show_do_not_import_torch(tmp_path):
+    code = (
+        "import sys\nfrom modelvec.cli import main\nsys.argv = ['modelvec', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    )
+    for args in (["--help"], ["show", "--store", str(tmp_path / "s.duckdb")]):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == "False", (args, out.stdout[-500:])
