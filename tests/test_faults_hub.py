@@ -30,17 +30,15 @@ import torch
 from huggingface_hub import constants as hf_constants
 from safetensors.torch import load_file, save_file
 
-from modelvec.read import Checkpoint
-from modelvec.run import discover
-from modelvec.core.errors import FetchError
-from modelvec.hub.download import fetch, release
-from modelvec.hub.client import HubSettings
-from modelvec.testing.localhub import LocalHub
-from modelvec.run import embed
-from modelvec.represent import DeltaEmbedder, Representation
-from modelvec.store import Store
-
 from conftest import planted_finetune
+from modelvec.core.errors import FetchError
+from modelvec.hub.client import HubSettings
+from modelvec.hub.download import fetch, release
+from modelvec.read import Checkpoint
+from modelvec.represent import DeltaEmbedder, Representation
+from modelvec.run import discover, embed
+from modelvec.store import Store
+from modelvec.testing.localhub import LocalHub
 
 BASE = "google-bert/bert-base-uncased"
 SRC = Path(__file__).resolve().parents[1] / "src" / "modelvec"
@@ -83,8 +81,9 @@ def world(tiny_bert, tmp_path_factory):
         return hub.publish(repo, files, **kw)
 
     pub(BASE, files_of(tiny_bert), downloads=10**6)
-    for i, name in enumerate(["ok", *(f"t{n}" for n in range(1, 11)), *(f"p{n}" for n in range(1, 6)),
-                              "remote-code-ok"]):
+    for i, name in enumerate(
+        ["ok", *(f"t{n}" for n in range(1, 11)), *(f"p{n}" for n in range(1, 6)), "remote-code-ok"]
+    ):
         repo = f"good/ft-{name}"
         made[repo] = planted_finetune(tiny_bert, root / "src" / name, seed=100 + i)
         pub(repo, {**files_of(made[repo]), "README.md": card()}, downloads=1000 - i)
@@ -104,21 +103,33 @@ def world(tiny_bert, tmp_path_factory):
     evil_dir = root / "evil"
     evil_dir.mkdir()
     torch.save({**weights, "evil": Evil(open, str(markers / "pickle-open"), "w")}, evil_dir / "open.bin")
-    torch.save({**weights, "evil": Evil(os.system, f"touch {markers / 'pickle-system'}")}, evil_dir / "legacy.bin",
-               _use_new_zipfile_serialization=False)
+    torch.save(
+        {**weights, "evil": Evil(os.system, f"touch {markers / 'pickle-system'}")},
+        evil_dir / "legacy.bin",
+        _use_new_zipfile_serialization=False,
+    )
     (evil_dir / "raw.bin").write_bytes(pickle.dumps(Evil(os.system, f"touch {markers / 'pickle-raw'}"), protocol=2))
     config = (tiny_bert / "config.json").read_bytes()
     for name in ("open", "legacy", "raw"):
-        pub(f"mallory/ft-pickle-{name}", {"config.json": config, "pytorch_model.bin": evil_dir / f"{name}.bin",
-                                          "README.md": card()})
+        pub(
+            f"mallory/ft-pickle-{name}",
+            {"config.json": config, "pytorch_model.bin": evil_dir / f"{name}.bin", "README.md": card()},
+        )
 
     # A3: custom code in config.json's auto_map, which would leave a marker if it were ever imported
     remote = json.loads(config)
     remote["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel"}
     code = f"open({str(markers / 'remote-code')!r}, 'w').write('ran')\n".encode()
-    pub("good/ft-remote-code-ok", {"config.json": json.dumps(remote).encode(),
-                                   "model.safetensors": made["good/ft-remote-code-ok"] / "model.safetensors",
-                                   "modeling_evil.py": code, "configuration_evil.py": code, "README.md": card()})
+    pub(
+        "good/ft-remote-code-ok",
+        {
+            "config.json": json.dumps(remote).encode(),
+            "model.safetensors": made["good/ft-remote-code-ok"] / "model.safetensors",
+            "modeling_evil.py": code,
+            "configuration_evil.py": code,
+            "README.md": card(),
+        },
+    )
     return hub, made, published, markers
 
 
@@ -134,8 +145,15 @@ def server(world):
 def settings(server, tmp_path, monkeypatch):
     # stalls are provoked with a short read timeout (huggingface_hub reads this constant at each download)
     monkeypatch.setattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.5)
-    return HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, retries=2,
-                       backoff=0.05, max_wait=5.0, timeout=0.5)
+    return HubSettings(
+        endpoint=server.endpoint,
+        cache_dir=str(tmp_path / "cache"),
+        token=False,
+        retries=2,
+        backoff=0.05,
+        max_wait=5.0,
+        timeout=0.5,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +193,7 @@ def assert_snapshots_intact(cache: Path, published: dict[str, dict]) -> dict[str
     """Every file in every cached snapshot has exactly the published bytes; how many files each repo has."""
     checked: dict[str, int] = {}
     for snapshot in cache.glob("models--*/snapshots/*"):
-        repo = snapshot.parent.parent.name[len("models--"):].replace("--", "/")
+        repo = snapshot.parent.parent.name[len("models--") :].replace("--", "/")
         for path in snapshot.rglob("*"):
             if path.is_dir():
                 continue
@@ -261,13 +279,21 @@ def test_source_never_trusts_remote_code_and_loads_torch_weights_only():
 
 
 def hostile_names(outside: Path) -> list[str]:
-    return ["../../evil.safetensors", f"{outside}/abs.safetensors", "a/../../x.safetensors",
-            "sub\\..\\..\\x.safetensors", "..\\..\\evil.safetensors", "nul\x00.safetensors",
-            "x" * 300 + ".safetensors", "C:evil.safetensors"]
+    return [
+        "../../evil.safetensors",
+        f"{outside}/abs.safetensors",
+        "a/../../x.safetensors",
+        "sub\\..\\..\\x.safetensors",
+        "..\\..\\evil.safetensors",
+        "nul\x00.safetensors",
+        "x" * 300 + ".safetensors",
+        "C:evil.safetensors",
+    ]
 
 
-def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(world, server, settings, tmp_path,
-                                                                       tmp_path_factory, reference):
+def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(
+    world, server, settings, tmp_path, tmp_path_factory, reference
+):
     hub, made, published, markers = world
     outside = tmp_path_factory.getbasetemp()  # everything the tests can see: a write anywhere in it is caught
     cache = Path(settings.cache_dir)
@@ -281,8 +307,12 @@ def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(world, se
 
     # a listing whose siblings carry hostile names (published as such: the Hub would serve them)
     sib = "mallory/ft-evil-siblings"
-    sib_files = {"config.json": config, "model.safetensors": weights, "README.md": card(),
-                 **{n: weights for n in names}}
+    sib_files = {
+        "config.json": config,
+        "model.safetensors": weights,
+        "README.md": card(),
+        **{n: weights for n in names},
+    }
     hub.publish(sib, sib_files, unsafe_paths=True)
     extra[sib] = sib_files
     # sharded checkpoints whose index names a hostile shard (each one served under that name)
@@ -290,22 +320,38 @@ def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(world, se
     for i, name in enumerate(names):
         repo = f"mallory/ft-evil-index-{i}"
         keys = load_file(str(weights)).keys()
-        hub.publish(repo, {"config.json": config, "README.md": card(), name: weights,
-                           "model.safetensors.index.json": json.dumps({"weight_map": {k: name for k in keys}}).encode()},
-                    unsafe_paths=True)
+        hub.publish(
+            repo,
+            {
+                "config.json": config,
+                "README.md": card(),
+                name: weights,
+                "model.safetensors.index.json": json.dumps({"weight_map": {k: name for k in keys}}).encode(),
+            },
+            unsafe_paths=True,
+        )
         index_repos.append(repo)
     # ids and revisions the listing lies about
-    forged_ids = {"mallory/ft-forged-1": "../x", "mallory/ft-forged-2": "a/../../b", "mallory/ft-forged-3": "a/b/c",
-                  "mallory/ft-forged-4": f"{outside}/abs"}
-    forged_shas = {"mallory/ft-forged-sha-1": "../../../../victim", "mallory/ft-forged-sha-2": "../../../../pwned-ref",
-                   "mallory/ft-forged-sha-3": f"{outside}/abs-ref"}
+    forged_ids = {
+        "mallory/ft-forged-1": "../x",
+        "mallory/ft-forged-2": "a/../../b",
+        "mallory/ft-forged-3": "a/b/c",
+        "mallory/ft-forged-4": f"{outside}/abs",
+    }
+    forged_shas = {
+        "mallory/ft-forged-sha-1": "../../../../victim",
+        "mallory/ft-forged-sha-2": "../../../../pwned-ref",
+        "mallory/ft-forged-sha-3": f"{outside}/abs-ref",
+    }
     for repo in [*forged_ids, *forged_shas]:
         extra[repo] = {**files_of(made["good/ft-ok"]), "README.md": card()}
         hub.publish(repo, extra[repo])
     # response headers that huggingface_hub turns into cache paths
-    header_repos = {"mallory/ft-etag-up": ("etag", '"../../../../escape-etag"'),
-                    "mallory/ft-etag-abs": ("etag", f'"{outside}/abs-etag"'),
-                    "mallory/ft-commit-up": ("commit", "../../../../escape-commit")}
+    header_repos = {
+        "mallory/ft-etag-up": ("etag", '"../../../../escape-etag"'),
+        "mallory/ft-etag-abs": ("etag", f'"{outside}/abs-etag"'),
+        "mallory/ft-commit-up": ("commit", "../../../../escape-commit"),
+    }
     for repo in header_repos:
         extra[repo] = {**files_of(made["good/ft-ok"]), "README.md": card()}
         hub.publish(repo, extra[repo])
@@ -334,8 +380,15 @@ def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(world, se
     skip = (cache, tmp_path / "store")
     before = tree(outside, skip)
     found = {e.model: e for e in discover(BASE, settings=settings).entries}
-    todo = [found[sib], *(found[r] for r in index_repos), *(found[f] for f in forged_ids.values()),
-            *(found[r] for r in forged_shas), *(found[r] for r in header_repos), found[nocfg], found["good/ft-ok"]]
+    todo = [
+        found[sib],
+        *(found[r] for r in index_repos),
+        *(found[f] for f in forged_ids.values()),
+        *(found[r] for r in forged_shas),
+        *(found[r] for r in header_repos),
+        found[nocfg],
+        found["good/ft-ok"],
+    ]
     db = Store(tmp_path / "store" / "s.duckdb")
     result = embed(BASE, todo, store=db, settings=settings, keep_weights=False)
     after = tree(outside, skip)
@@ -346,8 +399,9 @@ def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(world, se
     assert {p for p in before if p in after and after[p] != before[p]} == set(), "changed outside the cache"
     assert (victim / "canary.txt").read_text() == "keep me"
     assert sorted(result.embedded) == sorted([sib, "good/ft-ok"])
-    assert np.allclose(result.vectors[list(result.metadata["model"]).index(sib)], reference(made["good/ft-ok"]),
-                       atol=1e-6)
+    assert np.allclose(
+        result.vectors[list(result.metadata["model"]).index(sib)], reference(made["good/ft-ok"]), atol=1e-6
+    )
     failed = {name: one_line(reason) for name, reason in result.failed.items()}
     assert set(failed) == {e.model for e in todo} - {sib, "good/ft-ok"}
     for repo in index_repos:
@@ -364,7 +418,8 @@ def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(world, se
     asked = [r["path"].split("/resolve/", 1) for r in server.requests if "/resolve/" in r["path"]]
     asked = {(repo[1:], rest.split("/", 1)[1]) for repo, rest in asked}
     assert {name for repo, name in asked if repo == sib} == {"config.json", "model.safetensors"}
-    assert {name for repo, name in asked if repo in index_repos} == {"config.json", "model.safetensors.index.json"}
+    # a sharded checkpoint's index comes first, alone: refused, nothing else of the repository is fetched
+    assert {name for repo, name in asked if repo in index_repos} == {"model.safetensors.index.json"}
     db.close()
     published.update(extra)
     assert assert_snapshots_intact(cache, published)
@@ -405,8 +460,11 @@ def settle(server, kind: str, count: int, timeout: float = 10.0) -> None:
 
 
 def gets(server, repo: str, name: str = "model.safetensors") -> list[dict]:
-    return [r for r in server.requests if r["method"] == "GET" and r["path"].startswith(f"/{repo}/resolve/")
-            and r["path"].endswith("/" + name)]
+    return [
+        r
+        for r in server.requests
+        if r["method"] == "GET" and r["path"].startswith(f"/{repo}/resolve/") and r["path"].endswith("/" + name)
+    ]
 
 
 def test_transient_faults_are_retried_and_give_the_local_vectors(world, server, settings, tmp_path, reference):
@@ -461,15 +519,22 @@ def test_transient_faults_are_retried_and_give_the_local_vectors(world, server, 
     assert statuses("good/ft-t4") == [(200, None, "reset"), (200, None, None)]  # no resume after a reset
     for repo, kind in [("good/ft-t5", "size"), ("good/ft-t6", "etag"), ("good/ft-t7", "corrupt")]:
         assert [s[2] for s in statuses(repo)] == ([None, None] if kind != "corrupt" else [kind, None]), repo
-    heads = [r for r in server.requests if r["method"] == "HEAD" and r["path"].startswith("/good/ft-t5/")
-             and r["path"].endswith("model.safetensors")]
+    heads = [
+        r
+        for r in server.requests
+        if r["method"] == "HEAD" and r["path"].startswith("/good/ft-t5/") and r["path"].endswith("model.safetensors")
+    ]
     assert [r["fault"] for r in heads] == ["size", None]
-    heads = [r for r in server.requests if r["method"] == "HEAD" and r["path"].startswith("/good/ft-t8/")
-             and r["path"].endswith("model.safetensors")]
+    heads = [
+        r
+        for r in server.requests
+        if r["method"] == "HEAD" and r["path"].startswith("/good/ft-t8/") and r["path"].endswith("model.safetensors")
+    ]
     assert sorted(str(r["fault"]) for r in heads) == ["None", "slow"]
     # past 10 MiB, a stalled or cleanly closed body resumes with a Range; a reset one starts over
     assert sorted(statuses("good/ft-big-stall"), key=str) == sorted(
-        [(200, None, "slow"), (206, f"bytes={10 * 1024 * 1024}-", None)], key=str)
+        [(200, None, "slow"), (206, f"bytes={10 * 1024 * 1024}-", None)], key=str
+    )
     assert statuses("good/ft-big-short") == [(200, None, "short"), (206, f"bytes={10 * 1024 * 1024}-", None)]
     assert statuses("good/ft-big-reset") == [(200, None, "reset"), (200, None, None)]
     infos = [r for r in server.requests if r["path"] == "/api/models/good/ft-t10"]
@@ -482,8 +547,7 @@ def test_transient_faults_are_retried_and_give_the_local_vectors(world, server, 
 # --- B2. persistent faults -------------------------------------------------------------------------------------------
 
 
-def test_persistent_faults_fail_the_model_in_one_line_and_the_run_goes_on(world, server, settings, tmp_path,
-                                                                          reference):
+def test_persistent_faults_fail_the_model_in_one_line_and_the_run_goes_on(world, server, settings, tmp_path, reference):
     hub, made, published, markers = world
     w = "resolve/*/model.safetensors"
     cases = {
@@ -491,8 +555,10 @@ def test_persistent_faults_fail_the_model_in_one_line_and_the_run_goes_on(world,
         "good/ft-p2": (dict(pattern="", kind="slow", delay=1.5), "timed out after 3 tries (ReadTimeout)"),
         "good/ft-p3": (dict(pattern=w, kind="reset", after_bytes=1000), "connection failed after 3 tries (ReadError"),
         "good/ft-p4": (dict(pattern=w, kind="size"), "download of the wrong size after 3 tries: Consistency check"),
-        "good/ft-p5": (dict(pattern=w, kind="corrupt", after_bytes=100),
-                       "downloaded bytes do not match their sha256 after 3 tries"),
+        "good/ft-p5": (
+            dict(pattern=w, kind="corrupt", after_bytes=100),
+            "downloaded bytes do not match their sha256 after 3 tries",
+        ),
     }
     for repo, (spec, _) in cases.items():
         spec = dict(spec)
@@ -524,17 +590,24 @@ def test_persistent_faults_fail_the_model_in_one_line_and_the_run_goes_on(world,
 # --- B3. killed mid-download ------------------------------------------------------------------------------------------
 
 
-def test_a_download_killed_midway_leaves_no_partial_file_and_a_rerun_completes(world, server, settings, tmp_path,
-                                                                               reference):
+def test_a_download_killed_midway_leaves_no_partial_file_and_a_rerun_completes(
+    world, server, settings, tmp_path, reference
+):
     hub, made, published, markers = world
     repo = "good/ft-big-killed"  # over one 10 MiB read chunk, so the killed download has written some bytes
     sha = entries(settings, repo)[0].sha
     hub.fail(f"/{repo}/resolve/*/model.safetensors", kind="slow", after_bytes=BIG - 200_000, delay=60, times=1)
-    child = ("import sys; from modelvec.hub.download import fetch; from modelvec.hub.client import HubSettings; "
-             f"fetch({repo!r}, {sha!r}, None, HubSettings(endpoint={server.endpoint!r}, "
-             f"cache_dir={settings.cache_dir!r}, token=False))")
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    child = (
+        "import sys; from modelvec.hub.download import fetch; from modelvec.hub.client import HubSettings; "
+        f"fetch({repo!r}, {sha!r}, None, HubSettings(endpoint={server.endpoint!r}, "
+        f"cache_dir={settings.cache_dir!r}, token=False))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+    )
     try:
         deadline = time.monotonic() + 60
         while not [r for r in gets(server, repo) if r["fault"] == "slow"]:

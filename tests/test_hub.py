@@ -19,19 +19,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from modelvec.read.matching import config_match
-from modelvec.run import discover
-from modelvec.hub.download import fetch, release, snapshot_folder
+from conftest import planted_finetune, tiny_bert_config
 from modelvec.core.files import formats, weight_format
 from modelvec.hub.client import HubSettings, transient, with_retries
+from modelvec.hub.download import fetch, release, snapshot_folder
 from modelvec.hub.ids import resolve_base
-from modelvec.testing.localhub import LocalHub
-from modelvec.run import embed, embed_discovered
-from modelvec.represent import DeltaEmbedder, Representation
 from modelvec.read import Checkpoint
+from modelvec.read.matching import config_match
+from modelvec.represent import DeltaEmbedder, Representation
+from modelvec.run import discover, embed, embed_discovered
 from modelvec.store import Store
-
-from conftest import planted_finetune, tiny_bert_config
+from modelvec.testing.localhub import LocalHub
 
 BASE = "google-bert/bert-base-uncased"
 TOKEN = "hf_local_test_token"
@@ -47,11 +45,24 @@ def card(meta: dict | None, body: str = "# model\n") -> bytes:
 
 def trainer_card(name: str, task_config: str, *, base: str | None = "bert-base-uncased", key: str = "args") -> dict:
     """A card as transformers' Trainer writes it (datasets: glue, model-index with the GLUE config)."""
-    meta = {"license": "apache-2.0", "tags": ["generated_from_trainer"], "datasets": ["glue"], "metrics": ["accuracy"],
-            "model-index": [{"name": name, "results": [{
-                "task": {"name": "Text Classification", "type": "text-classification"},
-                "dataset": {"name": "glue", "type": "glue", key: task_config},
-                "metrics": [{"name": "Accuracy", "type": "accuracy", "value": 0.91}]}]}]}
+    meta = {
+        "license": "apache-2.0",
+        "tags": ["generated_from_trainer"],
+        "datasets": ["glue"],
+        "metrics": ["accuracy"],
+        "model-index": [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {"name": "Text Classification", "type": "text-classification"},
+                        "dataset": {"name": "glue", "type": "glue", key: task_config},
+                        "metrics": [{"name": "Accuracy", "type": "accuracy", "value": 0.91}],
+                    }
+                ],
+            }
+        ],
+    }
     if base:
         meta["base_model"] = base
     return meta
@@ -73,7 +84,7 @@ def to_sharded(folder: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     state = load_file(str(folder / "model.safetensors"))
     keys = sorted(state)
-    halves = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
+    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
     weight_map = {}
     for i, part in enumerate(halves, 1):
         name = f"model-0000{i}-of-00002.safetensors"
@@ -99,61 +110,147 @@ def world(tiny_bert, tmp_path_factory):
     base_files = folder_files(tiny_bert)
     base_files["tokenizer.json"] = b"{}"
     base_files["tf_model.h5"] = b"not read"
-    hub.publish(BASE, {**base_files, "README.md": card({"license": "apache-2.0", "datasets": ["bookcorpus", "wikipedia"]})},
-                author="google-bert", downloads=10_000_000)
+    hub.publish(
+        BASE,
+        {**base_files, "README.md": card({"license": "apache-2.0", "datasets": ["bookcorpus", "wikipedia"]})},
+        author="google-bert",
+        downloads=10_000_000,
+    )
     # 1. a 2020 upload: no card, .bin only, no base declared: found by name search + config
-    hub.publish("textattack/bert-base-uncased-SST-2", folder_files(to_bin(ft("textattack/bert-base-uncased-SST-2", 1),
-                src / "ta-bin")), downloads=5000)
+    hub.publish(
+        "textattack/bert-base-uncased-SST-2",
+        folder_files(to_bin(ft("textattack/bert-base-uncased-SST-2", 1), src / "ta-bin")),
+        downloads=5000,
+    )
     # 2. a Trainer card: base declared, glue + model-index config
-    hub.publish("alice/bert-finetuned-sst2", {**folder_files(ft("alice/bert-finetuned-sst2", 2)),
-                "training_args.bin": b"never fetched", "optimizer.pt": b"never fetched",
-                "README.md": card(trainer_card("bert-finetuned-sst2", "sst2"))}, downloads=900, pipeline_tag="text-classification")
+    hub.publish(
+        "alice/bert-finetuned-sst2",
+        {
+            **folder_files(ft("alice/bert-finetuned-sst2", 2)),
+            "training_args.bin": b"never fetched",
+            "optimizer.pt": b"never fetched",
+            "README.md": card(trainer_card("bert-finetuned-sst2", "sst2")),
+        },
+        downloads=900,
+        pipeline_tag="text-classification",
+    )
     # 3. sharded, declared, newer model-index form (config:)
-    hub.publish("bob/bert-base-uncased-mnli", {**folder_files(to_sharded(ft("bob/bert-base-uncased-mnli", 3), src / "bob-sh")),
-                "README.md": card(trainer_card("bert-base-uncased-mnli", "mnli", key="config"))}, downloads=800)
+    hub.publish(
+        "bob/bert-base-uncased-mnli",
+        {
+            **folder_files(to_sharded(ft("bob/bert-base-uncased-mnli", 3), src / "bob-sh")),
+            "README.md": card(trainer_card("bert-base-uncased-mnli", "mnli", key="config")),
+        },
+        downloads=800,
+    )
     # 4. no datasets anywhere: the name is all there is
-    hub.publish("carol/bert-base-uncased-imdb", {**folder_files(ft("carol/bert-base-uncased-imdb", 4)),
-                "README.md": card({"license": "mit"})}, downloads=700)
+    hub.publish(
+        "carol/bert-base-uncased-imdb",
+        {**folder_files(ft("carol/bert-base-uncased-imdb", 4)), "README.md": card({"license": "mit"})},
+        downloads=700,
+    )
     # 5. same family by name, other sizes: rejected by config
     other = planted_finetune(tiny_bert, src / "wide", seed=5)
     cfg = json.loads((other / "config.json").read_text())
     cfg["intermediate_size"] = 128
-    hub.publish("dave/bert-base-uncased-wide", {"config.json": json.dumps(cfg).encode(),
-                "model.safetensors": other / "model.safetensors"}, downloads=600)
+    hub.publish(
+        "dave/bert-base-uncased-wide",
+        {"config.json": json.dumps(cfg).encode(), "model.safetensors": other / "model.safetensors"},
+        downloads=600,
+    )
     # 6. declared base but mismatched shapes: kept by its tag, fails at embed with the tensor named
-    wrong = {k: (torch.zeros(v.shape[0], v.shape[1] + 1) if "layer.0.attention.self.query.weight" in k else v)
-             for k, v in load_file(str(tiny_bert / "model.safetensors")).items()}
+    wrong = {
+        k: (torch.zeros(v.shape[0], v.shape[1] + 1) if "layer.0.attention.self.query.weight" in k else v)
+        for k, v in load_file(str(tiny_bert / "model.safetensors")).items()
+    }
     save_file(wrong, str(src / "wrong.safetensors"))
-    hub.publish("erin/bert-mismatched", {"config.json": (tiny_bert / "config.json").read_bytes(),
-                "model.safetensors": src / "wrong.safetensors", "README.md": card({"base_model": BASE, "datasets": ["imdb"]})},
-                downloads=500)
+    hub.publish(
+        "erin/bert-mismatched",
+        {
+            "config.json": (tiny_bert / "config.json").read_bytes(),
+            "model.safetensors": src / "wrong.safetensors",
+            "README.md": card({"base_model": BASE, "datasets": ["imdb"]}),
+        },
+        downloads=500,
+    )
     # 7. gated
-    hub.publish("gina/bert-base-uncased-gated-rte", {**folder_files(ft("gina/bert-base-uncased-gated-rte", 7)),
-                "README.md": card({"base_model": BASE, "datasets": ["glue"], "tags": ["rte"]})}, gated="manual", downloads=400)
+    hub.publish(
+        "gina/bert-base-uncased-gated-rte",
+        {
+            **folder_files(ft("gina/bert-base-uncased-gated-rte", 7)),
+            "README.md": card({"base_model": BASE, "datasets": ["glue"], "tags": ["rte"]}),
+        },
+        gated="manual",
+        downloads=400,
+    )
     # 7b. private: invisible without a token
-    hub.publish("lena/bert-private-qnli", {**folder_files(ft("lena/bert-private-qnli", 12)),
-                "README.md": card({"base_model": BASE, "datasets": ["glue"], "model-index": [{"name": "x", "results": [
-                    {"dataset": {"type": "glue", "config": "qnli"}}]}]})}, private=True, downloads=350)
+    hub.publish(
+        "lena/bert-private-qnli",
+        {
+            **folder_files(ft("lena/bert-private-qnli", 12)),
+            "README.md": card(
+                {
+                    "base_model": BASE,
+                    "datasets": ["glue"],
+                    "model-index": [{"name": "x", "results": [{"dataset": {"type": "glue", "config": "qnli"}}]}],
+                }
+            ),
+        },
+        private=True,
+        downloads=350,
+    )
     # 8. a substring hit of another family: rejected by model_type
     from transformers import DistilBertConfig
 
-    hub.publish("frank/distilbert-base-uncased-finetuned-sst-2-english",
-                {"config.json": json.dumps(DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4,
-                                                            hidden_dim=64).to_dict()).encode(),
-                 "model.safetensors": tiny_bert / "model.safetensors"}, downloads=100_000)
+    hub.publish(
+        "frank/distilbert-base-uncased-finetuned-sst-2-english",
+        {
+            "config.json": json.dumps(
+                DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64).to_dict()
+            ).encode(),
+            "model.safetensors": tiny_bert / "model.safetensors",
+        },
+        downloads=100_000,
+    )
     # 9. TensorFlow only
-    hub.publish("henry/bert-base-uncased-tf-only", {"config.json": (tiny_bert / "config.json").read_bytes(),
-                "tf_model.h5": b"x" * 100, "README.md": card({"base_model": BASE, "datasets": ["squad"]})}, downloads=300)
+    hub.publish(
+        "henry/bert-base-uncased-tf-only",
+        {
+            "config.json": (tiny_bert / "config.json").read_bytes(),
+            "tf_model.h5": b"x" * 100,
+            "README.md": card({"base_model": BASE, "datasets": ["squad"]}),
+        },
+        downloads=300,
+    )
     # 10. a flaky server in front of a good model
-    hub.publish("ivan/bert-base-uncased-flaky-cola", {**folder_files(ft("ivan/bert-base-uncased-flaky-cola", 10)),
-                "README.md": card({"base_model": BASE, "datasets": ["glue"], "model-index": [{"name": "x", "results": [
-                    {"dataset": {"type": "glue", "config": "cola", "name": "GLUE COLA"}}]}]})}, downloads=200)
+    hub.publish(
+        "ivan/bert-base-uncased-flaky-cola",
+        {
+            **folder_files(ft("ivan/bert-base-uncased-flaky-cola", 10)),
+            "README.md": card(
+                {
+                    "base_model": BASE,
+                    "datasets": ["glue"],
+                    "model-index": [
+                        {"name": "x", "results": [{"dataset": {"type": "glue", "config": "cola", "name": "GLUE COLA"}}]}
+                    ],
+                }
+            ),
+        },
+        downloads=200,
+    )
     # 11. a file truncated on the Hub itself (a broken upload)
     good = ft("judy/bert-base-uncased-truncated", 11)
     data = (good / "model.safetensors").read_bytes()
-    hub.publish("judy/bert-base-uncased-truncated", {"config.json": (good / "config.json").read_bytes(),
-                "model.safetensors": data[: len(data) // 2], "README.md": card({"base_model": BASE, "datasets": ["imdb"]})},
-                downloads=100)
+    hub.publish(
+        "judy/bert-base-uncased-truncated",
+        {
+            "config.json": (good / "config.json").read_bytes(),
+            "model.safetensors": data[: len(data) // 2],
+            "README.md": card({"base_model": BASE, "datasets": ["imdb"]}),
+        },
+        downloads=100,
+    )
     return hub, made
 
 
@@ -172,21 +269,36 @@ def settings(server, tmp_path):
 # --- ids and small pieces -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("given, canonical", [
-    ("bert-base-uncased", "google-bert/bert-base-uncased"), ("google-bert/bert-base-uncased", BASE),
-    ("roberta-base", "FacebookAI/roberta-base"), ("FacebookAI/roberta-base", "FacebookAI/roberta-base"),
-    ("t5-base", "google-t5/t5-base"), ("google-t5/t5-base", "google-t5/t5-base"),
-    ("gpt2-medium", "openai-community/gpt2-medium"), ("openai-community/gpt2-medium", "openai-community/gpt2-medium"),
-    ("someone/custom-bert", "someone/custom-bert"),
-])
+@pytest.mark.parametrize(
+    "given, canonical",
+    [
+        ("bert-base-uncased", "google-bert/bert-base-uncased"),
+        ("google-bert/bert-base-uncased", BASE),
+        ("roberta-base", "FacebookAI/roberta-base"),
+        ("FacebookAI/roberta-base", "FacebookAI/roberta-base"),
+        ("t5-base", "google-t5/t5-base"),
+        ("google-t5/t5-base", "google-t5/t5-base"),
+        ("gpt2-medium", "openai-community/gpt2-medium"),
+        ("openai-community/gpt2-medium", "openai-community/gpt2-medium"),
+        ("someone/custom-bert", "someone/custom-bert"),
+    ],
+)
 def test_base_ids_short_and_canonical(given, canonical):
     assert resolve_base(given).canonical == canonical
     assert resolve_base(given) == resolve_base(canonical)
 
 
 def test_formats_prefer_safetensors_and_never_other_frameworks():
-    files = ["config.json", "tf_model.h5", "flax_model.msgpack", "pytorch_model.bin", "model.safetensors", "model.onnx",
-             "optimizer.pt", "training_args.bin"]
+    files = [
+        "config.json",
+        "tf_model.h5",
+        "flax_model.msgpack",
+        "pytorch_model.bin",
+        "model.safetensors",
+        "model.onnx",
+        "optimizer.pt",
+        "training_args.bin",
+    ]
     assert formats(files) == ("safetensors", "bin", "tf", "flax", "onnx")
     assert weight_format(files) == "safetensors"
     assert weight_format(["pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin"]) == "bin-sharded"
@@ -225,8 +337,12 @@ def test_retries_back_off_on_transient_errors_only():
     assert len(waits) == 2 and 0.1 <= waits[0] <= 0.125 and waits[1] == 0.5
     assert transient(httpx2.ReadTimeout("slow")) and not transient(http_error(404)) and not transient(ValueError())
     with pytest.raises(HfHubHTTPError):
-        with_retries(lambda: (_ for _ in ()).throw(http_error(500)), HubSettings(retries=2, backoff=0.01), "x",
-                     sleep=waits.append)
+        with_retries(
+            lambda: (_ for _ in ()).throw(http_error(500)),
+            HubSettings(retries=2, backoff=0.01),
+            "x",
+            sleep=waits.append,
+        )
     assert len(waits) == 4  # two more waits, then the third failure is raised
 
 
@@ -239,9 +355,16 @@ def test_discovery_keeps_declared_and_config_matched_and_says_why(server, settin
     assert found.base == BASE and len(found.base_sha) == 40
     assert BASE not in by  # the base is never its own fine-tune
     kept = {e.model for e in found.kept}
-    assert kept == {"textattack/bert-base-uncased-SST-2", "alice/bert-finetuned-sst2", "bob/bert-base-uncased-mnli",
-                    "carol/bert-base-uncased-imdb", "erin/bert-mismatched", "gina/bert-base-uncased-gated-rte",
-                    "ivan/bert-base-uncased-flaky-cola", "judy/bert-base-uncased-truncated"}
+    assert kept == {
+        "textattack/bert-base-uncased-SST-2",
+        "alice/bert-finetuned-sst2",
+        "bob/bert-base-uncased-mnli",
+        "carol/bert-base-uncased-imdb",
+        "erin/bert-mismatched",
+        "gina/bert-base-uncased-gated-rte",
+        "ivan/bert-base-uncased-flaky-cola",
+        "judy/bert-base-uncased-truncated",
+    }
     assert by["alice/bert-finetuned-sst2"].reason.startswith("declares base_model:finetune:")
     assert "config matches the base" in by["textattack/bert-base-uncased-SST-2"].reason
     assert "intermediate_size 128 differs" in by["dave/bert-base-uncased-wide"].reason
@@ -261,7 +384,10 @@ def test_discovery_keeps_declared_and_config_matched_and_says_why(server, settin
     assert by["bob/bert-base-uncased-mnli"].datasets == ["glue/mnli"]
     assert by["textattack/bert-base-uncased-SST-2"].datasets == ["glue/sst2"]
     assert by["textattack/bert-base-uncased-SST-2"].label_source == "name"
-    assert by["carol/bert-base-uncased-imdb"].datasets == ["imdb"] and by["carol/bert-base-uncased-imdb"].label_source == "name"
+    assert (
+        by["carol/bert-base-uncased-imdb"].datasets == ["imdb"]
+        and by["carol/bert-base-uncased-imdb"].label_source == "name"
+    )
     assert by["ivan/bert-base-uncased-flaky-cola"].datasets == ["glue/cola"]
     # most downloaded first within each route
     declared = [e.downloads for e in found.entries if e.reason.startswith("declares")]
@@ -297,10 +423,17 @@ def test_fetch_downloads_only_config_and_the_best_weights(server, settings, worl
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     bob = found["bob/bert-base-uncased-mnli"]
     shards = sorted(p.name for p in fetch(bob.model, bob.sha, bob.files, settings).iterdir())
-    assert shards == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                      "model.safetensors.index.json"]
+    assert shards == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
     got = [r["path"].rsplit("/", 1)[-1] for r in server.requests if "/resolve/" in r["path"]]
     assert not {"training_args.bin", "optimizer.pt", "tf_model.h5", "tokenizer.json", "README.md"} & set(got)
+    # through snapshot_download, pinned: the tree of each discovered commit is listed, once
+    trees = sorted(r["path"] for r in server.requests if "/tree/" in r["path"])
+    assert trees == sorted(f"/api/models/{e.model}/tree/{e.sha}" for e in (alice, bob))
     freed = release(alice.model, alice.sha, settings)
     assert freed > 0 and snapshot_folder(alice.model, alice.sha, settings) is None
     assert snapshot_folder(bob.model, bob.sha, settings) is not None  # other repos untouched
@@ -314,10 +447,14 @@ def test_revision_pinning_uses_the_discovered_sha(tmp_path, tiny_bert):
     second = planted_finetune(tiny_bert, tmp_path / "v2", seed=22)
     sha1 = hub.publish(repo, {**folder_files(first), "README.md": card({"base_model": BASE, "datasets": ["imdb"]})})
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01)
+        settings = HubSettings(
+            endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01
+        )
         found = {e.model: e for e in discover(BASE, settings=settings).entries}
         assert found[repo].sha == sha1
-        sha2 = hub.publish(repo, {**folder_files(second), "README.md": card({"base_model": BASE, "datasets": ["imdb"]})})
+        sha2 = hub.publish(
+            repo, {**folder_files(second), "README.md": card({"base_model": BASE, "datasets": ["imdb"]})}
+        )
         assert sha2 != sha1
         db = Store(tmp_path / "s.duckdb")
         pinned = embed(BASE, [found[repo]], store=db, settings=settings)
@@ -346,7 +483,11 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     db = Store(tmp_path / "s.duckdb")
     result = embed_discovered("bert-base-uncased", store=db, settings=settings, keep_weights=False)
     failed = result.failed
-    assert set(failed) == {"erin/bert-mismatched", "gina/bert-base-uncased-gated-rte", "judy/bert-base-uncased-truncated"}
+    assert set(failed) == {
+        "erin/bert-mismatched",
+        "gina/bert-base-uncased-gated-rte",
+        "judy/bert-base-uncased-truncated",
+    }
     assert "layer.0.attention.self.query" in failed["erin/bert-mismatched"]
     assert "gated" in failed["gina/bert-base-uncased-gated-rte"]
     assert failed["judy/bert-base-uncased-truncated"].startswith("judy/bert-base-uncased-truncated: ")
@@ -376,15 +517,23 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     # content failures of the same revisions are not fetched again; the gated one (access may change) is
     assert again.failed["erin/bert-mismatched"] == failed["erin/bert-mismatched"]
     assert again.failed["judy/bert-base-uncased-truncated"] == failed["judy/bert-base-uncased-truncated"]
-    assert not [r for r in server.requests[before:] if "/resolve/" in r["path"] and "model" in r["path"].rsplit("/", 1)[-1]
-                and r["method"] == "GET" and BASE not in r["path"]]
+    assert not [
+        r
+        for r in server.requests[before:]
+        if "/resolve/" in r["path"]
+        and "model" in r["path"].rsplit("/", 1)[-1]
+        and r["method"] == "GET"
+        and BASE not in r["path"]
+    ]
     # and the analysis runs on it
     report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", method="pca")
     assert report.n_models == len(result.embedded) and report.n_authors == len(result.embedded)
     # glue/sst2 is the only dataset with two models (textattack's, guessed from its name, and alice's)
     assert report.n_scored == 2
     declared = cluster("bert-base-uncased", store=db, out=tmp_path / "out2", method="pca", label_sources=["declared"])
-    assert declared.n_scored == 0 and {p["model"] for p in declared.predictions} >= {"textattack/bert-base-uncased-SST-2"}
+    assert declared.n_scored == 0 and {p["model"] for p in declared.predictions} >= {
+        "textattack/bert-base-uncased-SST-2"
+    }
     db.close()
 
 
@@ -396,7 +545,10 @@ def test_gated_and_private_models_need_the_token(server, settings, tmp_path):
     gated = found["gina/bert-base-uncased-gated-rte"]
     db = Store(tmp_path / "s.duckdb")
     assert "gated" in embed(BASE, [gated], store=db, settings=settings).failed[gated.model]
-    assert "not found" in embed(BASE, ["lena/bert-private-qnli"], store=db, settings=settings).failed["lena/bert-private-qnli"]
+    assert (
+        "not found"
+        in embed(BASE, ["lena/bert-private-qnli"], store=db, settings=settings).failed["lena/bert-private-qnli"]
+    )
     logged_in = replace(settings, token=TOKEN)
     found = {e.model: e for e in discover(BASE, settings=logged_in).entries}
     assert found["lena/bert-private-qnli"].kept and found["lena/bert-private-qnli"].datasets == ["glue/qnli"]
@@ -423,7 +575,11 @@ def test_neighbors_of_a_hub_model_not_in_the_store(world, server, settings, tmp_
     hub, made = world
     found = {e.model: e for e in discover(BASE, settings=settings).entries}
     db = Store(tmp_path / "s.duckdb")
-    stored = [found["textattack/bert-base-uncased-SST-2"], found["carol/bert-base-uncased-imdb"], made["alice/bert-finetuned-sst2"]]
+    stored = [
+        found["textattack/bert-base-uncased-SST-2"],
+        found["carol/bert-base-uncased-imdb"],
+        made["alice/bert-finetuned-sst2"],
+    ]
     assert not embed(BASE, stored, store=db, settings=settings).failed
     before = len(db.metadata())
     result = neighbors("alice/bert-finetuned-sst2", store=db, settings=settings, k=2)
@@ -435,13 +591,24 @@ def test_neighbors_of_a_hub_model_not_in_the_store(world, server, settings, tmp_
 
 def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
     store = tmp_path / "s.duckdb"
-    env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_CACHE": settings.cache_dir, "MODELVEC_HUB_BACKOFF": "0.01",
-           "HF_HUB_DISABLE_TELEMETRY": "1", "COLUMNS": "250"}
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": server.endpoint,
+        "HF_HUB_CACHE": settings.cache_dir,
+        "MODELVEC_HUB_BACKOFF": "0.01",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "COLUMNS": "250",
+    }
     env.pop("HF_TOKEN", None)
 
     def cli(*args: str, offline: bool = False) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "modelvec.cli", *args, "--store", str(store)], capture_output=True,
-                              text=True, env={**env, "HF_HUB_OFFLINE": "1"} if offline else env, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "modelvec.cli", *args, "--store", str(store)],
+            capture_output=True,
+            text=True,
+            env={**env, "HF_HUB_OFFLINE": "1"} if offline else env,
+            timeout=300,
+        )
 
     out = cli("discover", "bert-base-uncased", "--limit", "2")
     assert out.returncode == 0, out.stderr
@@ -464,15 +631,22 @@ def test_candidates_without_config_are_checked_from_the_safetensors_header(tmp_p
     save_file(state, str(tmp_path / "odd.safetensors"))
     hub.publish("nocfg/bert-base-uncased-odd-headers", {"model.safetensors": tmp_path / "odd.safetensors"})
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01)
+        settings = HubSettings(
+            endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01
+        )
         found = {e.model: e for e in discover(BASE, settings=settings).entries}
         assert found["nocfg/bert-base-uncased-headers-only"].kept
-        assert "safetensors header matches the base (12 matrices)" in found["nocfg/bert-base-uncased-headers-only"].reason
+        assert (
+            "safetensors header matches the base (12 matrices)" in found["nocfg/bert-base-uncased-headers-only"].reason
+        )
         odd = found["nocfg/bert-base-uncased-odd-headers"]
         assert not odd.kept and "encoder.layer.1.intermediate.dense.weight is (65, 32)" in odd.reason
         # only headers were read: range requests, never a whole weights file
-        weight_gets = [r for r in server.requests if r["method"] == "GET" and r["path"].endswith(".safetensors")
-                       and "nocfg/" in r["path"]]
+        weight_gets = [
+            r
+            for r in server.requests
+            if r["method"] == "GET" and r["path"].endswith(".safetensors") and "nocfg/" in r["path"]
+        ]
         assert weight_gets and all(r["range"] for r in weight_gets)
         db = Store(tmp_path / "s.duckdb")
         result = embed(BASE, [found["nocfg/bert-base-uncased-headers-only"]], store=db, settings=settings)

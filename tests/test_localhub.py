@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import get_session
 from safetensors.numpy import save_file
 
@@ -45,21 +47,48 @@ def world(tmp_path_factory):
     weights = safetensors_file(tmp / "model.safetensors", {"embed.weight": (8, 4), "layer.0.weight": (4, 4)})
     hub = LocalHub(tmp / "root", tokens=[TOKEN], page_size=2)
     shas = {
-        "org/base": hub.publish("org/base", {"README.md": card(license="mit", language=["en", "fr"], tags=["tiny"]),
-                                             "config.json": BERT, "model.safetensors": weights},
-                                downloads=100, likes=9, created_at="2023-01-01T00:00:00Z"),
-        "org/ft-imdb": hub.publish("org/ft-imdb", {"README.md": card(base_model="org/base", datasets=["imdb"]),
-                                                   "config.json": BERT, "model.safetensors": weights},
-                                   downloads=50, likes=1, created_at="2024-01-01T00:00:00Z"),
-        "org/ft-sst2": hub.publish("org/ft-sst2", {"README.md": card(base_model="org/base", datasets="glue/sst2"),
-                                                   "config.json": BERT, "pytorch_model.bin": b"not really"},
-                                   downloads=70, likes=1, created_at="2024-06-01T00:00:00Z"),
-        "org/adapter": hub.publish("org/adapter", {"README.md": card(base_model="org/base"),
-                                                   "adapter_config.json": b"{}"}, downloads=10),
-        "other/unrelated": hub.publish("other/unrelated", {"config.json": b'{"model_type": "gpt2"}'}, downloads=5,
-                                       tags=["extra-tag"]),
-        "org/gated": hub.publish("org/gated", {"config.json": BERT, "weights.bin": b"gated bytes"}, downloads=2,
-                                 gated="auto"),
+        "org/base": hub.publish(
+            "org/base",
+            {
+                "README.md": card(license="mit", language=["en", "fr"], tags=["tiny"]),
+                "config.json": BERT,
+                "model.safetensors": weights,
+            },
+            downloads=100,
+            likes=9,
+            created_at="2023-01-01T00:00:00Z",
+        ),
+        "org/ft-imdb": hub.publish(
+            "org/ft-imdb",
+            {
+                "README.md": card(base_model="org/base", datasets=["imdb"]),
+                "config.json": BERT,
+                "model.safetensors": weights,
+            },
+            downloads=50,
+            likes=1,
+            created_at="2024-01-01T00:00:00Z",
+        ),
+        "org/ft-sst2": hub.publish(
+            "org/ft-sst2",
+            {
+                "README.md": card(base_model="org/base", datasets="glue/sst2"),
+                "config.json": BERT,
+                "pytorch_model.bin": b"not really",
+            },
+            downloads=70,
+            likes=1,
+            created_at="2024-06-01T00:00:00Z",
+        ),
+        "org/adapter": hub.publish(
+            "org/adapter", {"README.md": card(base_model="org/base"), "adapter_config.json": b"{}"}, downloads=10
+        ),
+        "other/unrelated": hub.publish(
+            "other/unrelated", {"config.json": b'{"model_type": "gpt2"}'}, downloads=5, tags=["extra-tag"]
+        ),
+        "org/gated": hub.publish(
+            "org/gated", {"config.json": BERT, "weights.bin": b"gated bytes"}, downloads=2, gated="auto"
+        ),
         "org/private": hub.publish("org/private", {"config.json": BERT}, downloads=1000, private=True),
     }
     with hub.serve() as server:
@@ -137,7 +166,10 @@ def test_sort_limit_and_pagination(anon, server):
 
     assert [m.id for m in anon.list_models(sort="likes", limit=2)] == ["org/base", "org/ft-imdb"]  # tie: by id
     assert [m.id for m in anon.list_models(sort="created_at", filter="bert")][-3:] == [
-        "org/ft-sst2", "org/ft-imdb", "org/base"]
+        "org/ft-sst2",
+        "org/ft-imdb",
+        "org/base",
+    ]
 
 
 def test_default_and_full_listing_fields(anon, shas):
@@ -158,8 +190,14 @@ def test_expand_fields_parse_into_model_info(anon, shas):
     assert sorted(s.rfilename for s in m.siblings) == ["README.md", "config.json", "pytorch_model.bin"]
     assert m.card_data.base_model == "org/base" and m.card_data.datasets == "glue/sst2"
     assert m.created_at.isoformat().startswith("2024-06-01")
-    assert {"transformers", "pytorch", "bert", "dataset:glue/sst2", "base_model:org/base",
-            "base_model:finetune:org/base"} == set(m.tags)
+    assert {
+        "transformers",
+        "pytorch",
+        "bert",
+        "dataset:glue/sst2",
+        "base_model:org/base",
+        "base_model:finetune:org/base",
+    } == set(m.tags)
     assert m.likes is None and m.private is None and m.library_name is None  # not expanded => not sent
 
     info = anon.model_info("org/ft-sst2", expand=["downloads", "likes"])
@@ -185,16 +223,22 @@ def test_revisions_persistence_and_meta(tmp_path):
     (tmp_path / "v1" / "sub" / "notes.txt").write_bytes(b"nested")
     (tmp_path / "v1" / "README.md").write_bytes(card(datasets=["old"]))
     copied = hub.publish("org/copied", tmp_path / "v1", message="first")  # default: copies, sources stay free
-    assert copied and not any(p.stat().st_ino == (tmp_path / "v1" / "weights.bin").stat().st_ino
-                              for p in (tmp_path / "root" / "org" / "copied" / "blobs").iterdir())
+    assert copied and not any(
+        p.stat().st_ino == (tmp_path / "v1" / "weights.bin").stat().st_ino
+        for p in (tmp_path / "root" / "org" / "copied" / "blobs").iterdir()
+    )
     v1 = hub.publish("org/evolving", tmp_path / "v1", message="first", link=True)
     blob = tmp_path / "root" / "org" / "evolving" / "blobs"
     assert any(p.stat().st_ino == (tmp_path / "v1" / "weights.bin").stat().st_ino for p in blob.iterdir())
     with hub.serve() as server:
         api = HfApi(endpoint=server.endpoint, token=False)
         assert api.model_info("org/evolving").sha == v1
-        v2 = hub.publish("org/evolving", {"weights.bin": b"new weights", "README.md": card(datasets=["new"])},
-                         message="second", downloads=3)
+        v2 = hub.publish(
+            "org/evolving",
+            {"weights.bin": b"new weights", "README.md": card(datasets=["new"])},
+            message="second",
+            downloads=3,
+        )
         assert len({v1, v2}) == 2 and len(v2) == 40
         main = api.model_info("org/evolving")
         old = api.model_info("org/evolving", revision=v1)
@@ -203,12 +247,22 @@ def test_revisions_persistence_and_meta(tmp_path):
         assert [s.rfilename for s in old.siblings] == ["README.md", "sub/notes.txt", "weights.bin"]
         assert "dataset:new" in main.tags and main.downloads == 3
         kw = dict(endpoint=server.endpoint, token=False)
-        assert Path(hf_hub_download("org/evolving", "weights.bin", cache_dir=tmp_path / "c1", **kw)).read_bytes() \
+        assert (
+            Path(hf_hub_download("org/evolving", "weights.bin", cache_dir=tmp_path / "c1", **kw)).read_bytes()
             == b"new weights"
-        assert Path(hf_hub_download("org/evolving", "weights.bin", revision=v1, cache_dir=tmp_path / "c1",
-                                    **kw)).read_bytes() == b"old weights"
-        assert Path(hf_hub_download("org/evolving", "sub/notes.txt", revision=v1, cache_dir=tmp_path / "c2",
-                                    **kw)).read_bytes() == b"nested"
+        )
+        assert (
+            Path(
+                hf_hub_download("org/evolving", "weights.bin", revision=v1, cache_dir=tmp_path / "c1", **kw)
+            ).read_bytes()
+            == b"old weights"
+        )
+        assert (
+            Path(
+                hf_hub_download("org/evolving", "sub/notes.txt", revision=v1, cache_dir=tmp_path / "c2", **kw)
+            ).read_bytes()
+            == b"nested"
+        )
         with pytest.raises(RemoteEntryNotFoundError):  # the file is gone from main
             hf_hub_download("org/evolving", "sub/notes.txt", cache_dir=tmp_path / "c3", **kw)
         hub.set_meta("org/evolving", downloads=42, tags=["later"])
@@ -226,7 +280,9 @@ def test_revisions_persistence_and_meta(tmp_path):
 def test_safetensors_metadata_through_range_requests(anon, fresh, tmp_path):
     meta = anon.get_safetensors_metadata("org/base")
     assert {k: v.shape for k, v in meta.files_metadata["model.safetensors"].tensors.items()} == {
-        "embed.weight": [8, 4], "layer.0.weight": [4, 4]}
+        "embed.weight": [8, 4],
+        "layer.0.weight": [4, 4],
+    }
     # a header over 100 kB makes the client fetch it with a second range request
     names = {f"encoder.layer.{i}.attention.self.a_rather_long_tensor_name.weight": (1, 2) for i in range(1500)}
     hub, server = fresh
@@ -304,8 +360,9 @@ def test_server_errors_on_listing_are_retried(anon, hub, server):
     hub.fail("/api/models", status=500, times=2)
     start = len(server.requests)
     assert [m.id for m in anon.list_models(sort="downloads")] == PUBLIC_BY_DOWNLOADS
-    first_page = [r["status"] for r in server.requests[start:]
-                  if r["path"] == "/api/models" and "cursor" not in r["query"]]
+    first_page = [
+        r["status"] for r in server.requests[start:] if r["path"] == "/api/models" and "cursor" not in r["query"]
+    ]
     assert first_page == [500, 500, 200]
 
 
@@ -326,8 +383,7 @@ def test_dropped_connection_under_one_chunk_restarts_from_zero(fresh, tmp_path):
     hub.publish("org/flaky", {"model.safetensors": payload})
     hub.truncate("*/org/flaky/resolve/*/model.safetensors", keep=100, times=1)
     start = len(server.requests)
-    path = hf_hub_download("org/flaky", "model.safetensors", endpoint=server.endpoint, token=False,
-                           cache_dir=tmp_path)
+    path = hf_hub_download("org/flaky", "model.safetensors", endpoint=server.endpoint, token=False, cache_dir=tmp_path)
     assert Path(path).read_bytes() == payload
     gets = [(r["range"], r["status"]) for r in server.requests[start:] if r["method"] == "GET"]
     assert gets == [(None, 200), (None, 200)]
@@ -340,15 +396,90 @@ def test_dropped_connection_after_a_chunk_resumes_with_a_range_request(fresh, tm
     sha = hub.publish("org/flaky-big", {"model.safetensors": payload})
     hub.truncate("/org/flaky-big/resolve/*", keep=chunk + 100, times=1)
     start = len(server.requests)
-    path = hf_hub_download("org/flaky-big", "model.safetensors", endpoint=server.endpoint, token=False,
-                           cache_dir=tmp_path)
+    path = hf_hub_download(
+        "org/flaky-big", "model.safetensors", endpoint=server.endpoint, token=False, cache_dir=tmp_path
+    )
     assert Path(path).read_bytes() == payload
     gets = [(r["range"], r["status"]) for r in server.requests[start:] if r["method"] == "GET"]
     assert gets == [(None, 200), (f"bytes={chunk}-", 206)]
-    (sibling,) = HfApi(endpoint=server.endpoint, token=False).model_info("org/flaky-big", revision=sha,
-                                                                         files_metadata=True).siblings
+    (sibling,) = (
+        HfApi(endpoint=server.endpoint, token=False)
+        .model_info("org/flaky-big", revision=sha, files_metadata=True)
+        .siblings
+    )
     assert sibling.size == len(payload) and sibling.lfs is not None and sibling.lfs.size == len(payload)
     assert sibling.lfs.pointer_size == 134 and len(sibling.lfs.sha256) == 64
+
+
+def test_repo_tree_lists_what_model_info_says_paged_and_by_folder(tmp_path, world):
+    hub = LocalHub(tmp_path / "root", tree_page_size=2)
+    big = os.urandom(10 * 1024 * 1024 + 1)  # at least LFS_THRESHOLD: listed with its lfs sha256
+    files = {
+        "config.json": BERT,
+        "model.safetensors": big,
+        "onnx/model.onnx": b"onnx",
+        "onnx/sub/notes.txt": b"n",
+        "model.gguf": b"gguf",
+    }
+    v1 = hub.publish("org/tree", files, message="first\n\nbody")
+    v2 = hub.publish("org/tree", {**files, "config.json": b"{}"}, message="second")
+    with hub.serve() as server:
+        api = HfApi(endpoint=server.endpoint, token=False)
+        start = len(server.requests)
+        tree = list(api.list_repo_tree("org/tree", recursive=True, revision=v1))
+        pages = [r for r in server.requests[start:] if r["path"] == f"/api/models/org/tree/tree/{v1}"]
+        assert [r["query"].get("cursor") for r in pages] == [None, ["2"], ["4"], ["6"]]  # 7 entries, 2 per page
+        assert all(r["query"]["recursive"] == ["true"] for r in pages)  # the Link keeps the original params
+        assert [e.path for e in tree] == [
+            "config.json",
+            "model.gguf",
+            "model.safetensors",
+            "onnx",
+            "onnx/model.onnx",
+            "onnx/sub",
+            "onnx/sub/notes.txt",
+        ]
+        assert [e.path for e in tree if isinstance(e, RepoFolder)] == ["onnx", "onnx/sub"]
+        siblings = api.model_info("org/tree", revision=v1, files_metadata=True).siblings
+        listed = {e.path: (e.size, e.blob_id, e.lfs and e.lfs.sha256) for e in tree if isinstance(e, RepoFile)}
+        assert listed == {s.rfilename: (s.size, s.blob_id, s.lfs and s.lfs.sha256) for s in siblings}
+        assert listed["model.safetensors"][2] == hashlib.sha256(big).hexdigest()
+        assert sorted(api.list_repo_files("org/tree", revision=v1)) == sorted(files)
+        # one folder, not recursive; at main by default
+        assert [e.path for e in api.list_repo_tree("org/tree")] == [
+            "config.json",
+            "model.gguf",
+            "model.safetensors",
+            "onnx",
+        ]
+        assert [e.path for e in api.list_repo_tree("org/tree", path_in_repo="onnx")] == ["onnx/model.onnx", "onnx/sub"]
+        # expand: the last commit that changed each entry
+        last = {e.path: e.last_commit for e in api.list_repo_tree("org/tree", recursive=True, expand=True)}
+        assert (last["config.json"].oid, last["config.json"].title) == (v2, "second")
+        assert (last["onnx"].oid, last["onnx/model.onnx"].oid, last["onnx"].title) == (v1, v1, "first")
+        with pytest.raises(RemoteEntryNotFoundError):
+            list(api.list_repo_tree("org/tree", path_in_repo="nope"))
+        with pytest.raises(RevisionNotFoundError):
+            list(api.list_repo_tree("org/tree", revision="0" * 40))
+        with pytest.raises(RepositoryNotFoundError):
+            list(api.list_repo_tree("org/missing"))
+        # a listing that fails is retried by the client; the fault rules apply as to any request
+        hub.fail("/api/models/org/tree/tree/*", status=503, times=1)
+        start = len(server.requests)
+        assert len(list(api.list_repo_tree("org/tree", recursive=True))) == 7
+        assert [r["status"] for r in server.requests[start:]][:2] == [503, 200]
+    # private repos need the token; a gated repo's tree is public (only its files are gated)
+    _, server, shas = world
+    anon = HfApi(endpoint=server.endpoint, token=False)
+    with pytest.raises(RepositoryNotFoundError):
+        list(anon.list_repo_tree("org/private"))
+    assert [e.path for e in HfApi(endpoint=server.endpoint, token=TOKEN).list_repo_tree("org/private")] == [
+        "config.json"
+    ]
+    assert [e.path for e in anon.list_repo_tree("org/gated", revision=shas["org/gated"])] == [
+        "config.json",
+        "weights.bin",
+    ]
 
 
 def test_command_runner_sets_hf_endpoint_and_returns_status(tmp_path):
@@ -359,8 +490,24 @@ def test_command_runner_sets_hf_endpoint_and_returns_status(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "modelvec.testing.localhub", str(tmp_path / "root"), "--token", "t",
-                           "--", sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modelvec.testing.localhub",
+            str(tmp_path / "root"),
+            "--token",
+            "t",
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 3, done.stderr
     endpoint, models = done.stdout.splitlines()
     assert endpoint.startswith("http://127.0.0.1:") and models == "['someone/model']"

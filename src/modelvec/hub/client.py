@@ -145,7 +145,8 @@ def describe_error(exc: BaseException) -> str:
         RevisionNotFoundError,
     )
 
-    tries = next((getattr(e, "modelvec_tries") for e in chain(exc) if isinstance(getattr(e, "modelvec_tries", None), int)), 1)
+    counts = (getattr(e, "modelvec_tries", None) for e in chain(exc))
+    tries = next((n for n in counts if isinstance(n, int)), 1)
     after = f" after {tries} tries" if tries > 1 else ""
     for e in chain(exc):
         if isinstance(e, GatedRepoError):

@@ -2,41 +2,63 @@
 
 A model's vector needs its ``config.json`` and its weights in the best format it has: safetensors
 (single or sharded through its index), else PyTorch ``.bin`` (single or sharded). TensorFlow,
-Flax, ONNX, optimizer states and training files are never downloaded. Files go through the
-huggingface_hub cache (``HF_HUB_CACHE``), pinned to the commit sha recorded at discovery, so a
-repository whose ``main`` moves on still gives the vector of the revision in the catalogue, and
-``HF_HUB_OFFLINE=1`` works from the cache. :func:`release` deletes a fine-tune's files once
+Flax, ONNX, optimizer states and training files are never downloaded. Once the wanted files are
+known (a sharded checkpoint's index is fetched first: it names the shards), they come in one
+``huggingface_hub.snapshot_download`` whose ``allow_patterns`` are exactly their names, through the
+huggingface_hub cache (``HF_HUB_CACHE``), pinned to the commit sha recorded at discovery (its tree is
+listed once, checked and cached, so ``snapshot_download`` neither asks which commit a branch is nor
+lists the tree again), so a repository whose ``main`` moves on still gives the vector of the revision
+in the catalogue, and ``HF_HUB_OFFLINE=1`` works from the cache. :func:`release` deletes a fine-tune's files once
 embedded so thousands of models fit on one disk.
 
 Nothing the Hub says is trusted as a path: repository ids, revisions and the shard names of an
 index are checked before they reach the disk (huggingface_hub refuses ``..`` and absolute file
-names but writes ``refs/<revision>`` for any revision it is given), a freshly downloaded file
-whose ETag is a sha256 (every LFS file: the weights) is hashed and refused, then fetched again,
-when its bytes do not match, and :func:`release` only deletes inside the repository's own folder.
+names but writes ``refs/<revision>`` for any revision it is given), the names of the Hub's tree
+listing are only matched against the wanted names (never globbed: ``*``, ``?`` and ``[`` are taken
+literally) and its LFS sha256s, which huggingface_hub would use as blob names, must be plain ones
+(see :func:`_list_tree`), a freshly downloaded file whose ETag is a sha256 (every LFS file: the weights) is hashed
+and refused, then fetched again, when its bytes do not match (files downloaded by a process that was
+killed before it could check them are checked by the next fetch: see :func:`_snapshot`), and
+:func:`release` only deletes inside the repository's own folder.
 huggingface_hub writes each download to ``<blob>.<random>.incomplete`` and renames it when the
 size matches, so a killed or broken transfer never leaves a short file in a snapshot.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from huggingface_hub import constants, hf_hub_download
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
+import httpx2
+from huggingface_hub import constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff, validate_repo_id
+
+try:  # where snapshot_download caches tree listings (private to huggingface_hub 2.x): see _list_tree
+    from huggingface_hub import _tree_cache
+except ImportError:  # pragma: no cover - another huggingface_hub: files are then fetched by name
+    _tree_cache = None  # type: ignore[assignment]
 
 from ..core.errors import CheckpointError, FetchError, ModelvecError
 from ..core.files import SHARD_SUFFIX, WEIGHT_FORMATS, adapter_files, formats, weight_format
 from .client import CorruptDownload, HubSettings, describe_error, with_retries
+from .guard import UnsafeHubName
 from .ids import is_commit_sha
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+_GLOB = re.compile(r"[*?[]")
+#: Files of one snapshot downloaded at once (a sharded checkpoint's shards).
+MAX_WORKERS = 4
+_TREE_PAGES = 1000
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -59,9 +81,13 @@ def check_revision(repo_id: str, revision: str) -> str:
 def check_filename(repo_id: str, name: str) -> str:
     """A file name from the Hub that stays inside a snapshot folder: relative, ``/``-separated, no ``..``."""
     parts = name.split("/") if isinstance(name, str) else []
-    bad = (not parts or len(name) > 1024 or name.startswith("/")
-           or any(p in ("", ".", "..") or len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts)
-           or any(c in "\\:" or ord(c) < 32 or ord(c) == 127 for c in name))
+    bad = (
+        not parts
+        or len(name) > 1024
+        or name.startswith("/")
+        or any(p in ("", ".", "..") or len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts)
+        or any(c in "\\:" or ord(c) < 32 or ord(c) == 127 for c in name)
+    )
     if bad:
         raise FetchError(repo_id, f"refused the file name {str(name)[:80]!r} from the Hub: not a plain relative path")
     return name
@@ -91,31 +117,253 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
     try:
+        if not is_commit_sha(revision):  # pinned from here on: every file comes from the same commit
+            revision = _pin(repo_id, revision, settings)
         if files is None:
             files = _list_files(repo_id, revision, settings)
         fmt = weight_format(files)
         adapter = adapter_files(files) if fmt is None else None
         if adapter is not None:  # a PEFT adapter: adapter_config.json + adapter_model.safetensors (else .bin)
-            return Path([_download(repo_id, name, revision, settings) for name in adapter][0]).parent
+            return _snapshot(repo_id, revision, adapter, settings)
         if fmt is None:
             have = ", ".join(formats(files)) or "no weight files"
             raise CheckpointError(repo_id, f"no PyTorch weights to read (the repository has: {have})")
         wanted = ["config.json"] if "config.json" in files else []
         marker = dict(WEIGHT_FORMATS)[fmt]
         wanted.append(marker)
-        paths = [_download(repo_id, name, revision, settings) for name in wanted]
-        if fmt.endswith("-sharded"):
+        if fmt.endswith("-sharded"):  # the index first: it names the shards
             try:
-                index = json.loads(Path(paths[-1]).read_text())
+                index = json.loads(Path(_download(repo_id, marker, revision, settings)).read_text())
             except (ValueError, UnicodeDecodeError) as exc:
                 raise CheckpointError(repo_id, f"{marker} is not JSON: {str(exc).splitlines()[0]}") from None
-            for shard in _shards(repo_id, fmt, index, marker):
-                _download(repo_id, shard, revision, settings)
-        return Path(paths[0]).parent  # the snapshot folder (config.json and the marker are top-level files)
+            wanted += _shards(repo_id, fmt, index, marker)
+        return _snapshot(repo_id, revision, wanted, settings)
     except ModelvecError:
         raise
     except Exception as exc:
         raise FetchError(repo_id, f"could not fetch revision {revision[:12]}: {describe_error(exc)}") from exc
+
+
+def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubSettings) -> Path:
+    """The files ``wanted`` of ``repo_id`` at commit ``revision``, in one ``snapshot_download``; the snapshot folder.
+
+    Every wanted file that was not in the snapshot before an attempt is checked afterwards (:func:`verify`), also
+    when the attempt failed halfway (the files it did finish); a :class:`CorruptDownload` makes :func:`with_retries`
+    try the whole attempt again, which fetches only what is missing. A file the tree listing of the Hub does not show
+    (or, offline, that the cache lacks) is asked for by name, so its absence fails as a missing file does; so is every
+    file when the tree cannot be listed at all (a mirror without the tree API, a listing that keeps failing). The
+    listing is made and checked here, and cached for ``snapshot_download`` (see :func:`_list_tree`). The names
+    an attempt has yet to check are written down first (``<repo>/.modelvec/<revision>.unverified``) and crossed off
+    once checked, so a process killed in between leaves them to be checked by the next fetch, not trusted.
+    """
+    for name in wanted:
+        check_filename(repo_id, name)
+    repo = _repo_folder(repo_id, settings)
+    snapshot = repo / "snapshots" / revision
+    journal = repo / ".modelvec" / f"{revision}.unverified"
+
+    def attempt() -> Path:
+        left = _read_journal(journal)
+        fresh = [n for n in wanted if left is None or n in left or not (snapshot / n).is_file()]
+        others = sorted(left - set(wanted)) if left else []  # left by a fetch that wanted other files: kept
+        if fresh:
+            _write_journal(journal, fresh + others)
+
+        def check() -> None:
+            bad = []
+            for name in fresh:
+                if (snapshot / name).is_file():
+                    try:
+                        verify(snapshot / name, name, repo)
+                    except CorruptDownload as exc:  # deleted: fetched again by the next attempt
+                        bad.append(exc)
+            if fresh:
+                _write_journal(journal, others)
+            if bad:
+                raise bad[0]
+
+        if not fresh:  # all there and checked: nothing to ask the Hub (a repository gone since is still served)
+            return snapshot
+        try:
+            if settings.offline or _list_tree(repo_id, revision, repo, settings):
+                snapshot_download(
+                    repo_id,
+                    revision=revision,
+                    allow_patterns=[_literal(n) for n in wanted],
+                    cache_dir=settings.cache_dir,
+                    endpoint=settings.endpoint,
+                    token=settings.token,
+                    etag_timeout=settings.timeout,
+                    max_workers=MAX_WORKERS,
+                    local_files_only=settings.offline,
+                )
+            for name in wanted:
+                if not (snapshot / name).is_file():  # not in the Hub's tree listing: its own error, if any
+                    hf_hub_download(
+                        repo_id,
+                        name,
+                        revision=revision,
+                        cache_dir=settings.cache_dir,
+                        endpoint=settings.endpoint,
+                        token=settings.token,
+                        etag_timeout=settings.timeout,
+                    )
+        except BaseException:
+            with contextlib.suppress(Exception):  # what did arrive is checked; the failure is what is reported
+                check()
+            raise
+        check()
+        return snapshot
+
+    return with_retries(attempt, settings, repo_id)
+
+
+def _list_tree(repo_id: str, revision: str, repo: Path, settings: HubSettings) -> bool:
+    """Whether the cache holds a listing of the tree of ``repo_id`` at commit ``revision`` that ``snapshot_download``
+    can use (it then does not list the tree itself); lists it when needed. False when the tree cannot be listed (a
+    mirror without the tree API, a malformed listing, one that failed past huggingface_hub's own retries): the files
+    are then asked for by name.
+
+    A listing is checked before it is used: huggingface_hub downloads a file to which a cached listing gives a Xet
+    hash without asking for the file's HEAD, into a blob (and a lock file) named by the listing's LFS sha256, which no
+    guard sees (:mod:`modelvec.hub.guard` checks HEAD answers). So an LFS sha256 that is not 64 hex digits is dropped,
+    and a Xet hash is kept only beside a good one: such a file is asked for as any other (HEAD, guarded), or stored
+    under a plain sha256, which :func:`verify` checks. A listing cached by someone else is cleaned the same way.
+    """
+    if _tree_cache is None:  # not the huggingface_hub this was written for: by name, as before snapshot_download
+        return False
+    if _clean_tree_cache(repo, revision) is not None:
+        return True
+    try:
+        listing = {
+            f.path: _tree_cache.TreeCacheEntry(
+                size=f.size,
+                blob_id=f.blob_id,
+                lfs_sha256=f.lfs.sha256 if f.lfs is not None else None,
+                lfs_size=f.lfs.size if f.lfs is not None else None,
+                xet_hash=f.xet_hash,
+            )
+            for f in _tree_files(repo_id, revision, settings)
+            if isinstance(f.path, str)
+        }
+    except (RepositoryNotFoundError, RevisionNotFoundError):  # gated too: the repository's own answer
+        raise
+    except (HfHubHTTPError, httpx2.HTTPError, KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return _clean_tree_cache(repo, revision, listing) is not None
+
+
+def _tree_files(repo_id: str, revision: str, settings: HubSettings) -> list[RepoFile]:
+    """The files of ``HfApi.list_repo_tree(repo_id, recursive=True, revision=revision)``, each page's request bounded
+    by :attr:`HubSettings.timeout` (huggingface_hub lets a listing wait for a stalled server for ever) and retried as
+    the settings say, and at most ``_TREE_PAGES`` pages (the Hub's have 1000 entries)."""
+    url: str | None = f"{(settings.endpoint or constants.ENDPOINT).rstrip('/')}/api/models/{repo_id}/tree/{revision}"
+    params: dict[str, Any] | None = {"recursive": True, "expand": False}
+    headers = build_hf_headers(token=settings.token)
+    files: list[RepoFile] = []
+    for _ in range(_TREE_PAGES):
+        if url is None:
+            break
+        response = http_backoff(
+            "GET",
+            url,
+            params=params,
+            headers=headers,
+            timeout=settings.timeout,
+            max_retries=settings.retries,
+            base_wait_time=settings.backoff,
+            max_wait_time=settings.max_wait,
+        )
+        hf_raise_for_status(response)
+        files += [RepoFile(**e) for e in response.json() if isinstance(e, dict) and e.get("type") == "file"]
+        url, params = response.links.get("next", {}).get("url"), None  # the next page's link has the parameters
+        if url is None:
+            return files
+    raise ValueError(f"the tree listing of {repo_id} goes on past {_TREE_PAGES} pages")
+
+
+def _clean_tree_cache(repo: Path, revision: str, listing: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The tree listing cached for ``revision`` (``listing`` cached first, if given), rewritten without the names
+    :func:`_safe_tree_entry` drops; None when there is none. A :class:`UnsafeHubName` when the cache holds such names
+    and cannot be rewritten (read-only), as huggingface_hub would then use them."""
+    if _tree_cache is None:  # pragma: no cover - another huggingface_hub
+        return None
+    folder = str(repo)  # snapshot_download's tree cache folder for a cache_dir download (cache resolved, as here)
+    cached = listing if listing is not None else _tree_cache.read_tree_cache(folder, revision)
+    if cached is None:
+        return None
+    safe = {path: _safe_tree_entry(entry) for path, entry in cached.items()}
+    if listing is not None or safe != cached:
+        _tree_cache.write_tree_cache(folder, revision, safe)
+    now = _tree_cache.read_tree_cache(folder, revision)
+    if now is not None and now != safe:
+        raise UnsafeHubName(f"the cached tree listing {folder}/trees/{revision}.json names blobs outside the cache")
+    return now
+
+
+def _safe_tree_entry(entry: Any) -> Any:
+    """A tree entry without an LFS sha256 that is no plain sha256, nor a Xet hash that is not beside one."""
+    sha, size = entry.lfs_sha256, entry.lfs_size
+    lfs = isinstance(sha, str) and bool(_SHA256.fullmatch(sha)) and isinstance(size, int)
+    xet = entry.xet_hash if lfs and isinstance(entry.xet_hash, str) and _SHA256.fullmatch(entry.xet_hash) else None
+    return _tree_cache.TreeCacheEntry(
+        size=entry.size,
+        blob_id=entry.blob_id,
+        lfs_sha256=sha if lfs else None,
+        lfs_size=size if lfs else None,
+        xet_hash=xet,
+    )
+
+
+def _literal(name: str) -> str:
+    """An fnmatch pattern (``allow_patterns``) that matches exactly ``name``."""
+    return _GLOB.sub(lambda m: f"[{m.group()}]", name)
+
+
+def _read_journal(journal: Path) -> set[str] | None:
+    """The names a killed fetch had yet to check (empty when none); None when the journal is unreadable (check all)."""
+    try:
+        names = json.loads(journal.read_text())
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+
+
+def _write_journal(journal: Path, names: Sequence[str]) -> None:
+    """The journal of :func:`_snapshot` lists ``names`` (deleted when there are none). Best effort: a read-only cache
+    still serves offline, without one."""
+    with contextlib.suppress(OSError):
+        if names:
+            _write_atomic(journal, json.dumps(sorted(set(names))))
+        else:
+            journal.unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text``, whole or not at all (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _pin(repo_id: str, revision: str, settings: HubSettings) -> str:
+    """The commit sha of a branch or tag (see :func:`resolve_revision`), recorded in the cache's ``refs/`` as
+    huggingface_hub does, so that the branch is found offline later."""
+    sha = resolve_revision(repo_id, revision, settings)
+    if not settings.offline:
+        ref = _repo_folder(repo_id, settings) / "refs" / revision  # a checked ref name: stays inside refs/
+        with contextlib.suppress(OSError):
+            if not (ref.is_file() and ref.read_text() == sha):
+                _write_atomic(ref, sha)
+    return sha
 
 
 def _download(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
@@ -126,8 +374,17 @@ def _download(repo_id: str, filename: str, revision: str, settings: HubSettings)
 
     def attempt() -> str:
         cached = pointer is not None and pointer.is_file()
-        path = hf_hub_download(repo_id, filename, revision=revision, cache_dir=settings.cache_dir,
-                               endpoint=settings.endpoint, token=settings.token, etag_timeout=settings.timeout)
+        if not cached and pointer is not None and not settings.offline:
+            _clean_tree_cache(repo, revision)  # huggingface_hub may use a cached listing in place of the HEAD
+        path = hf_hub_download(
+            repo_id,
+            filename,
+            revision=revision,
+            cache_dir=settings.cache_dir,
+            endpoint=settings.endpoint,
+            token=settings.token,
+            etag_timeout=settings.timeout,
+        )
         if not cached:
             verify(path, filename, repo)
         return path
@@ -157,7 +414,9 @@ def verify(path: str | os.PathLike[str], filename: str, repo: Path | None = None
 
 
 def _repo_folder(repo_id: str, settings: HubSettings) -> Path:
-    return Path(settings.cache_dir or constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+    """The repository's folder in the cache, named as huggingface_hub names it (``~`` expanded, absolute)."""
+    cache = Path(settings.cache_dir or constants.HF_HUB_CACHE).expanduser().resolve()
+    return cache / ("models--" + repo_id.replace("/", "--"))
 
 
 def _list_files(repo_id: str, revision: str, settings: HubSettings) -> list[str]:
@@ -228,8 +487,12 @@ def release(repo_id: str, revision: str, settings: HubSettings) -> int:
     if snapshot.is_symlink() or not snapshot.is_dir():
         return 0
     real_repo = Path(os.path.realpath(repo))
-    others = {os.path.realpath(p) for other in (repo / "snapshots").iterdir() if other.name != revision
-              for p in other.rglob("*")}
+    others = {
+        os.path.realpath(p)
+        for other in (repo / "snapshots").iterdir()
+        if other.name != revision
+        for p in other.rglob("*")
+    }
     freed = 0
     for link in sorted(snapshot.rglob("*"), reverse=True):  # rglob does not descend into linked folders
         if link.is_symlink():
@@ -244,4 +507,9 @@ def release(repo_id: str, revision: str, settings: HubSettings) -> int:
         elif link.is_dir():
             link.rmdir()
     snapshot.rmdir()
+    journal = repo / ".modelvec" / f"{revision}.unverified"  # nothing of this revision is left to check
+    if not journal.parent.is_symlink():
+        with contextlib.suppress(OSError):
+            journal.unlink(missing_ok=True)
+            journal.parent.rmdir()  # only when empty
     return freed

@@ -2,10 +2,10 @@
 
 The real Hub is unreachable here, so this module serves, from a folder on disk, the part of the Hub HTTP API
 that modelvec reaches through ``huggingface_hub`` (model listing with pagination, model info at a revision,
-file resolve with HEAD and byte ranges, the Hub's error codes), plus fault injection (error statuses, stalls,
-dropped and reset connections, bodies or headers that do not match the file) and hostile answers (listings with
-forged ids, revisions and file names) for testing clients against a Hub they cannot trust. Point ``HF_ENDPOINT``
-(or ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
+the repository tree that ``snapshot_download`` lists, file resolve with HEAD and byte ranges, the Hub's error
+codes), plus fault injection (error statuses, stalls, dropped and reset connections, bodies or headers that do not
+match the file) and hostile answers (listings with forged ids, revisions and file names) for testing clients
+against a Hub they cannot trust. Point ``HF_ENDPOINT`` (or ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
 
 Store layout under ``root``::
 
@@ -42,25 +42,77 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import yaml
 
-__all__ = ["LocalHub", "HubServer", "main"]
+__all__ = ["HubServer", "LocalHub", "main"]
 
 CHUNK = 1 << 20  # bytes per read/write when hashing or streaming files
-LFS_THRESHOLD = 10 * 1024 * 1024  # files at least this large are reported as LFS files by ?blobs=true
+LFS_THRESHOLD = 10 * 1024 * 1024  # files at least this large are reported as LFS files (?blobs=true, tree)
+TREE_PAGE_EXPANDED = 50  # the Hub's page size of a tree listing with expand=true (1000 without)
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_META_KEYS = {"author", "created_at", "downloads", "likes", "pipeline_tag", "library_name", "tags", "gated",
-              "private"}
-_EXPANDABLE = ("author", "cardData", "config", "createdAt", "disabled", "downloads", "gated", "lastModified",
-               "library_name", "likes", "pipeline_tag", "private", "sha", "siblings", "tags", "model-index")
-_LIST_DEFAULT = ("_id", "id", "modelId", "likes", "downloads", "private", "pipeline_tag", "library_name", "tags",
-                 "createdAt")
+_META_KEYS = {"author", "created_at", "downloads", "likes", "pipeline_tag", "library_name", "tags", "gated", "private"}
+_EXPANDABLE = (
+    "author",
+    "cardData",
+    "config",
+    "createdAt",
+    "disabled",
+    "downloads",
+    "gated",
+    "lastModified",
+    "library_name",
+    "likes",
+    "pipeline_tag",
+    "private",
+    "sha",
+    "siblings",
+    "tags",
+    "model-index",
+)
+_LIST_DEFAULT = (
+    "_id",
+    "id",
+    "modelId",
+    "likes",
+    "downloads",
+    "private",
+    "pipeline_tag",
+    "library_name",
+    "tags",
+    "createdAt",
+)
 _LIST_FULL = ("author", "sha", "lastModified", "gated", "disabled", "siblings")
-_INFO_FIELDS = ("_id", "id", "modelId", "author", "sha", "lastModified", "createdAt", "private", "gated", "disabled",
-                "downloads", "likes", "library_name", "pipeline_tag", "tags", "cardData", "model-index", "config",
-                "siblings")
+_INFO_FIELDS = (
+    "_id",
+    "id",
+    "modelId",
+    "author",
+    "sha",
+    "lastModified",
+    "createdAt",
+    "private",
+    "gated",
+    "disabled",
+    "downloads",
+    "likes",
+    "library_name",
+    "pipeline_tag",
+    "tags",
+    "cardData",
+    "model-index",
+    "config",
+    "siblings",
+)
 _SORT_KEYS = {"downloads", "likes", "createdAt", "lastModified"}
-_FAULT_KINDS = {"status": ("GET", "HEAD"), "reset": ("GET",), "short": ("GET",), "slow": ("GET", "HEAD"),
-                "size": ("HEAD",), "etag": ("GET", "HEAD"), "commit": ("GET", "HEAD"), "corrupt": ("GET",)}
+_FAULT_KINDS = {
+    "status": ("GET", "HEAD"),
+    "reset": ("GET",),
+    "short": ("GET",),
+    "slow": ("GET", "HEAD"),
+    "size": ("HEAD",),
+    "etag": ("GET", "HEAD"),
+    "commit": ("GET", "HEAD"),
+    "corrupt": ("GET",),
+}
 _IGNORED_DIRS = {".git"}  # like upload_folder, also .cache/huggingface (local_dir download metadata)
 
 
@@ -144,20 +196,25 @@ def _check_path(path: str) -> str:
 class LocalHub:
     """Model repos on disk with commits, metadata and fault injection; :meth:`serve` answers the Hub API."""
 
-    def __init__(self, root: str | os.PathLike, *, tokens: Iterable[str] = (), page_size: int = 50) -> None:
+    def __init__(
+        self, root: str | os.PathLike, *, tokens: Iterable[str] = (), page_size: int = 50, tree_page_size: int = 1000
+    ) -> None:
         """``root`` holds the repos (persisted); ``tokens`` are the bearer tokens accepted for gated and private
-        repos; ``page_size`` is the most items per page of ``/api/models``."""
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
+        repos; ``page_size`` is the most items per page of ``/api/models``, ``tree_page_size`` of a repository's
+        ``/tree`` (as on the Hub: 1000, and at most 50 with ``expand=true``)."""
+        if page_size < 1 or tree_page_size < 1:
+            raise ValueError("page_size and tree_page_size must be at least 1")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.tokens = frozenset(tokens)
         self.page_size = int(page_size)
+        self.tree_page_size = int(tree_page_size)
         self._lock = threading.RLock()
         self._repos: dict[str, tuple[tuple, dict]] = {}  # repo_id -> (stat key of repo.json, state)
         self._faults: list[dict] = []
         self._truncations: list[dict] = []
         self._forged: dict[str, dict] = {}
+        self._forged_trees: dict[str, dict[str, dict]] = {}  # repo_id -> {path: fields of its tree entry}
         self._refresh()
 
     # ---------------------------------------------------------------- state on disk
@@ -268,8 +325,9 @@ class LocalHub:
         return {"sha256": digest, "size": size, "blob_id": blob_sha1}
 
     @staticmethod
-    def _collect(files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike,
-                 unsafe_paths: bool = False) -> dict[str, bytes | Path]:
+    def _collect(
+        files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike, unsafe_paths: bool = False
+    ) -> dict[str, bytes | Path]:
         if isinstance(files, (str, os.PathLike)):
             folder = Path(files)
             if not folder.is_dir():
@@ -277,8 +335,9 @@ class LocalHub:
             out: dict[str, bytes | Path] = {}
             for dirpath, dirnames, filenames in os.walk(folder):
                 rel_dir = Path(dirpath).relative_to(folder)
-                dirnames[:] = sorted(d for d in dirnames if d not in _IGNORED_DIRS
-                                     and (rel_dir / d).as_posix() != ".cache/huggingface")
+                dirnames[:] = sorted(
+                    d for d in dirnames if d not in _IGNORED_DIRS and (rel_dir / d).as_posix() != ".cache/huggingface"
+                )
                 for fname in filenames:
                     full = Path(dirpath) / fname
                     if full.is_file():
@@ -319,8 +378,16 @@ class LocalHub:
             meta["private"] = bool(meta["private"])
         return meta
 
-    def publish(self, repo_id: str, files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike, *,
-                message: str = "", link: bool = False, unsafe_paths: bool = False, **meta: Any) -> str:
+    def publish(
+        self,
+        repo_id: str,
+        files: Mapping[str, bytes | str | os.PathLike] | str | os.PathLike,
+        *,
+        message: str = "",
+        link: bool = False,
+        unsafe_paths: bool = False,
+        **meta: Any,
+    ) -> str:
         """Make a new commit whose tree is exactly ``files`` and move ``main`` to it; the 40-hex commit sha.
 
         ``files`` is a folder (every regular file under it, except ``.git/`` and ``.cache/huggingface/``) or a
@@ -352,11 +419,26 @@ class LocalHub:
         with self._lock:
             self._refresh()
             cached = self._repos.get(repo_id)
-            state = json.loads(json.dumps(cached[1])) if cached else {
-                "id": repo_id, "meta": {"author": owner, "created_at": _now(), "downloads": 0, "likes": 0,
-                                        "library_name": None, "pipeline_tag": None, "tags": [], "gated": False,
-                                        "private": False},
-                "refs": {}, "commits": {}}
+            state = (
+                json.loads(json.dumps(cached[1]))
+                if cached
+                else {
+                    "id": repo_id,
+                    "meta": {
+                        "author": owner,
+                        "created_at": _now(),
+                        "downloads": 0,
+                        "likes": 0,
+                        "library_name": None,
+                        "pipeline_tag": None,
+                        "tags": [],
+                        "gated": False,
+                        "private": False,
+                    },
+                    "refs": {},
+                    "commits": {},
+                }
+            )
             parent = state["refs"].get("main")
             h = hashlib.sha1()
             h.update((parent or "").encode())
@@ -364,8 +446,14 @@ class LocalHub:
                 h.update(b"\0" + path.encode() + b"\0" + tree[path]["sha256"].encode())
             h.update(b"\0" + message.encode())
             sha = h.hexdigest()
-            state["commits"][sha] = {"parent": parent, "message": message, "date": _now(), "files": tree,
-                                     "card": card, "config": config}
+            state["commits"][sha] = {
+                "parent": parent,
+                "message": message,
+                "date": _now(),
+                "files": tree,
+                "card": card,
+                "config": config,
+            }
             state["refs"]["main"] = sha
             state["meta"].update(meta)
             self._write_state(repo_id, state)
@@ -385,9 +473,19 @@ class LocalHub:
 
     # ---------------------------------------------------------------- fault injection
 
-    def fail(self, pattern: str, *, status: int | None = None, times: int | None, methods: Iterable[str] | None = None,
-             retry_after: float | None = None, kind: str = "status", after_bytes: int = 0, delay: float = 0.0,
-             value: Any = None) -> None:
+    def fail(
+        self,
+        pattern: str,
+        *,
+        status: int | None = None,
+        times: int | None,
+        methods: Iterable[str] | None = None,
+        retry_after: float | None = None,
+        kind: str = "status",
+        after_bytes: int = 0,
+        delay: float = 0.0,
+        value: Any = None,
+    ) -> None:
         """The next ``times`` requests (None: every one) whose URL path (unquoted) matches the fnmatch ``pattern``
         and whose method is in ``methods`` go wrong the way ``kind`` says:
 
@@ -416,28 +514,40 @@ class LocalHub:
         if methods is None:
             methods = ("GET",) if kind == "slow" and after_bytes > 0 else _FAULT_KINDS[kind]
         with self._lock:
-            self._faults.append({
-                "pattern": pattern, "kind": kind, "status": None if status is None else int(status),
-                "left": None if times is None else int(times),
-                "methods": {m.upper() for m in methods},
-                "retry_after": retry_after, "after_bytes": max(0, int(after_bytes)), "delay": float(delay),
-                "value": (1 if value is None else int(value)) if kind == "size" else value})
+            self._faults.append(
+                {
+                    "pattern": pattern,
+                    "kind": kind,
+                    "status": None if status is None else int(status),
+                    "left": None if times is None else int(times),
+                    "methods": {m.upper() for m in methods},
+                    "retry_after": retry_after,
+                    "after_bytes": max(0, int(after_bytes)),
+                    "delay": float(delay),
+                    "value": (1 if value is None else int(value)) if kind == "size" else value,
+                }
+            )
 
     def forge(self, repo_id: str, **fields: Any) -> None:
         """Make listings and model info lie about ``repo_id``: each given field replaces what the Hub would say.
 
         ``id`` (also ``modelId``), ``sha``, ``siblings`` (a list of file names), or any other field of the
         answers. A forged ``sha`` is also accepted as a revision of the repo (it resolves to ``main``), as a hostile
-        Hub would, so a client that trusts it reaches the download. :meth:`clear_faults` drops every forgery.
+        Hub would, so a client that trusts it reaches the download. ``tree`` ({path: {field: value}}) makes the
+        tree listing lie instead: each path's fields replace those of its entry (``lfs``, ``xetHash``, ``size``...),
+        or make a file entry of a path the commit does not have. :meth:`clear_faults` drops every forgery.
         """
         self._repo_dir(repo_id)  # a valid id of a repo on disk
         forged = dict(fields)
+        tree = forged.pop("tree", None)
         if "id" in forged:
             forged.setdefault("modelId", forged["id"])
         if "siblings" in forged:
             forged["siblings"] = [{"rfilename": str(name)} for name in forged["siblings"]]
         with self._lock:
             self._forged[repo_id] = forged
+            if tree is not None:
+                self._forged_trees[repo_id] = json.loads(json.dumps(tree))
 
     def truncate(self, pattern: str, *, keep: int, times: int | None = None) -> None:
         """GET bodies of matching resolve paths stop after ``keep`` bytes and the connection is closed, while
@@ -451,12 +561,16 @@ class LocalHub:
             self._faults.clear()
             self._truncations.clear()
             self._forged.clear()
+            self._forged_trees.clear()
 
     def _take_fault(self, method: str, path: str) -> dict | None:
         with self._lock:
             for rule in self._faults:
-                if ((rule["left"] is None or rule["left"] > 0) and method in rule["methods"]
-                        and fnmatch.fnmatchcase(path, rule["pattern"])):
+                if (
+                    (rule["left"] is None or rule["left"] > 0)
+                    and method in rule["methods"]
+                    and fnmatch.fnmatchcase(path, rule["pattern"])
+                ):
                     if rule["left"] is not None:
                         rule["left"] -= 1
                     return dict(rule)
@@ -527,12 +641,21 @@ class LocalHub:
             siblings.append(sib)
         fields: dict[str, Any] = {
             "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24],
-            "id": repo_id, "modelId": repo_id, "author": meta.get("author") or repo_id.split("/")[0],
-            "sha": sha, "lastModified": commit["date"], "createdAt": meta["created_at"],
-            "private": bool(meta.get("private")), "gated": meta.get("gated") or False, "disabled": False,
-            "downloads": int(meta.get("downloads") or 0), "likes": int(meta.get("likes") or 0),
-            "library_name": self._library_name(state, main), "pipeline_tag": self._pipeline_tag(state, main),
-            "tags": self._tags(state, main), "siblings": siblings,
+            "id": repo_id,
+            "modelId": repo_id,
+            "author": meta.get("author") or repo_id.split("/")[0],
+            "sha": sha,
+            "lastModified": commit["date"],
+            "createdAt": meta["created_at"],
+            "private": bool(meta.get("private")),
+            "gated": meta.get("gated") or False,
+            "disabled": False,
+            "downloads": int(meta.get("downloads") or 0),
+            "likes": int(meta.get("likes") or 0),
+            "library_name": self._library_name(state, main),
+            "pipeline_tag": self._pipeline_tag(state, main),
+            "tags": self._tags(state, main),
+            "siblings": siblings,
         }
         if commit.get("card") is not None:
             fields["cardData"] = commit["card"]
@@ -545,6 +668,66 @@ class LocalHub:
         with self._lock:
             fields.update(json.loads(json.dumps(self._forged.get(repo_id, {}))))
         return fields
+
+    def _tree(self, state: dict, sha: str, path: str, recursive: bool, expand: bool) -> list[dict] | None:
+        """The entries of ``GET /api/models/{repo}/tree/{revision}/{path}`` at commit ``sha`` as the Hub gives them
+        (folders and files in tree order; each file's git blob id, size, and ``lfs`` sha256 when it is at least
+        LFS_THRESHOLD bytes, like ``?blobs=true``), or None when ``path`` is no folder of that commit. The children of
+        ``path``, or with ``recursive`` everything under it; ``expand`` adds each entry's ``lastCommit``."""
+        files = state["commits"][sha]["files"]
+        folders: dict[str, list[str]] = {}  # folder -> the files under it, at any depth
+        for name in files:
+            parts = name.split("/")
+            for i in range(1, len(parts)):
+                folder = "/".join(parts[:i])
+                if folder:  # an absolute name (published with unsafe_paths) has no folder ""
+                    folders.setdefault(folder, []).append(name)
+        if path and path not in folders:
+            return None
+        prefix = f"{path}/" if path else ""
+        entries = [(p, "directory") for p in folders] + [(p, "file") for p in files]
+        entries = [
+            (p, kind) for p, kind in entries if p.startswith(prefix) and (recursive or "/" not in p[len(prefix) :])
+        ]
+        out = []
+        for p, kind in sorted(entries, key=lambda e: (e[0].split("/"), e[1])):
+            if kind == "file":
+                info = files[p]
+                entry: dict[str, Any] = {"type": "file", "oid": info["blob_id"], "size": info["size"], "path": p}
+                if info["size"] >= LFS_THRESHOLD:
+                    entry["lfs"] = {"oid": info["sha256"], "size": info["size"], "pointerSize": 134}
+            else:
+                h = hashlib.sha1()
+                for name in sorted(folders[p]):
+                    h.update(name.encode("utf-8", "surrogatepass") + b"\0" + files[name]["sha256"].encode() + b"\0")
+                entry = {"type": "directory", "oid": h.hexdigest(), "size": 0, "path": p}
+            if expand:
+                entry["lastCommit"] = self._last_commit(state, sha, p)
+            out.append(entry)
+        with self._lock:
+            forged = json.loads(json.dumps(self._forged_trees.get(state["id"], {})))
+        for entry in out:
+            entry.update(forged.pop(entry["path"], {}) if entry["type"] == "file" else {})
+        out += [
+            {"type": "file", "oid": "0" * 40, "size": 0, "path": p, **fields} for p, fields in sorted(forged.items())
+        ]
+        return out
+
+    @staticmethod
+    def _last_commit(state: dict, sha: str, path: str) -> dict:
+        """The last commit up to ``sha`` that changed the file or folder ``path``, as the tree's ``lastCommit``."""
+
+        def content(commit: dict) -> dict:
+            return {n: i["sha256"] for n, i in commit["files"].items() if n == path or n.startswith(path + "/")}
+
+        here = content(state["commits"][sha])
+        while True:
+            parent = state["commits"][sha].get("parent")
+            if not parent or parent not in state["commits"] or content(state["commits"][parent]) != here:
+                break
+            sha = parent
+        commit = state["commits"][sha]
+        return {"id": sha, "title": (commit.get("message") or "").split("\n", 1)[0], "date": commit["date"]}
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> HubServer:
         """Start serving in a daemon thread; the running :class:`HubServer` (a context manager)."""
@@ -593,7 +776,7 @@ class _Handler(BaseHTTPRequestHandler):
     _path, _raw_path, _query, _token, _valid, _answered = "", "", {}, None, False, False
     _fault: dict | None = None
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet server
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def do_GET(self) -> None:
@@ -617,9 +800,16 @@ class _Handler(BaseHTTPRequestHandler):
         super().send_response(code, message)
 
     def _log(self, code: int | None) -> None:
-        record = {"method": self.command, "path": self._path, "query": self._query, "status": code,
-                  "range": self.headers.get("Range"), "auth": self._token is not None,
-                  "fault": self._fault["kind"] if self._fault else None, "time": time.monotonic()}
+        record = {
+            "method": self.command,
+            "path": self._path,
+            "query": self._query,
+            "status": code,
+            "range": self.headers.get("Range"),
+            "auth": self._token is not None,
+            "fault": self._fault["kind"] if self._fault else None,
+            "time": time.monotonic(),
+        }
         with self.server.owner._lock:
             self.server.owner.requests.append(record)
 
@@ -643,7 +833,7 @@ class _Handler(BaseHTTPRequestHandler):
         for chunk in chunks:
             if fault and fault["kind"] == "corrupt" and offset + sent <= at < offset + sent + len(chunk):
                 i = at - offset - sent
-                chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+                chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1 :]
             if fault and fault["kind"] in ("reset", "short", "slow") and sent <= at < sent + len(chunk) and at > 0:
                 head = at - sent
                 self.wfile.write(chunk[:head])
@@ -725,6 +915,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._model_info(f"{unquote(segments[2])}/{unquote(segments[3])}", "main")
             elif segments[:2] == ["api", "models"] and len(segments) == 6 and segments[4] == "revision":
                 self._model_info(f"{unquote(segments[2])}/{unquote(segments[3])}", unquote(segments[5]))
+            elif segments[:2] == ["api", "models"] and len(segments) >= 6 and segments[4] == "tree":
+                self._list_tree(
+                    f"{unquote(segments[2])}/{unquote(segments[3])}",
+                    unquote(segments[5]),
+                    unquote("/".join(segments[6:])),
+                )
             elif len(segments) >= 5 and segments[2] == "resolve":
                 repo_id = f"{unquote(segments[0])}/{unquote(segments[1])}"
                 self._resolve(method, repo_id, unquote(segments[3]), unquote("/".join(segments[4:])))
@@ -800,7 +996,7 @@ class _Handler(BaseHTTPRequestHandler):
         items.sort(key=lambda f: f["id"])
         items.sort(key=lambda f: f[sort], reverse=direction < 0)
         total = len(items) if limit is None else min(len(items), max(limit, 0))
-        page = items[cursor:min(cursor + hub.page_size, total)]
+        page = items[cursor : min(cursor + hub.page_size, total)]
 
         expand = self._expand()
         if expand is not None:
@@ -836,28 +1032,61 @@ class _Handler(BaseHTTPRequestHandler):
         keys = ["_id", "id", *expand] if expand is not None else list(_INFO_FIELDS)
         self._send_json(200, {k: fields[k] for k in keys if k in fields})
 
+    def _list_tree(self, repo_id: str, revision: str, path: str) -> None:
+        """``GET /api/models/{repo}/tree/{revision}[/{path}]?recursive=&expand=&cursor=``, paged with a Link header
+        as the Hub does. Like model info it is public for a gated repo (only files are gated)."""
+        hub, q = self.server.hub, self._query
+        state = self._repo(repo_id)
+        sha = self._commit_sha(state, hub._unforge(repo_id, revision))
+        expand = _truthy(q.get("expand"))
+        entries = hub._tree(state, sha, path.strip("/"), _truthy(q.get("recursive")), expand)
+        if entries is None:
+            raise _HubError(404, "EntryNotFound", f'{path} does not exist on "{revision}"', {"X-Repo-Commit": sha})
+        try:
+            cursor = max(0, int(q["cursor"][-1])) if q.get("cursor") else 0
+        except ValueError:
+            raise _HubError(400, None, "cursor must be an integer") from None
+        size = min(hub.tree_page_size, TREE_PAGE_EXPANDED) if expand else hub.tree_page_size
+        page = entries[cursor : cursor + size]
+        headers = {}
+        if cursor + len(page) < len(entries):
+            params = [(k, v) for k, vs in q.items() if k != "cursor" for v in vs] + [("cursor", str(cursor + size))]
+            host = self.headers.get("Host") or self.server.owner.endpoint.split("://", 1)[1]
+            headers["Link"] = f'<http://{host}{self._raw_path}?{urlencode(params)}>; rel="next"'
+        self._send_json(200, page, headers)
+
     def _resolve(self, method: str, repo_id: str, revision: str, path: str) -> None:
         hub = self.server.hub
         state = self._repo(repo_id)
         if state["meta"].get("gated") and not self._valid:
-            raise _HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to "
-                            "it and be authenticated to access it. Please log in.")
+            raise _HubError(
+                401,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted. You must have access to "
+                "it and be authenticated to access it. Please log in.",
+            )
         sha = self._commit_sha(state, hub._unforge(repo_id, revision))
         info = state["commits"][sha]["files"].get(path)
         if info is None:
             raise _HubError(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": sha})
         blob = hub._repo_dir(repo_id) / "blobs" / info["sha256"]
         size = info["size"]
-        common = {"X-Repo-Commit": sha, "ETag": f'"{info["sha256"]}"', "Accept-Ranges": "bytes",
-                  "Content-Type": "application/octet-stream"}
+        common = {
+            "X-Repo-Commit": sha,
+            "ETag": f'"{info["sha256"]}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
 
         start, end, status = 0, size - 1, 200
         if method == "GET" and self.headers.get("Range"):
             parsed = self._parse_range(self.headers["Range"], size)
             if parsed == "unsatisfiable":
-                self._send_json(416, {"error": "Requested range not satisfiable"},
-                                {**{k: v for k, v in common.items() if k != "Content-Type"},
-                                 "Content-Range": f"bytes */{size}"})
+                self._send_json(
+                    416,
+                    {"error": "Requested range not satisfiable"},
+                    {**{k: v for k, v in common.items() if k != "Content-Type"}, "Content-Range": f"bytes */{size}"},
+                )
                 return
             if parsed is not None:
                 start, end = parsed
@@ -945,8 +1174,9 @@ class HubServer:
             shown = f"[{shown}]"
         self.endpoint = f"http://{shown}:{bound_port}"
         self._stopped = False
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"localhub:{bound_port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name=f"localhub:{bound_port}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -984,16 +1214,18 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
+        argv, command = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
         prog="python -m modelvec.testing.localhub",
         description="Serve a local Hugging Face Hub from ROOT; with `-- CMD ARGS...`, run CMD with HF_ENDPOINT "
-                    "pointing at it and exit with its status.")
+        "pointing at it and exit with its status.",
+    )
     parser.add_argument("root", help="folder holding the repos")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--token", action="append", default=[], help="a bearer token accepted for gated/private "
-                        "repos (repeatable)")
+    parser.add_argument(
+        "--token", action="append", default=[], help="a bearer token accepted for gated/private repos (repeatable)"
+    )
     parser.add_argument("--page-size", type=int, default=50, help="items per page of /api/models")
     args = parser.parse_args(argv)
 
