@@ -364,3 +364,22 @@ def test_discovery_keeps_declared_adapters(tiny_bert, bert_case, tmp_path):
     kept, rejected = found["zoe/bert-lora"], found["yan/bert-lora-config-only"]
     assert kept.kept and kept.reason.startswith("declares base_model:adapter:") and kept.formats == ["adapter"]
     assert not rejected.kept and rejected.reason.endswith("but no PyTorch weights (has: adapter)")
+
+
+@pytest.mark.parametrize("params", [{}, {"factor": "U", "rank": 2}], ids=["sketch", "U"])
+def test_an_adapter_is_embedded_without_reading_the_base(case, params, monkeypatch):
+    """After fit, an adapter's vector needs only its own factors and the base's shapes: no base matrix is read."""
+    base, adapter, merged = case
+    emb = DeltaEmbedder(**params).fit(base)
+    expected = emb.embed_one(adapter)
+
+    def refuse(key):
+        raise AssertionError(f"read the base's {key}")
+
+    monkeypatch.setattr(emb.base_, "get_stored", refuse)
+    np.testing.assert_array_equal(emb.embed_one(adapter), expected)
+    if params:  # SVD factors of a full fine-tune need the base's matrices to form the delta...
+        with pytest.raises(AssertionError, match="read the base's"):
+            emb.embed_one(merged)
+    else:  # ...the sketch does not: the base's part W_base·Ω was made once, at fit
+        assert np.abs(emb.embed_one(merged)).max() > 0

@@ -134,8 +134,9 @@ def test_a_content_failure_is_not_retried_but_a_resource_one_is(tiny_bert, tmp_p
 
 
 def test_out_of_memory_batching_per_family_falls_back_to_layers_on_cpu(tiny_bert, tiny_finetunes, monkeypatch):
-    reference = DeltaEmbedder(batching="layer").fit(tiny_bert).transform(tiny_finetunes[:2])
-    embedder = DeltaEmbedder(batching="family").fit(tiny_bert)
+    kw = dict(factor="U", solver="exact")  # the SVD factors batch whole families (the sketch streams matrices)
+    reference = DeltaEmbedder(**kw, batching="layer").fit(tiny_bert).transform(tiny_finetunes[:2])
+    embedder = DeltaEmbedder(**kw, batching="family").fit(tiny_bert)
     calls = []
 
     def oom(self, *args):
@@ -146,9 +147,7 @@ def test_out_of_memory_batching_per_family_falls_back_to_layers_on_cpu(tiny_bert
     got = embedder.transform(tiny_finetunes[:2])
     assert calls == ["family", "family"]  # tried per family, then layer by layer (which needs no family batch)
     np.testing.assert_allclose(got, reference, atol=1e-6)
-    monkeypatch.setattr(
-        DeltaEmbedder, "_sketch_streamed", lambda self, *a: (_ for _ in ()).throw(RuntimeError(CPU_OOM))
-    )
+    monkeypatch.setattr(DeltaEmbedder, "_layer_factors", lambda self, *a: (_ for _ in ()).throw(RuntimeError(CPU_OOM)))
     with pytest.raises(RuntimeError, match="DefaultCPUAllocator"):  # out of memory there too: the caller records it
         embedder.embed_one(tiny_finetunes[0])
 

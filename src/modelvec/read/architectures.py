@@ -362,8 +362,11 @@ PHI3 = Architecture(
                     "layers.${layer}.self_attn.qkv_proj.weight",
                     ATTENTION[:3],
                     fused="qkv",
-                    split=(("num_attention_heads",), ("num_key_value_heads", "num_attention_heads"),
-                           ("num_key_value_heads", "num_attention_heads")),
+                    split=(
+                        ("num_attention_heads",),
+                        ("num_key_value_heads", "num_attention_heads"),
+                        ("num_key_value_heads", "num_attention_heads"),
+                    ),
                 ),
                 Tensor("layers.${layer}.self_attn.o_proj.weight", ("o",)),
                 Tensor("layers.${layer}.mlp.gate_up_proj.weight", ("ff_gate", "ff1"), fused="gate_up"),
@@ -375,9 +378,7 @@ PHI3 = Architecture(
     shape_keys=_LLAMA_SHAPE,
 )
 
-ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (BERT, ROBERTA, DISTILBERT, T5, GPT2, LLAMA, GEMMA, PHI3)
-}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (BERT, ROBERTA, DISTILBERT, T5, GPT2, LLAMA, GEMMA, PHI3)}
 
 
 def supported() -> str:

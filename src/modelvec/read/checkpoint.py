@@ -3,7 +3,7 @@
 A checkpoint is a local folder (config.json + weights) or a single weights file. Formats:
 ``model.safetensors``, sharded safetensors with ``model.safetensors.index.json``,
 ``pytorch_model.bin`` and sharded ``.bin`` with ``pytorch_model.bin.index.json``. safetensors are
-opened with ``safe_open`` (memory-mapped, one tensor at a time); ``.bin`` files go through
+memory-mapped and read as zero-copy views in their stored dtype; ``.bin`` files go through
 ``torch.load(..., weights_only=True, mmap=True)``, which refuses to run pickled code.
 """
 
@@ -28,6 +28,8 @@ from .headers import short_cause as _short
 
 _HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 _MAX_JSON = 100_000_000  # config.json and index files: thousands of times any real one
 
 # Causes that torch.load words at length (or as a bare exception type), said in a few words.
@@ -151,7 +153,8 @@ class Checkpoint:
 
     # --- tensors -------------------------------------------------------------------------------
     def _open(self, file: Path) -> Any:
-        """An open handle: a safetensors ``safe_open`` or a memory-mapped ``.bin`` state dict."""
+        """An open handle: a safetensors ``safe_open`` (memory-mapped: its tensors are views of the file's
+        pages, not copies) or a memory-mapped ``.bin`` state dict."""
         handle = self._handles.get(file)
         if handle is None:
             safetensors = file.suffix == ".safetensors"
@@ -206,6 +209,12 @@ class Checkpoint:
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
+        return self.get_stored(key).to(torch.float32)
+
+    def get_stored(self, key: str) -> torch.Tensor:
+        """One tensor in its stored dtype (float32, float16, bfloat16 or float64): a view of the mapped
+        file (safetensors and ``.bin`` alike), so converting is left to whoever reads it, chunk by chunk,
+        and the pages it touches are the page cache's, not the process's anonymous memory."""
         handle = self._open(self._file_of(key))
         try:
             tensor = handle[key] if isinstance(handle, dict) else handle.get_tensor(key)
@@ -216,7 +225,7 @@ class Checkpoint:
             dtype = str(tensor.dtype).removeprefix("torch.")
             expected = "float32, float16, bfloat16 or float64"
             raise CheckpointError(self.name, f"tensor {shown(key)} has dtype {dtype}, expected {expected}")
-        return tensor.to(torch.float32)
+        return tensor
 
     # --- architecture ---------------------------------------------------------------------------
     def architecture(self) -> Architecture:
@@ -246,13 +255,19 @@ class Checkpoint:
                 raise CheckpointError(self.name, f"missing tensor {prefix + ref.tensor}")
         return Layout(arch, refs, prefix)
 
-    def matrix(self, ref: MatrixRef, prefix: str, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """One matrix in the description's orientation W in R^{in x out}, fused parts split."""
+    def matrix(
+        self, ref: MatrixRef, prefix: str, cache: dict[str, torch.Tensor] | None = None, *, stored: bool = False
+    ) -> torch.Tensor:
+        """One matrix in the description's orientation W in R^{in x out}, fused parts split.
+
+        float32, or with ``stored`` in the file's dtype (a view of the mapped file where it can be:
+        nothing is copied until the caller converts it).
+        """
         name = prefix + ref.tensor
         if cache is not None and name in cache:
             whole = cache[name]
         else:
-            raw = self.get(name)
+            raw = self.get_stored(name) if stored else self.get(name)
             if raw.ndim != 2:
                 raise CheckpointError(self.name, f"tensor {name} has shape {list(raw.shape)}, expected a matrix")
             whole = raw.T if ref.orientation is Orientation.LINEAR else raw

@@ -288,6 +288,10 @@ class GGUFCheckpoint(Checkpoint):
         shape = self._infos[self.gguf_name(key)][1]
         return tuple(reversed(shape)) if key in self._transposed else shape
 
+    def get_stored(self, key: str) -> torch.Tensor:
+        """GGUF's blocks are dequantized on read: float32 is as stored as they get."""
+        return self.get(key)
+
     def get(self, key: str) -> torch.Tensor:
         """One tensor, dequantized to float32, in the Hugging Face checkpoint's storage layout."""
         name = self.gguf_name(key)

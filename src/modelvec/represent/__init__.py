@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .params import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
 
 if TYPE_CHECKING:
+    from .device import resolve_device
     from .embedder import BATCHINGS, Block, DeltaEmbedder
     from .linalg import canonical_signs, factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 
@@ -19,6 +20,7 @@ _LAZY = {
     "BATCHINGS": "embedder",
     "Block": "embedder",
     "DeltaEmbedder": "embedder",
+    "resolve_device": "device",
     "canonical_signs": "linalg",
     "factor_blocks": "linalg",
     "low_rank_svd": "linalg",

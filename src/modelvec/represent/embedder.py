@@ -7,17 +7,28 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..core.errors import CheckpointError, IncompatibleError, resource_cause
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint
+from .device import resolve_device
 from .linalg import factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 from .params import Representation
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
+_FAMILY_BATCH_BYTES = 1 << 30  # float32 deltas per batched family product: bounded whatever the depth
+
+
+def _all_finite(w: torch.Tensor, rows: int = 4096) -> bool:
+    """No NaN or Inf, checked in slices so that the check of a large matrix allocates little
+    (along its storage order: nn.Linear's matrices are transposed views)."""
+    if not w.is_contiguous() and w.mT.is_contiguous():
+        w = w.mT
+    return all(bool(torch.isfinite(w[i : i + rows]).all()) for i in range(0, w.shape[0], rows))
 
 
 @dataclass(frozen=True)
@@ -35,8 +46,11 @@ class Block:
 class DeltaEmbedder:
     """Turns fine-tunes of one base into vectors. scikit-learn style: ``fit(base)``, ``transform(models)``.
 
-    ``fit`` reads the base's matrices once (float32, kept in memory) and reuses them for every
-    fine-tune; ``transform`` returns a float32 array (n_models, dim_). Same input, same bits.
+    ``fit`` opens the base and checks it; its matrices stay in the memory-mapped files, and each
+    fine-tune's deltas are formed chunk by chunk from both files, converted from their stored dtype
+    (bf16, fp16, float32) only in cache-sized pieces: memory is bounded by a few of the largest
+    matrices, not by the model. ``transform`` returns a float32 array (n_models, dim_). Same
+    input, same bits.
 
     ``batching`` says how deltas are grouped for the linear algebra. ``"layer"`` (the CPU
     default) works through one layer at a time, so memory holds one layer's deltas at most; for
@@ -59,11 +73,11 @@ class DeltaEmbedder:
         n_oversamples: int = Representation.n_oversamples,
         seed: int = Representation.seed,
         block_norm: bool = Representation.block_norm,
-        device: str = "cpu",
+        device: str = "auto",
         batching: str = "auto",
     ) -> None:
         self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
         self.batching = batching
@@ -79,37 +93,34 @@ class DeltaEmbedder:
 
     # --- fit ----------------------------------------------------------------------------------
     def fit(self, base: str | os.PathLike[str] | Checkpoint) -> DeltaEmbedder:
-        """Read the base's matrices once; they are reused for every fine-tune.
+        """Open the base and learn its layout and matrix shapes; its weights stay in the (mapped) files.
 
-        Batched per family, each family's base matrices are stacked on the device in their
-        stored memory order, and ``weights_`` holds views into the stacks (no second copy).
+        Nothing of the base is held in memory: each fine-tune's deltas are formed chunk by chunk
+        from both checkpoints' mapped files, in their stored dtype until a chunk is converted, so
+        memory is bounded by a few of the largest matrices whatever the model's size. The base is
+        read once here, to refuse NaN or Inf before any fine-tune is blamed for them.
         """
-        ck = base if isinstance(base, Checkpoint) else Checkpoint(base)
+        ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
         layout = ck.layout()
-        weights: dict[tuple[str, int, str], torch.Tensor] = {}
+        shapes: dict[tuple[str, int, str], tuple[int, int]] = {}
         cache: dict[str, torch.Tensor] = {}
         families: dict[tuple, list[MatrixRef]] = {}
-        stacks: dict[tuple, torch.Tensor] = {}
         for ref in layout.refs:
-            w = ck.matrix(ref, layout.prefix, cache)
-            if not torch.isfinite(w).all():
+            w = ck.matrix(ref, layout.prefix, cache, stored=True)
+            shapes[ref.key] = (int(w.shape[0]), int(w.shape[1]))
+            families.setdefault((ref.stack, ref.family, shapes[ref.key], ref.orientation), []).append(ref)
+            if self.params.uses_svd and not _all_finite(w):
                 raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-            if self.by_family:
-                families.setdefault((ref.stack, ref.family, tuple(w.shape), ref.orientation), []).append(ref)
-            weights[ref.key] = w if self.by_family else w.to(self.device)
-        if self.by_family:
-            for group, refs in families.items():
-                stack = torch.empty(self._stored_shape(group, len(refs)), device=self.device)
-                for j, ref in enumerate(refs):
-                    view = self._stored_view(stack[j], ref.orientation)
-                    view.copy_(weights[ref.key])
-                    weights[ref.key] = view
-                stacks[group] = stack
         self.base_ = ck
         self.layout_ = layout
-        self.weights_ = weights
+        self.shapes_ = shapes
         self.families_ = families
-        self.family_stacks_ = stacks
+        if not self.params.uses_svd:  # the sketch is linear: the base's part once, W_base·Ω in float64
+            sketches = self._map(lambda ref: self._sketch64(self._base(ref, {})), layout.refs)
+            for ref, sk in zip(layout.refs, sketches):
+                if not bool(torch.isfinite(sk).all()):
+                    raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
+            self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
@@ -131,7 +142,7 @@ class DeltaEmbedder:
             if self.params.pooling == "mean" and layer > 0:
                 continue
             for ref in refs:
-                n = self.weights_[ref.key].shape[0]
+                n = self.shapes_[ref.key][0]
                 size = self.params.block_size(n)
                 blocks.append(
                     Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + size)
@@ -180,9 +191,9 @@ class DeltaEmbedder:
             return self._pooled(self.layout_, lambda refs: [factors[r.key] for r in refs])
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
-        if self.by_family:
+        if self.by_family and self.params.uses_svd:
             by_key = self._family_factors(ck, layout)
-        elif self._streams_sketch:
+        elif not self.params.uses_svd:
             cache: dict[str, torch.Tensor] = {}
             failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
@@ -195,7 +206,7 @@ class DeltaEmbedder:
                     failed.set()
                     raise
 
-            sketches = list(self._pool().map(sketch, layout.refs))
+            sketches = self._map(sketch, layout.refs)
             by_key = {ref.key: s for ref, s in zip(layout.refs, sketches) if s is not None}
         else:
             return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
@@ -227,7 +238,7 @@ class DeltaEmbedder:
         dW = 0: its block is zeros, as a merged model's would be.
         """
         p = self.params
-        shapes = {ref.key: tuple(self.weights_[ref.key].shape) for ref in self.layout_.refs}
+        shapes = dict(self.shapes_)
         deltas = ck.low_rank_deltas(self.layout_, shapes)
         factors: dict[tuple[str, int, str], torch.Tensor] = {}
         for ref in self.layout_.refs:
@@ -245,9 +256,9 @@ class DeltaEmbedder:
         return factors
 
     def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The fine-tune's matrix (on the CPU, mapped from its file where possible), checked against the base's shape."""
-        w = ck.matrix(ref, layout.prefix, cache)
-        if w.shape != self.weights_[ref.key].shape:
+        """The fine-tune's matrix as stored (a view of its mapped file), checked against the base's shape."""
+        w = ck.matrix(ref, layout.prefix, cache, stored=True)
+        if tuple(w.shape) != self.shapes_[ref.key]:
             name = layout.prefix + ref.tensor
             base_stored = list(self.base_.shape(self.layout_.prefix + ref.tensor))
             raise IncompatibleError(
@@ -255,27 +266,25 @@ class DeltaEmbedder:
             )
         return w
 
+    def _base(self, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The base's matrix as stored (a view of its mapped file)."""
+        return self.base_.matrix(ref, self.layout_.prefix, cache, stored=True)
+
     def _omega_t(self, m: int) -> torch.Tensor:
-        """The sketch's Omega^T (rank x m) on the device, made once per width."""
+        """The sketch's Omega^T (rank x m) on the device, made once per width (float32 values, held in float64)."""
         omegas = self.__dict__.setdefault("_omegas", {})
         if m not in omegas:
-            omegas[m] = sketch_matrix(m, self.params.rank, self.params.seed, self.device).mT.contiguous()
+            omegas[m] = sketch_matrix(m, self.params.rank, self.params.seed, self.device).mT.contiguous().double()
         return omegas[m]
 
     def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """(b, block) factors of a (b, n, m) batch of deltas, and whether they are finite."""
+        """(b, block) SVD factors of a (b, n, m) batch of deltas, and whether they are finite (the sketch
+        never forms the deltas: see :meth:`_sketch_streamed`)."""
         p = self.params
         m = batch.shape[-1]
         try:
-            if p.uses_svd:
-                u, s = truncated_svd(
-                    batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed
-                )
-                return factor_blocks(u, s, p, m), bool(torch.isfinite(s).all())
-            # (dW Omega)^T = Omega^T dW^T, computed in that form: a wide product, ~5x faster
-            # than the skinny dW @ Omega on CPU BLAS; its rows are the columns of dW Omega.
-            out = (self._omega_t(m) @ batch.mT).reshape(len(batch), -1)
-            return out, bool(torch.isfinite(out).all())
+            u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
+            return factor_blocks(u, s, p, m), bool(torch.isfinite(s).all())
         except torch.linalg.LinAlgError:  # LAPACK refuses non-finite input (out of memory is not caught here)
             return batch.new_zeros(0), False
 
@@ -289,16 +298,18 @@ class DeltaEmbedder:
         :meth:`_sketch_streamed`.
         """
         cache: dict[str, torch.Tensor] = {}
+        base_cache: dict[str, torch.Tensor] = {}
         groups: dict[tuple[tuple[int, ...], Orientation], list[int]] = {}
         for i, ref in enumerate(refs):
-            groups.setdefault((tuple(self.weights_[ref.key].shape), ref.orientation), []).append(i)
+            groups.setdefault((self.shapes_[ref.key], ref.orientation), []).append(i)
         factors: list[torch.Tensor | None] = [None] * len(refs)
         for ((n, m), orientation), idx in groups.items():
             linear = orientation is Orientation.LINEAR
             buffer = self._buffer((len(idx), m, n) if linear else (len(idx), n, m))
             batch = buffer.mT if linear else buffer
-            for j, i in enumerate(idx):
-                torch.sub(self._matrix(ck, layout, refs[i], cache), self.weights_[refs[i].key], out=batch[j])
+            for j, i in enumerate(idx):  # converted as they are copied; float32 subtraction of exact upcasts
+                batch[j].copy_(self._matrix(ck, layout, refs[i], cache))
+                batch[j].sub_(self._base(refs[i], base_cache))
             out, finite = self._factors(batch)
             if not finite:
                 self._raise_non_finite(ck, layout, [refs[i] for i in idx], batch)
@@ -308,9 +319,11 @@ class DeltaEmbedder:
                 factors[i] = block
         return factors  # type: ignore[return-value]
 
-    @property
-    def _streams_sketch(self) -> bool:
-        return not self.params.uses_svd and self.device.type == "cpu" and not self.by_family
+    def _map(self, fn: Callable[[MatrixRef], Any], refs: Sequence[MatrixRef]) -> list[Any]:
+        """``fn`` over the matrices: on the CPU spread over the sketch threads, on a GPU in order (one stream)."""
+        if self.device.type == "cpu":
+            return list(self._pool().map(fn, refs))
+        return [fn(ref) for ref in refs]
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads for the streamed sketch, one matrix each, torch single-threaded in each.
@@ -336,61 +349,89 @@ class DeltaEmbedder:
             k: v for k, v in self.__dict__.items() if k not in ("_threads", "_buffers", "_chunks", "_smaller_embedder")
         }
 
+    def _sketch64(self, w: torch.Tensor) -> torch.Tensor:
+        """Omega^T W^T (rank x n) of one matrix W (n x m, as stored: a view of the mapped file), in float64.
+
+        On the CPU the matrix is streamed in cache-sized chunks of its storage order, each
+        converted to float64 and multiplied while in cache; on a GPU it is copied as stored (bf16
+        stays bf16: half the bytes) through pinned memory and converted there. float64 so that the
+        fine-tune's and the base's sketches can be subtracted: on bf16 Llama-shaped matrices the
+        difference is 1e-14 from a float64 reference, where the delta formed first and multiplied
+        in float32 is 2e-7 from it (and float32 sketches subtracted, 2e-5); see docs/scale.md.
+        """
+        n, m = w.shape
+        omega_t = self._omega_t(m)
+        if self.device.type != "cpu":
+            on_device = self._to_device(w.mT if w.stride(0) == 1 else w)  # as stored: [m, n] or [n, m]
+            on_device = on_device.double()
+            return omega_t @ on_device if w.stride(0) == 1 else (on_device @ omega_t.T).T
+        out = torch.zeros(self.params.rank, n, dtype=torch.float64)
+        if w.stride(0) == 1:  # nn.Linear storage [m, n]: chunks of whole stored rows, i.e. columns of W
+            stored = w.T
+            step = max(1, _CHUNK_BYTES // (8 * n))
+            for start in range(0, m, step):
+                stop = min(m, start + step)
+                chunk = self._chunk((stop - start, n))
+                chunk.copy_(stored[start:stop])
+                out.addmm_(omega_t[:, start:stop], chunk)
+            return out
+        step = max(1, _CHUNK_BYTES // (8 * m))  # Conv1D storage [n, m]: chunks of rows of W
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            chunk = self._chunk((stop - start, m))
+            chunk.copy_(w[start:stop])
+            out[:, start:stop] = omega_t @ chunk.T
+        return out
+
     def _sketch_streamed(
         self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]
     ) -> torch.Tensor:
-        """One matrix's sketch Omega^T dW^T, the delta streamed through a cache-sized buffer.
+        """One matrix's sketch (dW Omega)^T = Omega^T W_ft^T - Omega^T W_base^T, the base's part made at fit.
 
-        Reading both matrices and writing the whole delta out, then reading it again for the
-        product, moves three matrices through memory; here each chunk of ~2 MB (whole rows of
-        the stored matrix) is subtracted and multiplied while it is still in cache.
+        Only the fine-tune is read: half the bytes of forming the delta. A matrix the fine-tune
+        left alone gives exactly zero (the same float64 computation on the same bytes).
         """
-        w, b = self._matrix(ck, layout, ref, cache), self.weights_[ref.key]
-        n, m = w.shape
-        omega_t = self._omega_t(m)
-        out = torch.empty(self.params.rank, n)
-        if w.stride(0) == 1:  # nn.Linear storage: the columns of dW are contiguous; sum over chunks of them
-            step = max(1, _CHUNK_BYTES // (4 * n))
-            for start in range(0, m, step):
-                stop = min(m, start + step)
-                delta = self._chunk((stop - start, n))
-                torch.sub(w[:, start:stop].T, b[:, start:stop].T, out=delta)
-                if start == 0:
-                    torch.mm(omega_t[:, :stop], delta, out=out)
-                else:
-                    out.addmm_(omega_t[:, start:stop], delta)
-        else:  # Conv1D storage: rows of dW are contiguous; each chunk gives its own columns of the sketch
-            out_t = torch.empty(n, self.params.rank)
-            step = max(1, _CHUNK_BYTES // (4 * m))
-            for start in range(0, n, step):
-                stop = min(n, start + step)
-                delta = self._chunk((stop - start, m))
-                torch.sub(w[start:stop], b[start:stop], out=delta)
-                torch.mm(delta, omega_t.T, out=out_t[start:stop])
-            out = out_t.T
+        w = self._matrix(ck, layout, ref, cache)
+        out = self._sketch64(w) - self.base_sketches_[ref.key].to(self.device)
         if not torch.isfinite(out).all():
-            self._raise_non_finite(ck, layout, [ref], (self._matrix(ck, layout, ref, cache) - b).unsqueeze(0))
-        block = out.reshape(1, -1)
+            raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
+        block = out.float().reshape(1, -1)
         return (normalise_blocks(block) if self.params.block_norm else block)[0]
 
     def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
-        """Every matrix's factor, each family batched over its layers on the device (see ``batching``)."""
+        """Every matrix's factor, each family batched over its layers on the device (see ``batching``).
+
+        A family's matrices go to the device as stored (bf16 stays bf16: half the bytes of float32;
+        from pinned memory, asynchronously, where the device is a GPU) and are converted and
+        subtracted there, in batches of at most ``_FAMILY_BATCH_BYTES`` of float32 deltas.
+        """
         cache: dict[str, torch.Tensor] = {}
+        base_cache: dict[str, torch.Tensor] = {}
         factors: dict[tuple[str, int, str], torch.Tensor] = {}
-        for group, refs in self.families_.items():
-            base = self.family_stacks_[group]
-            stored = self._buffer(tuple(base.shape))
-            for j, ref in enumerate(refs):
-                self._stored_view(stored[j], ref.orientation).copy_(self._matrix(ck, layout, ref, cache))
-            stored.sub_(base)
-            batch = self._stored_view(stored, group[3])
-            out, finite = self._factors(batch)
-            if not finite:
-                self._raise_non_finite(ck, layout, refs, batch)
-            if self.params.block_norm:
-                out = normalise_blocks(out)
-            factors.update(zip((r.key for r in refs), out))
+        for group, all_refs in self.families_.items():
+            (n, m), orientation = group[2], group[3]
+            per_batch = max(1, _FAMILY_BATCH_BYTES // (4 * n * m))
+            for start in range(0, len(all_refs), per_batch):
+                refs = all_refs[start : start + per_batch]
+                stored = self._buffer(self._stored_shape(group, len(refs)))
+                for j, ref in enumerate(refs):
+                    view = self._stored_view(stored[j], orientation)
+                    view.copy_(self._to_device(self._matrix(ck, layout, ref, cache)))
+                    view.sub_(self._to_device(self._base(ref, base_cache)))
+                batch = self._stored_view(stored, orientation)
+                out, finite = self._factors(batch)
+                if not finite:
+                    self._raise_non_finite(ck, layout, refs, batch)
+                if self.params.block_norm:
+                    out = normalise_blocks(out)
+                factors.update(zip((r.key for r in refs), out))
         return factors
+
+    def _to_device(self, stored: torch.Tensor) -> torch.Tensor:
+        """A stored matrix on the device in its stored dtype; to a GPU through pinned memory, without blocking."""
+        if self.device.type == "cpu":
+            return stored
+        return stored.contiguous().pin_memory().to(self.device, non_blocking=True)
 
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A reused scratch buffer per shape: fresh large allocations page-fault on every model."""
@@ -400,11 +441,11 @@ class DeltaEmbedder:
         return buffers[shape]
 
     def _chunk(self, shape: tuple[int, int]) -> torch.Tensor:
-        """A chunk buffer of the calling thread (each sketch thread streams its own matrix)."""
+        """A float64 chunk buffer of the calling thread (each sketch thread streams its own matrix)."""
         local = self.__dict__.setdefault("_chunks", threading.local())
         buffers = local.__dict__.setdefault("buffers", {})
         if shape not in buffers:
-            buffers[shape] = torch.empty(shape)
+            buffers[shape] = torch.empty(shape, dtype=torch.float64)
         return buffers[shape]
 
     @staticmethod
@@ -417,5 +458,5 @@ class DeltaEmbedder:
         )
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "weights_"):
+        if not hasattr(self, "shapes_"):
             raise RuntimeError("call fit(base) before transform")

@@ -1,0 +1,176 @@
+"""Decoder LLMs in bf16: vectors of bf16 checkpoints are those of their float32 upcasts, and memory is
+bounded by a few matrices, not by the model (the base is never materialised in float32)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import save_state
+from modelvec import DeltaEmbedder
+from modelvec.read import Checkpoint
+
+
+def _llama_pair(root, d: int, ff: int, layers: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    config = {
+        "model_type": "llama",
+        "hidden_size": d,
+        "intermediate_size": ff,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+    }
+    kv = d // 4
+    shapes = {
+        "self_attn.q_proj": (d, d),
+        "self_attn.k_proj": (kv, d),
+        "self_attn.v_proj": (kv, d),
+        "self_attn.o_proj": (d, d),
+        "mlp.gate_proj": (ff, d),
+        "mlp.up_proj": (ff, d),
+        "mlp.down_proj": (d, ff),
+    }
+    base, ft = {}, {}
+    for layer in range(layers):
+        for name, shape in shapes.items():
+            key = f"model.layers.{layer}.{name}.weight"
+            w = torch.randn(shape, generator=gen) * 0.02
+            base[key] = w.to(dtype)
+            ft[key] = (w + torch.randn(shape, generator=gen) * 1e-3).to(dtype)
+    return save_state(root / "base", base, config), save_state(root / "ft", ft, config)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"factor": "U", "solver": "exact"}, {"factor": "US", "pooling": "concat"}],
+    ids=["sketch", "U", "US-concat"],
+)
+@pytest.mark.parametrize("batching", ["layer", "family"])
+def test_bf16_checkpoints_give_the_vector_of_their_float32_upcasts(tmp_path, params, batching):
+    base, ft = _llama_pair(tmp_path / "bf16", 64, 128, 2, torch.bfloat16)
+    upcast = tmp_path / "f32"
+    for name in ("base", "ft"):
+        from safetensors.torch import load_file
+
+        state = {
+            k: v.float() for k, v in load_file(str((base if name == "base" else ft) / "model.safetensors")).items()
+        }
+        save_state(upcast / name, state, json.loads((base / "config.json").read_text()))
+    a = DeltaEmbedder(**params, batching=batching).fit(base).embed_one(ft)
+    b = DeltaEmbedder(**params, batching=batching).fit(upcast / "base").embed_one(upcast / "ft")
+    assert np.abs(a).max() > 0
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+PEAK = textwrap.dedent("""
+    import json, sys, threading, time
+    def anon():
+        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("RssAnon:"))
+    import torch
+    from modelvec import DeltaEmbedder
+    torch.set_num_threads(1)
+    base, ft, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    e = DeltaEmbedder(**params)
+    e.embed_one  # warm imports and allocator before the baseline
+    idle, peak, done = anon(), [0], threading.Event()
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], anon()); time.sleep(0.002)
+    threading.Thread(target=sample, daemon=True).start()
+    e.fit(base); vec = e.embed_one(ft)
+    done.set()
+    print(json.dumps({"peak": max(peak[0], anon()) - idle}))
+""")
+
+
+@pytest.mark.parametrize("params", [{}, {"factor": "U"}], ids=["sketch", "U"])
+def test_peak_anonymous_memory_is_a_few_matrices_not_the_model(tmp_path, params):
+    """16 layers of bf16 matrices up to 1024 x 4096 (8 MB bf16, 16 MB float32): the base alone is
+    ~270 MB in float32. Holding it (the old fit) or either model whole would cross the bound."""
+    base, ft = _llama_pair(tmp_path, 1024, 4096, 16, torch.bfloat16)
+    model_f32 = sum(os.path.getsize(p / "model.safetensors") for p in (base,)) * 2
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK, str(base), str(ft), json.dumps(params)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+    largest_f32 = 1024 * 4096 * 4
+    assert model_f32 > 250e6
+    assert peak < 6 * largest_f32, f"peak anonymous memory {peak / 1e6:.0f} MB for a {model_f32 / 1e6:.0f} MB model"
+
+
+def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
+    """(W_ft - W_base)·Ω computed as W_ft·Ω - W_base·Ω (the base's part at fit) in float64: within 1e-12 of
+    the float64 definition on bf16 deltas, where a float32 product would be ~1e-7 from it."""
+    from safetensors.torch import load_file
+
+    from modelvec.represent.linalg import sketch_matrix
+
+    base, ft = _llama_pair(tmp_path, 64, 256, 2, torch.bfloat16)
+    e = DeltaEmbedder(block_norm=False, pooling="concat").fit(base)
+    vec = e.embed_one(ft)
+    b, f = load_file(str(base / "model.safetensors")), load_file(str(ft / "model.safetensors"))
+    for ref, block in zip(e.layout_.refs, e.blocks_):
+        key = "model." + ref.tensor
+        delta = (f[key].double() - b[key].double()).T  # x @ W orientation
+        omega = sketch_matrix(delta.shape[1], 8, 0).double()
+        expected = (delta @ omega).T.reshape(-1).numpy()
+        got = vec[block.start : block.stop].astype(np.float64)
+        assert np.abs(got - expected).max() <= 1e-6 * np.abs(expected).max()  # float32 output rounding only
+        ft_matrix = Checkpoint(ft).matrix(ref, "model.", stored=True)
+        internal = (e._sketch64(ft_matrix) - e.base_sketches_[ref.key]).reshape(-1).numpy()  # before float32
+        assert np.abs(internal - expected).max() <= 1e-12 * np.abs(expected).max()
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where no GPU is visible")
+def test_asking_for_cuda_without_a_gpu_is_one_line(tiny_bert, tmp_path):
+    from typer.testing import CliRunner
+
+    from modelvec.cli import app
+
+    with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+        DeltaEmbedder(device="cuda")
+    assert DeltaEmbedder(device="auto").device.type == "cpu"
+    result = CliRunner().invoke(
+        app,
+        ["embed", "--base", str(tiny_bert), str(tiny_bert), "--device", "cuda", "--store", str(tmp_path / "s.duckdb")],
+    )
+    assert result.exit_code == 2 and "no CUDA GPU is visible" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@CUDA
+@pytest.mark.parametrize("params", [{}, {"factor": "U"}, {"factor": "US", "pooling": "concat"}])
+def test_cuda_vectors_equal_cpu_vectors(tmp_path, params):
+    base, ft = _llama_pair(tmp_path, 128, 256, 2, torch.bfloat16)
+    cpu = DeltaEmbedder(**params, device="cpu").fit(base).embed_one(ft)
+    gpu = DeltaEmbedder(**params, device="cuda").fit(base).embed_one(ft)
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=1e-5 * np.abs(cpu).max())
+
+
+@CUDA
+def test_cuda_ranks_equal_cpu_ranks(tmp_path):
+    from modelvec.rank import rank_table, spectra
+
+    base, ft = _llama_pair(tmp_path, 128, 256, 2, torch.bfloat16)
+    thresholds = (0.5, 0.9, 0.99, 0.999)
+    cpu = rank_table(spectra(ft, device="cpu"), thresholds)
+    gpu = rank_table(spectra(ft, device="cuda"), thresholds)
+    assert cpu["rank"].tolist() == gpu["rank"].tolist()
