@@ -62,7 +62,7 @@ def test_matrices_built_with_known_spectra_give_the_known_ranks(tiny_bert, tmp_p
     found = {(s.layer, s.family): s for s in spectra(model)}
     sv = found[(1, "v")].singular_values
     np.testing.assert_allclose(sv[:4], [8, 4, 2, 1], rtol=1e-5)
-    assert sv.dtype == np.float32 and np.abs(sv[4:]).max() < 1e-5
+    assert sv.dtype == np.float64 and np.abs(sv[4:]).max() < 1e-5  # the float32 file's own rounding
     table = rank_table([found[(1, "v")]], (0.5, 0.9, 0.99, 1.0)).set_index("threshold")
     # energies 64, 16, 4, 1 of 85: 0.75, 0.94, 0.988, 1.0
     assert table["rank"].to_dict() == {0.5: 1, 0.9: 2, 0.99: 4, 1.0: 4}
@@ -210,3 +210,108 @@ def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
     assert "best law" in over.output and (tmp_path / "o" / "rank-0.9.png").exists()
     missing = runner.invoke(app, ["rank"])
     assert missing.exit_code == 2 and "give a MODEL" in missing.output
+
+
+def _near_tie_matrices(seed: int, count: int = 48) -> tuple[list[np.ndarray], list[float]]:
+    """float64 matrices built with spectra whose cumulative energy passes a threshold within 1e-7 of it,
+    on one side or the other: the ranks a float32 SVD gets wrong."""
+    rng = np.random.default_rng(seed)
+    mats, thresholds = [], []
+    for i in range(count):
+        n, m = [(48, 32), (32, 48), (40, 40)][i % 3]
+        k = min(n, m)
+        energies = np.sort(rng.uniform(0.5, 2.0, k))[::-1]
+        energies /= energies.sum()
+        r = int(rng.integers(2, k - 2))
+        t = float(np.cumsum(energies)[r - 1]) + (1 if i % 2 else -1) * float(rng.uniform(2e-9, 1e-7)) * (
+            0.1 if i % 4 < 2 else 1.0
+        )
+        u, _ = np.linalg.qr(rng.standard_normal((n, k)))
+        v, _ = np.linalg.qr(rng.standard_normal((m, k)))
+        mats.append((u * np.sqrt(energies)) @ v.T)
+        thresholds.append(t)
+    return mats, thresholds
+
+
+def test_ranks_equal_a_float64_svd_exactly_at_near_tied_thresholds():
+    from modelvec.rank.energy import gram_energies, rank_of_energies
+
+    mats, thresholds = _near_tie_matrices(0)
+    by_shape: dict = {}
+    for i, w in enumerate(mats):
+        by_shape.setdefault(w.shape, []).append(i)
+    float32_misses = 0
+    for idx in by_shape.values():
+        energies = gram_energies([torch.from_numpy(mats[i]) for i in idx])
+        for i, e in zip(idx, energies):
+            reference = np.linalg.svd(mats[i], compute_uv=False) ** 2  # float64 LAPACK
+            t = thresholds[i]
+            assert rank_of_energies(e, t) == rank_of_energies(reference, t), (i, t)
+            s32 = torch.linalg.svdvals(torch.from_numpy(mats[i]).float()).double().numpy() ** 2
+            float32_misses += rank_of_energies(s32, t) != rank_of_energies(reference, t)
+    assert float32_misses > 0  # the construction is sharp enough to move float32 ranks
+
+
+def test_rank_study_of_a_bf16_checkpoint_is_that_of_its_float32_upcast(tiny_bert, tmp_path):
+    state = load_file(str(tiny_bert / "model.safetensors"))
+    bf16 = save_state(
+        tmp_path / "bf16",
+        {k: v.bfloat16() for k, v in state.items()},
+        json.loads((tiny_bert / "config.json").read_text()),
+    )
+    upcast = save_state(
+        tmp_path / "f32",
+        {k: v.bfloat16().float() for k, v in state.items()},
+        json.loads((tiny_bert / "config.json").read_text()),
+    )
+    a, b = spectra(bf16), spectra(upcast)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x.energies, y.energies)
+
+
+def test_rank_figure_bands_stay_within_possible_ranks_and_the_title_inside(tmp_path):
+    """Three models whose ranks 1, 1, 20 give mean − std below 0: the band is the quartiles instead,
+    and the (long) title is drawn inside the figure."""
+    from matplotlib.figure import Figure
+
+    from modelvec.plots import rank as plots_rank
+    from modelvec.rank import aggregate
+
+    tables = [
+        pd.DataFrame(
+            [
+                {
+                    "stack": "decoder",
+                    "family": "q",
+                    "layer": layer,
+                    "shape": "32x32",
+                    "threshold": 0.9,
+                    "rank": r,
+                    "rank_fraction": r / 32,
+                }
+                for layer in range(4)
+            ]
+        )
+        for r in (1, 1, 20)
+    ]
+    agg = aggregate(tables)
+    assert (agg["rank"] - agg["rank_std"] < 0).all()  # what the old band drew
+    drawn = {}
+    save = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        fig.canvas.draw()
+        drawn["fig"] = fig
+        return save(fig, *args, **kwargs)
+
+    import unittest.mock
+
+    title = "20 fine-tunes of a-very-long-organisation-name/a-very-long-model-name-for-testing: mean rank of ΔW"
+    with unittest.mock.patch.object(Figure, "savefig", keep):
+        plots_rank.plot_rank(agg, {}, 0.9, tmp_path / "r.png", title=title)
+    fig = drawn["fig"]
+    band = [c for ax in fig.axes for c in ax.collections]
+    assert band and min(p[:, 1].min() for c in band for p in (c.get_paths()[0].vertices,)) >= 1
+    renderer = fig.canvas.get_renderer()
+    box = fig._suptitle.get_window_extent(renderer)
+    assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height

@@ -80,6 +80,14 @@ def _numbers(values: list[str] | None) -> list[float]:
     return out
 
 
+def _check_device(value: str) -> str:
+    """A device option checked as it is parsed (before any progress is drawn): CUDA asked for without a GPU."""
+    from .represent import resolve_device
+
+    resolve_device(value)  # a ValueError: one line, exit 2 (see _OneLineErrors)
+    return value
+
+
 def _short(name: str) -> str:
     """A stored model or base as the user likely typed it: relative to the working folder when inside it."""
     try:
@@ -172,7 +180,9 @@ def embed(
     oversamples: int = OversamplesOpt,
     seed: int = SeedOpt,
     block_norm: bool = BlockNormOpt,
-    device: str = typer.Option("cpu", help="torch device for deltas and SVDs."),
+    device: str = typer.Option(
+        "auto", callback=_check_device, help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
+    ),
     store: Path | None = StoreOpt,
     force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="BASE mode: at most this many fine-tunes."),

@@ -1,7 +1,7 @@
 """The rank study: how the rank of every weight matrix (or of its fine-tuning delta) changes with depth.
 
-For each stack, layer and family: all singular values (float32, batched over the matrices that
-share a shape), and r(t) = the smallest r with sum_{i<=r} s_i^2 / sum s_i^2 >= t, also as a fraction
+For each stack, layer and family: all squared singular values (exact to float64, from the float64
+Gram matrix's eigenvalues: see :mod:`modelvec.rank.energy`), and r(t) = the smallest r with sum_{i<=r} s_i^2 / sum s_i^2 >= t, also as a fraction
 of min(n, m). GPT-2's fused ``c_attn`` is studied both whole (family ``qkv``, as the original
 gpt2-medium study did) and split into q, k, v.
 
@@ -28,9 +28,10 @@ from ..core.names import model_id
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, Layout, MatrixRef, check_compatible, open_checkpoint
 from ..read.gguf import refuse_quantized_delta, warn_if_quantized
+from ..represent import resolve_device
 from ..run import local_files
 from ..store import Store, opened
-from .energy import DEFAULT_THRESHOLDS, energy_rank
+from .energy import DEFAULT_THRESHOLDS, gram_energies, rank_of_energies
 
 PathLike = str | os.PathLike[str]
 KINDS = ("weights", "delta")
@@ -39,13 +40,18 @@ _MAX_BATCH_BYTES = 256 * 2**20  # bounded memory whatever the model size
 
 @dataclass(frozen=True)
 class Spectrum:
-    """The singular values (descending, float32) of one matrix in W in R^{in x out} orientation."""
+    """The squared singular values σᵢ² (descending, float64, exact to float64) of one matrix in
+    W in R^{in x out} orientation; ``singular_values`` their square roots."""
 
     stack: str
     layer: int
     family: str
     shape: tuple[int, int]
-    singular_values: np.ndarray = field(repr=False)
+    energies: np.ndarray = field(repr=False)
+
+    @property
+    def singular_values(self) -> np.ndarray:
+        return np.sqrt(self.energies)
 
 
 def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
@@ -64,7 +70,7 @@ def spectra(
     base: PathLike | Checkpoint | None = None,
     of: str = "weights",
     fused: bool = True,
-    device: str = "cpu",
+    device: str = "auto",
 ) -> list[Spectrum]:
     """Singular values of every matrix of ``model`` (``of="weights"``) or of its delta to ``base``.
 
@@ -73,6 +79,7 @@ def spectra(
     """
     if of not in KINDS:
         raise ValueError(f"of must be one of {', '.join(KINDS)}, not {of!r}")
+    device = str(resolve_device(device))
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     layout = ck.layout()
     base_ck = base_layout = None
@@ -96,30 +103,25 @@ def spectra(
         items = by_shape.pop(shape, [])
         if not items:
             return
-        batch = torch.stack([m for _, m in items]).to(device)
-        try:
-            # Same singular values either way; CPU LAPACK is 2.5-4x slower on wide matrices.
-            values = torch.linalg.svdvals(batch.mT if shape[0] < shape[1] else batch).to("cpu", torch.float32).numpy()
-        except RuntimeError:  # LAPACK refuses non-finite input
-            values = np.full((len(items), min(shape)), np.nan, np.float32)
-        for (ref, _), s in zip(items, values):
-            if not np.isfinite(s).all():
+        values = gram_energies([m for _, m in items], device)
+        for (ref, _), e in zip(items, values):
+            if not np.isfinite(e).all():
                 raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-            out[(ref.stack, ref.layer, ref.family)] = Spectrum(ref.stack, ref.layer, ref.family, shape, s)
+            out[(ref.stack, ref.layer, ref.family)] = Spectrum(ref.stack, ref.layer, ref.family, shape, e)
 
     for ref in refs:
-        w = ck.matrix(ref, layout.prefix, cache)
+        w = ck.matrix(ref, layout.prefix, cache, stored=True)  # a view of the mapped file, converted per matrix
         if base_ck is not None and base_layout is not None:
-            w0 = base_ck.matrix(ref, base_layout.prefix, base_cache)
+            w0 = base_ck.matrix(ref, base_layout.prefix, base_cache, stored=True)
             if w.shape != w0.shape:
                 raise IncompatibleError(
                     ck.name,
                     f"tensor {layout.prefix + ref.tensor} has shape {list(w.shape)}, the base's has {list(w0.shape)}",
                 )
-            w = w - w0
+            w = w.double() - w0.double()  # exact: the float64 difference of two float32/bf16 values
         shape = (int(w.shape[0]), int(w.shape[1]))
         by_shape.setdefault(shape, []).append((ref, w))
-        if len(by_shape[shape]) * shape[0] * shape[1] * 4 >= _MAX_BATCH_BYTES:
+        if len(by_shape[shape]) * shape[0] * shape[1] * 8 >= _MAX_BATCH_BYTES:
             flush(shape)
     for shape in list(by_shape):
         flush(shape)
@@ -132,7 +134,7 @@ def rank_table(items: Sequence[Spectrum], thresholds: Sequence[float] = DEFAULT_
     for sp in items:
         n, m = sp.shape
         for t in thresholds:
-            r = energy_rank(sp.singular_values, t)
+            r = rank_of_energies(sp.energies, t)
             rows.append(
                 {
                     "stack": sp.stack,
@@ -150,7 +152,8 @@ def rank_table(items: Sequence[Spectrum], thresholds: Sequence[float] = DEFAULT_
 
 
 def aggregate(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """Mean and spread of the ranks of many models, per stack, family, layer and threshold."""
+    """Mean and spread of the ranks of many models, per stack, family, layer and threshold: std, min, max
+    and the quartiles (the figure's band: quantiles stay within the possible ranks, mean ± std need not)."""
     data = pd.concat(tables, ignore_index=True)
     keys = ["stack", "family", "layer", "shape", "threshold"]
     grouped = data.groupby(keys, sort=False)
@@ -159,6 +162,8 @@ def aggregate(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
         rank_std=("rank", "std"),
         rank_min=("rank", "min"),
         rank_max=("rank", "max"),
+        rank_q25=("rank", lambda r: float(r.quantile(0.25))),
+        rank_q75=("rank", lambda r: float(r.quantile(0.75))),
         rank_fraction=("rank_fraction", "mean"),
         models=("rank", "size"),
     ).reset_index()
@@ -200,7 +205,7 @@ def rank_study(
     base: PathLike | None = None,
     of: str = "weights",
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-    device: str = "cpu",
+    device: str = "auto",
 ) -> RankStudy:
     """The rank study of one model's weights, or of its delta to ``base``."""
     items = spectra(model, base=base, of=of, device=device)
@@ -213,7 +218,7 @@ def over_finetunes(
     models: Sequence[PathLike],
     *,
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-    device: str = "cpu",
+    device: str = "auto",
     name: str | None = None,
 ) -> tuple[RankStudy, dict[str, str]]:
     """The rank study of the deltas of many fine-tunes of ``base``: mean and spread per family and layer.
@@ -243,7 +248,7 @@ def over_stored(
     *,
     store: Store | PathLike | None = None,
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-    device: str = "cpu",
+    device: str = "auto",
 ) -> RankStudy:
     """The rank study of the deltas of every fine-tune of ``base`` in the store (``over_finetunes``).
 

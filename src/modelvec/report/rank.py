@@ -74,7 +74,7 @@ def rank_report(
     over_finetunes: str | None = None,
     store: Store | PathLike | None = None,
     out: PathLike | None = None,
-    device: str = "cpu",
+    device: str = "auto",
 ) -> RankStudy:
     """The rank study of ``model`` (its weights, or with ``of="delta"`` its delta to ``base``), or of the
     deltas of every stored fine-tune of ``over_finetunes``; written to ``out`` when given.

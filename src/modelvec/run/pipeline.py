@@ -71,7 +71,7 @@ def embed(
     models: Iterable[Model],
     *,
     representation: Representation | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     store: Store | PathLike | None = None,
     force: bool = False,
     progress: Progress | None = None,
