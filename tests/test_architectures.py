@@ -291,13 +291,31 @@ SPECS: dict[str, Spec] = {
         ),
         Spec("qwen2-lm", "llama", lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**_LLAMA_KW)), "model", "model.", _llama),
         # Gemma: tied embeddings; Gemma 2: head_dim (16) set apart from hidden_size / heads (8)
-        Spec("gemma-lm", "gemma", lambda: T.GemmaForCausalLM(T.GemmaConfig(**_LLAMA_KW, head_dim=8)), "model", "model.",
-             _llama),
-        Spec("gemma2-lm", "gemma", lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**_LLAMA_KW, head_dim=16)), "model",
-             "model.", _llama),
+        Spec(
+            "gemma-lm",
+            "gemma",
+            lambda: T.GemmaForCausalLM(T.GemmaConfig(**_LLAMA_KW, head_dim=8)),
+            "model",
+            "model.",
+            _llama,
+        ),
+        Spec(
+            "gemma2-lm",
+            "gemma",
+            lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**_LLAMA_KW, head_dim=16)),
+            "model",
+            "model.",
+            _llama,
+        ),
         # Phi-3: untied, fused qkv_proj (q 32 | k 16 | v 16 rows under grouped-query attention), fused gate_up_proj
-        Spec("phi3-lm", "phi3", lambda: T.Phi3ForCausalLM(T.Phi3Config(**_LLAMA_KW, pad_token_id=0)), "model",
-             "model.", _phi3),
+        Spec(
+            "phi3-lm",
+            "phi3",
+            lambda: T.Phi3ForCausalLM(T.Phi3Config(**_LLAMA_KW, pad_token_id=0)),
+            "model",
+            "model.",
+            _phi3,
+        ),
     )
 }
 HEADED_WITH_BARE = ["bert-cls", "roberta-cls", "distilbert-cls", "gpt2-lm", "llama-lm"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,9 @@ def plot_rank(
 ) -> Path:
     """One line per family across layers at one threshold, each with its best-fitting law dashed.
 
-    ``table`` has columns stack, layer (0-based), family, threshold and ``value`` (plus
-    ``rank_std`` when it aggregates several models: drawn as a band). ``fits`` maps
+    ``table`` has columns stack, layer (0-based), family, threshold and ``value`` (plus the quartiles
+    ``rank_q25``/``rank_q75`` when it aggregates several models: drawn as a band, never outside the
+    possible ranks). ``fits`` maps
     (stack, family, threshold) to fitted laws, best first (:func:`modelvec.rank.study.fit_table`).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -49,7 +51,7 @@ def plot_rank(
 
     data = table[np.isclose(table["threshold"], threshold)]
     stacks = list(dict.fromkeys(data["stack"]))
-    fig = Figure(figsize=(7.5 * len(stacks), 5.6), dpi=150)
+    fig = Figure(figsize=(7.5 * len(stacks), 5.6), dpi=150, layout="constrained")  # every label inside
     FigureCanvasAgg(fig)
     matrix = "ΔW = W_ft − W_base" if of == "delta" else "W"
     for i, stack in enumerate(stacks):
@@ -70,9 +72,12 @@ def plot_rank(
                 else ""
             )
             ax.plot(x, y, "o-", color=color, lw=1.6, ms=4, label=f"{FAMILY_NAMES.get(family, family)}{law}")
-            if "rank_std" in rows and rows["rank_std"].any():
-                std = rows["rank_std"].to_numpy(dtype=float)
-                ax.fill_between(x, y - std, y + std, color=color, alpha=0.12, lw=0)
+            if "rank_q25" in rows and (rows["rank_q75"] > rows["rank_q25"]).any():
+                sides = np.array([min(int(v) for v in str(shape).split("x")) for shape in rows["shape"]], dtype=float)
+                scale = 1.0 if value == "rank" else 1.0 / sides
+                low = rows["rank_q25"].to_numpy(dtype=float) * scale
+                high = rows["rank_q75"].to_numpy(dtype=float) * scale
+                ax.fill_between(x, low, high, color=color, alpha=0.12, lw=0)  # the middle half of the models
             if law:
                 grid = np.linspace(x.min(), x.max(), 200)
                 ax.plot(grid, best.predict(grid), "--", color=color, lw=1, alpha=0.8)
@@ -83,6 +88,6 @@ def plot_rank(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=False, loc="best")
     if title:
-        fig.suptitle(f"{title} (threshold {threshold:g}; dashed: best fitted law)", fontsize=11)
-    fig.tight_layout()
+        text = f"{title} (threshold {threshold:g}; dashed: best fitted law; band: middle half of the models)"
+        fig.suptitle("\n".join(textwrap.wrap(text, width=int(80 * len(stacks)))), fontsize=11)
     return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
