@@ -17,6 +17,7 @@ from modelvec import Checkpoint, Representation
 from modelvec.analyse.evaluation import REFERENCE, evaluate, task_vector_gram
 from modelvec.cli import app
 from modelvec.report import cluster, neighbors
+from modelvec.store import Store
 
 DATASETS = ("imdb", "glue/sst2", "squad")
 
@@ -230,3 +231,78 @@ def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):
     twice = {"sketch": Representation(rank=4), "U": Representation(rank=4, factor="sketch")}
     with pytest.raises(ValueError, match="'sketch' and 'U' have the same parameters"):
         evaluate(base, models, variants=twice, store=store)
+
+
+def test_explain_shares_sum_to_the_cosine_and_find_the_shared_block(tiny_bert, tmp_path):
+    """Two fine-tunes that share one planted delta in one matrix (layer 1's v) and differ elsewhere: the
+    block shares sum to each neighbour's cosine, and that block carries their similarity."""
+    from safetensors.torch import load_file, save_file
+
+    from modelvec.analyse.scores import cosine_contributions
+
+    state = load_file(str(tiny_bert / "model.safetensors"))
+    gen = torch.Generator().manual_seed(7)
+    key = "encoder.layer.1.attention.self.value.weight"
+    shared = torch.randn(state[key].shape, generator=gen) * 0.05
+    paths = []
+    for i in range(3):
+        tuned = {k: v + torch.randn(v.shape, generator=gen) * 0.002 for k, v in state.items()}
+        if i < 2:
+            tuned[key] = state[key] + shared + torch.randn(state[key].shape, generator=gen) * 0.002
+        folder = tmp_path / f"ft{i}"
+        folder.mkdir()
+        save_file({k: v.contiguous() for k, v in tuned.items()}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text((tiny_bert / "config.json").read_text())
+        paths.append(folder)
+    store = tmp_path / "s.duckdb"
+    params = Representation(rank=4, pooling="concat")
+    modelvec.embed(tiny_bert, paths, representation=params, store=store)
+    found = neighbors(paths[0], params=params, store=store, k=2, explain=True)
+    X, meta = Store(store).load(params=params)
+    by_model = dict(zip(meta["model"], X))
+    for item, distance in zip(found.explanation, found.nearest["distance"]):
+        assert sum(b["share"] for b in item["blocks"]) == pytest.approx(1 - distance, abs=1e-6)
+        assert sum(item["by_family"].values()) == pytest.approx(item["cosine"], abs=1e-9)
+    nearest = found.explanation[0]
+    assert nearest["model"] == str(paths[1])
+    top = nearest["blocks"][0]
+    assert (top["layer"], top["family"]) == (1, "v") and top["share"] > 0.5 * nearest["cosine"]
+    q = by_model[str(paths[0])]
+    shares = cosine_contributions(q, np.stack([by_model[str(p)] for p in paths[1:]]), [(0, len(q))])
+    assert shares[:, 0] == pytest.approx([1 - d for d in found.nearest["distance"]], abs=1e-6)
+    result = CliRunner().invoke(
+        app,
+        [
+            "neighbors",
+            str(paths[0]),
+            "--k",
+            "2",
+            "--rank",
+            "4",
+            "--pooling",
+            "concat",
+            "--store",
+            str(store),
+            "--explain",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["explanation"] == json.loads(json.dumps(found.as_json()))["explanation"]
+    text = CliRunner().invoke(
+        app,
+        [
+            "neighbors",
+            str(paths[0]),
+            "--k",
+            "2",
+            "--rank",
+            "4",
+            "--pooling",
+            "concat",
+            "--store",
+            str(store),
+            "--explain",
+        ],
+    )
+    assert text.exit_code == 0 and "top blocks v L2" in text.output

@@ -451,6 +451,9 @@ def neighbors(
     block_norm: bool = BlockNormOpt,
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
+    explain: bool = typer.Option(
+        False, "--explain", help="Show which layers and families carry the similarity to each neighbour."
+    ),
 ) -> None:
     """The stored models nearest to MODEL, with distance and labels, and its predicted dataset.
 
@@ -460,7 +463,7 @@ def neighbors(
     from .report import neighbors as find
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
-    found = find(model, params=params, store=store, k=k, metric=metric, base=base)
+    found = find(model, params=params, store=store, k=k, metric=metric, base=base, explain=explain)
     if as_json:
         _print_json(found.as_json())
         return
@@ -490,6 +493,13 @@ def neighbors(
             f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
             f"votes of the {k} nearest labelled models: {votes})"
         )
+    for item in found.explanation or []:
+        families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))
+        top = ", ".join(
+            f"{b['family']}{'' if b['layer'] is None else ' L' + str(b['layer'] + 1)} {b['share']:+.3f}"
+            for b in item["blocks"][:5]
+        )
+        _say(console, f"{_short(item['model'])}: cosine {item['cosine']:.3f} = families {families}; top blocks {top}")
 
 
 @app.command()

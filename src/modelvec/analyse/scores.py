@@ -393,3 +393,18 @@ def nearest(
         order = order[order != exclude]
     order = order[:k]
     return order, d[order]
+
+
+def cosine_contributions(query: np.ndarray, others: np.ndarray, bounds: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(n_others, n_blocks): block b's share of each cosine, q_b·x_b / (|q| |x|); the row sums are the cosines.
+
+    Which layers and families carry the similarity between two models: a block's share is positive
+    where the two fine-tunes moved that block alike, negative where they moved it in opposite ways.
+    """
+    q = np.asarray(query, dtype=np.float64)
+    x = np.atleast_2d(np.asarray(others, dtype=np.float64))
+    norms = np.linalg.norm(q) * np.linalg.norm(x, axis=1)
+    out = np.zeros((len(x), len(bounds)))
+    for j, (start, stop) in enumerate(bounds):
+        out[:, j] = x[:, start:stop] @ q[start:stop]
+    return np.divide(out, norms[:, None], out=np.zeros_like(out), where=norms[:, None] > 0)

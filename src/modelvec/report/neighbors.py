@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.scores import majority_dataset, nearest
+from ..analyse.scores import cosine_contributions, majority_dataset, nearest
 from ..core.names import is_hub_id, model_id
 from ..hub.client import HubSettings
 from ..hub.ids import resolve_base
+from ..represent import blocks_of
 from ..represent.params import Representation
-from ..run import catalogue_entries, embed
+from ..run import catalogue_entries, embed, local_files
 from ..store import Store, opened
 
 PathLike = str | os.PathLike[str]
@@ -40,6 +41,8 @@ class Neighbors:
     confidence: float  # the predicted dataset's share of their votes; nan when nothing was predicted
     votes: dict[str, int] = field(default_factory=dict)
     warning: str | None = None  # e.g. the query was embedded against another revision of the base
+    #: with ``explain``: per neighbour, its cosine and each block's share of it (stack, layer, family)
+    explanation: list[dict[str, Any]] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Everything above, the neighbours as records (nearest first)."""
@@ -104,6 +107,7 @@ def neighbors(
     metric: str = "cosine",
     base: PathLike | str | None = None,
     settings: HubSettings | None = None,
+    explain: bool = False,
 ) -> Neighbors:
     """The ``k`` stored models nearest to ``model``, and the dataset they suggest for it.
 
@@ -111,6 +115,9 @@ def neighbors(
     on the fly with ``params`` against the stored base (``base``, or the only one stored) and
     compared, without being stored. The prediction is the majority dataset among the ``k``
     nearest labelled models (the rule of ``cluster``'s predictions), with its vote share.
+
+    ``explain`` adds, per neighbour, which layers and families carry the similarity: each block's
+    share of the cosine (they sum to it; :func:`~modelvec.analyse.scores.cosine_contributions`).
     """
     params = params or Representation()
     with opened(store) as db:
@@ -131,6 +138,7 @@ def neighbors(
         else:
             me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
             query = X[me]
+        base_files = local_files(base_name, "", db, settings) if explain else None
     idx, dist = nearest(X, query, k=k, metric=metric, exclude=me)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist)
@@ -141,4 +149,31 @@ def neighbors(
     if len(labelled):
         voters, _ = nearest(X[labelled], query, k=k, metric=metric)
         predicted, confidence, votes = majority_dataset([labels[i] for i in labelled[voters]])
-    return Neighbors(name, base_name, params.key(), on_the_fly, found, predicted, confidence, votes, warning)
+    explanation = _explain(query, X[idx], found["model"], base_files, params) if base_files is not None else None
+    return Neighbors(
+        name, base_name, params.key(), on_the_fly, found, predicted, confidence, votes, warning, explanation
+    )
+
+
+def _explain(
+    query: np.ndarray, rows: np.ndarray, models: pd.Series, base: str, params: Representation
+) -> list[dict[str, Any]]:
+    blocks = blocks_of(base, params)
+    shares = cosine_contributions(query, rows, [(b.start, b.stop) for b in blocks])
+    out = []
+    for model, row in zip(models, shares):
+        by_family: dict[str, float] = {}
+        by_layer: dict[str, float] = {}
+        for b, v in zip(blocks, row):
+            by_family[b.family] = by_family.get(b.family, 0.0) + float(v)
+            if b.layer is not None:
+                key = f"{b.stack} {b.layer}"
+                by_layer[key] = by_layer.get(key, 0.0) + float(v)
+        parts = [
+            {"stack": b.stack, "layer": b.layer, "family": b.family, "share": float(v)} for b, v in zip(blocks, row)
+        ]
+        parts.sort(key=lambda p: -abs(float(p["share"])))  # type: ignore[arg-type]
+        out.append(
+            {"model": model, "cosine": float(row.sum()), "by_family": by_family, "by_layer": by_layer, "blocks": parts}
+        )
+    return out

@@ -13,13 +13,14 @@ from .params import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
 
 if TYPE_CHECKING:
     from .device import resolve_device
-    from .embedder import BATCHINGS, Block, DeltaEmbedder
+    from .embedder import BATCHINGS, Block, DeltaEmbedder, blocks_of
     from .linalg import canonical_signs, factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 
 _LAZY = {
     "BATCHINGS": "embedder",
     "Block": "embedder",
     "DeltaEmbedder": "embedder",
+    "blocks_of": "embedder",
     "resolve_device": "device",
     "canonical_signs": "linalg",
     "factor_blocks": "linalg",

@@ -43,6 +43,32 @@ class Block:
     stop: int
 
 
+def vector_blocks(
+    layout: Layout, shapes: dict[tuple[str, int, str], tuple[int, int]], params: Representation
+) -> list[Block]:
+    """Where each stack, layer (None when pooled) and family sits in a vector of ``params``."""
+    blocks: list[Block] = []
+    pos = 0
+    for stack, layer, refs in layout.by_layer():
+        if params.pooling == "mean" and layer > 0:
+            continue
+        for ref in refs:
+            n = shapes[ref.key][0]
+            size = params.block_size(n)
+            blocks.append(Block(stack, layer if params.pooling == "concat" else None, ref.family, n, pos, pos + size))
+            pos += size
+    return blocks
+
+
+def blocks_of(base: str | os.PathLike[str] | Checkpoint, params: Representation) -> list[Block]:
+    """The blocks of vectors of ``params`` over ``base``, from its layout and shapes alone (no weights read)."""
+    ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
+    layout = ck.layout()
+    cache: dict[str, torch.Tensor] = {}
+    shapes = {ref.key: tuple(ck.matrix(ref, layout.prefix, cache, stored=True).shape) for ref in layout.refs}
+    return vector_blocks(layout, shapes, params)  # type: ignore[arg-type]
+
+
 class DeltaEmbedder:
     """Turns fine-tunes of one base into vectors. scikit-learn style: ``fit(base)``, ``transform(models)``.
 
@@ -136,19 +162,7 @@ class DeltaEmbedder:
         return stored.mT if orientation is Orientation.LINEAR else stored
 
     def _blocks(self, layout: Layout) -> list[Block]:
-        blocks: list[Block] = []
-        pos = 0
-        for stack, layer, refs in layout.by_layer():
-            if self.params.pooling == "mean" and layer > 0:
-                continue
-            for ref in refs:
-                n = self.shapes_[ref.key][0]
-                size = self.params.block_size(n)
-                blocks.append(
-                    Block(stack, layer if self.params.pooling == "concat" else None, ref.family, n, pos, pos + size)
-                )
-                pos += size
-        return blocks
+        return vector_blocks(layout, self.shapes_, self.params)
 
     # --- transform ----------------------------------------------------------------------------
     def transform(self, models: Iterable[str | os.PathLike[str] | Checkpoint]) -> np.ndarray:
