@@ -306,3 +306,37 @@ def test_explain_shares_sum_to_the_cosine_and_find_the_shared_block(tiny_bert, t
         ],
     )
     assert text.exit_code == 0 and "top blocks v L2" in text.output
+
+
+def test_per_block_knn_score_finds_the_planted_block_and_draws_the_heat_map(tiny_bert, tmp_path):
+    """Two datasets whose fine-tunes differ only in layer 1's k (a dataset-specific delta there; noise
+    everywhere else): that block alone separates them best."""
+    from safetensors.torch import save_file
+
+    state = load_file(str(tiny_bert / "model.safetensors"))
+    gen = torch.Generator().manual_seed(3)
+    key = "encoder.layer.1.attention.self.key.weight"
+    planted = {d: torch.randn(state[key].shape, generator=gen) * 0.05 for d in ("a", "b")}
+    paths = []
+    for i in range(8):
+        dataset = "ab"[i % 2]
+        tuned = {k: v + torch.randn(v.shape, generator=gen) * 0.01 for k, v in state.items()}
+        tuned[key] = tuned[key] + planted[dataset]
+        folder = tmp_path / f"ft{i}"
+        folder.mkdir()
+        save_file({k: v.contiguous() for k, v in tuned.items()}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text((tiny_bert / "config.json").read_text())
+        (folder / "README.md").write_text(f"---\ndatasets: [{dataset}]\n---\n")
+        paths.append(folder)
+    store = tmp_path / "s.duckdb"
+    params = Representation(rank=4, pooling="concat")
+    modelvec.embed(tiny_bert, paths, representation=params, store=store)
+    report = cluster(tiny_bert, params=params, store=store, out=tmp_path / "out", method="pca")
+    blocks = {(b["layer"], b["family"]): b["knn_score"] for b in report.per_block}
+    assert len(blocks) == 2 * 6  # 2 layers x 6 families of the tiny BERT
+    assert blocks[(1, "k")] == 1.0 and max(v for b, v in blocks.items() if b != (1, "k")) < 1.0
+    png = Path(report.files["blocks"])
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.parent == tmp_path / "out"
+    modelvec.embed(tiny_bert, paths, representation=Representation(rank=4), store=store)
+    mean = cluster(tiny_bert, params=Representation(rank=4), store=store, out=tmp_path / "m", method="pca")
+    assert [b["layer"] for b in mean.per_block] == [None] * 6  # layers pooled: one row of families

@@ -430,8 +430,15 @@ def cluster(
         for p in report.predictions:
             preds.add_row(_short(p["model"]), p["predicted"], _fmt(p["confidence"]))
         console.print(preds)
+    if report.per_block:
+        best = sorted(report.per_block, key=lambda b: -b["knn_score"])[:3]
+        names = ", ".join(
+            f"{b['family']}{'' if b['layer'] is None else ' layer ' + str(b['layer'] + 1)} {b['knn_score']:.2f}"
+            for b in best
+        )
+        _say(console, f"blocks that separate the datasets best (kNN score of the block alone): {names}")
     for kind, path in report.files.items():
-        _say(console, f"{kind.upper()} map: {path}")
+        _say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
 
 
 @app.command()

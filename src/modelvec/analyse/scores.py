@@ -408,3 +408,11 @@ def cosine_contributions(query: np.ndarray, others: np.ndarray, bounds: Sequence
     for j, (start, stop) in enumerate(bounds):
         out[:, j] = x[:, start:stop] @ q[start:stop]
     return np.divide(out, norms[:, None], out=np.zeros_like(out), where=norms[:, None] > 0)
+
+
+def block_knn_scores(
+    X: np.ndarray, labels: Sequence[Sequence[str]], bounds: Sequence[tuple[int, int]], *, metric: str = "cosine"
+) -> np.ndarray:
+    """The kNN dataset score of each block of the vectors alone (columns [start, stop)): which layers and
+    families separate the datasets best."""
+    return np.array([knn_dataset_score(X[:, a:b], labels, metric=metric).score for a, b in bounds])

@@ -17,11 +17,14 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.maps import reduce
-from ..analyse.scores import clustering_scores, knn_dataset_score, predict_datasets
+from ..analyse.scores import block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
+from ..core.errors import ModelvecError
 from ..core.names import display_name, model_id
 from ..hub.ids import resolve_base
 from ..hub.labels import matches_source
+from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
+from ..represent import blocks_of
 from ..represent.params import Representation
 from ..store import Store, opened
 
@@ -50,11 +53,30 @@ class ClusterReport:
     n_authors: int = 0
     largest_author_share: float = float("nan")  # share of the models uploaded by the most prolific author
     label_sources: list[str] | None = None  # the label sources kept (None: all)
+    #: the kNN dataset score of each block alone (stack, layer, family, knn_score); None when the base's
+    #: files were not at hand to lay the blocks out
+    per_block: list[dict[str, Any]] | None = None
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
         out.update(self.clustering)
         return out
+
+
+def _per_block(
+    X: np.ndarray, labels: list[list[str]], base: str, params: Representation, metric: str
+) -> list[dict[str, Any]] | None:
+    """The kNN score of each block alone (the blocks laid out from the base's files, when at hand)."""
+    try:
+        blocks = blocks_of(base, params) if os.path.exists(base) else None
+    except ModelvecError:
+        blocks = None
+    if not blocks or blocks[-1].stop != X.shape[1]:
+        return None
+    scores = block_knn_scores(X, labels, [(b.start, b.stop) for b in blocks], metric=metric)
+    return [
+        {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
+    ]
 
 
 def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
@@ -129,9 +151,18 @@ def cluster(
         largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
         label_sources=list(label_sources) if label_sources is not None else None,
     )
+    folder = Path(out)
+    report.per_block = _per_block(X, labels, base_name, params, metric)
+    if report.per_block:
+        report.files["blocks"] = str(
+            plot_block_scores(
+                pd.DataFrame(report.per_block),
+                folder / "blocks-knn.png",
+                title=f"which layers and families separate the datasets ({params.key()})",
+            )
+        )
     if len(meta) >= 3:
         coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)
-        folder = Path(out)
         title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
         subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
         report.files["png"] = str(

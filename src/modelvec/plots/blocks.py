@@ -1,0 +1,41 @@
+"""The per-block kNN heat map: which layers and families separate the datasets best."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .maps import write_atomically
+from .rank import FAMILY_NAMES, FAMILY_ORDER
+
+
+def plot_block_scores(blocks: pd.DataFrame, path: str | os.PathLike, *, title: str = "") -> Path:
+    """A heat map of the per-block kNN dataset score: layer (rows; one row when layers are pooled) x family."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    families = sorted(blocks["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f))
+    rows = list(dict.fromkeys(zip(blocks["stack"], blocks["layer"])))
+    grid = np.full((len(rows), len(families)), np.nan)
+    for r in blocks.itertuples():
+        grid[rows.index((r.stack, r.layer)), families.index(r.family)] = r.knn_score
+    fig = Figure(figsize=(1.1 * len(families) + 2.5, 0.45 * len(rows) + 2.0), dpi=150, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(families)), [FAMILY_NAMES.get(f, f) for f in families], rotation=30, ha="right", fontsize=8)
+    names = [
+        f"{s} (all layers)" if layer is None or layer != layer else f"{s} layer {int(layer) + 1}" for s, layer in rows
+    ]
+    ax.set_yticks(range(len(rows)), names, fontsize=8)
+    for (i, j), v in np.ndenumerate(grid):
+        if v == v:
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
+    fig.colorbar(image, ax=ax, label="kNN dataset score of the block alone")
+    if title:
+        ax.set_title("\n".join(textwrap.wrap(title, width=60)), fontsize=10)
+    return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
