@@ -15,7 +15,7 @@ import pytest
 
 from conftest import planted_finetune
 
-N_MODELS = 160
+N_MODELS = 240  # the run must still be going when the signal lands (the sketch got faster)
 
 
 def _count(store: Path) -> tuple[int, int]:
@@ -49,7 +49,7 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
     deadline = time.monotonic() + 120
     # kill as soon as a few rows are committed (the write-ahead log grows with each one)
     while time.monotonic() < deadline and proc.poll() is None:
-        if wal.exists() and wal.stat().st_size > 30_000:
+        if wal.exists() and wal.stat().st_size > 12_000:
             break
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before it could be killed: raise N_MODELS"
