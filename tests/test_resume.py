@@ -44,7 +44,15 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
         str(store),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Ctrl-C as in a terminal: a shell's background job (CI started with `&`) hands its children SIGINT
+    # ignored, and Python keeps an inherited ignore; restore the default for the child.
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     wal = Path(str(store) + ".wal")
     deadline = time.monotonic() + 120
     # kill as soon as a few rows are committed (the write-ahead log grows with each one)
