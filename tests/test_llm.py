@@ -95,7 +95,8 @@ PEAK = textwrap.dedent("""
 @pytest.mark.parametrize("params", [{}, {"factor": "U"}], ids=["sketch", "U"])
 def test_peak_anonymous_memory_is_a_few_matrices_not_the_model(tmp_path, params):
     """16 layers of bf16 matrices up to 1024 x 4096 (8 MB bf16, 16 MB float32): the base alone is
-    ~270 MB in float32. Holding it (the old fit) or either model whole would cross the bound."""
+    ~970 MB in float32 and ~490 MB as stored. Holding it (the old fit) or either model whole crosses the
+    bound; a layer of deltas and the SVD's workspace (the U path, ~100 MB) stay under it."""
     base, ft = _llama_pair(tmp_path, 1024, 4096, 16, torch.bfloat16)
     model_f32 = sum(os.path.getsize(p / "model.safetensors") for p in (base,)) * 2
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -109,8 +110,8 @@ def test_peak_anonymous_memory_is_a_few_matrices_not_the_model(tmp_path, params)
     assert out.returncode == 0, out.stderr[-2000:]
     peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
     largest_f32 = 1024 * 4096 * 4
-    assert model_f32 > 250e6
-    assert peak < 6 * largest_f32, f"peak anonymous memory {peak / 1e6:.0f} MB for a {model_f32 / 1e6:.0f} MB model"
+    assert model_f32 > 900e6
+    assert peak < 10 * largest_f32, f"peak anonymous memory {peak / 1e6:.0f} MB for a {model_f32 / 1e6:.0f} MB model"
 
 
 def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
