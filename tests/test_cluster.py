@@ -270,41 +270,11 @@ def test_explain_shares_sum_to_the_cosine_and_find_the_shared_block(tiny_bert, t
     q = by_model[str(paths[0])]
     shares = cosine_contributions(q, np.stack([by_model[str(p)] for p in paths[1:]]), [(0, len(q))])
     assert shares[:, 0] == pytest.approx([1 - d for d in found.nearest["distance"]], abs=1e-6)
-    result = CliRunner().invoke(
-        app,
-        [
-            "neighbors",
-            str(paths[0]),
-            "--k",
-            "2",
-            "--rank",
-            "4",
-            "--pooling",
-            "concat",
-            "--store",
-            str(store),
-            "--explain",
-            "--json",
-        ],
-    )
+    args = ["neighbors", str(paths[0]), "--k", "2", "--rank", "4", "--pooling", "concat", "--store", str(store)]
+    result = CliRunner().invoke(app, [*args, "--explain", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["explanation"] == json.loads(json.dumps(found.as_json()))["explanation"]
-    text = CliRunner().invoke(
-        app,
-        [
-            "neighbors",
-            str(paths[0]),
-            "--k",
-            "2",
-            "--rank",
-            "4",
-            "--pooling",
-            "concat",
-            "--store",
-            str(store),
-            "--explain",
-        ],
-    )
+    text = CliRunner().invoke(app, [*args, "--explain"])
     assert text.exit_code == 0 and "top blocks v L2" in text.output
 
 
