@@ -511,42 +511,70 @@ def neighbors(
 
 @app.command()
 def evaluate(
-    models: list[Path] = typer.Argument(..., help="Fine-tuned models with dataset labels in their cards."),
+    models: list[Path] = typer.Argument(
+        ..., help="Fine-tuned models (or LoRA adapters) with dataset labels in their cards."
+    ),
     base: Path = typer.Option(..., "--base", help="The base model."),
     metric: str = MetricOpt,
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
+    selection: list[str] | None = typer.Option(
+        None,
+        "--selection",
+        help="Datasets of the selection half, repeated or comma-separated (default: half of them, fixed by name).",
+    ),
+    split: bool | None = typer.Option(
+        None, "--split/--no-split", help="Score a selection and a report half (default: with 4 or more datasets)."
+    ),
+    ranks: list[str] = typer.Option(
+        [str(_D.rank)], "--ranks", help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32."
+    ),
+    center: bool = typer.Option(False, "--center", help="Also score every variant centred on the models' mean."),
 ) -> None:
-    """Embed MODELS with every representation and print their scores side by side."""
-    from .analyse import evaluate as run_evaluate
+    """Embed MODELS with every representation and print their scores side by side.
 
-    table = run_evaluate(base, models, store=store, metric=metric, progress=lambda msg: _say(err, msg))
+    With a split, the method picked on the selection half is marked, and the report half's kNN score
+    comes with a 95 % bootstrap interval over models.
+    """
+    from .analyse import evaluate as run_evaluate
+    from .analyse.evaluation import variants
+
+    table = run_evaluate(
+        base,
+        models,
+        variants=variants(tuple(int(r) for r in _split(ranks))),
+        store=store,
+        metric=metric,
+        progress=lambda msg: _say(err, msg),
+        split=split,
+        selection=_split(selection) if selection else None,
+        center=center,
+    )
     if markdown is not None:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
     if as_json:
         _print_json(table.to_dict(orient="records"))
         return
-    shown = [
-        "method",
-        "dim",
-        "seconds_per_model",
-        "knn_score",
-        "loo_accuracy",
-        "silhouette",
-        "kmeans_ari",
-        "hdbscan_ari",
-        "ref_corr",
-    ]
+    extra = [c for c in ("knn_full", "knn_adapters", "adapter_to_full") if c in table.columns]
+    shown = ["method", "half", "dim", "seconds_per_model", "knn_score", "knn_lo", "knn_hi", "loo_accuracy", "ref_corr"]
+    shown += extra
+    picked = table[table["selected"]]["method"].iloc[0]
     if not console.is_terminal:  # a log or a pipe: a Markdown table stays readable at any width
         print(table[shown].to_markdown(index=False, floatfmt=".3f"))
-        return
-    out = Table(*[c.replace("_", " ") for c in shown], title=f"representations compared on {len(models)} models")
-    for row in table[shown].itertuples(index=False):
-        out.add_row(*(_fmt(v) for v in row))
-    console.print(out)
-    console.print("all columns: --json or --markdown FILE", style="dim")
+    else:
+        out = Table(*[c.replace("_", " ") for c in shown], title=f"representations compared on {len(models)} models")
+        for row in table[shown].itertuples(index=False):
+            out.add_row(*(_fmt(v) for v in row))
+        console.print(out)
+        console.print("all columns: --json or --markdown FILE", style="dim")
+    for row in table[table["selected"]].itertuples(index=False):
+        _say(
+            console,
+            f"picked on the {table['half'].iloc[0]} half: {picked}; {row.half} half kNN score "
+            f"{row.knn_score:.3f} [{row.knn_lo:.3f}, {row.knn_hi:.3f}]",
+        )
 
 
 @app.command()

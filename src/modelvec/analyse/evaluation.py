@@ -19,10 +19,11 @@ import pandas as pd
 import torch
 
 from ..core.names import model_id
-from ..read import Checkpoint
+from ..read import open_checkpoint
 from ..represent.params import Representation
 from ..run import embed
 from ..store import Store, opened
+from .evidence import bootstrap_interval, mixed_scores, split_datasets
 from .scores import clustering_scores, knn_dataset_score, predict_datasets
 
 PathLike = str | os.PathLike[str]
@@ -69,22 +70,36 @@ class TaskVectors:
 
     def embedding(self) -> np.ndarray:
         """Rows whose inner products are the Gram matrix (X X^T = G), for distance-based scores."""
-        evals, evecs = np.linalg.eigh(self.gram)
-        return (evecs * np.sqrt(np.clip(evals, 0, None))).astype(np.float64)
+        return _embedding(self.gram)
 
 
 def task_vector_gram(base: PathLike, models: Sequence[PathLike]) -> TaskVectors:
-    """G[i, j] = <dW_i, dW_j> over all representation matrices, one tensor of all models at a time."""
+    """G[i, j] = <dW_i, dW_j> over all representation matrices, one tensor of all models at a time.
+
+    A LoRA adapter's delta is its factors' product (zero for the matrices it leaves alone), formed
+    one matrix at a time like a full fine-tune's.
+    """
     start = time.perf_counter()
-    base_ck = Checkpoint(base)
+    base_ck = open_checkpoint(base)
     base_layout = base_ck.layout()
-    cks = [Checkpoint(m) for m in models]
-    layouts = [ck.layout() for ck in cks]
+    cks = [open_checkpoint(m) for m in models]
+    layouts = [None if ck.factored else ck.layout() for ck in cks]
+    shapes = {ref.key: tuple(base_ck.matrix(ref, base_layout.prefix, stored=True).shape) for ref in base_layout.refs}
+    factored = {i: ck.low_rank_deltas(base_layout, shapes) for i, ck in enumerate(cks) if ck.factored}
     gram = np.zeros((len(cks), len(cks)))
     dim = 0
     for ref in base_layout.refs:
-        w0 = base_ck.matrix(ref, base_layout.prefix)
-        deltas = torch.stack([(ck.matrix(ref, lay.prefix) - w0).reshape(-1) for ck, lay in zip(cks, layouts)]).double()
+        w0 = base_ck.matrix(ref, base_layout.prefix).double()
+        rows = []
+        for i, (ck, lay) in enumerate(zip(cks, layouts)):
+            if lay is not None:
+                rows.append((ck.matrix(ref, lay.prefix).double() - w0).reshape(-1))
+            elif ref.key in factored[i]:
+                low = factored[i][ref.key]
+                rows.append((low.left.double() @ low.right.double().T).reshape(-1))
+            else:
+                rows.append(w0.new_zeros(w0.numel()))
+        deltas = torch.stack(rows)
         gram += (deltas @ deltas.T).numpy()
         dim += w0.numel()
     return TaskVectors(gram, dim, (time.perf_counter() - start) / max(len(cks), 1))
@@ -96,6 +111,12 @@ def _cosine_similarities(X: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
+def _embedding(gram: np.ndarray) -> np.ndarray:
+    """Rows whose inner products are ``gram`` (X X^T = G), for distance-based scores."""
+    evals, evecs = np.linalg.eigh(gram)
+    return (evecs * np.sqrt(np.clip(evals, 0, None))).astype(np.float64)
+
+
 def score_row(
     name: str,
     X: np.ndarray,
@@ -105,13 +126,23 @@ def score_row(
     metric: str = "cosine",
     k: int = 5,
     seed: int = 0,
+    is_adapter: Sequence[bool] | None = None,
+    n_boot: int = 2000,
 ) -> dict[str, object]:
-    """The scores of one representation's vectors against the labels (and the reference geometry)."""
+    """The scores of one representation's vectors against the labels (and the reference geometry).
+
+    ``knn_lo``/``knn_hi``: 95 % bootstrap interval of the kNN score over models. With adapters among
+    the models (``is_adapter``), also the kNN score among full fine-tunes and among adapters, and the
+    share of adapters whose nearest full fine-tune has their dataset.
+    """
     knn = knn_dataset_score(X, labels, metric=metric)
+    lo, hi = bootstrap_interval(knn.per_model, n_boot=n_boot, seed=seed)
     pred = predict_datasets(X, labels, k=k, metric=metric)
     row: dict[str, object] = {
         "method": name,
         "knn_score": knn.score,
+        "knn_lo": lo,
+        "knn_hi": hi,
         "n_scored": knn.n_scored,
         "loo_accuracy": pred.loo_accuracy,
     }
@@ -119,7 +150,34 @@ def score_row(
     if reference is not None:
         iu = np.triu_indices(len(X), 1)
         row["ref_corr"] = float(np.corrcoef(_cosine_similarities(X)[iu], reference[iu])[0, 1])
+    if is_adapter is not None and any(is_adapter):
+        mixed = mixed_scores(X, labels, is_adapter, metric=metric)
+        row.update(knn_full=mixed.knn_full, knn_adapters=mixed.knn_adapters, adapter_to_full=mixed.adapter_to_full)
     return row
+
+
+def _halves(
+    labels: Sequence[Sequence[str]], split: bool | None, selection: Sequence[str] | None
+) -> dict[str, np.ndarray]:
+    """Model indices per half: {"all": ...}, or {"selection": ..., "report": ...} split by dataset.
+
+    A model belongs to a half when all its datasets do; unlabelled models (and, rarely, models
+    whose datasets straddle the cut) are in neither half of a split.
+    """
+    datasets = sorted({d for lab in labels for d in lab})
+    if split is None:
+        split = selection is not None or len(datasets) >= 4
+    if not split:
+        return {"all": np.arange(len(labels))}
+    select, report = split_datasets(datasets, selection)
+    out = {}
+    for half, names in (("selection", set(select)), ("report", set(report))):
+        out[half] = np.array([i for i, lab in enumerate(labels) if lab and set(lab) <= names], dtype=np.int64)
+    return out
+
+
+def _centred(X: np.ndarray) -> np.ndarray:
+    return X - X.mean(axis=0, keepdims=True)
 
 
 def evaluate(
@@ -131,12 +189,23 @@ def evaluate(
     metric: str = "cosine",
     k: int = 5,
     progress: Callable[[str], None] | None = None,
+    split: bool | None = None,
+    selection: Sequence[str] | None = None,
+    center: bool = False,
+    n_boot: int = 2000,
 ) -> pd.DataFrame:
-    """Embed ``models`` with every variant (through the store) and score each; one row per method.
+    """Embed ``models`` with every variant (through the store) and score each; rows per method and half.
 
-    Models that fail in any variant are left out of all rows, so every row scores the same set.
-    Columns: method, params, dim, seconds_per_model, knn_score, n_scored, loo_accuracy,
-    silhouette, kmeans_nmi, kmeans_ari, hdbscan_nmi, hdbscan_ari, n_clustered, ref_corr.
+    With 4 or more datasets (or ``split=True``, or a ``selection``) the models are split by dataset
+    (:func:`~modelvec.analyse.evidence.split_datasets`): every method is scored on the selection
+    half and on the report half separately, and ``selected`` marks the method with the best kNN
+    score on the selection half (ties: higher ``ref_corr``, then the smaller vector). Otherwise
+    one half, ``"all"``. ``center``: every variant is also scored after subtracting the half's mean
+    vector ("NAME + centred"). Models that fail in any variant are left out of all rows, so every
+    row scores the same set. Columns: method, half, params, dim, seconds_per_model, knn_score,
+    knn_lo, knn_hi (95 % bootstrap interval over models), n_scored, loo_accuracy, silhouette,
+    kmeans_nmi, kmeans_ari, hdbscan_nmi, hdbscan_ari, n_clustered, ref_corr, selected; with
+    adapters among the models also knn_full, knn_adapters, adapter_to_full.
     """
     variants = variants or VARIANTS
     same: dict[str, str] = {}
@@ -152,34 +221,61 @@ def evaluate(
             result = embed(base, models, representation=params, store=db)
             results[name] = (params, result)
         ok = set.intersection(*(set(r.metadata["model"]) for _, r in results.values()))
+        paths = {model_id(m): m for m in models}
         order = [model_id(m) for m in models if model_id(m) in ok]
         if len(order) < 3:
             raise ValueError(f"only {len(order)} models embedded in every variant; need at least 3 to score")
         say("reference: task vectors")
-        tv = task_vector_gram(base, order)
-        reference = _cosine_similarities(tv.embedding())
-        rows = []
-        first_meta = None
+        tv = task_vector_gram(base, [paths[m] for m in order])
+        adapters = np.array([open_checkpoint(paths[m]).factored for m in order])
+        first = next(iter(results.values()))[1].metadata.set_index("model").loc[order]
+        labels = [list(d) for d in first["datasets"]]
+        halves = _halves(labels, split, selection)
+        table: list[tuple[str, str, np.ndarray, float]] = []  # (method, params, X over `order`, s/model)
         for name, (params, result) in results.items():
             meta = result.metadata.set_index("model").loc[order]
             index = {m: i for i, m in enumerate(result.metadata["model"])}
-            X = result.vectors[[index[m] for m in order]]
-            first_meta = first_meta if first_meta is not None else meta
-            labels = [list(d) for d in meta["datasets"]]
-            row = score_row(name, X, labels, reference, metric=metric, k=k)
-            row.update(params=params.key(), dim=X.shape[1], seconds_per_model=float(meta["seconds"].median()))
-            rows.append(row)
-        assert first_meta is not None  # at least 3 models were scored above
-        labels = [list(d) for d in first_meta["datasets"]]
-        row = score_row(REFERENCE, tv.embedding(), labels, reference, metric=metric, k=k)
-        row.update(params="full deltas", dim=tv.dim, seconds_per_model=tv.seconds_per_model)
-        rows.append(row)
+            table.append(
+                (name, params.key(), result.vectors[[index[m] for m in order]], float(meta["seconds"].median()))
+            )
+        rows = []
+        for half, idx in halves.items():
+            say(f"scoring: {half} half ({len(idx)} models)")
+            sub_labels = [labels[i] for i in idx]
+            gram = tv.gram[np.ix_(idx, idx)]
+            ref_x = _embedding(gram)
+            reference = _cosine_similarities(ref_x)
+            entries = [(n, p, X[idx], s) for n, p, X, s in table] + [
+                (REFERENCE, "full deltas", ref_x, tv.seconds_per_model)
+            ]
+            for name, key, X, seconds in entries:
+                for centred in (False, True) if center else (False,):
+                    row = score_row(
+                        name + (" + centred" if centred else ""),
+                        _centred(X) if centred else X,
+                        sub_labels,
+                        reference,
+                        metric=metric,
+                        k=k,
+                        is_adapter=adapters[idx],
+                        n_boot=n_boot,
+                    )
+                    dim = tv.dim if name == REFERENCE else X.shape[1]
+                    row.update(half=half, params=key, dim=dim, seconds_per_model=seconds)
+                    rows.append(row)
+    frame = pd.DataFrame(rows)
+    pick = frame[(frame["half"] == next(iter(halves))) & ~frame["method"].str.startswith(REFERENCE)]
+    pick = pick.sort_values(["knn_score", "ref_corr", "dim"], ascending=[False, False, True], kind="stable")
+    frame["selected"] = frame["method"] == pick["method"].iloc[0]
     columns = [
         "method",
+        "half",
         "params",
         "dim",
         "seconds_per_model",
         "knn_score",
+        "knn_lo",
+        "knn_hi",
         "n_scored",
         "loo_accuracy",
         "silhouette",
@@ -189,6 +285,9 @@ def evaluate(
         "hdbscan_ari",
         "n_clustered",
         "ref_corr",
+        "knn_full",
+        "knn_adapters",
+        "adapter_to_full",
+        "selected",
     ]
-    frame = pd.DataFrame(rows)
     return frame[[c for c in columns if c in frame.columns]]
