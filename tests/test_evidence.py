@@ -168,3 +168,20 @@ def test_evaluate_scores_centred_variants(mixed_zoo, tmp_path):
     for name, vectors in (("S", X), ("S + centred", X - X.mean(axis=0))):
         assert rows.loc[name, "silhouette"] == pytest.approx(clustering_scores(vectors, labels)["silhouette"])
     assert rows.loc["S", "silhouette"] != pytest.approx(rows.loc["S + centred", "silhouette"])
+
+
+def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
+    from test_cli_json import TIMINGS, _as_printed, _cli
+
+    from modelvec.analyse.evaluation import variants
+
+    base, models = mixed_zoo
+    store = tmp_path / "s.duckdb"
+    table = evaluate(
+        base, models, variants=variants((4,)), store=store, selection=["planted-0", "planted-3"], center=True
+    )
+    args = ["--base", str(base), "--store", str(store), "--selection", "planted-0", "--selection", "planted-3"]
+    rows = _cli("evaluate", *map(str, models), *args, "--ranks", "4", "--center")
+    drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
+    assert drop(rows) == drop(_as_printed(table.to_dict(orient="records")))
+    assert len(rows) == 2 * 2 * (len(variants((4,))) + 1)  # (variants + reference) x centred or not x 2 halves
