@@ -208,7 +208,9 @@ def batch_loss(
     return F.cross_entropy(SCALE * a @ b.T, torch.arange(len(idx)))
 
 
-def train(model: torch.nn.Module, loss_fn: Callable[[np.ndarray], torch.Tensor], n: int, run: Run) -> tuple[float, float]:
+def train(
+    model: torch.nn.Module, loss_fn: Callable[[np.ndarray], torch.Tensor], n: int, run: Run
+) -> tuple[float, float]:
     """AdamW over seeded random batches of the trainable parameters; probe loss before and after."""
     rng = np.random.default_rng(run.seed)
     order = np.concatenate([rng.permutation(n) for _ in range(1 + run.steps * BATCH // n)])

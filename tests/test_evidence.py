@@ -171,9 +171,8 @@ def test_evaluate_scores_centred_variants(mixed_zoo, tmp_path):
 
 
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
-    from test_cli_json import TIMINGS, _as_printed, _cli
-
     from modelvec.analyse.evaluation import variants
+    from test_cli_json import TIMINGS, _as_printed, _cli
 
     base, models = mixed_zoo
     store = tmp_path / "s.duckdb"

@@ -78,7 +78,11 @@ def mixed_scores(
 
     def knn(mask: np.ndarray) -> float:
         idx = np.flatnonzero(mask)
-        return knn_dataset_score(M[idx], [labels[i] for i in idx.tolist()], metric=metric).score if len(idx) > 1 else np.nan
+        return (
+            knn_dataset_score(M[idx], [labels[i] for i in idx.tolist()], metric=metric).score
+            if len(idx) > 1
+            else np.nan
+        )
 
     hits = []
     full = np.flatnonzero(~adapter & np.array([bool(lab) for lab in labels]))
