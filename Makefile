@@ -55,7 +55,7 @@ demo: $(STAMP)
 	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
 	$(PY) demo/publish_zoo.py --zoo $(ZOO) --hub $(HUB)
 	$(PY) -m modelvec.testing.localhub $(HUB) -- $(MAKE) --no-print-directory demo-on-hub
-	$(MODELVEC) evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --markdown $(OUT)/evaluate.md
+	$(MODELVEC) evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --no-split --markdown $(OUT)/evaluate.md
 	$(MODELVEC) rank "$(ZOO_BASE)" --out $(OUT)/rank-minilm-weights
 
 # Run by `make demo` with HF_ENDPOINT set to the local Hub.

@@ -30,8 +30,9 @@ SIZES = {  # layers, hidden, intermediate, heads, kv heads, head_dim
 }
 REPRS = {
     "sketch": {},
-    "sketch-base-once": {"sketch_path": "base-once"},  # the default's two paths, each forced
-    "sketch-delta-first": {"sketch_path": "delta-first"},
+    "sketch-r8": {"rank": 8},
+    "sketch-r16": {"rank": 16},
+    "sketch-r32": {"rank": 32},
     "sketch-concat": {"pooling": "concat"},
     "U": {"factor": "U"},
     "US": {"factor": "US"},
@@ -172,7 +173,6 @@ out = {"seconds": seconds, "peak_anon": max(peak[0], field("RssAnon:")) - idle, 
 if job == "embed":
     out["fit_seconds"] = fit_s
     out["embed_seconds"] = seconds - fit_s
-    out["sketch_path"] = e.sketch_path_
 print(json.dumps(out))
 """
 

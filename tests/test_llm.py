@@ -54,7 +54,7 @@ def _llama_pair(root, d: int, ff: int, layers: int, dtype: torch.dtype, seed: in
     [{}, {"factor": "U", "solver": "exact"}, {"factor": "US", "pooling": "concat"}],
     ids=["sketch", "U", "US-concat"],
 )
-@pytest.mark.parametrize("batching", ["layer", "family", "base-once"])
+@pytest.mark.parametrize("batching", ["layer", "family"])
 def test_bf16_checkpoints_give_the_vector_of_their_float32_upcasts(tmp_path, params, batching):
     base, ft = _llama_pair(tmp_path / "bf16", 64, 128, 2, torch.bfloat16)
     upcast = tmp_path / "f32"
@@ -65,9 +65,8 @@ def test_bf16_checkpoints_give_the_vector_of_their_float32_upcasts(tmp_path, par
             k: v.float() for k, v in load_file(str((base if name == "base" else ft) / "model.safetensors")).items()
         }
         save_state(upcast / name, state, json.loads((base / "config.json").read_text()))
-    options = {"sketch_path": "base-once"} if batching == "base-once" else {"batching": batching}
-    a = DeltaEmbedder(**params, **options).fit(base).embed_one(ft)
-    b = DeltaEmbedder(**params, **options).fit(upcast / "base").embed_one(upcast / "ft")
+    a = DeltaEmbedder(**params, batching=batching).fit(base).embed_one(ft)
+    b = DeltaEmbedder(**params, batching=batching).fit(upcast / "base").embed_one(upcast / "ft")
     assert np.abs(a).max() > 0
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
@@ -123,10 +122,9 @@ def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
     from modelvec.represent.linalg import sketch_matrix
 
     base, ft = _llama_pair(tmp_path, 64, 256, 2, torch.bfloat16)
-    e = DeltaEmbedder(block_norm=False, pooling="concat", sketch_path="base-once").fit(base)
+    e = DeltaEmbedder(block_norm=False, pooling="concat").fit(base)
     vec = e.embed_one(ft)
     b, f = load_file(str(base / "model.safetensors")), load_file(str(ft / "model.safetensors"))
-    first = DeltaEmbedder(block_norm=False, pooling="concat", sketch_path="delta-first").fit(base).embed_one(ft)
     for ref, block in zip(e.layout_.refs, e.blocks_):
         key = "model." + ref.tensor
         delta = (f[key].double() - b[key].double()).T  # x @ W orientation
@@ -134,33 +132,9 @@ def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
         expected = (delta @ omega).T.reshape(-1).numpy()
         got = vec[block.start : block.stop].astype(np.float64)
         assert np.abs(got - expected).max() <= 1e-6 * np.abs(expected).max()  # float32 output rounding only
-        # the delta formed first (exact in float32) and multiplied in float32: float32 rounding of the product
-        got_first = first[block.start : block.stop].astype(np.float64)
-        assert np.abs(got_first - expected).max() <= 2e-6 * np.abs(expected).max()
         ft_matrix = Checkpoint(ft).matrix(ref, "model.", stored=True)
         internal = (e._sketch64(ft_matrix) - e.base_sketches_[ref.key]).reshape(-1).numpy()  # before float32
         assert np.abs(internal - expected).max() <= 1e-12 * np.abs(expected).max()
-
-
-def test_auto_forms_the_delta_first_where_both_checkpoints_fit_in_memory(tmp_path, monkeypatch):
-    """The sketch reads both checkpoints where base and fine-tune fit in the page cache together, and
-    only the fine-tune (the base's part made once) where they do not; the vectors agree to float32."""
-    import modelvec.represent.embedder as embedder
-
-    base, ft = _llama_pair(tmp_path, 64, 256, 2, torch.bfloat16)
-    size = os.path.getsize(base / "model.safetensors")
-    monkeypatch.setattr(embedder, "_available_memory", lambda: 100 * size)
-    roomy = DeltaEmbedder().fit(base)
-    assert roomy.sketch_path_ == "delta-first" and not hasattr(roomy, "base_sketches_")
-    monkeypatch.setattr(embedder, "_available_memory", lambda: 2 * size)
-    tight = DeltaEmbedder().fit(base)
-    assert tight.sketch_path_ == "base-once"
-    a, b = roomy.embed_one(ft), tight.embed_one(ft)
-    assert np.abs(a).max() > 0
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert DeltaEmbedder(factor="U").fit(base).sketch_path_ is None
-    with pytest.raises(ValueError, match="sketch_path must be one of"):
-        DeltaEmbedder(sketch_path="fast")
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")

@@ -19,21 +19,8 @@ from .linalg import factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix
 from .params import Representation
 
 BATCHINGS = ("auto", "layer", "family")
-SKETCH_PATHS = ("auto", "base-once", "delta-first")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
 _FAMILY_BATCH_BYTES = 1 << 30  # float32 deltas per batched family product: bounded whatever the depth
-
-
-def _available_memory() -> int:
-    """Bytes the kernel could give without swapping (MemAvailable: free plus reclaimable page cache)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
 
 
 def _all_finite(w: torch.Tensor, rows: int = 4096) -> bool:
@@ -114,22 +101,16 @@ class DeltaEmbedder:
         block_norm: bool = Representation.block_norm,
         device: str = "auto",
         batching: str = "auto",
-        sketch_path: str = "auto",
     ) -> None:
         self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm)
         self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
-        if sketch_path not in SKETCH_PATHS:
-            raise ValueError(f"sketch_path must be one of {', '.join(SKETCH_PATHS)}, not {sketch_path!r}")
         self.batching = batching
-        self.sketch_path = sketch_path
 
     @classmethod
-    def from_params(
-        cls, params: Representation, device: str = "cpu", batching: str = "auto", sketch_path: str = "auto"
-    ) -> DeltaEmbedder:
-        return cls(**params.as_dict(), device=device, batching=batching, sketch_path=sketch_path)  # type: ignore[arg-type]
+    def from_params(cls, params: Representation, device: str = "cpu", batching: str = "auto") -> DeltaEmbedder:
+        return cls(**params.as_dict(), device=device, batching=batching)  # type: ignore[arg-type]
 
     @property
     def by_family(self) -> bool:
@@ -160,40 +141,15 @@ class DeltaEmbedder:
         self.layout_ = layout
         self.shapes_ = shapes
         self.families_ = families
-        self.sketch_path_ = self._choose_sketch_path(ck)
-        if self.sketch_path_ == "base-once":  # the sketch is linear: the base's part once, W_base·Ω in float64
+        if not self.params.uses_svd:  # the sketch is linear: the base's part once, W_base·Ω in float64
             sketches = self._map(lambda ref: self._sketch64(self._base(ref, {})), layout.refs)
             for ref, sk in zip(layout.refs, sketches):
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
             self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
-        elif self.sketch_path_ == "delta-first":  # read once here too: a NaN in the base is the base's fault
-            finite = self._map(lambda ref: _all_finite(self._base(ref, {})), layout.refs)
-            for ref, ok in zip(layout.refs, finite):
-                if not ok:
-                    raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
-
-    def _choose_sketch_path(self, base: Checkpoint) -> str | None:
-        """How the sketch forms (ΔW·Ω): ``"delta-first"`` or ``"base-once"`` (None for the SVD factors).
-
-        Both are exact to float32 rounding (measured on bf16 Llama-shaped matrices against float64:
-        delta-first 2.4e-7, base-once 7.6e-15; docs/scale.md). Base-once reads only the fine-tune
-        but multiplies in float64; delta-first reads both checkpoints and multiplies the float32
-        delta, ~2x cheaper arithmetic. So "auto" takes delta-first where base and fine-tune fit
-        in the page cache together (reading the base again costs a memory copy, not a disk read)
-        and base-once where they do not, or on a GPU (each byte read is also a copy to the device).
-        """
-        if self.params.uses_svd:
-            return None
-        if self.sketch_path != "auto":
-            return self.sketch_path
-        if self.device.type != "cpu":
-            return "base-once"
-        pair = 2 * sum(f.stat().st_size for f in base.files)
-        return "delta-first" if pair <= 0.6 * _available_memory() else "base-once"
 
     @staticmethod
     def _stored_shape(group: tuple, count: int) -> tuple[int, int, int]:
@@ -255,14 +211,11 @@ class DeltaEmbedder:
             cache: dict[str, torch.Tensor] = {}
             failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
-            streamed = self._sketch_streamed if self.sketch_path_ == "base-once" else self._sketch_delta_first
-            base_cache: dict[str, torch.Tensor] = {}
-
             def sketch(ref: MatrixRef) -> torch.Tensor | None:
                 if failed.is_set():
                     return None
                 try:
-                    return streamed(ck, layout, ref, cache, base_cache)
+                    return self._sketch_streamed(ck, layout, ref, cache)
                 except BaseException:
                     failed.set()
                     raise
@@ -336,13 +289,6 @@ class DeltaEmbedder:
         omegas = self.__dict__.setdefault("_omegas", {})
         if m not in omegas:
             omegas[m] = sketch_matrix(m, self.params.rank, self.params.seed, self.device).mT.contiguous().double()
-        return omegas[m]
-
-    def _omega_t32(self, m: int) -> torch.Tensor:
-        """Omega^T in float32 (its values are float32 numbers: the same matrix as :meth:`_omega_t`)."""
-        omegas = self.__dict__.setdefault("_omegas32", {})
-        if m not in omegas:
-            omegas[m] = self._omega_t(m).float()
         return omegas[m]
 
     def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -452,12 +398,7 @@ class DeltaEmbedder:
         return out
 
     def _sketch_streamed(
-        self,
-        ck: Checkpoint,
-        layout: Layout,
-        ref: MatrixRef,
-        cache: dict[str, torch.Tensor],
-        base_cache: dict[str, torch.Tensor] | None = None,
+        self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         """One matrix's sketch (dW Omega)^T = Omega^T W_ft^T - Omega^T W_base^T, the base's part made at fit.
 
@@ -465,48 +406,7 @@ class DeltaEmbedder:
         left alone gives exactly zero (the same float64 computation on the same bytes).
         """
         w = self._matrix(ck, layout, ref, cache)
-        return self._sketch_block(ck, layout, ref, self._sketch64(w) - self.base_sketches_[ref.key].to(self.device))
-
-    def _sketch_delta_first(
-        self,
-        ck: Checkpoint,
-        layout: Layout,
-        ref: MatrixRef,
-        cache: dict[str, torch.Tensor],
-        base_cache: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """One matrix's sketch Omega^T dW^T with dW formed first, chunk by chunk, in float32 (CPU).
-
-        Both matrices are streamed in cache-sized chunks of their storage order: each chunk of the
-        fine-tune is converted as it is copied, the base's chunk subtracted (a bf16 or fp16
-        difference is exact in float32) and multiplied while in cache. A matrix the fine-tune
-        left alone gives exactly zero.
-        """
-        w = self._matrix(ck, layout, ref, cache)
-        w0 = self._base(ref, base_cache)
-        n, m = w.shape
-        omega_t = self._omega_t32(m)
-        out = torch.zeros(self.params.rank, n)
-        if w.stride(0) == 1:  # nn.Linear storage [m, n]: chunks of whole stored rows, i.e. columns of W
-            stored, stored0 = w.T, w0.T
-            step = max(1, _CHUNK_BYTES // (4 * n))
-            for start in range(0, m, step):
-                stop = min(m, start + step)
-                chunk = self._chunk((stop - start, n), torch.float32)
-                chunk.copy_(stored[start:stop])
-                chunk.sub_(stored0[start:stop])
-                out.addmm_(omega_t[:, start:stop], chunk)
-        else:  # Conv1D storage [n, m]: chunks of rows of W
-            step = max(1, _CHUNK_BYTES // (4 * m))
-            for start in range(0, n, step):
-                stop = min(n, start + step)
-                chunk = self._chunk((stop - start, m), torch.float32)
-                chunk.copy_(w[start:stop])
-                chunk.sub_(w0[start:stop])
-                out[:, start:stop] = omega_t @ chunk.T
-        return self._sketch_block(ck, layout, ref, out)
-
-    def _sketch_block(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, out: torch.Tensor) -> torch.Tensor:
+        out = self._sketch64(w) - self.base_sketches_[ref.key].to(self.device)
         if not torch.isfinite(out).all():
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         block = out.float().reshape(1, -1)
@@ -554,13 +454,13 @@ class DeltaEmbedder:
             buffers[shape] = torch.empty(shape, device=self.device)
         return buffers[shape]
 
-    def _chunk(self, shape: tuple[int, int], dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """A chunk buffer of the calling thread (each sketch thread streams its own matrix)."""
+    def _chunk(self, shape: tuple[int, int]) -> torch.Tensor:
+        """A float64 chunk buffer of the calling thread (each sketch thread streams its own matrix)."""
         local = self.__dict__.setdefault("_chunks", threading.local())
         buffers = local.__dict__.setdefault("buffers", {})
-        if (shape, dtype) not in buffers:
-            buffers[shape, dtype] = torch.empty(shape, dtype=dtype)
-        return buffers[shape, dtype]
+        if shape not in buffers:
+            buffers[shape] = torch.empty(shape, dtype=torch.float64)
+        return buffers[shape]
 
     @staticmethod
     def _raise_non_finite(ck: Checkpoint, layout: Layout, refs: Sequence[MatrixRef], batch: torch.Tensor) -> None:
