@@ -11,6 +11,7 @@ they are, centred on the collection's mean, restricted to the blocks every model
 ("common support"), and with a pairwise cosine over the blocks both models change ("shared support").
 """
 
+import collections
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 
 import modelvec
 from modelvec import Representation
+from modelvec.analyse import knn_dataset_score
 from modelvec.analyse.evaluation import _embedding, task_vector_gram
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
@@ -98,6 +100,8 @@ for name, p in variants.items():
     idx = {m: i for i, m in enumerate(res.metadata["model"])}
     X = res.vectors[[idx[model_id(m)] for m in paths]].astype(np.float64)
     bounds = [(b.start, b.stop) for b in blocks_of(base, p)]
+    if name == "default":
+        vecs_default = X
     report(name, X)
     report(name + " centred", X - X.mean(0))
     nzall = np.array([all(np.linalg.norm(X[:, a:b], axis=1) > 0) for a, b in bounds])
@@ -108,3 +112,24 @@ for name, p in variants.items():
     report(name + " common-support", Xc)
     report(name + " common-support centred", Xc - Xc.mean(0))
     report(name + " shared-support", shared_sim(X, bounds), sim=True)
+
+# Where the nearest neighbour goes wrong (default representation and exact task vectors), by dataset/kind.
+kind = ["lora" if a else "full" for a in adapter]
+for name, X in (("task vectors", R), ("default", vecs_default)):
+    Z = X / np.linalg.norm(X, axis=1, keepdims=True)
+    S = Z @ Z.T
+    np.fill_diagonal(S, -np.inf)
+    wrong = collections.Counter()
+    for i in range(len(X)):
+        j = int(np.argmax(S[i]))
+        if labels[j] != labels[i]:
+            wrong[f"{labels[i][0]}/{kind[i]} -> {labels[j][0]}/{kind[j]}"] += 1
+    print(
+        f"{name}: {sum(wrong.values())} of {len(X)} nearest neighbours on another dataset:", dict(wrong.most_common())
+    )
+
+# Among full fine-tunes only: the kNN dataset score per dataset.
+full = np.flatnonzero(~adapter)
+for name, X in (("task vectors", R), ("default", vecs_default)):
+    score = knn_dataset_score(X[full], [labels[i] for i in full])
+    print(f"{name}, full fine-tunes:", {d: round(v, 2) for d, (v, _) in score.per_dataset.items()})
