@@ -11,9 +11,11 @@ Where the description is open, :class:`Representation` makes the choice explicit
 - ``factor``: ``"U"`` (as the original study), ``"US"`` (U scaled by the singular values),
   ``"S"`` (the singular values alone), or ``"sketch"``: dW @ Omega with one fixed, seeded
   Gaussian Omega (m x r) per matrix shape shared by all models; linear in dW, so sketches of
-  different models live in one space, with no SVD. The default, ``sketch`` with ``block_norm``,
-  was chosen by ``modelvec evaluate`` on the demo zoo: it scored best of the vectors >= 100x
-  smaller than the full deltas (README, "Which representation?").
+  different models live in one space, with no SVD. The default, ``sketch`` with ``block_norm``
+  at rank 8, was chosen by ``modelvec evaluate`` on the demo zoo and checked on the evidence zoo's
+  report half (docs/evidence.md): there the sketch matches the exact task vectors from rank 16
+  on, and the SVD factors stay near chance. Rank 8 is kept for its cost on 1-8B models; use 16,
+  or ``pooling="concat"``, for small ones.
 - ``block_norm``: each layer-and-family block scaled to unit norm before pooling, so the large
   feed-forward blocks do not drown the attention blocks.
 - ``pooling``: ``"mean"`` over layers (as described) or ``"concat"``.
