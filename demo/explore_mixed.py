@@ -7,7 +7,7 @@ Run after `make evidence` (it reads .cache/evidence/zoo.json and the vectors in 
 
 For each representation it prints the kNN dataset score among full fine-tunes, among adapters, over
 both, and the share of adapters whose nearest full fine-tune has their dataset, for the vectors as
-they are, centred on the collection's mean, restricted to the blocks every model changes
+they are, centred on the collection's mean, each kind (adapter, full) centred on its own mean, restricted to the blocks every model changes
 ("common support"), and with a pairwise cosine over the blocks both models change ("shared support").
 """
 
@@ -104,6 +104,10 @@ for name, p in variants.items():
         vecs_default = X
     report(name, X)
     report(name + " centred", X - X.mean(0))
+    per_kind = X.copy()  # each kind centred on its own mean: removes an offset all adapters share
+    per_kind[adapter] -= per_kind[adapter].mean(0)
+    per_kind[~adapter] -= per_kind[~adapter].mean(0)
+    report(name + " centred per kind", per_kind)
     nzall = np.array([all(np.linalg.norm(X[:, a:b], axis=1) > 0) for a, b in bounds])
     Xc = X.copy()
     for (a, b), keep in zip(bounds, nzall):
