@@ -569,12 +569,11 @@ def evaluate(
             out.add_row(*(_fmt(v) for v in row))
         console.print(out)
         console.print("all columns: --json or --markdown FILE", style="dim")
+    first = table["half"].iloc[0]
+    _say(console, f"best kNN score on {'all models' if first == 'all' else 'the ' + first + ' half'}: {picked}")
     for row in table[table["selected"]].itertuples(index=False):
-        _say(
-            console,
-            f"picked on the {table['half'].iloc[0]} half: {picked}; {row.half} half kNN score "
-            f"{row.knn_score:.3f} [{row.knn_lo:.3f}, {row.knn_hi:.3f}]",
-        )
+        where = "all models" if row.half == "all" else f"{row.half} half"
+        _say(console, f"  {where}: kNN score {row.knn_score:.3f} [95 % CI {row.knn_lo:.3f}, {row.knn_hi:.3f}]")
 
 
 @app.command()
