@@ -199,15 +199,7 @@ def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubS
                 )
             for name in wanted:
                 if not (snapshot / name).is_file():  # not in the Hub's tree listing: its own error, if any
-                    hf_hub_download(
-                        repo_id,
-                        name,
-                        revision=revision,
-                        cache_dir=settings.cache_dir,
-                        endpoint=settings.endpoint,
-                        token=settings.token,
-                        etag_timeout=settings.timeout,
-                    )
+                    _hub_file(repo_id, name, revision, settings)
         except BaseException:
             with contextlib.suppress(Exception):  # what did arrive is checked; the failure is what is reported
                 check()
@@ -376,15 +368,7 @@ def _download(repo_id: str, filename: str, revision: str, settings: HubSettings)
         cached = pointer is not None and pointer.is_file()
         if not cached and pointer is not None and not settings.offline:
             _clean_tree_cache(repo, revision)  # huggingface_hub may use a cached listing in place of the HEAD
-        path = hf_hub_download(
-            repo_id,
-            filename,
-            revision=revision,
-            cache_dir=settings.cache_dir,
-            endpoint=settings.endpoint,
-            token=settings.token,
-            etag_timeout=settings.timeout,
-        )
+        path = _hub_file(repo_id, filename, revision, settings)
         if not cached:
             verify(path, filename, repo)
         return path
@@ -513,3 +497,16 @@ def release(repo_id: str, revision: str, settings: HubSettings) -> int:
             journal.unlink(missing_ok=True)
             journal.parent.rmdir()  # only when empty
     return freed
+
+
+def _hub_file(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
+    """One file through huggingface_hub's cache, with the settings' endpoint, token and timeout."""
+    return hf_hub_download(
+        repo_id,
+        filename,
+        revision=revision,
+        cache_dir=settings.cache_dir,
+        endpoint=settings.endpoint,
+        token=settings.token,
+        etag_timeout=settings.timeout,
+    )
