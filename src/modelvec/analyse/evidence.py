@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scores import _distances, _prepare, knn_dataset_score
+from .scores import knn_dataset_score, nearest
 
 
 def split_datasets(datasets: Iterable[str], selection: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
@@ -87,12 +87,10 @@ def mixed_scores(
     hits = []
     full = np.flatnonzero(~adapter & np.array([bool(lab) for lab in labels]))
     if len(full):
-        Z = _prepare(M, metric)
         for i in np.flatnonzero(adapter).tolist():
-            if not labels[i]:
-                continue
-            nearest = int(full[int(np.argmin(_distances(Z[i : i + 1], Z[full], metric)[0]))])
-            hits.append(bool(set(labels[i]) & set(labels[nearest])))
+            if labels[i]:
+                order, _ = nearest(M[full], M[i], k=1, metric=metric)
+                hits.append(bool(set(labels[i]) & set(labels[int(full[order[0]])])))
     return MixedScores(
         knn_full=knn(~adapter),
         knn_adapters=knn(adapter),
