@@ -315,3 +315,17 @@ def test_rank_figure_bands_stay_within_possible_ranks_and_the_title_inside(tmp_p
     renderer = fig.canvas.get_renderer()
     box = fig._suptitle.get_window_extent(renderer)
     assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_float64_upcast_is_exact_for_every_stored_dtype_and_view(dtype):
+    from modelvec.rank.energy import as_float64
+
+    w = (torch.randn(9, 6, generator=torch.Generator().manual_seed(0)) * 1e3).to(dtype)
+    w[0, 0], w[1, 1], w[2, 2], w[3, 3] = float("inf"), float("nan"), -0.0, torch.finfo(dtype).tiny
+    for view in (w, w.T, w[::2, 1:]):  # contiguous, transposed, strided (a fused tensor's part)
+        a = as_float64(view)
+        expected = view.double().numpy()
+        assert a.dtype == np.float64 and a.flags["C_CONTIGUOUS"] and a.shape == expected.shape
+        np.testing.assert_array_equal(a, expected)  # NaN where NaN, bit-equal elsewhere
+        assert np.array_equal(np.signbit(a), np.signbit(expected))

@@ -31,7 +31,7 @@ from ..read.gguf import refuse_quantized_delta, warn_if_quantized
 from ..represent import resolve_device
 from ..run import local_files
 from ..store import Store, opened
-from .energy import DEFAULT_THRESHOLDS, gram_energies, rank_of_energies
+from .energy import DEFAULT_THRESHOLDS, as_float64, gram_energies, rank_of_energies
 
 PathLike = str | os.PathLike[str]
 KINDS = ("weights", "delta")
@@ -118,7 +118,8 @@ def spectra(
                     ck.name,
                     f"tensor {layout.prefix + ref.tensor} has shape {list(w.shape)}, the base's has {list(w0.shape)}",
                 )
-            w = w.double() - w0.double()  # exact: the float64 difference of two float32/bf16 values
+            # exact: the float64 difference of two float32/bf16 values
+            w = torch.from_numpy(as_float64(w) - as_float64(w0))
         shape = (int(w.shape[0]), int(w.shape[1]))
         by_shape.setdefault(shape, []).append((ref, w))
         if len(by_shape[shape]) * shape[0] * shape[1] * 8 >= _MAX_BATCH_BYTES:
