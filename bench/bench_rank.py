@@ -4,7 +4,7 @@ Per model, in each repeat and in the same run (so the ratios share the machine's
 
 * modelvec: ``rank.spectra(folder)`` + ``rank.rank_table(..., (0.5, 0.9, 0.99))`` (reads only the
   needed tensors; σᵢ² exact to float64 as the eigenvalues of the float64 Gram matrix, BLAS syrk +
-  LAPACK syevd, one matrix per thread);
+  LAPACK syevd through numpy, one matrix per thread);
 * straightforward: ``AutoModel.from_pretrained(folder)`` (timed), then ``torch.linalg.svdvals`` of
   each attention/FFN matrix one at a time (float32) and the ranks. The matrices are found by module
   name and checked to be exactly modelvec's set (GPT-2: ``c_attn`` whole and split into q, k, v);
