@@ -329,3 +329,54 @@ def test_float64_upcast_is_exact_for_every_stored_dtype_and_view(dtype):
         assert a.dtype == np.float64 and a.flags["C_CONTIGUOUS"] and a.shape == expected.shape
         np.testing.assert_array_equal(a, expected)  # NaN where NaN, bit-equal elsewhere
         assert np.array_equal(np.signbit(a), np.signbit(expected))
+
+
+def test_a_fused_matrix_from_its_parts_grams_has_the_float64_ranks_at_near_tied_thresholds():
+    """W = [W_1 W_2 W_3] with a spectrum built to pass a threshold within 1e-7 of it: the whole's
+    energies come from the sum of the parts' Grams, and every rank (whole and parts) is the float64 SVD's."""
+    from modelvec.rank.energy import fused_gram_energies, fuses_by_gram, rank_of_energies
+
+    rng = np.random.default_rng(1)
+    groups, thresholds = [], []
+    for i in range(24):
+        n, m = 24, 72
+        energies = np.sort(rng.uniform(0.5, 2.0, n))[::-1]
+        energies /= energies.sum()
+        r = int(rng.integers(2, n - 2))
+        thresholds.append(float(np.cumsum(energies)[r - 1]) + (1 if i % 2 else -1) * float(rng.uniform(2e-9, 1e-7)))
+        u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        v, _ = np.linalg.qr(rng.standard_normal((m, n)))
+        w = (u * np.sqrt(energies)) @ v.T
+        groups.append([torch.from_numpy(w[:, j : j + 24]) for j in (0, 24, 48)])
+    assert fuses_by_gram([(24, 24)] * 3) and not fuses_by_gram([(24, 24), (24, 8)])  # a narrow part (GQA's k)
+    float32_misses = 0
+    for parts, values, t in zip(groups, fused_gram_energies(groups), thresholds):
+        whole = torch.cat(parts, 1).numpy()
+        assert len(values) == 4
+        for e, w in zip(values, [p.numpy() for p in parts] + [whole]):
+            reference = np.linalg.svd(w, compute_uv=False) ** 2
+            np.testing.assert_allclose(e, reference, rtol=1e-9, atol=1e-15)
+            assert rank_of_energies(e, t) == rank_of_energies(reference, t)
+        s32 = torch.linalg.svdvals(torch.from_numpy(whole).float()).double().numpy() ** 2
+        float32_misses += rank_of_energies(s32, t) != rank_of_energies(values[-1], t)
+    assert float32_misses > 0  # sharp enough to move float32 ranks of the whole
+
+
+def test_a_fused_delta_has_the_spectra_of_the_difference_whole_and_in_parts(tiny_gpt2, tmp_path):
+    model, folder = tiny_gpt2
+    state = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(3)
+    ft_state = {
+        k: v + 1e-2 * torch.randn(v.shape, generator=g) if "c_attn.weight" in k else v for k, v in state.items()
+    }
+    ft = save_state(tmp_path / "ft", ft_state, json.loads((folder / "config.json").read_text()))
+    found = {(s.layer, s.family): s for s in spectra(ft, base=folder, of="delta")}
+    d = model.config.n_embd
+    for layer in range(model.config.n_layer):
+        key = f"h.{layer}.attn.c_attn.weight"
+        key = next(k for k in state if k.endswith(key))
+        delta = ft_state[key].double().numpy() - state[key].double().numpy()  # Conv1D: [in, 3 * out]
+        for family, w in [("qkv", delta)] + [(f, delta[:, i * d : (i + 1) * d]) for i, f in enumerate("qkv")]:
+            reference = np.linalg.svd(w, compute_uv=False) ** 2  # float64, relative to the largest
+            np.testing.assert_allclose(found[(layer, family)].energies, reference, rtol=1e-9, atol=1e-12 * reference[0])
+        assert found[(layer, "qkv")].shape == (d, 3 * d) and found[(layer, "k")].shape == (d, d)

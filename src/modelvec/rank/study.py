@@ -31,7 +31,7 @@ from ..read.gguf import refuse_quantized_delta, warn_if_quantized
 from ..represent import resolve_device
 from ..run import local_files
 from ..store import Store, opened
-from .energy import DEFAULT_THRESHOLDS, as_float64, gram_energies, rank_of_energies
+from .energy import DEFAULT_THRESHOLDS, as_float64, fused_gram_energies, fuses_by_gram, gram_energies, rank_of_energies
 
 PathLike = str | os.PathLike[str]
 KINDS = ("weights", "delta")
@@ -52,6 +52,10 @@ class Spectrum:
     @property
     def singular_values(self) -> np.ndarray:
         return np.sqrt(self.energies)
+
+
+def _shape(w: torch.Tensor) -> tuple[int, int]:
+    return (int(w.shape[0]), int(w.shape[1]))
 
 
 def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
@@ -95,21 +99,30 @@ def spectra(
         warn_if_quantized(ck)
     refs = _refs(layout, fused)
     by_shape: dict[tuple[int, int], list[tuple[MatrixRef, torch.Tensor]]] = {}
+    groups: list[tuple[MatrixRef, list[MatrixRef], list[torch.Tensor]]] = []
     cache: dict[str, torch.Tensor] = {}
     base_cache: dict[str, torch.Tensor] = {}
     out: dict[tuple[str, int, str], Spectrum] = {}
 
+    def record(ref: MatrixRef, shape: tuple[int, int], e: np.ndarray) -> None:
+        if not np.isfinite(e).all():
+            raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
+        out[(ref.stack, ref.layer, ref.family)] = Spectrum(ref.stack, ref.layer, ref.family, shape, e)
+
     def flush(shape: tuple[int, int]) -> None:
         items = by_shape.pop(shape, [])
-        if not items:
-            return
-        values = gram_energies([m for _, m in items], device)
-        for (ref, _), e in zip(items, values):
-            if not np.isfinite(e).all():
-                raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-            out[(ref.stack, ref.layer, ref.family)] = Spectrum(ref.stack, ref.layer, ref.family, shape, e)
+        if items:
+            for (ref, _), e in zip(items, gram_energies([m for _, m in items], device)):
+                record(ref, shape, e)
 
-    for ref in refs:
+    def flush_groups() -> None:
+        for (whole, parts, mats), values in zip(groups, fused_gram_energies([g[2] for g in groups])):
+            for ref, w, e in zip([*parts, whole], [*mats, None], values):
+                shape = _shape(w) if w is not None else (_shape(mats[0])[0], sum(_shape(m)[1] for m in mats))
+                record(ref, shape, e)
+        groups.clear()
+
+    def read(ref: MatrixRef) -> torch.Tensor:
         w = ck.matrix(ref, layout.prefix, cache, stored=True)  # a view of the mapped file, converted per matrix
         if base_ck is not None and base_layout is not None:
             w0 = base_ck.matrix(ref, base_layout.prefix, base_cache, stored=True)
@@ -120,10 +133,28 @@ def spectra(
                 )
             # exact: the float64 difference of two float32/bf16 values
             w = torch.from_numpy(as_float64(w) - as_float64(w0))
-        shape = (int(w.shape[0]), int(w.shape[1]))
+        return w
+
+    on_cpu = torch.device(device).type == "cpu"
+    parts_of = {r.tensor: [p for p in refs if p.tensor == r.tensor and p.n_parts > 1] for r in refs if r.n_parts > 1}
+    done: set[int] = set()
+    for ref in refs:
+        if id(ref) in done:
+            continue
+        parts = parts_of.get(ref.tensor, []) if ref.n_parts == 1 and ref.fused else []
+        # a fused tensor studied whole and in parts: on the CPU, the whole's Gram is the sum of the parts'
+        if on_cpu and parts and fuses_by_gram([_shape(ck.matrix(p, layout.prefix, cache, stored=True)) for p in parts]):
+            groups.append((ref, parts, [read(p) for p in parts]))
+            done.update(id(p) for p in parts)
+            if sum(m.numel() for g in groups for m in g[2]) * 8 >= _MAX_BATCH_BYTES:
+                flush_groups()
+            continue
+        w = read(ref)
+        shape = _shape(w)
         by_shape.setdefault(shape, []).append((ref, w))
         if len(by_shape[shape]) * shape[0] * shape[1] * 8 >= _MAX_BATCH_BYTES:
             flush(shape)
+    flush_groups()
     for shape in list(by_shape):
         flush(shape)
     return [out[(r.stack, r.layer, r.family)] for r in refs]
