@@ -83,6 +83,14 @@ def gpt2_medium_random() -> Path:
     return path
 
 
+def llama_1b() -> Path:
+    """bench_llm.py's Llama-3.2-1B-shaped sharded bf16 fine-tune (written there once, reused)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_llm import write_pair
+
+    return write_pair("1b", ROOT / ".cache" / "llm")[1]
+
+
 def warm_page_cache(folder: Path) -> None:
     for file in folder.glob("*.safetensors"):
         with open(file, "rb") as fh:
@@ -112,7 +120,20 @@ _GPT2 = (
     re.compile(r"h\.(\d+)\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)"),
     {"attn.c_attn": "qkv", "attn.c_proj": "o", "mlp.c_fc": "ff1", "mlp.c_proj": "ff2"},
 )
-PATTERNS = {"bert": _BERT, "gpt2": _GPT2}
+_LLAMA = (
+    "decoder",
+    re.compile(r"layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.gate_proj|mlp\.up_proj|mlp\.down_proj)"),
+    {
+        "self_attn.q_proj": "q",
+        "self_attn.k_proj": "k",
+        "self_attn.v_proj": "v",
+        "self_attn.o_proj": "o",
+        "mlp.gate_proj": "ff_gate",
+        "mlp.up_proj": "ff1",
+        "mlp.down_proj": "ff2",
+    },
+)
+PATTERNS = {"bert": _BERT, "gpt2": _GPT2, "llama": _LLAMA}
 
 
 def matched(model, name: str) -> Key | None:
@@ -150,7 +171,7 @@ def straightforward(folder: Path):
     from transformers import AutoModel
 
     start = time.perf_counter()
-    model = AutoModel.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32)  # a bf16 checkpoint as float32: svdvals needs it
     loaded = time.perf_counter()
     ranks = {}
     with torch.no_grad():
@@ -308,7 +329,9 @@ def probe() -> float:
     return statistics.median(times)
 
 
-def bench(name: str, folder: Path, repeats: int, use_ww: bool, ww_analyze_on: bool) -> dict:
+def bench(
+    name: str, folder: Path, repeats: int, use_ww: bool, ww_analyze_on: bool, check: bool = True, esd: bool = True
+) -> dict:
     warm_page_cache(folder)
     runs: dict[str, list[float]] = {}
 
@@ -331,9 +354,10 @@ def bench(name: str, folder: Path, repeats: int, use_ww: bool, ww_analyze_on: bo
         add("straightforward_svd_s", svd)
         add("straightforward_s", load + svd)
         if use_ww:
-            seconds, other["weightwatcher_esd"] = ww_esd(model)
-            add("ww_esd_only_s", seconds)
-            add("ww_esd_s", load + seconds)
+            if esd:
+                seconds, other["weightwatcher_esd"] = ww_esd(model)
+                add("ww_esd_only_s", seconds)
+                add("ww_esd_s", load + seconds)
             if ww_analyze_on:
                 seconds, n_analyzed = ww_analyze(model)
                 add("ww_analyze_only_s", seconds)
@@ -353,11 +377,13 @@ def bench(name: str, folder: Path, repeats: int, use_ww: bool, ww_analyze_on: bo
     row.update({k: statistics.median(v) for k, v in runs.items()})
     row["straightforward / modelvec"] = row["straightforward_s"] / row["modelvec_s"]
     if use_ww:
-        row["ww_esd / modelvec"] = row["ww_esd_s"] / row["modelvec_s"]
+        if esd:
+            row["ww_esd / modelvec"] = row["ww_esd_s"] / row["modelvec_s"]
         if ww_analyze_on:
             row["ww_analyze / modelvec"] = row["ww_analyze_s"] / row["modelvec_s"]
             row["ww_analyze_layers"] = n_analyzed
-    row.update(agreement(model, items, table, other))
+    if check:
+        row.update(agreement(model, items, table, other))
     return {k: (round(v, 4) if isinstance(v, float) and 1e-3 <= abs(v) < 1e6 else v) for k, v in row.items()}
 
 
@@ -380,7 +406,12 @@ def main() -> None:
     parser.add_argument("--skip-gpt2", action="store_true")
     parser.add_argument("--skip-ww", action="store_true", help="leave weightwatcher out")
     parser.add_argument("--skip-ww-analyze", action="store_true", help="weightwatcher's ESD path only, no analyze()")
-    parser.add_argument("--models", default="minilm,bert,gpt2", help="comma-separated subset of minilm, bert, gpt2")
+    parser.add_argument(
+        "--models",
+        default="minilm,bert,gpt2",
+        help="comma-separated subset of minilm, bert, gpt2, llama1b (bench_llm.py's 1B-shaped bf16 fine-tune: one "
+        "repeat, no float64 agreement check and no ESD column, each of which takes longer than the rest there)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch, MKL/OpenMP and OpenBLAS threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -417,12 +448,14 @@ def main() -> None:
             ("minilm", "all-MiniLM-L6-v2 (real, 6x384)", minilm, args.repeats),
             ("bert", "bert-base-sized random (12x768)", bert_base_random, args.repeats),
             ("gpt2", "gpt2-medium-sized random (24x1024)", gpt2_medium_random, args.gpt2_repeats),
+            ("llama1b", "Llama-3.2-1B-shaped bf16 (16x2048)", llama_1b, 1),
         )
         if short in wanted
     ]
     rows = []
     for name, folder, repeats in cases:
-        rows.append(bench(name, folder, repeats, use_ww, use_ww and not args.skip_ww_analyze))
+        small = not name.startswith("Llama")
+        rows.append(bench(name, folder, repeats, use_ww, use_ww and not args.skip_ww_analyze, small, small))
         print(json.dumps(rows[-1]), flush=True)
     cols = [
         ("modelvec_s", "modelvec s"),
