@@ -380,3 +380,16 @@ def test_a_fused_delta_has_the_spectra_of_the_difference_whole_and_in_parts(tiny
             reference = np.linalg.svd(w, compute_uv=False) ** 2  # float64, relative to the largest
             np.testing.assert_allclose(found[(layer, family)].energies, reference, rtol=1e-9, atol=1e-12 * reference[0])
         assert found[(layer, "qkv")].shape == (d, 3 * d) and found[(layer, "k")].shape == (d, d)
+
+
+def test_a_nan_in_a_fused_tensor_is_a_checkpoint_error_naming_it(tiny_gpt2, tmp_path):
+    from modelvec.core.errors import CheckpointError
+
+    _, folder = tiny_gpt2
+    state = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in state if k.endswith("h.1.attn.c_attn.weight"))
+    state[key] = state[key].clone()
+    state[key][3, 70] = float("nan")  # in the v part
+    bad = save_state(tmp_path / "bad", state, json.loads((folder / "config.json").read_text()))
+    with pytest.raises(CheckpointError, match=r"h\.1\.attn\.c_attn\.weight has NaN or Inf values"):
+        spectra(bad)
