@@ -315,6 +315,11 @@ def test_rank_figure_bands_stay_within_possible_ranks_and_the_title_inside(tmp_p
     renderer = fig.canvas.get_renderer()
     box = fig._suptitle.get_window_extent(renderer)
     assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+    assert "band: middle half" in " ".join(fig._suptitle.get_text().split())  # the title wraps
+    with unittest.mock.patch.object(Figure, "savefig", keep):  # one model: no band, and no word of one
+        plots_rank.plot_rank(tables[0], {}, 0.9, tmp_path / "one.png", title="one model")
+    assert not [c for ax in drawn["fig"].axes for c in ax.collections]
+    assert "band" not in drawn["fig"]._suptitle.get_text()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])

@@ -54,6 +54,7 @@ def plot_rank(
     fig = Figure(figsize=(7.5 * len(stacks), 5.6), dpi=150, layout="constrained")  # every label inside
     FigureCanvasAgg(fig)
     matrix = "ΔW = W_ft − W_base" if of == "delta" else "W"
+    banded = False
     for i, stack in enumerate(stacks):
         ax = fig.add_subplot(1, len(stacks), i + 1)
         part = data[data["stack"] == stack]
@@ -78,6 +79,7 @@ def plot_rank(
                 low = rows["rank_q25"].to_numpy(dtype=float) * scale
                 high = rows["rank_q75"].to_numpy(dtype=float) * scale
                 ax.fill_between(x, low, high, color=color, alpha=0.12, lw=0)  # the middle half of the models
+                banded = True
             if law:
                 grid = np.linspace(x.min(), x.max(), 200)
                 ax.plot(grid, best.predict(grid), "--", color=color, lw=1, alpha=0.8)
@@ -88,6 +90,7 @@ def plot_rank(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=False, loc="best")
     if title:
-        text = f"{title} (threshold {threshold:g}; dashed: best fitted law; band: middle half of the models)"
+        band = "; band: middle half of the models" if banded else ""  # one model has no band to explain
+        text = f"{title} (threshold {threshold:g}; dashed: best fitted law{band})"
         fig.suptitle("\n".join(textwrap.wrap(text, width=int(80 * len(stacks)))), fontsize=11)
     return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
