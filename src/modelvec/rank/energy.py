@@ -13,15 +13,17 @@ while scipy's ``linalg`` wrappers hold it, so with those the threads ran one at 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
+T = TypeVar("T")
+R = TypeVar("R")
 DEFAULT_THRESHOLDS = (0.5, 0.9, 0.99)
 _REACHED = 1e-9  # a threshold counts as reached within this relative margin (see modelvec.rank.study)
 
@@ -87,12 +89,10 @@ def _threads() -> int:
 def gram_energies(batch: Sequence[torch.Tensor] | torch.Tensor, device: str | torch.device = "cpu") -> np.ndarray:
     """σᵢ² (float64, descending) of each matrix of a batch of one shape (b, n, m), as a (b, min(n, m)) array.
 
-    On the CPU each matrix is one BLAS + LAPACK call on its own thread (single-threaded BLAS: a
-    small eigenproblem does not split well over cores, separate matrices do). On a GPU the
-    batch is one batched float64 product and ``eigvalsh``. Non-finite input gives NaN rows.
+    On the CPU each matrix is one BLAS + LAPACK call on its own thread. On a GPU the batch is one
+    batched float64 product and ``eigvalsh``. Non-finite input gives NaN rows.
     """
     import torch
-    from threadpoolctl import threadpool_limits
 
     device = torch.device(device)
     if device.type != "cpu":
@@ -110,9 +110,7 @@ def gram_energies(batch: Sequence[torch.Tensor] | torch.Tensor, device: str | to
             return np.full(min(a.shape), np.nan)
         return _gram_eigenvalues(a)
 
-    items = list(batch)
-    with threadpool_limits(1), ThreadPoolExecutor(min(_threads(), max(1, len(items)))) as pool:
-        return np.stack(list(pool.map(one, items)))
+    return np.stack(_each_on_a_thread(one, list(batch)))
 
 
 def fused_gram_energies(groups: Sequence[Sequence[torch.Tensor]]) -> list[list[np.ndarray]]:
@@ -122,7 +120,6 @@ def fused_gram_energies(groups: Sequence[Sequence[torch.Tensor]]) -> list[list[n
     ``fuses_by_gram`` true of their shapes: W's Gram is the sum of the parts' (see there). One group
     per thread; a group with a non-finite value gives NaN rows.
     """
-    from threadpoolctl import threadpool_limits
 
     def one(parts: Sequence[torch.Tensor]) -> list[np.ndarray]:
         total = None
@@ -137,6 +134,13 @@ def fused_gram_energies(groups: Sequence[Sequence[torch.Tensor]]) -> list[list[n
         assert total is not None
         return [*out, _eigenvalues(total)]
 
-    items = list(groups)
+    return _each_on_a_thread(one, list(groups))
+
+
+def _each_on_a_thread(one: Callable[[T], R], items: list[T]) -> list[R]:
+    """``one`` of each item, the items spread over threads with one BLAS thread each (numpy releases
+    the GIL in BLAS and LAPACK; a small eigenproblem does not split well over cores, separate ones do)."""
+    from threadpoolctl import threadpool_limits
+
     with threadpool_limits(1), ThreadPoolExecutor(min(_threads(), max(1, len(items)))) as pool:
         return list(pool.map(one, items))

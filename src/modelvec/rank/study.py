@@ -117,8 +117,9 @@ def spectra(
 
     def flush_groups() -> None:
         for (whole, parts, mats), values in zip(groups, fused_gram_energies([g[2] for g in groups])):
-            for ref, w, e in zip([*parts, whole], [*mats, None], values):
-                shape = _shape(w) if w is not None else (_shape(mats[0])[0], sum(_shape(m)[1] for m in mats))
+            shapes = [_shape(m) for m in mats]
+            shapes.append((shapes[0][0], sum(m for _, m in shapes)))  # the blocks side by side
+            for ref, shape, e in zip([*parts, whole], shapes, values):
                 record(ref, shape, e)
         groups.clear()
 
@@ -136,16 +137,19 @@ def spectra(
         return w
 
     on_cpu = torch.device(device).type == "cpu"
-    parts_of = {r.tensor: [p for p in refs if p.tensor == r.tensor and p.n_parts > 1] for r in refs if r.n_parts > 1}
-    done: set[int] = set()
+    parts_of: dict[str, list[MatrixRef]] = {}
+    for r in refs:
+        if r.n_parts > 1:
+            parts_of.setdefault(r.tensor, []).append(r)
+    grouped: set[str] = set()  # fused tensors whose parts went with their whole
     for ref in refs:
-        if id(ref) in done:
+        if ref.n_parts > 1 and ref.tensor in grouped:
             continue
         parts = parts_of.get(ref.tensor, []) if ref.n_parts == 1 and ref.fused else []
         # a fused tensor studied whole and in parts: on the CPU, the whole's Gram is the sum of the parts'
         if on_cpu and parts and fuses_by_gram([_shape(ck.matrix(p, layout.prefix, cache, stored=True)) for p in parts]):
             groups.append((ref, parts, [read(p) for p in parts]))
-            done.update(id(p) for p in parts)
+            grouped.add(ref.tensor)
             if sum(m.numel() for g in groups for m in g[2]) * 8 >= _MAX_BATCH_BYTES:
                 flush_groups()
             continue
