@@ -67,6 +67,7 @@ class TaskVectors:
     gram: np.ndarray
     dim: int
     seconds_per_model: float
+    is_adapter: np.ndarray  # per model: a LoRA adapter (its delta from its factors), not a full fine-tune
 
     def embedding(self) -> np.ndarray:
         """Rows whose inner products are the Gram matrix (X X^T = G), for distance-based scores."""
@@ -102,7 +103,8 @@ def task_vector_gram(base: PathLike, models: Sequence[PathLike]) -> TaskVectors:
         deltas = torch.stack(rows)
         gram += (deltas @ deltas.T).numpy()
         dim += w0.numel()
-    return TaskVectors(gram, dim, (time.perf_counter() - start) / max(len(cks), 1))
+    seconds = (time.perf_counter() - start) / max(len(cks), 1)
+    return TaskVectors(gram, dim, seconds, np.array([ck.factored for ck in cks], dtype=bool))
 
 
 def _cosine_similarities(X: np.ndarray) -> np.ndarray:
@@ -227,7 +229,6 @@ def evaluate(
             raise ValueError(f"only {len(order)} models embedded in every variant; need at least 3 to score")
         say("reference: task vectors")
         tv = task_vector_gram(base, [paths[m] for m in order])
-        adapters = np.array([open_checkpoint(paths[m]).factored for m in order])
         first = next(iter(results.values()))[1].metadata.set_index("model").loc[order]
         labels = [list(d) for d in first["datasets"]]
         halves = _halves(labels, split, selection)
@@ -257,7 +258,7 @@ def evaluate(
                         reference,
                         metric=metric,
                         k=k,
-                        is_adapter=adapters[idx],
+                        is_adapter=tv.is_adapter[idx],
                         n_boot=n_boot,
                     )
                     dim = tv.dim if name == REFERENCE else X.shape[1]
