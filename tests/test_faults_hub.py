@@ -617,6 +617,11 @@ def test_a_download_killed_midway_leaves_no_partial_file_and_a_rerun_completes(
         while not any(p.name.endswith(".incomplete") and p.stat().st_size > 0 for p in blobs.iterdir()):
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        # snapshot_download fetches files concurrently: the small config may still be landing while the weights stall
+        config = Path(settings.cache_dir) / f"models--{repo.replace('/', '--')}" / "snapshots" / sha / "config.json"
+        while not config.is_file():
+            assert time.monotonic() < deadline, "config.json never reached the snapshot"
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()
