@@ -54,18 +54,14 @@ def test_downloads_overlap_computation_in_io_threads_and_stay_bounded(tiny_bert,
     consumed: list = []
     engine = LocalEngine(workers=2)
     base = BaseSpec(str(tiny_bert), "b", path=str(tiny_bert))
-    start = time.monotonic()
     outcomes = engine.run(base, Representation(), _tasks(finetunes, log, consumed), HubSettings())
     first = next(outcomes)
     assert len(consumed) <= 3  # at most workers + 1 models taken ahead of the one computed
     rest = list(outcomes)
-    elapsed = time.monotonic() - start
     assert [o.task.name for o in [first, *rest]] == [m.name for m in finetunes]  # outcomes in task order
     assert all(o.error is None and o.vector is not None for o in [first, *rest])
     assert {thread for _, thread, *_ in log} <= {f"modelvec-io_{i}" for i in range(2)}  # fetched off the compute thread
-    # two fetches at a time: six 0.3 s downloads take ~0.9 s, not 1.8 s
-    assert elapsed < len(finetunes) * OPEN_SECONDS * 0.75
-    # never more than `workers` fetches at once
+    # two fetches at a time (they overlap, which the log shows without trusting the wall clock), never more
     events = sorted([(s, 1) for *_, s, e in log] + [(e, -1) for *_, s, e in log])
     running = np.cumsum([d for _, d in events])
     assert running.max() == 2
