@@ -194,6 +194,33 @@ def test_cli_embed_show_export(tiny_bert, tiny_finetunes, tmp_path):
     assert bad.exit_code != 0
 
 
+def test_cli_show_keeps_every_name_whole_and_lists_each_model_once(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
+    from modelvec import cli
+
+    store = tmp_path / "s.duckdb"
+    for pooling in ("mean", "concat"):  # two vectors per model
+        modelvec.embed(tiny_bert, tiny_finetunes, rank=4, pooling=pooling, store=store)
+    monkeypatch.chdir(tiny_finetunes[0].parent)  # the models show as ft0, ft1, ft2
+    monkeypatch.setattr(cli.console, "width", 60)  # narrower than the representation keys and the base's path
+    shown = CliRunner().invoke(cli.app, ["show", "--store", str(store)])
+    assert shown.exit_code == 0, shown.output
+    vectors, models = shown.output.split("models (")
+    cells: list[list[str]] = []  # (base, representation) per row of the first table, their wrapped lines joined
+    for line in vectors.splitlines():
+        if line.startswith("│"):
+            base, params, architecture = (c.strip() for c in line.split("│")[1:4])
+            if architecture:
+                cells.append(["", ""])
+            cells[-1] = [cells[-1][0] + base, cells[-1][1] + params]
+    keys = sorted(Representation(rank=4, pooling=p).key() for p in ("mean", "concat"))
+    assert sorted(params for _, params in cells) == keys  # wrapped, never cut: each can be copied whole
+    assert {base for base, _ in cells} == {str(tiny_bert)}
+    rows = [line.split("│")[1:4] for line in models.splitlines() if line.startswith("│")]
+    assert [[c.strip() for c in row] for row in rows] == [
+        [f"ft{i}", "glue/sst2" if i % 2 else "imdb", "2"] for i in range(3)
+    ]
+
+
 def test_store_from_environment(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
     monkeypatch.setenv("MODELVEC_STORE", str(tmp_path / "env.duckdb"))
     modelvec.embed(tiny_bert, tiny_finetunes[:1], rank=4)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from .core.errors import ModelvecError
@@ -86,6 +86,11 @@ def _check_device(value: str) -> str:
 
     resolve_device(value)  # a ValueError: one line, exit 2 (see _OneLineErrors)
     return value
+
+
+def _id(header: str) -> Column:
+    """A column of names (models, bases, representation keys): wrapped, never cut, so each can be copied whole."""
+    return Column(header, overflow="fold", min_width=len(header))
 
 
 def _short(name: str) -> str:
@@ -280,7 +285,7 @@ def discover(
         _print_json(found.as_json())
         return
     table = Table(
-        "model",
+        _id("model"),
         "downloads",
         "datasets",
         "labels from",
@@ -299,7 +304,7 @@ def discover(
         )
     console.print(table)
     if show_rejected and found.rejected:
-        rejected = Table("model", "why rejected", title="rejected candidates")
+        rejected = Table(_id("model"), "why rejected", title="rejected candidates")
         for e in found.rejected:
             rejected.add_row(e.model, e.reason)
         console.print(rejected)
@@ -319,7 +324,13 @@ def show(
         _print_json(overview.as_json())
         return
     table = Table(
-        "base", "representation", "architecture", "models", "dim", "mean s/model", title=f"vectors in {db.path}"
+        _id("base"),
+        _id("representation"),
+        "architecture",
+        "models",
+        "dim",
+        "s/model",
+        title=f"vectors in {db.path} (s/model: mean seconds to embed one)",
     )
     for row in overview.summary.itertuples():
         table.add_row(
@@ -327,13 +338,16 @@ def show(
         )
     console.print(table)
     if not overview.models.empty:
-        models = Table("model", "datasets", "dim", "seconds", title="models")
-        for row in overview.models.itertuples():
-            models.add_row(_short(row.model), ", ".join(row.datasets) or "-", str(row.dim), f"{row.seconds:.2f}")
+        models = Table(_id("model"), "datasets", "vectors", "s/vector", title="models (s/vector: mean)")
+        for model, rows in overview.models.groupby("model", sort=True):  # one row per model, not per vector
+            datasets = sorted({d for ds in rows["datasets"] for d in ds})
+            models.add_row(
+                _short(str(model)), ", ".join(datasets) or "-", str(len(rows)), f"{rows['seconds'].mean():.2f}"
+            )
         console.print(models)
     if failures and not overview.failures.empty:
         table = Table(
-            "model",
+            _id("model"),
             "kind",
             "error",
             title="failures (content: skipped while the weights are unchanged; "
@@ -482,7 +496,9 @@ def neighbors(
         )
     if found.warning:
         _say(err, f"warning: {found.warning}")
-    table = Table("#", "model", f"{metric} distance", "datasets", "author", title=f"nearest to {_short(found.query)}")
+    table = Table(
+        "#", _id("model"), f"{metric} distance", "datasets", "author", title=f"nearest to {_short(found.query)}"
+    )
     for i, row in enumerate(found.nearest.itertuples(), 1):
         table.add_row(
             str(i),
