@@ -276,6 +276,10 @@ def test_explain_shares_sum_to_the_cosine_and_find_the_shared_block(tiny_bert, t
     assert json.loads(result.stdout)["explanation"] == json.loads(json.dumps(found.as_json()))["explanation"]
     text = CliRunner().invoke(app, [*args, "--explain"])
     assert text.exit_code == 0 and "top blocks v L2" in text.output
+    modelvec.embed(tiny_bert, paths, representation=Representation(rank=4), store=store)  # layers averaged
+    averaged = CliRunner().invoke(app, [*args[:-4], "--store", str(store), "--explain"])
+    assert averaged.exit_code == 0, averaged.output
+    assert "= families v +" in averaged.output and "top blocks" not in averaged.output  # the blocks are the families
 
 
 def test_per_block_knn_score_finds_the_planted_block_and_draws_the_heat_map(tiny_bert, tmp_path):

@@ -287,7 +287,7 @@ def discover(
     table = Table(
         _id("model"),
         "downloads",
-        "datasets",
+        _id("datasets"),
         "labels from",
         "author",
         "why kept",
@@ -338,7 +338,7 @@ def show(
         )
     console.print(table)
     if not overview.models.empty:
-        models = Table(_id("model"), "datasets", "vectors", "s/vector", title="models (s/vector: mean)")
+        models = Table(_id("model"), _id("datasets"), "vectors", "s/vector", title="models (s/vector: mean)")
         for model, rows in overview.models.groupby("model", sort=True):  # one row per model, not per vector
             datasets = sorted({d for ds in rows["datasets"] for d in ds})
             models.add_row(
@@ -497,7 +497,7 @@ def neighbors(
     if found.warning:
         _say(err, f"warning: {found.warning}")
     table = Table(
-        "#", _id("model"), f"{metric} distance", "datasets", "author", title=f"nearest to {_short(found.query)}"
+        "#", _id("model"), f"{metric} distance", _id("datasets"), "author", title=f"nearest to {_short(found.query)}"
     )
     for i, row in enumerate(found.nearest.itertuples(), 1):
         table.add_row(
@@ -518,11 +518,14 @@ def neighbors(
         )
     for item in found.explanation or []:
         families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))
-        top = ", ".join(
-            f"{b['family']}{'' if b['layer'] is None else ' L' + str(b['layer'] + 1)} {b['share']:+.3f}"
-            for b in item["blocks"][:5]
-        )
-        _say(console, f"{_short(item['model'])}: cosine {item['cosine']:.3f} = families {families}; top blocks {top}")
+        line = f"{_short(item['model'])}: cosine {item['cosine']:.3f} = families {families}"
+        if any(b["layer"] is not None for b in item["blocks"]):  # with layers averaged the blocks are the families
+            top = ", ".join(
+                f"{b['family']}{'' if b['layer'] is None else ' L' + str(b['layer'] + 1)} {b['share']:+.3f}"
+                for b in item["blocks"][:5]
+            )
+            line += f"; top blocks {top}"
+        _say(console, line)
 
 
 @app.command()
