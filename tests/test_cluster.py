@@ -138,6 +138,8 @@ def test_cluster_cli_json(planted, tmp_path):
         ],
     )
     assert table.exit_code == 0 and "kNN dataset score" in table.output and "PNG map" in table.output
+    cells = {c[0]: c[1] for c in ([x.strip() for x in line.split("│")[1:3]] for line in table.output.splitlines()) if c}
+    assert cells["n_clustered"].isdigit()  # a count, printed as one (the API keeps every score a float)
 
 
 def test_cluster_without_vectors_is_a_clear_error(planted, tmp_path):

@@ -437,7 +437,7 @@ def cluster(
         )
         scores.add_row(f"authors ({report.n_authors}): share of the most prolific", _fmt(report.largest_author_share))
     for name, value in report.clustering.items():
-        scores.add_row(name, _fmt(value))
+        scores.add_row(name, _fmt(int(value) if name.startswith("n_") else value))  # a count, kept float in the API
     console.print(scores)
     if report.predictions:
         preds = Table("unlabelled model", "predicted dataset", "confidence")
