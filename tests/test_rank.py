@@ -170,7 +170,10 @@ def test_threshold_option_takes_repeated_and_comma_separated_values(tiny_bert, t
     assert bad.exit_code == 2 and "'half' is not a number" in bad.output
 
 
-def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
+def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
+    from modelvec import cli
+
+    monkeypatch.setattr(cli.console, "width", 72)  # narrower than the laws' equations
     runner = CliRunner()
     args = [
         "rank",
@@ -208,6 +211,7 @@ def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path):
     )
     assert over.exit_code == 0, over.output
     assert "best law" in over.output and (tmp_path / "o" / "rank-0.9.png").exists()
+    assert "…" not in over.output  # laws and equations wrap; a cut equation would be a wrong one
     missing = runner.invoke(app, ["rank"])
     assert missing.exit_code == 2 and "give a MODEL" in missing.output
 

@@ -88,9 +88,9 @@ def _check_device(value: str) -> str:
     return value
 
 
-def _id(header: str) -> Column:
-    """A column of names (models, bases, representation keys): wrapped, never cut, so each can be copied whole."""
-    return Column(header, overflow="fold", min_width=len(header))
+def _whole(header: str) -> Column:
+    """A column whose cells are read or copied whole (names, representation keys, equations): wrapped, never cut."""
+    return Column(header, overflow="fold", min_width=max(len(word) for word in header.split()))
 
 
 def _short(name: str) -> str:
@@ -285,9 +285,9 @@ def discover(
         _print_json(found.as_json())
         return
     table = Table(
-        _id("model"),
+        _whole("model"),
         "downloads",
-        _id("datasets"),
+        _whole("datasets"),
         "labels from",
         "author",
         "why kept",
@@ -304,7 +304,7 @@ def discover(
         )
     console.print(table)
     if show_rejected and found.rejected:
-        rejected = Table(_id("model"), "why rejected", title="rejected candidates")
+        rejected = Table(_whole("model"), "why rejected", title="rejected candidates")
         for e in found.rejected:
             rejected.add_row(e.model, e.reason)
         console.print(rejected)
@@ -324,8 +324,8 @@ def show(
         _print_json(overview.as_json())
         return
     table = Table(
-        _id("base"),
-        _id("representation"),
+        _whole("base"),
+        _whole("representation"),
         "architecture",
         "models",
         "dim",
@@ -338,7 +338,7 @@ def show(
         )
     console.print(table)
     if not overview.models.empty:
-        models = Table(_id("model"), _id("datasets"), "vectors", "s/vector", title="models (s/vector: mean)")
+        models = Table(_whole("model"), _whole("datasets"), "vectors", "s/vector", title="models (s/vector: mean)")
         for model, rows in overview.models.groupby("model", sort=True):  # one row per model, not per vector
             datasets = sorted({d for ds in rows["datasets"] for d in ds})
             models.add_row(
@@ -347,7 +347,7 @@ def show(
         console.print(models)
     if failures and not overview.failures.empty:
         table = Table(
-            _id("model"),
+            _whole("model"),
             "kind",
             "error",
             title="failures (content: skipped while the weights are unchanged; "
@@ -497,7 +497,12 @@ def neighbors(
     if found.warning:
         _say(err, f"warning: {found.warning}")
     table = Table(
-        "#", _id("model"), f"{metric} distance", _id("datasets"), "author", title=f"nearest to {_short(found.query)}"
+        "#",
+        _whole("model"),
+        f"{metric} distance",
+        _whole("datasets"),
+        "author",
+        title=f"nearest to {_short(found.query)}",
     )
     for i, row in enumerate(found.nearest.itertuples(), 1):
         table.add_row(
@@ -629,9 +634,9 @@ def rank(
         "stack",
         "family",
         "threshold",
-        "best law (adj. R²)",
-        "equation",
-        "runner-up",
+        _whole("best law (adj. R²)"),
+        _whole("equation"),
+        _whole("runner-up"),
         title=f"rank of {'ΔW' if study.of == 'delta' else 'W'} across depth: {_short(study.model)}",
     )
     for (stack, family, t), fits in study.fits.items():
