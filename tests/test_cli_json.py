@@ -127,3 +127,13 @@ def test_help_and_show_do_not_import_torch(tmp_path):
         out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip().splitlines()[-1] == "False", (args, out.stdout[-500:])
+
+
+def test_help_is_printed_as_written_and_rewrapped():
+    """Square brackets in help are text, not console markup, and a docstring paragraph is rewrapped whole."""
+    embed = CliRunner().invoke(app, ["embed", "--help"])
+    assert embed.exit_code == 0 and "'modelvec[ray]'" in embed.output  # the extra, not eaten as a style tag
+    found = CliRunner().invoke(app, ["neighbors", "--help"])
+    assert "the same representation against the stored base" in " ".join(found.output.split())
+    lines = [line.strip() for line in found.output.splitlines()]
+    assert "stored base, compared, and not stored." not in lines  # not broken where the docstring's source breaks

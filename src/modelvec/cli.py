@@ -50,6 +50,7 @@ app = typer.Typer(
     cls=_OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # a docstring paragraph is rewrapped to the terminal, not broken where the source breaks
     pretty_exceptions_enable=False,
     help="Turn fine-tuned transformers into vectors from their weight deltas.",
 )
