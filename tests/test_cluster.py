@@ -208,6 +208,16 @@ def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, 
         neighbors(empty, params=Representation(rank=4), store=store, base=str(tmp_path))
 
 
+def test_neighbors_without_matching_vectors_says_what_the_store_holds(planted, tmp_path):
+    _, models, _, store = planted
+    with pytest.raises(LookupError, match=r"no vectors stored with representation r7-\S+ \(stored: r4-sketch-mean"):
+        neighbors(models[0], params=Representation(rank=7), store=store)
+    empty = CliRunner().invoke(app, ["neighbors", str(models[0]), "--store", str(tmp_path / "new.duckdb")])
+    assert empty.exit_code == 2
+    assert f"{tmp_path / 'new.duckdb'}: no vectors stored with representation" in empty.output
+    assert "run `modelvec embed` first" in empty.output
+
+
 def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):
     base, models, _, store = planted
     variants = {"U": Representation(rank=4, factor="U"), "sketch": Representation(rank=4, factor="sketch")}

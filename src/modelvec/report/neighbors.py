@@ -60,11 +60,20 @@ def _stored_base(db: Store, base: PathLike | str | None, params: Representation)
                 return name
         raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()}")
     bases = sorted(set(db.metadata(params=params)["base"]))
-    if len(bases) != 1:
-        known = ", ".join(bases) or "none"
+    if not bases:
+        other = sorted(set(db.metadata()["params"]))
+        raise LookupError(
+            f"{db.path}: no vectors stored with representation {params.key()}"
+            + (
+                f" (stored: {', '.join(other)}; choose one with its options)"
+                if other
+                else "; run `modelvec embed` first"
+            )
+        )
+    if len(bases) > 1:
         raise LookupError(
             f"the store holds vectors of {len(bases)} bases with representation {params.key()} "
-            f"({known}): name one with --base"
+            f"({', '.join(bases)}): name one with --base"
         )
     return bases[0]
 
