@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 import modelvec
 from conftest import tiny_bert_config
 from modelvec import Checkpoint, DeltaEmbedder, ModelvecError
+from modelvec.core.errors import CheckpointError
 from modelvec.core.files import adapter_files, is_adapter
 from modelvec.read import open_checkpoint
 from modelvec.read.adapters import AdapterCheckpoint, LoraSettings
@@ -327,6 +328,22 @@ def test_bad_adapters_give_one_line_errors(bert_case, tmp_path):
     )
     with pytest.raises(ModelvecError, match="adapts no attention or feed-forward matrix"):
         AdapterCheckpoint(pooler).layout()
+
+
+def test_an_adapter_given_as_the_base_names_the_model_it_adapts(bert_case, tmp_path):
+    base, adapter, _ = bert_case
+    said = "is a LoRA adapter, not a base model: use the model it adapts as the base"
+    with pytest.raises(CheckpointError) as err:
+        DeltaEmbedder().fit(adapter)
+    assert str(err.value) == f"{adapter}: {said}"  # its config names no base
+    named = shutil.copytree(adapter, tmp_path / "named")
+    config = json.loads((named / "adapter_config.json").read_text())
+    (named / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "org/the-base"}))
+    with pytest.raises(CheckpointError) as err:
+        DeltaEmbedder().fit(named)
+    assert str(err.value) == f"{named}: {said} (adapter_config.json names org/the-base)"
+    with pytest.raises(CheckpointError, match=f"{said} \\(adapter_config.json names org/the-base\\)"):
+        modelvec.embed(named, [base], store=tmp_path / "s.duckdb")
 
 
 def test_discovery_keeps_declared_adapters(tiny_bert, bert_case, tmp_path):

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .architectures import ARCHITECTURES, Architecture, MatrixRef, Orientation, detect
-from .formats import FORMATS, Format, format_of, open_checkpoint, register_format
+from .formats import FORMATS, Format, format_of, open_checkpoint, refuse_adapter_base, register_format
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint, Layout, LowRankDelta, check_compatible
@@ -33,6 +33,7 @@ __all__ = [
     "detect",
     "format_of",
     "open_checkpoint",
+    "refuse_adapter_base",
     "register_format",
     *_LAZY,
 ]

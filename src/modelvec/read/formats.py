@@ -11,13 +11,15 @@ Adding a format is :func:`register_format`.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.files import is_adapter, is_gguf
+from ..core.errors import CheckpointError
+from ..core.files import ADAPTER_CONFIG, is_adapter, is_gguf
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -59,3 +61,20 @@ def format_of(path: PathLike) -> Format:
 def open_checkpoint(path: PathLike, name: str | None = None) -> Checkpoint:
     """The reader for any model modelvec accepts: a GGUF file, a PEFT adapter folder, or weights."""
     return format_of(path).open(path, name)
+
+
+def refuse_adapter_base(path: PathLike, name: str | None = None) -> None:
+    """Raise if ``path`` is a PEFT adapter given as a base: a delta has no weights to take deltas from.
+
+    The error names the model the adapter says it adapts, the base the user most likely meant.
+    """
+    if not is_adapter(Path(path)):
+        return
+    try:
+        adapts = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        adapts = None
+    said = f" ({ADAPTER_CONFIG} names {adapts})" if isinstance(adapts, str) and adapts else ""
+    raise CheckpointError(
+        name or str(path), f"is a LoRA adapter, not a base model: use the model it adapts as the base{said}"
+    )

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..core.errors import CheckpointError, IncompatibleError, resource_cause
-from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint
+from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .device import resolve_device
 from .linalg import factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 from .params import Representation
@@ -127,6 +127,7 @@ class DeltaEmbedder:
         read once here, to refuse NaN or Inf before any fine-tune is blamed for them.
         """
         ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
+        refuse_adapter_base(ck.path, ck.name)
         layout = ck.layout()
         shapes: dict[tuple[str, int, str], tuple[int, int]] = {}
         cache: dict[str, torch.Tensor] = {}

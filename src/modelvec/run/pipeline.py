@@ -29,7 +29,7 @@ from ..hub.client import HubSettings, describe_error, with_retries
 from ..hub.discovery import CatalogueEntry, describe
 from ..hub.download import fetch, resolve_revision
 from ..hub.ids import resolve_base
-from ..read import Checkpoint, open_checkpoint
+from ..read import Checkpoint, open_checkpoint, refuse_adapter_base
 from ..represent.params import Representation
 from ..store import Failure, Store, VectorRow, opened
 from .discover import discover
@@ -231,6 +231,7 @@ def _run(
 def _base(base: PathLike | str, db: Store, settings: HubSettings) -> BaseSpec:
     """The base's store name and identity, and how to open it (a Hub base is fetched only when needed)."""
     if not is_hub_id(base):
+        refuse_adapter_base(base, model_id(base))
         ck = Checkpoint(base, name=model_id(base))
         return BaseSpec(ck.name, ck.fingerprint(), path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
