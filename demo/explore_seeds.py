@@ -1,0 +1,203 @@
+"""Exploration behind docs/evidence.md ("Why the same task on two collections is confused: the seed"):
+is it the text collection or the training run that the confused models share?
+
+In the evidence zoo every wrong nearest neighbour joins two models of the same seed (which there
+also fixes the learning rate, the length and, for adapters, the rank and target modules): bbc-mlm
+seed s with tweet-mlm seed s, bbc-simcse adapter seed s with tweet-simcse adapter seed s. This
+script separates the seed from the rest. It trains, with `make evidence`'s code and settings, new
+models that differ from one another in one thing at a time:
+
+- masked-LM full fine-tunes on BBC and on tweets, seeds 10 and 11, both with seed 0's settings
+  (lr 2e-5, 120 steps);
+- masked-LM and SimCSE LoRA adapters (r 4 on q, v) on BBC and on tweets, seeds 13 and 14, both with
+  seed 3's settings (lr 1e-3, 120 steps).
+
+Within each group the settings are identical, so a pair differs in its seed, in its texts, or in
+both. Printed per group and representation: the mean cosine of the pairs of each kind, and the
+nearest neighbour of each model within the group.
+
+First, over the evidence zoo itself: how many nearest neighbours are on another dataset, and how
+many of those share the model's seed; then where the seed sits in a delta: the kernel of the
+input-side Gram matrices (dW dW^T, W in R^{in x out}: what the delta reads) against the
+output-side ones (dW^T dW: what it writes), each block scaled to unit norm, scored like
+`explore_activations.py` on the fixed split.
+
+Run after `make evidence` (about 6 minutes on 2 cores the first time; models cached):
+
+    .venv/bin/python demo/explore_seeds.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from build_evidence import DATASETS, Run, build_one, load_data, run_name
+from build_zoo import base_model_dir
+from safetensors.numpy import load_file
+from transformers import AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+import modelvec
+from modelvec.analyse.evaluation import task_vector_gram
+from modelvec.analyse.evidence import mixed_scores
+from modelvec.read import open_checkpoint
+
+SELECTION = ("tweet-sentiment", "tweet-simcse", "chat-qa", "chat-topic")  # as in `make evidence`
+
+OUT = Path(".cache/evidence-seeds")
+GROUPS = {  # group -> (datasets, runs): the runs of a group share every setting but the seed
+    "masked-LM, full": (("bbc-mlm", "tweet-mlm"), (Run("full", 10, 2e-5, 120), Run("full", 11, 2e-5, 120))),
+    "masked-LM, LoRA r4 q,v": (
+        ("bbc-mlm", "tweet-mlm"),
+        (Run("lora", 13, 1e-3, 120, 4, "qv"), Run("lora", 14, 1e-3, 120, 4, "qv")),
+    ),
+    "SimCSE, LoRA r4 q,v": (
+        ("bbc-simcse", "tweet-simcse"),
+        (Run("lora", 13, 1e-3, 120, 4, "qv"), Run("lora", 14, 1e-3, 120, 4, "qv")),
+    ),
+}
+
+
+def build() -> dict[str, list[tuple[str, int, Path]]]:
+    """Train what is missing; per group, (dataset, seed, folder) of its models."""
+    torch.set_num_threads(2)
+    hf_logging.set_verbosity_error()
+    OUT.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(base_model_dir())
+    by_name = {ds.name: ds for ds in DATASETS}
+    groups: dict[str, list[tuple[str, int, Path]]] = {}
+    for group, (names, runs) in GROUPS.items():
+        for name, run in itertools.product(names, runs):
+            ds = by_name[name]
+            folder = OUT / run_name(ds, run)
+            if not folder.is_dir():
+                build_one(OUT.resolve(), ds, run, load_data(ds), tok)
+            groups.setdefault(group, []).append((name, run.seed, folder))
+    return groups
+
+
+def kind_of(a: tuple[str, int, Path], b: tuple[str, int, Path]) -> str:
+    same_text, same_seed = a[0] == b[0], a[1] == b[1]
+    return {
+        (True, False): "same texts, other seed",
+        (False, True): "other texts, same seed",
+        (False, False): "other texts, other seed",
+    }[(same_text, same_seed)]
+
+
+def cosines(X: np.ndarray) -> np.ndarray:
+    unit = X / np.linalg.norm(X, axis=1, keepdims=True)
+    return unit @ unit.T
+
+
+def from_kernel(K: np.ndarray) -> np.ndarray:
+    """Rows whose inner products are the kernel K."""
+    w, V = np.linalg.eigh(K)
+    return V * np.sqrt(np.clip(w, 0, None))
+
+
+def gram_kernels(base: str, paths: list[str]) -> dict[str, np.ndarray]:
+    """Sum over blocks of the cosines of each side's Gram matrices (a block a model leaves alone adds 0)."""
+    base_ck = open_checkpoint(base)
+    layout = base_ck.layout()
+    cks = [open_checkpoint(p) for p in paths]
+    shapes = {ref.key: tuple(base_ck.matrix(ref, layout.prefix).shape) for ref in layout.refs}
+    factored = {i: ck.low_rank_deltas(layout, shapes) for i, ck in enumerate(cks) if ck.factored}
+    kernels = {name: np.zeros((len(paths), len(paths))) for name in ("input side, dW dW^T", "output side, dW^T dW")}
+    for ref in layout.refs:
+        w0 = base_ck.matrix(ref, layout.prefix).double()
+        deltas = {}
+        for i, ck in enumerate(cks):
+            if not ck.factored:
+                deltas[i] = ck.matrix(ref, ck.layout().prefix).double() - w0
+            elif ref.key in factored[i]:
+                low = factored[i][ref.key]
+                deltas[i] = low.left.double() @ low.right.double().T
+        idx = sorted(deltas)
+        for name, gram in (("input side, dW dW^T", lambda d: d @ d.T), ("output side, dW^T dW", lambda d: d.T @ d)):
+            G = torch.stack([gram(deltas[i]).reshape(-1) for i in idx])
+            G /= G.norm(dim=1, keepdim=True)
+            kernels[name][np.ix_(idx, idx)] += (G @ G.T).numpy()
+    return kernels
+
+
+def zoo_wide(base: str) -> None:
+    """The evidence zoo: wrong nearest neighbours and their seeds, and the two sides of a delta."""
+    entries = json.loads(Path(".cache/evidence/zoo.json").read_text())["models"]
+    paths = [m["path"] for m in entries]
+    G = task_vector_gram(base, paths).gram
+    sims = {
+        "default sketch": cosines(modelvec.DeltaEmbedder().fit(base).transform(paths).astype(np.float64)),
+        "sketch, concat": cosines(modelvec.DeltaEmbedder(pooling="concat").fit(base).transform(paths).astype(float)),
+        "task vectors (exact)": G / np.sqrt(np.outer(np.diag(G), np.diag(G))),
+    }
+    print(f"== the evidence zoo ({len(entries)} models)")
+    for name, S in sims.items():
+        S = S.copy()
+        np.fill_diagonal(S, -np.inf)
+        wrong = [(i, int(np.argmax(S[i]))) for i in range(len(entries))]
+        wrong = [(i, j) for i, j in wrong if entries[i]["dataset"] != entries[j]["dataset"]]
+        seeds = sum(entries[i]["seed"] == entries[j]["seed"] for i, j in wrong)
+        print(f"  {name:>22}: {len(wrong)} nearest neighbours on another dataset, {seeds} of them the same seed")
+    labels = [[m["dataset"]] for m in entries]
+    adapter = np.array([m["kind"] == "lora" for m in entries])
+    for name, K in gram_kernels(base, paths).items():
+        X = from_kernel(K / np.sqrt(np.outer(np.diag(K), np.diag(K))))
+        for half in ("selection", "report"):
+            keep = np.array([(m["dataset"] in SELECTION) == (half == "selection") for m in entries])
+            s = mixed_scores(X[keep], [labels[i] for i in np.flatnonzero(keep)], adapter[keep])
+            print(
+                f"  {name:>22} {half:>9}: full {s.knn_full:.3f} adapters {s.knn_adapters:.3f} "
+                f"mixed {s.knn_mixed:.3f} a->full {s.adapter_to_full:.3f}"
+            )
+
+
+def main() -> None:
+    base = str(base_model_dir())
+    zoo_wide(base)
+    groups = build()
+    embedders = {
+        "default sketch": modelvec.DeltaEmbedder().fit(base),
+        "sketch, concat": modelvec.DeltaEmbedder(pooling="concat").fit(base),
+    }
+    for group, models in groups.items():
+        print(f"\n== {group}: " + ", ".join(f"{d} s{s}" for d, s, _ in models))
+        paths = [str(p) for _, _, p in models]
+        sims = {}
+        for name, emb in embedders.items():
+            X = emb.transform(paths).astype(np.float64)
+            X /= np.linalg.norm(X, axis=1, keepdims=True)
+            sims[name] = X @ X.T
+        G = task_vector_gram(base, paths).gram
+        d = np.sqrt(np.diag(G))
+        sims["task vectors (exact)"] = G / np.outer(d, d)
+        for name, S in sims.items():
+            cells: dict[str, list[float]] = {}
+            for i, j in itertools.combinations(range(len(models)), 2):
+                cells.setdefault(kind_of(models[i], models[j]), []).append(float(S[i, j]))
+            nearest = []
+            for i in range(len(models)):
+                j = max((j for j in range(len(models)) if j != i), key=lambda j: S[i, j])
+                nearest.append(kind_of(models[i], models[j]))
+            means = ", ".join(f"{k} {np.mean(v):.3f}" for k, v in sorted(cells.items()))
+            counts = {k: nearest.count(k) for k in sorted(set(nearest))}
+            print(f"  {name:>22}: mean cosine: {means}; nearest: {counts}")
+        if (models[0][2] / "adapter_config.json").is_file():  # how much of A's random draw is left after training
+            factors = [load_file(str(p / "adapter_model.safetensors")) for _, _, p in models]
+            cells = {}
+            for i, j in itertools.combinations(range(len(models)), 2):
+                for key in (k for k in factors[i] if ".lora_A." in k):
+                    a, b = factors[i][key].ravel(), factors[j][key].ravel()
+                    cell = cells.setdefault(kind_of(models[i], models[j]), [])
+                    cell.append(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
+            print(
+                "  LoRA A factors, mean cosine: " + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in sorted(cells.items()))
+            )
+
+
+if __name__ == "__main__":
+    main()
