@@ -74,11 +74,12 @@ EVIDENCE       ?= .cache/evidence
 EVIDENCE_STORE ?= .cache/evidence.duckdb
 EVIDENCE_OUT   ?= .cache/evidence-out
 SELECTION      ?= tweet-sentiment,tweet-simcse,chat-qa,chat-topic
+EVIDENCE_FLAGS ?=  # --unique-seeds: every model its own seed (with EVIDENCE=.cache/evidence-unique etc.)
 EVIDENCE_BASE   = $$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(EVIDENCE)/zoo.json)
 EVIDENCE_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(EVIDENCE)/zoo.json)
 
 evidence: $(STAMP)
-	$(PY) demo/build_evidence.py --out $(EVIDENCE)
+	$(PY) demo/build_evidence.py --out $(EVIDENCE) $(EVIDENCE_FLAGS)
 	$(VENV)/bin/modelvec evaluate --store $(EVIDENCE_STORE) --base "$(EVIDENCE_BASE)" $(EVIDENCE_MODELS) \
 		--selection $(SELECTION) --ranks 8,16,32 --center --markdown $(EVIDENCE_OUT)/evaluate.md
 

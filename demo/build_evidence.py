@@ -108,16 +108,22 @@ class Run:
     targets: str = ""
 
 
-def runs_of(ds: Dataset) -> list[Run]:
-    """Three full fine-tunes and three adapters; a classifier's fresh head wants a higher lr."""
+def runs_of(ds: Dataset, unique_seeds: bool = False) -> list[Run]:
+    """Three full fine-tunes and three adapters; a classifier's fresh head wants a higher lr.
+
+    By default run i has seed i on every dataset, so two datasets' runs i start from the same random
+    head and LoRA A factors (seed twins: docs/evidence.md). ``unique_seeds`` gives every model of the
+    zoo its own seed (100 + 10 x the dataset's place + i), all other settings unchanged.
+    """
     full_lrs = (5e-5, 1e-4, 2e-4) if ds.task == "classify" else (2e-5, 4e-5, 8e-5)
+    offset = 100 + 10 * DATASETS.index(ds) if unique_seeds else 0
     return [
-        Run("full", 0, full_lrs[0], 120),
-        Run("full", 1, full_lrs[1], 80),
-        Run("full", 2, full_lrs[2], 40),
-        Run("lora", 3, 1e-3, 120, 4, "qv"),
-        Run("lora", 4, 5e-4, 80, 16, "qkvo"),
-        Run("lora", 5, 1e-3, 50, 32, "all"),
+        Run("full", offset + 0, full_lrs[0], 120),
+        Run("full", offset + 1, full_lrs[1], 80),
+        Run("full", offset + 2, full_lrs[2], 40),
+        Run("lora", offset + 3, 1e-3, 120, 4, "qv"),
+        Run("lora", offset + 4, 5e-4, 80, 16, "qkvo"),
+        Run("lora", offset + 5, 1e-3, 50, 32, "all"),
     ]
 
 
@@ -281,6 +287,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="zoo folder (created if missing)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--unique-seeds", action="store_true", help="every model its own seed (no seed twins)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
@@ -292,7 +299,7 @@ def main() -> None:
     for ds in DATASETS:
         print(f"{ds.name} ({ds.task} on {ds.collection})", flush=True)
         data: Data | None = None
-        for run in runs_of(ds):
+        for run in runs_of(ds, args.unique_seeds):
             name = run_name(ds, run)
             if (out / name).is_dir():
                 print(f"  {name}: cached", flush=True)
