@@ -24,11 +24,16 @@ output-side ones (dW^T dW: what it writes), each block scaled to unit norm, scor
 
 Run after `make evidence` (about 6 minutes on 2 cores the first time; models cached):
 
-    .venv/bin/python demo/explore_seeds.py
+    .venv/bin/python demo/explore_seeds.py [--zoo .cache/evidence] [--zoo-only]
+
+`--zoo` names another evidence zoo (e.g. the one `make evidence EVIDENCE_FLAGS=--unique-seeds`
+builds, where every model has its own seed); `--zoo-only` skips the controlled rerun.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import itertools
 import json
 from pathlib import Path
@@ -125,9 +130,9 @@ def gram_kernels(base: str, paths: list[str]) -> dict[str, np.ndarray]:
     return kernels
 
 
-def zoo_wide(base: str) -> None:
+def zoo_wide(base: str, zoo: Path) -> None:
     """The evidence zoo: wrong nearest neighbours and their seeds, and the two sides of a delta."""
-    entries = json.loads(Path(".cache/evidence/zoo.json").read_text())["models"]
+    entries = json.loads((zoo / "zoo.json").read_text())["models"]
     paths = [m["path"] for m in entries]
     G = task_vector_gram(base, paths).gram
     sims = {
@@ -135,14 +140,16 @@ def zoo_wide(base: str) -> None:
         "sketch, concat": cosines(modelvec.DeltaEmbedder(pooling="concat").fit(base).transform(paths).astype(float)),
         "task vectors (exact)": G / np.sqrt(np.outer(np.diag(G), np.diag(G))),
     }
-    print(f"== the evidence zoo ({len(entries)} models)")
+    print(f"== the evidence zoo {zoo} ({len(entries)} models)")
     for name, S in sims.items():
         S = S.copy()
         np.fill_diagonal(S, -np.inf)
         wrong = [(i, int(np.argmax(S[i]))) for i in range(len(entries))]
         wrong = [(i, j) for i, j in wrong if entries[i]["dataset"] != entries[j]["dataset"]]
         seeds = sum(entries[i]["seed"] == entries[j]["seed"] for i, j in wrong)
+        pairs = collections.Counter(f"{entries[i]['dataset']} -> {entries[j]['dataset']}" for i, j in wrong)
         print(f"  {name:>22}: {len(wrong)} nearest neighbours on another dataset, {seeds} of them the same seed")
+        print(f"  {'':>22}  {dict(pairs.most_common())}")
     labels = [[m["dataset"]] for m in entries]
     adapter = np.array([m["kind"] == "lora" for m in entries])
     for name, K in gram_kernels(base, paths).items():
@@ -157,8 +164,14 @@ def zoo_wide(base: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--zoo", type=Path, default=Path(".cache/evidence"))
+    parser.add_argument("--zoo-only", action="store_true", help="skip the controlled rerun")
+    args = parser.parse_args()
     base = str(base_model_dir())
-    zoo_wide(base)
+    zoo_wide(base, args.zoo)
+    if args.zoo_only:
+        return
     groups = build()
     embedders = {
         "default sketch": modelvec.DeltaEmbedder().fit(base),
