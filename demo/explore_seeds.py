@@ -47,7 +47,7 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 import modelvec
-from modelvec.analyse.evaluation import task_vector_gram
+from modelvec.analyse.evaluation import task_deltas, task_vector_gram
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.read import open_checkpoint
 
@@ -99,46 +99,44 @@ def cosines(X: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
+def kernel_cosines(K: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.diag(K))
+    return K / np.outer(d, d)
+
+
 def from_kernel(K: np.ndarray) -> np.ndarray:
     """Rows whose inner products are the kernel K."""
     w, V = np.linalg.eigh(K)
     return V * np.sqrt(np.clip(w, 0, None))
 
 
-def gram_kernels(base: str, paths: list[str]) -> dict[str, np.ndarray]:
-    """Sum over blocks of the cosines of each side's Gram matrices (a block a model leaves alone adds 0)."""
-    base_ck = open_checkpoint(base)
-    layout = base_ck.layout()
-    cks = [open_checkpoint(p) for p in paths]
-    shapes = {ref.key: tuple(base_ck.matrix(ref, layout.prefix).shape) for ref in layout.refs}
-    factored = {i: ck.low_rank_deltas(layout, shapes) for i, ck in enumerate(cks) if ck.factored}
-    kernels = {name: np.zeros((len(paths), len(paths))) for name in ("input side, dW dW^T", "output side, dW^T dW")}
-    for ref in layout.refs:
-        w0 = base_ck.matrix(ref, layout.prefix).double()
-        deltas = {}
-        for i, ck in enumerate(cks):
-            if not ck.factored:
-                deltas[i] = ck.matrix(ref, ck.layout().prefix).double() - w0
-            elif ref.key in factored[i]:
-                low = factored[i][ref.key]
-                deltas[i] = low.left.double() @ low.right.double().T
+EXACT, READS, WRITES = "task vectors (exact)", "input side, dW dW^T", "output side, dW^T dW"
+
+
+def kernels(base: str, paths: list[str]) -> dict[str, np.ndarray]:
+    """In one pass over the deltas: the exact task vectors' inner products, and per side of a delta
+    the sum over blocks of the cosines of its Gram matrices (a block a model leaves alone adds 0)."""
+    out = {name: np.zeros((len(paths), len(paths))) for name in (EXACT, READS, WRITES)}
+    for _ref, _w0, deltas in task_deltas(open_checkpoint(base), [open_checkpoint(p) for p in paths]):
         idx = sorted(deltas)
-        for name, gram in (("input side, dW dW^T", lambda d: d @ d.T), ("output side, dW^T dW", lambda d: d.T @ d)):
+        flat = torch.stack([deltas[i].reshape(-1) for i in idx])
+        out[EXACT][np.ix_(idx, idx)] += (flat @ flat.T).numpy()
+        for name, gram in ((READS, lambda d: d @ d.T), (WRITES, lambda d: d.T @ d)):
             G = torch.stack([gram(deltas[i]).reshape(-1) for i in idx])
             G /= G.norm(dim=1, keepdim=True)
-            kernels[name][np.ix_(idx, idx)] += (G @ G.T).numpy()
-    return kernels
+            out[name][np.ix_(idx, idx)] += (G @ G.T).numpy()
+    return out
 
 
 def zoo_wide(base: str, zoo: Path) -> None:
     """The evidence zoo: wrong nearest neighbours and their seeds, and the two sides of a delta."""
     entries = json.loads((zoo / "zoo.json").read_text())["models"]
     paths = [m["path"] for m in entries]
-    G = task_vector_gram(base, paths).gram
+    K = kernels(base, paths)
     sims = {
         "default sketch": cosines(modelvec.DeltaEmbedder().fit(base).transform(paths).astype(np.float64)),
         "sketch, concat": cosines(modelvec.DeltaEmbedder(pooling="concat").fit(base).transform(paths).astype(float)),
-        "task vectors (exact)": G / np.sqrt(np.outer(np.diag(G), np.diag(G))),
+        EXACT: kernel_cosines(K[EXACT]),
     }
     print(f"== the evidence zoo {zoo} ({len(entries)} models)")
     for name, S in sims.items():
@@ -152,8 +150,8 @@ def zoo_wide(base: str, zoo: Path) -> None:
         print(f"  {'':>22}  {dict(pairs.most_common())}")
     labels = [[m["dataset"]] for m in entries]
     adapter = np.array([m["kind"] == "lora" for m in entries])
-    for name, K in gram_kernels(base, paths).items():
-        X = from_kernel(K / np.sqrt(np.outer(np.diag(K), np.diag(K))))
+    for name in (READS, WRITES):
+        X = from_kernel(kernel_cosines(K[name]))
         for half in ("selection", "report"):
             keep = np.array([(m["dataset"] in SELECTION) == (half == "selection") for m in entries])
             s = mixed_scores(X[keep], [labels[i] for i in np.flatnonzero(keep)], adapter[keep])
@@ -180,14 +178,8 @@ def main() -> None:
     for group, models in groups.items():
         print(f"\n== {group}: " + ", ".join(f"{d} s{s}" for d, s, _ in models))
         paths = [str(p) for _, _, p in models]
-        sims = {}
-        for name, emb in embedders.items():
-            X = emb.transform(paths).astype(np.float64)
-            X /= np.linalg.norm(X, axis=1, keepdims=True)
-            sims[name] = X @ X.T
-        G = task_vector_gram(base, paths).gram
-        d = np.sqrt(np.diag(G))
-        sims["task vectors (exact)"] = G / np.outer(d, d)
+        sims = {name: cosines(emb.transform(paths).astype(np.float64)) for name, emb in embedders.items()}
+        sims[EXACT] = kernel_cosines(task_vector_gram(base, paths).gram)
         for name, S in sims.items():
             cells: dict[str, list[float]] = {}
             for i, j in itertools.combinations(range(len(models)), 2):
