@@ -27,8 +27,27 @@ def ref_distance(a, b, metric: str) -> float:
     return 1.0 - sum(x * y for x, y in zip(a, b)) / (na * nb)
 
 
-def ref_knn(X, labels, metric: str, pool: str, groups=None):
+def ref_mp_distances(X, metric: str) -> list[list[float]]:
+    """-log mutual proximity (Gaussian, independent), from the formula: the product over both
+    models of P(N(mean, std of that model's distances to the others) > d)."""
     n = len(X)
+    d = [[ref_distance(X[i], X[j], metric) for j in range(n)] for i in range(n)]
+    mean = [sum(d[i][j] for j in range(n) if j != i) / (n - 1) for i in range(n)]
+    std = [math.sqrt(sum((d[i][j] - mean[i]) ** 2 for j in range(n) if j != i) / (n - 1)) for i in range(n)]
+
+    def tail(i, x):  # P(X_i > x); a model with no spread says nothing: 1/2
+        return 0.5 if std[i] == 0 else 0.5 * math.erfc((x - mean[i]) / (std[i] * math.sqrt(2)))
+
+    return [[-math.log(tail(i, d[i][j]) * tail(j, d[i][j])) for j in range(n)] for i in range(n)]
+
+
+def ref_knn(X, labels, metric: str, pool: str, groups=None, scaling: str = "none"):
+    n = len(X)
+    mp = ref_mp_distances(X, metric) if scaling != "none" else None
+
+    def dist(f, g):
+        return ref_distance(X[f], X[g], metric) if mp is None else mp[f][g]
+
     sets = [set(ls) for ls in labels]
     per_model = [math.nan] * n
 
@@ -42,7 +61,7 @@ def ref_knn(X, labels, metric: str, pool: str, groups=None):
         if k_minus_1 == 0:
             continue
         candidates = [g for g in range(n) if other(f, g) and (pool == "all" or sets[g])]
-        ranked = sorted(candidates, key=lambda g: (ref_distance(X[f], X[g], metric), g))
+        ranked = sorted(candidates, key=lambda g: (dist(f, g), g))
         hits = sum(1 for g in ranked[:k_minus_1] if sets[g] & sets[f])
         per_model[f] = hits / k_minus_1
     scored = [f for f in range(n) if not math.isnan(per_model[f])]
@@ -76,8 +95,8 @@ def random_case(seed: int, n: int = 30, dim: int = 6, zero_row: bool = True):
     return X, labels
 
 
-def assert_matches_reference(result, X, labels, metric, pool, groups=None):
-    score, n_scored, per_dataset, per_model = ref_knn(X, labels, metric, pool, groups)
+def assert_matches_reference(result, X, labels, metric, pool, groups=None, scaling="none"):
+    score, n_scored, per_dataset, per_model = ref_knn(X, labels, metric, pool, groups, scaling)
     assert result.n_scored == n_scored
     assert result.score == pytest.approx(score, abs=1e-12)
     np.testing.assert_allclose(result.per_model, per_model, atol=1e-12)  # nan where nan
@@ -213,17 +232,18 @@ def test_ties_are_broken_by_model_index():
 
 
 @pytest.mark.parametrize("metric", METRICS)
-def test_row_blocks_do_not_change_results(metric, monkeypatch):
+@pytest.mark.parametrize("scaling", ["none", "mutual-proximity"])
+def test_row_blocks_do_not_change_results(metric, scaling, monkeypatch):
     X, labels = random_case(2)
-    whole_knn = knn_dataset_score(X, labels, metric=metric, pool="all")
-    whole_pred = predict_datasets(X, labels, k=3, metric=metric)
+    whole_knn = knn_dataset_score(X, labels, metric=metric, pool="all", scaling=scaling)
+    whole_pred = predict_datasets(X, labels, k=3, metric=metric, scaling=scaling)
     monkeypatch.setattr(analysis, "_BLOCK_ELEMENTS", 70)  # blocks of 2-3 rows
-    knn = knn_dataset_score(X, labels, metric=metric, pool="all")
-    pred = predict_datasets(X, labels, k=3, metric=metric)
+    knn = knn_dataset_score(X, labels, metric=metric, pool="all", scaling=scaling)
+    pred = predict_datasets(X, labels, k=3, metric=metric, scaling=scaling)
     np.testing.assert_array_equal(knn.per_model, whole_knn.per_model)
     assert pred.predicted == whole_pred.predicted and pred.loo_accuracy == whole_pred.loo_accuracy
     np.testing.assert_array_equal(pred.confidence, whole_pred.confidence)
-    assert_matches_reference(knn, X, labels, metric, "all")
+    assert_matches_reference(knn, X, labels, metric, "all", scaling=scaling)
 
 
 @pytest.mark.parametrize("pool", ["labelled", "all"])
@@ -251,6 +271,70 @@ def test_scaling_changes_nothing_for_cosine():
     # whereas per-row scaling does move euclidean neighbours (so the check above can fail)
     eu = knn_dataset_score(X, labels, metric="euclidean").per_model
     assert not np.array_equal(knn_dataset_score(X * row_scales, labels, metric="euclidean").per_model, eu)
+
+
+# --- mutual proximity -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool", ["labelled", "all"])
+@pytest.mark.parametrize("metric", METRICS)
+def test_mutual_proximity_knn_matches_naive_reference(metric, pool):
+    X, labels = random_case(11)  # with a zero row: no spread, a factor of 1/2
+    result = knn_dataset_score(X, labels, metric=metric, pool=pool, scaling="mutual-proximity")
+    assert_matches_reference(result, X, labels, metric, pool, scaling="mutual-proximity")
+    assert result.scaling == "mutual-proximity"
+    plain = knn_dataset_score(X, labels, metric=metric, pool=pool)
+    assert not np.array_equal(result.per_model, plain.per_model, equal_nan=True)  # it does re-rank
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_mutual_proximity_nearest_and_distance_matrix_match_the_reference(metric):
+    X, _ = random_case(12, n=20)
+    ref = np.array(ref_mp_distances(X, metric))
+    np.fill_diagonal(ref, 0.0)
+    D = analysis.distance_matrix(X, metric=metric, scaling="mutual-proximity")
+    np.testing.assert_allclose(D, ref, rtol=1e-9, atol=1e-12)
+    for i in (0, 4, 7):  # the query is one of the models: its spread leaves itself out, as the others' do
+        idx, dist = nearest(X, X[i], k=5, metric=metric, exclude=i, scaling="mutual-proximity")
+        order = sorted((j for j in range(len(X)) if j != i), key=lambda j: (ref[i, j], j))[:5]
+        assert list(idx) == order
+        np.testing.assert_allclose(dist, ref[i, order], rtol=1e-9)
+
+
+def test_mutual_proximity_keeps_the_order_when_every_model_sees_the_same_distances():
+    angles = 2 * np.pi * np.arange(12) / 12 + 0.3  # a regular polygon: every model's distances are the same multiset
+    X = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    labels = [[f"d{i // 3}"] for i in range(12)]
+    for metric in METRICS:
+        plain = analysis.distance_matrix(X, metric=metric)
+        scaled = analysis.distance_matrix(X, metric=metric, scaling="mutual-proximity")
+        for i in range(12):
+            np.testing.assert_array_equal(  # rounded: equal distances stay ties, broken by index
+                np.argsort(plain[i].round(9), kind="stable"), np.argsort(scaled[i].round(9), kind="stable")
+            )
+        np.testing.assert_array_equal(
+            knn_dataset_score(X, labels, metric=metric, scaling="mutual-proximity").per_model,
+            knn_dataset_score(X, labels, metric=metric).per_model,
+        )
+
+
+def test_mutual_proximity_demotes_a_hub():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(4, 400)) / 20  # four datasets, faint in noise of the same dimension
+    X = np.array([0.6 * centres[d] + rng.normal(size=400) / 20 for d in range(4) for _ in range(6)])
+    labels = [[f"d{d}"] for d in range(4) for _ in range(6)]
+    hub = (X / np.linalg.norm(X, axis=1, keepdims=True)).sum(axis=0)  # the direction every model leans towards
+    X, labels = np.vstack([X, hub]), [*labels, []]
+
+    def hub_is_nearest(scaling):
+        D = analysis.distance_matrix(X, scaling=scaling)
+        np.fill_diagonal(D, np.inf)
+        return int((D[:-1].argmin(axis=1) == len(X) - 1).sum())
+
+    assert hub_is_nearest("none") >= 12  # under cosine the hub is most models' nearest neighbour
+    assert hub_is_nearest("mutual-proximity") <= 2
+    plain = knn_dataset_score(X, labels, pool="all").score  # the unlabelled hub counts as a miss
+    assert knn_dataset_score(X, labels, pool="all", scaling="mutual-proximity").score > plain + 0.1
 
 
 # --- planted clusters ---------------------------------------------------------------------------
@@ -439,6 +523,10 @@ def test_parameters_are_validated():
         knn_dataset_score(X, labels, metric="manhattan")
     with pytest.raises(ValueError, match="pool"):
         knn_dataset_score(X, labels, pool="unlabelled")
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        knn_dataset_score(X, labels, scaling="csls")
+    with pytest.raises(ValueError, match="scaling"):
+        nearest(X, X[0], scaling="mp")
     for bad_k in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="k must be"):
             predict_datasets(X, labels, k=bad_k)

@@ -163,6 +163,31 @@ def test_neighbors_lists_the_same_dataset_first(planted):
     assert "predicted dataset: glue/sst2 (confidence 1.00" in " ".join(result.output.split())
 
 
+def test_cluster_and_neighbors_rank_by_mutual_proximity_on_request(planted, tmp_path):
+    from modelvec.analyse.scores import distance_matrix, knn_dataset_score
+
+    base, models, _, store = planted
+    params = Representation(rank=4)
+    with modelvec.Store(store) as db:
+        X, meta = db.load(base=str(Path(base).resolve()), params=params)
+    labels = [list(d) for d in meta["datasets"]]
+    report = cluster(base, params=params, store=store, out=tmp_path, method="pca", scaling="mutual-proximity")
+    assert report.scaling == "mutual-proximity" and report.as_json()["scaling"] == "mutual-proximity"
+    assert report.knn_score == knn_dataset_score(X, labels, scaling="mutual-proximity").score
+    me = int(np.flatnonzero(meta["model"].to_numpy() == str(models[0].resolve()))[0])
+    D = distance_matrix(X, scaling="mutual-proximity")
+    order = [j for j in np.argsort(D[me], kind="stable") if j != me][:5]
+    found = neighbors(models[0], params=params, store=store, k=5, scaling="mutual-proximity")
+    assert list(found.nearest["model"]) == list(meta["model"].iloc[order])
+    np.testing.assert_allclose(found.nearest["distance"], D[me, order], rtol=1e-6)
+    plain = neighbors(models[0], params=params, store=store, k=5)
+    assert not np.allclose(found.nearest["distance"], plain.nearest["distance"])  # -log MP, not the cosine distance
+    result = CliRunner().invoke(
+        app, ["neighbors", str(models[0]), "--k", "3", "--rank", "4", "--store", str(store), "--scaling", "nope"]
+    )
+    assert result.exit_code != 0 and "scaling must be one of" in " ".join(result.output.split())
+
+
 def _rows(store: Path) -> int:
     with modelvec.Store(store) as db:
         return len(db.metadata())

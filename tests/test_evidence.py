@@ -75,6 +75,42 @@ def test_mixed_scores_separate_adapters_that_huddle_from_those_that_join_their_d
     assert got.knn_mixed < 0.7  # but over both, adapters find each other first
 
 
+def kinds_of_different_spread(seed: int, n_datasets: int = 7, per_kind: int = 3, dim: int = 20000):
+    """What the evidence zoo's vectors look like (docs/evidence.md): full fine-tunes of a dataset
+    share its direction strongly, but their noise lives in a smaller subspace, so their cosines to
+    unrelated full fine-tunes spread wide; an adapter is mostly noise of its own, faintly along its
+    dataset's direction (and an adapters-only one), so its cosines to everything are small and flat."""
+    rng = np.random.default_rng(seed)
+    direction, adapter_direction = rng.normal(size=(2, n_datasets, dim)) / np.sqrt(dim)
+    X, labels, is_adapter = [], [], []
+    for d in range(n_datasets):
+        for i in range(2 * per_kind):
+            if i < per_kind:
+                noise = np.zeros(dim)
+                noise[:2100] = rng.normal(size=2100) / np.sqrt(2100)
+                X.append(0.45 * direction[d] + noise)
+            else:
+                X.append(0.12 * direction[d] + 0.17 * adapter_direction[d] + rng.normal(size=dim) / np.sqrt(dim))
+            labels.append([f"d{d}"])
+            is_adapter.append(i >= per_kind)
+    return np.array(X), labels, is_adapter
+
+
+def test_mutual_proximity_puts_kinds_of_different_spread_on_one_scale():
+    missed_plain = missed_scaled = 0.0
+    for seed in range(8):
+        X, labels, is_adapter = kinds_of_different_spread(seed)
+        plain = mixed_scores(X, labels, is_adapter)
+        scaled = mixed_scores(X, labels, is_adapter, scaling="mutual-proximity")
+        assert plain.knn_full == plain.knn_adapters == plain.adapter_to_full == 1.0  # each kind alone is sorted
+        assert plain.knn_mixed < 1.0  # mixed, unrelated full fine-tunes outrank a full fine-tune's own adapters
+        assert scaled.knn_full == scaled.knn_adapters == scaled.adapter_to_full == 1.0  # nothing lost
+        assert scaled.knn_mixed >= plain.knn_mixed
+        missed_plain += 1 - plain.knn_mixed
+        missed_scaled += 1 - scaled.knn_mixed
+    assert missed_scaled < 0.25 * missed_plain  # most of what mixing cost is recovered
+
+
 def planted_adapter(base, out, dataset: int, seed: int):
     """A PEFT LoRA (q, v; r = 2, scaling 1) whose delta is the dataset's planted rank-2 delta of
     ``planted_dataset_finetune``, at a tenth of its scale, plus a little noise of its own."""
@@ -170,6 +206,26 @@ def test_evaluate_scores_centred_variants(mixed_zoo, tmp_path):
     assert rows.loc["S", "silhouette"] != pytest.approx(rows.loc["S + centred", "silhouette"])
 
 
+def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
+    base, models = mixed_zoo
+    params = Representation(rank=4, factor="S")
+    table = evaluate(
+        base, models, variants={"S": params}, store=tmp_path / "s.duckdb", split=False, mutual_proximity=True
+    )
+    assert list(table["method"]) == ["S", "S + mutual proximity", REFERENCE, REFERENCE + " + mutual proximity"]
+    rows = table.set_index("method")
+    result = modelvec.embed(base, models, representation=params, store=tmp_path / "s.duckdb")
+    X = result.vectors[[list(result.metadata["model"]).index(model_id(m)) for m in models]].astype(np.float64)
+    labels = [list(d) for d in result.metadata.set_index("model").loc[[model_id(m) for m in models], "datasets"]]
+    is_adapter = ["lora" in str(m) for m in models]
+    for scaling, name in (("none", "S"), ("mutual-proximity", "S + mutual proximity")):
+        mixed = mixed_scores(X, labels, is_adapter, scaling=scaling)
+        assert rows.loc[name, "knn_score"] == pytest.approx(mixed.knn_mixed)
+        assert rows.loc[name, "knn_adapters"] == pytest.approx(mixed.knn_adapters)
+    # the clusterers see the vectors' own geometry: the same for both rows
+    assert rows.loc["S + mutual proximity", "silhouette"] == rows.loc["S", "silhouette"]
+
+
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
     from modelvec.analyse.evaluation import variants
     from test_cli_json import TIMINGS, _as_printed, _cli
@@ -184,3 +240,6 @@ def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path
     drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
     assert drop(rows) == drop(_as_printed(table.to_dict(orient="records")))
     assert len(rows) == 2 * 2 * (len(variants((4,))) + 1)  # (variants + reference) x centred or not x 2 halves
+    rows = _cli("evaluate", *map(str, models), *args, "--ranks", "4", "--mutual-proximity")
+    assert len(rows) == 2 * 2 * (len(variants((4,))) + 1)  # x scaled or not, instead
+    assert sum(r["method"].endswith(" + mutual proximity") for r in rows) == len(rows) // 2

@@ -146,6 +146,12 @@ BlockNormOpt = typer.Option(
     _D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm."
 )
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
+ScalingOpt = typer.Option(
+    "none",
+    "--scaling",
+    help="Rank neighbours by the distance as it is (none) or by mutual proximity (mutual-proximity: for "
+    "adapters beside full fine-tunes).",
+)
 # cluster and neighbors also accept --method for the representation's factor (the stored vectors to read).
 MethodOpt = typer.Option(
     _D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}."
@@ -385,6 +391,7 @@ def cluster(
     standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
     metric: str = MetricOpt,
     pool: str = typer.Option("labelled", "--pool", help="kNN neighbour pool: labelled|all."),
+    scaling: str = ScalingOpt,
     k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
     as_json: bool = JsonOpt,
@@ -420,6 +427,7 @@ def cluster(
         pool=pool,
         k=k,
         label_sources=_split(label_source) or None,
+        scaling=scaling,
     )
     if as_json:
         _print_json(report.as_json())
@@ -429,7 +437,8 @@ def cluster(
         table.add_row(dataset, str(entry["count"]), _fmt(entry["score"]))
     table.add_row("[b]all[/b]", str(report.n_scored), f"[b]{_fmt(report.knn_score)}[/b]")
     console.print(table)
-    scores = Table("score", "value", title=f"{report.n_models} models · metric {report.metric} · pool {report.pool}")
+    how = f"metric {report.metric}" + (f" · {report.scaling}" if report.scaling != "none" else "")
+    scores = Table("score", "value", title=f"{report.n_models} models · {how} · pool {report.pool}")
     scores.add_row("leave-one-out dataset prediction accuracy", _fmt(report.loo_accuracy))
     if report.n_authors:
         scores.add_row(
@@ -462,6 +471,7 @@ def neighbors(
     k: int = typer.Option(10, "--k", min=1, help="How many neighbours (and voters for the predicted dataset)."),
     base: str | None = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
     metric: str = MetricOpt,
+    scaling: str = ScalingOpt,
     rank: int = RankOpt,
     factor: str = MethodOpt,
     pooling: str = PoolingOpt,
@@ -485,7 +495,7 @@ def neighbors(
     from .report import neighbors as find
 
     params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
-    found = find(model, params=params, store=store, k=k, metric=metric, base=base, explain=explain)
+    found = find(model, params=params, store=store, k=k, metric=metric, base=base, explain=explain, scaling=scaling)
     if as_json:
         _print_json(found.as_json())
         return
@@ -556,6 +566,11 @@ def evaluate(
         [str(_D.rank)], "--ranks", help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32."
     ),
     center: bool = typer.Option(False, "--center", help="Also score every variant centred on the models' mean."),
+    mutual_proximity: bool = typer.Option(
+        False,
+        "--mutual-proximity",
+        help="Also score every variant with neighbours ranked by mutual proximity (for adapters beside full fine-tunes).",
+    ),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side.
 
@@ -575,6 +590,7 @@ def evaluate(
         split=split,
         selection=_split(selection) if selection else None,
         center=center,
+        mutual_proximity=mutual_proximity,
     )
     if markdown is not None:
         markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,11 @@ from typing import Any
 from .laws import LAWS, Fit, fit_law, fit_laws
 from .maps import reduce
 from .scores import (
+    SCALINGS,
     KnnScore,
     Predictions,
     clustering_scores,
+    distance_matrix,
     knn_dataset_score,
     majority_dataset,
     nearest,
@@ -21,10 +23,12 @@ from .scores import (
 
 __all__ = [
     "LAWS",
+    "SCALINGS",
     "Fit",
     "KnnScore",
     "Predictions",
     "clustering_scores",
+    "distance_matrix",
     "evaluate",
     "fit_law",
     "fit_laws",

@@ -9,6 +9,7 @@ reference's: 1.0 means the variant sees the same geometry as the full deltas.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -144,16 +145,20 @@ def score_row(
     seed: int = 0,
     is_adapter: Sequence[bool] | None = None,
     n_boot: int = 2000,
+    scaling: str = "none",
+    clustering: dict[str, float] | None = None,
 ) -> dict[str, object]:
     """The scores of one representation's vectors against the labels (and the reference geometry).
 
     ``knn_lo``/``knn_hi``: 95 % bootstrap interval of the kNN score over models. With adapters among
     the models (``is_adapter``), also the kNN score among full fine-tunes and among adapters, and the
-    share of adapters whose nearest full fine-tune has their dataset.
+    share of adapters whose nearest full fine-tune has their dataset. ``scaling`` applies to the
+    neighbour-based scores (kNN, leave-one-out, adapters); the clusterers and ``ref_corr`` see the
+    vectors' own geometry (``clustering``: those scores already computed for the same X).
     """
-    knn = knn_dataset_score(X, labels, metric=metric)
+    knn = knn_dataset_score(X, labels, metric=metric, scaling=scaling)
     lo, hi = bootstrap_interval(knn.per_model, n_boot=n_boot, seed=seed)
-    pred = predict_datasets(X, labels, k=k, metric=metric)
+    pred = predict_datasets(X, labels, k=k, metric=metric, scaling=scaling)
     row: dict[str, object] = {
         "method": name,
         "knn_score": knn.score,
@@ -162,14 +167,17 @@ def score_row(
         "n_scored": knn.n_scored,
         "loo_accuracy": pred.loo_accuracy,
     }
-    row.update(clustering_scores(X, labels, metric=metric, seed=seed))
+    row.update(clustering if clustering is not None else clustering_scores(X, labels, metric=metric, seed=seed))
     if reference is not None:
         iu = np.triu_indices(len(X), 1)
         row["ref_corr"] = float(np.corrcoef(_cosine_similarities(X)[iu], reference[iu])[0, 1])
     if is_adapter is not None and any(is_adapter):
-        mixed = mixed_scores(X, labels, is_adapter, metric=metric)
+        mixed = mixed_scores(X, labels, is_adapter, metric=metric, scaling=scaling)
         row.update(knn_full=mixed.knn_full, knn_adapters=mixed.knn_adapters, adapter_to_full=mixed.adapter_to_full)
     return row
+
+
+_CLUSTERING = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari", "n_clustered")
 
 
 def _halves(
@@ -208,6 +216,7 @@ def evaluate(
     split: bool | None = None,
     selection: Sequence[str] | None = None,
     center: bool = False,
+    mutual_proximity: bool = False,
     n_boot: int = 2000,
 ) -> pd.DataFrame:
     """Embed ``models`` with every variant (through the store) and score each; rows per method and half.
@@ -217,7 +226,9 @@ def evaluate(
     half and on the report half separately, and ``selected`` marks the method with the best kNN
     score on the selection half (ties: higher ``ref_corr``, then the smaller vector). Otherwise
     one half, ``"all"``. ``center``: every variant is also scored after subtracting the half's mean
-    vector ("NAME + centred"). Models that fail in any variant are left out of all rows, so every
+    vector ("NAME + centred"). ``mutual_proximity``: every variant is also scored with neighbours
+    ranked by mutual proximity ("NAME + mutual proximity", :mod:`~modelvec.analyse.scores`), which
+    puts adapters and full fine-tunes on one scale. Models that fail in any variant are left out of all rows, so every
     row scores the same set. Columns: method, half, params, dim, seconds_per_model, knn_score,
     knn_lo, knn_hi (95 % bootstrap interval over models), n_scored, loo_accuracy, silhouette,
     kmeans_nmi, kmeans_ari, hdbscan_nmi, hdbscan_ari, n_clustered, ref_corr, selected; with
@@ -253,7 +264,7 @@ def evaluate(
             table.append(
                 (name, params.key(), result.vectors[[index[m] for m in order]], float(meta["seconds"].median()))
             )
-        rows = []
+        rows: list[dict[str, object]] = []
         for half, idx in halves.items():
             say(f"scoring: {half} half ({len(idx)} models)")
             sub_labels = [labels[i] for i in idx]
@@ -263,10 +274,12 @@ def evaluate(
             entries = [(n, p, X[idx], s) for n, p, X, s in table] + [
                 (REFERENCE, "full deltas", ref_x, tv.seconds_per_model)
             ]
+            scalings = ("none", "mutual-proximity") if mutual_proximity else ("none",)
             for name, key, X, seconds in entries:
-                for centred in (False, True) if center else (False,):
+                for centred, scaling in itertools.product((False, True) if center else (False,), scalings):
+                    same_x = rows[-1] if scaling != "none" else None  # the row just scored had this X unscaled
                     row = score_row(
-                        name + (" + centred" if centred else ""),
+                        name + (" + centred" if centred else "") + (" + mutual proximity" if scaling != "none" else ""),
                         _centred(X) if centred else X,
                         sub_labels,
                         reference,
@@ -274,6 +287,8 @@ def evaluate(
                         k=k,
                         is_adapter=tv.is_adapter[idx],
                         n_boot=n_boot,
+                        scaling=scaling,
+                        clustering=None if same_x is None else {c: float(same_x[c]) for c in _CLUSTERING},  # type: ignore[arg-type]
                     )
                     dim = tv.dim if name == REFERENCE else X.shape[1]
                     row.update(half=half, params=key, dim=dim, seconds_per_model=seconds)

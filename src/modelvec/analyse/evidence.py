@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scores import knn_dataset_score, nearest
+from .scores import distance_matrix, knn_dataset_score
 
 
 def split_datasets(datasets: Iterable[str], selection: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
@@ -69,28 +69,38 @@ class MixedScores:
 
 
 def mixed_scores(
-    X: np.ndarray, labels: Sequence[Sequence[str]], is_adapter: Sequence[bool], *, metric: str = "cosine"
+    X: np.ndarray,
+    labels: Sequence[Sequence[str]],
+    is_adapter: Sequence[bool],
+    *,
+    metric: str = "cosine",
+    scaling: str = "none",
 ) -> MixedScores:
     """The kNN dataset score among full fine-tunes, among adapters and over both, and how often an
-    adapter's nearest full fine-tune shares its dataset."""
+    adapter's nearest full fine-tune shares its dataset.
+
+    Each kind's score treats that kind as the whole collection (for ``scaling``, too); the
+    nearest full fine-tune is ranked within the mixed collection.
+    """
     adapter = np.asarray(is_adapter, dtype=bool)
     M = np.asarray(X, dtype=np.float64)
 
     def knn(mask: np.ndarray) -> float:
         idx = np.flatnonzero(mask)
         return (
-            knn_dataset_score(M[idx], [labels[i] for i in idx.tolist()], metric=metric).score
+            knn_dataset_score(M[idx], [labels[i] for i in idx.tolist()], metric=metric, scaling=scaling).score
             if len(idx) > 1
             else np.nan
         )
 
     hits = []
     full = np.flatnonzero(~adapter & np.array([bool(lab) for lab in labels]))
-    if len(full):
+    if len(full) and adapter.any():
+        D = distance_matrix(M, metric=metric, scaling=scaling)
         for i in np.flatnonzero(adapter).tolist():
             if labels[i]:
-                order, _ = nearest(M[full], M[i], k=1, metric=metric)
-                hits.append(bool(set(labels[i]) & set(labels[int(full[order[0]])])))
+                j = int(full[np.argmin(D[i, full])])  # first minimum: ties go to the lower index
+                hits.append(bool(set(labels[i]) & set(labels[j])))
     return MixedScores(
         knn_full=knn(~adapter),
         knn_adapters=knn(adapter),

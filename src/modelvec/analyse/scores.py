@@ -18,6 +18,15 @@ Rules shared by every function, so that two functions never disagree about a nei
 - Ties in distance (equal computed values) are broken by model index, lower first: every ranking
   is a full stable argsort, so results are deterministic.
 - Work is done in row blocks, so memory stays O(block x n_models) beyond the float64 copy of X.
+- ``scaling="mutual-proximity"`` (Schnitzer et al., JMLR 2012, the Gaussian, independent form)
+  re-ranks neighbours by how unusually close two models are *for each of them*: with mu_x,
+  sigma_x the mean and spread of x's distances to every other model of X,
+  MP(x, y) = P(X > d) P(Y > d) for X ~ N(mu_x, sigma_x), Y ~ N(mu_y, sigma_y), and the distance
+  used is -log MP (the same order as Schnitzer's 1 - MP, without rounding near 0). A model whose
+  distances are all alike, such as a LoRA adapter among full fine-tunes, then still finds its own
+  dataset's models, and a model close to everything (a hub) stops being everyone's neighbour. It
+  depends on the whole collection, as centring does; a zero vector, or a model with no spread,
+  gets MP 1/2 from its own side.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 METRICS = ("cosine", "euclidean")
+SCALINGS = ("none", "mutual-proximity")
 POOLS = ("labelled", "all")
 
 _BLOCK_ELEMENTS = 1 << 22  # distances held at once (32 MiB of float64), whatever n_models is
@@ -44,6 +54,7 @@ class KnnScore:
     per_model: np.ndarray  # (n_models,), nan where a model is not scored
     metric: str
     pool: str
+    scaling: str = "none"
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +67,7 @@ class Predictions:
     n_loo: int
     k: int
     metric: str
+    scaling: str = "none"
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -145,6 +157,52 @@ def _distances(A: np.ndarray, B: np.ndarray, metric: str) -> np.ndarray:
     return np.sqrt(D, out=D)
 
 
+_Stats = tuple[np.ndarray, np.ndarray]  # per row of X: mean and spread of its distances to the others
+
+
+def _spread(Z: np.ndarray, metric: str, scaling: str) -> _Stats | None:
+    """Each row's mean and standard deviation of distance to every other row (None: no scaling)."""
+    if scaling == "none":
+        return None
+    n = len(Z)
+    mu, sd = np.zeros(n), np.zeros(n)
+    for block in _blocks(np.arange(n), n):
+        D = _distances(Z[block], Z, metric)
+        D[np.arange(len(block)), block] = np.nan
+        if n > 1:
+            mu[block], sd[block] = np.nanmean(D, axis=1), np.nanstd(D, axis=1)
+    return mu, sd
+
+
+def _scaled(D: np.ndarray, rows: _Stats, columns: _Stats) -> np.ndarray:
+    """-log MP of the distances D (rows x columns), given each side's mean and spread."""
+    from scipy.special import log_ndtr
+
+    def side(mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+        z = np.divide(mu - D, sd, out=np.zeros_like(D), where=sd > 0)
+        return log_ndtr(z)
+
+    out = side(rows[0][:, None], rows[1][:, None]) + side(columns[0][None, :], columns[1][None, :])
+    return np.negative(out, out=out)
+
+
+def _sub(stats: _Stats | None, idx: np.ndarray) -> _Stats | None:
+    return None if stats is None else (stats[0][idx], stats[1][idx])
+
+
+def distance_matrix(X: np.ndarray, *, metric: str = "cosine", scaling: str = "none") -> np.ndarray:
+    """(n, n) distances between the rows of X, as every function here ranks them (diagonal 0)."""
+    _check_choice("metric", metric, METRICS)
+    _check_choice("scaling", scaling, SCALINGS)
+    Z = _prepare(_as_matrix(X), metric)
+    D = _distances(Z, Z, metric)
+    stats = _spread(Z, metric, scaling)
+    if stats is not None:
+        D = _scaled(D, stats, stats)
+    np.fill_diagonal(D, 0.0)
+    return D
+
+
 def _blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
     step = max(1, _BLOCK_ELEMENTS // max(1, n_columns))
     for start in range(0, len(rows), step):
@@ -152,9 +210,16 @@ def _blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
 
 
 def _ranked(
-    Z: np.ndarray, rows: np.ndarray, columns: np.ndarray, metric: str, groups: np.ndarray | None = None
+    Z: np.ndarray,
+    rows: np.ndarray,
+    columns: np.ndarray,
+    metric: str,
+    groups: np.ndarray | None = None,
+    stats: _Stats | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
+
+    ``stats`` (from :func:`_spread` over all rows of Z): rank by mutual proximity instead.
 
     A row that is also a column gets distance +inf to itself, so it ranks last; so does a column
     in the row's group (``groups``: int codes, -1 = no group). ``columns`` is sorted (always built
@@ -162,6 +227,8 @@ def _ranked(
     """
     for block in _blocks(rows, len(columns)):
         D = _distances(Z[block], Z[columns], metric)
+        if stats is not None:
+            D = _scaled(D, _sub(stats, block), _sub(stats, columns))  # type: ignore[arg-type]
         D[columns[None, :] == block[:, None]] = np.inf
         if groups is not None:
             D[_same_group(groups, block, columns)] = np.inf
@@ -198,6 +265,7 @@ def knn_dataset_score(
     metric: str = "cosine",
     pool: str = "labelled",
     exclude_same: Sequence[object] | None = None,
+    scaling: str = "none",
 ) -> KnnScore:
     """Share of each labelled model's k-1 nearest neighbours tuned on the same dataset, averaged.
 
@@ -218,10 +286,14 @@ def knn_dataset_score(
       neighbours of f nor among its k-1, so the score measures whether f lands among *other
       uploaders'* models of its dataset — an author effect (one uploader's near-identical runs)
       cannot pass for a dataset effect. Models without a value exclude nothing.
+    - ``scaling="mutual-proximity"`` ranks neighbours by mutual proximity over all rows of X
+      (module docstring): for collections that mix kinds of models, such as adapters and full
+      fine-tunes, whose distances differ in scale.
     - Distances, zero vectors and ties: see the module docstring (ties go to the lower index).
     """
     _check_choice("metric", metric, METRICS)
     _check_choice("pool", pool, POOLS)
+    _check_choice("scaling", scaling, SCALINGS)
     M = _as_matrix(X)
     n = len(M)
     sets = _label_sets(labels, n)
@@ -232,7 +304,8 @@ def knn_dataset_score(
     member_f = member.astype(np.float64)
     per_model = np.full(n, np.nan)
     groups = _group_codes(exclude_same, n)
-    for block, order in _ranked(Z, np.flatnonzero(labelled), columns, metric, groups):
+    stats = _spread(Z, metric, scaling)
+    for block, order in _ranked(Z, np.flatnonzero(labelled), columns, metric, groups, stats):
         same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
         same[columns[None, :] == block[:, None]] = False  # f itself is not one of "the other" k-1
         if groups is not None:
@@ -250,12 +323,18 @@ def knn_dataset_score(
             per_dataset[name] = (float(per_model[mask].mean()), int(mask.sum()))
     score = float(per_model[scored].mean()) if scored.any() else float("nan")
     return KnnScore(
-        score=score, n_scored=int(scored.sum()), per_dataset=per_dataset, per_model=per_model, metric=metric, pool=pool
+        score=score,
+        n_scored=int(scored.sum()),
+        per_dataset=per_dataset,
+        per_model=per_model,
+        metric=metric,
+        pool=pool,
+        scaling=scaling,
     )
 
 
 def predict_datasets(
-    X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int = 5, metric: str = "cosine"
+    X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int = 5, metric: str = "cosine", scaling: str = "none"
 ) -> Predictions:
     """Majority dataset among each unlabelled model's k nearest labelled models.
 
@@ -267,15 +346,18 @@ def predict_datasets(
     labelled models, and counts it correct when the winner is one of its labels; ``n_loo`` is
     the number of models so predicted (all labelled models, when there are at least two). A
     model whose dataset has no other model can never be right: it counts as a miss, as it would
-    in deployment. nan / 0 when fewer than two models are labelled.
+    in deployment. nan / 0 when fewer than two models are labelled. ``scaling``: as in
+    :func:`knn_dataset_score`.
     """
     k = _check_int("k", k, 1)
     _check_choice("metric", metric, METRICS)
+    _check_choice("scaling", scaling, SCALINGS)
     M = _as_matrix(X)
     n = len(M)
     names, member = _membership(_label_sets(labels, n))
     labelled = np.flatnonzero(member.any(axis=1))
     Z = _prepare(M, metric)
+    stats = _spread(Z, metric, scaling)
     predicted: list[str | None] = [None] * n
     confidence = np.full(n, np.nan)
 
@@ -287,7 +369,7 @@ def predict_datasets(
     if len(labelled):
         unlabelled = np.flatnonzero(~member.any(axis=1))
         top = min(k, len(labelled))
-        for block, order in _ranked(Z, unlabelled, labelled, metric):
+        for block, order in _ranked(Z, unlabelled, labelled, metric, stats=stats):
             for i, ranks in zip(block, order):
                 winner, share = vote(labelled[ranks[:top]])
                 predicted[i], confidence[i] = names[winner], share
@@ -295,12 +377,20 @@ def predict_datasets(
     correct, n_loo = 0, len(labelled) if len(labelled) >= 2 else 0
     if n_loo:
         top = min(k, len(labelled) - 1)
-        for block, order in _ranked(Z, labelled, labelled, metric):
+        for block, order in _ranked(Z, labelled, labelled, metric, stats=stats):
             for i, ranks in zip(block, order):
                 winner, _ = vote(labelled[ranks[:top]])
                 correct += bool(member[i, winner])
     loo = correct / n_loo if n_loo else float("nan")
-    return Predictions(predicted=predicted, confidence=confidence, loo_accuracy=loo, n_loo=n_loo, k=k, metric=metric)
+    return Predictions(
+        predicted=predicted,
+        confidence=confidence,
+        loo_accuracy=loo,
+        n_loo=n_loo,
+        k=k,
+        metric=metric,
+        scaling=scaling,
+    )
 
 
 def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | None, float, dict[str, int]]:
@@ -370,15 +460,24 @@ def clustering_scores(
 
 
 def nearest(
-    X: np.ndarray, query: np.ndarray, *, k: int = 10, metric: str = "cosine", exclude: int | None = None
+    X: np.ndarray,
+    query: np.ndarray,
+    *,
+    k: int = 10,
+    metric: str = "cosine",
+    exclude: int | None = None,
+    scaling: str = "none",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices and distances of the k rows of X nearest to ``query``, by (distance, index).
 
     ``exclude`` drops one row, typically the query model itself (by index, not by distance, so
     a duplicate of the query is still returned at distance 0). Fewer than k rows: all of them.
+    ``scaling="mutual-proximity"``: distances are -log MP, the spreads taken over the rows of X,
+    and the query's over the rows other than ``exclude``.
     """
     k = _check_int("k", k, 1)
     _check_choice("metric", metric, METRICS)
+    _check_choice("scaling", scaling, SCALINGS)
     M = _as_matrix(X)
     q = _as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
     if q.shape != (1, M.shape[1]):
@@ -387,7 +486,17 @@ def nearest(
         exclude = _check_int("exclude", exclude, 0)
         if exclude >= len(M):
             raise ValueError(f"exclude must be a row index < {len(M)}, not {exclude}")
-    d = _distances(_prepare(q, metric), _prepare(M, metric), metric)[0]
+    Z = _prepare(M, metric)
+    D = _distances(_prepare(q, metric), Z, metric)
+    stats = _spread(Z, metric, scaling)
+    if stats is not None:
+        others = np.ones(len(M), dtype=bool)
+        if exclude is not None:
+            others[exclude] = False
+        mine = D[:, others]
+        own = (mine.mean(axis=1), mine.std(axis=1)) if others.any() else (np.zeros(1), np.zeros(1))
+        D = _scaled(D, own, stats)
+    d = D[0]
     order = np.argsort(d, kind="stable")
     if exclude is not None:
         order = order[order != exclude]
@@ -411,8 +520,13 @@ def cosine_contributions(query: np.ndarray, others: np.ndarray, bounds: Sequence
 
 
 def block_knn_scores(
-    X: np.ndarray, labels: Sequence[Sequence[str]], bounds: Sequence[tuple[int, int]], *, metric: str = "cosine"
+    X: np.ndarray,
+    labels: Sequence[Sequence[str]],
+    bounds: Sequence[tuple[int, int]],
+    *,
+    metric: str = "cosine",
+    scaling: str = "none",
 ) -> np.ndarray:
     """The kNN dataset score of each block of the vectors alone (columns [start, stop)): which layers and
     families separate the datasets best."""
-    return np.array([knn_dataset_score(X[:, a:b], labels, metric=metric).score for a, b in bounds])
+    return np.array([knn_dataset_score(X[:, a:b], labels, metric=metric, scaling=scaling).score for a, b in bounds])

@@ -56,6 +56,7 @@ class ClusterReport:
     #: the kNN dataset score of each block alone (stack, layer, family, knn_score); None when the base's
     #: files were not at hand to lay the blocks out
     per_block: list[dict[str, Any]] | None = None
+    scaling: str = "none"  # how neighbours are ranked (analyse.scores: "mutual-proximity" for mixed kinds)
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
@@ -64,7 +65,7 @@ class ClusterReport:
 
 
 def _per_block(
-    X: np.ndarray, labels: list[list[str]], base: str, params: Representation, metric: str
+    X: np.ndarray, labels: list[list[str]], base: str, params: Representation, metric: str, scaling: str
 ) -> list[dict[str, Any]] | None:
     """The kNN score of each block alone (the blocks laid out from the base's files, when at hand)."""
     try:
@@ -73,7 +74,7 @@ def _per_block(
         blocks = None
     if not blocks or blocks[-1].stop != X.shape[1]:
         return None
-    scores = block_knn_scores(X, labels, [(b.start, b.stop) for b in blocks], metric=metric)
+    scores = block_knn_scores(X, labels, [(b.start, b.stop) for b in blocks], metric=metric, scaling=scaling)
     return [
         {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
     ]
@@ -104,13 +105,17 @@ def cluster(
     k: int = 5,
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
+    scaling: str = "none",
 ) -> ClusterReport:
     """Score and map the stored vectors of ``base``; writes ``out/clusters-<method>.png`` and ``.html``.
 
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
     ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
     The report also gives the kNN score with same-author neighbours excluded, to tell an author
-    effect (one uploader's near-identical runs) from a dataset effect.
+    effect (one uploader's near-identical runs) from a dataset effect. ``scaling``: how the
+    neighbour-based scores rank neighbours (``"mutual-proximity"`` for collections that mix
+    adapters and full fine-tunes; :mod:`~modelvec.analyse.scores`); the clusterers and the map
+    see the vectors as they are.
     """
     params = params or Representation()
     with opened(store) as db:
@@ -122,11 +127,11 @@ def cluster(
             for lab, src in zip(labels, meta["label_source"])
         ]
         meta = meta.assign(datasets=labels)
-    knn = knn_dataset_score(X, labels, metric=metric, pool=pool)
+    knn = knn_dataset_score(X, labels, metric=metric, pool=pool, scaling=scaling)
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
-    by_author = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors)
+    by_author = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
     counts = pd.Series([a for a in authors if a]).value_counts()
-    pred = predict_datasets(X, labels, k=k, metric=metric)
+    pred = predict_datasets(X, labels, k=k, metric=metric, scaling=scaling)
     scores = clustering_scores(X, labels, metric=metric, seed=seed)
     predictions = [
         {"model": m, "predicted": p, "confidence": float(c)}
@@ -150,9 +155,10 @@ def cluster(
         n_authors=len(counts),
         largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
         label_sources=list(label_sources) if label_sources is not None else None,
+        scaling=scaling,
     )
     folder = Path(out)
-    report.per_block = _per_block(X, labels, base_name, params, metric)
+    report.per_block = _per_block(X, labels, base_name, params, metric, scaling)
     if report.per_block:
         report.files["blocks"] = str(
             plot_block_scores(

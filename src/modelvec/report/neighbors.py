@@ -117,6 +117,7 @@ def neighbors(
     base: PathLike | str | None = None,
     settings: HubSettings | None = None,
     explain: bool = False,
+    scaling: str = "none",
 ) -> Neighbors:
     """The ``k`` stored models nearest to ``model``, and the dataset they suggest for it.
 
@@ -127,6 +128,8 @@ def neighbors(
 
     ``explain`` adds, per neighbour, which layers and families carry the similarity: each block's
     share of the cosine (they sum to it; :func:`~modelvec.analyse.scores.cosine_contributions`).
+    ``scaling="mutual-proximity"`` ranks the stored models by mutual proximity (distance: -log MP),
+    for stores that mix adapters and full fine-tunes.
     """
     params = params or Representation()
     with opened(store) as db:
@@ -148,16 +151,16 @@ def neighbors(
             me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
             query = X[me]
         base_files = local_files(base_name, "", db, settings) if explain else None
-    idx, dist = nearest(X, query, k=k, metric=metric, exclude=me)
+    order, dist = nearest(X, query, k=len(X), metric=metric, exclude=me, scaling=scaling)
+    idx, dist = order[:k], dist[:k]
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist)
     labels = [list(d) for d in meta["datasets"]]
-    labelled = np.array([i for i, d in enumerate(labels) if d and i != me], dtype=int)
+    voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
     predicted, confidence = None, float("nan")
     votes: dict[str, int] = {}
-    if len(labelled):
-        voters, _ = nearest(X[labelled], query, k=k, metric=metric)
-        predicted, confidence, votes = majority_dataset([labels[i] for i in labelled[voters]])
+    if voters:
+        predicted, confidence, votes = majority_dataset([labels[i] for i in voters])
     explanation = _explain(query, X[idx], found["model"], base_files, params) if base_files is not None else None
     return Neighbors(
         name, base_name, params.key(), on_the_fly, found, predicted, confidence, votes, warning, explanation
