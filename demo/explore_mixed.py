@@ -3,14 +3,16 @@ transform make LoRA adapters and full fine-tunes share one map by dataset?
 
 Run after `make evidence` (it reads .cache/evidence/zoo.json and the vectors in .cache/evidence.duckdb):
 
-    .venv/bin/python demo/explore_mixed.py
+    .venv/bin/python demo/explore_mixed.py [--zoo .cache/evidence-unique --store .cache/evidence-unique.duckdb]
 
 For each representation it prints the kNN dataset score among full fine-tunes, among adapters, over
 both, and the share of adapters whose nearest full fine-tune has their dataset, for the vectors as
 they are, centred on the collection's mean, each kind (adapter, full) centred on its own mean, restricted to the blocks every model changes
-("common support"), and with a pairwise cosine over the blocks both models change ("shared support").
+("common support"), and with a pairwise cosine over the blocks both models change ("shared support"). Last, for the concatenated sketch at rank 32, the spread of each kind's cosines
+(why mixing costs: docs/evidence.md, "Mutual proximity").
 """
 
+import argparse
 import collections
 import json
 from pathlib import Path
@@ -25,7 +27,11 @@ from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
 from modelvec.represent import blocks_of
 
-zoo = json.loads(Path(".cache/evidence/zoo.json").read_text())
+parser = argparse.ArgumentParser()
+parser.add_argument("--zoo", default=".cache/evidence")
+parser.add_argument("--store", default=".cache/evidence.duckdb")
+args = parser.parse_args()
+zoo = json.loads(Path(args.zoo, "zoo.json").read_text())
 base = zoo["base"]
 entries = zoo["models"]
 paths = [m["path"] for m in entries]
@@ -36,6 +42,7 @@ variants = {
     "concat": Representation(pooling="concat"),
     "r32": Representation(rank=32),
     "US-concat": Representation(factor="US", pooling="concat"),
+    "concat-r32": Representation(pooling="concat", rank=32),
 }
 
 
@@ -96,12 +103,14 @@ G = tv.gram
 H = np.eye(len(G)) - 1 / len(G)
 report("task vectors centred", _embedding(H @ G @ H))
 for name, p in variants.items():
-    res = modelvec.embed(base, paths, representation=p, store=".cache/evidence.duckdb")
+    res = modelvec.embed(base, paths, representation=p, store=args.store)
     idx = {m: i for i, m in enumerate(res.metadata["model"])}
     X = res.vectors[[idx[model_id(m)] for m in paths]].astype(np.float64)
     bounds = [(b.start, b.stop) for b in blocks_of(base, p)]
     if name == "default":
         vecs_default = X
+    if name == "concat-r32":
+        vecs_concat32 = X
     report(name, X)
     report(name + " centred", X - X.mean(0))
     per_kind = X.copy()  # each kind centred on its own mean: removes an offset all adapters share
@@ -137,3 +146,17 @@ full = np.flatnonzero(~adapter)
 for name, X in (("task vectors", R), ("default", vecs_default)):
     score = knn_dataset_score(X[full], [labels[i] for i in full])
     print(f"{name}, full fine-tunes:", {d: round(v, 2) for d, (v, _) in score.per_dataset.items()})
+
+# Each kind's cosines (concatenated sketch, r32): to its own dataset's models of each kind, and the
+# spread (standard deviation) of its cosines to other datasets' models of each kind.
+Z = vecs_concat32 / np.linalg.norm(vecs_concat32, axis=1, keepdims=True)
+S = Z @ Z.T
+ds = np.array([lab[0] for lab in labels])
+same, off = ds[:, None] == ds[None, :], ~np.eye(len(ds), dtype=bool)
+for a_kind, a_name in ((False, "full"), (True, "adapter")):
+    for b_kind, b_name in ((False, "full"), (True, "adapter")):
+        pair = (adapter[:, None] == a_kind) & (adapter[None, :] == b_kind) & off
+        print(
+            f"{a_name} -> {b_name}: own dataset {S[pair & same].mean():.3f}, "
+            f"other datasets {S[pair & ~same].mean():.3f} +- {S[pair & ~same].std():.3f}"
+        )
