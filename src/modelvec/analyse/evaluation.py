@@ -9,7 +9,6 @@ reference's: 1.0 means the variant sees the same geometry as the full deltas.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -177,9 +176,6 @@ def score_row(
     return row
 
 
-_CLUSTERING = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari", "n_clustered")
-
-
 def _halves(
     labels: Sequence[Sequence[str]], split: bool | None, selection: Sequence[str] | None
 ) -> dict[str, np.ndarray]:
@@ -276,23 +272,27 @@ def evaluate(
             ]
             scalings = ("none", "mutual-proximity") if mutual_proximity else ("none",)
             for name, key, X, seconds in entries:
-                for centred, scaling in itertools.product((False, True) if center else (False,), scalings):
-                    same_x = rows[-1] if scaling != "none" else None  # the row just scored had this X unscaled
-                    row = score_row(
-                        name + (" + centred" if centred else "") + (" + mutual proximity" if scaling != "none" else ""),
-                        _centred(X) if centred else X,
-                        sub_labels,
-                        reference,
-                        metric=metric,
-                        k=k,
-                        is_adapter=tv.is_adapter[idx],
-                        n_boot=n_boot,
-                        scaling=scaling,
-                        clustering=None if same_x is None else {c: float(same_x[c]) for c in _CLUSTERING},  # type: ignore[arg-type]
-                    )
-                    dim = tv.dim if name == REFERENCE else X.shape[1]
-                    row.update(half=half, params=key, dim=dim, seconds_per_model=seconds)
-                    rows.append(row)
+                for centred in (False, True) if center else (False,):
+                    vectors = _centred(X) if centred else X
+                    clusters = clustering_scores(vectors, sub_labels, metric=metric)  # blind to the scaling
+                    for scaling in scalings:
+                        row = score_row(
+                            name
+                            + (" + centred" if centred else "")
+                            + (" + mutual proximity" if scaling != "none" else ""),
+                            vectors,
+                            sub_labels,
+                            reference,
+                            metric=metric,
+                            k=k,
+                            is_adapter=tv.is_adapter[idx],
+                            n_boot=n_boot,
+                            scaling=scaling,
+                            clustering=clusters,
+                        )
+                        dim = tv.dim if name == REFERENCE else X.shape[1]
+                        row.update(half=half, params=key, dim=dim, seconds_per_model=seconds)
+                        rows.append(row)
     frame = pd.DataFrame(rows)
     pick = frame[(frame["half"] == next(iter(halves))) & ~frame["method"].str.startswith(REFERENCE)]
     pick = pick.sort_values(["knn_score", "ref_corr", "dim"], ascending=[False, False, True], kind="stable")

@@ -186,8 +186,8 @@ def _scaled(D: np.ndarray, rows: _Stats, columns: _Stats) -> np.ndarray:
     return np.negative(out, out=out)
 
 
-def _sub(stats: _Stats | None, idx: np.ndarray) -> _Stats | None:
-    return None if stats is None else (stats[0][idx], stats[1][idx])
+def _sub(stats: _Stats, idx: np.ndarray) -> _Stats:
+    return stats[0][idx], stats[1][idx]
 
 
 def distance_matrix(X: np.ndarray, *, metric: str = "cosine", scaling: str = "none") -> np.ndarray:
@@ -228,7 +228,7 @@ def _ranked(
     for block in _blocks(rows, len(columns)):
         D = _distances(Z[block], Z[columns], metric)
         if stats is not None:
-            D = _scaled(D, _sub(stats, block), _sub(stats, columns))  # type: ignore[arg-type]
+            D = _scaled(D, _sub(stats, block), _sub(stats, columns))
         D[columns[None, :] == block[:, None]] = np.inf
         if groups is not None:
             D[_same_group(groups, block, columns)] = np.inf
