@@ -81,7 +81,7 @@ EVIDENCE_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.
 evidence: $(STAMP)
 	$(PY) demo/build_evidence.py --out $(EVIDENCE) $(EVIDENCE_FLAGS)
 	$(VENV)/bin/modelvec evaluate --store $(EVIDENCE_STORE) --base "$(EVIDENCE_BASE)" $(EVIDENCE_MODELS) \
-		--selection $(SELECTION) --ranks 8,16,32 --center --mutual-proximity --markdown $(EVIDENCE_OUT)/evaluate.md
+		--selection $(SELECTION) --ranks 8,16,32 --center --mutual-proximity --vocabulary-head --markdown $(EVIDENCE_OUT)/evaluate.md
 
 bench: $(STAMP)
 	$(PY) bench/bench_scale.py

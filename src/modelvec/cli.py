@@ -145,6 +145,12 @@ SeedOpt = typer.Option(_D.seed, "--seed", help="Seed of the randomized solver an
 BlockNormOpt = typer.Option(
     _D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm."
 )
+HeadOpt = typer.Option(
+    _D.head,
+    "--head",
+    help="Heads: none (as described) or vocabulary (append the head's vocabulary prior: tells language-modelling "
+    "fine-tunes apart by their texts; bert, roberta, distilbert, gpt2).",
+)
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
 ScalingOpt = typer.Option(
     "none",
@@ -168,9 +174,10 @@ def _params(
     oversamples: int,
     seed: int,
     block_norm: bool,
+    head: str = _D.head,
 ) -> Representation:
     try:
-        return Representation(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+        return Representation(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -192,6 +199,7 @@ def embed(
     oversamples: int = OversamplesOpt,
     seed: int = SeedOpt,
     block_norm: bool = BlockNormOpt,
+    head: str = HeadOpt,
     device: str = typer.Option(
         "auto", callback=_check_device, help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
     ),
@@ -231,7 +239,7 @@ def embed(
     from .run import embed as embed_models
     from .run import embed_discovered
 
-    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     if base is None and len(targets) != 1:
         raise typer.BadParameter(
             "give --base BASE with the models, or a single BASE to embed its discovered fine-tunes"
@@ -410,12 +418,13 @@ def cluster(
     oversamples: int = OversamplesOpt,
     seed: int = SeedOpt,
     block_norm: bool = BlockNormOpt,
+    head: str = HeadOpt,
     store: Path | None = StoreOpt,
 ) -> None:
     """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
     from .report import cluster as run_cluster
 
-    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     report = run_cluster(
         base,
         params=params,
@@ -481,6 +490,7 @@ def neighbors(
     oversamples: int = OversamplesOpt,
     seed: int = SeedOpt,
     block_norm: bool = BlockNormOpt,
+    head: str = HeadOpt,
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
     explain: bool = typer.Option(
@@ -494,7 +504,7 @@ def neighbors(
     """
     from .report import neighbors as find
 
-    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm)
+    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     found = find(model, params=params, store=store, k=k, metric=metric, base=base, explain=explain, scaling=scaling)
     if as_json:
         _print_json(found.as_json())
@@ -571,6 +581,9 @@ def evaluate(
         "--mutual-proximity",
         help="Also score every variant with neighbours ranked by mutual proximity (for adapters beside full fine-tunes).",
     ),
+    vocabulary_head: bool = typer.Option(
+        False, "--vocabulary-head", help="Also score the sketches with the head's vocabulary prior appended (--head)."
+    ),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side.
 
@@ -583,7 +596,7 @@ def evaluate(
     table = run_evaluate(
         base,
         models,
-        variants=variants(tuple(int(r) for r in _split(ranks))),
+        variants=variants(tuple(int(r) for r in _split(ranks)), vocabulary_head=vocabulary_head),
         store=store,
         metric=metric,
         progress=lambda msg: _say(err, msg),

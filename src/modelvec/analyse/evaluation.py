@@ -33,12 +33,14 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike[str]
 
 
-def variants(ranks: Sequence[int] = (Representation.rank,)) -> dict[str, Representation]:
+def variants(ranks: Sequence[int] = (Representation.rank,), vocabulary_head: bool = False) -> dict[str, Representation]:
     """The representations compared, named by their parameters (:meth:`Representation.label`).
 
     The description's factors as the original study ran them (U, raw signs), with canonical signs,
     scaled by Σ, and the singular values alone; the sketch; each pooled by mean and (U·Σ, sketch)
     concatenated over layers; each with and without block normalisation; at every rank in ``ranks``.
+    ``vocabulary_head``: also the block-normalised sketches (mean and concat) with the head's
+    vocabulary prior appended (``head="vocabulary"``).
     """
     grid = [
         dict(factor="U", sign="none"),
@@ -55,6 +57,11 @@ def variants(ranks: Sequence[int] = (Representation.rank,)) -> dict[str, Represe
         for rank in ranks:
             for fields in grid:
                 params = Representation(rank=rank, block_norm=block_norm, **fields)  # type: ignore[arg-type]
+                out[params.label()] = params
+    if vocabulary_head:
+        for rank in ranks:
+            for pooling in ("mean", "concat"):
+                params = Representation(rank=rank, pooling=pooling, head="vocabulary")
                 out[params.label()] = params
     return out
 

@@ -99,6 +99,21 @@ class Stack:
 
 
 @dataclass(frozen=True)
+class VocabularyHead:
+    """A head that ends in the vocabulary: logits = E (gamma * norm(h) + beta) + b, E the tied embeddings.
+
+    E beta is what the head adds to every token's logit whatever the input: a language-modelling
+    fine-tune moves it towards the words of its texts, which the encoder's deltas hardly record
+    (docs/evidence.md, "Where the texts are"). ``bias`` names beta (tried in order; a name matches
+    a stored tensor that equals it or ends in ``.`` + it, so task-head and PEFT prefixes need no
+    listing); ``embedding`` names E (vocab x width) in the base.
+    """
+
+    bias: tuple[str, ...]
+    embedding: str
+
+
+@dataclass(frozen=True)
 class Architecture:
     """A model family: how to recognise it in config.json and where its matrices live."""
 
@@ -108,6 +123,8 @@ class Architecture:
     prefixes: tuple[str, ...]
     stacks: tuple[Stack, ...]
     description: str = ""
+    #: where the head's vocabulary prior is (None: the family's norms have no bias, e.g. RMSNorm)
+    vocabulary_head: VocabularyHead | None = None
     #: config.json sizes two checkpoints must share for their matrices to align (layers, width,
     #: feed-forward, heads...); each entry lists alternative keys, first found wins. Discovery uses
     #: them to accept a name-search candidate without downloading its weights.
@@ -229,6 +246,7 @@ BERT = Architecture(
     prefixes=("bert.", ""),
     stacks=(_BERT_LIKE_STACK,),
     description="BERT (bert-base-uncased, MiniLM, ...)",
+    vocabulary_head=VocabularyHead(("cls.predictions.transform.LayerNorm.bias",), "embeddings.word_embeddings.weight"),
 )
 
 ROBERTA = Architecture(
@@ -238,6 +256,7 @@ ROBERTA = Architecture(
     prefixes=("roberta.", ""),
     stacks=(_BERT_LIKE_STACK,),
     description="RoBERTa (roberta-base, XLM-R, CamemBERT)",
+    vocabulary_head=VocabularyHead(("lm_head.layer_norm.bias",), "embeddings.word_embeddings.weight"),
 )
 
 DISTILBERT = Architecture(
@@ -257,6 +276,7 @@ DISTILBERT = Architecture(
         ),
     ),
     description="DistilBERT",
+    vocabulary_head=VocabularyHead(("vocab_layer_norm.bias",), "embeddings.word_embeddings.weight"),
     shape_keys=(
         ("n_layers", "num_hidden_layers"),
         ("dim", "hidden_size"),
@@ -304,6 +324,7 @@ GPT2 = Architecture(
         ),
     ),
     description="GPT-2 (gpt2, gpt2-medium, distilgpt2): Conv1D [in,out], fused c_attn = q|k|v",
+    vocabulary_head=VocabularyHead(("ln_f.bias",), "wte.weight"),
     shape_keys=(
         ("n_layer", "num_hidden_layers"),
         ("n_embd", "hidden_size"),

@@ -207,6 +207,13 @@ class Checkpoint:
             raise_if_resource(exc, self.name)
             raise CheckpointError(self.name, f"cannot read the shape of tensor {shown(key)}: {_short(exc)}") from None
 
+    def find(self, name: str) -> str | None:
+        """The stored key that is ``name`` or ends in ``.`` + ``name`` (task-head or PEFT prefixes), if any."""
+        keys = self.keys()
+        if name in keys:
+            return name
+        return min((k for k in keys if k.endswith("." + name)), key=len, default=None)
+
     def get(self, key: str) -> torch.Tensor:
         """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
         return self.get_stored(key).to(torch.float32)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.errors import CheckpointError, IncompatibleError, resource_cause
+from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError, resource_cause
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .device import resolve_device
 from .linalg import factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
@@ -44,9 +44,12 @@ class Block:
 
 
 def vector_blocks(
-    layout: Layout, shapes: dict[tuple[str, int, str], tuple[int, int]], params: Representation
+    layout: Layout, shapes: dict[tuple[str, int, str], tuple[int, int]], params: Representation, vocab: int = 0
 ) -> list[Block]:
-    """Where each stack, layer (None when pooled) and family sits in a vector of ``params``."""
+    """Where each stack, layer (None when pooled) and family sits in a vector of ``params``.
+
+    With ``params.head == "vocabulary"`` the last block is the head's (stack ``"head"``, family
+    ``"vocabulary"``, ``vocab`` floats)."""
     blocks: list[Block] = []
     pos = 0
     for stack, layer, refs in layout.by_layer():
@@ -57,7 +60,67 @@ def vector_blocks(
             size = params.block_size(n)
             blocks.append(Block(stack, layer if params.pooling == "concat" else None, ref.family, n, pos, pos + size))
             pos += size
+    if params.head == "vocabulary":
+        blocks.append(Block("head", None, "vocabulary", vocab, pos, pos + vocab))
     return blocks
+
+
+class VocabularyReadout:
+    """The head's vocabulary prior of a model, E (beta - beta_base), read through the base's embeddings E.
+
+    See :class:`~modelvec.read.architectures.VocabularyHead` for what it is and
+    :class:`~modelvec.represent.params.Representation` (``head``) for how it enters the vector.
+    """
+
+    _ROWS = 8192  # rows of E converted to float64 at a time
+
+    def __init__(self, base: Checkpoint, layout: Layout) -> None:
+        head = layout.arch.vocabulary_head
+        if head is None:
+            raise ArchitectureError(
+                base.name,
+                f"head='vocabulary' needs a family whose head ends in the vocabulary through a norm with a "
+                f"bias (bert, roberta, distilbert, gpt2); {layout.arch.name} has none",
+            )
+        key = base.find(layout.prefix + head.embedding) or base.find(head.embedding)
+        if key is None:
+            raise CheckpointError(
+                base.name, f"no embedding matrix {head.embedding} to read the vocabulary head through"
+            )
+        self.names = head.bias
+        self.embedding = base.get_stored(key)  # (vocab, width), a view of the mapped file
+        if self.embedding.ndim != 2:
+            raise CheckpointError(base.name, f"tensor {key} has shape {list(self.embedding.shape)}, expected a matrix")
+        self.vocab, self.width = (int(d) for d in self.embedding.shape)
+        base_bias = self.bias(base)
+        self.base_bias = torch.zeros(self.width, dtype=torch.float64) if base_bias is None else base_bias
+
+    def bias(self, ck: Checkpoint) -> torch.Tensor | None:
+        """The head's beta in ``ck`` (float64), None when it has no such head (a classifier, an encoder alone)."""
+        key = next((k for k in (ck.find(n) for n in self.names) if k is not None), None)
+        if key is None:
+            return None
+        beta = ck.get(key).double()
+        if tuple(beta.shape) != (self.width,):
+            raise IncompatibleError(
+                ck.name, f"tensor {key} has shape {list(beta.shape)}, the embeddings' width is {self.width}"
+            )
+        if not bool(torch.isfinite(beta).all()):
+            raise CheckpointError(ck.name, f"tensor {key} has NaN or Inf values")
+        return beta
+
+    def block(self, ck: Checkpoint, scale: float) -> torch.Tensor:
+        """The head's block of ``ck``'s vector: E (beta - beta_base) centred over the vocabulary, norm ``scale``."""
+        beta = self.bias(ck)
+        if beta is None:
+            return torch.zeros(self.vocab)
+        delta = beta - self.base_bias
+        prior = torch.cat(
+            [self.embedding[i : i + self._ROWS].double() @ delta for i in range(0, self.vocab, self._ROWS)]
+        )
+        prior -= prior.mean()
+        norm = float(prior.norm())
+        return (prior * (scale / norm)).float() if norm > 0 else torch.zeros(self.vocab)
 
 
 def blocks_of(base: str | os.PathLike[str] | Checkpoint, params: Representation) -> list[Block]:
@@ -66,7 +129,8 @@ def blocks_of(base: str | os.PathLike[str] | Checkpoint, params: Representation)
     layout = ck.layout()
     cache: dict[str, torch.Tensor] = {}
     shapes = {ref.key: tuple(ck.matrix(ref, layout.prefix, cache, stored=True).shape) for ref in layout.refs}
-    return vector_blocks(layout, shapes, params)  # type: ignore[arg-type]
+    vocab = VocabularyReadout(ck, layout).vocab if params.head == "vocabulary" else 0
+    return vector_blocks(layout, shapes, params, vocab)  # type: ignore[arg-type]
 
 
 class DeltaEmbedder:
@@ -99,10 +163,11 @@ class DeltaEmbedder:
         n_oversamples: int = Representation.n_oversamples,
         seed: int = Representation.seed,
         block_norm: bool = Representation.block_norm,
+        head: str = Representation.head,
         device: str = "auto",
         batching: str = "auto",
     ) -> None:
-        self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm)
+        self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm, head)
         self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
@@ -148,6 +213,7 @@ class DeltaEmbedder:
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
             self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
+        self.vocabulary_ = VocabularyReadout(ck, layout) if self.params.head == "vocabulary" else None
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
@@ -163,7 +229,8 @@ class DeltaEmbedder:
         return stored.mT if orientation is Orientation.LINEAR else stored
 
     def _blocks(self, layout: Layout) -> list[Block]:
-        return vector_blocks(layout, self.shapes_, self.params)
+        vocab = self.vocabulary_.vocab if self.vocabulary_ is not None else 0
+        return vector_blocks(layout, self.shapes_, self.params, vocab)
 
     # --- transform ----------------------------------------------------------------------------
     def transform(self, models: Iterable[str | os.PathLike[str] | Checkpoint]) -> np.ndarray:
@@ -201,6 +268,14 @@ class DeltaEmbedder:
     def _embed_one(self, model: str | os.PathLike[str] | Checkpoint) -> np.ndarray:
         self._check_fitted()
         ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+        vector = self._delta_vector(ck)
+        if self.vocabulary_ is None:
+            return vector
+        head = self.vocabulary_.block(ck, float(np.linalg.norm(vector)) or 1.0)
+        return np.concatenate([vector, head.numpy()])
+
+    def _delta_vector(self, ck: Checkpoint) -> np.ndarray:
+        """The deltas' part of the vector: every block but the head's."""
         if ck.factored:  # a LoRA adapter: its delta comes as thin factors
             factors = self._adapter_factors(ck)
             return self._pooled(self.layout_, lambda refs: [factors[r.key] for r in refs])

@@ -22,6 +22,15 @@ Where the description is open, :class:`Representation` makes the choice explicit
 - ``solver``: ``"randomized"`` (randomized block Krylov with a fixed seed: deterministic, within
   ~1e-3 of the exact vector on real fine-tunes at the default 4 iterations, ~25x faster on
   bert-base) or ``"exact"`` (full LAPACK SVD; slow, the reference).
+- ``head``: ``"vocabulary"`` appends one block over the vocabulary, the head's vocabulary prior
+  E (beta_ft - beta_base): what the norm before a tied vocabulary projection (BERT's masked-LM
+  head, GPT-2's ``ln_f``) adds to every token's logit whatever the input, read through the
+  base's embeddings E (:class:`~modelvec.read.architectures.VocabularyHead`; beta_base is 0 when
+  the base has no such head, as HF initialises it). Centred over the vocabulary (logits are
+  shift-invariant) and scaled to the norm of the rest of the vector, so it weighs as much as all
+  the deltas together; zeros for a model without that head (a classifier). A language-modelling
+  fine-tune's texts are there, not in its encoder's deltas (docs/evidence.md, "Where the texts
+  are"). ``"none"`` (the default) leaves heads out, as the description does.
 - ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
   column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
   singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
@@ -43,6 +52,7 @@ FACTORS = ("U", "US", "S", "sketch")
 POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
+HEADS = ("none", "vocabulary")
 
 
 @dataclass(frozen=True)
@@ -58,9 +68,16 @@ class Representation:
     n_oversamples: int = 8
     seed: int = 0
     block_norm: bool = True
+    head: str = "none"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("factor", FACTORS), ("pooling", POOLINGS), ("solver", SOLVERS), ("sign", SIGNS)):
+        for name, allowed in (
+            ("factor", FACTORS),
+            ("pooling", POOLINGS),
+            ("solver", SOLVERS),
+            ("sign", SIGNS),
+            ("head", HEADS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
         for name in ("rank", "n_iter", "n_oversamples", "seed"):
@@ -91,6 +108,8 @@ class Representation:
                 parts += [f"it{self.n_iter}", f"os{self.n_oversamples}", f"seed{self.seed}"]
         if self.block_norm:
             parts.append("bn")
+        if self.head != "none":
+            parts.append(f"head-{self.head}")
         return "-".join(parts)
 
     def label(self) -> str:
@@ -107,7 +126,8 @@ class Representation:
         if self.rank != Representation.rank:
             parts.append(f"r{self.rank}")
         text = ", ".join(parts)
-        return text + " + block-norm" if self.block_norm else text
+        text = text + " + block-norm" if self.block_norm else text
+        return text + " + vocabulary head" if self.head == "vocabulary" else text
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
