@@ -167,3 +167,21 @@ def test_parameters_and_cli(tiny_bert, tmp_path):
     np.testing.assert_allclose(X[0], DeltaEmbedder(head="vocabulary").fit(tiny_bert).embed_one(ft), rtol=1e-6)
     bad = CliRunner().invoke(app, [*args[:-1], "lm"])
     assert bad.exit_code != 0 and "head must be one of" in bad.output
+
+
+def test_the_heat_map_draws_the_head_beside_the_layers(tmp_path):
+    """Concatenated layers and the head's layerless block in one frame: the layer column comes back as floats with NaN."""
+    import pandas as pd
+
+    from modelvec.plots.blocks import plot_block_scores
+
+    blocks = pd.DataFrame(
+        [
+            {"stack": "encoder", "layer": 0, "family": "q", "knn_score": 0.5},
+            {"stack": "encoder", "layer": 1, "family": "q", "knn_score": 0.7},
+            {"stack": "head", "layer": None, "family": "vocabulary", "knn_score": 0.9},
+        ]
+    )
+    assert blocks["layer"].isna().sum() == 1
+    path = plot_block_scores(blocks, tmp_path / "blocks.png")
+    assert path.stat().st_size > 0

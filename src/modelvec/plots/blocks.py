@@ -19,17 +19,21 @@ def plot_block_scores(blocks: pd.DataFrame, path: str | os.PathLike, *, title: s
     from matplotlib.figure import Figure
 
     families = sorted(blocks["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f))
-    rows = list(dict.fromkeys(zip(blocks["stack"], blocks["layer"])))
+
+    def row(stack: str, layer: object) -> tuple[str, int | None]:  # a pooled layer may come back as None or NaN
+        return stack, None if layer is None or layer != layer else int(layer)  # type: ignore[call-overload]
+
+    rows = list(dict.fromkeys(row(s, layer) for s, layer in zip(blocks["stack"], blocks["layer"])))
     grid = np.full((len(rows), len(families)), np.nan)
     for r in blocks.itertuples():
-        grid[rows.index((r.stack, r.layer)), families.index(r.family)] = r.knn_score
+        grid[rows.index(row(r.stack, r.layer)), families.index(r.family)] = r.knn_score
     fig = Figure(figsize=(1.1 * len(families) + 2.5, 0.45 * len(rows) + 2.0), dpi=150, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(families)), [FAMILY_NAMES.get(f, f) for f in families], rotation=30, ha="right", fontsize=8)
-    names = [
-        f"{s} (all layers)" if layer is None or layer != layer else f"{s} layer {int(layer) + 1}" for s, layer in rows
+    names = [  # the head's block (Representation(head="vocabulary")) has no layer to name
+        s if s == "head" else f"{s} (all layers)" if layer is None else f"{s} layer {layer + 1}" for s, layer in rows
     ]
     ax.set_yticks(range(len(rows)), names, fontsize=8)
     for (i, j), v in np.ndenumerate(grid):
