@@ -23,7 +23,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
 
 import modelvec
 from modelvec import Representation
@@ -32,6 +31,7 @@ from modelvec.analyse.evaluation import task_deltas
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
 from modelvec.read import open_checkpoint
+from modelvec.represent.embedder import VocabularyReadout
 
 SELECTION = {"tweet-sentiment", "tweet-simcse", "chat-qa", "chat-topic"}  # as in the Makefile
 READS = {"q", "k", "v", "ff1"}  # first-layer matrices whose input is the embedding output
@@ -46,19 +46,12 @@ kind = np.array([m["kind"] for m in models])
 dataset = [m["dataset"] for m in models]
 
 
-def tensors(path: str, contains: str) -> dict[str, np.ndarray]:
-    files = sorted(Path(path).glob("*.safetensors"))
-    out = {}
-    for file in files:
-        with safe_open(file, "np") as f:
-            out.update({k: f.get_tensor(k).astype(np.float64) for k in f.keys() if contains in k})  # noqa: SIM118 (safe_open has no __iter__)
-    return out
-
-
-E = next(iter(tensors(zoo["base"], "word_embeddings.weight").values()))  # (vocab, d)
+base = open_checkpoint(zoo["base"])
+readout = VocabularyReadout(base, base.layout())  # the head's block of Representation(head="vocabulary")
+E = readout.embedding.double().numpy()  # (vocab, d), the base's embeddings
 profiles = np.zeros((len(models), len(E)))
 cks = [open_checkpoint(m["path"]) for m in models]
-for ref, _, deltas in task_deltas(open_checkpoint(zoo["base"]), cks):
+for ref, _, deltas in task_deltas(base, cks):
     if ref.layer == 0 and ref.family in READS:
         for i, d in deltas.items():  # d: in x out, in = the embedding width
             profiles[i] += ((E @ d.numpy()) ** 2).sum(1)
@@ -68,11 +61,7 @@ for k in ("full", "lora"):
     P[kind == k] -= P[kind == k].mean(0)
 
 mlm = np.array(["mlm" in d for d in dataset])
-heads = [tensors(m["path"], "predictions.transform.LayerNorm.bias") for m in models]
-prior = np.zeros((len(models), len(E)))
-for i in np.flatnonzero(mlm):
-    prior[i] = E @ next(iter(heads[i].values()))
-    prior[i] -= prior[i].mean()
+prior = np.stack([readout.block(ck, 1.0).double().numpy() for ck in cks])  # zeros where there is no such head
 
 
 def knn(X: np.ndarray, mask: np.ndarray, labels: list[str]) -> float:

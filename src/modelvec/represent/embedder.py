@@ -82,7 +82,7 @@ class VocabularyReadout:
                 f"head='vocabulary' needs a family whose head ends in the vocabulary through a norm with a "
                 f"bias (bert, roberta, distilbert, gpt2); {layout.arch.name} has none",
             )
-        key = base.find(layout.prefix + head.embedding) or base.find(head.embedding)
+        key = base.find(head.embedding)
         if key is None:
             raise CheckpointError(
                 base.name, f"no embedding matrix {head.embedding} to read the vocabulary head through"
