@@ -12,9 +12,11 @@ Options that take several values accept them repeated or comma-separated
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from rich.console import Console
@@ -22,7 +24,8 @@ from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from .core.errors import ModelvecError
-from .represent.params import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
+from .core.settings import flag_of, settings_of
+from .represent.params import Representation
 
 if TYPE_CHECKING:
     from .store import Store
@@ -129,28 +132,60 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-_D = Representation()  # the defaults live in Representation only
-RankOpt = typer.Option(_D.rank, "--rank", min=1, help="Rank r of the truncated SVD (or sketch) of each delta.")
-FactorOpt = typer.Option(
-    _D.factor,
-    "--factor",
-    help=f"Factor kept: {'|'.join(FACTORS)} (S: singular values alone; sketch: dW times a shared Gaussian).",
-)
-PoolingOpt = typer.Option(_D.pooling, "--pooling", help=f"Layer pooling: {'|'.join(POOLINGS)}.")
-SolverOpt = typer.Option(_D.solver, "--solver", help=f"SVD solver: {'|'.join(SOLVERS)}.")
-SignOpt = typer.Option(_D.sign, "--sign", help=f"Sign canonicalisation: {'|'.join(SIGNS)}.")
-NIterOpt = typer.Option(_D.n_iter, "--n-iter", min=0, help="Block Krylov iterations of the randomized solver.")
-OversamplesOpt = typer.Option(_D.n_oversamples, "--oversamples", min=0, help="Extra columns of the randomized solver.")
-SeedOpt = typer.Option(_D.seed, "--seed", help="Seed of the randomized solver and the sketch.")
-BlockNormOpt = typer.Option(
-    _D.block_norm, "--block-norm/--no-block-norm", help="Scale each layer-and-family block to unit norm."
-)
-HeadOpt = typer.Option(
-    _D.head,
-    "--head",
-    help="Heads: none (as described) or vocabulary (append the head's vocabulary prior: tells language-modelling "
-    "fine-tunes apart by their texts; bert, roberta, distilbert, gpt2).",
-)
+def with_settings(cls: type, name: str) -> Any:
+    """Give a command one option per field of the settings class ``cls`` (their help, choices and bounds
+    come from the declaration: :mod:`modelvec.core.settings`); the command receives them built and
+    validated, as ``name=cls(...)``. Adding a field to ``cls`` adds its option to every such command."""
+
+    def decorate(func: Any) -> Any:
+        signature = inspect.signature(func)
+        added = []
+        for field, meta in settings_of(cls):
+            flag = flag_of(field, meta)
+            kind: type = type(field.default)
+            if kind is bool:
+                decls = [f"{flag}/{meta.negation or '--no-' + flag[2:]}"]
+            else:
+                decls = [flag]
+            option = typer.Option(
+                field.default,
+                *decls,
+                help=meta.help,
+                metavar=meta.metavar,
+                min=meta.minimum,
+                max=meta.maximum,
+                show_default=True,
+            )
+            annotation = Literal[meta.choices] if meta.choices else kind  # typer lists a Literal's choices
+            added.append(
+                inspect.Parameter(
+                    f"{name}__{field.name}",
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=option,
+                    annotation=annotation,
+                )
+            )
+        before = list(signature.parameters.values())
+        at = [p.name for p in before].index(name)  # the options stand where the command declares them
+        params = [*before[:at], *added, *before[at + 1 :]]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            values = {f.name: kwargs.pop(f"{name}__{f.name}") for f, _ in settings_of(cls)}
+            try:
+                kwargs[name] = cls(**values)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            return func(*args, **kwargs)
+
+        command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        annotations = {k: v for k, v in func.__annotations__.items() if k != name}
+        command.__annotations__ = {**annotations, **{p.name: p.annotation for p in added}}
+        return command
+
+    return decorate
+
+
 MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
 ScalingOpt = typer.Option(
     "none",
@@ -158,31 +193,10 @@ ScalingOpt = typer.Option(
     help="Rank neighbours by the distance as it is (none) or by mutual proximity (mutual-proximity: for "
     "adapters beside full fine-tunes).",
 )
-# cluster and neighbors also accept --method for the representation's factor (the stored vectors to read).
-MethodOpt = typer.Option(
-    _D.factor, "--method", "--factor", help=f"Representation method (factor): {'|'.join(FACTORS)}."
-)
-
-
-def _params(
-    rank: int,
-    factor: str,
-    pooling: str,
-    solver: str,
-    sign: str,
-    n_iter: int,
-    oversamples: int,
-    seed: int,
-    block_norm: bool,
-    head: str = _D.head,
-) -> Representation:
-    try:
-        return Representation(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command()
+@with_settings(Representation, "params")
 def embed(
     targets: list[str] = typer.Argument(
         ...,
@@ -190,16 +204,7 @@ def embed(
         "or just BASE (a Hub id): every discovered fine-tune of it.",
     ),
     base: str | None = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
-    rank: int = RankOpt,
-    factor: str = FactorOpt,
-    pooling: str = PoolingOpt,
-    solver: str = SolverOpt,
-    sign: str = SignOpt,
-    n_iter: int = NIterOpt,
-    oversamples: int = OversamplesOpt,
-    seed: int = SeedOpt,
-    block_norm: bool = BlockNormOpt,
-    head: str = HeadOpt,
+    params: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     device: str = typer.Option(
         "auto", callback=_check_device, help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
     ),
@@ -239,7 +244,6 @@ def embed(
     from .run import embed as embed_models
     from .run import embed_discovered
 
-    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     if base is None and len(targets) != 1:
         raise typer.BadParameter(
             "give --base BASE with the models, or a single BASE to embed its discovered fine-tunes"
@@ -273,6 +277,8 @@ def embed(
     )
     for reason in result.failed.values():
         _say(console, f"  failed: {reason}")
+    for note, names in result.notes.items():
+        _say(err, f"note: {note} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {names[0]})")
     if result.failed and not result.embedded and not result.skipped:
         raise typer.Exit(1)
 
@@ -393,6 +399,7 @@ def compact(store: Path | None = StoreOpt) -> None:
 
 
 @app.command()
+@with_settings(Representation, "params")
 def cluster(
     base: str = typer.Argument(..., help="The base whose stored fine-tunes to cluster (path or stored id)."),
     reduce: str = typer.Option("umap", "--reduce", help="2-D map: umap|tsne|pca."),
@@ -409,22 +416,12 @@ def cluster(
         help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed "
         "(repeated or comma-separated).",
     ),
-    rank: int = RankOpt,
-    factor: str = MethodOpt,
-    pooling: str = PoolingOpt,
-    solver: str = SolverOpt,
-    sign: str = SignOpt,
-    n_iter: int = NIterOpt,
-    oversamples: int = OversamplesOpt,
-    seed: int = SeedOpt,
-    block_norm: bool = BlockNormOpt,
-    head: str = HeadOpt,
+    params: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
 ) -> None:
     """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
     from .report import cluster as run_cluster
 
-    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     report = run_cluster(
         base,
         params=params,
@@ -475,22 +472,14 @@ def cluster(
 
 
 @app.command()
+@with_settings(Representation, "params")
 def neighbors(
     model: str = typer.Argument(..., help="A model: stored, or a local folder or Hub id to embed on the fly."),
     k: int = typer.Option(10, "--k", min=1, help="How many neighbours (and voters for the predicted dataset)."),
     base: str | None = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
     metric: str = MetricOpt,
     scaling: str = ScalingOpt,
-    rank: int = RankOpt,
-    factor: str = MethodOpt,
-    pooling: str = PoolingOpt,
-    solver: str = SolverOpt,
-    sign: str = SignOpt,
-    n_iter: int = NIterOpt,
-    oversamples: int = OversamplesOpt,
-    seed: int = SeedOpt,
-    block_norm: bool = BlockNormOpt,
-    head: str = HeadOpt,
+    params: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
     explain: bool = typer.Option(
@@ -504,7 +493,6 @@ def neighbors(
     """
     from .report import neighbors as find
 
-    params = _params(rank, factor, pooling, solver, sign, n_iter, oversamples, seed, block_norm, head)
     found = find(model, params=params, store=store, k=k, metric=metric, base=base, explain=explain, scaling=scaling)
     if as_json:
         _print_json(found.as_json())
@@ -573,7 +561,9 @@ def evaluate(
         None, "--split/--no-split", help="Score a selection and a report half (default: with 4 or more datasets)."
     ),
     ranks: list[str] = typer.Option(
-        [str(_D.rank)], "--ranks", help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32."
+        [str(Representation.rank)],
+        "--ranks",
+        help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32.",
     ),
     center: bool = typer.Option(False, "--center", help="Also score every variant centred on the models' mean."),
     mutual_proximity: bool = typer.Option(
@@ -583,6 +573,18 @@ def evaluate(
     ),
     vocabulary_head: bool = typer.Option(
         False, "--vocabulary-head", help="Also score the sketches with the head's vocabulary prior appended (--head)."
+    ),
+    rows: list[str] = typer.Option(
+        ["1"], "--rows", help="Shares of rows the sketches read, repeated or comma-separated: --rows 1,0.1,0.05."
+    ),
+    projections: list[str] = typer.Option(
+        ["shared"],
+        "--projections",
+        help="The sketches' projections, repeated or comma-separated: --projections shared,gaussian,countsketch.",
+    ),
+    svd: bool = typer.Option(True, "--svd/--no-svd", help="Also score the SVD factors (U, U·Σ, singular values)."),
+    seeds: list[str] = typer.Option(
+        ["0"], "--seeds", help="Seeds of every variant, repeated or comma-separated; scores are their mean and spread."
     ),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side.
@@ -596,7 +598,14 @@ def evaluate(
     table = run_evaluate(
         base,
         models,
-        variants=variants(tuple(int(r) for r in _split(ranks)), vocabulary_head=vocabulary_head),
+        variants=variants(
+            tuple(int(r) for r in _split(ranks)),
+            vocabulary_head=vocabulary_head,
+            rows=tuple(_numbers(rows)),
+            projections=tuple(_split(projections)),
+            svd=svd,
+        ),
+        seeds=tuple(int(x) for x in _numbers(seeds)),
         store=store,
         metric=metric,
         progress=lambda msg: _say(err, msg),
@@ -612,6 +621,8 @@ def evaluate(
         _print_json(table.to_dict(orient="records"))
         return
     extra = [c for c in ("knn_full", "knn_adapters", "adapter_to_full") if c in table.columns]
+    if table["knn_spread"].any():
+        extra.append("knn_spread")
     shown = ["method", "half", "dim", "seconds_per_model", "knn_score", "knn_lo", "knn_hi", "loo_accuracy", "ref_corr"]
     shown += extra
     picked = table[table["selected"]]["method"].iloc[0]

@@ -9,9 +9,22 @@ architecture table's order; layers are pooled (``mean`` as described, or ``conca
 Where the description is open, :class:`Representation` makes the choice explicit:
 
 - ``factor``: ``"U"`` (as the original study), ``"US"`` (U scaled by the singular values),
-  ``"S"`` (the singular values alone), or ``"sketch"``: dW @ Omega with one fixed, seeded
-  Gaussian Omega (m x r) per matrix shape shared by all models; linear in dW, so sketches of
-  different models live in one space, with no SVD. The default, ``sketch`` with ``block_norm``
+  ``"S"`` (the singular values alone), or ``"sketch"``: a fixed, seeded random projection of dW
+  shared by all models (``projection`` says which); linear in dW, so sketches of different models
+  live in one space, with no SVD.
+- ``projection`` (the sketch's): ``"shared"``, dW @ Omega with one Gaussian Omega (m x r) per
+  matrix width for every layer, so a mean over layers adds cross-layer terms to every inner
+  product; ``"gaussian"``, an independent Omega per layer and matrix, so those terms have
+  expectation zero and the mean is an unbiased estimate of the concatenated inner product;
+  ``"countsketch"``, each block's entries hashed with random signs into as many buckets as the
+  Gaussian sketch has floats (independent per layer and matrix): a Johnson-Lindenstrauss embedding
+  of the whole block, which keeps low-rank deltas (adapters) apart where a one-sided sketch of
+  rank r sees only r directions of them.
+- ``rows``: the share of each matrix's rows, as stored, that is read (1: all). The rows are chosen
+  once from the seed, in contiguous blocks (:mod:`modelvec.represent.rows`), the same for every
+  model and the base, so a Hub model costs a few range requests and a local one a few pages of its
+  mapped file. The sketch needs no more: a fixed random share of rows keeps the task vectors'
+  geometry (docs/evidence.md). The SVD factors need whole matrices (``rows`` must be 1). The default, ``sketch`` with ``block_norm``
   at rank 8, was chosen by ``modelvec evaluate`` on the demo zoo and checked on the evidence zoo's
   report half (docs/evidence.md): there the sketch matches the exact task vectors from rank 16
   on, and the SVD factors stay near chance. Rank 8 is kept for its cost on 1-8B models; use 16,
@@ -48,58 +61,85 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..core.settings import setting, validate
+
 FACTORS = ("U", "US", "S", "sketch")
+PROJECTIONS = ("shared", "gaussian", "countsketch")
 POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
 HEADS = ("none", "vocabulary")
+_PROJECTION_TAGS = {"shared": "", "gaussian": "gauss", "countsketch": "cs"}
 
 
 @dataclass(frozen=True)
 class Representation:
-    """The parameters of a representation, validated once; ``key()`` names it in the store."""
+    """The parameters of a representation, each declared once with its help and allowed values
+    (the CLI's options are made from them), validated once; ``key()`` names it in the store."""
 
-    rank: int = 8
-    factor: str = "sketch"  # chosen by `modelvec evaluate` on the demo zoo (README)
-    pooling: str = "mean"
-    solver: str = "randomized"
-    sign: str = "max-abs"
-    n_iter: int = 4
-    n_oversamples: int = 8
-    seed: int = 0
-    block_norm: bool = True
-    head: str = "none"
+    rank: int = setting(8, "Width r of each matrix's sketch (or rank of its truncated SVD).", minimum=1)
+    factor: str = setting(
+        "sketch",
+        "What is kept of each delta: the sketch (a random projection), or from its SVD U, U·Σ (US) or the "
+        "singular values alone (S).",
+        choices=FACTORS,
+    )
+    projection: str = setting(
+        "shared",
+        "The sketch's projection: one Gaussian per width for all layers (shared), an independent Gaussian per "
+        "layer and matrix (gaussian), or a CountSketch of each block (countsketch).",
+        choices=PROJECTIONS,
+    )
+    rows: float = setting(
+        1.0,
+        "Share of each matrix's rows (as stored) that is read, in contiguous blocks chosen from the seed: a Hub "
+        "model costs only those bytes. Sketch only.",
+        above=0,
+        maximum=1,
+        metavar="SHARE",
+    )
+    pooling: str = setting("mean", "How layers are pooled.", choices=POOLINGS)
+    solver: str = setting("randomized", "SVD solver (U, US, S).", choices=SOLVERS)
+    sign: str = setting("max-abs", "Sign canonicalisation of singular vectors (U, US).", choices=SIGNS)
+    n_iter: int = setting(4, "Block Krylov iterations of the randomized solver.", minimum=0)
+    n_oversamples: int = setting(8, "Extra columns of the randomized solver.", minimum=0, flag="--oversamples")
+    seed: int = setting(0, "Seed of the sketch, the rows read and the randomized solver.", minimum=0)
+    block_norm: bool = setting(True, "Scale each layer-and-family block to unit norm before pooling.")
+    head: str = setting(
+        "none",
+        "Heads: none (as described), or vocabulary: append the head's vocabulary prior, which tells "
+        "language-modelling fine-tunes apart by their texts (bert, roberta, distilbert, gpt2).",
+        choices=HEADS,
+    )
 
     def __post_init__(self) -> None:
-        for name, allowed in (
-            ("factor", FACTORS),
-            ("pooling", POOLINGS),
-            ("solver", SOLVERS),
-            ("sign", SIGNS),
-            ("head", HEADS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
-        for name in ("rank", "n_iter", "n_oversamples", "seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "rank" else 0):
-                raise ValueError(f"{name} must be an integer >= {1 if name == 'rank' else 0}, not {value!r}")
-        if not isinstance(self.block_norm, bool):
-            raise ValueError(f"block_norm must be a bool, not {self.block_norm!r}")
+        validate(self)
+        if self.rows < 1 and self.uses_svd:
+            raise ValueError(f"rows < 1 is for the sketch: factor {self.factor} needs whole matrices (rows=1)")
 
     @property
     def uses_svd(self) -> bool:
         return self.factor != "sketch"
 
     def block_size(self, n: int) -> int:
-        """Floats one n x m matrix contributes to a layer's vector."""
+        """Floats one matrix contributes to a layer's vector, ``n`` its side that is not contracted."""
         return self.rank if self.factor == "S" else n * self.rank
 
     def key(self) -> str:
-        """A stable, readable id: equal keys mean bit-identical vectors for the same inputs."""
+        """A stable, readable id: equal keys mean bit-identical vectors for the same inputs.
+
+        Settings a representation does not use are left out (the SVD's solver for a sketch, the
+        projection for an SVD factor), and so are new settings at the value that reproduces what
+        was computed before they existed (``projection="shared"``, ``rows=1``): a key once stored
+        keeps naming the same vectors.
+        """
         parts = [f"r{self.rank}", self.factor, self.pooling]
         if not self.uses_svd:
             parts.append(f"seed{self.seed}")
+            if self.projection != "shared":
+                parts.append(_PROJECTION_TAGS[self.projection])
+            if self.rows < 1:
+                parts.append(f"rows{self.rows:g}")
         else:
             parts.append(self.solver)
             if self.factor != "S":
@@ -114,9 +154,16 @@ class Representation:
 
     def label(self) -> str:
         """A readable name for tables, made from the parameters (so distinct parameters, distinct names):
-        the factor, then what differs from the plain method (sign, pooling, block norm, rank, solver)."""
+        the factor, then what differs from the plain method (projection, rows, sign, pooling, block norm,
+        rank, solver)."""
         name = {"U": "U", "US": "U·Σ", "S": "singular values", "sketch": "sketch ΔW·Ω"}[self.factor]
+        if self.factor == "sketch" and self.projection != "shared":
+            name = {"gaussian": "sketch ΔW·Ω, Ω per block", "countsketch": "CountSketch"}[self.projection]
         parts = [name]
+        if not self.uses_svd and self.rows < 1:
+            parts.append(
+                f"{self.rows:.0%} of rows" if self.rows * 100 == round(self.rows * 100) else f"rows {self.rows:g}"
+            )
         if self.factor in ("U", "US"):
             parts.append("sign-canonical" if self.sign == "max-abs" else "raw signs")
         if self.uses_svd and self.solver == "exact":

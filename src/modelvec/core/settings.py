@@ -1,0 +1,91 @@
+"""Settings declared once, as data: a dataclass field carries its help, allowed values and bounds.
+
+A settings class (the representation, ...) declares each field with :func:`setting`; its
+``__post_init__`` calls :func:`validate`, so a value is checked once, where it enters, whatever
+the caller (the API, the CLI, a stored key). The command line builds its options from the same
+fields (:func:`settings_of`), so adding a setting is adding one field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+_KEY = "modelvec.setting"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a field means to a user: its help, the values it allows, and its command-line flag.
+
+    ``choices``: the allowed strings. ``minimum`` / ``maximum``: inclusive bounds of a number;
+    ``above``: an exclusive lower bound. ``flag``: the option's name (default ``--field-name``);
+    ``negation``: for a bool, the flag that turns it off (default ``--no-field-name``).
+    """
+
+    help: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    flag: str | None = None
+    negation: str | None = None
+    metavar: str | None = None
+
+
+def setting(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field with its :class:`Setting` (``setting(8, "Width r ...", minimum=1)``)."""
+    return dataclasses.field(default=default, metadata={_KEY: Setting(help, **meta)})
+
+
+def settings_of(cls: Any) -> list[tuple[dataclasses.Field, Setting]]:
+    """The fields of a settings class (or instance) declared with :func:`setting`, in order."""
+    return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
+
+
+def flag_of(field: dataclasses.Field, meta: Setting) -> str:
+    return meta.flag or "--" + field.name.replace("_", "-")
+
+
+def bounds_text(meta: Setting) -> str:
+    """The allowed values in words: ``one of a, b``, ``>= 1``, ``in (0, 1]``."""
+    if meta.choices:
+        return "one of " + ", ".join(meta.choices)
+    low = f"({meta.above:g}" if meta.above is not None else (f"[{meta.minimum:g}" if meta.minimum is not None else "")
+    if meta.maximum is not None:
+        return f"in {low or '(-inf'}, {meta.maximum:g}]"
+    if meta.above is not None:
+        return f"> {meta.above:g}"
+    return f">= {meta.minimum:g}" if meta.minimum is not None else ""
+
+
+def validate(obj: Any) -> None:
+    """Check every declared field of a (frozen) settings dataclass: type, choices and bounds.
+
+    An int given for a float field is stored as a float (``rows=1`` is ``1.0``), so equal
+    settings compare and print equal. Raises ``ValueError`` naming the field and what it allows.
+    """
+    for field, meta in settings_of(obj):
+        value: Any = getattr(obj, field.name)
+        kind: type = type(field.default)
+        if kind is float and type(value) is int:
+            value = float(value)
+            object.__setattr__(obj, field.name, value)
+        if type(value) is not kind:
+            what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+                kind, kind.__name__
+            )
+            raise ValueError(f"{field.name} must be {what}, not {value!r}")
+        allowed = bounds_text(meta)
+        if meta.choices and value not in meta.choices:
+            raise ValueError(f"{field.name} must be {allowed}, not {value!r}")
+        number = float(getattr(obj, field.name)) if kind in (int, float) else 0.0
+        if kind in (int, float) and not (
+            (meta.minimum is None or number >= meta.minimum)
+            and (meta.maximum is None or number <= meta.maximum)
+            and (meta.above is None or number > meta.above)
+            and number == number  # NaN is in no range
+        ):
+            what = {int: "an integer", float: "a number"}[kind]
+            raise ValueError(f"{field.name} must be {what} {allowed}, not {value!r}")
