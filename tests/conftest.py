@@ -64,6 +64,38 @@ def planted_finetune(
     return out
 
 
+def llama_pair(root, d: int, ff: int, layers: int, dtype: torch.dtype, seed: int = 0, scale: float = 1e-3):
+    """A Llama-shaped base and fine-tune (random weights, a small dense delta) in ``root``/base and ``root``/ft."""
+    gen = torch.Generator().manual_seed(seed)
+    config = {
+        "model_type": "llama",
+        "hidden_size": d,
+        "intermediate_size": ff,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+    }
+    kv = d // 4
+    shapes = {
+        "self_attn.q_proj": (d, d),
+        "self_attn.k_proj": (kv, d),
+        "self_attn.v_proj": (kv, d),
+        "self_attn.o_proj": (d, d),
+        "mlp.gate_proj": (ff, d),
+        "mlp.up_proj": (ff, d),
+        "mlp.down_proj": (d, ff),
+    }
+    base, ft = {}, {}
+    for layer in range(layers):
+        for name, shape in shapes.items():
+            key = f"model.layers.{layer}.{name}.weight"
+            w = torch.randn(shape, generator=gen) * 0.02
+            base[key] = w.to(dtype)
+            ft[key] = (w + torch.randn(shape, generator=gen) * scale).to(dtype)
+    return save_state(root / "base", base, config), save_state(root / "ft", ft, config)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A tiny random BertModel saved as a Hugging Face folder (safetensors)."""

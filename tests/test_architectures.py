@@ -941,6 +941,7 @@ def test_family_batching_and_streamed_chunks_give_the_layer_vector(zoo, name, fa
     family over all layers (the GPU path, run here on the CPU) compute the same vector by different
     code: the chunked sums against one batched product, nn.Linear and Conv1D storage, fused c_attn."""
     from modelvec.represent import embedder as representation
+    from modelvec.represent.linalg import sketch_matrix
 
     monkeypatch.setattr(representation, "_CHUNK_BYTES", chunk_bytes)
     case = zoo.case(name)
@@ -956,7 +957,7 @@ def test_family_batching_and_streamed_chunks_give_the_layer_vector(zoo, name, fa
         ck, base = Checkpoint(case.folder("ft", False)), Checkpoint(case.folder("base", False))
         for ref, block in zip(e.layout_.refs, e.blocks_):
             d = ck.matrix(ref, ck.layout().prefix) - base.matrix(ref, base.layout().prefix)
-            expected = (d @ representation.sketch_matrix(d.shape[1], 4, 0)).T.reshape(-1)
+            expected = (d @ sketch_matrix(d.shape[1], 4, 0)).T.reshape(-1)
             np.testing.assert_allclose(vec[block.start : block.stop], expected.numpy(), rtol=1e-4, atol=1e-6)
 
 

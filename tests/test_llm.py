@@ -13,40 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import llama_pair as _llama_pair
 from conftest import save_state
 from modelvec import DeltaEmbedder
 from modelvec.read import Checkpoint
-
-
-def _llama_pair(root, d: int, ff: int, layers: int, dtype: torch.dtype, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    config = {
-        "model_type": "llama",
-        "hidden_size": d,
-        "intermediate_size": ff,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "vocab_size": 64,
-    }
-    kv = d // 4
-    shapes = {
-        "self_attn.q_proj": (d, d),
-        "self_attn.k_proj": (kv, d),
-        "self_attn.v_proj": (kv, d),
-        "self_attn.o_proj": (d, d),
-        "mlp.gate_proj": (ff, d),
-        "mlp.up_proj": (ff, d),
-        "mlp.down_proj": (d, ff),
-    }
-    base, ft = {}, {}
-    for layer in range(layers):
-        for name, shape in shapes.items():
-            key = f"model.layers.{layer}.{name}.weight"
-            w = torch.randn(shape, generator=gen) * 0.02
-            base[key] = w.to(dtype)
-            ft[key] = (w + torch.randn(shape, generator=gen) * 1e-3).to(dtype)
-    return save_state(root / "base", base, config), save_state(root / "ft", ft, config)
 
 
 @pytest.mark.parametrize(
@@ -132,8 +102,8 @@ def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
         expected = (delta @ omega).T.reshape(-1).numpy()
         got = vec[block.start : block.stop].astype(np.float64)
         assert np.abs(got - expected).max() <= 1e-6 * np.abs(expected).max()  # float32 output rounding only
-        ft_matrix = Checkpoint(ft).matrix(ref, "model.", stored=True)
-        internal = (e._sketch64(ft_matrix) - e.base_sketches_[ref.key]).reshape(-1).numpy()  # before float32
+        ft_ck = Checkpoint(ft)
+        internal = (e._project(ft_ck, ft_ck.layout(), ref) - e.base_sketches_[ref.key]).numpy()  # before float32
         assert np.abs(internal - expected).max() <= 1e-12 * np.abs(expected).max()
 
 

@@ -15,6 +15,9 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 BIN = "pytorch_model.bin"
 CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"
+#: Beside the weight files of a partial download (a few byte ranges of each file fetched, the rest a sparse
+#: hole): ``{"files": {file name: [[start, stop], ...]}}``, the byte ranges that are there.
+PARTIAL = ".modelvec-partial.json"
 #: Adapter weight files in order of preference.
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 

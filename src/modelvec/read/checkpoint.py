@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,9 +21,10 @@ import xxhash
 from safetensors import safe_open
 
 from ..core.errors import CheckpointError, IncompatibleError, raise_if_resource, shown
-from ..core.files import BIN, BIN_INDEX, SAFETENSORS, SAFETENSORS_INDEX
+from ..core.files import BIN, BIN_INDEX, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX
+from ..core.spans import merge
 from .architectures import Architecture, MatrixRef, Orientation, detect
-from .headers import safetensors_fault
+from .headers import header_of, row_bytes, safetensors_fault
 from .headers import short_cause as _short
 
 _HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
@@ -83,6 +84,8 @@ class Checkpoint:
     """
 
     factored = False
+    #: How it was fetched, where a run should say so once (a Hub model downloaded whole, and why), else None.
+    note: str | None = None
 
     def __init__(self, path: str | os.PathLike[str], name: str | None = None) -> None:
         self.path = Path(path)
@@ -93,6 +96,7 @@ class Checkpoint:
         self.folder = self.path if self.path.is_dir() else self.path.parent
         self.files, self._key_file = self._locate_weights()
         self.config = self._read_config()
+        self.fetched = self._read_partial()
         self._handles: dict[Path, Any] = {}
         self._file_names: dict[Path, frozenset[str]] = {}
         self._layout: Layout | None = None
@@ -146,6 +150,16 @@ class Checkpoint:
             if not file.is_file():
                 raise CheckpointError(self.name, f"{shown(file.name)} is not a regular file")
         return files
+
+    def _read_partial(self) -> dict[Path, list[tuple[int, int]]] | None:
+        """The byte ranges held of each weight file where they are a partial download (None: whole files)."""
+        marker = self.folder / PARTIAL
+        if not _exists(marker):
+            return None
+        files = read_json(marker, self.name).get("files")
+        if not isinstance(files, dict):
+            raise CheckpointError(self.name, f"{PARTIAL} lists no files")
+        return {self.folder / name: sorted((int(a), int(b)) for a, b in ranges) for name, ranges in files.items()}
 
     def _read_config(self) -> dict[str, Any] | None:
         config = self.folder / "config.json"
@@ -218,10 +232,16 @@ class Checkpoint:
         """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
         return self.get_stored(key).to(torch.float32)
 
-    def get_stored(self, key: str) -> torch.Tensor:
+    def get_stored(self, key: str, *, whole: bool = True) -> torch.Tensor:
         """One tensor in its stored dtype (float32, float16, bfloat16 or float64): a view of the mapped
         file (safetensors and ``.bin`` alike), so converting is left to whoever reads it, chunk by chunk,
-        and the pages it touches are the page cache's, not the process's anonymous memory."""
+        and the pages it touches are the page cache's, not the process's anonymous memory.
+
+        In a partial download, ``whole=False`` is a promise to read only rows that
+        :meth:`require_rows` checked; otherwise the whole tensor must have been fetched."""
+        if whole and self.fetched is not None:
+            shape = self.shape(key)
+            self.require_rows({key: [(0, int(shape[0]) if shape else 1)]})
         handle = self._open(self._file_of(key))
         try:
             tensor = handle[key] if isinstance(handle, dict) else handle.get_tensor(key)
@@ -262,6 +282,30 @@ class Checkpoint:
                 raise CheckpointError(self.name, f"missing tensor {prefix + ref.tensor}")
         return Layout(arch, refs, prefix)
 
+    def matrix_shape(self, ref: MatrixRef, prefix: str) -> tuple[int, int]:
+        """The matrix's shape n x m in the description's orientation, fused parts split, from the header alone.
+
+        Raises the one-line errors :meth:`matrix` would: not a matrix, or fused parts that do not divide it."""
+        name = prefix + ref.tensor
+        shape = self.shape(name)
+        if len(shape) != 2:
+            raise CheckpointError(self.name, f"tensor {name} has shape {list(shape)}, expected a matrix")
+        n, m = (shape[1], shape[0]) if ref.orientation is Orientation.LINEAR else (shape[0], shape[1])
+        start, stop = self._span(ref, name, (n, m))
+        return n, stop - start
+
+    def _span(self, ref: MatrixRef, name: str, whole: tuple[int, int]) -> tuple[int, int]:
+        """A fused part's columns [start, stop) of the whole (n x m) matrix, or all of them."""
+        if ref.n_parts == 1:
+            return 0, whole[1]
+        span = ref.span(whole[1])
+        if span is None:
+            parts = ":".join(map(str, ref.weights)) if ref.weights else str(ref.n_parts)
+            raise CheckpointError(
+                self.name, f"fused tensor {name} of shape {list(whole)} does not split into parts {parts}"
+            )
+        return span
+
     def matrix(
         self, ref: MatrixRef, prefix: str, cache: dict[str, torch.Tensor] | None = None, *, stored: bool = False
     ) -> torch.Tensor:
@@ -282,13 +326,8 @@ class Checkpoint:
                 cache[name] = whole
         if ref.n_parts == 1:
             return whole
-        span = ref.span(whole.shape[1])
-        if span is None:
-            parts = ":".join(map(str, ref.weights)) if ref.weights else str(ref.n_parts)
-            raise CheckpointError(
-                self.name, f"fused tensor {name} of shape {list(whole.shape)} does not split into parts {parts}"
-            )
-        return whole[:, span[0] : span[1]]
+        start, stop = self._span(ref, name, (int(whole.shape[0]), int(whole.shape[1])))
+        return whole[:, start:stop]
 
     def low_rank_deltas(
         self, base: Layout, shapes: Mapping[tuple[str, int, str], tuple[int, ...]]
@@ -325,8 +364,43 @@ class Checkpoint:
                 digest.update(fh.read(_HEAD_BYTES))  # a safetensors header: every name, dtype, shape and offset
         return "stat:" + digest.hexdigest()
 
-    def prefetch(self) -> None:
-        """Ask the kernel to read the weight files into the page cache now, without waiting for it.
+    def byte_ranges(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> dict[Path, list[tuple[int, int]]] | None:
+        """Where the given stored rows of each tensor lie: byte ranges [start, stop) per weight file, sorted
+        and merged where they touch. None when a file is not safetensors (a pickled ``.bin`` has no
+        byte layout to read it by)."""
+        out: dict[Path, list[tuple[int, int]]] = {}
+        headers: dict[Path, tuple[int, dict[str, Any]]] = {}
+        for key, ranges in rows.items():
+            file = self._file_of(key)
+            if file.suffix != ".safetensors":
+                return None
+            if file not in headers:
+                self._open(file)  # checked sound first
+                headers[file] = header_of(file)
+            start, header = headers[file]
+            out.setdefault(file, []).extend((start + a, start + b) for a, b in row_bytes(header[key], ranges))
+        return {file: merge(spans) for file, spans in out.items()}
+
+    def require_rows(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> None:
+        """Raise unless the given stored rows of each tensor are here: always so for whole files; a partial
+        download holds only the rows it was fetched for."""
+        if self.fetched is None:
+            return
+        where = self.byte_ranges(rows)
+        for file, spans in (where or {}).items():
+            held = self.fetched.get(file, [])
+            for a, b in spans:
+                if not any(h0 <= a and b <= h1 for h0, h1 in held):
+                    key = next(k for k in rows if self._file_of(k) == file)
+                    raise CheckpointError(
+                        self.name,
+                        f"only some rows of {file.name} were fetched (bytes {a:,}-{b:,} of tensor {shown(key)} "
+                        "are not): embed it again to fetch what this representation reads",
+                    )
+
+    def prefetch(self, rows: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
+        """Ask the kernel to read the weight files (or only the byte ranges of the given rows) into the page
+        cache now, without waiting for it.
 
         Called for models queued behind the one being computed, so their reads from disk overlap
         the computation; a no-op for files already cached, and where the OS lacks the call.
@@ -334,10 +408,12 @@ class Checkpoint:
         advise = getattr(os, "posix_fadvise", None)
         if advise is None:
             return
+        ranges = self.byte_ranges(rows) if rows is not None else None
         for file in self.files:
             fd = os.open(file, os.O_RDONLY)
             try:
-                advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                for a, b in ranges.get(file, []) if ranges is not None else [(0, 0)]:
+                    advise(fd, a, b - a, os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(fd)
 

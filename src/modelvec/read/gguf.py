@@ -288,7 +288,7 @@ class GGUFCheckpoint(Checkpoint):
         shape = self._infos[self.gguf_name(key)][1]
         return tuple(reversed(shape)) if key in self._transposed else shape
 
-    def get_stored(self, key: str) -> torch.Tensor:
+    def get_stored(self, key: str, *, whole: bool = True) -> torch.Tensor:
         """GGUF's blocks are dequantized on read: float32 is as stored as they get."""
         return self.get(key)
 

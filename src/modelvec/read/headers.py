@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,24 @@ def safetensors_fault(file: Path) -> str | None:
     if covered < data:
         return f"corrupt ({data - covered:,} bytes follow the last tensor's data)"
     return None
+
+
+def header_of(file: Path) -> tuple[int, dict[str, Any]]:
+    """Where a safetensors file's data starts (8 + header length) and its parsed header (tensors -> dtype,
+    shape, data_offsets relative to the data start); for a file :func:`safetensors_fault` found sound."""
+    with open(file, "rb") as fh:
+        length = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(length).decode("utf-8"))
+    header.pop("__metadata__", None)
+    return 8 + length, header
+
+
+def row_bytes(entry: dict[str, Any], rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte ranges [start, stop), relative to the data start, of the given row ranges of a 2-D tensor's header entry."""
+    begin, end = entry["data_offsets"]
+    n_rows = entry["shape"][0] if entry["shape"] else 1
+    per_row = (end - begin) // n_rows if n_rows else 0
+    return [(begin + a * per_row, begin + b * per_row) for a, b in rows]
 
 
 def short_cause(exc: BaseException, limit: int = 160) -> str:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .params import FACTORS, POOLINGS, SIGNS, SOLVERS, Representation
+from .params import FACTORS, POOLINGS, PROJECTIONS, SIGNS, SOLVERS, Representation
 
 if TYPE_CHECKING:
     from .device import resolve_device
-    from .embedder import BATCHINGS, Block, DeltaEmbedder, blocks_of
+    from .embedder import BATCHINGS, Block, DeltaEmbedder, blocks_of, read_plan
     from .linalg import canonical_signs, factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 
 _LAZY = {
@@ -21,6 +21,7 @@ _LAZY = {
     "Block": "embedder",
     "DeltaEmbedder": "embedder",
     "blocks_of": "embedder",
+    "read_plan": "embedder",
     "resolve_device": "device",
     "canonical_signs": "linalg",
     "factor_blocks": "linalg",
@@ -30,7 +31,7 @@ _LAZY = {
     "truncated_svd": "linalg",
 }
 
-__all__ = ["FACTORS", "POOLINGS", "SIGNS", "SOLVERS", "Representation", *_LAZY]
+__all__ = ["FACTORS", "POOLINGS", "PROJECTIONS", "SIGNS", "SOLVERS", "Representation", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -15,8 +15,10 @@ import torch
 from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError, resource_cause
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .device import resolve_device
-from .linalg import factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
+from .linalg import factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .params import Representation
+from .projection import Projection
+from .rows import MatrixPlan, plan_matrix
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
@@ -44,19 +46,20 @@ class Block:
 
 
 def vector_blocks(
-    layout: Layout, shapes: dict[tuple[str, int, str], tuple[int, int]], params: Representation, vocab: int = 0
+    layout: Layout, plans: dict[tuple[str, int, str], MatrixPlan], params: Representation, vocab: int = 0
 ) -> list[Block]:
     """Where each stack, layer (None when pooled) and family sits in a vector of ``params``.
 
-    With ``params.head == "vocabulary"`` the last block is the head's (stack ``"head"``, family
-    ``"vocabulary"``, ``vocab`` floats)."""
+    A matrix's block has ``params.block_size(kept)`` floats, ``kept`` the side its factor keeps
+    (:class:`~modelvec.represent.rows.MatrixPlan`). With ``params.head == "vocabulary"`` the last
+    block is the head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats)."""
     blocks: list[Block] = []
     pos = 0
     for stack, layer, refs in layout.by_layer():
         if params.pooling == "mean" and layer > 0:
             continue
         for ref in refs:
-            n = shapes[ref.key][0]
+            n = plans[ref.key].kept
             size = params.block_size(n)
             blocks.append(Block(stack, layer if params.pooling == "concat" else None, ref.family, n, pos, pos + size))
             pos += size
@@ -123,14 +126,43 @@ class VocabularyReadout:
         return (prior * (scale / norm)).float() if norm > 0 else torch.zeros(self.vocab)
 
 
+def plans_of(ck: Checkpoint, layout: Layout, params: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
+    """Each matrix's :class:`~modelvec.represent.rows.MatrixPlan` in ``ck``, from its stored shapes alone.
+
+    A fused tensor whose parts do not divide it is refused here, naming it."""
+    plans = {}
+    for ref in layout.refs:
+        ck.matrix_shape(ref, layout.prefix)  # the reader's checks: a matrix, parts that divide it
+        stored = ck.shape(layout.prefix + ref.tensor)
+        plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), params, layout.prefix)
+    return plans
+
+
+def read_plan(ck: Checkpoint, params: Representation, *, base: bool) -> dict[str, list[tuple[int, int]]]:
+    """The stored rows of each tensor of ``ck`` that its vector under ``params`` reads (tensor -> row ranges).
+
+    Known from the shapes alone, before any weight is read: what a partial download fetches. With the
+    vocabulary head, its bias whole, and for the ``base`` the embeddings it is read through."""
+    layout = ck.layout()
+    plan: dict[str, list[tuple[int, int]]] = {}
+    for p in plans_of(ck, layout, params).values():
+        plan.setdefault(p.tensor, []).extend(p.rows)
+    head = layout.arch.vocabulary_head
+    if params.head == "vocabulary" and head is not None:
+        for name in (*head.bias, head.embedding) if base else head.bias:
+            key = ck.find(name)
+            if key is not None:
+                shape = ck.shape(key)
+                plan[key] = [(0, int(shape[0]) if shape else 1)]
+    return plan
+
+
 def blocks_of(base: str | os.PathLike[str] | Checkpoint, params: Representation) -> list[Block]:
     """The blocks of vectors of ``params`` over ``base``, from its layout and shapes alone (no weights read)."""
     ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
     layout = ck.layout()
-    cache: dict[str, torch.Tensor] = {}
-    shapes = {ref.key: tuple(ck.matrix(ref, layout.prefix, cache, stored=True).shape) for ref in layout.refs}
     vocab = VocabularyReadout(ck, layout).vocab if params.head == "vocabulary" else 0
-    return vector_blocks(layout, shapes, params, vocab)  # type: ignore[arg-type]
+    return vector_blocks(layout, plans_of(ck, layout, params), params, vocab)
 
 
 class DeltaEmbedder:
@@ -153,21 +185,16 @@ class DeltaEmbedder:
 
     def __init__(
         self,
-        rank: int = Representation.rank,
-        factor: str = Representation.factor,
-        pooling: str = Representation.pooling,
-        solver: str = Representation.solver,
-        sign: str = Representation.sign,
+        representation: Representation | None = None,
         *,
-        n_iter: int = Representation.n_iter,
-        n_oversamples: int = Representation.n_oversamples,
-        seed: int = Representation.seed,
-        block_norm: bool = Representation.block_norm,
-        head: str = Representation.head,
         device: str = "auto",
         batching: str = "auto",
+        **settings: Any,
     ) -> None:
-        self.params = Representation(rank, factor, pooling, solver, sign, n_iter, n_oversamples, seed, block_norm, head)
+        """``representation``, or its fields as keywords (``DeltaEmbedder(rank=16, pooling="concat")``)."""
+        if representation is not None and settings:
+            raise ValueError("give a Representation or its settings as keywords, not both")
+        self.params = representation if representation is not None else Representation(**settings)
         self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
@@ -175,7 +202,7 @@ class DeltaEmbedder:
 
     @classmethod
     def from_params(cls, params: Representation, device: str = "cpu", batching: str = "auto") -> DeltaEmbedder:
-        return cls(**params.as_dict(), device=device, batching=batching)  # type: ignore[arg-type]
+        return cls(params, device=device, batching=batching)
 
     @property
     def by_family(self) -> bool:
@@ -198,17 +225,26 @@ class DeltaEmbedder:
         cache: dict[str, torch.Tensor] = {}
         families: dict[tuple, list[MatrixRef]] = {}
         for ref in layout.refs:
-            w = ck.matrix(ref, layout.prefix, cache, stored=True)
-            shapes[ref.key] = (int(w.shape[0]), int(w.shape[1]))
+            shapes[ref.key] = ck.matrix_shape(ref, layout.prefix)
             families.setdefault((ref.stack, ref.family, shapes[ref.key], ref.orientation), []).append(ref)
-            if self.params.uses_svd and not _all_finite(w):
+            if self.params.uses_svd and not _all_finite(ck.matrix(ref, layout.prefix, cache, stored=True)):
                 raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         self.base_ = ck
         self.layout_ = layout
         self.shapes_ = shapes
         self.families_ = families
-        if not self.params.uses_svd:  # the sketch is linear: the base's part once, W_base·Ω in float64
-            sketches = self._map(lambda ref: self._sketch64(self._base(ref, {})), layout.refs)
+        self.plans_ = plans_of(ck, layout, self.params)
+        self.stored_shapes_ = {ref.tensor: tuple(ck.shape(layout.prefix + ref.tensor)) for ref in layout.refs}
+        if not self.params.uses_svd:  # the sketch is linear: the base's part once, in float64
+            omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
+            self.projections_ = {
+                ref.key: Projection(
+                    self.plans_[ref.key], self.params, (ref.stack, ref.layer, ref.family), self.device, omegas
+                )
+                for ref in layout.refs
+            }
+            ck.require_rows({p.tensor: p.rows for p in self.plans_.values()})
+            sketches = self._map(lambda ref: self._project(ck, layout, ref), layout.refs)
             for ref, sk in zip(layout.refs, sketches):
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
@@ -230,7 +266,7 @@ class DeltaEmbedder:
 
     def _blocks(self, layout: Layout) -> list[Block]:
         vocab = self.vocabulary_.vocab if self.vocabulary_ is not None else 0
-        return vector_blocks(layout, self.shapes_, self.params, vocab)
+        return vector_blocks(layout, self.plans_, self.params, vocab)
 
     # --- transform ----------------------------------------------------------------------------
     def transform(self, models: Iterable[str | os.PathLike[str] | Checkpoint]) -> np.ndarray:
@@ -284,14 +320,14 @@ class DeltaEmbedder:
         if self.by_family and self.params.uses_svd:
             by_key = self._family_factors(ck, layout)
         elif not self.params.uses_svd:
-            cache: dict[str, torch.Tensor] = {}
+            ck.require_rows({p.tensor: p.rows for p in self._plans_in(layout)})
             failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
             def sketch(ref: MatrixRef) -> torch.Tensor | None:
                 if failed.is_set():
                     return None
                 try:
-                    return self._sketch_streamed(ck, layout, ref, cache)
+                    return self._sketch_streamed(ck, layout, ref)
                 except BaseException:
                     failed.set()
                     raise
@@ -332,16 +368,18 @@ class DeltaEmbedder:
         deltas = ck.low_rank_deltas(self.layout_, shapes)
         factors: dict[tuple[str, int, str], torch.Tensor] = {}
         for ref in self.layout_.refs:
-            n, m = shapes[ref.key]
+            m = shapes[ref.key][1]
             delta = deltas.get(ref.key)
             if delta is None:
-                block = torch.zeros(p.block_size(n))
+                block = torch.zeros(p.block_size(self.plans_[ref.key].kept))
             elif p.uses_svd:
                 u, s = low_rank_svd(delta.left, delta.right, p.rank)
                 block = factor_blocks(u.float().unsqueeze(0), s.float().unsqueeze(0), p, m)[0]
-            else:  # (dW Omega)^T = (Omega^T R) L^T, rank x n, flattened as the dense path does
-                omega_t = self._omega_t(m).to("cpu", torch.float64)
-                block = ((omega_t @ delta.right) @ delta.left.mT).reshape(-1).float()
+            else:  # dW = L R^T (n x m); stored as R L^T (nn.Linear) or L R^T (Conv1D): rows first
+                linear = ref.orientation is Orientation.LINEAR
+                rows, cols = (delta.right, delta.left) if linear else (delta.left, delta.right)
+                step = max(1, _CHUNK_BYTES // (8 * cols.shape[0]))
+                block = self.projections_[ref.key].of_factors(rows, cols, step).to("cpu", torch.float32)
             factors[ref.key] = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
         return factors
 
@@ -359,13 +397,6 @@ class DeltaEmbedder:
     def _base(self, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
         """The base's matrix as stored (a view of its mapped file)."""
         return self.base_.matrix(ref, self.layout_.prefix, cache, stored=True)
-
-    def _omega_t(self, m: int) -> torch.Tensor:
-        """The sketch's Omega^T (rank x m) on the device, made once per width (float32 values, held in float64)."""
-        omegas = self.__dict__.setdefault("_omegas", {})
-        if m not in omegas:
-            omegas[m] = sketch_matrix(m, self.params.rank, self.params.seed, self.device).mT.contiguous().double()
-        return omegas[m]
 
     def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """(b, block) SVD factors of a (b, n, m) batch of deltas, and whether they are finite (the sketch
@@ -439,50 +470,57 @@ class DeltaEmbedder:
             k: v for k, v in self.__dict__.items() if k not in ("_threads", "_buffers", "_chunks", "_smaller_embedder")
         }
 
-    def _sketch64(self, w: torch.Tensor) -> torch.Tensor:
-        """Omega^T W^T (rank x n) of one matrix W (n x m, as stored: a view of the mapped file), in float64.
+    def _plans_in(self, layout: Layout) -> list[MatrixPlan]:
+        """The base's plans with a fine-tune's own name prefix (the rows and columns are the base's)."""
+        if layout.prefix == self.layout_.prefix:
+            return list(self.plans_.values())
+        cut = len(self.layout_.prefix)
+        return [replace(p, tensor=layout.prefix + p.tensor[cut:]) for p in self.plans_.values()]
 
-        On the CPU the matrix is streamed in cache-sized chunks of its storage order, each
-        converted to float64 and multiplied while in cache; on a GPU it is copied as stored (bf16
-        stays bf16: half the bytes) through pinned memory and converted there. float64 so that the
-        fine-tune's and the base's sketches can be subtracted: on bf16 Llama-shaped matrices the
-        difference is 1e-14 from a float64 reference, where the delta formed first and multiplied
-        in float32 is 2e-7 from it (and float32 sketches subtracted, 2e-5); see docs/scale.md.
+    def _project(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
+        """The projection of one matrix of ``ck`` (its rows that the plan selects), float64 on the device.
+
+        The stored tensor is a view of the mapped file in its stored dtype; only the selected rows
+        are touched, in cache-sized chunks converted to float64 and projected while in cache (on a
+        GPU, copied as stored and converted there). float64 so that the fine-tune's and the base's
+        blocks can be subtracted: on bf16 Llama-shaped matrices the difference is 1e-14 from a
+        float64 reference, where the delta formed first and multiplied in float32 is 2e-7 from it
+        (and float32 sketches subtracted, 2e-5); see docs/scale.md.
         """
-        n, m = w.shape
-        omega_t = self._omega_t(m)
-        if self.device.type != "cpu":
-            on_device = self._to_device(w.mT if w.stride(0) == 1 else w)  # as stored: [m, n] or [n, m]
-            on_device = on_device.double()
-            return omega_t @ on_device if w.stride(0) == 1 else (on_device @ omega_t.T).T
-        out = torch.zeros(self.params.rank, n, dtype=torch.float64)
-        if w.stride(0) == 1:  # nn.Linear storage [m, n]: chunks of whole stored rows, i.e. columns of W
-            stored = w.T
-            step = max(1, _CHUNK_BYTES // (8 * n))
-            for start in range(0, m, step):
-                stop = min(m, start + step)
-                chunk = self._chunk((stop - start, n))
-                chunk.copy_(stored[start:stop])
-                out.addmm_(omega_t[:, start:stop], chunk)
-            return out
-        step = max(1, _CHUNK_BYTES // (8 * m))  # Conv1D storage [n, m]: chunks of rows of W
-        for start in range(0, n, step):
-            stop = min(n, start + step)
-            chunk = self._chunk((stop - start, m))
-            chunk.copy_(w[start:stop])
-            out[:, start:stop] = omega_t @ chunk.T
-        return out
+        plan, projection = self.plans_[ref.key], self.projections_[ref.key]
+        name = layout.prefix + ref.tensor
+        stored = ck.get_stored(name, whole=False)  # require_rows checked the rows read below
+        if stored.ndim != 2:
+            raise CheckpointError(ck.name, f"tensor {name} has shape {list(stored.shape)}, expected a matrix")
+        if tuple(stored.shape) != self.stored_shapes_[ref.tensor]:
+            base_stored = list(self.stored_shapes_[ref.tensor])
+            raise IncompatibleError(
+                ck.name, f"tensor {name} has shape {list(stored.shape)}, the base's has {base_stored}"
+            )
+        c0, c1 = plan.cols
+        step = max(1, _CHUNK_BYTES // (8 * (c1 - c0)))
+        acc = projection.start()
+        first = 0
+        for a, b in plan.rows:
+            for start in range(a, b, step):
+                stop = min(b, start + step)
+                part = stored[start:stop, c0:c1]
+                if self.device.type == "cpu":
+                    chunk = self._chunk((stop - start, c1 - c0))
+                    chunk.copy_(part)
+                else:
+                    chunk = self._to_device(part).double()
+                projection.add(acc, chunk, first)
+                first += stop - start
+        return projection.finish(acc)
 
-    def _sketch_streamed(
-        self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """One matrix's sketch (dW Omega)^T = Omega^T W_ft^T - Omega^T W_base^T, the base's part made at fit.
+    def _sketch_streamed(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
+        """One matrix's sketch: the fine-tune's projection minus the base's, made at fit.
 
         Only the fine-tune is read: half the bytes of forming the delta. A matrix the fine-tune
         left alone gives exactly zero (the same float64 computation on the same bytes).
         """
-        w = self._matrix(ck, layout, ref, cache)
-        out = self._sketch64(w) - self.base_sketches_[ref.key].to(self.device)
+        out = self._project(ck, layout, ref) - self.base_sketches_[ref.key]
         if not torch.isfinite(out).all():
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         block = out.float().reshape(1, -1)

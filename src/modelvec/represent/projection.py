@@ -1,0 +1,108 @@
+"""The sketch's projections: one matrix's selected entries (rows as stored) mapped to its block.
+
+Every projection is linear in the matrix, fixed by the seed and the matrix's place, and the same
+for every model, so a fine-tune's block minus its base's block is the block of its delta, and
+blocks of different models live in one space. A block has ``rank x kept`` floats
+(:attr:`~modelvec.represent.rows.MatrixPlan.kept`), whatever the projection:
+
+- ``shared`` and ``gaussian``: (dW_sel Omega)^T with Omega Gaussian, scaled by 1/sqrt(rank),
+  contracting W's output side (``nn.Linear``'s stored rows, ``Conv1D``'s stored columns).
+  ``shared`` draws one Omega per width for every layer (the default until the evidence showed that
+  a mean over layers then mixes layers: their cross terms enter every inner product);
+  ``gaussian`` draws one per layer and matrix, so those terms have expectation zero.
+- ``countsketch``: every selected entry (i, j) is added, times a random sign s_r(i) s_c(j), to the
+  bucket (h_r(i) + h_c(j)) mod D, with random row and column tables: pairwise-independent hashing
+  of the whole block, an unbiased Johnson-Lindenstrauss embedding of vec(dW_sel) whose variance
+  does not depend on dW's rank (a one-sided sketch of a rank-8 adapter sees 8 directions).
+
+Computed in float64 (the base's block is subtracted from the fine-tune's: see docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .linalg import sketch_matrix
+from .params import Representation
+from .rows import MatrixPlan, derived_seed
+
+
+class Projection:
+    """The fixed random map of one matrix (its :class:`MatrixPlan`) to its block, on ``device``.
+
+    Use: ``acc = p.start()``; ``p.add(acc, chunk, first)`` for consecutive chunks of the selected
+    rows (float64, ``first`` the position of the chunk's first row in the selection); then
+    ``p.finish(acc)``, the block as a flat float64 tensor. :meth:`of_factors` gives the block of a
+    low-rank delta from its factors.
+    """
+
+    def __init__(
+        self,
+        plan: MatrixPlan,
+        params: Representation,
+        place: tuple,
+        device: torch.device,
+        shared: dict[int, torch.Tensor] | None = None,
+    ) -> None:
+        """``place`` (stack, layer, family) seeds the per-matrix randomness; ``shared`` caches the
+        ``shared`` projection's Omega^T per width across matrices."""
+        self.plan = plan
+        self.rank = params.rank
+        self.kind = params.projection
+        self.device = device
+        self.size = params.rank * plan.kept
+        self._local = torch.from_numpy(plan.local_rows()).to(device)
+        if self.kind == "countsketch":
+            gen = torch.Generator().manual_seed(derived_seed(params.seed, "countsketch", *place))
+            size = self.size
+            self.h_row = torch.randint(0, size, (plan.n_rows,), generator=gen)[plan.local_rows()].to(device)
+            self.h_col = torch.randint(0, size, (plan.n_cols,), generator=gen).to(device)
+            self.s_row = (torch.randint(0, 2, (plan.n_rows,), generator=gen) * 2 - 1).double()[plan.local_rows()]
+            self.s_row = self.s_row.to(device)
+            self.s_col = (torch.randint(0, 2, (plan.n_cols,), generator=gen) * 2 - 1).double().to(device)
+        else:
+            m = plan.n_rows if plan.contract_rows else plan.n_cols
+            if self.kind == "shared" and shared is not None and m in shared:
+                omega_t = shared[m]
+            else:
+                seed = params.seed if self.kind == "shared" else derived_seed(params.seed, "gaussian", *place)
+                omega_t = sketch_matrix(m, params.rank, seed).mT.contiguous().double().to(device)
+                if self.kind == "shared" and shared is not None:
+                    shared[m] = omega_t
+            if plan.contract_rows and plan.n_selected < plan.n_rows:  # only the selected rows' part is used
+                omega_t = omega_t[:, self._local].contiguous()
+            self.omega_t = omega_t
+
+    def start(self) -> torch.Tensor:
+        if self.kind == "countsketch":
+            return torch.zeros(2 * self.size, dtype=torch.float64, device=self.device)
+        kept = self.plan.n_cols if self.plan.contract_rows else self.plan.n_selected
+        return torch.zeros(self.rank, kept, dtype=torch.float64, device=self.device)
+
+    def add(self, acc: torch.Tensor, chunk: torch.Tensor, first: int) -> None:
+        """Add a chunk of selected rows (k x n_cols, float64), the ``first``-th to the (first+k)-th of the selection."""
+        stop = first + chunk.shape[0]
+        if self.kind == "countsketch":  # buckets h_r + h_c < 2 D: folded at the end, no modulo per entry
+            chunk.mul_(self.s_col).mul_(self.s_row[first:stop, None])
+            index = self.h_row[first:stop, None] + self.h_col[None, :]
+            acc.index_add_(0, index.reshape(-1), chunk.reshape(-1))
+        elif self.plan.contract_rows:
+            acc.addmm_(self.omega_t[:, first:stop], chunk)
+        else:
+            acc[:, first:stop] = self.omega_t @ chunk.T
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        return acc[: self.size] + acc[self.size :] if self.kind == "countsketch" else acc.reshape(-1)
+
+    def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
+        p_sel = p.to(self.device, torch.float64)[self._local]
+        q = q.to(self.device, torch.float64)
+        if self.kind == "countsketch":
+            acc = self.start()
+            for first in range(0, p_sel.shape[0], chunk_rows):
+                self.add(acc, p_sel[first : first + chunk_rows] @ q.T, first)
+            return self.finish(acc)
+        if self.plan.contract_rows:
+            return ((self.omega_t @ p_sel) @ q.T).reshape(-1)
+        return ((self.omega_t @ q) @ p_sel.T).reshape(-1)

@@ -1,0 +1,141 @@
+"""Which rows of each stored matrix a representation reads, and what its projection contracts.
+
+A share of rows (``Representation.rows``) is chosen once, from the seed and the matrix's place
+(stack, layer, family), in contiguous blocks of stored rows: the same rows for every model and the
+base, so a fine-tune's rows are compared with the same rows of its base, and reading them is a few
+byte ranges (a range request on the Hub, a few pages of a mapped file). Blocks hold between 64 KiB
+and 1 MiB of bf16 values, spread over up to ``MIN_BLOCKS`` places of the matrix (see
+:func:`select_rows`): large enough that a range request is worth its round trip, spread where the
+share allows.
+
+Everything here follows from the stored shapes and the parameters alone (no weights), so the
+rows a model needs are known before any of its bytes are fetched. Rows are *stored* rows:
+``nn.Linear`` stores W^T (out x in), so its rows are output features, the axis the sketch
+contracts; GPT-2's ``Conv1D`` stores W (in x out), so its rows are input features and the sketch
+keeps them. Fused tensors: Phi-3's ``qkv_proj`` and ``gate_up_proj`` (``nn.Linear``) split
+along the rows, so each part chooses its own rows as an unfused matrix of its family and size
+would (a fused and an unfused checkpoint of the same weights read the same rows); GPT-2's
+``c_attn`` (``Conv1D``) splits along the columns, so its parts share one choice of rows, made
+for the whole tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..read import MatrixRef, Orientation
+from .params import Representation
+
+#: Values per contiguous block of rows at most (1 MiB of bf16) and at least (64 KiB of bf16: below that a range
+#: request costs more in round trips than in bytes) where the share has that many.
+READ_BLOCK_ELEMS = 1 << 19
+MIN_READ_ELEMS = 1 << 15
+#: Between those sizes, a share is spread over at least this many blocks.
+MIN_BLOCKS = 8
+
+
+def derived_seed(seed: int, *place: object) -> int:
+    """A seed for one matrix's randomness, from the representation's seed and the matrix's place
+    (stable across runs and machines: a hash, not Python's salted ``hash``)."""
+    text = "/".join(map(str, (seed, *place))).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+def select_rows(n_rows: int, row_elems: int, share: float, seed: int, place: tuple) -> tuple[tuple[int, int], ...]:
+    """Row ranges [start, stop) of a matrix of ``n_rows`` stored rows of ``row_elems`` values each.
+
+    All rows when ``share`` is 1. Otherwise ceil(share * n_rows) rows, in blocks of equal size: as many as
+    ``MIN_BLOCKS`` where each still holds ``MIN_READ_ELEMS`` values, fewer where the share is smaller (a share
+    under that size is one block), never more than ``READ_BLOCK_ELEMS`` values each. The blocks are cells of
+    a grid of that size over the rows, drawn without replacement from a generator seeded by ``seed`` and
+    ``place`` (adjacent cells merged into one range).
+    """
+    if share >= 1 or n_rows <= 1:
+        return ((0, n_rows),)
+    want = max(1, math.ceil(share * n_rows))
+    row_elems = max(row_elems, 1)
+    least, most = math.ceil(MIN_READ_ELEMS / row_elems), max(1, READ_BLOCK_ELEMS // row_elems)
+    block = min(want, max(least, min(most, want // MIN_BLOCKS)))
+    count = math.ceil(want / block)
+    block = math.ceil(want / count)  # the share split evenly over the blocks
+    cells = n_rows // block
+    rng = np.random.default_rng(derived_seed(seed, "rows", *place))
+    chosen = np.sort(rng.choice(cells, size=min(count, cells), replace=False))
+    ranges: list[list[int]] = []
+    for cell in chosen.tolist():
+        start, stop = cell * block, (cell + 1) * block
+        if ranges and ranges[-1][1] == start:
+            ranges[-1][1] = stop
+        else:
+            ranges.append([start, stop])
+    return tuple((a, b) for a, b in ranges)
+
+
+@dataclass(frozen=True)
+class MatrixPlan:
+    """What one matrix of the representation reads of its stored tensor, and the shape of its block.
+
+    ``rows``: stored row ranges of the tensor (absolute, so a fused part's are offset into it);
+    ``row_start``: the part's first stored row (a row's local index is ``row - row_start``);
+    ``n_rows``: rows of the part; ``cols``: the stored column span read; ``contract_rows``: the
+    sketch contracts the stored rows (``nn.Linear``: W's output side) or the columns (``Conv1D``).
+    """
+
+    tensor: str
+    rows: tuple[tuple[int, int], ...]
+    row_start: int
+    n_rows: int
+    cols: tuple[int, int]
+    contract_rows: bool
+
+    @property
+    def n_selected(self) -> int:
+        return sum(b - a for a, b in self.rows)
+
+    @property
+    def n_cols(self) -> int:
+        return self.cols[1] - self.cols[0]
+
+    @property
+    def kept(self) -> int:
+        """The side of the matrix the sketch keeps (the block has rank x kept floats)."""
+        return self.n_cols if self.contract_rows else self.n_selected
+
+    def local_rows(self) -> np.ndarray:
+        """The part-local indices of the selected rows, in reading order."""
+        return np.concatenate([np.arange(a, b) for a, b in self.rows]) - self.row_start
+
+
+def plan_matrix(ref: MatrixRef, stored_shape: tuple[int, int], params: Representation, prefix: str = "") -> MatrixPlan:
+    """The rows and columns of its stored tensor that ``ref``'s block needs under ``params``.
+
+    ``stored_shape`` is the whole stored tensor's (fused parts included); a fused part whose
+    parts do not divide it is left whole here (the reader refuses it with its own message).
+    """
+    n_stored, n_cols = stored_shape
+    linear = ref.orientation is Orientation.LINEAR
+    span = ref.span(n_stored if linear else n_cols) if ref.n_parts > 1 else None
+    part = span or (0, n_stored if linear else n_cols)
+    if linear:  # rows are this part's own (split along the rows): chosen as an unfused matrix's would be
+        row_start, n_rows, cols = part[0], part[1] - part[0], (0, n_cols)
+        place: tuple = (ref.stack, ref.layer, ref.family)
+    else:  # rows are shared by the parts (split along the columns): chosen once for the tensor
+        row_start, n_rows, cols = 0, n_stored, part
+        place = (ref.stack, ref.layer, ref.fused or ref.family)
+    local = select_rows(n_rows, n_cols, params.rows, params.seed, place)
+    rows = tuple((row_start + a, row_start + b) for a, b in local)
+    return MatrixPlan(prefix + ref.tensor, rows, row_start, n_rows, cols, contract_rows=linear)
+
+
+def byte_share(plans: list[MatrixPlan], stored_shapes: dict[str, tuple[int, int]]) -> float:
+    """The share of the matrices' stored values the plans read (each tensor's rows counted once)."""
+    read: dict[str, set[tuple[int, int]]] = {}
+    for plan in plans:
+        read.setdefault(plan.tensor, set()).update(plan.rows)
+    total = sum(r * c for r, c in (stored_shapes[t] for t in read))
+    got = sum(sum(b - a for a, b in ranges) * stored_shapes[t][1] for t, ranges in read.items())
+    return got / total if total else 0.0
