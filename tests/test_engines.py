@@ -29,11 +29,11 @@ class SlowTask(Task):
 
     log: list | None = None
 
-    def open(self, settings: HubSettings) -> Checkpoint:
+    def open(self, settings: HubSettings, params: Representation | None = None) -> Checkpoint:
         start = time.monotonic()
         time.sleep(OPEN_SECONDS)
         self.log.append((self.name, threading.current_thread().name, start, time.monotonic()))
-        return super().open(settings)
+        return super().open(settings, params)
 
 
 @pytest.fixture(scope="module")

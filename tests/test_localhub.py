@@ -511,3 +511,146 @@ def test_command_runner_sets_hf_endpoint_and_returns_status(tmp_path):
     assert done.returncode == 3, done.stderr
     endpoint, models = done.stdout.splitlines()
     assert endpoint.startswith("http://127.0.0.1:") and models == "['someone/model']"
+
+
+# --- bytes sent, bandwidth, latency and range misbehaviour -------------------------------------------------------
+
+
+def _get(url: str, **headers: str):
+    """One GET on a fresh connection: (status, headers, body); a body cut short gives what arrived."""
+    import httpx2
+
+    body = bytearray()
+    with httpx2.Client() as client, client.stream("GET", url, headers=headers) as r:
+        try:
+            for chunk in r.iter_raw():
+                body += chunk
+        except httpx2.TransportError:
+            pass
+        return r.status_code, r.headers, bytes(body)
+
+
+@pytest.fixture
+def payload_repo(fresh):
+    hub, server = fresh
+    payload = os.urandom(300_000)
+    hub.publish("org/bytes", {"model.safetensors": payload})
+    return hub, server, payload, hf_hub_url("org/bytes", "model.safetensors", endpoint=server.endpoint)
+
+
+def test_bytes_sent_are_counted_for_full_range_and_head_answers(payload_repo):
+    hub, server, payload, url = payload_repo
+    start = len(server.requests)
+    assert _get(url)[2] == payload
+    assert _get(url, Range="bytes=10-19")[2] == payload[10:20]
+    assert get_session().head(url).status_code == 200
+    assert _get(hf_hub_url("org/bytes", "nope.json", endpoint=server.endpoint))[0] == 404
+    records = [(r["method"], r["range"], r["status"], r["bytes"]) for r in server.requests[start:]]
+    assert records[:3] == [("GET", None, 200, 300_000), ("GET", "bytes=10-19", 206, 10), ("HEAD", None, 200, 0)]
+    assert records[3][3] > 0  # the JSON body of the 404 is counted in its record
+    assert server.bytes_sent("/org/bytes/resolve/*/model.safetensors") == 300_010
+    assert server.bytes_sent("/org/bytes/*") == 300_010 + records[3][3]
+    assert server.bytes_sent("*/other/*") == 0
+    hub.fail("*/model.safetensors", kind="short", after_bytes=1234, times=1)
+    assert len(_get(url)[2]) == 1234 and server.requests[-1]["bytes"] == 1234
+
+
+def test_bandwidth_parsing_and_the_command_line_flag(tmp_path):
+    from modelvec.testing.localhub import main, parse_bandwidth
+
+    assert parse_bandwidth("1gbit") == 125e6 and parse_bandwidth("100mbit") == 12.5e6
+    assert parse_bandwidth("50MB") == 50e6 and parse_bandwidth("20MiB/s") == 20 * 2**20
+    assert parse_bandwidth("8e6") == parse_bandwidth("64 Mbps") == 8e6
+    for bad in ("fast", "0", "-1", "1 XB"):
+        with pytest.raises(ValueError):
+            parse_bandwidth(bad)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "root"), "--bandwidth", "fast"])
+    assert exit_.value.code == 2
+
+
+def test_bandwidth_is_one_link_shared_by_parallel_downloads(tmp_path):
+    import threading
+    import time
+
+    hub = LocalHub(tmp_path / "root")
+    payload = os.urandom(2_000_000)
+    hub.publish("org/paced", {"a.bin": payload[:1_000_000], "b.bin": payload[1_000_000:], "c.bin": payload})
+    with hub.serve(bandwidth="8MB") as server:
+        assert server.bandwidth == 8e6
+        url = lambda name: hf_hub_url("org/paced", name, endpoint=server.endpoint)
+        began = time.monotonic()
+        assert _get(url("c.bin"))[2] == payload
+        assert time.monotonic() - began >= 0.2  # 2 MB at 8 MB/s: 0.25 s, less one 64 KiB burst
+        bodies = {}
+        threads = [threading.Thread(target=lambda n=n: bodies.update({n: _get(url(n))[2]})) for n in ("a.bin", "b.bin")]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert time.monotonic() - began >= 0.2  # 2 x 1 MB share the 8 MB/s: 0.25 s together, not 0.125
+        assert bodies == {"a.bin": payload[:1_000_000], "b.bin": payload[1_000_000:]}
+        assert server.bytes_sent("*/org/paced/*") == 4_000_000
+
+
+def test_latency_delays_every_answer(tmp_path):
+    import time
+
+    hub = LocalHub(tmp_path / "root")
+    hub.publish("org/far", {"config.json": BERT})
+    with hub.serve(latency=0.15) as server:
+        began = time.monotonic()
+        assert get_session().head(hf_hub_url("org/far", "config.json", endpoint=server.endpoint)).status_code == 200
+        assert HfApi(endpoint=server.endpoint, token=False).model_info("org/far").id == "org/far"
+        assert time.monotonic() - began >= 0.3
+
+
+def test_ignore_range_answers_the_whole_file(payload_repo):
+    hub, server, payload, url = payload_repo
+    hub.fail("*/model.safetensors", kind="ignore-range", times=1)
+    assert _get(url)[2] == payload and server.requests[-1]["fault"] is None  # no Range: the rule waits
+    status, headers, body = _get(url, Range="bytes=10-19")
+    assert (status, body, headers.get("Content-Range")) == (200, payload, None)
+    assert int(headers["Content-Length"]) == len(payload)
+    assert (server.requests[-1]["fault"], server.requests[-1]["bytes"]) == ("ignore-range", len(payload))
+    assert _get(url, Range="bytes=10-19")[:1] == (206,)  # times=1: used up
+
+
+def test_wrong_range_lies_with_honest_looking_headers(payload_repo):
+    hub, server, payload, url = payload_repo
+    size = len(payload)
+    hub.fail("*/model.safetensors", kind="wrong-range", times=2)
+    status, headers, body = _get(url, Range="bytes=10-19")
+    assert (status, headers["Content-Range"], body) == (206, f"bytes 10-19/{size}", payload[11:21])
+    assert server.requests[-1]["fault"] == "wrong-range"
+    status, headers, body = _get(url, Range=f"bytes={size - 10}-")  # kept inside the file: nothing to shift to
+    assert (headers["Content-Range"], body) == (f"bytes {size - 10}-{size - 1}/{size}", payload[-10:])
+    hub.fail("*/model.safetensors", kind="wrong-range", value=-7, times=1)
+    assert _get(url, Range="bytes=100-149")[2] == payload[93:143]
+
+
+def test_bad_content_range_names_another_range(payload_repo):
+    hub, server, payload, url = payload_repo
+    hub.fail("*/model.safetensors", kind="bad-content-range", value=5, times=1)
+    status, headers, body = _get(url, Range="bytes=10-19")
+    assert (status, headers["Content-Range"], body) == (206, f"bytes 15-24/{len(payload)}", payload[10:20])
+    assert server.requests[-1]["fault"] == "bad-content-range"
+
+
+def test_body_faults_work_on_range_answers(payload_repo):
+    hub, server, payload, url = payload_repo
+    hub.fail("*/model.safetensors", kind="short", after_bytes=4, times=1)
+    status, headers, body = _get(url, Range="bytes=100-199")
+    assert (status, headers["Content-Length"], body) == (206, "100", payload[100:104])
+    assert server.requests[-1]["bytes"] == 4
+    hub.fail("*/model.safetensors", kind="reset", after_bytes=30, times=1)
+    status, _, body = _get(url, Range="bytes=100-199")
+    assert status == 206 and payload[100:130].startswith(body) and server.requests[-1]["bytes"] == 30
+    hub.fail("*/model.safetensors", kind="corrupt", after_bytes=150, times=2)  # an offset in the file
+    body = _get(url, Range="bytes=100-199")[2]
+    assert body[:50] == payload[100:150] and body[50] == payload[150] ^ 0xFF and body[51:] == payload[151:200]
+    assert _get(url, Range="bytes=0-99")[2] == payload[:100]  # the offset is not in this range: intact
+    hub.fail("*/model.safetensors", kind="slow", after_bytes=10, delay=0.1, times=1)
+    assert _get(url, Range="bytes=100-199")[2] == payload[100:200]
+    assert server.requests[-1]["fault"] == "slow" and server.requests[-1]["bytes"] == 100

@@ -145,7 +145,7 @@ def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster
 
 def test_a_worker_that_dies_fails_only_its_model_and_is_replaced(cluster, tiny_bert, finetunes, tmp_path):
     class ExitsTheWorker(Task):  # local to the test, so Ray pickles it by value for the worker
-        def open(self, settings):
+        def open(self, settings, params=None):
             os._exit(3)  # the worker process ends in the middle of the task
 
     spec, tasks = tasks_for(tiny_bert, finetunes[:3], tmp_path)

@@ -93,7 +93,7 @@ def check_filename(repo_id: str, name: str) -> str:
     return name
 
 
-def _shards(repo_id: str, fmt: str, index: Any, marker: str) -> list[str]:
+def shard_names(repo_id: str, fmt: str, index: Any, marker: str) -> list[str]:
     """The shard files an index names, each checked (a safe name with the format's suffix)."""
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -118,9 +118,9 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
     check_revision(repo_id, revision)
     try:
         if not is_commit_sha(revision):  # pinned from here on: every file comes from the same commit
-            revision = _pin(repo_id, revision, settings)
+            revision = pin(repo_id, revision, settings)
         if files is None:
-            files = _list_files(repo_id, revision, settings)
+            files = list_files(repo_id, revision, settings)
         fmt = weight_format(files)
         adapter = adapter_files(files) if fmt is None else None
         if adapter is not None:  # a PEFT adapter: adapter_config.json + adapter_model.safetensors (else .bin)
@@ -133,10 +133,10 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
         wanted.append(marker)
         if fmt.endswith("-sharded"):  # the index first: it names the shards
             try:
-                index = json.loads(Path(_download(repo_id, marker, revision, settings)).read_text())
+                index = json.loads(Path(download_file(repo_id, marker, revision, settings)).read_text())
             except (ValueError, UnicodeDecodeError) as exc:
                 raise CheckpointError(repo_id, f"{marker} is not JSON: {str(exc).splitlines()[0]}") from None
-            wanted += _shards(repo_id, fmt, index, marker)
+            wanted += shard_names(repo_id, fmt, index, marker)
         return _snapshot(repo_id, revision, wanted, settings)
     except ModelvecError:
         raise
@@ -158,7 +158,7 @@ def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubS
     """
     for name in wanted:
         check_filename(repo_id, name)
-    repo = _repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, settings)
     snapshot = repo / "snapshots" / revision
     journal = repo / ".modelvec" / f"{revision}.unverified"
 
@@ -328,12 +328,12 @@ def _write_journal(journal: Path, names: Sequence[str]) -> None:
     still serves offline, without one."""
     with contextlib.suppress(OSError):
         if names:
-            _write_atomic(journal, json.dumps(sorted(set(names))))
+            write_atomic(journal, json.dumps(sorted(set(names))))
         else:
             journal.unlink(missing_ok=True)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """``path`` holds ``text``, whole or not at all (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -346,22 +346,22 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _pin(repo_id: str, revision: str, settings: HubSettings) -> str:
+def pin(repo_id: str, revision: str, settings: HubSettings) -> str:
     """The commit sha of a branch or tag (see :func:`resolve_revision`), recorded in the cache's ``refs/`` as
     huggingface_hub does, so that the branch is found offline later."""
     sha = resolve_revision(repo_id, revision, settings)
     if not settings.offline:
-        ref = _repo_folder(repo_id, settings) / "refs" / revision  # a checked ref name: stays inside refs/
+        ref = repo_folder(repo_id, settings) / "refs" / revision  # a checked ref name: stays inside refs/
         with contextlib.suppress(OSError):
             if not (ref.is_file() and ref.read_text() == sha):
-                _write_atomic(ref, sha)
+                write_atomic(ref, sha)
     return sha
 
 
-def _download(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
+def download_file(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
     """One file through the cache; a fresh download is checked against its sha256 ETag (see :func:`verify`)."""
     check_filename(repo_id, filename)
-    repo = _repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, settings)
     pointer = repo / "snapshots" / revision / filename if is_commit_sha(revision) else None
 
     def attempt() -> str:
@@ -397,13 +397,13 @@ def verify(path: str | os.PathLike[str], filename: str, repo: Path | None = None
         raise CorruptDownload(f"{filename}: sha256 {digest[:12]}... but the Hub announced {blob.name[:12]}...")
 
 
-def _repo_folder(repo_id: str, settings: HubSettings) -> Path:
+def repo_folder(repo_id: str, settings: HubSettings) -> Path:
     """The repository's folder in the cache, named as huggingface_hub names it (``~`` expanded, absolute)."""
     cache = Path(settings.cache_dir or constants.HF_HUB_CACHE).expanduser().resolve()
     return cache / ("models--" + repo_id.replace("/", "--"))
 
 
-def _list_files(repo_id: str, revision: str, settings: HubSettings) -> list[str]:
+def list_files(repo_id: str, revision: str, settings: HubSettings) -> list[str]:
     if settings.offline:
         folder = snapshot_folder(repo_id, revision, settings)
         if folder is None:
@@ -417,7 +417,7 @@ def snapshot_folder(repo_id: str, revision: str, settings: HubSettings) -> Path 
     """The cached snapshot of ``repo_id`` at a commit sha (or branch), if the cache holds one."""
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
-    repo = _repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, settings)
     sha = revision
     if not is_commit_sha(revision):
         ref = repo / "refs" / revision
@@ -466,7 +466,7 @@ def release(repo_id: str, revision: str, settings: HubSettings) -> int:
         return 0
     if not is_commit_sha(revision):
         return 0
-    repo = _repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, settings)
     snapshot = repo / "snapshots" / revision
     if snapshot.is_symlink() or not snapshot.is_dir():
         return 0

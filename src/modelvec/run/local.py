@@ -16,11 +16,14 @@ if TYPE_CHECKING:
     from ..represent import DeltaEmbedder
 
 
-def _prepare(task: Task, settings: HubSettings) -> Checkpoint:
-    """Off the compute thread: fetch (Hub), read the headers, and start reading the weights from disk."""
-    ck = task.open(settings)
+def _prepare(task: Task, settings: HubSettings, params: Representation) -> Checkpoint:
+    """Off the compute thread: fetch (Hub: only what ``params`` reads), read the headers, and start reading
+    from disk the bytes the vector needs."""
+    from ..represent import read_plan
+
+    ck = task.open(settings, params)
     ck.layout()
-    ck.prefetch()
+    ck.prefetch(read_plan(ck, params, base=False) if params.rows < 1 and not ck.factored else None)
     return ck
 
 
@@ -65,7 +68,7 @@ class LocalEngine:
                 task = next(todo, None)
                 if task is None:
                     return
-                pending.append((task, pool.submit(_prepare, task, settings)))
+                pending.append((task, pool.submit(_prepare, task, settings, params)))
 
         try:
             fill()

@@ -49,6 +49,8 @@ class EmbedResult:
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     store: str | None = None  # the store file written
+    #: how some models were read, said once per run: note -> the models it concerns (e.g. downloaded whole)
+    notes: dict[str, list[str]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
@@ -57,6 +59,7 @@ class EmbedResult:
             "embedded": list(self.embedded),
             "skipped": list(self.skipped),
             "failed": dict(self.failed),
+            "notes": {note: list(models) for note, models in self.notes.items()},
         }
 
 
@@ -222,6 +225,8 @@ def _run(
                 )
             )
             result.embedded.append(task.name)
+            if outcome.note is not None:
+                result.notes.setdefault(outcome.note, []).append(task.name)
             progress(task.name, "embedded", f"{outcome.seconds:.2f}s")
     if load:
         result.vectors, result.metadata = db.load(spec.name, params, models=wanted)

@@ -132,9 +132,10 @@ class _Worker:
 
         A fault of the base is returned, not raised, so the driver tells it from a dead worker.
         """
-        assert self.embedder is not None, "run() on a worker whose base failed"
+        embedder = self.embedder
+        assert embedder is not None, "run() on a worker whose base failed"
         try:
-            return compute(task, self.embedder, lambda: task.open(self.settings))
+            return compute(task, embedder, lambda: task.open(self.settings, embedder.params))
         except ModelvecError as exc:  # compute raises only the base's own faults
             return exc
         finally:

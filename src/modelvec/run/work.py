@@ -13,14 +13,16 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.errors import Kind, error_of
+from ..core.errors import Kind, ModelvecError, error_of
 from ..hub.cards import card_author, card_datasets, read_card
 from ..hub.client import HubSettings
-from ..hub.download import fetch, release
+from ..hub.download import fetch, release, snapshot_folder
+from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
 from ..represent.params import Representation
 
@@ -39,12 +41,13 @@ class BaseSpec:
     repo: str | None = None
     sha: str | None = None
 
-    def open(self, settings: HubSettings) -> Checkpoint:
+    def open(self, settings: HubSettings, params: Representation | None = None) -> Checkpoint:
+        """The base's checkpoint; from the Hub, only what ``params`` reads (see :func:`open_hub`)."""
         from ..read import Checkpoint
 
         if self.path is not None:
             return Checkpoint(self.path, name=self.name)
-        return Checkpoint(fetch(str(self.repo), str(self.sha), None, settings), name=self.name)
+        return open_hub(str(self.repo), str(self.sha), None, self.name, settings, params, base=True)
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,11 @@ class Task:
     label_source: str | None = None
     author: str | None = None
 
-    def open(self, settings: HubSettings) -> Checkpoint:
-        """The model's checkpoint, fetched first when it lives on the Hub."""
+    def open(self, settings: HubSettings, params: Representation | None = None) -> Checkpoint:
+        """The model's checkpoint; from the Hub, only what ``params`` reads (see :func:`open_hub`)."""
         if self.repo is not None:
-            return open_checkpoint(fetch(self.repo, str(self.sha), list(self.files) or None, settings), name=self.name)
+            files = list(self.files) or None
+            return open_hub(self.repo, str(self.sha), files, self.name, settings, params, base=False)
         return open_checkpoint(str(self.path), name=self.name)
 
     def labels(self, ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
@@ -80,8 +84,61 @@ class Task:
         if self.repo is not None:
             try:
                 release(self.repo, str(self.sha), settings)
+                release_partial(self.repo, str(self.sha), settings)
             except OSError as exc:
                 warnings.warn(f"{self.name}: could not delete its cached files: {exc}", stacklevel=2)
+
+
+#: What a model fetched whole although the representation reads a share of rows says, once per run.
+WHOLE_BIN = "pickled .bin weights cannot be read by byte ranges: downloaded whole"
+WHOLE_SERVED = "the Hub answered a range request with the whole file: downloaded whole"
+
+
+def open_hub(
+    repo: str,
+    sha: str,
+    files: list[str] | None,
+    name: str,
+    settings: HubSettings,
+    params: Representation | None,
+    *,
+    base: bool,
+) -> Checkpoint:
+    """A Hub model at commit ``sha``, fetched as ``params`` needs it.
+
+    Where the representation reads a share of rows and the weights are safetensors, only those rows' byte
+    ranges come (a partial download: :mod:`modelvec.hub.partial`), unless a whole snapshot is already in the
+    cache. Otherwise the files come whole (:func:`~modelvec.hub.download.fetch`); ``checkpoint.note`` then says
+    why, where a share was asked for (a pickled ``.bin``; a server that ignored ``Range``).
+    """
+    from ..represent import read_plan
+
+    reads_rows = params is not None and params.rows < 1
+    cached = _has_weights(snapshot_folder(repo, sha, settings))
+    if reads_rows and not cached:
+        folder = open_partial(repo, sha, files, settings)
+        if folder is not None:
+            ck = open_checkpoint(folder, name=name)
+            spans = ck.byte_ranges(read_plan(ck, params, base=base))  # type: ignore[arg-type]  # reads_rows
+            got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, settings)
+            ck = open_checkpoint(folder, name=name)
+            ck.note = WHOLE_SERVED if got.whole_files else None
+            return ck
+    ck = open_checkpoint(fetch(repo, sha, files, settings), name=name)
+    if reads_rows and not cached and not ck.factored:
+        ck.note = WHOLE_BIN
+    return ck
+
+
+def _has_weights(folder: Path | None) -> bool:
+    """Whether a cached snapshot holds a model's weights (not only the config a partial download took)."""
+    if folder is None:
+        return False
+    try:
+        open_checkpoint(folder)
+    except ModelvecError:
+        return False
+    return True
 
 
 @dataclass
@@ -102,13 +159,14 @@ class Outcome:
     seconds: float = 0.0
     error: str | None = None
     kind: Kind = Kind.CONTENT
+    note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
 
 
 def fit_base(base: BaseSpec, params: Representation, device: str, settings: HubSettings) -> DeltaEmbedder:
     """The embedder with the base's matrices read (once per engine worker)."""
     from ..represent import DeltaEmbedder
 
-    return DeltaEmbedder.from_params(params, device).fit(base.open(settings))
+    return DeltaEmbedder.from_params(params, device).fit(base.open(settings, params))
 
 
 def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkpoint]) -> Outcome:
@@ -119,6 +177,7 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         try:
             vector = embedder.embed_one(ck)
             datasets, label_source, author = task.labels(ck)
+            note = ck.note
         finally:
             ck.close()
     except Exception as exc:  # a run over many models goes on; the reason is kept
@@ -127,5 +186,5 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
             raise err from exc
         return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start)
     return Outcome(
-        task, vector, embedder.layout_.arch.name, datasets, label_source, author, time.perf_counter() - start
+        task, vector, embedder.layout_.arch.name, datasets, label_source, author, time.perf_counter() - start, note=note
     )

@@ -4,8 +4,10 @@ The real Hub is unreachable here, so this module serves, from a folder on disk, 
 that modelvec reaches through ``huggingface_hub`` (model listing with pagination, model info at a revision,
 the repository tree that ``snapshot_download`` lists, file resolve with HEAD and byte ranges, the Hub's error
 codes), plus fault injection (error statuses, stalls, dropped and reset connections, bodies or headers that do not
-match the file) and hostile answers (listings with forged ids, revisions and file names) for testing clients
-against a Hub they cannot trust. Point ``HF_ENDPOINT`` (or ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
+match the file, range requests answered with the whole file or another range), a bandwidth limit and latency (a
+remote Hub's link), a count of the bytes each answer sent, and hostile answers (listings with forged ids, revisions
+and file names) for testing clients against a Hub they cannot trust. Point ``HF_ENDPOINT`` (or
+``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
 
 Store layout under ``root``::
 
@@ -42,7 +44,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import yaml
 
-__all__ = ["HubServer", "LocalHub", "main"]
+__all__ = ["HubServer", "LocalHub", "main", "parse_bandwidth"]
 
 CHUNK = 1 << 20  # bytes per read/write when hashing or streaming files
 LFS_THRESHOLD = 10 * 1024 * 1024  # files at least this large are reported as LFS files (?blobs=true, tree)
@@ -112,7 +114,13 @@ _FAULT_KINDS = {
     "etag": ("GET", "HEAD"),
     "commit": ("GET", "HEAD"),
     "corrupt": ("GET",),
+    "ignore-range": ("GET",),
+    "wrong-range": ("GET",),
+    "bad-content-range": ("GET",),
 }
+_RANGE_KINDS = {"ignore-range", "wrong-range", "bad-content-range"}  # taken by GETs with a Range header only
+PACE_CHUNK = 64 << 10  # bytes per write (and the token bucket's burst) when a bandwidth is set
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _IGNORED_DIRS = {".git"}  # like upload_folder, also .cache/huggingface (local_dir download metadata)
 
 
@@ -499,11 +507,26 @@ class LocalHub:
         ``size``     a HEAD of a file announces ``Content-Length`` of the file's size + ``value`` (default 1);
         ``etag``     answers about a file carry ``ETag: value`` (the raw header value) instead of its sha256;
         ``commit``   answers about a file (200 or 404) carry ``X-Repo-Commit: value``;
-        ``corrupt``  a file's body has the byte at offset ``after_bytes`` inverted (same length, same headers).
+        ``corrupt``  a file's body has the byte at offset ``after_bytes`` of the file inverted (same length, same
+                     headers); a range answer carries it inverted when its range covers that offset.
 
-        ``methods`` defaults to GET and HEAD, but GET only for the body kinds (reset, short, corrupt, and slow with
-        ``after_bytes``) and HEAD only for ``size``. Rules are tried in the order given; a request consumes the first
-        rule that matches it.
+        ``reset``, ``short`` and ``slow`` count ``after_bytes`` from the first byte of the body, also in a 206 answer
+        to a range request (the body then starts at the range's first byte).
+
+        The range kinds are taken only by a GET with a ``Range`` header (a GET without one leaves the rule for the
+        next):
+
+        ``ignore-range``       answer 200 with the whole file and no ``Content-Range``, as a server that ignores
+                               ``Range`` does;
+        ``wrong-range``        answer 206 with ``Content-Range`` naming the range asked for but the body of the range
+                               shifted by ``value`` bytes (default 1; same length, kept inside the file): a lying server
+                               that no header gives away;
+        ``bad-content-range``  answer 206 with the bytes asked for but a ``Content-Range`` naming the range shifted by
+                               ``value`` bytes (default 1): detectable by a client that checks it.
+
+        ``methods`` defaults to GET and HEAD, but GET only for the body kinds (reset, short, corrupt, the range kinds,
+        and slow with ``after_bytes``) and HEAD only for ``size``. Rules are tried in the order given; a request
+        consumes the first rule that matches it.
         """
         if kind not in _FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {sorted(_FAULT_KINDS)}")
@@ -524,7 +547,9 @@ class LocalHub:
                     "retry_after": retry_after,
                     "after_bytes": max(0, int(after_bytes)),
                     "delay": float(delay),
-                    "value": (1 if value is None else int(value)) if kind == "size" else value,
+                    "value": (1 if value is None else int(value))
+                    if kind in ("size", "wrong-range", "bad-content-range")
+                    else value,
                 }
             )
 
@@ -563,12 +588,13 @@ class LocalHub:
             self._forged.clear()
             self._forged_trees.clear()
 
-    def _take_fault(self, method: str, path: str) -> dict | None:
+    def _take_fault(self, method: str, path: str, ranged: bool = False) -> dict | None:
         with self._lock:
             for rule in self._faults:
                 if (
                     (rule["left"] is None or rule["left"] > 0)
                     and method in rule["methods"]
+                    and (ranged or rule["kind"] not in _RANGE_KINDS)
                     and fnmatch.fnmatchcase(path, rule["pattern"])
                 ):
                     if rule["left"] is not None:
@@ -729,9 +755,19 @@ class LocalHub:
         commit = state["commits"][sha]
         return {"id": sha, "title": (commit.get("message") or "").split("\n", 1)[0], "date": commit["date"]}
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0) -> HubServer:
-        """Start serving in a daemon thread; the running :class:`HubServer` (a context manager)."""
-        return HubServer(self, host, port)
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        bandwidth: float | str | None = None,
+        latency: float = 0.0,
+    ) -> HubServer:
+        """Start serving in a daemon thread; the running :class:`HubServer` (a context manager).
+
+        ``bandwidth`` (bytes per second, or text such as ``100mbit``; None: unlimited) is the link all answers
+        share; ``latency`` (seconds) is the time before each answer starts (see :class:`HubServer`)."""
+        return HubServer(self, host, port, bandwidth=bandwidth, latency=latency)
 
 
 # -------------------------------------------------------------------- HTTP
@@ -760,6 +796,11 @@ class _Server(ThreadingHTTPServer):
             self.connections.discard(request)
         super().shutdown_request(request)
 
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client that hung up (as a range reader does on a whole file it did not want) is no error
+        super().handle_error(request, client_address)
+
 
 class _HubError(Exception):
     def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None) -> None:
@@ -775,6 +816,7 @@ class _Handler(BaseHTTPRequestHandler):
     # defaults for answers sent before _dispatch ran (malformed request line, unknown method)
     _path, _raw_path, _query, _token, _valid, _answered = "", "", {}, None, False, False
     _fault: dict | None = None
+    _record: dict | None = None
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -809,7 +851,9 @@ class _Handler(BaseHTTPRequestHandler):
             "auth": self._token is not None,
             "fault": self._fault["kind"] if self._fault else None,
             "time": time.monotonic(),
+            "bytes": 0,
         }
+        self._record = record
         with self.server.owner._lock:
             self.server.owner.requests.append(record)
 
@@ -825,6 +869,29 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
+    def _emit(self, data: bytes) -> None:
+        """Write body bytes: paced by the server's bandwidth (in pieces of at most PACE_CHUNK bytes then) and
+        counted in the request's record. A piece is counted just before it is written (so a client that got the
+        whole answer finds it counted) and uncounted if the write fails."""
+        bucket = self.server.owner._bucket
+        step = PACE_CHUNK if bucket is not None else max(len(data), 1)
+        view = memoryview(data)
+        for at in range(0, len(data), step):
+            piece = view[at : at + step]
+            if bucket is not None:
+                bucket.take(len(piece))
+            self._count(len(piece))
+            try:
+                self.wfile.write(piece)
+            except BaseException:
+                self._count(-len(piece))
+                raise
+
+    def _count(self, n: int) -> None:
+        if self._record is not None:
+            with self.server.owner._lock:
+                self._record["bytes"] += n
+
     def _write_body(self, chunks: Iterable[bytes], offset: int = 0) -> None:
         """Send a body (whose first byte is byte ``offset`` of the file), applying a body fault if one is active."""
         fault = self._fault if self._fault and self._fault["kind"] in ("reset", "short", "slow", "corrupt") else None
@@ -836,7 +903,7 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1 :]
             if fault and fault["kind"] in ("reset", "short", "slow") and sent <= at < sent + len(chunk) and at > 0:
                 head = at - sent
-                self.wfile.write(chunk[:head])
+                self._emit(chunk[:head])
                 sent += head
                 chunk = chunk[head:]
                 if fault["kind"] == "slow":
@@ -850,7 +917,7 @@ class _Handler(BaseHTTPRequestHandler):
                         self.close_connection = True
                         self.wfile.flush()
                     return
-            self.wfile.write(chunk)
+            self._emit(chunk)
             sent += len(chunk)
 
     def _send_json(self, status: int, payload: Any, headers: dict | None = None) -> None:
@@ -880,6 +947,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         self._answered = False
         self._fault = None
+        self._record = None
+        if self.server.owner.latency > 0:
+            time.sleep(self.server.owner.latency)
         split = urlsplit(self.path)
         self._raw_path = split.path
         self._path = unquote(split.path)
@@ -889,7 +959,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server.hub
         self._valid = self._token is not None and self._token in hub.tokens
         try:
-            fault = hub._take_fault(method, self._path)
+            fault = hub._take_fault(method, self._path, ranged=bool(self.headers.get("Range")))
             if fault is not None and fault["kind"] == "status":
                 headers = {}
                 if fault["retry_after"] is not None:
@@ -1078,8 +1148,9 @@ class _Handler(BaseHTTPRequestHandler):
             "Content-Type": "application/octet-stream",
         }
 
+        fault = self._fault
         start, end, status = 0, size - 1, 200
-        if method == "GET" and self.headers.get("Range"):
+        if method == "GET" and self.headers.get("Range") and not (fault and fault["kind"] == "ignore-range"):
             parsed = self._parse_range(self.headers["Range"], size)
             if parsed == "unsatisfiable":
                 self._send_json(
@@ -1093,7 +1164,6 @@ class _Handler(BaseHTTPRequestHandler):
                 status = 206
         length = end - start + 1 if size else 0
         keep = hub._take_truncation(self._path) if method == "GET" else None
-        fault = self._fault
         if fault and fault["kind"] == "short" and (keep is None or fault["after_bytes"] < keep):
             keep = fault["after_bytes"]
         announced = length
@@ -1108,8 +1178,12 @@ class _Handler(BaseHTTPRequestHandler):
         for key, value in common.items():
             self.send_header(key, value)
         self.send_header("Content-Length", str(announced))
+        source = start  # where in the file the body comes from
+        if status == 206 and fault and fault["kind"] == "wrong-range":
+            source = min(max(0, start + fault["value"]), size - length)
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            shift = fault["value"] if fault and fault["kind"] == "bad-content-range" else 0
+            self.send_header("Content-Range", f"bytes {start + shift}-{end + shift}/{size}")
         if keep is not None and keep < length:
             self.close_connection = True
         self.end_headers()
@@ -1120,7 +1194,7 @@ class _Handler(BaseHTTPRequestHandler):
         def chunks() -> Iterable[bytes]:
             nonlocal remaining
             with open(blob, "rb") as f:
-                f.seek(start)
+                f.seek(source)
                 while remaining > 0:
                     chunk = f.read(min(CHUNK, remaining))
                     if not chunk:  # blob shorter than recorded: never send fewer bytes than declared silently
@@ -1129,7 +1203,7 @@ class _Handler(BaseHTTPRequestHandler):
                     remaining -= len(chunk)
                     yield chunk
 
-        self._write_body(chunks(), start)
+        self._write_body(chunks(), source)
         if self.close_connection:
             self.wfile.flush()
 
@@ -1154,19 +1228,82 @@ class _Handler(BaseHTTPRequestHandler):
         return start, min(end, size - 1)
 
 
+class _TokenBucket:
+    """One link's bandwidth, shared by every connection: a sender takes tokens (bytes) before writing and sleeps
+    off any debt, so N parallel answers share ``rate`` between them. Holds at most ``burst`` bytes of credit."""
+
+    def __init__(self, rate: float, burst: int = PACE_CHUNK) -> None:
+        if not rate > 0:
+            raise ValueError(f"bandwidth must be positive, got {rate!r}")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        """Block until ``n`` more bytes may go out on the link."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate) - n
+            self._stamp = now
+            wait = -self._tokens / self.rate
+        if wait > 0:
+            time.sleep(wait)
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """Bytes per second from ``1gbit``, ``100mbit``, ``50MB``, ``20MiB/s``, ``8e6`` (a bare number is bytes/s).
+
+    Prefixes k, M, G, T are decimal (any case), Ki, Mi, Gi, Ti binary; ``bit``/``bits``/``bps`` or a lowercase
+    ``b`` are bits, ``B`` (or no unit) bytes; an optional ``/s`` ends it."""
+    if isinstance(text, (int, float)):
+        rate = float(text)
+    else:
+        m = re.fullmatch(
+            r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]i?)?(bits?|bps|b|B)?(?:/s)?\s*", str(text)
+        )
+        if not m:
+            raise ValueError(f"not a bandwidth: {text!r} (e.g. 1gbit, 100mbit, 50MB, or bytes per second)")
+        number, prefix, unit = m.groups()
+        rate = float(number) * _UNITS[(prefix or "").lower()]
+        if unit is not None and unit != "B":
+            rate /= 8
+    if not rate > 0 or rate == float("inf"):
+        raise ValueError(f"bandwidth must be a positive number of bytes per second, got {text!r}")
+    return rate
+
+
 class HubServer:
     """A running :class:`LocalHub` server (daemon thread); a context manager that stops it on exit.
 
     ``endpoint`` is ``http://HOST:PORT``; ``requests`` logs every request as {"method", "path" (URL path,
     unquoted), "query" (dict of lists), "status" (None: reset before any answer), "range" (Range header or
     None), "auth" (a bearer token was sent), "fault" (the kind of the injected fault, or None), "time"
-    (``time.monotonic()`` when the answer started)}.
+    (``time.monotonic()`` when the answer started), "bytes" (body bytes written for the answer so far, 0 for a
+    HEAD; final once the answer is done)}.
+
+    ``bandwidth`` (bytes per second, None: unlimited) paces every body (files and JSON) through one token bucket
+    shared by all connections, as one link would: parallel downloads share it. Bodies then go out in writes of at
+    most 64 KiB, with 64 KiB of burst, which keeps the rate within a few percent over a second or more.
+    ``latency`` (seconds) is waited before each answer (time to first byte, as a remote CDN's round trip).
     """
 
-    def __init__(self, hub: LocalHub, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        hub: LocalHub,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        bandwidth: float | str | None = None,
+        latency: float = 0.0,
+    ) -> None:
         self.hub = hub
         self.requests: list[dict] = []
         self._lock = threading.Lock()
+        self.bandwidth = None if bandwidth is None else parse_bandwidth(bandwidth)
+        self.latency = max(0.0, float(latency))
+        self._bucket = None if self.bandwidth is None else _TokenBucket(self.bandwidth)
         self._httpd = _Server((host, port), _Handler, hub, self)
         bound_port = self._httpd.server_address[1]
         shown = "127.0.0.1" if host in ("", "0.0.0.0") else ("[::1]" if host == "::" else host)
@@ -1178,6 +1315,16 @@ class HubServer:
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name=f"localhub:{bound_port}", daemon=True
         )
         self._thread.start()
+
+    def bytes_sent(self, pattern: str = "*") -> int:
+        """Body bytes written for the GETs of files (``/{repo}/resolve/...``) whose URL path (unquoted) matches
+        the fnmatch ``pattern``."""
+        with self._lock:
+            return sum(
+                r["bytes"]
+                for r in self.requests
+                if r["method"] == "GET" and "/resolve/" in r["path"] and fnmatch.fnmatchcase(r["path"], pattern)
+            )
 
     def stop(self) -> None:
         """Stop serving and close open connections (idempotent)."""
@@ -1208,8 +1355,16 @@ class HubServer:
 # -------------------------------------------------------------------- command line
 
 
+def _bandwidth_arg(text: str) -> float:
+    try:
+        return parse_bandwidth(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m modelvec.testing.localhub ROOT [--host H] [--port P] [--token T ...] [-- CMD ARGS...]``."""
+    """``python -m modelvec.testing.localhub ROOT [--host H] [--port P] [--token T ...] [--bandwidth B]
+    [--latency S] [-- CMD ARGS...]``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in argv:
@@ -1227,10 +1382,20 @@ def main(argv: list[str] | None = None) -> int:
         "--token", action="append", default=[], help="a bearer token accepted for gated/private repos (repeatable)"
     )
     parser.add_argument("--page-size", type=int, default=50, help="items per page of /api/models")
+    parser.add_argument(
+        "--bandwidth",
+        type=_bandwidth_arg,
+        default=None,
+        help="the link's bandwidth shared by all downloads, e.g. 1gbit, 100mbit, 50MB (bytes/s if a bare number); "
+        "default unlimited",
+    )
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds before each answer starts (a remote CDN's round trip)"
+    )
     args = parser.parse_args(argv)
 
     hub = LocalHub(args.root, tokens=args.token, page_size=args.page_size)
-    with hub.serve(args.host, args.port) as server:
+    with hub.serve(args.host, args.port, bandwidth=args.bandwidth, latency=args.latency) as server:
         if command:
             env = {**os.environ, "HF_ENDPOINT": server.endpoint}
             try:

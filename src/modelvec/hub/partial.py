@@ -1,0 +1,173 @@
+"""A Hub model read by byte ranges: a local folder that holds only what its vector needs.
+
+When a representation reads a share of each matrix's rows, a fine-tune's multi-GB safetensors shards need not
+come whole. :func:`open_partial` makes a folder that stands for the model at a commit: ``config.json`` and the
+shard index downloaded whole (small, through the huggingface_hub cache), and each weight file as a *sparse* file of
+its real size holding only its header (fetched by a range request: :func:`~modelvec.hub.ranges.fetch_safetensors_head`).
+The reader opens it as any checkpoint and says which byte ranges the vector needs; :func:`fill_partial` fetches
+those (and only those not already there) into the sparse files at their own offsets. A marker file
+(:data:`~modelvec.core.files.PARTIAL`) lists the byte ranges each file holds, so the reader refuses to read
+anything else (a hole reads as zeros), and a later run with other rows fetches only what it lacks.
+
+The folder lives in the repository's folder of the huggingface_hub cache (``<repo>/.modelvec/partial/<sha>``,
+beside huggingface_hub's own ``snapshots``), pinned to the commit sha, and is deleted by :func:`release_partial`
+(``--no-keep-weights``) as a snapshot is. Only safetensors can be read so: a pickled ``.bin`` has no byte layout
+to read it by, and a LoRA adapter is small; :func:`open_partial` returns None for those and the caller downloads
+them whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import CheckpointError, FetchError
+from ..core.files import CONFIG, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX, weight_format
+from ..core.spans import merge, missing
+from .client import HubSettings
+from .download import (
+    check_filename,
+    check_repo_id,
+    check_revision,
+    download_file,
+    list_files,
+    pin,
+    repo_folder,
+    shard_names,
+    write_atomic,
+)
+from .ids import is_commit_sha
+from .ranges import RemoteFile, fetch_ranges, fetch_safetensors_head
+
+_LOCK = threading.Lock()  # one process's threads fill one folder's marker in turn
+
+
+@dataclass
+class Fetched:
+    """What :func:`fill_partial` fetched: bytes over the network, requests, and the files a server sent whole."""
+
+    bytes: int = 0
+    requests: int = 0
+    whole_files: tuple[str, ...] = ()
+
+
+def partial_folder(repo_id: str, revision: str, settings: HubSettings) -> Path:
+    """Where the partial download of ``repo_id`` at commit ``revision`` lives (inside its cache folder)."""
+    return repo_folder(repo_id, settings) / ".modelvec" / "partial" / revision
+
+
+def open_partial(repo_id: str, revision: str, files: Sequence[str] | None, settings: HubSettings) -> Path | None:
+    """The partial folder of ``repo_id`` at ``revision`` (a commit sha, or a branch pinned here), headers in place.
+
+    None when its weights are not safetensors (a ``.bin``, an adapter): those are downloaded whole.
+    ``files`` is the repository's file list at that revision (from discovery); None asks the Hub.
+    """
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    if not is_commit_sha(revision):
+        revision = pin(repo_id, revision, settings)
+    folder = partial_folder(repo_id, revision, settings)
+    held = _read_marker(folder)
+    if held and all((folder / name).is_file() for name in held):
+        return folder  # made before: its headers, and what was fetched since, are there
+    files = list(files) if files is not None else list_files(repo_id, revision, settings)
+    fmt = weight_format(files)
+    if fmt not in ("safetensors", "safetensors-sharded"):
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    if CONFIG in files:
+        shutil.copyfile(download_file(repo_id, CONFIG, revision, settings), folder / CONFIG)
+    if fmt == "safetensors-sharded":
+        index_path = download_file(repo_id, SAFETENSORS_INDEX, revision, settings)
+        try:
+            index = json.loads(Path(index_path).read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointError(repo_id, f"{SAFETENSORS_INDEX} is not JSON: {str(exc).splitlines()[0]}") from None
+        weights = shard_names(repo_id, fmt, index, SAFETENSORS_INDEX)
+        shutil.copyfile(index_path, folder / SAFETENSORS_INDEX)
+    else:
+        weights = [SAFETENSORS]
+    held = held or {}
+    for name in weights:
+        check_filename(repo_id, name)
+        if name in held and (folder / name).is_file():
+            continue
+        head = fetch_safetensors_head(repo_id, revision, name, settings)
+        with open(folder / name, "wb") as f:  # sparse: only the header takes disk
+            f.truncate(head.file.size)
+            f.write(head.raw)
+        held[name] = [(0, head.data_start)]
+    _write_marker(folder, held)
+    return folder
+
+
+def fill_partial(
+    folder: Path, repo_id: str, revision: str, wanted: Mapping[str, Sequence[tuple[int, int]]], settings: HubSettings
+) -> Fetched:
+    """Fetch the byte ranges ``wanted`` (per weight file of ``folder``) that it does not hold yet; the marker then
+    lists them. A file a server sent whole (it ignored ``Range``) is held whole from then on."""
+    done = Fetched()
+    whole: list[str] = []
+    for name, spans in wanted.items():
+        with _LOCK:
+            held = _read_marker(folder) or {}
+        need = missing(spans, held.get(name, []))
+        if not need:
+            continue
+        path = folder / name
+        size = path.stat().st_size
+        stats = fetch_ranges(RemoteFile(repo_id, revision, name, size), need, path, settings)
+        done.bytes += stats.bytes
+        done.requests += stats.requests
+        if stats.whole_file:
+            whole.append(name)
+        with _LOCK:
+            held = _read_marker(folder) or {}
+            held[name] = [(0, size)] if stats.whole_file else merge([*held.get(name, []), *need])
+            _write_marker(folder, held)
+    done.whole_files = tuple(whole)
+    return done
+
+
+def release_partial(repo_id: str, revision: str, settings: HubSettings) -> int:
+    """Delete the partial download of one revision; the bytes it held on disk (0 when there was none)."""
+    try:
+        check_repo_id(repo_id)
+        check_revision(repo_id, revision)
+    except FetchError:
+        return 0
+    if not is_commit_sha(revision):
+        return 0
+    folder = partial_folder(repo_id, revision, settings)
+    if folder.is_symlink() or not folder.is_dir():
+        return 0
+    freed = sum(f.stat().st_blocks * 512 for f in folder.iterdir() if f.is_file() and not f.is_symlink())
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()  # only when empty
+    return freed
+
+
+def _read_marker(folder: Path) -> dict[str, list[tuple[int, int]]] | None:
+    try:
+        files = json.loads((folder / PARTIAL).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(files, dict):
+        return None
+    try:
+        return {str(k): [(int(a), int(b)) for a, b in v] for k, v in files.items()}
+    except (TypeError, ValueError):
+        return None
+
+
+def _write_marker(folder: Path, held: Mapping[str, Sequence[tuple[int, int]]]) -> None:
+    write_atomic(folder / PARTIAL, json.dumps({"files": {k: [list(s) for s in merge(v)] for k, v in held.items()}}))
+    with contextlib.suppress(OSError):
+        os.chmod(folder / PARTIAL, 0o644)

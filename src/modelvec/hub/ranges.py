@@ -1,0 +1,524 @@
+"""Reading a few byte ranges of a Hub file instead of downloading all of it.
+
+A vector needs a few percent of each weight matrix's rows, which are contiguous row blocks of a safetensors file,
+so a multi-GB shard need not come whole: :func:`fetch_safetensors_head` reads its header (the first MiB, and the
+rest of the header if it is longer) and learns the file's size, and :func:`fetch_ranges` writes the wanted byte
+ranges into a local (sparse) file at their own offsets, several requests in flight, neighbouring ranges coalesced.
+
+Everything goes through huggingface_hub's public API (``hf_hub_url``, ``build_hf_headers``, ``get_session``,
+``hf_raise_for_status``), so ``HF_ENDPOINT``, tokens, ``HF_HUB_OFFLINE`` and a client factory set by the user
+(proxies, certificates) mean what they mean to any Hub user, as ``HfApi.get_safetensors_metadata`` reads its
+headers. Nothing in an answer is trusted: each must be a 206 whose ``Content-Range`` is the range asked for, of a
+file of the size the header fetch learnt, with a body of exactly that length; anything else (another range, a short
+body, a dropped connection, 429, 5xx) is retried with the settings' backoff and, after the last try, is a one-line
+:class:`~modelvec.core.errors.FetchError` (transient: the world failed, not the model). A server that ignores
+``Range`` and answers 200 with the whole file is served correctly: that body is streamed whole into the local file
+and no more ranges are asked for. A header that is no safetensors header, or that claims more tensor bytes than the
+file has, is the file's fault: a :class:`~modelvec.core.errors.CheckpointError`.
+
+A lying server that answers other bytes under the right headers cannot be caught here (huggingface_hub checks no
+more for a range either): the caller checks what it reads (the tensors' values), or fetches the whole file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from huggingface_hub import get_session, hf_hub_url
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+from ..core.errors import CheckpointError, FetchError, ModelvecError, raise_if_resource, shown
+from ..core.spans import merge
+from .client import CorruptDownload, HubSettings, describe_error, with_retries
+from .download import check_repo_id, check_revision
+
+__all__ = [
+    "BadRangeAnswer",
+    "RangeStats",
+    "RemoteFile",
+    "SafetensorsHead",
+    "coalesce_ranges",
+    "fetch_ranges",
+    "fetch_safetensors_head",
+]
+
+#: Bytes asked for by the first request of a header: most safetensors headers are far smaller, so one request.
+HEAD_PROBE = 1 << 20
+#: safetensors' own limit on a header's length; a larger length is corruption, never fetched.
+MAX_HEADER = 100_000_000
+#: Bytes per read of a body (bodies are streamed, never held whole).
+CHUNK = 1 << 20
+#: An error answer's body is read (for huggingface_hub's message) only if it announces at most this many bytes.
+_ERROR_BODY_LIMIT = 1 << 20
+_CONTENT_RANGE = re.compile(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", re.IGNORECASE)
+_UNSATISFIED = re.compile(r"\s*bytes\s+\*/(\d+)\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a Hub repository that is read by ranges; ``size`` is its length in bytes, from the header
+    fetch's ``Content-Range`` total (every range answer must name the same total). ``revision`` should be a commit
+    sha, so that every range comes from the same bytes."""
+
+    repo_id: str
+    revision: str
+    filename: str
+    size: int
+
+
+@dataclass(frozen=True)
+class SafetensorsHead:
+    """The head of a remote safetensors file: ``raw`` is its first ``data_start`` bytes verbatim (the 8-byte length
+    prefix and the JSON header, to write at offset 0 of the local file), ``header`` the parsed JSON (tensor name ->
+    {dtype, shape, data_offsets}, and ``__metadata__`` if any); a tensor's bytes are at ``data_start + offset``."""
+
+    file: RemoteFile
+    raw: bytes
+    header: dict[str, Any]
+    data_start: int
+
+
+@dataclass(frozen=True)
+class RangeStats:
+    """What :func:`fetch_ranges` did: HTTP requests sent (retries included), body bytes received and written,
+    seconds taken, and whether the server ignored ``Range`` and sent the whole file (the caller says so once)."""
+
+    requests: int
+    bytes: int
+    seconds: float
+    whole_file: bool
+
+
+class BadRangeAnswer(CorruptDownload):
+    """An answer to a range request that is not the bytes asked for: another status, another range or file size in
+    ``Content-Range``, a body shorter or longer than the range. Retried, as a corrupt download is."""
+
+
+class _Cancelled(Exception):
+    """Another range of the same call failed for good: this one stops (not retried)."""
+
+
+# --------------------------------------------------------------------------------------------- HTTP
+
+
+def _refuse_offline(repo_id: str, filename: str, settings: HubSettings) -> None:
+    if settings.offline:
+        raise FetchError(
+            repo_id, f"{shown(filename)}: offline (HF_HUB_OFFLINE=1): byte ranges of a Hub file cannot be read"
+        ) from OfflineModeIsEnabled("HF_HUB_OFFLINE=1")
+
+
+def _url(file: RemoteFile, settings: HubSettings) -> str:
+    return hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=settings.endpoint)
+
+
+def _headers(settings: HubSettings, start: int, stop: int) -> dict[str, str]:
+    """The Hub's headers (token, user agent), one range ``[start, stop)``, and no compression (a range is of the
+    file's own bytes)."""
+    return {
+        **build_hf_headers(token=settings.token),
+        "Accept-Encoding": "identity",
+        "Range": f"bytes={start}-{stop - 1}",
+    }
+
+
+@contextmanager
+def _get(url: str, headers: dict[str, str], settings: HubSettings) -> Iterator[httpx2.Response]:
+    """A streamed GET through huggingface_hub's shared client (redirects followed, as to the Hub's CDN); an error
+    status raises huggingface_hub's own error (its body is read for the message only when it is small)."""
+    with get_session().stream("GET", url, headers=headers, timeout=settings.timeout, follow_redirects=True) as response:
+        if response.status_code >= 400:
+            try:
+                small = int(response.headers.get("Content-Length", "")) <= _ERROR_BODY_LIMIT
+            except ValueError:
+                small = False
+            if small:
+                response.read()
+            else:
+                response.close()  # huggingface_hub then gives its message without the body
+            hf_raise_for_status(response)
+        if response.status_code not in (200, 206):
+            raise BadRangeAnswer(f"HTTP {response.status_code} to a range request")
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise BadRangeAnswer(f"the answer is encoded ({shown(encoding, 40)}), not the file's own bytes")
+        yield response
+
+
+def _content_range(response: httpx2.Response) -> tuple[int, int, int | None]:
+    """``[first, last]`` and the total of a 206's ``Content-Range`` (total None when ``*``)."""
+    value = response.headers.get("Content-Range")
+    m = _CONTENT_RANGE.fullmatch(value or "")
+    if m is None:
+        raise BadRangeAnswer(f"a 206 answer with Content-Range {shown(value, 60)}")
+    first, last, total = m.groups()
+    return int(first), int(last), None if total == "*" else int(total)
+
+
+def _content_length(response: httpx2.Response) -> int | None:
+    try:
+        return int(response.headers["Content-Length"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _check_range(response: httpx2.Response, start: int, stop: int, size: int) -> None:
+    """A 206 must say it carries exactly ``[start, stop)`` of a file of ``size`` bytes."""
+    first, last, total = _content_range(response)
+    if (first, last + 1, total) != (start, stop, size):
+        raise BadRangeAnswer(
+            f"asked for bytes {start}-{stop - 1} of {size}, the answer says it has bytes {first}-{last} of "
+            f"{'an unknown size' if total is None else total}"
+        )
+    length = _content_length(response)
+    if length is not None and length != stop - start:
+        raise BadRangeAnswer(f"asked for {stop - start} bytes, the answer announces {length}")
+
+
+def _read_until(response: httpx2.Response, need: Callable[[bytearray], int]) -> bytes:
+    """Read a body until ``need(read so far)`` bytes are there (or it ends); the bytes read, possibly more."""
+    buffer = bytearray()
+    for chunk in response.iter_raw():
+        buffer += chunk
+        if len(buffer) >= need(buffer):
+            break
+    return bytes(buffer)
+
+
+# --------------------------------------------------------------------------------------------- the header
+
+
+def _head_need(buffer: bytearray | bytes) -> int:
+    """How many bytes from the start of a safetensors file hold its header: 8, then 8 + the length they give
+    (only 8 when that length is over safetensors' limit: refused, never read)."""
+    if len(buffer) < 8:
+        return 8
+    length = int.from_bytes(buffer[:8], "little")
+    return 8 if length > MAX_HEADER else 8 + length
+
+
+def _read_first(url: str, settings: HubSettings) -> tuple[bytes, int]:
+    """The first bytes of the file (its first MiB, or to the header's end if the server sends the whole file) and
+    the file's size."""
+    try:
+        return _read_first_answer(url, settings)
+    except HfHubHTTPError as exc:  # 416 to bytes=0-...: the file is empty; its size is in Content-Range
+        m = _UNSATISFIED.fullmatch(exc.response.headers.get("Content-Range") or "")
+        if exc.response.status_code == 416 and m is not None and int(m.group(1)) == 0:
+            return b"", 0
+        raise
+
+
+def _read_first_answer(url: str, settings: HubSettings) -> tuple[bytes, int]:
+    with _get(url, _headers(settings, 0, HEAD_PROBE), settings) as response:
+        if response.status_code == 200:  # Range ignored: read what the header needs and hang up
+            announced = _content_length(response)
+            if announced is None:
+                raise BadRangeAnswer("the server ignored Range and did not say the file's size")
+            size: int = announced
+            data = _read_until(response, lambda got: min(_head_need(got), size))
+            if len(data) < min(_head_need(data), size):
+                raise BadRangeAnswer(f"the answer ended after {len(data)} of the file's {size} bytes")
+            return data, size
+        first, last, total = _content_range(response)
+        if total is None or first != 0 or not (last == min(HEAD_PROBE, total) - 1):
+            raise BadRangeAnswer(
+                f"asked for bytes 0-{HEAD_PROBE - 1}, the answer says it has bytes {first}-{last} of {total}"
+            )
+        data = _read_until(response, lambda _: last + 1)
+        if len(data) != last + 1:
+            raise BadRangeAnswer(f"asked for {last + 1} bytes, the answer has {len(data)}")
+        return data, total
+
+
+def _read_span(url: str, settings: HubSettings, start: int, stop: int, size: int) -> bytes:
+    """Bytes ``[start, stop)`` of a file of ``size`` bytes, in memory (for a header: at most 100 MB)."""
+    with _get(url, _headers(settings, start, stop), settings) as response:
+        if response.status_code == 200:
+            if _content_length(response) not in (None, size):
+                raise BadRangeAnswer(f"the whole file announced {_content_length(response)} bytes, not {size}")
+            data = _read_until(response, lambda _: stop)[start:stop]
+        else:
+            _check_range(response, start, stop, size)
+            data = _read_until(response, lambda _: stop - start + 1)  # one more byte would be one too many
+        if len(data) != stop - start:
+            raise BadRangeAnswer(f"asked for bytes {start}-{stop - 1}, the answer has {len(data)} bytes")
+        return data
+
+
+def _tensor_bytes(repo_id: str, filename: str, header: Any) -> int:
+    """The end of the last tensor's data that a parsed header claims (0 when it has no tensors)."""
+    if not isinstance(header, dict):
+        raise CheckpointError(repo_id, f"{shown(filename)}: header is not a JSON object")
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(v) is int and v >= 0 for v in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            raise CheckpointError(
+                repo_id, f"{shown(filename)}: header entry of tensor {shown(name)} has no data_offsets [begin, end]"
+            )
+        end = max(end, offsets[1])
+    return end
+
+
+def fetch_safetensors_head(repo_id: str, revision: str, filename: str, settings: HubSettings) -> SafetensorsHead:
+    """The header of a safetensors file on the Hub and the file's size, without downloading the file.
+
+    One request for the first MiB (and, for a longer header, one for the rest), each retried as the settings say;
+    a server that ignores ``Range`` is read only as far as the header goes, then hung up on. A header over
+    safetensors' 100 MB limit, one that is not a JSON object of tensors, or one that claims more tensor bytes than
+    the file has, is a :class:`CheckpointError` (the file is bad); failing to reach it is a :class:`FetchError`.
+    """
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    _refuse_offline(repo_id, filename, settings)
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=settings.endpoint)
+    what = f"{repo_id}/{filename}"
+    try:
+        data, total = with_retries(lambda: _read_first(url, settings), settings, what)
+        if total < 8:
+            raise CheckpointError(repo_id, f"{shown(filename)}: truncated ({total} bytes, too short for a header)")
+        length = int.from_bytes(data[:8], "little")
+        if length > MAX_HEADER:
+            raise CheckpointError(
+                repo_id,
+                f"{shown(filename)}: corrupt (it claims a header of {length:,} bytes, over safetensors' 100 MB limit)",
+            )
+        if 8 + length > total:
+            raise CheckpointError(
+                repo_id, f"{shown(filename)}: truncated (its header claims {length:,} bytes, {total - 8:,} follow)"
+            )
+        if len(data) < 8 + length:
+            start = len(data)
+            rest = with_retries(lambda: _read_span(url, settings, start, 8 + length, total), settings, what)
+            data += rest
+        raw = data[: 8 + length]
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise_if_resource(exc, repo_id)
+        raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {_cause(exc)}") from exc
+    try:
+        header = json.loads(raw[8:].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(repo_id, f"{shown(filename)}: header is not UTF-8 text") from None
+    except RecursionError:
+        raise CheckpointError(repo_id, f"{shown(filename)}: header is not valid JSON (nested too deeply)") from None
+    except ValueError as exc:
+        cause = shown(str(exc).splitlines()[0], 80)
+        raise CheckpointError(repo_id, f"{shown(filename)}: header is not valid JSON ({cause})") from None
+    claimed, has = _tensor_bytes(repo_id, filename, header), total - 8 - length
+    if claimed > has:
+        raise CheckpointError(
+            repo_id, f"{shown(filename)}: its header claims {claimed:,} bytes of tensors, the file has {has:,}"
+        )
+    return SafetensorsHead(RemoteFile(repo_id, revision, filename, total), raw, header, 8 + length)
+
+
+# --------------------------------------------------------------------------------------------- ranges
+
+
+def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, stop)`` sorted, empty ones dropped, and merged where they overlap or at most ``gap``
+    bytes lie between them (fetching a small gap costs less than one more request)."""
+    return merge(ranges, gap)
+
+
+class _Progress:
+    """What the requests of one :func:`fetch_ranges` call share: counts, the whole file once one answer brought
+    it, and a stop signal once one range failed for good."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.bytes = 0
+        self.whole = threading.Event()  # the whole file is written: every range is satisfied
+        self.whole_lock = threading.Lock()  # held while one answer's whole file is being written
+        self.failed = threading.Event()
+
+    def count(self, requests: int = 0, nbytes: int = 0) -> None:
+        with self.lock:
+            self.requests += requests
+            self.bytes += nbytes
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _stream_into(
+    response: httpx2.Response, fd: int, at: int, stop: int, progress: _Progress, moved: Callable[[int], None]
+) -> int:
+    """Write a body into the local file from offset ``at`` (never past ``stop``), in writes of about CHUNK bytes;
+    the offset reached. What arrived before the connection broke is written too, and ``moved(offset)`` is told each
+    time, so that a retry asks only for the rest."""
+    buffer = bytearray()
+
+    def flush() -> None:
+        nonlocal at
+        if buffer:
+            data = bytes(buffer)
+            buffer.clear()
+            _pwrite_all(fd, data, at)
+            at += len(data)
+            progress.count(nbytes=len(data))
+            moved(at)
+
+    try:
+        for chunk in response.iter_raw():
+            if progress.failed.is_set():
+                raise _Cancelled()
+            if at + len(buffer) + len(chunk) > stop:
+                raise BadRangeAnswer(f"the answer goes on past byte {stop - 1}")
+            buffer += chunk
+            if len(buffer) >= CHUNK:
+                flush()
+    finally:
+        flush()
+    return at
+
+
+def _write_whole(response: httpx2.Response, fd: int, file: RemoteFile, progress: _Progress) -> None:
+    """A 200 answer to a range request carries the whole file: write all of it (one such answer at a time; a
+    second one, while the first is written, hangs up and waits to see whether the first one succeeded)."""
+    announced = _content_length(response)
+    if announced is not None and announced != file.size:
+        raise BadRangeAnswer(f"the server sent the whole file of {announced} bytes, not of {file.size}")
+    if not progress.whole_lock.acquire(blocking=False):
+        response.close()
+        with progress.whole_lock:
+            pass
+        if progress.whole.is_set():
+            return
+        raise BadRangeAnswer("the server ignored Range and the whole file it sent broke off")
+    try:
+        if progress.whole.is_set():
+            return
+        at = _stream_into(response, fd, 0, file.size, progress, lambda _: None)
+        if at != file.size:
+            raise BadRangeAnswer(f"the whole file the server sent ended after {at} of {file.size} bytes")
+        progress.whole.set()
+    finally:
+        progress.whole_lock.release()
+
+
+def _fetch_span(
+    url: str, fd: int, file: RemoteFile, start: int, stop: int, settings: HubSettings, progress: _Progress
+) -> None:
+    """Bytes ``[start, stop)`` written at their offsets; a retry asks only for what is still missing."""
+    done = start
+
+    def attempt() -> None:
+        nonlocal done
+        if progress.whole.is_set():
+            return
+        if progress.failed.is_set():
+            raise _Cancelled()
+        progress.count(requests=1)
+        with _get(url, _headers(settings, done, stop), settings) as response:
+            if response.status_code == 200:
+                _write_whole(response, fd, file, progress)
+                return
+            _check_range(response, done, stop, file.size)
+
+            def moved(offset: int) -> None:
+                nonlocal done
+                done = offset
+
+            _stream_into(response, fd, done, stop, progress, moved)
+            if done < stop:
+                raise BadRangeAnswer(f"the answer ended {stop - done} bytes short of byte {stop - 1}")
+
+    with_retries(attempt, settings, f"{file.repo_id}/{file.filename}")
+
+
+def _cause(exc: BaseException) -> str:
+    """One line: why a request failed, and after how many tries."""
+    if isinstance(exc, BadRangeAnswer):
+        tries = getattr(exc, "modelvec_tries", 1)
+        return f"bad answer to a range request{f' after {tries} tries' if tries > 1 else ''}: {shown(str(exc), 160)}"
+    return describe_error(exc)
+
+
+def fetch_ranges(
+    file: RemoteFile,
+    ranges: Sequence[tuple[int, int]],
+    out: Path,
+    settings: HubSettings,
+    *,
+    max_in_flight: int = 8,
+    gap: int = 256 << 10,
+) -> RangeStats:
+    """Write each byte range ``[start, stop)`` of the remote ``file`` into the local file ``out`` at the same offset.
+
+    ``out`` is expected pre-sized (sparse: only the ranges take disk); it is created and sized to ``file.size`` if
+    missing. Ranges are sorted and those at most ``gap`` bytes apart fetched by one request (one range a request,
+    never a multi-range one, which servers and CDNs answer in many ways), ``max_in_flight`` requests at once (one
+    connection is far from a link's bandwidth), each body streamed to disk. Each answer is checked (see the module);
+    a bad one is retried, resuming after the bytes already written, and after the last try a :class:`FetchError`
+    naming the repository, the file and the cause stops the whole call. A server that answers 200 (it ignores
+    ``Range``) sends the whole file: it is written whole, the other ranges are then not asked for, and the stats say
+    ``whole_file``.
+    """
+    started = time.monotonic()
+    for start, stop in ranges:
+        if not 0 <= start <= stop <= file.size:
+            raise ValueError(f"range [{start}, {stop}) is not inside {file.filename} ({file.size} bytes)")
+    spans = coalesce_ranges(ranges, gap)
+    if not spans:
+        return RangeStats(0, 0, time.monotonic() - started, False)
+    _refuse_offline(file.repo_id, file.filename, settings)
+    url = _url(file, settings)
+    fd = os.open(out, os.O_RDWR | os.O_CREAT, 0o644)
+    progress = _Progress()
+    try:
+        if os.fstat(fd).st_size < file.size:
+            os.ftruncate(fd, file.size)
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(max_in_flight, len(spans))), thread_name_prefix="ranges"
+        ) as pool:
+            futures: list[Future[None]] = [
+                pool.submit(_fetch_span, url, fd, file, start, stop, settings, progress) for start, stop in spans
+            ]
+            try:
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            except BaseException:  # interrupted: the requests in flight stop at their next chunk
+                progress.failed.set()
+                raise
+            failed = next((f for f in futures if f in done and f.exception() is not None), None)
+            if failed is not None:
+                progress.failed.set()
+                for future in futures:
+                    future.cancel()
+                wait(futures)
+                exc = failed.exception()
+                assert exc is not None
+                raise_if_resource(exc, file.repo_id)  # the disk is full: the machine's fault, not the Hub's
+                raise FetchError(
+                    file.repo_id, f"{shown(file.filename)}: could not read byte ranges: {_cause(exc)}"
+                ) from exc
+    finally:
+        os.close(fd)
+    return RangeStats(progress.requests, progress.bytes, time.monotonic() - started, progress.whole.is_set())

@@ -1,0 +1,181 @@
+"""Hub models read by byte ranges: a representation that reads a share of rows fetches only those bytes, through the
+real huggingface_hub client against a local Hub that counts what it sends, and gets the local copy's vector."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import llama_pair
+from modelvec import DeltaEmbedder, Representation, Store, embed
+from modelvec.hub.client import HubSettings
+from modelvec.hub.partial import partial_folder
+from modelvec.run.work import WHOLE_BIN, WHOLE_SERVED
+from modelvec.testing.localhub import LocalHub
+
+ROWS = Representation(rows=0.05, projection="countsketch")
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+
+def shard(folder, out):
+    """``folder``'s model.safetensors as two shards with an index (as save_pretrained writes large models)."""
+    state = load_file(str(folder / "model.safetensors"))
+    keys = sorted(state)
+    out.mkdir()
+    (out / "config.json").write_text((folder / "config.json").read_text())
+    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
+    for name, part in zip(SHARDS, halves):
+        save_file({k: state[k] for k in part}, str(out / name))
+    index = {"metadata": {}, "weight_map": {k: SHARDS[i] for i, part in enumerate(halves) for k in part}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A Llama-shaped bf16 base (one file) and two fine-tunes (sharded; one file), large enough that 5 % of rows
+    is far less than the file (2 layers, width 1024, 58 MB a model)."""
+    root = tmp_path_factory.mktemp("llm")
+    base, ft = llama_pair(root / "a", 1024, 4096, 2, torch.bfloat16, scale=1e-2)
+    _, other = llama_pair(root / "b", 1024, 4096, 2, torch.bfloat16, scale=1e-2, seed=0)
+    return {"base": base, "sharded": shard(ft, root / "sharded"), "single": other}
+
+
+@pytest.fixture()
+def hub(tmp_path, models):
+    hub = LocalHub(tmp_path / "hub")
+    for repo, key in (("org/base", "base"), ("org/ft-sharded", "sharded"), ("org/ft-single", "single")):
+        hub.publish(repo, models[key], link=True)
+    return hub
+
+
+@pytest.fixture()
+def server(hub):
+    with hub.serve() as srv:
+        yield srv
+
+
+@pytest.fixture()
+def settings(server, tmp_path):
+    return HubSettings(
+        endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, retries=1, backoff=0.01, timeout=10
+    )
+
+
+def weight_gets(server, repo):
+    return [
+        r for r in server.requests if r["method"] == "GET" and re.match(rf"/{repo}/resolve/.*\.safetensors$", r["path"])
+    ]
+
+
+def spans(gets):
+    """The byte ranges [start, stop) the Hub was asked for."""
+    return [(int(a), int(b) + 1) for r in gets for a, b in [re.fullmatch(r"bytes=(\d+)-(\d+)", r["range"]).groups()]]
+
+
+def matrix_bytes(folder):
+    files = sorted(folder.glob("*.safetensors"))
+    return sum(t.numel() * t.element_size() for f in files for k, t in load_file(str(f)).items() if ".layers." in k)
+
+
+def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, settings, tmp_path):
+    result = embed(
+        "org/base",
+        ["org/ft-sharded", "org/ft-single"],
+        representation=ROWS,
+        settings=settings,
+        store=tmp_path / "s.duckdb",
+    )
+    assert sorted(result.embedded) == ["org/ft-sharded", "org/ft-single"] and not result.failed and not result.notes
+    local = DeltaEmbedder(ROWS).fit(models["base"])
+    for i, key in enumerate(("sharded", "single")):
+        np.testing.assert_allclose(result.vectors[i], local.embed_one(models[key]), rtol=1e-6, atol=1e-6)
+    for repo, key in (("org/ft-sharded", "sharded"), ("org/ft-single", "single"), ("org/base", "base")):
+        gets = weight_gets(server, repo)
+        assert gets and all(r["range"] and r["status"] == 206 for r in gets)  # no whole-file download
+        sent = sum(r["bytes"] for r in gets)
+        asked = sum(b - a for a, b in spans(gets))
+        assert sent == asked  # the bytes sent are the ranges asked for
+        assert sent <= 0.12 * matrix_bytes(models[key])  # 5 % of rows: the headers and coalesced gaps cost the rest
+    folder = partial_folder("org/ft-sharded", server.hub._state("org/ft-sharded")["refs"]["main"], settings)
+    assert sum(f.stat().st_blocks * 512 for f in folder.glob("*.safetensors")) < 0.2 * matrix_bytes(models["sharded"])
+
+
+def test_another_share_fetches_only_what_is_missing_and_no_keep_weights_deletes_it(models, server, settings, tmp_path):
+    store = tmp_path / "s.duckdb"
+    embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=store)
+    before = server.bytes_sent("/org/ft-single/*")
+    first = len(weight_gets(server, "org/ft-single"))
+    again = embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=store, force=True)
+    assert again.embedded == ["org/ft-single"] and len(weight_gets(server, "org/ft-single")) == first  # all held
+    wider = Representation(rows=0.1, projection="countsketch")
+    result = embed(
+        "org/base", ["org/ft-single"], representation=wider, settings=settings, store=store, keep_weights=False
+    )
+    local = DeltaEmbedder(wider).fit(models["base"]).embed_one(models["single"])
+    np.testing.assert_allclose(result.vectors[0], local, rtol=1e-6, atol=1e-6)
+    fetched_again = server.bytes_sent("/org/ft-single/*") - before
+    assert 0 < fetched_again < 0.2 * matrix_bytes(models["single"])  # a share of rows, not the file
+    fresh = HubSettings(**{**settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
+    start = server.bytes_sent("/org/ft-single/*")
+    embed("org/base", ["org/ft-single"], representation=wider, settings=fresh, store=tmp_path / "fresh.duckdb")
+    assert fetched_again < 0.9 * (server.bytes_sent("/org/ft-single/*") - start)  # what 5 % held was not fetched again
+    sha = server.hub._state("org/ft-single")["refs"]["main"]
+    assert not partial_folder("org/ft-single", sha, settings).exists()  # --no-keep-weights
+    assert partial_folder(
+        "org/base", server.hub._state("org/base")["refs"]["main"], settings
+    ).exists()  # the base stays
+
+
+def test_a_bin_checkpoint_is_downloaded_whole_and_said_once(models, hub, server, settings, tmp_path):
+    state = load_file(str(models["single"] / "model.safetensors"))
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text((models["single"] / "config.json").read_text())
+    hub.publish("org/ft-bin", folder)
+    result = embed(
+        "org/base", ["org/ft-bin", "org/ft-single"], representation=ROWS, settings=settings, store=tmp_path / "s.duckdb"
+    )
+    assert sorted(result.embedded) == ["org/ft-bin", "org/ft-single"]
+    assert result.notes == {WHOLE_BIN: ["org/ft-bin"]}
+    np.testing.assert_allclose(result.vectors[0], result.vectors[1], rtol=1e-6, atol=1e-6)  # the same weights
+
+
+def test_a_server_that_ignores_range_gives_the_same_vector(models, hub, server, settings, tmp_path):
+    hub.fail("/org/ft-single/resolve/*/model.safetensors", kind="ignore-range", times=None)
+    result = embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=tmp_path / "s.duckdb")
+    local = DeltaEmbedder(ROWS).fit(models["base"]).embed_one(models["single"])
+    np.testing.assert_allclose(result.vectors[0], local, rtol=1e-6, atol=1e-6)
+    assert result.notes == {WHOLE_SERVED: ["org/ft-single"]}
+
+
+def test_bad_answers_are_recorded_with_their_kind_and_the_run_goes_on(models, hub, server, settings, tmp_path):
+    """A wrong Content-Range on every try is the network's fault (transient); a header that claims more bytes than
+    the file has is the file's (content); the other model is embedded."""
+    raw = (models["single"] / "model.safetensors").read_bytes()
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.json").write_text((models["single"] / "config.json").read_text())
+    (cut / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+    hub.publish("org/ft-cut", cut)
+    hub.fail("/org/ft-sharded/resolve/*/" + SHARDS[1], kind="bad-content-range", times=None)
+    store = tmp_path / "s.duckdb"
+    result = embed(
+        "org/base",
+        ["org/ft-sharded", "org/ft-cut", "org/ft-single"],
+        representation=ROWS,
+        settings=settings,
+        store=store,
+    )
+    assert result.embedded == ["org/ft-single"]
+    assert "org/ft-sharded: " in result.failed["org/ft-sharded"] and SHARDS[1] in result.failed["org/ft-sharded"]
+    assert "claims" in result.failed["org/ft-cut"]
+    with Store(store) as db:
+        kinds = dict(zip(db.overview().failures["model"], db.overview().failures["kind"]))
+    assert kinds == {"org/ft-sharded": "transient", "org/ft-cut": "content"}

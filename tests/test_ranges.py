@@ -1,0 +1,279 @@
+"""Range reads of Hub files (modelvec.hub.ranges) through the real huggingface_hub client against a local Hub.
+
+What is checked is what the Hub saw (the ranges asked for, the bytes it sent) and the bytes that landed in the local
+file, under the faults the local Hub can inject: answers of another range, whole files for a range, short bodies,
+dropped connections.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from huggingface_hub import constants as hf_constants
+from safetensors.numpy import save
+
+from modelvec.core.errors import CheckpointError, FetchError, Kind, error_of
+from modelvec.hub.client import HubSettings
+from modelvec.hub.ranges import RemoteFile, coalesce_ranges, fetch_ranges, fetch_safetensors_head
+from modelvec.testing.localhub import LocalHub
+
+REPO = "org/weights"
+FILE = "model.safetensors"
+
+
+def raw_safetensors(header: dict, data: bytes) -> bytes:
+    """A safetensors file as bytes, from a header given as is (so it may lie)."""
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data
+
+
+@pytest.fixture()
+def hub(tmp_path):
+    return LocalHub(tmp_path / "hub")
+
+
+@pytest.fixture()
+def server(hub):
+    with hub.serve() as srv:
+        yield srv
+    hub.clear_faults()
+
+
+@pytest.fixture()
+def settings(server, tmp_path):
+    return HubSettings(
+        endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, retries=2, backoff=0.01
+    )
+
+
+@pytest.fixture()
+def weights(hub):
+    """A real safetensors file of about 1.3 MB on the Hub: (its bytes, the commit sha)."""
+    rng = np.random.default_rng(0)
+    tensors = {f"layer.{i}.weight": rng.standard_normal((64, 1024)).astype(np.float32) for i in range(5)}
+    data = save(tensors, metadata={"format": "pt"})
+    return data, hub.publish(REPO, {FILE: data, "config.json": b"{}"})
+
+
+def gets(server, start: int = 0) -> list[tuple[str | None, int | None]]:
+    return [(r["range"], r["status"]) for r in server.requests[start:] if r["method"] == "GET"]
+
+
+def remote(data: bytes, sha: str) -> RemoteFile:
+    return RemoteFile(REPO, sha, FILE, len(data))
+
+
+# --- the header --------------------------------------------------------------------------------------------------
+
+
+def test_the_head_is_the_files_first_bytes_and_its_parsed_header(server, settings, weights):
+    data, sha = weights
+    head = fetch_safetensors_head(REPO, sha, FILE, settings)
+    length = int.from_bytes(data[:8], "little")
+    assert head.file == RemoteFile(REPO, sha, FILE, len(data))
+    assert head.raw == data[: 8 + length] and head.data_start == 8 + length
+    assert head.header == json.loads(data[8 : 8 + length])
+    assert head.header["__metadata__"] == {"format": "pt"}
+    assert head.header["layer.4.weight"]["shape"] == [64, 1024]
+    assert gets(server) == [("bytes=0-1048575", 206)]
+    assert server.bytes_sent() == 1 << 20
+
+
+def test_a_header_longer_than_the_first_request_takes_a_second(hub, server, settings):
+    header = {"__metadata__": {"pad": "x" * 1_500_000}, "t": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}}
+    data = raw_safetensors(header, bytes(range(16)))
+    sha = hub.publish(REPO, {FILE: data})
+    head = fetch_safetensors_head(REPO, sha, FILE, settings)
+    assert head.raw == data[:-16] and head.header == header and head.file.size == len(data)
+    assert gets(server) == [("bytes=0-1048575", 206), (f"bytes=1048576-{len(data) - 17}", 206)]
+    assert server.bytes_sent() == len(data) - 16
+
+
+def test_a_small_file_head_and_a_server_ignoring_range(hub, server, settings):
+    header = {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    data = raw_safetensors(header, b"\0" * 8)
+    sha = hub.publish(REPO, {FILE: data})
+    assert fetch_safetensors_head(REPO, sha, FILE, settings).file.size == len(data)  # 206 of the whole (small) file
+    hub.fail(f"*/{FILE}", kind="ignore-range", times=1)
+    head = fetch_safetensors_head(REPO, sha, FILE, settings)
+    assert (head.raw, head.header, head.file.size) == (data[:-8], header, len(data))  # size from Content-Length
+    assert gets(server)[-1] == ("bytes=0-1048575", 200)
+
+
+def test_a_server_ignoring_range_is_hung_up_on_once_the_header_is_read(tmp_path):
+    hub = LocalHub(tmp_path / "hub")
+    header = {"t": {"dtype": "U8", "shape": [16_000_000], "data_offsets": [0, 16_000_000]}}
+    data = raw_safetensors(header, os.urandom(16_000_000))
+    sha = hub.publish(REPO, {FILE: data})
+    with hub.serve(bandwidth="10MB") as server:  # the whole file would take 1.6 s
+        settings = HubSettings(endpoint=server.endpoint, token=False, retries=0, backoff=0.01)
+        hub.fail(f"*/{FILE}", kind="ignore-range", times=1)
+        head = fetch_safetensors_head(REPO, sha, FILE, settings)
+        assert head.header == header and head.file.size == len(data)
+        time.sleep(0.3)  # the server notices the closed connection at its next write
+        assert server.requests[-1]["status"] == 200 and server.requests[-1]["bytes"] < len(data) // 2
+
+
+@pytest.mark.parametrize(
+    "data, cause",
+    [
+        (
+            raw_safetensors({"t": {"dtype": "U8", "shape": [1000], "data_offsets": [0, 1000]}}, b"x" * 10),
+            "model.safetensors: its header claims 1,000 bytes of tensors, the file has 10",
+        ),
+        (b"\x10\0\0\0\0\0\0\0{not json at all", "model.safetensors: header is not valid JSON"),
+        (b"\x04\0\0\0\0\0\0\0[42]", "model.safetensors: header is not a JSON object"),
+        ((200_000_000).to_bytes(8, "little") + b"{}", "over safetensors' 100 MB limit"),
+        ((500).to_bytes(8, "little") + b"{}", "truncated (its header claims 500 bytes, 2 follow)"),
+        (b"\x01\0", "truncated (2 bytes"),
+        (b"", "truncated (0 bytes"),
+    ],
+    ids=["claims-more-than-the-file", "bad-json", "not-an-object", "huge-length", "short-header", "tiny", "empty"],
+)
+def test_a_bad_header_is_the_files_fault(hub, server, settings, data, cause):
+    sha = hub.publish(REPO, {FILE: data})
+    with pytest.raises(CheckpointError) as err:
+        fetch_safetensors_head(REPO, sha, FILE, settings)
+    assert cause in str(err.value) and str(err.value).startswith(f"{REPO}: ")
+    assert error_of(err.value, REPO).kind is Kind.CONTENT and "\n" not in str(err.value)
+    assert len(gets(server)) == 1  # nothing retried: the file is bad, not the link
+
+
+def test_a_missing_file_fails_at_once_in_one_line(hub, server, settings, weights):
+    _, sha = weights
+    with pytest.raises(FetchError, match=r"^org/weights: nope\.safetensors: .*file not found") as err:
+        fetch_safetensors_head(REPO, sha, "nope.safetensors", settings)
+    assert error_of(err.value, REPO).kind is Kind.TRANSIENT and len(gets(server)) == 1
+
+
+# --- ranges ------------------------------------------------------------------------------------------------------
+
+
+def test_coalescing():
+    assert coalesce_ranges([(300, 400), (100, 200), (5, 5), (150, 250), (1000, 1100)], gap=100) == [
+        (100, 400),
+        (1000, 1100),
+    ]
+    assert coalesce_ranges([(0, 10), (11, 20)], gap=0) == [(0, 10), (11, 20)]
+    assert coalesce_ranges([(0, 10), (10, 20)], gap=0) == [(0, 20)]
+
+
+def test_ranges_land_at_their_offsets_and_the_hub_sees_the_coalesced_ranges(server, settings, weights, tmp_path):
+    data, sha = weights
+    out = tmp_path / "local.safetensors"
+    ranges = [(900_000, 950_000), (100, 200), (300, 400), (5_000, 6_000), (1_200_000, len(data))]
+    stats = fetch_ranges(remote(data, sha), ranges, out, settings, gap=1_000)
+    local = out.read_bytes()
+    assert len(local) == len(data)  # created and sized to the remote file
+    for start, stop in ranges:
+        assert local[start:stop] == data[start:stop]
+    assert local[:100] == bytes(100) and local[400:5_000] == bytes(4_600)  # the holes stay zero
+    assert local[6_000:900_000] == bytes(894_000)
+    expected = [(100, 400), (5_000, 6_000), (900_000, 950_000), (1_200_000, len(data))]
+    assert sorted(gets(server), key=lambda g: int(g[0].split("=")[1].split("-")[0])) == [
+        (f"bytes={a}-{b - 1}", 206) for a, b in expected
+    ]
+    total = sum(b - a for a, b in expected)
+    assert server.bytes_sent() == total
+    assert (stats.requests, stats.bytes, stats.whole_file) == (4, total, False) and stats.seconds > 0
+
+
+def test_an_existing_local_file_keeps_its_other_bytes(server, settings, weights, tmp_path):
+    data, sha = weights
+    out = tmp_path / "local.safetensors"
+    out.write_bytes(b"\xaa" * len(data))
+    fetch_ranges(remote(data, sha), [(10, 20)], out, settings)
+    local = out.read_bytes()
+    assert local[10:20] == data[10:20] and local[:10] == b"\xaa" * 10 and local[20:] == b"\xaa" * (len(data) - 20)
+    assert fetch_ranges(remote(data, sha), [], out, settings).requests == 0
+
+
+def test_requests_are_in_flight_together(hub, server, settings, weights, tmp_path):
+    data, sha = weights
+    # the first request to arrive stalls; with two in flight, the other is answered meanwhile
+    hub.fail(f"*/{FILE}", kind="slow", delay=0.6, times=1)
+    fetch_ranges(remote(data, sha), [(0, 1_000), (500_000, 501_000)], tmp_path / "out", settings, max_in_flight=2)
+    answered = [(r["fault"], r["status"]) for r in server.requests if r["method"] == "GET"]
+    assert answered == [(None, 206), ("slow", 206)]  # one at a time would log the stalled one first
+
+
+@pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
+def test_a_server_ignoring_range_gives_the_whole_file_once(hub, server, settings, weights, tmp_path, times):
+    data, sha = weights
+    hub.fail(f"*/{FILE}", kind="ignore-range", times=times)
+    out = tmp_path / "out"
+    ranges = [(0, 1_000), (300_000, 301_000), (600_000, 601_000), (900_000, 901_000)]
+    stats = fetch_ranges(remote(data, sha), ranges, out, settings, gap=0, max_in_flight=4)
+    assert out.read_bytes() == data  # every byte at its offset
+    assert stats.whole_file
+    if times is None:  # every answer is the whole file: one is written, the others hung up on
+        assert stats.bytes == len(data)
+    assert any(status == 200 for _, status in gets(server))
+
+
+def test_a_wrong_content_range_is_retried(hub, server, settings, weights, tmp_path):
+    data, sha = weights
+    hub.fail(f"*/{FILE}", kind="bad-content-range", times=1)
+    stats = fetch_ranges(remote(data, sha), [(1_000, 2_000)], tmp_path / "out", settings)
+    assert (tmp_path / "out").read_bytes()[1_000:2_000] == data[1_000:2_000]
+    assert gets(server) == [("bytes=1000-1999", 206)] * 2 and stats.requests == 2 and stats.bytes == 1_000
+
+
+def test_a_persistent_wrong_content_range_fails_in_one_transient_line(hub, server, settings, weights, tmp_path):
+    data, sha = weights
+    hub.fail(f"*/{FILE}", kind="bad-content-range", times=None)
+    with pytest.raises(FetchError) as err:
+        fetch_ranges(remote(data, sha), [(1_000, 2_000)], tmp_path / "out", settings)
+    message = str(err.value)
+    assert message.startswith(f"{REPO}: {FILE}: ") and "after 3 tries" in message and "\n" not in message
+    assert "bytes 1000-1999" in message and "1001-2000" in message
+    assert error_of(err.value, REPO).kind is Kind.TRANSIENT
+    assert len(gets(server)) == settings.retries + 1
+
+
+@pytest.mark.parametrize("kind", ["short", "reset"])
+def test_a_body_cut_short_is_resumed(hub, server, settings, weights, tmp_path, kind):
+    data, sha = weights
+    hub.fail(f"*/{FILE}", kind=kind, after_bytes=100_000, times=1)
+    stats = fetch_ranges(remote(data, sha), [(50_000, 450_000)], tmp_path / "out", settings)
+    assert (tmp_path / "out").read_bytes()[50_000:450_000] == data[50_000:450_000]
+    (first, _), (second, status) = gets(server)
+    resumed = int(second.split("=")[1].split("-")[0])
+    assert first == "bytes=50000-449999" and status == 206 and second.endswith("-449999")
+    assert resumed == 150_000 if kind == "short" else 50_000 <= resumed <= 150_000  # what arrived is kept
+    assert stats.requests == 2 and stats.bytes == 400_000
+
+
+def test_server_errors_are_retried_and_a_missing_file_is_not(hub, server, settings, weights, tmp_path):
+    data, sha = weights
+    hub.fail(f"*/{FILE}", status=503, times=2)
+    fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", settings)
+    assert [s for _, s in gets(server)] == [503, 503, 206]
+    gone = RemoteFile(REPO, sha, "gone.safetensors", 100)
+    with pytest.raises(FetchError, match="gone.safetensors: .*file not found"):
+        fetch_ranges(gone, [(0, 10)], tmp_path / "out2", settings)
+    assert len(gets(server)) == 4
+
+
+def test_ranges_outside_the_file_are_refused(settings, weights, tmp_path):
+    data, sha = weights
+    with pytest.raises(ValueError, match="not inside"):
+        fetch_ranges(remote(data, sha), [(0, len(data) + 1)], tmp_path / "out", settings)
+
+
+def test_offline_fails_at_once_without_a_request(server, settings, weights, tmp_path, monkeypatch):
+    data, sha = weights
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    before = len(server.requests)
+    with pytest.raises(FetchError, match=r"offline \(HF_HUB_OFFLINE=1\)") as err:
+        fetch_safetensors_head(REPO, sha, FILE, settings)
+    assert error_of(err.value, REPO).kind is Kind.TRANSIENT
+    with pytest.raises(FetchError, match=r"^org/weights: model.safetensors: offline \(HF_HUB_OFFLINE=1\)"):
+        fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", settings)
+    assert len(server.requests) == before and not Path(tmp_path / "out").exists()
