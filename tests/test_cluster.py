@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, Representation
-from modelvec.analyse.evaluation import REFERENCE, evaluate, task_vector_gram
+from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN, evaluate, task_vector_gram
 from modelvec.cli import app
 from modelvec.report import cluster, neighbors
 from modelvec.store import Store
@@ -247,13 +247,49 @@ def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):
     base, models, _, store = planted
     variants = {"U": Representation(rank=4, factor="U"), "sketch": Representation(rank=4, factor="sketch")}
     table = evaluate(base, models, variants=variants, store=store)
-    assert list(table["method"]) == ["U", "sketch", REFERENCE]
+    assert list(table["method"]) == ["U", "sketch", REFERENCE, REFERENCE_BN]
     ref = table.set_index("method").loc[REFERENCE]
     assert ref["ref_corr"] == pytest.approx(1.0) and ref["knn_score"] == 1.0
+    assert table.set_index("method").loc[REFERENCE_BN]["knn_score"] == 1.0
+    assert (table["knn_spread"] == 0).all()  # one seed
     assert (table["n_scored"] == 12).all() and (table["knn_score"] == 1.0).all()
     sketch = table.set_index("method").loc["sketch"]
     assert sketch["dim"] == modelvec.DeltaEmbedder(rank=4, factor="sketch").fit(base).dim_
     assert sketch["ref_corr"] > 0.9  # a linear sketch keeps the geometry of the full deltas
+
+
+def test_evaluate_scores_each_variant_over_seeds_with_their_spread(planted, tmp_path):
+    """Every seed embedded (a key of its own), the scores their mean, knn_spread their range."""
+    base, models, _, store = planted
+    variants = {"cs": Representation(rank=4, projection="countsketch", rows=0.5)}
+    table = evaluate(base, models, variants=variants, store=store, seeds=(0, 1, 2))
+    row = table.set_index("method").loc["cs"]
+    with modelvec.Store(store) as db:
+        keys = set(db.metadata()["params"])
+    assert {Representation(rank=4, projection="countsketch", rows=0.5, seed=s).key() for s in (0, 1, 2)} <= keys
+    assert row["params"] == Representation(rank=4, projection="countsketch", rows=0.5).key()
+    singles = [
+        evaluate(
+            base,
+            models,
+            variants={"cs": Representation(rank=4, projection="countsketch", rows=0.5, seed=s)},
+            store=store,
+        )
+        .set_index("method")
+        .loc["cs", "knn_score"]
+        for s in (0, 1, 2)
+    ]
+    assert row["knn_score"] == pytest.approx(np.mean(singles)) and row["knn_spread"] == pytest.approx(np.ptp(singles))
+
+
+def test_the_grid_of_rows_and_projections(planted, tmp_path):
+    from modelvec.analyse.evaluation import variants
+
+    grid = variants(rows=(1, 0.1), projections=("shared", "countsketch"), svd=False)
+    assert all(p.factor == "sketch" for p in grid.values())
+    # per projection and share, mean and concat (block-normed), and the shared whole-matrix sketch without it
+    assert len(grid) == 2 * 2 * 2 + 2
+    assert len({p.key() for p in grid.values()}) == len(grid)
 
 
 def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):

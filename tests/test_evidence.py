@@ -16,7 +16,7 @@ from transformers import BertModel
 import modelvec
 from modelvec import Representation
 from modelvec.analyse import clustering_scores
-from modelvec.analyse.evaluation import REFERENCE, evaluate, task_vector_gram
+from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN, evaluate, task_vector_gram
 from modelvec.analyse.evidence import bootstrap_interval, mixed_scores, split_datasets
 from modelvec.core.names import model_id
 from test_cluster import planted_dataset_finetune
@@ -193,7 +193,14 @@ def test_evaluate_scores_centred_variants(mixed_zoo, tmp_path):
         split=False,
         center=True,
     )
-    assert list(table["method"]) == ["S", "S + centred", REFERENCE, REFERENCE + " + centred"]
+    assert list(table["method"]) == [
+        "S",
+        "S + centred",
+        REFERENCE,
+        REFERENCE + " + centred",
+        REFERENCE_BN,
+        REFERENCE_BN + " + centred",
+    ]
     assert set(table["half"]) == {"all"}
     rows = table.set_index("method")
     result = modelvec.embed(
@@ -212,7 +219,14 @@ def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
     table = evaluate(
         base, models, variants={"S": params}, store=tmp_path / "s.duckdb", split=False, mutual_proximity=True
     )
-    assert list(table["method"]) == ["S", "S + mutual proximity", REFERENCE, REFERENCE + " + mutual proximity"]
+    assert list(table["method"]) == [
+        "S",
+        "S + mutual proximity",
+        REFERENCE,
+        REFERENCE + " + mutual proximity",
+        REFERENCE_BN,
+        REFERENCE_BN + " + mutual proximity",
+    ]
     rows = table.set_index("method")
     result = modelvec.embed(base, models, representation=params, store=tmp_path / "s.duckdb")
     X = result.vectors[[list(result.metadata["model"]).index(model_id(m)) for m in models]].astype(np.float64)
@@ -239,7 +253,7 @@ def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path
     rows = _cli("evaluate", *map(str, models), *args, "--ranks", "4", "--center")
     drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
     assert drop(rows) == drop(_as_printed(table.to_dict(orient="records")))
-    assert len(rows) == 2 * 2 * (len(variants((4,))) + 1)  # (variants + reference) x centred or not x 2 halves
+    assert len(rows) == 2 * 2 * (len(variants((4,))) + 2)  # (variants + 2 references) x centred or not x 2 halves
     rows = _cli("evaluate", *map(str, models), *args, "--ranks", "4", "--mutual-proximity")
-    assert len(rows) == 2 * 2 * (len(variants((4,))) + 1)  # x scaled or not, instead
+    assert len(rows) == 2 * 2 * (len(variants((4,))) + 2)  # x scaled or not, instead
     assert sum(r["method"].endswith(" + mutual proximity") for r in rows) == len(rows) // 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,42 +33,67 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike[str]
 
 
-def variants(ranks: Sequence[int] = (Representation.rank,), vocabulary_head: bool = False) -> dict[str, Representation]:
+def variants(
+    ranks: Sequence[int] = (Representation.rank,),
+    vocabulary_head: bool = False,
+    *,
+    rows: Sequence[float] = (1.0,),
+    projections: Sequence[str] = ("shared",),
+    svd: bool = True,
+) -> dict[str, Representation]:
     """The representations compared, named by their parameters (:meth:`Representation.label`).
 
-    The description's factors as the original study ran them (U, raw signs), with canonical signs,
-    scaled by Σ, and the singular values alone; the sketch; each pooled by mean and (U·Σ, sketch)
-    concatenated over layers; each with and without block normalisation; at every rank in ``ranks``.
-    ``vocabulary_head``: also the block-normalised sketches (mean and concat) with the head's
-    vocabulary prior appended (``head="vocabulary"``).
+    With ``svd``, the description's factors as the original study ran them (U, raw signs), with
+    canonical signs, scaled by Σ, and the singular values alone, each pooled by mean and (U·Σ)
+    concatenated over layers, with and without block normalisation. The sketch with each of
+    ``projections``, reading each share of ``rows``, pooled by mean and concatenated, block-normalised
+    (and without block normalisation for the shared projection of whole matrices, as first compared).
+    Every one at every rank in ``ranks``. ``vocabulary_head``: also the block-normalised sketches (mean
+    and concat) of the first projection and share with the head's vocabulary prior appended.
     """
-    grid = [
+    svd_grid = [
         dict(factor="U", sign="none"),
         dict(factor="U"),
         dict(factor="US", sign="none"),
         dict(factor="US"),
         dict(factor="US", pooling="concat"),
-        dict(factor="sketch"),
-        dict(factor="sketch", pooling="concat"),
         dict(factor="S"),
     ]
     out: dict[str, Representation] = {}
+
+    def add(params: Representation) -> None:
+        out[params.label()] = params
+
     for block_norm in (False, True):
         for rank in ranks:
-            for fields in grid:
-                params = Representation(rank=rank, block_norm=block_norm, **fields)  # type: ignore[arg-type]
-                out[params.label()] = params
+            for fields in svd_grid if svd else []:
+                add(Representation(rank=rank, block_norm=block_norm, **fields))  # type: ignore[arg-type]
+            for projection in projections:
+                for share in rows:
+                    if not block_norm and (projection, share) != ("shared", 1.0):
+                        continue
+                    for pooling in ("mean", "concat"):
+                        add(
+                            Representation(
+                                rank=rank, projection=projection, rows=share, pooling=pooling, block_norm=block_norm
+                            )
+                        )
     if vocabulary_head:
         for rank in ranks:
             for pooling in ("mean", "concat"):
-                params = Representation(rank=rank, pooling=pooling, head="vocabulary")
-                out[params.label()] = params
+                add(
+                    Representation(
+                        rank=rank, projection=projections[0], rows=rows[0], pooling=pooling, head="vocabulary"
+                    )
+                )
     return out
 
 
 #: The default comparison: every variant at the default rank (16 distinct parameter sets).
 VARIANTS: dict[str, Representation] = variants()
 REFERENCE = "task vectors (exact reference)"
+#: The same with every block (layer and matrix) unit-normed, as block normalisation does to the sketches.
+REFERENCE_BN = "task vectors, block-normed (exact reference)"
 
 
 @dataclass
@@ -79,6 +104,7 @@ class TaskVectors:
     dim: int
     seconds_per_model: float
     is_adapter: np.ndarray  # per model: a LoRA adapter (its delta from its factors), not a full fine-tune
+    gram_bn: np.ndarray | None = None  # the same with every matrix's delta unit-normed (a zero delta stays zero)
 
     def embedding(self) -> np.ndarray:
         """Rows whose inner products are the Gram matrix (X X^T = G), for distance-based scores."""
@@ -118,14 +144,19 @@ def task_vector_gram(base: PathLike, models: Sequence[PathLike]) -> TaskVectors:
     start = time.perf_counter()
     cks = [open_checkpoint(m) for m in models]
     gram = np.zeros((len(cks), len(cks)))
+    gram_bn = np.zeros((len(cks), len(cks)))
     dim = 0
     for _, w0, deltas in task_deltas(open_checkpoint(base), cks):
         rows = [deltas[i].reshape(-1) if i in deltas else w0.new_zeros(w0.numel()) for i in range(len(cks))]
         stacked = torch.stack(rows)
-        gram += (stacked @ stacked.T).numpy()
+        block = (stacked @ stacked.T).numpy()
+        gram += block
+        norms = np.sqrt(np.clip(np.diag(block), 0, None))
+        unit = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+        gram_bn += block * unit[:, None] * unit[None, :]
         dim += w0.numel()
     seconds = (time.perf_counter() - start) / max(len(cks), 1)
-    return TaskVectors(gram, dim, seconds, np.array([ck.factored for ck in cks], dtype=bool))
+    return TaskVectors(gram, dim, seconds, np.array([ck.factored for ck in cks], dtype=bool), gram_bn)
 
 
 def _cosine_similarities(X: np.ndarray) -> np.ndarray:
@@ -142,7 +173,7 @@ def _embedding(gram: np.ndarray) -> np.ndarray:
 
 def score_row(
     name: str,
-    X: np.ndarray,
+    X: np.ndarray | Sequence[np.ndarray],
     labels: Sequence[Sequence[str]],
     reference: np.ndarray | None,
     *,
@@ -156,30 +187,42 @@ def score_row(
 ) -> dict[str, object]:
     """The scores of one representation's vectors against the labels (and the reference geometry).
 
-    ``knn_lo``/``knn_hi``: 95 % bootstrap interval of the kNN score over models. With adapters among
-    the models (``is_adapter``), also the kNN score among full fine-tunes and among adapters, and the
-    share of adapters whose nearest full fine-tune has their dataset. ``scaling`` applies to the
-    neighbour-based scores (kNN, leave-one-out, adapters); the clusterers and ``ref_corr`` see the
-    vectors' own geometry (``clustering``: those scores already computed for the same X).
+    ``X`` is one matrix of vectors, or one per seed of the representation (the same models): each
+    score is then the mean over seeds, and ``knn_spread`` (with ``knn_full_spread``,
+    ``knn_adapters_spread`` where adapters are present) is its range, max - min, over seeds.
+    ``knn_lo``/``knn_hi``: 95 % bootstrap interval of the kNN score over models (each model's score
+    averaged over seeds). With adapters among the models (``is_adapter``), also the kNN score among
+    full fine-tunes and among adapters, and the share of adapters whose nearest full fine-tune has
+    their dataset. ``scaling`` applies to the neighbour-based scores (kNN, leave-one-out, adapters);
+    the clusterers and ``ref_corr`` see the vectors' own geometry (``clustering``: those scores already
+    computed for the first X).
     """
-    knn = knn_dataset_score(X, labels, metric=metric, scaling=scaling)
-    lo, hi = bootstrap_interval(knn.per_model, n_boot=n_boot, seed=seed)
-    pred = predict_datasets(X, labels, k=k, metric=metric, scaling=scaling)
+    Xs = [X] if isinstance(X, np.ndarray) else list(X)
+    knns = [knn_dataset_score(x, labels, metric=metric, scaling=scaling) for x in Xs]
+    per_model = np.nanmean(np.stack([kn.per_model for kn in knns]), axis=0) if len(knns) > 1 else knns[0].per_model
+    lo, hi = bootstrap_interval(per_model, n_boot=n_boot, seed=seed)
+    scores = [kn.score for kn in knns]
     row: dict[str, object] = {
         "method": name,
-        "knn_score": knn.score,
+        "knn_score": float(np.mean(scores)),
         "knn_lo": lo,
         "knn_hi": hi,
-        "n_scored": knn.n_scored,
-        "loo_accuracy": pred.loo_accuracy,
+        "knn_spread": float(np.ptp(scores)),
+        "n_scored": knns[0].n_scored,
+        "loo_accuracy": float(
+            np.mean([predict_datasets(x, labels, k=k, metric=metric, scaling=scaling).loo_accuracy for x in Xs])
+        ),
     }
-    row.update(clustering if clustering is not None else clustering_scores(X, labels, metric=metric, seed=seed))
+    row.update(clustering if clustering is not None else clustering_scores(Xs[0], labels, metric=metric, seed=seed))
     if reference is not None:
-        iu = np.triu_indices(len(X), 1)
-        row["ref_corr"] = float(np.corrcoef(_cosine_similarities(X)[iu], reference[iu])[0, 1])
+        iu = np.triu_indices(len(Xs[0]), 1)
+        row["ref_corr"] = float(np.mean([np.corrcoef(_cosine_similarities(x)[iu], reference[iu])[0, 1] for x in Xs]))
     if is_adapter is not None and any(is_adapter):
-        mixed = mixed_scores(X, labels, is_adapter, metric=metric, scaling=scaling)
-        row.update(knn_full=mixed.knn_full, knn_adapters=mixed.knn_adapters, adapter_to_full=mixed.adapter_to_full)
+        mixed = [mixed_scores(x, labels, is_adapter, metric=metric, scaling=scaling) for x in Xs]
+        for field in ("knn_full", "knn_adapters", "adapter_to_full"):
+            row[field] = float(np.mean([getattr(m, field) for m in mixed]))
+        row["knn_full_spread"] = float(np.ptp([m.knn_full for m in mixed]))
+        row["knn_adapters_spread"] = float(np.ptp([m.knn_adapters for m in mixed]))
     return row
 
 
@@ -221,6 +264,7 @@ def evaluate(
     center: bool = False,
     mutual_proximity: bool = False,
     n_boot: int = 2000,
+    seeds: Sequence[int] = (0,),
 ) -> pd.DataFrame:
     """Embed ``models`` with every variant (through the store) and score each; rows per method and half.
 
@@ -231,13 +275,18 @@ def evaluate(
     one half, ``"all"``. ``center``: every variant is also scored after subtracting the half's mean
     vector ("NAME + centred"). ``mutual_proximity``: every variant is also scored with neighbours
     ranked by mutual proximity ("NAME + mutual proximity", :mod:`~modelvec.analyse.scores`), which
-    puts adapters and full fine-tunes on one scale. Models that fail in any variant are left out of all rows, so every
-    row scores the same set. Columns: method, half, params, dim, seconds_per_model, knn_score,
-    knn_lo, knn_hi (95 % bootstrap interval over models), n_scored, loo_accuracy, silhouette,
-    kmeans_nmi, kmeans_ari, hdbscan_nmi, hdbscan_ari, n_clustered, ref_corr, selected; with
-    adapters among the models also knn_full, knn_adapters, adapter_to_full.
+    puts adapters and full fine-tunes on one scale. ``seeds``: every variant is embedded with each
+    seed (its projection, rows and solver), its scores are their mean and ``knn_spread`` their range.
+    Two exact references are scored beside the variants: the task vectors (the flattened deltas) and
+    the same with every matrix's delta unit-normed (what block normalisation approximates). Models
+    that fail in any variant are left out of all rows, so every row scores the same set. Columns:
+    method, half, params, dim, seconds_per_model, knn_score, knn_lo, knn_hi (95 % bootstrap interval
+    over models), knn_spread, n_scored, loo_accuracy, silhouette, kmeans_nmi, kmeans_ari, hdbscan_nmi,
+    hdbscan_ari, n_clustered, ref_corr, selected; with adapters among the models also knn_full,
+    knn_adapters, adapter_to_full and their spreads.
     """
     variants = variants or VARIANTS
+    seeds = tuple(seeds) or (0,)
     same: dict[str, str] = {}
     for name, params in variants.items():
         if params.key() in same:
@@ -247,9 +296,10 @@ def evaluate(
     with opened(store) as db:
         results = {}
         for name, params in variants.items():
-            say(f"embedding: {name}")
-            result = embed(base, models, representation=params, store=db)
-            results[name] = (params, result)
+            for seed in seeds:
+                say(f"embedding: {name}" + (f" (seed {seed})" if len(seeds) > 1 else ""))
+                seeded = replace(params, seed=seed)
+                results[(name, seed)] = (seeded, embed(base, models, representation=seeded, store=db))
         ok = set.intersection(*(set(r.metadata["model"]) for _, r in results.values()))
         paths = {model_id(m): m for m in models}
         order = [model_id(m) for m in models if model_id(m) in ok]
@@ -260,28 +310,31 @@ def evaluate(
         first = next(iter(results.values()))[1].metadata.set_index("model").loc[order]
         labels = [list(d) for d in first["datasets"]]
         halves = _halves(labels, split, selection)
-        table: list[tuple[str, str, np.ndarray, float]] = []  # (method, params, X over `order`, s/model)
-        for name, (params, result) in results.items():
-            meta = result.metadata.set_index("model").loc[order]
-            index = {m: i for i, m in enumerate(result.metadata["model"])}
-            table.append(
-                (name, params.key(), result.vectors[[index[m] for m in order]], float(meta["seconds"].median()))
-            )
+        table: list[tuple[str, str, list[np.ndarray], float]] = []  # (method, params, X per seed over `order`, s/model)
+        for name, params in variants.items():
+            matrices, seconds = [], []
+            for seed in seeds:
+                result = results[(name, seed)][1]
+                index = {m: i for i, m in enumerate(result.metadata["model"])}
+                matrices.append(result.vectors[[index[m] for m in order]])
+                seconds.append(float(result.metadata.set_index("model").loc[order]["seconds"].median()))
+            table.append((name, replace(params, seed=seeds[0]).key(), matrices, float(np.median(seconds))))
         rows: list[dict[str, object]] = []
         for half, idx in halves.items():
             say(f"scoring: {half} half ({len(idx)} models)")
             sub_labels = [labels[i] for i in idx]
-            gram = tv.gram[np.ix_(idx, idx)]
-            ref_x = _embedding(gram)
+            ref_x = _embedding(tv.gram[np.ix_(idx, idx)])
             reference = _cosine_similarities(ref_x)
-            entries = [(n, p, X[idx], s) for n, p, X, s in table] + [
-                (REFERENCE, "full deltas", ref_x, tv.seconds_per_model)
-            ]
+            entries = [(n, p, [X[idx] for X in per_seed], s) for n, p, per_seed, s in table]
+            entries.append((REFERENCE, "full deltas", [ref_x], tv.seconds_per_model))
+            if tv.gram_bn is not None:
+                bn_x = _embedding(tv.gram_bn[np.ix_(idx, idx)])
+                entries.append((REFERENCE_BN, "full deltas, block-normed", [bn_x], tv.seconds_per_model))
             scalings = ("none", "mutual-proximity") if mutual_proximity else ("none",)
-            for name, key, X, seconds in entries:
+            for name, key, Xs, secs in entries:
                 for centred in (False, True) if center else (False,):
-                    vectors = _centred(X) if centred else X
-                    clusters = clustering_scores(vectors, sub_labels, metric=metric)  # blind to the scaling
+                    vectors = [_centred(X) if centred else X for X in Xs]
+                    clusters = clustering_scores(vectors[0], sub_labels, metric=metric)  # blind to the scaling
                     for scaling in scalings:
                         row = score_row(
                             name
@@ -297,11 +350,11 @@ def evaluate(
                             scaling=scaling,
                             clustering=clusters,
                         )
-                        dim = tv.dim if name == REFERENCE else X.shape[1]
-                        row.update(half=half, params=key, dim=dim, seconds_per_model=seconds)
+                        dim = tv.dim if name.startswith("task vectors") else Xs[0].shape[1]
+                        row.update(half=half, params=key, dim=dim, seconds_per_model=secs)
                         rows.append(row)
     frame = pd.DataFrame(rows)
-    pick = frame[(frame["half"] == next(iter(halves))) & ~frame["method"].str.startswith(REFERENCE)]
+    pick = frame[(frame["half"] == next(iter(halves))) & ~frame["method"].str.startswith("task vectors")]
     pick = pick.sort_values(["knn_score", "ref_corr", "dim"], ascending=[False, False, True], kind="stable")
     frame["selected"] = frame["method"] == pick["method"].iloc[0]
     columns = [
@@ -313,6 +366,7 @@ def evaluate(
         "knn_score",
         "knn_lo",
         "knn_hi",
+        "knn_spread",
         "n_scored",
         "loo_accuracy",
         "silhouette",
@@ -325,6 +379,8 @@ def evaluate(
         "knn_full",
         "knn_adapters",
         "adapter_to_full",
+        "knn_full_spread",
+        "knn_adapters_spread",
         "selected",
     ]
     return frame[[c for c in columns if c in frame.columns]]
