@@ -1,6 +1,7 @@
-"""Decoder LLMs at 1-8B parameters: seconds per model, the read floor and peak memory, per representation.
+"""Decoder LLMs at 1-8B parameters: seconds per model, bytes read, the read floor and peak memory, per representation.
 
     python bench/bench_llm.py [--sizes 1b,3b,8b] [--reprs sketch,U,US,S,sketch-concat] [--device cpu]
+    python bench/bench_llm.py --sizes 8b --reprs today,default --hub --bandwidth 1gbit [--no-rank]
 
 Writes Llama-shaped random sharded bf16 pairs itself (Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B
 dimensions, grouped-query attention; a small vocabulary, since embeddings are not read): a base,
@@ -29,11 +30,17 @@ SIZES = {  # layers, hidden, intermediate, heads, kv heads, head_dim
     "8b": (32, 4096, 14336, 32, 8, 128),
 }
 REPRS = {
-    "sketch": {},
-    "sketch-r8": {"rank": 8},
-    "sketch-r16": {"rank": 16},
-    "sketch-r32": {"rank": 32},
-    "sketch-concat": {"pooling": "concat"},
+    "default": {},  # Representation() as it is now
+    "today": {"projection": "shared", "rows": 1.0},  # the default before a share of rows was read
+    "rows0.05-cs": {"projection": "countsketch", "rows": 0.05},
+    "rows0.05-gauss": {"projection": "gaussian", "rows": 0.05},
+    "rows0.1-cs": {"projection": "countsketch", "rows": 0.1},
+    "rows1-cs": {"projection": "countsketch", "rows": 1.0},
+    "sketch": {"projection": "shared", "rows": 1.0},
+    "sketch-r8": {"rank": 8, "projection": "shared", "rows": 1.0},
+    "sketch-r16": {"rank": 16, "projection": "shared", "rows": 1.0},
+    "sketch-r32": {"rank": 32, "projection": "shared", "rows": 1.0},
+    "sketch-concat": {"pooling": "concat", "projection": "shared", "rows": 1.0},
     "U": {"factor": "U"},
     "US": {"factor": "US"},
     "S": {"factor": "S"},
@@ -153,9 +160,29 @@ if job == "floor":  # every used matrix of both, as stored -> float32 -> subtrac
         total = sum(pool.map(one, la.refs))
 elif job == "embed":
     from modelvec import DeltaEmbedder
+    from modelvec.read import open_checkpoint
+    from modelvec.represent import read_plan
     e = DeltaEmbedder(**params, device=device).fit(base)
     fit_s = time.perf_counter() - start
     vec = e.embed_one(ft)
+    ck = open_checkpoint(ft)
+    needed = sum(b - a for spans in ck.byte_ranges(read_plan(ck, e.params, base=False)).values() for a, b in spans)
+elif job in ("hub-embed", "hub-whole"):  # the fine-tune from the local Hub (endpoint in params), the base local
+    from modelvec import DeltaEmbedder
+    from modelvec.hub.client import HubSettings
+    from modelvec.hub.download import fetch
+    from modelvec.read import open_checkpoint
+    from modelvec.run.work import open_hub
+    hub = params.pop("_hub")
+    settings = HubSettings(endpoint=hub["endpoint"], cache_dir=hub["cache"], token=False)
+    e = DeltaEmbedder(**params, device=device).fit(base)
+    fit_s = time.perf_counter() - start
+    if job == "hub-whole":  # the whole files downloaded (what reading every row costs), then embedded
+        ck = open_checkpoint(fetch(hub["repo"], hub["sha"], None, settings))
+    else:
+        ck = open_hub(hub["repo"], hub["sha"], None, "ft", settings, e.params, base=False)
+    got_s = time.perf_counter() - start - fit_s
+    vec = e.embed_one(ck)
 elif job == "rank":
     from modelvec.rank import spectra
     spectra(ft, device=device, fused=False)
@@ -170,9 +197,13 @@ if device.startswith("cuda"):
 seconds = time.perf_counter() - start
 done.set()
 out = {"seconds": seconds, "peak_anon": max(peak[0], field("RssAnon:")) - idle, "peak_rss": field("VmHWM:")}
-if job == "embed":
+if job in ("embed", "hub-embed", "hub-whole"):
     out["fit_seconds"] = fit_s
     out["embed_seconds"] = seconds - fit_s
+if job == "embed":
+    out["bytes_needed"] = needed
+if job.startswith("hub-"):
+    out["fetch_seconds"] = got_s
 print(json.dumps(out))
 """
 
@@ -186,6 +217,68 @@ def measure(job: str, base: Path, ft: Path, params: dict | None = None, device: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def matrix_bytes(folder: Path) -> int:
+    """The bytes of the matrices a vector reads, whole (every layer matrix of the checkpoint)."""
+    from modelvec.read import open_checkpoint
+
+    ck = open_checkpoint(folder)
+    layout = ck.layout()
+    names = {layout.prefix + ref.tensor for ref in layout.refs}
+    return sum(b - a for spans in ck.byte_ranges({n: [(0, ck.shape(n)[0])] for n in names}).values() for a, b in spans)
+
+
+def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> list[dict]:
+    """The fine-tune fetched from a local Hub over loopback at ``--bandwidth``: the whole files (today's default
+    needs every row) against each representation's byte ranges; seconds and the bytes the Hub sent, side by side."""
+    import shutil
+    import tempfile
+
+    from modelvec.testing.localhub import LocalHub, parse_bandwidth
+
+    rate = parse_bandwidth(args.bandwidth)
+    root = Path(tempfile.mkdtemp(prefix="bench-hub-", dir=args.cache))
+    out = []
+    try:
+        hub = LocalHub(root / "hub")
+        sha = hub.publish("bench/ft", ft, link=True)  # hard links: no copy of the weights
+        matrices = matrix_bytes(ft)
+        print(
+            f"through a local Hub at {args.bandwidth} ({rate / 1e6:.0f} MB/s), {args.latency * 1e3:.0f} ms to first byte:"
+        )
+        with hub.serve(bandwidth=rate, latency=args.latency) as server:
+            jobs = [("hub-whole", "today", REPRS["today"])] + [
+                ("hub-embed", name, REPRS[name])
+                for name in args.reprs.split(",")
+                if REPRS[name].get("rows", 1) < 1 or name == "default"
+            ]
+            for job, name, params in jobs:
+                cache = root / f"cache-{name}"
+                before = server.bytes_sent()
+                hub_args = {"endpoint": server.endpoint, "cache": str(cache), "repo": "bench/ft", "sha": sha}
+                got = measure(job, base, ft, {**params, "_hub": hub_args}, args.device)
+                got["bytes_sent"] = server.bytes_sent() - before
+                shutil.rmtree(cache, ignore_errors=True)
+                out.append({"size": size, "job": job, "repr": name, **got})
+                if "error" in got:
+                    print(f"{name:>14}: failed: {got['error']}", flush=True)
+                    continue
+                what = "whole files, then embedded" if job == "hub-whole" else "its byte ranges"
+                print(
+                    f"{name:>14}: {got['embed_seconds']:6.1f} s/model ({what}; fetch {got['fetch_seconds']:.1f} s), "
+                    f"{got['bytes_sent'] / 1e9:.2f} GB from the Hub ({got['bytes_sent'] / matrices:.1%} of the matrices)",
+                    flush=True,
+                )
+        whole = next((r for r in out if r["job"] == "hub-whole" and "error" not in r), None)
+        for r in out:
+            if whole is not None and r["job"] == "hub-embed" and "error" not in r:
+                print(
+                    f"{r['repr']:>14}: {whole['embed_seconds'] / r['embed_seconds']:.1f}x faster than the whole files"
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1b,3b,8b")
@@ -194,6 +287,11 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(".cache/llm"))
     parser.add_argument("--rank", action=argparse.BooleanOptionalAction, default=True, help="also time the rank study")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument(
+        "--hub", action="store_true", help="also fetch the fine-tune from a local Hub (loopback) with --bandwidth"
+    )
+    parser.add_argument("--bandwidth", default="1gbit", help="the local Hub's simulated link (shared by all requests)")
+    parser.add_argument("--latency", type=float, default=0.02, help="the local Hub's time to first byte, seconds")
     args = parser.parse_args()
     gib = 1 << 30
     results = []
@@ -211,6 +309,7 @@ def main() -> None:
             flush=True,
         )
         results.append({"size": size, "job": "floor", **floor})
+        matrices = matrix_bytes(ft)
         for name in args.reprs.split(","):
             got = measure("embed", base, ft, REPRS[name], args.device)
             results.append({"size": size, "job": "embed", "repr": name, **got})
@@ -219,10 +318,12 @@ def main() -> None:
                 continue
             print(
                 f"{name:>14}: {got['embed_seconds']:6.1f} s/model ({got['embed_seconds'] / floor['seconds']:.2f}x the "
-                f"floor; fit {got['fit_seconds']:.1f} s), peak anon {got['peak_anon'] / gib:.2f} GiB, "
-                f"peak RSS {got['peak_rss'] / gib:.2f} GiB",
+                f"floor; fit {got['fit_seconds']:.1f} s), reads {got['bytes_needed'] / matrices:.1%} of the matrices' "
+                f"bytes, peak anon {got['peak_anon'] / gib:.2f} GiB, peak RSS {got['peak_rss'] / gib:.2f} GiB",
                 flush=True,
             )
+        if args.hub:
+            results += through_hub(size, base, ft, args)
         if args.rank:
             ours, plain = (
                 measure("rank", base, ft, device=args.device),
