@@ -308,3 +308,29 @@ def test_a_partial_download_refuses_rows_it_does_not_hold(tmp_path):
         other.embed_one(ft)
     with pytest.raises(CheckpointError, match="only some rows"):
         Checkpoint(ft).get_stored("model.layers.0.self_attn.q_proj.weight")
+
+
+def test_vectors_of_another_representation_are_named_with_the_options_that_read_them(
+    tiny_bert, tiny_finetunes, tmp_path
+):
+    """Vectors stored under another representation (an older default) are neither mixed in nor dropped: cluster
+    and neighbors name them with the options that read them, and those options do."""
+    from typer.testing import CliRunner
+
+    from modelvec import embed
+    from modelvec.cli import app
+    from modelvec.core.settings import flags
+
+    other = Representation(rank=4, projection="gaussian" if Representation().projection != "gaussian" else "shared")
+    store = str(tmp_path / "s.duckdb")
+    embed(tiny_bert, tiny_finetunes, representation=other, store=store)
+    options = flags(other)
+    cluster = ["cluster", str(tiny_bert), "--store", store, "--out", str(tmp_path / "o")]
+    for command in (cluster, ["neighbors", str(tiny_finetunes[0]), "--store", store]):
+        refused = CliRunner().invoke(app, command)
+        said = " ".join(refused.output.split())
+        assert refused.exit_code == 2 and other.key() in said and " ".join(options) in said, said
+    shown = CliRunner().invoke(app, ["show", "--store", store, "--json"])
+    assert json.loads(shown.output)["summary"][0]["params"] == other.key()
+    found = CliRunner().invoke(app, ["neighbors", str(tiny_finetunes[0]), "--store", store, "--json", *options])
+    assert found.exit_code == 0 and json.loads(found.output)["params"] == other.key()

@@ -353,10 +353,10 @@ def show(
         "s/model",
         title=f"vectors in {db.path} (s/model: mean seconds to embed one)",
     )
+    default = Representation().key()
     for row in overview.summary.itertuples():
-        table.add_row(
-            _short(row.base), row.params, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}"
-        )
+        key = row.params + (" (default)" if row.params == default else "")
+        table.add_row(_short(row.base), key, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}")
     console.print(table)
     if not overview.models.empty:
         models = Table(_whole("model"), _whole("datasets"), "vectors", "s/vector", title="models (s/vector: mean)")

@@ -89,3 +89,20 @@ def validate(obj: Any) -> None:
         ):
             what = {int: "an integer", float: "a number"}[kind]
             raise ValueError(f"{field.name} must be {what} {allowed}, not {value!r}")
+
+
+def flags(obj: Any, reference: Any = None) -> list[str]:
+    """The command-line options that select ``obj``'s values where they differ from ``reference``'s (default:
+    the class's defaults): ``["--projection", "shared", "--no-block-norm"]``."""
+    reference = reference if reference is not None else type(obj)()
+    out: list[str] = []
+    for field, meta in settings_of(obj):
+        value = getattr(obj, field.name)
+        if value == getattr(reference, field.name):
+            continue
+        flag = flag_of(field, meta)
+        if isinstance(value, bool):
+            out.append(flag if value else meta.negation or "--no-" + flag[2:])
+        else:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out

@@ -26,7 +26,7 @@ from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
 from ..represent.params import Representation
-from ..store import Store, opened
+from ..store import Store, opened, options_of
 
 PathLike = str | os.PathLike[str]
 
@@ -88,8 +88,13 @@ def load_base(store: Store, base: PathLike | str, params: Representation) -> tup
         if len(meta):
             return X, meta, name
     stored = store.summary()
-    known = "; ".join(f"{b} [{p}]" for b, p in zip(stored["base"], stored["params"])) or "nothing stored"
-    raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()} (stored: {known})")
+    known = "; ".join(
+        f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["settings"])
+    )
+    raise LookupError(
+        f"{base}: no vectors stored for this base with representation {params.key()} "
+        + (f"(stored, with the options that read them: {known}); or embed again" if known else "(nothing stored)")
+    )
 
 
 def cluster(

@@ -23,7 +23,7 @@ from ..hub.ids import resolve_base
 from ..represent import blocks_of
 from ..represent.params import Representation
 from ..run import catalogue_entries, embed, local_files
-from ..store import Store, opened
+from ..store import Store, opened, options_of
 
 PathLike = str | os.PathLike[str]
 
@@ -61,11 +61,12 @@ def _stored_base(db: Store, base: PathLike | str | None, params: Representation)
         raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()}")
     bases = sorted(set(db.metadata(params=params)["base"]))
     if not bases:
-        other = sorted(set(db.metadata()["params"]))
+        stored = db.summary().drop_duplicates("params")
+        other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["settings"])]
         raise LookupError(
             f"{db.path}: no vectors stored with representation {params.key()}"
             + (
-                f" (stored: {', '.join(other)}; choose one with its options)"
+                f" (stored, with the options that read them: {', '.join(other)}; or embed again)"
                 if other
                 else "; run `modelvec embed` first"
             )

@@ -178,3 +178,13 @@ class Representation:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_stored(cls, fields: dict[str, object]) -> Representation:
+        """The representation a store recorded (:meth:`as_dict`). A setting it lacks was added later: it takes
+        the value that reproduces what was computed before it existed (:data:`UNTIL_ADDED`), not today's default."""
+        return cls(**{**UNTIL_ADDED, **fields})  # type: ignore[arg-type]
+
+
+#: Settings added after vectors were first stored, at the value that computes what was computed before them.
+UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0}

@@ -6,7 +6,7 @@ process) and ``export`` (Parquet).
 """
 
 from .lock import StoreError, StoreLockedError, default_wait
-from .store import DEFAULT_STORE, Store, default_store_path, opened
+from .store import DEFAULT_STORE, Store, default_store_path, opened, options_of
 from .writer import Failure, StoreWriter, VectorRow
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "default_store_path",
     "default_wait",
     "opened",
+    "options_of",
 ]

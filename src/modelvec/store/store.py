@@ -87,6 +87,18 @@ class StoreOverview:
         }
 
 
+def options_of(settings_json: str) -> str:
+    """The command-line options that select a stored representation (its parameters as JSON), against today's
+    defaults: what to pass to read vectors stored under another representation (e.g. an older default)."""
+    from ..core.settings import flags
+
+    try:
+        stored = Representation.from_stored(json.loads(settings_json))
+    except (TypeError, ValueError):  # a store written by a version with other settings: its key says enough
+        return ""
+    return " ".join(flags(stored)) or "(the defaults)"
+
+
 class Store:
     """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``.
 
@@ -331,10 +343,10 @@ class Store:
         return StoreOverview(str(self.path), self.summary(), self.metadata(), self.failures())
 
     def summary(self) -> pd.DataFrame:
-        """Counts per base and representation."""
+        """Counts per base and representation; ``settings``: the representation's parameters (JSON)."""
         return self.con.execute(
             """SELECT base, params, architecture, count(*) AS models, any_value(dim) AS dim,
-                      round(avg(seconds), 3) AS mean_seconds
+                      round(avg(seconds), 3) AS mean_seconds, any_value(params_json) AS settings
                FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
         ).df()
 
