@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from huggingface_hub import constants as hf_constants
 
 from modelvec.core.errors import FetchError
 from modelvec.hub.client import HubSettings
-from modelvec.hub.download import fetch, release, snapshot_folder
+from modelvec.hub.download import fetch, release, snapshot_folder, tree_listing
 from modelvec.testing.localhub import LocalHub
 
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
@@ -65,7 +64,7 @@ def asked(server, repo: str, start: int = 0) -> list[str]:
     ]
 
 
-def test_fetch_takes_only_the_wanted_files_through_one_tree_listing(hub, server, settings):
+def test_fetch_takes_only_the_wanted_files_each_by_name(hub, server, settings):
     repo = "org/sharded-plus-everything"
     files = sharded(
         {
@@ -86,15 +85,12 @@ def test_fetch_takes_only_the_wanted_files_through_one_tree_listing(hub, server,
     assert snapshot_files(folder) == WANTED  # no onnx/ folder, no .gguf, no training files
     for name in WANTED:
         assert (folder / name).read_bytes() == files[name]
-    # through snapshot_download: the tree of the pinned commit, listed recursively (3 entries per page), once
-    trees = [r for r in server.requests if r["path"].startswith(f"/api/models/{repo}/tree/")]
-    assert trees and all(r["path"] == f"/api/models/{repo}/tree/{sha}" and r["status"] == 200 for r in trees)
-    assert trees[0]["query"]["recursive"] == ["true"] and [r["query"].get("cursor") for r in trees[1:]] == [
-        [str(i)] for i in range(3, 3 * len(trees), 3)
-    ]
-    assert not [r for r in server.requests if r["path"] == f"/api/models/{repo}"]  # pinned: no repo_info
+    # each file asked for by name with its own (guarded) HEAD, pinned to the commit; no tree listed, no repo_info
+    assert not [r for r in server.requests if "/tree/" in r["path"] or r["path"] == f"/api/models/{repo}"]
     assert sorted(set(asked(server, repo))) == WANTED
-    # a second fetch asks the Hub nothing: the files and the listing of an immutable commit are cached
+    heads = sorted(r["path"].rsplit("/", 1)[1] for r in server.requests if r["method"] == "HEAD")
+    assert heads == WANTED and all(f"/resolve/{sha}/" in r["path"] for r in server.requests if "/resolve/" in r["path"])
+    # a second fetch asks the Hub nothing: the files of an immutable commit are cached
     before = len(server.requests)
     assert fetch(repo, sha, sorted(files), settings) == folder
     assert len(server.requests) == before
@@ -189,17 +185,15 @@ def test_a_wanted_file_the_tree_does_not_list_fails_as_missing(hub, server, sett
 
 
 @pytest.mark.parametrize("sharded_repo", [True, False])
-def test_a_tree_that_cannot_be_listed_still_gives_the_files_by_name(hub, server, settings, sharded_repo):
-    repo = "org/tree-down"
+def test_a_corrupt_download_is_fetched_again(hub, server, settings, sharded_repo):
+    repo = "org/corrupt-once"
     files = sharded() if sharded_repo else {"config.json": b"{}", "model.safetensors": b"w" * 100, "x.gguf": b"g"}
     wanted = WANTED if sharded_repo else ["config.json", "model.safetensors"]
     weights = SHARDS[1] if sharded_repo else "model.safetensors"
     sha = hub.publish(repo, files)
-    hub.fail(f"/api/models/{repo}/tree/*", status=404, times=None)  # no tree endpoint (a mirror without it)
-    hub.fail(f"/{repo}/resolve/*/{weights}", kind="corrupt", after_bytes=5, times=1)  # and still checked
+    hub.fail(f"/{repo}/resolve/*/{weights}", kind="corrupt", after_bytes=5, times=1)
     folder = fetch(repo, sha, sorted(files), settings)
     assert snapshot_files(folder) == wanted and all((folder / n).read_bytes() == files[n] for n in wanted)
-    assert [r["status"] for r in server.requests if "/tree/" in r["path"]] == [404, 404]  # one listing per attempt
     assert [r["fault"] for r in server.requests if r["method"] == "GET" and r["path"].endswith(weights)] == [
         "corrupt",
         None,
@@ -227,13 +221,11 @@ def test_a_branch_is_pinned_to_its_commit_and_found_offline(hub, server, setting
         fetch(repo, sha, WANTED, settings)
 
 
-def test_a_hostile_tree_listing_never_names_a_blob_or_lock_outside_the_cache(hub, server, settings, tmp_path_factory):
-    """huggingface_hub skips the (guarded) HEAD of a file its cached listing gives a Xet hash, and names the blob and
-    its lock by the listing's LFS sha256: such names are dropped before the listing is cached."""
-    from huggingface_hub import _tree_cache
-
+def test_a_hostile_tree_listing_is_never_asked_for(hub, server, settings, tmp_path_factory):
+    """huggingface_hub names a blob and its lock by a listing's LFS sha256 (and skips the guarded HEAD for a Xet
+    file it lists): modelvec lists no tree and caches none, so every file comes by its own, guarded HEAD."""
     outside = tmp_path_factory.getbasetemp()
-    repo = "evil/tree"
+    repo = "evil/listing"
     files = {"config.json": b"{}", "model.safetensors": b"w" * 1000}
     sha = hub.publish(repo, files)
     hostile = {
@@ -247,66 +239,37 @@ def test_a_hostile_tree_listing_never_names_a_blob_or_lock_outside_the_cache(hub
     folder = fetch(repo, sha, None, settings)
     assert all((folder / n).read_bytes() == files[n] for n in files)
     assert not list(outside.rglob("escape-*"))
-    assert not [r for r in server.requests if "xet" in r["path"]]  # each file was asked for by its HEAD, guarded
+    assert not [r for r in server.requests if "xet" in r["path"] or "/tree/" in r["path"]]
     assert sorted(r["path"].rsplit("/", 1)[1] for r in server.requests if r["method"] == "HEAD") == sorted(files)
-    cached = _tree_cache.read_tree_cache(str(folder.parent.parent), sha)
-    assert {p: (e.lfs_sha256, e.xet_hash) for p, e in cached.items()} == {p: (None, None) for p in files}
-    # a listing cached with such names by someone else is cleaned before snapshot_download reads it
-    other = hub.publish("evil/cached-tree", files)
-    repo_dir = Path(settings.cache_dir).resolve() / "models--evil--cached-tree"
-    _tree_cache.write_tree_cache(
-        str(repo_dir),
-        other,
-        {
-            "model.safetensors": _tree_cache.TreeCacheEntry(
-                size=1000, blob_id="0" * 40, lfs_sha256="../../escape-cached", lfs_size=1000, xet_hash="c" * 64
-            ),
-            "config.json": _tree_cache.TreeCacheEntry(size=2, blob_id="1" * 40),
-        },
-    )
-    before = len(server.requests)
-    folder = fetch("evil/cached-tree", other, None, settings)
-    assert all((folder / n).read_bytes() == files[n] for n in files) and not list(outside.rglob("escape-*"))
-    assert not [r for r in server.requests[before:] if "/tree/" in r["path"] or "xet" in r["path"]]
-    assert _tree_cache.read_tree_cache(str(repo_dir), other)["model.safetensors"].lfs_sha256 is None
-    # also before a sharded checkpoint's index, which comes first, alone
-    shards = sharded()
-    third = hub.publish("evil/cached-index", shards)
-    repo_dir = Path(settings.cache_dir).resolve() / "models--evil--cached-index"
-    _tree_cache.write_tree_cache(
-        str(repo_dir),
-        third,
-        {
-            INDEX: _tree_cache.TreeCacheEntry(
-                size=len(shards[INDEX]),
-                blob_id="0" * 40,
-                lfs_sha256=f"{outside}/escape-i",
-                lfs_size=len(shards[INDEX]),
-                xet_hash="d" * 64,
-            )
-        },
-    )
-    folder = fetch("evil/cached-index", third, sorted(shards), settings)
-    assert snapshot_files(folder) == WANTED and not list(outside.rglob("escape-*"))
+    assert not (folder.parent.parent / "trees").exists()  # no listing left for huggingface_hub to trust later
 
 
-def test_a_malformed_tree_listing_falls_back_to_the_files_by_name(hub, server, settings):
-    repo = "evil/malformed-tree"
+def test_a_hostile_listing_cached_by_another_tool_is_dropped_before_a_download(hub, server, settings, tmp_path_factory):
+    """A listing that someone else's snapshot_download cached from a hostile endpoint (huggingface_hub would name a
+    blob and its lock by its LFS sha256, with hf_xet installed) is deleted before modelvec downloads at that commit."""
+    outside = tmp_path_factory.getbasetemp()
     files = {"config.json": b"{}", "model.safetensors": b"w" * 1000}
-    sha = hub.publish(repo, files)
-    hub.forge(repo, tree={"model.safetensors": {"lfs": {"size": 3}}})  # no oid: huggingface_hub cannot parse it
-    folder = fetch(repo, sha, None, settings)
+    sha = hub.publish("evil/cached-tree", files)
+    listing = tree_listing(Path(settings.cache_dir).resolve() / "models--evil--cached-tree", sha)
+    listing.parent.mkdir(parents=True)
+    hostile = {"size": 1000, "blob_id": "0" * 40, "lfs_sha256": f"{outside}/escape-cached", "lfs_size": 1000}
+    files_json = {
+        "model.safetensors": {**hostile, "xet_hash": "c" * 64},
+        "config.json": {"size": 2, "blob_id": "1" * 40},
+    }
+    listing.write_text(json.dumps({"format_version": 1, "files": files_json}))
+    folder = fetch("evil/cached-tree", sha, None, settings)
     assert all((folder / n).read_bytes() == files[n] for n in files)
+    assert not list(outside.rglob("escape-*")) and not listing.exists()
 
 
-def test_a_stalled_tree_listing_times_out_and_the_files_come_by_name(hub, server, settings):
-    from dataclasses import replace
+def test_huggingface_hub_keeps_tree_listings_where_modelvec_checks_them(hub, server, settings):
+    """drop_unsafe_listing relies on where huggingface_hub caches a commit's tree listing (a file layout, not an
+    API): if a release moves it, this fails loudly instead of the check silently finding nothing."""
+    from huggingface_hub import snapshot_download
 
-    repo = "org/tree-stalls"
-    files = {"config.json": b"{}", "model.safetensors": b"w" * 1000}
-    sha = hub.publish(repo, files)
-    hub.fail(f"/api/models/{repo}/tree/*", kind="slow", delay=3.0, times=None)
-    start = time.monotonic()
-    folder = fetch(repo, sha, None, replace(settings, timeout=0.5, retries=1))
-    assert time.monotonic() - start < 3.0  # two tries of the listing, 0.5 s each, then a HEAD and a GET per file
-    assert all((folder / n).read_bytes() == files[n] for n in files)
+    sha = hub.publish("org/listed", {"config.json": b"{}", "model.safetensors": b"w" * 1000})
+    snapshot_download("org/listed", revision=sha, cache_dir=settings.cache_dir, endpoint=settings.endpoint, token=False)
+    listing = tree_listing(Path(settings.cache_dir).resolve() / "models--org--listed", sha)
+    data = json.loads(listing.read_text())
+    assert data["format_version"] == 1 and set(data["files"]) == {"config.json", "model.safetensors"}

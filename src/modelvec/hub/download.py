@@ -3,25 +3,24 @@
 A model's vector needs its ``config.json`` and its weights in the best format it has: safetensors
 (single or sharded through its index), else PyTorch ``.bin`` (single or sharded). TensorFlow,
 Flax, ONNX, optimizer states and training files are never downloaded. Once the wanted files are
-known (a sharded checkpoint's index is fetched first: it names the shards), they come in one
-``huggingface_hub.snapshot_download`` whose ``allow_patterns`` are exactly their names, through the
-huggingface_hub cache (``HF_HUB_CACHE``), pinned to the commit sha recorded at discovery (its tree is
-listed once, checked and cached, so ``snapshot_download`` neither asks which commit a branch is nor
-lists the tree again), so a repository whose ``main`` moves on still gives the vector of the revision
-in the catalogue, and ``HF_HUB_OFFLINE=1`` works from the cache. :func:`release` deletes a fine-tune's files once
-embedded so thousands of models fit on one disk.
+known (a sharded checkpoint's index is fetched first: it names the shards), each comes through
+``huggingface_hub.hf_hub_download`` (``MAX_WORKERS`` at a time) into the huggingface_hub cache
+(``HF_HUB_CACHE``), pinned to the commit sha recorded at discovery, so a repository whose ``main``
+moves on still gives the vector of the revision in the catalogue, and ``HF_HUB_OFFLINE=1`` works from
+the cache. Every file is asked for by name with its own HEAD, which :mod:`modelvec.hub.guard` checks;
+modelvec lists no tree and writes no tree listing for huggingface_hub to trust. :func:`release` deletes
+a fine-tune's files once embedded so thousands of models fit on one disk. (Where a representation
+reads only a share of rows, :mod:`modelvec.hub.partial` fetches byte ranges instead.)
 
 Nothing the Hub says is trusted as a path: repository ids, revisions and the shard names of an
 index are checked before they reach the disk (huggingface_hub refuses ``..`` and absolute file
-names but writes ``refs/<revision>`` for any revision it is given), the names of the Hub's tree
-listing are only matched against the wanted names (never globbed: ``*``, ``?`` and ``[`` are taken
-literally) and its LFS sha256s, which huggingface_hub would use as blob names, must be plain ones
-(see :func:`_list_tree`), a freshly downloaded file whose ETag is a sha256 (every LFS file: the weights) is hashed
-and refused, then fetched again, when its bytes do not match (files downloaded by a process that was
-killed before it could check them are checked by the next fetch: see :func:`_snapshot`), and
-:func:`release` only deletes inside the repository's own folder.
-huggingface_hub writes each download to ``<blob>.<random>.incomplete`` and renames it when the
-size matches, so a killed or broken transfer never leaves a short file in a snapshot.
+names but writes ``refs/<revision>`` for any revision it is given), a freshly downloaded file whose
+ETag is a sha256 (every LFS file: the weights) is hashed and refused, then fetched again, when its
+bytes do not match (files downloaded by a process that was killed before it could check them are
+checked by the next fetch: see :func:`_snapshot`), and :func:`release` only deletes inside the
+repository's own folder. huggingface_hub writes each download to ``<blob>.<random>.incomplete`` and
+renames it when the size matches, so a killed or broken transfer never leaves a short file in a
+snapshot.
 """
 
 from __future__ import annotations
@@ -33,19 +32,13 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from huggingface_hub import constants, hf_hub_download, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
-from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff, validate_repo_id
-
-try:  # where snapshot_download caches tree listings (private to huggingface_hub 2.x): see _list_tree
-    from huggingface_hub import _tree_cache
-except ImportError:  # pragma: no cover - another huggingface_hub: files are then fetched by name
-    _tree_cache = None  # type: ignore[assignment]
+from huggingface_hub import constants, hf_hub_download
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
 from ..core.errors import CheckpointError, FetchError, ModelvecError
 from ..core.files import SHARD_SUFFIX, WEIGHT_FORMATS, adapter_files, formats, weight_format
@@ -55,10 +48,8 @@ from .ids import is_commit_sha
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
-_GLOB = re.compile(r"[*?[]")
 #: Files of one snapshot downloaded at once (a sharded checkpoint's shards).
 MAX_WORKERS = 4
-_TREE_PAGES = 1000
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -145,171 +136,42 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
 
 
 def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubSettings) -> Path:
-    """The files ``wanted`` of ``repo_id`` at commit ``revision``, in one ``snapshot_download``; the snapshot folder.
+    """The files ``wanted`` of ``repo_id`` at commit ``revision``, each through :func:`download_file`
+    (``MAX_WORKERS`` at once); the snapshot folder.
 
-    Every wanted file that was not in the snapshot before an attempt is checked afterwards (:func:`verify`), also
-    when the attempt failed halfway (the files it did finish); a :class:`CorruptDownload` makes :func:`with_retries`
-    try the whole attempt again, which fetches only what is missing. A file the tree listing of the Hub does not show
-    (or, offline, that the cache lacks) is asked for by name, so its absence fails as a missing file does; so is every
-    file when the tree cannot be listed at all (a mirror without the tree API, a listing that keeps failing). The
-    listing is made and checked here, and cached for ``snapshot_download`` (see :func:`_list_tree`). The names
-    an attempt has yet to check are written down first (``<repo>/.modelvec/<revision>.unverified``) and crossed off
-    once checked, so a process killed in between leaves them to be checked by the next fetch, not trusted.
+    A file already in the snapshot is trusted only once checked: the names a fetch has yet to check are
+    written down first (``<repo>/.modelvec/<revision>.unverified``) and crossed off once every wanted file is
+    there and checked, so a process killed in between leaves them to be checked (:func:`verify`) by the next
+    fetch, which fetches a file again when its bytes do not match. A file the Hub does not have fails as a
+    missing file does.
     """
     for name in wanted:
         check_filename(repo_id, name)
     repo = repo_folder(repo_id, settings)
     snapshot = repo / "snapshots" / revision
     journal = repo / ".modelvec" / f"{revision}.unverified"
-
-    def attempt() -> Path:
-        left = _read_journal(journal)
-        fresh = [n for n in wanted if left is None or n in left or not (snapshot / n).is_file()]
-        others = sorted(left - set(wanted)) if left else []  # left by a fetch that wanted other files: kept
-        if fresh:
-            _write_journal(journal, fresh + others)
-
-        def check() -> None:
-            bad = []
-            for name in fresh:
-                if (snapshot / name).is_file():
-                    try:
-                        verify(snapshot / name, name, repo)
-                    except CorruptDownload as exc:  # deleted: fetched again by the next attempt
-                        bad.append(exc)
-            if fresh:
-                _write_journal(journal, others)
-            if bad:
-                raise bad[0]
-
-        if not fresh:  # all there and checked: nothing to ask the Hub (a repository gone since is still served)
-            return snapshot
-        try:
-            if settings.offline or _list_tree(repo_id, revision, repo, settings):
-                snapshot_download(
-                    repo_id,
-                    revision=revision,
-                    allow_patterns=[_literal(n) for n in wanted],
-                    cache_dir=settings.cache_dir,
-                    endpoint=settings.endpoint,
-                    token=settings.token,
-                    etag_timeout=settings.timeout,
-                    max_workers=MAX_WORKERS,
-                    local_files_only=settings.offline,
-                )
-            for name in wanted:
-                if not (snapshot / name).is_file():  # not in the Hub's tree listing: its own error, if any
-                    _hub_file(repo_id, name, revision, settings)
-        except BaseException:
-            with contextlib.suppress(Exception):  # what did arrive is checked; the failure is what is reported
-                check()
-            raise
-        check()
+    left = _read_journal(journal)
+    fresh = [n for n in wanted if left is None or n in left or not (snapshot / n).is_file()]
+    if not fresh:  # all there and checked: nothing to ask the Hub (a repository gone since is still served)
         return snapshot
+    others = sorted(left - set(wanted)) if left else []  # left by a fetch that wanted other files: kept
+    _write_journal(journal, fresh + others)
 
-    return with_retries(attempt, settings, repo_id)
+    def one(name: str) -> None:
+        there = snapshot / name
+        if there.is_file():  # left unchecked by a killed fetch
+            try:
+                verify(there, name, repo)
+                return
+            except CorruptDownload:  # deleted: fetched again
+                pass
+        download_file(repo_id, name, revision, settings)
 
-
-def _list_tree(repo_id: str, revision: str, repo: Path, settings: HubSettings) -> bool:
-    """Whether the cache holds a listing of the tree of ``repo_id`` at commit ``revision`` that ``snapshot_download``
-    can use (it then does not list the tree itself); lists it when needed. False when the tree cannot be listed (a
-    mirror without the tree API, a malformed listing, one that failed past huggingface_hub's own retries): the files
-    are then asked for by name.
-
-    A listing is checked before it is used: huggingface_hub downloads a file to which a cached listing gives a Xet
-    hash without asking for the file's HEAD, into a blob (and a lock file) named by the listing's LFS sha256, which no
-    guard sees (:mod:`modelvec.hub.guard` checks HEAD answers). So an LFS sha256 that is not 64 hex digits is dropped,
-    and a Xet hash is kept only beside a good one: such a file is asked for as any other (HEAD, guarded), or stored
-    under a plain sha256, which :func:`verify` checks. A listing cached by someone else is cleaned the same way.
-    """
-    if _tree_cache is None:  # not the huggingface_hub this was written for: by name, as before snapshot_download
-        return False
-    if _clean_tree_cache(repo, revision) is not None:
-        return True
-    try:
-        listing = {
-            f.path: _tree_cache.TreeCacheEntry(
-                size=f.size,
-                blob_id=f.blob_id,
-                lfs_sha256=f.lfs.sha256 if f.lfs is not None else None,
-                lfs_size=f.lfs.size if f.lfs is not None else None,
-                xet_hash=f.xet_hash,
-            )
-            for f in _tree_files(repo_id, revision, settings)
-            if isinstance(f.path, str)
-        }
-    except (RepositoryNotFoundError, RevisionNotFoundError):  # gated too: the repository's own answer
-        raise
-    except (HfHubHTTPError, httpx2.HTTPError, KeyError, TypeError, ValueError, AttributeError):
-        return False
-    return _clean_tree_cache(repo, revision, listing) is not None
-
-
-def _tree_files(repo_id: str, revision: str, settings: HubSettings) -> list[RepoFile]:
-    """The files of ``HfApi.list_repo_tree(repo_id, recursive=True, revision=revision)``, each page's request bounded
-    by :attr:`HubSettings.timeout` (huggingface_hub lets a listing wait for a stalled server for ever) and retried as
-    the settings say, and at most ``_TREE_PAGES`` pages (the Hub's have 1000 entries)."""
-    url: str | None = f"{(settings.endpoint or constants.ENDPOINT).rstrip('/')}/api/models/{repo_id}/tree/{revision}"
-    params: dict[str, Any] | None = {"recursive": True, "expand": False}
-    headers = build_hf_headers(token=settings.token)
-    files: list[RepoFile] = []
-    for _ in range(_TREE_PAGES):
-        if url is None:
-            break
-        response = http_backoff(
-            "GET",
-            url,
-            params=params,
-            headers=headers,
-            timeout=settings.timeout,
-            max_retries=settings.retries,
-            base_wait_time=settings.backoff,
-            max_wait_time=settings.max_wait,
-        )
-        hf_raise_for_status(response)
-        files += [RepoFile(**e) for e in response.json() if isinstance(e, dict) and e.get("type") == "file"]
-        url, params = response.links.get("next", {}).get("url"), None  # the next page's link has the parameters
-        if url is None:
-            return files
-    raise ValueError(f"the tree listing of {repo_id} goes on past {_TREE_PAGES} pages")
-
-
-def _clean_tree_cache(repo: Path, revision: str, listing: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The tree listing cached for ``revision`` (``listing`` cached first, if given), rewritten without the names
-    :func:`_safe_tree_entry` drops; None when there is none. A :class:`UnsafeHubName` when the cache holds such names
-    and cannot be rewritten (read-only), as huggingface_hub would then use them."""
-    if _tree_cache is None:  # pragma: no cover - another huggingface_hub
-        return None
-    folder = str(repo)  # snapshot_download's tree cache folder for a cache_dir download (cache resolved, as here)
-    cached = listing if listing is not None else _tree_cache.read_tree_cache(folder, revision)
-    if cached is None:
-        return None
-    safe = {path: _safe_tree_entry(entry) for path, entry in cached.items()}
-    if listing is not None or safe != cached:
-        _tree_cache.write_tree_cache(folder, revision, safe)
-    now = _tree_cache.read_tree_cache(folder, revision)
-    if now is not None and now != safe:
-        raise UnsafeHubName(f"the cached tree listing {folder}/trees/{revision}.json names blobs outside the cache")
-    return now
-
-
-def _safe_tree_entry(entry: Any) -> Any:
-    """A tree entry without an LFS sha256 that is no plain sha256, nor a Xet hash that is not beside one."""
-    sha, size = entry.lfs_sha256, entry.lfs_size
-    lfs = isinstance(sha, str) and bool(_SHA256.fullmatch(sha)) and isinstance(size, int)
-    xet = entry.xet_hash if lfs and isinstance(entry.xet_hash, str) and _SHA256.fullmatch(entry.xet_hash) else None
-    return _tree_cache.TreeCacheEntry(
-        size=entry.size,
-        blob_id=entry.blob_id,
-        lfs_sha256=sha if lfs else None,
-        lfs_size=size if lfs else None,
-        xet_hash=xet,
-    )
-
-
-def _literal(name: str) -> str:
-    """An fnmatch pattern (``allow_patterns``) that matches exactly ``name``."""
-    return _GLOB.sub(lambda m: f"[{m.group()}]", name)
+    with ThreadPoolExecutor(max(1, min(MAX_WORKERS, len(fresh))), thread_name_prefix="modelvec-fetch") as pool:
+        for future in [pool.submit(one, name) for name in fresh]:
+            future.result()  # the first failure is the fetch's
+    _write_journal(journal, others)
+    return snapshot
 
 
 def _read_journal(journal: Path) -> set[str] | None:
@@ -366,14 +228,54 @@ def download_file(repo_id: str, filename: str, revision: str, settings: HubSetti
 
     def attempt() -> str:
         cached = pointer is not None and pointer.is_file()
-        if not cached and pointer is not None and not settings.offline:
-            _clean_tree_cache(repo, revision)  # huggingface_hub may use a cached listing in place of the HEAD
+        if not cached and is_commit_sha(revision) and not settings.offline:
+            drop_unsafe_listing(repo, revision)
         path = _hub_file(repo_id, filename, revision, settings)
         if not cached:
             verify(path, filename, repo)
         return path
 
     return with_retries(attempt, settings, f"{repo_id}/{filename}")
+
+
+def tree_listing(repo: Path, revision: str) -> Path:
+    """Where huggingface_hub keeps the tree listing of a commit that a ``snapshot_download`` made, in a repository's
+    cache folder (documented in its ``_tree_cache`` module; a test of this module fails if it moves)."""
+    return repo / "trees" / f"{revision}.json"
+
+
+def drop_unsafe_listing(repo: Path, revision: str) -> None:
+    """Delete a cached tree listing of ``revision`` whose names huggingface_hub would use outside the cache.
+
+    ``hf_hub_download`` (with hf_xet installed) takes a file's metadata from a listing that another tool's
+    ``snapshot_download`` cached, without the file's (guarded) HEAD, and names the blob and its lock by the
+    listing's LFS sha256. modelvec writes no listing; one cached from a hostile endpoint by someone else is
+    checked here: an LFS sha256 or Xet hash that is not 64 hex digits makes the listing go (huggingface_hub then
+    asks for the file's HEAD). An :class:`UnsafeHubName` when it cannot be deleted.
+    """
+    listing = tree_listing(repo, revision)
+    try:
+        files = json.loads(listing.read_text(encoding="utf-8")).get("files")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        files = None  # unreadable: huggingface_hub ignores it too, but it goes all the same
+    plain = isinstance(files, dict) and all(
+        isinstance(entry, dict)
+        and all(
+            entry.get(k) is None or (isinstance(entry[k], str) and _SHA256.fullmatch(entry[k]))
+            for k in ("lfs_sha256", "xet_hash")
+        )
+        for entry in files.values()
+    )
+    if plain:
+        return
+    try:
+        listing.unlink()
+    except OSError as exc:
+        raise UnsafeHubName(
+            f"the cached tree listing {listing} names blobs outside the cache and cannot be deleted: {exc}"
+        ) from None
 
 
 def verify(path: str | os.PathLike[str], filename: str, repo: Path | None = None) -> None:

@@ -3,8 +3,10 @@
 huggingface_hub builds cache paths from the ``ETag`` and ``X-Repo-Commit`` headers of a file's HEAD
 and from the revision it is asked for, so a hostile endpoint (a mirror in ``HF_ENDPOINT``, a proxy)
 answering ``ETag: "../../../x"``, or a listing whose ``sha`` is ``../../../x``, would make it write
-outside the cache. :func:`guard_hub_client` (installed by the first Hub call modelvec makes) makes
-huggingface_hub's HTTP client refuse both, through its public ``set_client_factory``.
+outside the cache. :func:`guard_hub_client` (called before every Hub call modelvec makes) adds hooks
+to huggingface_hub's shared HTTP client (``huggingface_hub.get_session()``, httpx's public
+``event_hooks``) that refuse both. A client made afresh (``set_client_factory``, ``close_session``)
+gets them again at modelvec's next call; the user's own factory is kept as it is.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ class UnsafeHubName(ValueError):
 #: .no_exist/<commit>/...).
 _PATH_HEADERS = ("ETag", "X-Linked-Etag", "X-Repo-Commit")
 _GUARD_LOCK = threading.Lock()
-_guarded_factory = None
 
 
 def _unsafe_name(value: str) -> bool:
@@ -72,34 +73,17 @@ def check_answer(response) -> None:
 
 def guard_hub_client() -> None:
     """Make huggingface_hub's shared HTTP client check requests and answers (:func:`check_request`,
-    :func:`check_answer`).
+    :func:`check_answer`): the hooks are added to the client ``get_session()`` returns, once per client.
+    Idempotent and thread-safe; cheap once installed."""
+    from huggingface_hub import get_session
 
-    Installed through ``huggingface_hub.set_client_factory`` around the factory in place (the default one, or
-    the user's), and again if something replaces it later; if huggingface_hub's internals change, the hook is
-    added to the current shared client instead. Idempotent and thread-safe; cheap once installed.
-    """
-    global _guarded_factory
-    from huggingface_hub import get_session, set_client_factory
-    from huggingface_hub.utils import _http
-
-    installed = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
-    if installed is not None and installed is _guarded_factory:
+    client = get_session()
+    if check_answer in client.event_hooks.get("response", []):
         return
     with _GUARD_LOCK:
-        installed = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
-        if installed is not None and installed is _guarded_factory:
-            return
-        if installed is None:  # not the huggingface_hub this was written for: hook the live client
-            client = get_session()
-            if check_answer not in client.event_hooks.get("response", []):
-                _add_hook(client)
-            return
-
-        def factory():
-            return _add_hook(installed())
-
-        set_client_factory(factory)
-        _guarded_factory = factory
+        client = get_session()
+        if check_answer not in client.event_hooks.get("response", []):
+            _add_hook(client)
 
 
 def _add_hook(client):
