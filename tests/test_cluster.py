@@ -225,17 +225,18 @@ def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, 
     _, _, _, store = planted
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(LookupError, match=r"empty: no weights found"):
+    with pytest.raises(modelvec.ModelvecError, match=r"empty: no weights found"):
         neighbors(empty, params=Representation(rank=4), store=store)
     result = CliRunner().invoke(app, ["neighbors", str(empty), "--rank", "4", "--store", str(store)])
     assert result.exit_code == 2 and "no weights found" in result.output
-    with pytest.raises(LookupError, match="no vectors stored for this base"):
+    with pytest.raises(modelvec.NothingStoredError, match="no vectors stored for this base"):
         neighbors(empty, params=Representation(rank=4), store=store, base=str(tmp_path))
 
 
 def test_neighbors_without_matching_vectors_says_what_the_store_holds(planted, tmp_path):
     _, models, _, store = planted
-    with pytest.raises(LookupError, match=r"no vectors stored with representation r7-\S+ \(stored: r4-sketch-mean"):
+    stored = r"\(stored, with the options that read them: r4-sketch-mean\S+ \(--rank 4\)"
+    with pytest.raises(modelvec.NothingStoredError, match=r"no vectors stored with representation r7-\S+ " + stored):
         neighbors(models[0], params=Representation(rank=7), store=store)
     empty = CliRunner().invoke(app, ["neighbors", str(models[0]), "--store", str(tmp_path / "new.duckdb")])
     assert empty.exit_code == 2

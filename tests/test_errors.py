@@ -38,6 +38,33 @@ def _all_subclasses(cls: type) -> list[type]:
     return out
 
 
+def test_every_error_class_is_declared_in_core_errors_with_its_kind():
+    """One error model: no exception class of modelvec is defined outside core/errors.py, and each says its kind."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import modelvec
+    from modelvec.core import errors
+
+    for info in pkgutil.walk_packages(modelvec.__path__, "modelvec."):
+        if info.name.startswith(("modelvec.testing", "modelvec.cli")) or info.name.endswith("ray_engine"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, Exception)
+                and not issubclass(value, Warning)
+                and value.__module__ == info.name
+            ):
+                assert info.name == "modelvec.core.errors" or name.startswith("_"), f"{info.name}.{name}"
+    for value in vars(errors).values():
+        if inspect.isclass(value) and issubclass(value, Exception) and value.__module__ == errors.__name__:
+            kind = getattr(value, "default_kind", None) or getattr(value, "kind", None)
+            assert isinstance(kind, Kind), value.__name__
+
+
 def test_every_error_pickles_with_its_fields():
     classes = set(_all_subclasses(ModelvecError)) | {StoreError, StoreLockedError}
     assert len(classes) >= 9

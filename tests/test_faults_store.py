@@ -111,7 +111,7 @@ def _check(store: Path, reference: Callable[[str], np.ndarray]) -> tuple[list[st
         assert len(fails) == fails["model"].nunique()
         X, meta = db.load()  # raises StoreError if any row's bytes are missing or changed
         end = db.con.execute('SELECT max("offset" + 4 * dim) FROM vectors').fetchall()[0][0] or len(VectorFile.MAGIC)
-        tail = db.heap.path.stat().st_size - end
+        tail = db.vector_file.path.stat().st_size - end
     models = meta["model"].tolist()
     assert len(models) == rows == len(set(models))
     for model, vector in zip(models, X):
@@ -182,12 +182,12 @@ def test_embed_gives_up_waiting_with_one_clear_line(corpus, tmp_path):
     with one line naming the store and the holder's PID, and writes nothing."""
     store = tmp_path / "held.duckdb"
     with Store(store) as db:
-        heap_size = db.heap.path.stat().st_size
+        heap_size = db.vector_file.path.stat().st_size
         out = subprocess.run(
             _embed_cmd(corpus.models[:3], store, "--wait", "0.5"), env=ENV, capture_output=True, text=True, timeout=120
         )
         assert db.con.execute("SELECT count(*) FROM vectors").fetchall() == [(0,)]
-        assert db.heap.path.stat().st_size == heap_size  # only the lock holder appends to the vector file
+        assert db.vector_file.path.stat().st_size == heap_size  # only the lock holder appends to the vector file
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines == [

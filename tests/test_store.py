@@ -227,6 +227,6 @@ def test_migration_keeps_rows_that_differ_only_in_base_hash(tmp_path):
     path = old_store(tmp_path / "old.duckdb", [("m", f"bh{i}", X[i], ["d"]) for i in range(2)])
     with Store(path) as db:
         rows = db.con.execute('SELECT base_hash, "offset", vector_hash FROM vectors ORDER BY base_hash').fetchall()
-        got = db.heap.read([r[1] for r in rows], 50, [r[2] for r in rows], ["m", "m"])
+        got = db.vector_file.read([r[1] for r in rows], 50, [r[2] for r in rows], ["m", "m"])
     assert [r[0] for r in rows] == ["bh0", "bh1"]
     np.testing.assert_array_equal(got, X)

@@ -42,8 +42,9 @@ _LAZY: dict[str, str] = {
     "DeltaEmbedder": "represent",
     "Representation": "represent",
     "Store": "store",
-    "StoreError": "store",
-    "StoreLockedError": "store",
+    "StoreError": "core",
+    "StoreLockedError": "core",
+    "NothingStoredError": "core",
     "EmbedResult": "run",
     "embed": "run",
     "embed_discovered": "run",
@@ -69,7 +70,10 @@ if TYPE_CHECKING:
         IncompatibleError,
         Kind,
         ModelvecError,
+        NothingStoredError,
         ResourceError,
+        StoreError,
+        StoreLockedError,
         TransientError,
         error_of,
     )
@@ -78,7 +82,7 @@ if TYPE_CHECKING:
     from .report import cluster, neighbors, rank_report
     from .represent import DeltaEmbedder, Representation
     from .run import EmbedResult, discover, embed, embed_discovered
-    from .store import Store, StoreError, StoreLockedError
+    from .store import Store
 
 
 def __getattr__(name: str) -> Any:

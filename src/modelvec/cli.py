@@ -3,8 +3,8 @@
 Every command is one call of a public API function and the printing of what it returns; ``--json``
 prints exactly the API's answer (``as_json()``). Failures are handled in one place
 (:class:`_OneLineErrors`): a :class:`~modelvec.core.errors.ModelvecError` (a bad model, a busy or
-damaged store, a Hub that does not answer), a ``ValueError`` (a bad option value) or a
-``LookupError`` (nothing stored) prints one line on stderr and exits with status 2.
+damaged store, a Hub that does not answer, nothing stored: :class:`~modelvec.core.errors.NothingStoredError`)
+or a ``ValueError`` (a bad option value) prints one line on stderr and exits with status 2.
 Options that take several values accept them repeated or comma-separated
 (``--threshold 0.5,0.9 --threshold 0.99``). Nothing heavy is imported until a command runs, so
 ``modelvec --help`` and ``modelvec show`` start without torch.
@@ -44,7 +44,7 @@ class _OneLineErrors(TyperGroup):
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
         try:
             return super().invoke(ctx)
-        except (ModelvecError, ValueError, LookupError) as exc:
+        except (ModelvecError, ValueError) as exc:
             _say(err, f"error: {exc}")
             raise typer.Exit(2) from None
 
@@ -395,7 +395,7 @@ def compact(store: Path | None = StoreOpt) -> None:
     """Drop the bytes of replaced vectors from the store's vector file (safe to interrupt)."""
     with _store(store) as db:
         before, after = db.compact()
-    _say(console, f"{db.heap.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    _say(console, f"{db.vector_file.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
 
 
 @app.command()

@@ -1,28 +1,42 @@
 """What every stage shares: the error model, model names, and the file names that make a model."""
 
 from .errors import (
+    AnswerError,
     ArchitectureError,
+    BadRangeAnswer,
     CheckpointError,
+    CorruptDownload,
     FetchError,
     IncompatibleError,
     Kind,
     ModelvecError,
+    NothingStoredError,
     ResourceError,
+    StoreError,
+    StoreLockedError,
     TransientError,
+    UnsafeHubName,
     error_of,
     reason,
 )
 from .names import display_name, is_hub_id, model_id
 
 __all__ = [
+    "AnswerError",
     "ArchitectureError",
+    "BadRangeAnswer",
     "CheckpointError",
+    "CorruptDownload",
     "FetchError",
     "IncompatibleError",
     "Kind",
     "ModelvecError",
+    "NothingStoredError",
     "ResourceError",
+    "StoreError",
+    "StoreLockedError",
     "TransientError",
+    "UnsafeHubName",
     "display_name",
     "error_of",
     "is_hub_id",

@@ -89,6 +89,50 @@ class ResourceError(ModelvecError):
     default_kind = Kind.RESOURCE
 
 
+class AnswerError(Exception):
+    """A Hub answer refused inside the HTTP machinery, where the model is not known yet: the world failed
+    (``kind`` transient), never the model. Raised as itself so that the call can be retried; the Hub client's
+    explainer turns it into a one-line :class:`TransientError` of the model (:func:`error_of`)."""
+
+    kind: ClassVar[Kind] = Kind.TRANSIENT
+
+
+class CorruptDownload(AnswerError):
+    """Downloaded bytes do not match the sha256 the Hub announced for them (their ETag): retried."""
+
+
+class BadRangeAnswer(CorruptDownload):
+    """An answer to a range request that is not the bytes asked for: another status, another range or file size in
+    ``Content-Range``, a body shorter or longer than the range. Retried, as a corrupt download is."""
+
+
+class UnsafeHubName(AnswerError, ValueError):
+    """A name from the Hub (a revision asked for, an ETag or commit answered, a cached listing) that
+    huggingface_hub would use in a cache path and that could lead outside the cache: refused."""
+
+
+class StoreError(ModelvecError):
+    """The store itself is damaged: a vector file that is not ours, truncated, or whose bytes changed (content)."""
+
+
+class StoreLockedError(TransientError):
+    """Another process still held the store's lock when ``Store(path, wait=...)`` gave up waiting for it."""
+
+    def __init__(self, path: Any, pid: int | None, waited: float) -> None:
+        self.path, self.pid, self.waited = path, pid, waited
+        holder = f"another process (PID {pid})" if pid is not None else "another process"
+        super().__init__(
+            str(path),
+            f"still in use by {holder} after waiting {waited:g} s; let it finish, "
+            "or wait longer (--wait SECONDS, $MODELVEC_STORE_WAIT)",
+        )
+
+
+class NothingStoredError(ModelvecError, LookupError):
+    """What a command reads is not in the store (no vectors of this base or representation): the message says what
+    is stored instead, or what to run first."""
+
+
 # --- untrusted text in one line -----------------------------------------------------------------------
 
 
@@ -177,7 +221,7 @@ def error_of(exc: BaseException, model: str) -> ModelvecError:
             kind, cause = found
             cls = TransientError if kind is Kind.TRANSIENT else ModelvecError
             return cls(model, cause, kind=kind)
-    if isinstance(exc, (TimeoutError, ConnectionError)):
+    if isinstance(exc, (TimeoutError, ConnectionError, AnswerError)):
         return TransientError(model, f"{type(exc).__name__}: {first_line(exc)}".rstrip(": "))
     return ModelvecError(model, f"{type(exc).__name__}: {first_line(exc)}".rstrip(": "))
 

@@ -25,8 +25,8 @@ import httpx2
 from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from ..core.errors import Kind, chain, register_explainer
-from .guard import UnsafeHubName, guard_hub_client
+from ..core.errors import CorruptDownload, Kind, UnsafeHubName, chain, register_explainer
+from .guard import guard_hub_client
 
 T = TypeVar("T")
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
@@ -71,10 +71,6 @@ class _Api(HfApi):
 
     def model_info(self, *args, timeout: float | None = None, **kwargs):
         return super().model_info(*args, timeout=self._timeout if timeout is None else timeout, **kwargs)
-
-
-class CorruptDownload(OSError):
-    """A downloaded file's bytes do not match the sha256 the Hub announced for it (its ETag); retried."""
 
 
 def transient(exc: BaseException) -> bool:

@@ -40,10 +40,9 @@ from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ..core.errors import CheckpointError, FetchError, ModelvecError
+from ..core.errors import CheckpointError, CorruptDownload, FetchError, ModelvecError, UnsafeHubName
 from ..core.files import SHARD_SUFFIX, WEIGHT_FORMATS, adapter_files, formats, weight_format
-from .client import CorruptDownload, HubSettings, describe_error, with_retries
-from .guard import UnsafeHubName
+from .client import HubSettings, describe_error, with_retries
 from .ids import is_commit_sha
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

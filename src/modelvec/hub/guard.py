@@ -14,11 +14,7 @@ from __future__ import annotations
 import threading
 from urllib.parse import unquote
 
-
-class UnsafeHubName(ValueError):
-    """A name from the Hub that huggingface_hub would use in a cache path (a revision asked for, an ETag or a
-    commit answered) could lead outside the cache."""
-
+from ..core.errors import UnsafeHubName
 
 #: Headers of a file's HEAD that huggingface_hub turns into cache paths (blobs/<etag>, snapshots/<commit>,
 #: .no_exist/<commit>/...).

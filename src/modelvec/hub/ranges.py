@@ -39,9 +39,9 @@ from huggingface_hub import get_session, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-from ..core.errors import CheckpointError, FetchError, ModelvecError, raise_if_resource, shown
+from ..core.errors import BadRangeAnswer, CheckpointError, FetchError, ModelvecError, raise_if_resource, shown
 from ..core.spans import merge
-from .client import CorruptDownload, HubSettings, describe_error, with_retries
+from .client import HubSettings, describe_error, with_retries
 from .download import check_repo_id, check_revision
 
 __all__ = [
@@ -99,11 +99,6 @@ class RangeStats:
     bytes: int
     seconds: float
     whole_file: bool
-
-
-class BadRangeAnswer(CorruptDownload):
-    """An answer to a range request that is not the bytes asked for: another status, another range or file size in
-    ``Content-Range``, a body shorter or longer than the range. Retried, as a corrupt download is."""
 
 
 class _Cancelled(Exception):

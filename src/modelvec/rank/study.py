@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from ..analyse.laws import Fit, fit_laws
-from ..core.errors import CheckpointError, IncompatibleError, ModelvecError
+from ..core.errors import CheckpointError, IncompatibleError, ModelvecError, NothingStoredError
 from ..core.names import model_id
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, Layout, MatrixRef, check_compatible, open_checkpoint
@@ -299,7 +299,7 @@ def over_stored(
             base_id = resolve_base(base).canonical
         rows = {m: src for m, b, src in zip(meta["model"], meta["base"], meta["source"]) if b == base_id}
         if not rows:
-            raise ValueError(f"{base}: no stored fine-tunes of this base; embed some first")
+            raise NothingStoredError(str(base), "no stored fine-tunes of this base; embed some first")
         base_path = local_files(base_id, "", db)
         models, unreadable = [], {}
         for m in sorted(rows):

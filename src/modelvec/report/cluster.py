@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..analyse.maps import reduce
 from ..analyse.scores import block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
-from ..core.errors import ModelvecError
+from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import display_name, model_id
 from ..hub.ids import resolve_base
 from ..hub.labels import matches_source
@@ -91,9 +91,10 @@ def load_base(store: Store, base: PathLike | str, params: Representation) -> tup
     known = "; ".join(
         f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["settings"])
     )
-    raise LookupError(
-        f"{base}: no vectors stored for this base with representation {params.key()} "
-        + (f"(stored, with the options that read them: {known}); or embed again" if known else "(nothing stored)")
+    raise NothingStoredError(
+        str(base),
+        f"no vectors stored for this base with representation {params.key()} "
+        + (f"(stored, with the options that read them: {known}); or embed again" if known else "(nothing stored)"),
     )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.scores import cosine_contributions, majority_dataset, nearest
+from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import is_hub_id, model_id
 from ..hub.client import HubSettings
 from ..hub.ids import resolve_base
@@ -58,23 +59,25 @@ def _stored_base(db: Store, base: PathLike | str | None, params: Representation)
         for name in names:
             if not db.metadata(base=name, params=params).empty:
                 return name
-        raise LookupError(f"{base}: no vectors stored for this base with representation {params.key()}")
+        raise NothingStoredError(str(base), f"no vectors stored for this base with representation {params.key()}")
     bases = sorted(set(db.metadata(params=params)["base"]))
     if not bases:
         stored = db.summary().drop_duplicates("params")
         other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["settings"])]
-        raise LookupError(
-            f"{db.path}: no vectors stored with representation {params.key()}"
+        raise NothingStoredError(
+            str(db.path),
+            f"no vectors stored with representation {params.key()}"
             + (
                 f" (stored, with the options that read them: {', '.join(other)}; or embed again)"
                 if other
                 else "; run `modelvec embed` first"
-            )
+            ),
         )
     if len(bases) > 1:
-        raise LookupError(
-            f"the store holds vectors of {len(bases)} bases with representation {params.key()} "
-            f"({', '.join(bases)}): name one with --base"
+        raise NothingStoredError(
+            str(db.path),
+            f"holds vectors of {len(bases)} bases with representation {params.key()} "
+            f"({', '.join(bases)}): name one with --base",
         )
     return bases[0]
 
@@ -96,7 +99,8 @@ def _embed_query(
             )
         result = embed(base, [model], representation=params, store=scratch, settings=settings, workers=1)
         if result.failed:
-            raise LookupError(next(iter(result.failed.values())))
+            name, why = next(iter(result.failed.items()))
+            raise ModelvecError(name, why.removeprefix(f"{name}: "))
         base_hash = scratch.base_hashes(base, params)
     stored = db.base_hashes(base, params)
     warning = None
@@ -145,7 +149,7 @@ def neighbors(
         on_the_fly, warning = rows.empty, None
         if on_the_fly:
             if not os.path.exists(str(model)) and not is_hub_id(model):
-                raise LookupError(f"{model}: not in the store, and neither a local path nor a Hub id")
+                raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
             query, warning = _embed_query(model, base_name, params, db, settings)
             me = None
         else:

@@ -5,9 +5,11 @@ append-only float32 file), ``schema`` (tables and migrations), ``lock`` (waiting
 process) and ``export`` (Parquet).
 """
 
-from .lock import StoreError, StoreLockedError, default_wait
+from ..core.errors import StoreError, StoreLockedError
+from .lock import default_wait
+from .rows import Failure, VectorRow
 from .store import DEFAULT_STORE, Store, default_store_path, opened, options_of
-from .writer import Failure, StoreWriter, VectorRow
+from .writer import StoreWriter
 
 __all__ = [
     "DEFAULT_STORE",

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from .vectorfile import VectorFile
 
 
-def export_parquet(con: duckdb.DuckDBPyConnection, heap: VectorFile, path: str | os.PathLike[str]) -> int:
+def export_parquet(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, path: str | os.PathLike[str]) -> int:
     """One row per stored vector: model, base, the representation parameters, datasets, vector."""
     meta = con.sql(
         """SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash, datasets,
@@ -24,7 +24,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, heap: VectorFile, path: str |
         for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
             part = meta.slice(lo, 256)
             vectors = [
-                heap.read([o], d, [h], [m])[0]
+                vector_file.read([o], d, [h], [m])[0]
                 for o, d, h, m in zip(*(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model")))
             ]
             offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import duckdb
 
-from ..core.errors import ModelvecError, TransientError
+from ..core.errors import StoreLockedError
 
 DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its file ($MODELVEC_STORE_WAIT)
 _RETRY = (0.2, 0.4)  # seconds between two attempts to open a locked store (random, so waiters do not march in step)
@@ -32,23 +32,6 @@ def default_wait() -> float:
     if value != value or value < 0:
         raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: give a number of seconds >= 0")
     return value
-
-
-class StoreError(ModelvecError):
-    """The store itself is damaged: a vector file that is not ours, truncated, or whose bytes changed (content)."""
-
-
-class StoreLockedError(TransientError):
-    """Another process still held the store's lock when ``Store(path, wait=...)`` gave up waiting for it."""
-
-    def __init__(self, path: Path, pid: int | None, waited: float) -> None:
-        self.path, self.pid, self.waited = path, pid, waited
-        holder = f"another process (PID {pid})" if pid is not None else "another process"
-        super().__init__(
-            str(path),
-            f"still in use by {holder} after waiting {waited:g} s; let it finish, "
-            "or wait longer (--wait SECONDS, $MODELVEC_STORE_WAIT)",
-        )
 
 
 _LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")

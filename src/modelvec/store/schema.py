@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -10,88 +12,110 @@ import pyarrow as pa
 
 from .vectorfile import VectorFile, checksum, vector_bytes
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS vectors (
-    model        VARCHAR NOT NULL,
-    model_hash   VARCHAR NOT NULL,
-    base         VARCHAR NOT NULL,
-    base_hash    VARCHAR NOT NULL,
-    params       VARCHAR NOT NULL,
-    rank         INTEGER NOT NULL,
-    factor       VARCHAR NOT NULL,
-    pooling      VARCHAR NOT NULL,
-    solver       VARCHAR NOT NULL,
-    sign         VARCHAR NOT NULL,
-    params_json  VARCHAR NOT NULL,
-    architecture VARCHAR NOT NULL,
-    dim          INTEGER NOT NULL,
-    "offset"     BIGINT NOT NULL,
-    vector_hash  VARCHAR NOT NULL,
-    datasets     VARCHAR[] NOT NULL,
-    label_source VARCHAR,
-    author       VARCHAR,
-    source       VARCHAR NOT NULL,
-    seconds      DOUBLE NOT NULL,
-    created_at   TIMESTAMP NOT NULL DEFAULT now(),
-    PRIMARY KEY (model, base, base_hash, params)
-);
-CREATE TABLE IF NOT EXISTS failures (
-    model      VARCHAR NOT NULL,
-    base       VARCHAR NOT NULL,
-    params     VARCHAR NOT NULL,
-    error      VARCHAR NOT NULL,
-    created_at TIMESTAMP NOT NULL DEFAULT now(),
-    PRIMARY KEY (model, base, params)
-);
-CREATE TABLE IF NOT EXISTS catalogue (
-    base          VARCHAR NOT NULL,
-    model         VARCHAR NOT NULL,
-    kept          BOOLEAN NOT NULL,
-    reason        VARCHAR NOT NULL,
-    sha           VARCHAR,
-    author        VARCHAR,
-    created_at    VARCHAR,
-    downloads     BIGINT,
-    likes         BIGINT,
-    pipeline_tag  VARCHAR,
-    library       VARCHAR,
-    gated         VARCHAR,
-    tags          VARCHAR[],
-    files         VARCHAR[],
-    formats       VARCHAR[],
-    datasets      VARCHAR[],
-    label_source  VARCHAR,
-    labels_json   VARCHAR,
-    discovered_at TIMESTAMP NOT NULL DEFAULT now(),
-    PRIMARY KEY (base, model)
-);
-CREATE TABLE IF NOT EXISTS bases (
-    base          VARCHAR PRIMARY KEY,
-    sha           VARCHAR NOT NULL,
-    discovered_at TIMESTAMP NOT NULL DEFAULT now()
-);
-"""
 
-CATALOGUE_COLUMNS = (
-    "base",
-    "model",
-    "kept",
-    "reason",
-    "sha",
-    "author",
-    "created_at",
-    "downloads",
-    "likes",
-    "pipeline_tag",
-    "library",
-    "gated",
-    "tags",
-    "files",
-    "formats",
-    "datasets",
-    "label_source",
-    "labels_json",
+@dataclass(frozen=True)
+class Table:
+    """One table: its columns with their SQL types, in order, and its primary key. The CREATE and INSERT
+    statements are made from it, so a column is declared in one place."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+
+    def create(self) -> str:
+        cols = ",\n    ".join(f"{_quoted(name)} {kind}" for name, kind in self.columns)
+        return f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {cols},\n    PRIMARY KEY ({', '.join(self.key)})\n);"
+
+    def insert(self, columns: Sequence[str]) -> str:
+        """``INSERT OR REPLACE`` of the given columns (each must be one of the table's), one row of parameters."""
+        known = {name for name, _ in self.columns}
+        unknown = [c for c in columns if c not in known]
+        if unknown:
+            raise KeyError(f"{self.name} has no column {', '.join(unknown)}")
+        names = ", ".join(_quoted(c) for c in columns)
+        return f"INSERT OR REPLACE INTO {self.name} ({names}) VALUES ({', '.join('?' * len(columns))})"
+
+
+def _quoted(name: str) -> str:
+    return f'"{name}"' if name in ("offset",) else name
+
+
+VECTORS = Table(
+    "vectors",
+    (
+        ("model", "VARCHAR NOT NULL"),
+        ("model_hash", "VARCHAR NOT NULL"),
+        ("base", "VARCHAR NOT NULL"),
+        ("base_hash", "VARCHAR NOT NULL"),
+        ("params", "VARCHAR NOT NULL"),
+        ("rank", "INTEGER NOT NULL"),
+        ("factor", "VARCHAR NOT NULL"),
+        ("pooling", "VARCHAR NOT NULL"),
+        ("solver", "VARCHAR NOT NULL"),
+        ("sign", "VARCHAR NOT NULL"),
+        ("params_json", "VARCHAR NOT NULL"),
+        ("architecture", "VARCHAR NOT NULL"),
+        ("dim", "INTEGER NOT NULL"),
+        ("offset", "BIGINT NOT NULL"),
+        ("vector_hash", "VARCHAR NOT NULL"),
+        ("datasets", "VARCHAR[] NOT NULL"),
+        ("label_source", "VARCHAR"),
+        ("author", "VARCHAR"),
+        ("source", "VARCHAR NOT NULL"),
+        ("seconds", "DOUBLE NOT NULL"),
+        ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+    ),
+    ("model", "base", "base_hash", "params"),
 )
+FAILURES = Table(
+    "failures",
+    (
+        ("model", "VARCHAR NOT NULL"),
+        ("base", "VARCHAR NOT NULL"),
+        ("params", "VARCHAR NOT NULL"),
+        ("error", "VARCHAR NOT NULL"),
+        ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+        ("model_hash", "VARCHAR"),
+        ("kind", "VARCHAR"),
+    ),
+    ("model", "base", "params"),
+)
+CATALOGUE = Table(
+    "catalogue",
+    (
+        ("base", "VARCHAR NOT NULL"),
+        ("model", "VARCHAR NOT NULL"),
+        ("kept", "BOOLEAN NOT NULL"),
+        ("reason", "VARCHAR NOT NULL"),
+        ("sha", "VARCHAR"),
+        ("author", "VARCHAR"),
+        ("created_at", "VARCHAR"),
+        ("downloads", "BIGINT"),
+        ("likes", "BIGINT"),
+        ("pipeline_tag", "VARCHAR"),
+        ("library", "VARCHAR"),
+        ("gated", "VARCHAR"),
+        ("tags", "VARCHAR[]"),
+        ("files", "VARCHAR[]"),
+        ("formats", "VARCHAR[]"),
+        ("datasets", "VARCHAR[]"),
+        ("label_source", "VARCHAR"),
+        ("labels_json", "VARCHAR"),
+        ("discovered_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+    ),
+    ("base", "model"),
+)
+BASES = Table(
+    "bases",
+    (("base", "VARCHAR"), ("sha", "VARCHAR NOT NULL"), ("discovered_at", "TIMESTAMP NOT NULL DEFAULT now()")),
+    ("base",),
+)
+TABLES = (VECTORS, FAILURES, CATALOGUE, BASES)
+SCHEMA = "\n".join(t.create() for t in TABLES)
+# Columns added after the first release: added in place to older store files (MIGRATIONS).
+_ADDED_LATER = {("vectors", "label_source"), ("vectors", "author"), ("failures", "model_hash"), ("failures", "kind")}
+
+CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")
 
 META_COLUMNS = (
     "model",
@@ -108,18 +132,18 @@ META_COLUMNS = (
     "created_at",
 )
 # Columns added after the first release: added in place to older store files.
-MIGRATIONS = (
-    "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS label_source VARCHAR",
-    "ALTER TABLE vectors ADD COLUMN IF NOT EXISTS author VARCHAR",
-    "ALTER TABLE failures ADD COLUMN IF NOT EXISTS model_hash VARCHAR",
-    "ALTER TABLE failures ADD COLUMN IF NOT EXISTS kind VARCHAR",
+MIGRATIONS = tuple(
+    f"ALTER TABLE {t.name} ADD COLUMN IF NOT EXISTS {name} {kind}"
+    for t in TABLES
+    for name, kind in t.columns
+    if (t.name, name) in _ADDED_LATER
 )
 
 
-def migrate(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
+def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
     """Create the tables, or bring an older store's up to date (columns added; ``FLOAT[]`` vectors moved out)."""
     if "vector" in _columns(con, "vectors"):
-        _move_vectors_out(con, heap)
+        _move_vectors_out(con, vector_file)
     con.execute(SCHEMA)
     for statement in MIGRATIONS:
         con.execute(statement)
@@ -132,7 +156,7 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-def _move_vectors_out(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
+def _move_vectors_out(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
     """Migrate a store whose vectors are ``FLOAT[]`` in DuckDB: their bytes go to the vector file.
 
     One transaction: the new table replaces the old one only once every vector is fsynced.
@@ -144,7 +168,7 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DROP TABLE IF EXISTS vectors_moved")
-        con.execute(SCHEMA.split(";")[0].replace("vectors (", "vectors_moved (", 1))
+        con.execute(Table("vectors_moved", VECTORS.columns, VECTORS.key).create())
         keys: dict[str, list[Any]] = {
             "model": [],
             "base": [],
@@ -158,7 +182,7 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, heap: VectorFile) -> None:
             vectors = [vector_bytes(np.asarray(v.values, np.float32)) for v in batch.column(4)]
             for name in ("model", "base", "base_hash", "params"):
                 keys[name] += batch.column(name).to_pylist()
-            keys["offset"] += heap.append(vectors)
+            keys["offset"] += vector_file.append(vectors)
             keys["vector_hash"] += [checksum(v) for v in vectors]
         con.register("moved", pa.table(keys))
         con.execute(

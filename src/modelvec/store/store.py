@@ -40,9 +40,10 @@ import pandas as pd
 from ..core.errors import Kind
 from ..represent.params import Representation
 from .lock import connect, default_wait
+from .rows import Failure, VectorRow
 from .schema import CATALOGUE_COLUMNS, META_COLUMNS, migrate
 from .vectorfile import VectorFile
-from .writer import Failure, StoreWriter, VectorRow, write_rows
+from .writer import StoreWriter, write_rows
 
 DEFAULT_STORE = "modelvec.duckdb"
 
@@ -125,12 +126,12 @@ class Store:
         self.con = connect(self.path, wait, on_wait)
         try:
             # only after DuckDB's lock is held: only the process holding it appends to the vector file
-            self.heap = VectorFile(self._vector_file())
+            self.vector_file = VectorFile(self._vector_file())
         except BaseException:
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
-            migrate(self.con, self.heap)
+            migrate(self.con, self.vector_file)
         except BaseException:
             self.close()
             raise
@@ -159,13 +160,13 @@ class Store:
         rows = self.con.execute(
             'SELECT model, base, base_hash, params, "offset", dim, vector_hash FROM vectors ORDER BY "offset"'
         ).fetchall()
-        before = self.heap.path.stat().st_size
+        before = self.vector_file.path.stat().st_size
         new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}")
         try:
             moved = []
             for lo in range(0, len(rows), 256):  # 256 vectors in memory at a time
                 part = rows[lo : lo + 256]
-                vectors = [self.heap.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
+                vectors = [self.vector_file.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
                 moved += [[offset, *r[:4]] for offset, r in zip(new.append(vectors), part)]
             self.con.execute("BEGIN TRANSACTION")
             try:
@@ -182,7 +183,7 @@ class Store:
             new.close()
             new.path.unlink(missing_ok=True)
             raise
-        old, self.heap = self.heap, new
+        old, self.vector_file = self.vector_file, new
         old.close()
         old.path.unlink(missing_ok=True)
         return before, new.path.stat().st_size
@@ -190,15 +191,15 @@ class Store:
     # --- writes -------------------------------------------------------------------------------
     def put(self, row: VectorRow) -> None:
         """Insert or replace one vector (its own transaction); clears any recorded failure of that model."""
-        write_rows(self.con, self.heap, [row])
+        write_rows(self.con, self.vector_file, [row])
 
     def put_many(self, rows: Sequence[VectorRow | Failure]) -> None:
         """Insert or replace many vectors and failures in one transaction."""
-        write_rows(self.con, self.heap, rows)
+        write_rows(self.con, self.vector_file, rows)
 
     def writer(self) -> StoreWriter:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
-        return StoreWriter(self)
+        return StoreWriter(self.con.cursor(), self.vector_file)
 
     def put_catalogue(self, base: str, base_sha: str, entries: Sequence[Any]) -> None:
         """Insert or refresh discovered models (``CatalogueEntry``) in one transaction.
@@ -255,7 +256,7 @@ class Store:
         kind: Kind | str = Kind.CONTENT,
     ) -> None:
         """Record why a model failed; a ``content`` failure with ``model_hash`` is skipped while the weights are unchanged."""
-        write_rows(self.con, self.heap, [Failure(model, base, params, error, model_hash, kind)])
+        write_rows(self.con, self.vector_file, [Failure(model, base, params, error, model_hash, kind)])
 
     def known_failure(self, model: str, model_hash: str, base: str, params: Representation) -> str | None:
         """The recorded error when these very weights already failed, by their content, with this base and representation.
@@ -327,7 +328,7 @@ class Store:
             return np.zeros((0, 0), np.float32), meta
         if rows["dim"].nunique() != 1:
             raise ValueError("the selected vectors have different dimensions: select one base and one representation")
-        matrix = self.heap.read(
+        matrix = self.vector_file.read(
             rows["offset"].tolist(), int(rows["dim"].iloc[0]), rows["vector_hash"].tolist(), rows["model"].tolist()
         )
         return matrix, meta
@@ -354,11 +355,11 @@ class Store:
         """One row per stored vector: model, base, the representation parameters, datasets, vector."""
         from .export import export_parquet  # pyarrow's Parquet writer, only for an export
 
-        return export_parquet(self.con, self.heap, path)
+        return export_parquet(self.con, self.vector_file, path)
 
     def close(self) -> None:
         self.con.close()
-        self.heap.close()
+        self.vector_file.close()
 
     def __enter__(self) -> Store:
         return self

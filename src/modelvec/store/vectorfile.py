@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - not POSIX
 import numpy as np
 import xxhash
 
-from .lock import StoreError
+from ..core.errors import StoreError
 
 
 class VectorFile:

@@ -2,104 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
-import numpy as np
 
-from ..core.errors import Kind
-from ..represent.params import Representation
+from .rows import Failure, VectorRow
+from .schema import FAILURES, VECTORS
 from .vectorfile import VectorFile, checksum, vector_bytes
 
-if TYPE_CHECKING:
-    from .store import Store
 
-
-@dataclass
-class VectorRow:
-    """One computed vector with what is known about its model."""
-
-    model: str
-    model_hash: str
-    base: str
-    base_hash: str
-    params: Representation
-    architecture: str
-    vector: np.ndarray
-    datasets: list[str]
-    source: str
-    seconds: float
-    label_source: str | None = None  # where the dataset labels came from, e.g. "card"
-    author: str | None = None
-
-
-@dataclass
-class Failure:
-    """Why one model could not be embedded, and the failure's kind.
-
-    A ``content`` failure with its ``model_hash`` is skipped by later runs while the weights are
-    unchanged; ``resource`` and ``transient`` failures are shown but tried again.
-    """
-
-    model: str
-    base: str
-    params: Representation
-    error: str
-    model_hash: str | None = None
-    kind: Kind | str = Kind.CONTENT
-
-
-def write_rows(con: duckdb.DuckDBPyConnection, heap: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
+def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
     """Write vectors and failures: the bytes first (fsynced), then every row in one transaction."""
     vectors = [vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
-    offsets = iter(heap.append(vectors))
+    offsets = iter(vector_file.append(vectors))
     hashes = iter([checksum(v) for v in vectors])
     con.execute("BEGIN TRANSACTION")
     try:
         for row in rows:
-            if isinstance(row, Failure):
+            record = row.record() if isinstance(row, Failure) else row.record(next(offsets), next(hashes))
+            table = FAILURES if isinstance(row, Failure) else VECTORS
+            con.execute(table.insert(list(record)), list(record.values()))
+            if isinstance(row, VectorRow):  # a vector replaces its model's failure
                 con.execute(
-                    "INSERT OR REPLACE INTO failures (model, base, params, error, model_hash, kind) VALUES (?, ?, ?, ?, ?, ?)",
-                    [row.model, row.base, row.params.key(), row.error, row.model_hash, Kind(row.kind).value],
+                    "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?",
+                    [record["model"], record["base"], record["params"]],
                 )
-                continue
-            p = row.params
-            con.execute(
-                """INSERT OR REPLACE INTO vectors
-                   (model, model_hash, base, base_hash, params, rank, factor, pooling, solver, sign, params_json,
-                    architecture, dim, "offset", vector_hash, datasets, label_source, author, source, seconds)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                [
-                    row.model,
-                    row.model_hash,
-                    row.base,
-                    row.base_hash,
-                    p.key(),
-                    p.rank,
-                    p.factor,
-                    p.pooling,
-                    p.solver,
-                    p.sign,
-                    json.dumps(p.as_dict(), sort_keys=True),
-                    row.architecture,
-                    int(np.size(row.vector)),
-                    next(offsets),
-                    next(hashes),
-                    list(row.datasets),
-                    row.label_source,
-                    row.author,
-                    row.source,
-                    float(row.seconds),
-                ],
-            )
-            con.execute(
-                "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?", [row.model, row.base, p.key()]
-            )
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -118,9 +48,11 @@ class StoreWriter:
 
     _STOP = object()
 
-    def __init__(self, store: Store, max_batch: int = 64) -> None:
-        self._con = store.con.cursor()  # a connection of its own: DuckDB connections are not shared across threads
-        self._heap = store.heap
+    def __init__(self, con: duckdb.DuckDBPyConnection, vector_file: VectorFile, max_batch: int = 64) -> None:
+        """``con``: a connection of the writer's own (DuckDB connections are not shared across threads), closed
+        by :meth:`close`; ``vector_file``: where the vectors' bytes go."""
+        self._con = con
+        self._vector_file = vector_file
         self._queue: queue.Queue[Any] = queue.Queue()
         self._max_batch = max_batch
         self._error: BaseException | None = None
@@ -147,7 +79,7 @@ class StoreWriter:
                     batch.append(more)
             if batch and self._error is None:
                 try:
-                    write_rows(self._con, self._heap, batch)
+                    write_rows(self._con, self._vector_file, batch)
                 except BaseException as exc:  # kept for the caller; later rows are not written after a failed one
                     self._error = exc
             if stop:

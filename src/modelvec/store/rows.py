@@ -1,0 +1,87 @@
+"""What the store holds, as rows: a computed vector with what is known about its model, or a failure.
+
+Each row type says which column of its table (:mod:`modelvec.store.schema`) holds which of its fields, so the
+writer's INSERT is made from the table and the row, never spelt out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import Kind
+from ..represent.params import Representation
+
+
+@dataclass
+class VectorRow:
+    """One computed vector with what is known about its model."""
+
+    model: str
+    model_hash: str
+    base: str
+    base_hash: str
+    params: Representation
+    architecture: str
+    vector: np.ndarray
+    datasets: list[str]
+    source: str
+    seconds: float
+    label_source: str | None = None  # where the dataset labels came from, e.g. "card"
+    author: str | None = None
+
+    def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
+        """The ``vectors`` columns of this row, its bytes at ``offset`` of the vector file with checksum ``vector_hash``."""
+        p = self.params
+        return {
+            "model": self.model,
+            "model_hash": self.model_hash,
+            "base": self.base,
+            "base_hash": self.base_hash,
+            "params": p.key(),
+            "rank": p.rank,
+            "factor": p.factor,
+            "pooling": p.pooling,
+            "solver": p.solver,
+            "sign": p.sign,
+            "params_json": json.dumps(p.as_dict(), sort_keys=True),
+            "architecture": self.architecture,
+            "dim": int(np.size(self.vector)),
+            "offset": offset,
+            "vector_hash": vector_hash,
+            "datasets": list(self.datasets),
+            "label_source": self.label_source,
+            "author": self.author,
+            "source": self.source,
+            "seconds": float(self.seconds),
+        }
+
+
+@dataclass
+class Failure:
+    """Why one model could not be embedded, and the failure's kind.
+
+    A ``content`` failure with its ``model_hash`` is skipped by later runs while the weights are
+    unchanged; ``resource`` and ``transient`` failures are shown but tried again.
+    """
+
+    model: str
+    base: str
+    params: Representation
+    error: str
+    model_hash: str | None = None
+    kind: Kind | str = Kind.CONTENT
+
+    def record(self) -> dict[str, Any]:
+        """The ``failures`` columns of this row."""
+        return {
+            "model": self.model,
+            "base": self.base,
+            "params": self.params.key(),
+            "error": self.error,
+            "model_hash": self.model_hash,
+            "kind": Kind(self.kind).value,
+        }
