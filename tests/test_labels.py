@@ -527,3 +527,30 @@ def test_name_guess_with_extra_known_datasets():
     assert guess_from_name("someone/minilm-bbc-news-sentence-pairs-s4") == ()
     assert guess_from_name("x/bert-acme-reviews", known=["acme/acme-reviews"]) == ("acme/acme-reviews",)
     assert guess_from_name("x/bert-acme", known=["acme-reviews"]) == ()  # whole names only
+
+
+@pytest.mark.parametrize(
+    "card", ["- SST-2", "- glue\nmodel-index:\n- name: x\n  results:\n  - dataset: {type: glue, args: sst2}"]
+)
+def test_the_same_card_gives_the_same_labels_for_a_local_and_a_hub_model(tiny_bert, tmp_path, card):
+    """One path for labels: a local folder's card and the same card on the Hub go through dataset_labels alike."""
+    from conftest import planted_finetune
+    from modelvec import Store, embed
+    from modelvec.hub.client import HubSettings
+    from modelvec.testing.localhub import LocalHub
+
+    folder = planted_finetune(tiny_bert, tmp_path / "bert-ft", seed=1)
+    (folder / "README.md").write_text(f"---\ndatasets:\n{card}\n---\n# a fine-tune\n")
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish("org/bert-ft", folder)
+    hub.publish("org/tiny-base", tiny_bert)
+    store = tmp_path / "s.duckdb"
+    embed(tiny_bert, [folder], store=store)
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
+        embed("org/tiny-base", ["org/bert-ft"], store=store, settings=settings)
+    with Store(store) as db:
+        meta = db.metadata().set_index("model")
+    local, remote = meta.loc[str(folder.resolve())], meta.loc["org/bert-ft"]
+    assert list(local["datasets"]) == list(remote["datasets"]) == ["glue/sst2"]
+    assert local["label_source"] == remote["label_source"]

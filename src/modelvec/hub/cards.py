@@ -1,4 +1,5 @@
-"""Model cards: the YAML front matter of a model's README.md, where the dataset labels come from."""
+"""Model cards: the YAML front matter of a model's README.md, where the dataset labels come from
+(read by :func:`modelvec.hub.labels.dataset_labels`, for local and Hub models alike)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,6 @@ def read_card(folder: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def card_datasets(card: dict[str, Any]) -> list[str]:
-    """The card's ``datasets:`` as a list of strings (a single string is accepted too)."""
-    value = card.get("datasets")
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list):
-        return []
-    return [str(v).strip() for v in value if isinstance(v, (str, int)) and str(v).strip()]
 
 
 def card_author(card: dict[str, Any]) -> str | None:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import Kind, ModelvecError, error_of
-from ..hub.cards import card_author, card_datasets, read_card
+from ..hub.cards import card_author, read_card
+from ..hub.labels import dataset_labels
 from ..hub.client import HubSettings
 from ..hub.download import fetch, release, snapshot_folder
 from ..hub.partial import fill_partial, open_partial, release_partial
@@ -76,8 +77,8 @@ class Task:
         if self.datasets is not None:
             return list(self.datasets), self.label_source, self.author
         card = read_card(ck.folder)
-        datasets = card_datasets(card)
-        return datasets, "card" if datasets else None, card_author(card)
+        found = dataset_labels(Path(self.name).name, card)  # the one path a Hub model's card takes too
+        return list(found.datasets), found.source, card_author(card)
 
     def release(self, settings: HubSettings) -> None:
         """Delete a Hub model's fetched files (a local model is left alone); a failure to delete only warns."""
