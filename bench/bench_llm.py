@@ -184,8 +184,8 @@ elif job in ("hub-embed", "hub-whole"):  # the fine-tune from the local Hub (end
     got_s = time.perf_counter() - start - fit_s
     vec = e.embed_one(ck)
 elif job == "rank":
-    from modelvec.rank import spectra
-    spectra(ft, device=device, fused=False)
+    from modelvec.studies.depth import spectra_of
+    spectra_of(ft, device=device, fused=False)
 elif job == "svdvals":
     from modelvec.read import open_checkpoint
     a = open_checkpoint(ft)

@@ -2,7 +2,7 @@
 
 Per model, in each repeat and in the same run (so the ratios share the machine's state):
 
-* modelvec: ``rank.spectra(folder)`` + ``rank.rank_table(..., (0.5, 0.9, 0.99))`` (reads only the
+* modelvec: ``studies.depth.spectra_of(folder)`` + ``spectra.energy_rank_table(..., (0.5, 0.9, 0.99))`` (reads only the
   needed tensors; σᵢ² exact to float64 as the eigenvalues of the float64 Gram matrix, BLAS syrk +
   LAPACK syevd through numpy, one matrix per thread);
 * straightforward: ``AutoModel.from_pretrained(folder)`` (timed), then ``torch.linalg.svdvals`` of
@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from modelvec.rank import rank_table, spectra
+from modelvec.spectra import energy_rank_table as rank_table
+from modelvec.studies.depth import spectra_of as spectra
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"

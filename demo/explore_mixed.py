@@ -22,10 +22,11 @@ import numpy as np
 import modelvec
 from modelvec import Representation
 from modelvec.analyse import knn_dataset_score
-from modelvec.analyse.evaluation import _embedding, task_vector_gram
+from modelvec.analyse.evaluation import gram_embedding
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
 from modelvec.represent import blocks_of
+from modelvec.studies.compare import task_vector_gram
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--zoo", default=".cache/evidence")
@@ -97,11 +98,11 @@ def report(name, S_or_X, sim=False):
 
 
 tv = task_vector_gram(base, paths)
-R = _embedding(tv.gram)
+R = gram_embedding(tv.gram)
 report("task vectors", R)
 G = tv.gram
 H = np.eye(len(G)) - 1 / len(G)
-report("task vectors centred", _embedding(H @ G @ H))
+report("task vectors centred", gram_embedding(H @ G @ H))
 for name, p in variants.items():
     res = modelvec.embed(base, paths, representation=p, store=args.store)
     idx = {m: i for i, m in enumerate(res.metadata["model"])}

@@ -47,9 +47,9 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 import modelvec
-from modelvec.analyse.evaluation import task_deltas, task_vector_gram
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.read import open_checkpoint
+from modelvec.studies.compare import task_deltas, task_vector_gram
 
 SELECTION = ("tweet-sentiment", "tweet-simcse", "chat-qa", "chat-topic")  # as in `make evidence`
 

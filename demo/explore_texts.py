@@ -27,11 +27,11 @@ import numpy as np
 import modelvec
 from modelvec import Representation
 from modelvec.analyse import knn_dataset_score
-from modelvec.analyse.evaluation import task_deltas
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
 from modelvec.read import open_checkpoint
 from modelvec.represent.embedder import VocabularyReadout
+from modelvec.studies.compare import task_deltas
 
 SELECTION = {"tweet-sentiment", "tweet-simcse", "chat-qa", "chat-topic"}  # as in the Makefile
 READS = {"q", "k", "v", "ff1"}  # first-layer matrices whose input is the embedding output

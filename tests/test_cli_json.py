@@ -62,7 +62,7 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
     found = modelvec.neighbors(str(models[0]), store=api_store, k=3)
     assert _cli("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == _as_printed(found.as_json())
 
-    study = modelvec.rank_report(models[1], base=base, of="delta", thresholds=(0.5, 0.9), out=tmp_path / "r")
+    study = modelvec.depth_report(models[1], base=base, of="delta", thresholds=(0.5, 0.9), out=tmp_path / "r")
     cli_rank = _cli(
         "rank",
         str(models[1]),
@@ -77,7 +77,7 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
     )
     assert cli_rank == _as_printed(study.records())
 
-    from modelvec.analyse.evaluation import variants
+    from modelvec.studies.compare import variants
 
     table = modelvec.evaluate(base, models, store=api_store, variants=variants())
     rows = _cli("evaluate", *map(str, models), "--base", str(base), "--store", str(api_store))

@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, Representation
-from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN, evaluate, task_vector_gram
+from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.cli import app
 from modelvec.report import cluster, neighbors
 from modelvec.store import Store
+from modelvec.studies.compare import evaluate, task_vector_gram
 
 DATASETS = ("imdb", "glue/sst2", "squad")
 
@@ -284,7 +285,7 @@ def test_evaluate_scores_each_variant_over_seeds_with_their_spread(planted, tmp_
 
 
 def test_the_grid_of_rows_and_projections(planted, tmp_path):
-    from modelvec.analyse.evaluation import variants
+    from modelvec.studies.compare import variants
 
     grid = variants(rows=(1, 0.1), projections=("shared", "countsketch"), svd=False)
     assert all(p.factor == "sketch" for p in grid.values())
@@ -294,7 +295,7 @@ def test_the_grid_of_rows_and_projections(planted, tmp_path):
 
 
 def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):
-    from modelvec.analyse.evaluation import VARIANTS, variants
+    from modelvec.studies.compare import VARIANTS, variants
 
     for table in (VARIANTS, variants(ranks=(8, 16, 32))):
         keys = [p.key() for p in table.values()]

@@ -16,9 +16,10 @@ from transformers import BertModel
 import modelvec
 from modelvec import Representation
 from modelvec.analyse import clustering_scores
-from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN, evaluate, task_vector_gram
+from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.analyse.evidence import bootstrap_interval, mixed_scores, split_datasets
 from modelvec.core.names import model_id
+from modelvec.studies.compare import evaluate, task_vector_gram
 from test_cluster import planted_dataset_finetune
 
 NAMES = [f"dataset-{c}" for c in "abcdefghi"]
@@ -241,7 +242,7 @@ def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
 
 
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
-    from modelvec.analyse.evaluation import variants
+    from modelvec.studies.compare import variants
     from test_cli_json import TIMINGS, _as_printed, _cli
 
     base, models = mixed_zoo

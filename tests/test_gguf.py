@@ -22,9 +22,11 @@ from typer.testing import CliRunner
 from conftest import save_state
 from modelvec.cli import app
 from modelvec.core.errors import CheckpointError
-from modelvec.rank import rank_study, rank_table, spectra
 from modelvec.read import Checkpoint, open_checkpoint
 from modelvec.read.gguf import GGUFCheckpoint, QuantizationWarning
+from modelvec.spectra import energy_rank_table as rank_table
+from modelvec.studies.depth import depth_study as rank_study
+from modelvec.studies.depth import spectra_of as spectra
 
 THRESHOLDS = (0.5, 0.9, 0.99, 0.999, 1.0)
 Q = gguf.GGMLQuantizationType

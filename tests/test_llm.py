@@ -138,7 +138,8 @@ def test_cuda_vectors_equal_cpu_vectors(tmp_path, params):
 
 @CUDA
 def test_cuda_ranks_equal_cpu_ranks(tmp_path):
-    from modelvec.rank import rank_table, spectra
+    from modelvec.spectra import energy_rank_table as rank_table
+    from modelvec.studies.depth import spectra_of as spectra
 
     base, ft = _llama_pair(tmp_path, 128, 256, 2, torch.bfloat16)
     thresholds = (0.5, 0.9, 0.99, 0.999)

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.image import imread
 from sklearn.metrics import pairwise_distances, silhouette_score
 
-from modelvec.analyse.maps import METHODS, reduce
+from modelvec.analyse.reduction import METHODS, reduce
 from modelvec.plots.maps import OTHER_COLOR, PALETTE, UNLABELLED_COLOR, grouping, plot_html, plot_png
 
 # --- reduce --------------------------------------------------------------------------------

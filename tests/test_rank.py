@@ -15,7 +15,11 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import save_state
 from modelvec.cli import app
-from modelvec.rank import aggregate, energy_rank, over_finetunes, rank_table, spectra
+from modelvec.spectra import aggregate_energy_ranks as aggregate
+from modelvec.spectra import energy_rank
+from modelvec.spectra import energy_rank_table as rank_table
+from modelvec.studies.depth import over_finetunes
+from modelvec.studies.depth import spectra_of as spectra
 
 
 @pytest.mark.parametrize(
@@ -135,7 +139,7 @@ def test_aggregate_is_mean_and_spread_over_models(tiny_bert, tiny_finetunes):
 
 def test_rank_study_writes_figures_csv_json_and_fits(tiny_gpt2, tmp_path):
     _, folder = tiny_gpt2
-    study = modelvec.rank_report(folder, thresholds=(0.5, 0.9), out=tmp_path)
+    study = modelvec.depth_report(folder, thresholds=(0.5, 0.9), out=tmp_path)
     for name in ("ranks.csv", "ranks.json", "rank-0.5.png", "rank-0.9.png"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "rank-0.9.png").read_bytes()[:4] == b"\x89PNG"
@@ -238,7 +242,7 @@ def _near_tie_matrices(seed: int, count: int = 48) -> tuple[list[np.ndarray], li
 
 
 def test_ranks_equal_a_float64_svd_exactly_at_near_tied_thresholds():
-    from modelvec.rank.energy import gram_energies, rank_of_energies
+    from modelvec.spectra.energy import gram_energies, rank_of_energies
 
     mats, thresholds = _near_tie_matrices(0)
     by_shape: dict = {}
@@ -278,8 +282,7 @@ def test_rank_figure_bands_stay_within_possible_ranks_and_the_title_inside(tmp_p
     and the (long) title is drawn inside the figure."""
     from matplotlib.figure import Figure
 
-    from modelvec.plots import rank as plots_rank
-    from modelvec.rank import aggregate
+    from modelvec.plots import depth as plots_rank
 
     tables = [
         pd.DataFrame(
@@ -328,7 +331,7 @@ def test_rank_figure_bands_stay_within_possible_ranks_and_the_title_inside(tmp_p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_float64_upcast_is_exact_for_every_stored_dtype_and_view(dtype):
-    from modelvec.rank.energy import as_float64
+    from modelvec.spectra.energy import as_float64
 
     w = (torch.randn(9, 6, generator=torch.Generator().manual_seed(0)) * 1e3).to(dtype)
     w[0, 0], w[1, 1], w[2, 2], w[3, 3] = float("inf"), float("nan"), -0.0, torch.finfo(dtype).tiny
@@ -343,7 +346,7 @@ def test_float64_upcast_is_exact_for_every_stored_dtype_and_view(dtype):
 def test_a_fused_matrix_from_its_parts_grams_has_the_float64_ranks_at_near_tied_thresholds():
     """W = [W_1 W_2 W_3] with a spectrum built to pass a threshold within 1e-7 of it: the whole's
     energies come from the sum of the parts' Grams, and every rank (whole and parts) is the float64 SVD's."""
-    from modelvec.rank.energy import fused_gram_energies, fuses_by_gram, rank_of_energies
+    from modelvec.spectra.energy import fused_gram_energies, fuses_by_gram, rank_of_energies
 
     rng = np.random.default_rng(1)
     groups, thresholds = [], []

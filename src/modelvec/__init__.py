@@ -9,8 +9,10 @@ import-linter contract checks):
 - ``represent``: deltas -> vector (:class:`Representation`, :class:`DeltaEmbedder`);
 - ``store``: the DuckDB store and the vector file;
 - ``run``: many models through engines (local threads, Ray), resume, failures;
-- ``analyse``: kNN dataset score, clustering scores, maps, representations compared, fitted laws;
-- ``rank``: the rank study; ``plots`` and ``report``: pictures and reports; ``cli``: the commands.
+- ``analyse`` and ``spectra``: pure analysis, arrays in, numbers out (kNN dataset score, clustering scores,
+  reduction to 2-D, scores of representations, fitted laws; energy ranks across depth);
+- ``studies``: what runs over models (representations compared; the depth study of checkpoints);
+- ``plots`` and ``report``: pictures and reports; ``cli``: the commands.
 
 Every public name below is imported on first use (as huggingface_hub does), so ``import modelvec``
 is instant and loads torch only when something needs it.
@@ -18,51 +20,14 @@ is instant and loads torch only when something needs it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-#: public name -> the module that defines it
-_LAZY: dict[str, str] = {
-    "ARCHITECTURES": "read",
-    "Architecture": "read",
-    "Checkpoint": "read",
-    "detect": "read",
-    "open_checkpoint": "read",
-    "ArchitectureError": "core",
-    "CheckpointError": "core",
-    "FetchError": "core",
-    "IncompatibleError": "core",
-    "Kind": "core",
-    "ModelvecError": "core",
-    "ResourceError": "core",
-    "TransientError": "core",
-    "error_of": "core",
-    "DeltaEmbedder": "represent",
-    "Representation": "represent",
-    "Store": "store",
-    "StoreError": "core",
-    "StoreLockedError": "core",
-    "NothingStoredError": "core",
-    "EmbedResult": "run",
-    "embed": "run",
-    "embed_discovered": "run",
-    "discover": "run",
-    "evaluate": "analyse",
-    "knn_dataset_score": "analyse",
-    "reduce": "analyse",
-    "rank_study": "rank",
-    "RankStudy": "rank",
-    "cluster": "report",
-    "neighbors": "report",
-    "rank_report": "report",
-}
-
-__all__ = sorted(_LAZY)
-
 if TYPE_CHECKING:
-    from .analyse import evaluate, knn_dataset_score, reduce
+    from .analyse import knn_dataset_score, reduce
     from .core import (
         ArchitectureError,
         CheckpointError,
@@ -77,19 +42,37 @@ if TYPE_CHECKING:
         TransientError,
         error_of,
     )
-    from .rank import RankStudy, rank_study
     from .read import ARCHITECTURES, Architecture, Checkpoint, detect, open_checkpoint
-    from .report import cluster, neighbors, rank_report
+    from .report import cluster, depth_report, neighbors
     from .represent import DeltaEmbedder, Representation
     from .run import EmbedResult, discover, embed, embed_discovered
     from .store import Store
+    from .studies import DepthStudy, depth_study, evaluate
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'modelvec' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+#: the public names, by the subpackage that defines them (imported on first use)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "analyse": ("knn_dataset_score", "reduce"),
+        "core": (
+            "ArchitectureError",
+            "CheckpointError",
+            "FetchError",
+            "IncompatibleError",
+            "Kind",
+            "ModelvecError",
+            "NothingStoredError",
+            "ResourceError",
+            "StoreError",
+            "StoreLockedError",
+            "TransientError",
+            "error_of",
+        ),
+        "read": ("ARCHITECTURES", "Architecture", "Checkpoint", "detect", "open_checkpoint"),
+        "report": ("cluster", "depth_report", "neighbors"),
+        "represent": ("DeltaEmbedder", "Representation"),
+        "run": ("EmbedResult", "discover", "embed", "embed_discovered"),
+        "store": ("Store",),
+        "studies": ("DepthStudy", "depth_study", "evaluate"),
+    },
+)

@@ -592,8 +592,8 @@ def evaluate(
     With a split, the method picked on the selection half is marked, and the report half's kNN score
     comes with a 95 % bootstrap interval over models.
     """
-    from .analyse import evaluate as run_evaluate
-    from .analyse.evaluation import variants
+    from .studies import evaluate as run_evaluate
+    from .studies import variants
 
     table = run_evaluate(
         base,
@@ -659,9 +659,9 @@ def rank(
     store: Path | None = StoreOpt,
 ) -> None:
     """How the rank of every matrix changes with depth: figures per threshold, every value, fitted laws."""
-    from .report import rank_report
+    from .report import depth_report
 
-    study = rank_report(
+    study = depth_report(
         model, base=base, of=of, thresholds=_numbers(threshold), over_finetunes=over_finetunes, store=store, out=out
     )
     for reason in study.failed.values():

@@ -1,14 +1,14 @@
-"""Analysing vectors: the kNN dataset score and clustering scores, maps, representations compared, fitted laws.
+"""Pure analysis of vectors, arrays in and numbers out: the kNN dataset score and clustering scores, reduction
+to 2-D maps, the scores of representations compared, evidence over halves of the datasets, fitted laws.
 
-``evaluate`` embeds models (torch), so it is imported when first used.
+Nothing here reads a checkpoint, a store or the Hub (an import-linter contract says so): what runs over models
+is :mod:`modelvec.studies`'.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from .laws import LAWS, Fit, fit_law, fit_laws
-from .maps import reduce
+from .reduction import reduce
 from .scores import (
     SCALINGS,
     KnnScore,
@@ -29,7 +29,6 @@ __all__ = [
     "Predictions",
     "clustering_scores",
     "distance_matrix",
-    "evaluate",
     "fit_law",
     "fit_laws",
     "knn_dataset_score",
@@ -38,12 +37,3 @@ __all__ = [
     "predict_datasets",
     "reduce",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``evaluate`` (which embeds, with torch) is imported on first use."""
-    if name == "evaluate":
-        from .evaluation import evaluate
-
-        return evaluate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
-"""Pictures: maps of the vectors (PNG and self-contained HTML) and the rank study's figure."""
+"""Pictures: maps of the vectors (PNG and self-contained HTML) and the depth study's figure."""
 
+from .depth import FAMILY_NAMES, FAMILY_ORDER, plot_rank
 from .maps import COLOR_BY, PALETTE, Grouping, grouping, plot_html, plot_png
-from .rank import FAMILY_NAMES, FAMILY_ORDER, plot_rank
 
 __all__ = [
     "COLOR_BY",

@@ -1,6 +1,6 @@
 """Pictures of a map: a PNG for papers and notes, a self-contained HTML page to explore.
 
-Both take ``coords`` (n, 2), e.g. from :func:`modelvec.analyse.maps.reduce`, and ``meta``, a
+Both take ``coords`` (n, 2), e.g. from :func:`modelvec.analyse.reduction.reduce`, and ``meta``, a
 :class:`pandas.DataFrame` with one row per model, in the same order, and the columns
 
 - ``model`` (str): the model id,

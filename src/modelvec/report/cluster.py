@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.maps import reduce
+from ..analyse.reduction import reduce
 from ..analyse.scores import block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import display_name, model_id

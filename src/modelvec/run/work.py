@@ -20,9 +20,9 @@ import numpy as np
 
 from ..core.errors import Kind, ModelvecError, error_of
 from ..hub.cards import card_author, read_card
-from ..hub.labels import dataset_labels
 from ..hub.client import HubSettings
 from ..hub.download import fetch, release, snapshot_folder
+from ..hub.labels import dataset_labels
 from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
 from ..represent.params import Representation

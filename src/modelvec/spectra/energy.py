@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 DEFAULT_THRESHOLDS = (0.5, 0.9, 0.99)
-_REACHED = 1e-9  # a threshold counts as reached within this relative margin (see modelvec.rank.study)
+_REACHED = 1e-9  # a threshold counts as reached within this relative margin (see modelvec.studies.depth)
 
 
 def energy_rank(singular_values: np.ndarray, threshold: float) -> int:

@@ -44,7 +44,7 @@ def plot_rank(
     ``table`` has columns stack, layer (0-based), family, threshold and ``value`` (plus the quartiles
     ``rank_q25``/``rank_q75`` when it aggregates several models: drawn as a band, never outside the
     possible ranks). ``fits`` maps
-    (stack, family, threshold) to fitted laws, best first (:func:`modelvec.rank.study.fit_table`).
+    (stack, family, threshold) to fitted laws, best first (:func:`modelvec.spectra.tables.fit_depth_laws`).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

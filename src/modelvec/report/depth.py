@@ -1,4 +1,4 @@
-"""The rank study written out: every value as CSV and JSON, one figure per threshold, and its warnings."""
+"""The depth study (``modelvec rank``) written out: every value as CSV and JSON, one figure per threshold, and its warnings."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.names import display_name, is_hub_id
-from ..plots.rank import plot_rank
-from ..rank.study import DEFAULT_THRESHOLDS, RankStudy, over_stored, rank_study
+from ..plots.depth import plot_rank
 from ..read.gguf import QuantizationWarning
+from ..spectra import DEFAULT_THRESHOLDS
 from ..store import Store
+from ..studies.depth import DepthStudy, depth_study, over_stored
 
 PathLike = str | os.PathLike[str]
 
 
-def write_outputs(study: RankStudy, out: PathLike, title: str) -> None:
+def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
     """CSV and JSON of every value, and one figure per threshold with the best laws drawn."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,7 +66,7 @@ def write_outputs(study: RankStudy, out: PathLike, title: str) -> None:
         study.files[f"png {threshold:g}"] = str(path)
 
 
-def rank_report(
+def depth_report(
     model: PathLike | None = None,
     *,
     base: PathLike | None = None,
@@ -75,8 +76,8 @@ def rank_report(
     store: Store | PathLike | None = None,
     out: PathLike | None = None,
     device: str = "auto",
-) -> RankStudy:
-    """The rank study of ``model`` (its weights, or with ``of="delta"`` its delta to ``base``), or of the
+) -> DepthStudy:
+    """The depth study of ``model`` (its weights, or with ``of="delta"`` its delta to ``base``), or of the
     deltas of every stored fine-tune of ``over_finetunes``; written to ``out`` when given.
 
     A quantized GGUF's warning is kept in ``study.warnings`` (the ranks include quantization noise).
@@ -90,7 +91,7 @@ def rank_report(
     else:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QuantizationWarning)
-            study = rank_study(model, base=base, of=of, thresholds=thresholds, device=device)
+            study = depth_study(model, base=base, of=of, thresholds=thresholds, device=device)
         for w in caught:
             if issubclass(w.category, QuantizationWarning):
                 study.warnings.append(str(w.message))

@@ -1,7 +1,7 @@
-"""The rank study: how the rank of every weight matrix (or of its fine-tuning delta) changes with depth.
+"""The depth study: how the energy rank of every weight matrix (or of its fine-tuning delta) changes with depth.
 
 For each stack, layer and family: all squared singular values (exact to float64, from the float64
-Gram matrix's eigenvalues: see :mod:`modelvec.rank.energy`), and r(t) = the smallest r with sum_{i<=r} s_i^2 / sum s_i^2 >= t, also as a fraction
+Gram matrix's eigenvalues: see :mod:`modelvec.spectra.energy`), and r(t) = the smallest r with sum_{i<=r} s_i^2 / sum s_i^2 >= t, also as a fraction
 of min(n, m). GPT-2's fused ``c_attn`` is studied both whole (family ``qkv``, as the original
 gpt2-medium study did) and split into q, k, v.
 
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analyse.laws import Fit, fit_laws
+from ..analyse.laws import Fit
 from ..core.errors import CheckpointError, IncompatibleError, ModelvecError, NothingStoredError
 from ..core.names import model_id
 from ..hub.ids import resolve_base
@@ -30,28 +30,13 @@ from ..read import Checkpoint, Layout, MatrixRef, check_compatible, open_checkpo
 from ..read.gguf import refuse_quantized_delta, warn_if_quantized
 from ..represent import resolve_device
 from ..run import local_files
+from ..spectra.energy import DEFAULT_THRESHOLDS, as_float64, fused_gram_energies, fuses_by_gram, gram_energies
+from ..spectra.tables import Spectrum, aggregate_energy_ranks, energy_rank_table, fit_depth_laws
 from ..store import Store, opened
-from .energy import DEFAULT_THRESHOLDS, as_float64, fused_gram_energies, fuses_by_gram, gram_energies, rank_of_energies
 
 PathLike = str | os.PathLike[str]
 KINDS = ("weights", "delta")
 _MAX_BATCH_BYTES = 256 * 2**20  # bounded memory whatever the model size
-
-
-@dataclass(frozen=True)
-class Spectrum:
-    """The squared singular values σᵢ² (descending, float64, exact to float64) of one matrix in
-    W in R^{in x out} orientation; ``singular_values`` their square roots."""
-
-    stack: str
-    layer: int
-    family: str
-    shape: tuple[int, int]
-    energies: np.ndarray = field(repr=False)
-
-    @property
-    def singular_values(self) -> np.ndarray:
-        return np.sqrt(self.energies)
 
 
 def _shape(w: torch.Tensor) -> tuple[int, int]:
@@ -68,7 +53,7 @@ def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
     return refs
 
 
-def spectra(
+def spectra_of(
     model: PathLike | Checkpoint,
     *,
     base: PathLike | Checkpoint | None = None,
@@ -164,51 +149,9 @@ def spectra(
     return [out[(r.stack, r.layer, r.family)] for r in refs]
 
 
-def rank_table(items: Sequence[Spectrum], thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> pd.DataFrame:
-    """One record per matrix and threshold: stack, layer, family, shape, n, m, threshold, rank, rank_fraction."""
-    rows = []
-    for sp in items:
-        n, m = sp.shape
-        for t in thresholds:
-            r = rank_of_energies(sp.energies, t)
-            rows.append(
-                {
-                    "stack": sp.stack,
-                    "layer": sp.layer,
-                    "family": sp.family,
-                    "shape": f"{n}x{m}",
-                    "n": n,
-                    "m": m,
-                    "threshold": float(t),
-                    "rank": r,
-                    "rank_fraction": r / min(n, m),
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def aggregate(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """Mean and spread of the ranks of many models, per stack, family, layer and threshold: std, min, max
-    and the quartiles (the figure's band: quantiles stay within the possible ranks, mean ± std need not)."""
-    data = pd.concat(tables, ignore_index=True)
-    keys = ["stack", "family", "layer", "shape", "threshold"]
-    grouped = data.groupby(keys, sort=False)
-    out = grouped.agg(
-        rank=("rank", "mean"),
-        rank_std=("rank", "std"),
-        rank_min=("rank", "min"),
-        rank_max=("rank", "max"),
-        rank_q25=("rank", lambda r: float(r.quantile(0.25))),
-        rank_q75=("rank", lambda r: float(r.quantile(0.75))),
-        rank_fraction=("rank_fraction", "mean"),
-        models=("rank", "size"),
-    ).reset_index()
-    return out.fillna({"rank_std": 0.0})
-
-
 @dataclass
-class RankStudy:
-    """A rank study's table (every value), fitted laws and written files."""
+class DepthStudy:
+    """A depth study's table (every value), fitted laws and written files."""
 
     model: str
     of: str
@@ -224,29 +167,18 @@ class RankStudy:
         return self.table.to_dict(orient="records")
 
 
-def fit_table(table: pd.DataFrame, *, value: str = "rank") -> dict[tuple[str, str, float], list[Fit]]:
-    """Candidate laws fitted per (stack, family, threshold) across depth, best first (``laws.fit_laws``)."""
-    fits = {}
-    for (stack, family, threshold), group in table.groupby(["stack", "family", "threshold"], sort=False):
-        group = group.sort_values("layer")
-        x = group["layer"].to_numpy(dtype=float) + 1
-        depth = float(table.loc[table["stack"] == stack, "layer"].max() + 1)
-        fits[(stack, family, float(threshold))] = fit_laws(x, group[value].to_numpy(dtype=float), depth=depth)
-    return fits
-
-
-def rank_study(
+def depth_study(
     model: PathLike,
     *,
     base: PathLike | None = None,
     of: str = "weights",
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
     device: str = "auto",
-) -> RankStudy:
-    """The rank study of one model's weights, or of its delta to ``base``."""
-    items = spectra(model, base=base, of=of, device=device)
-    table = rank_table(items, thresholds)
-    return RankStudy(str(model), of, table, items, fit_table(table))
+) -> DepthStudy:
+    """The depth study of one model's weights, or of its delta to ``base``."""
+    items = spectra_of(model, base=base, of=of, device=device)
+    table = energy_rank_table(items, thresholds)
+    return DepthStudy(str(model), of, table, items, fit_depth_laws(table))
 
 
 def over_finetunes(
@@ -256,8 +188,8 @@ def over_finetunes(
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
     device: str = "auto",
     name: str | None = None,
-) -> tuple[RankStudy, dict[str, str]]:
-    """The rank study of the deltas of many fine-tunes of ``base``: mean and spread per family and layer.
+) -> tuple[DepthStudy, dict[str, str]]:
+    """The depth study of the deltas of many fine-tunes of ``base``: mean and spread per family and layer.
 
     Returns the aggregated study and the models that failed (model -> reason); the others go on.
     ``name`` is how the base is shown (e.g. its Hub id when ``base`` is a cache folder).
@@ -266,16 +198,18 @@ def over_finetunes(
     tables, failed, first = [], {}, None
     for model in models:
         try:
-            items = spectra(model, base=base_ck, of="delta", device=device)
+            items = spectra_of(model, base=base_ck, of="delta", device=device)
         except (CheckpointError, IncompatibleError) as exc:
             failed[str(model)] = str(exc)
             continue
         first = first or items
-        tables.append(rank_table(items, thresholds))
+        tables.append(energy_rank_table(items, thresholds))
     if not tables:
         raise ValueError(f"{base}: none of the {len(models)} fine-tunes could be read")
-    table = aggregate(tables)
-    study = RankStudy(name or str(base), "delta", table, [], fit_table(table), n_models=len(tables), failed=failed)
+    table = aggregate_energy_ranks(tables)
+    study = DepthStudy(
+        name or str(base), "delta", table, [], fit_depth_laws(table), n_models=len(tables), failed=failed
+    )
     return study, failed
 
 
@@ -285,8 +219,8 @@ def over_stored(
     store: Store | PathLike | None = None,
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
     device: str = "auto",
-) -> RankStudy:
-    """The rank study of the deltas of every fine-tune of ``base`` in the store (``over_finetunes``).
+) -> DepthStudy:
+    """The depth study of the deltas of every fine-tune of ``base`` in the store (``over_finetunes``).
 
     ``base`` is a local path or a Hub id as stored; Hub models are fetched at their stored
     revisions. A fine-tune that cannot be fetched or read is in ``study.failed``; the others go on.
