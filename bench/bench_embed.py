@@ -122,7 +122,7 @@ def bench(name: str, base: Path, models: list[Path], repeats: int, exact_models:
         reference = {m: exact.embed_one(m) for m in models[:exact_models]}
         row["exact s"] = (time.perf_counter() - start) / len(reference)
         for label, e in embedders.items():
-            if e.params.factor != "U":
+            if e.representation.factor != "U":
                 continue
             errors = [np.linalg.norm(e.embed_one(m) - v) / np.linalg.norm(v) for m, v in reference.items()]
             row[f"{label} rel_err_vs_exact_max"] = float(np.max(errors))

@@ -166,7 +166,7 @@ elif job == "embed":
     fit_s = time.perf_counter() - start
     vec = e.embed_one(ft)
     ck = open_checkpoint(ft)
-    needed = sum(b - a for spans in ck.byte_ranges(read_plan(ck, e.params, base=False)).values() for a, b in spans)
+    needed = sum(b - a for spans in ck.byte_ranges(read_plan(ck, e.representation, base=False)).values() for a, b in spans)
 elif job in ("hub-embed", "hub-whole"):  # the fine-tune from the local Hub (endpoint in params), the base local
     from modelvec import DeltaEmbedder
     from modelvec.hub.client import HubSettings
@@ -180,7 +180,7 @@ elif job in ("hub-embed", "hub-whole"):  # the fine-tune from the local Hub (end
     if job == "hub-whole":  # the whole files downloaded (what reading every row costs), then embedded
         ck = open_checkpoint(fetch(hub["repo"], hub["sha"], None, settings))
     else:
-        ck = open_hub(hub["repo"], hub["sha"], None, "ft", settings, e.params, base=False)
+        ck = open_hub(hub["repo"], hub["sha"], None, "ft", settings, e.representation, base=False)
     got_s = time.perf_counter() - start - fit_s
     vec = e.embed_one(ck)
 elif job == "rank":

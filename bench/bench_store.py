@@ -77,7 +77,7 @@ def main() -> None:
         for _ in range(2):  # the first read after writing is slower here (page cache state), the second is warm
             with Store(path) as db:  # a fresh process-like open: nothing cached in the connection
                 start = time.perf_counter()
-                matrix, meta = db.load(base="base", params=params)
+                matrix, meta = db.load(base="base", representation=params)
                 load_s.append(time.perf_counter() - start)
             assert matrix.shape == (args.rows, args.dim) and matrix.dtype == np.float32 and len(meta) == args.rows
             if len(load_s) == 1:

@@ -493,7 +493,7 @@ def embed(case: Case, base_bare=False, ft_bare=False, **kw) -> tuple[DeltaEmbedd
 
 def block_u(e: DeltaEmbedder, vec: np.ndarray, block) -> np.ndarray:
     """A block of the vector back as its n x r factor."""
-    return vec[block.start : block.stop].reshape(e.params.rank, block.n).T
+    return vec[block.start : block.stop].reshape(e.representation.rank, block.n).T
 
 
 # --- 1. the vector equals the definition, family by family -------------------------------------------

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import modelvec
 from conftest import planted_finetune
+from modelvec.analyse.scores import Scoring
 from modelvec.cli import _json_default, app
 from modelvec.hub.client import HubSettings
 from modelvec.store import Store
@@ -55,11 +56,11 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
     cli_show = _cli("show", "--store", str(api_store))
     assert cli_show == api_show and cli_show["models"]
 
-    report = modelvec.cluster(base, store=api_store, out=tmp_path / "a", method="pca")
+    report = modelvec.cluster(base, store=api_store, out=tmp_path / "a", reduce="pca")
     cli_cluster = _cli("cluster", str(base), "--store", str(api_store), "--out", str(tmp_path / "a"), "--reduce", "pca")
     assert cli_cluster == _as_printed(report.as_json())
 
-    found = modelvec.neighbors(str(models[0]), store=api_store, k=3)
+    found = modelvec.neighbors(str(models[0]), store=api_store, scoring=Scoring(k=3))
     assert _cli("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == _as_printed(found.as_json())
 
     study = modelvec.depth_report(models[1], base=base, of="delta", thresholds=(0.5, 0.9), out=tmp_path / "r")

@@ -15,6 +15,7 @@ import modelvec
 from conftest import save_state
 from modelvec import Checkpoint, Representation
 from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
+from modelvec.analyse.scores import Scoring
 from modelvec.cli import app
 from modelvec.report import cluster, neighbors
 from modelvec.store import Store
@@ -72,7 +73,7 @@ def test_task_vector_gram_is_the_inner_product_of_flattened_deltas(planted):
 
 def test_planted_datasets_cluster_perfectly(planted, tmp_path):
     base, models, unlabelled, store = planted
-    report = cluster(base, params=Representation(rank=4), store=store, out=tmp_path, method="pca")
+    report = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path, reduce="pca")
     assert report.knn_score == 1.0 and report.n_scored == 12
     assert set(report.per_dataset) == set(DATASETS)
     assert report.loo_accuracy == 1.0
@@ -153,7 +154,7 @@ def test_cluster_without_vectors_is_a_clear_error(planted, tmp_path):
 
 def test_neighbors_lists_the_same_dataset_first(planted):
     _, models, _, store = planted
-    found = neighbors(models[0], params=Representation(rank=4), store=store, k=3)
+    found = neighbors(models[0], representation=Representation(rank=4), store=store, scoring=Scoring(k=3))
     assert not found.on_the_fly
     assert [list(d) for d in found.nearest["datasets"]] == [["imdb"]] * 3
     assert str(models[0].resolve()) not in set(found.nearest["model"])
@@ -170,23 +171,31 @@ def test_cluster_and_neighbors_rank_by_mutual_proximity_on_request(planted, tmp_
     base, models, _, store = planted
     params = Representation(rank=4)
     with modelvec.Store(store) as db:
-        X, meta = db.load(base=str(Path(base).resolve()), params=params)
+        X, meta = db.load(base=str(Path(base).resolve()), representation=params)
     labels = [list(d) for d in meta["datasets"]]
-    report = cluster(base, params=params, store=store, out=tmp_path, method="pca", scaling="mutual-proximity")
+    report = cluster(
+        base,
+        representation=params,
+        store=store,
+        out=tmp_path,
+        reduce="pca",
+        scoring=Scoring(scaling="mutual-proximity"),
+    )
     assert report.scaling == "mutual-proximity" and report.as_json()["scaling"] == "mutual-proximity"
     assert report.knn_score == knn_dataset_score(X, labels, scaling="mutual-proximity").score
     me = int(np.flatnonzero(meta["model"].to_numpy() == str(models[0].resolve()))[0])
     D = distance_matrix(X, scaling="mutual-proximity")
     order = [j for j in np.argsort(D[me], kind="stable") if j != me][:5]
-    found = neighbors(models[0], params=params, store=store, k=5, scaling="mutual-proximity")
+    found = neighbors(models[0], representation=params, store=store, scoring=Scoring(scaling="mutual-proximity", k=5))
     assert list(found.nearest["model"]) == list(meta["model"].iloc[order])
     np.testing.assert_allclose(found.nearest["distance"], D[me, order], rtol=1e-6)
-    plain = neighbors(models[0], params=params, store=store, k=5)
+    plain = neighbors(models[0], representation=params, store=store, scoring=Scoring(k=5))
     assert not np.allclose(found.nearest["distance"], plain.nearest["distance"])  # -log MP, not the cosine distance
     result = CliRunner().invoke(
         app, ["neighbors", str(models[0]), "--k", "3", "--rank", "4", "--store", str(store), "--scaling", "nope"]
     )
-    assert result.exit_code != 0 and "scaling must be one of" in " ".join(result.output.split())
+    said = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "'nope' is not one of 'none', 'mutual-proximity'" in said  # refused as parsed
 
 
 def _rows(store: Path) -> int:
@@ -200,7 +209,7 @@ def test_neighbors_of_a_model_not_in_the_store_embeds_it_on_the_fly(planted, tmp
     base, models, _, store = planted
     newcomer = planted_dataset_finetune(base, tmp_path / "newcomer", 2, 777)
     before = _rows(store)
-    found = neighbors(newcomer, params=Representation(rank=4), store=store, k=4)
+    found = neighbors(newcomer, representation=Representation(rank=4), store=store, scoring=Scoring(k=4))
     assert found.on_the_fly and found.warning is None and _rows(store) == before
     assert found.base == str(Path(base).resolve())
     assert [list(d) for d in found.nearest["datasets"]] == [["squad"]] * 4
@@ -215,7 +224,7 @@ def test_neighbors_of_a_model_not_in_the_store_embeds_it_on_the_fly(planted, tmp
     shutil.copy(store, twin_store)
     shutil.copy(f"{store}.vectors", f"{twin_store}.vectors")
     modelvec.embed(base, [copy], rank=4, store=twin_store)
-    again = neighbors(newcomer, params=Representation(rank=4), store=twin_store, k=1)
+    again = neighbors(newcomer, representation=Representation(rank=4), store=twin_store, scoring=Scoring(k=1))
     assert again.nearest["model"][0] == str(copy.resolve()) and again.nearest["distance"][0] < 1e-6
     result = CliRunner().invoke(app, ["neighbors", str(newcomer), "--k", "4", "--rank", "4", "--store", str(store)])
     text = " ".join(result.output.split())
@@ -227,18 +236,18 @@ def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, 
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(modelvec.ModelvecError, match=r"empty: no weights found"):
-        neighbors(empty, params=Representation(rank=4), store=store)
+        neighbors(empty, representation=Representation(rank=4), store=store)
     result = CliRunner().invoke(app, ["neighbors", str(empty), "--rank", "4", "--store", str(store)])
     assert result.exit_code == 2 and "no weights found" in result.output
     with pytest.raises(modelvec.NothingStoredError, match="no vectors stored for this base"):
-        neighbors(empty, params=Representation(rank=4), store=store, base=str(tmp_path))
+        neighbors(empty, representation=Representation(rank=4), store=store, base=str(tmp_path))
 
 
 def test_neighbors_without_matching_vectors_says_what_the_store_holds(planted, tmp_path):
     _, models, _, store = planted
     stored = r"\(stored, with the options that read them: r4-sketch-mean\S+ \(--rank 4\)"
     with pytest.raises(modelvec.NothingStoredError, match=r"no vectors stored with representation r7-\S+ " + stored):
-        neighbors(models[0], params=Representation(rank=7), store=store)
+        neighbors(models[0], representation=Representation(rank=7), store=store)
     empty = CliRunner().invoke(app, ["neighbors", str(models[0]), "--store", str(tmp_path / "new.duckdb")])
     assert empty.exit_code == 2
     assert f"{tmp_path / 'new.duckdb'}: no vectors stored with representation" in empty.output
@@ -332,8 +341,8 @@ def test_explain_shares_sum_to_the_cosine_and_find_the_shared_block(tiny_bert, t
     store = tmp_path / "s.duckdb"
     params = Representation(rank=4, pooling="concat")
     modelvec.embed(tiny_bert, paths, representation=params, store=store)
-    found = neighbors(paths[0], params=params, store=store, k=2, explain=True)
-    X, meta = Store(store).load(params=params)
+    found = neighbors(paths[0], representation=params, store=store, explain=True, scoring=Scoring(k=2))
+    X, meta = Store(store).load(representation=params)
     by_model = dict(zip(meta["model"], X))
     for item, distance in zip(found.explanation, found.nearest["distance"]):
         assert sum(b["share"] for b in item["blocks"]) == pytest.approx(1 - distance, abs=1e-6)
@@ -380,12 +389,12 @@ def test_per_block_knn_score_finds_the_planted_block_and_draws_the_heat_map(tiny
     store = tmp_path / "s.duckdb"
     params = Representation(rank=4, pooling="concat")
     modelvec.embed(tiny_bert, paths, representation=params, store=store)
-    report = cluster(tiny_bert, params=params, store=store, out=tmp_path / "out", method="pca")
+    report = cluster(tiny_bert, representation=params, store=store, out=tmp_path / "out", reduce="pca")
     blocks = {(b["layer"], b["family"]): b["knn_score"] for b in report.per_block}
     assert len(blocks) == 2 * 6  # 2 layers x 6 families of the tiny BERT
     assert blocks[(1, "k")] == 1.0 and max(v for b, v in blocks.items() if b != (1, "k")) < 1.0
     png = Path(report.files["blocks"])
     assert png.read_bytes()[:4] == b"\x89PNG" and png.parent == tmp_path / "out"
     modelvec.embed(tiny_bert, paths, representation=Representation(rank=4), store=store)
-    mean = cluster(tiny_bert, params=Representation(rank=4), store=store, out=tmp_path / "m", method="pca")
+    mean = cluster(tiny_bert, representation=Representation(rank=4), store=store, out=tmp_path / "m", reduce="pca")
     assert [b["layer"] for b in mean.per_block] == [None] * 6  # layers pooled: one row of families

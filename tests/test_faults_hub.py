@@ -159,7 +159,7 @@ def settings(server, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def reference(tiny_bert):
     """The vector of a local folder, computed without the Hub."""
-    embedder = DeltaEmbedder.from_params(Representation(), "cpu").fit(Checkpoint(tiny_bert))
+    embedder = DeltaEmbedder.from_representation(Representation(), "cpu").fit(Checkpoint(tiny_bert))
     cache: dict[Path, np.ndarray] = {}
 
     def vector(folder: Path) -> np.ndarray:

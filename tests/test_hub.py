@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import planted_finetune, tiny_bert_config
+from modelvec.analyse.scores import Scoring
 from modelvec.core.files import formats, weight_format
 from modelvec.hub.client import HubSettings, transient, with_retries
 from modelvec.hub.download import fetch, release, snapshot_folder
@@ -499,7 +500,7 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     assert statuses.count(500) == 2 and statuses.count(429) == 1
     assert "ivan/bert-base-uncased-flaky-cola" in result.embedded
     # vectors equal the ones computed from the local folders the repos were made from
-    embedder = DeltaEmbedder.from_params(Representation(), "cpu").fit(Checkpoint(tiny_bert))
+    embedder = DeltaEmbedder.from_representation(Representation(), "cpu").fit(Checkpoint(tiny_bert))
     for name in result.embedded:
         row = list(result.metadata["model"]).index(name)
         assert np.allclose(result.vectors[row], embedder.embed_one(Checkpoint(made[name])), atol=1e-6), name
@@ -528,11 +529,11 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
         and BASE not in r["path"]
     ]
     # and the analysis runs on it
-    report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", method="pca")
+    report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", reduce="pca")
     assert report.n_models == len(result.embedded) and report.n_authors == len(result.embedded)
     # glue/sst2 is the only dataset with two models (textattack's, guessed from its name, and alice's)
     assert report.n_scored == 2
-    declared = cluster("bert-base-uncased", store=db, out=tmp_path / "out2", method="pca", label_sources=["declared"])
+    declared = cluster("bert-base-uncased", store=db, out=tmp_path / "out2", reduce="pca", label_sources=["declared"])
     assert declared.n_scored == 0 and {p["model"] for p in declared.predictions} >= {
         "textattack/bert-base-uncased-SST-2"
     }
@@ -584,7 +585,7 @@ def test_neighbors_of_a_hub_model_not_in_the_store(world, server, settings, tmp_
     ]
     assert not embed(BASE, stored, store=db, settings=settings).failed
     before = len(db.metadata())
-    result = neighbors("alice/bert-finetuned-sst2", store=db, settings=settings, k=2)
+    result = neighbors("alice/bert-finetuned-sst2", store=db, settings=settings, scoring=Scoring(k=2))
     assert result.on_the_fly and result.base == BASE and len(db.metadata()) == before
     assert result.nearest["model"][0] == str(made["alice/bert-finetuned-sst2"].resolve())
     assert result.nearest["distance"][0] < 1e-6

@@ -152,7 +152,7 @@ def test_store_load_and_parquet_export(tiny_bert, tiny_finetunes, tmp_path):
     out = tmp_path / "v.parquet"
     with Store(store) as db:
         assert db.export_parquet(out) == 3
-        X, meta = db.load(params=Representation(rank=4))
+        X, meta = db.load(representation=Representation(rank=4))
     table = pq.read_table(out)
     for column in ("model", "base", "rank", "factor", "pooling", "solver", "sign", "datasets", "vector"):
         assert column in table.column_names

@@ -71,7 +71,7 @@ def corrupt_copy(good: Path, out: Path) -> Path:
 
 
 def reference(base: Path, models: list[Path]) -> dict[str, np.ndarray]:
-    embedder = DeltaEmbedder.from_params(PARAMS, "cpu").fit(Checkpoint(base))
+    embedder = DeltaEmbedder.from_representation(PARAMS, "cpu").fit(Checkpoint(base))
     return {str(m.resolve()): embedder.embed_one(Checkpoint(m)) for m in models}
 
 
@@ -121,7 +121,11 @@ def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster
     good = sorted(str(m.resolve()) for m in finetunes)
     assert sorted(on_ray.embedded) == good == sorted(local.embedded)
     assert on_ray.metadata["model"].tolist() == local.metadata["model"].tolist()
-    assert on_ray.vectors.shape == local.vectors.shape == (4, DeltaEmbedder.from_params(PARAMS).fit(tiny_bert).dim_)
+    assert (
+        on_ray.vectors.shape
+        == local.vectors.shape
+        == (4, DeltaEmbedder.from_representation(PARAMS).fit(tiny_bert).dim_)
+    )
     assert on_ray.vectors.dtype == np.float32
     assert np.allclose(on_ray.vectors, local.vectors, atol=1e-6)
     assert [list(d) for d in on_ray.metadata["datasets"]] == [list(d) for d in local.metadata["datasets"]]
@@ -145,7 +149,7 @@ def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster
 
 def test_a_worker_that_dies_fails_only_its_model_and_is_replaced(cluster, tiny_bert, finetunes, tmp_path):
     class ExitsTheWorker(Task):  # local to the test, so Ray pickles it by value for the worker
-        def open(self, settings, params=None):
+        def open(self, settings, representation=None):
             os._exit(3)  # the worker process ends in the middle of the task
 
     spec, tasks = tasks_for(tiny_bert, finetunes[:3], tmp_path)
@@ -291,7 +295,7 @@ def test_cli_embed_with_the_ray_engine(cluster, tiny_bert, finetunes, tmp_path):
 def assert_store_holds_reference(store, base, models) -> None:
     """The store holds exactly ``models``, each with the vector the local engine computes."""
     with Store(store) as db:
-        vectors, meta = db.load(params=PARAMS)
+        vectors, meta = db.load(representation=PARAMS)
     expected = reference(base, models)
     assert sorted(meta["model"]) == sorted(expected)
     for row, name in enumerate(meta["model"]):

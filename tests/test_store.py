@@ -33,7 +33,7 @@ def test_vectors_round_trip_through_the_writer_and_survive_reopen(tmp_path):
         for i, x in enumerate(X):
             w.put(row(f"m{i:02d}", x))
     with Store(tmp_path / "s.duckdb") as db:
-        loaded, meta = db.load(params=PARAMS)
+        loaded, meta = db.load(representation=PARAMS)
     np.testing.assert_array_equal(loaded, X)
     assert meta["model"].tolist() == [f"m{i:02d}" for i in range(20)]
     assert (tmp_path / "s.duckdb.vectors").stat().st_size >= X.nbytes
@@ -144,14 +144,14 @@ def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
     path = old_store(tmp_path / "old.duckdb", [(f"m{i:03d}", "bh", X[i], [f"ds{i % 3}"]) for i in range(len(X))])
     with Store(path) as db:
         assert "vector" not in _columns(db.con, "vectors")
-        loaded, meta = db.load(params=PARAMS)
+        loaded, meta = db.load(representation=PARAMS)
         np.testing.assert_array_equal(loaded, X)
         assert meta["datasets"].map(list).tolist() == [[f"ds{i % 3}"] for i in range(len(X))]
         assert meta["label_source"].isna().all()
         extra = vectors(1, dim=500, seed=1)[0]
         db.put(row("zz-new", extra))
     with Store(path) as db:  # opening again migrates nothing more
-        loaded, meta = db.load(params=PARAMS)
+        loaded, meta = db.load(representation=PARAMS)
     assert len(meta) == 301
     np.testing.assert_array_equal(loaded[-1], extra)
 

@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.table import Column, Table
 from typer.core import TyperGroup
 
+from .analyse.scores import Scoring
 from .core.errors import ModelvecError
 from .core.settings import flag_of, settings_of
-from .represent.params import Representation
+from .represent.representation import Representation
 
 if TYPE_CHECKING:
     from .store import Store
@@ -132,15 +133,29 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def with_settings(cls: type, name: str) -> Any:
+def with_settings(
+    cls: type,
+    name: str,
+    *,
+    only: tuple[str, ...] | None = None,
+    defaults: dict[str, Any] | None = None,
+    helps: dict[str, str] | None = None,
+) -> Any:
     """Give a command one option per field of the settings class ``cls`` (their help, choices and bounds
     come from the declaration: :mod:`modelvec.core.settings`); the command receives them built and
-    validated, as ``name=cls(...)``. Adding a field to ``cls`` adds its option to every such command."""
+    validated, as ``name=cls(...)``. Adding a field to ``cls`` adds its option to every such command.
+
+    ``only``: the fields the command uses (the others keep their defaults); ``defaults`` and ``helps``: where a
+    command's default or meaning differs (``neighbors --k`` lists 10 neighbours)."""
+    defaults, helps = defaults or {}, helps or {}
+
+    def fields() -> list[tuple[Any, Any]]:
+        return [(f, m) for f, m in settings_of(cls) if only is None or f.name in only]
 
     def decorate(func: Any) -> Any:
         signature = inspect.signature(func)
         added = []
-        for field, meta in settings_of(cls):
+        for field, meta in fields():
             flag = flag_of(field, meta)
             kind: type = type(field.default)
             if kind is bool:
@@ -148,9 +163,9 @@ def with_settings(cls: type, name: str) -> Any:
             else:
                 decls = [flag]
             option = typer.Option(
-                field.default,
+                defaults.get(field.name, field.default),
                 *decls,
-                help=meta.help,
+                help=helps.get(field.name, meta.help),
                 metavar=meta.metavar,
                 min=meta.minimum,
                 max=meta.maximum,
@@ -167,18 +182,18 @@ def with_settings(cls: type, name: str) -> Any:
             )
         before = list(signature.parameters.values())
         at = [p.name for p in before].index(name)  # the options stand where the command declares them
-        params = [*before[:at], *added, *before[at + 1 :]]
+        parameters = [*before[:at], *added, *before[at + 1 :]]
 
         @functools.wraps(func)
         def command(*args: Any, **kwargs: Any) -> Any:
-            values = {f.name: kwargs.pop(f"{name}__{f.name}") for f, _ in settings_of(cls)}
+            values = {f.name: kwargs.pop(f"{name}__{f.name}") for f, _ in fields()}
             try:
                 kwargs[name] = cls(**values)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc)) from None
             return func(*args, **kwargs)
 
-        command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         annotations = {k: v for k, v in func.__annotations__.items() if k != name}
         command.__annotations__ = {**annotations, **{p.name: p.annotation for p in added}}
         return command
@@ -186,17 +201,8 @@ def with_settings(cls: type, name: str) -> Any:
     return decorate
 
 
-MetricOpt = typer.Option("cosine", "--metric", help="Distance: cosine|euclidean.")
-ScalingOpt = typer.Option(
-    "none",
-    "--scaling",
-    help="Rank neighbours by the distance as it is (none) or by mutual proximity (mutual-proximity: for "
-    "adapters beside full fine-tunes).",
-)
-
-
 @app.command()
-@with_settings(Representation, "params")
+@with_settings(Representation, "representation")
 def embed(
     targets: list[str] = typer.Argument(
         ...,
@@ -204,7 +210,7 @@ def embed(
         "or just BASE (a Hub id): every discovered fine-tune of it.",
     ),
     base: str | None = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
-    params: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     device: str = typer.Option(
         "auto", callback=_check_device, help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
     ),
@@ -252,7 +258,7 @@ def embed(
     with _store(store, wait) as db, Progress(*columns, console=err, transient=False, disable=as_json) as bar:
         task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
         common: dict[str, Any] = dict(
-            representation=params,
+            representation=representation,
             device=device,
             store=db,
             force=force,
@@ -399,15 +405,13 @@ def compact(store: Path | None = StoreOpt) -> None:
 
 
 @app.command()
-@with_settings(Representation, "params")
+@with_settings(Representation, "representation")
+@with_settings(Scoring, "scoring")
 def cluster(
     base: str = typer.Argument(..., help="The base whose stored fine-tunes to cluster (path or stored id)."),
     reduce: str = typer.Option("umap", "--reduce", help="2-D map: umap|tsne|pca."),
     standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
-    metric: str = MetricOpt,
-    pool: str = typer.Option("labelled", "--pool", help="kNN neighbour pool: labelled|all."),
-    scaling: str = ScalingOpt,
-    k: int = typer.Option(5, "--k", min=1, help="Neighbours voting in dataset predictions."),
+    scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
     as_json: bool = JsonOpt,
     label_source: list[str] | None = typer.Option(
@@ -416,7 +420,7 @@ def cluster(
         help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed "
         "(repeated or comma-separated).",
     ),
-    params: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
 ) -> None:
     """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
@@ -424,16 +428,13 @@ def cluster(
 
     report = run_cluster(
         base,
-        params=params,
+        representation=representation,
+        scoring=scoring,
         store=store,
         out=out,
-        method=reduce,
+        reduce=reduce,
         standardize=standardize,
-        metric=metric,
-        pool=pool,
-        k=k,
         label_sources=_split(label_source) or None,
-        scaling=scaling,
     )
     if as_json:
         _print_json(report.as_json())
@@ -472,14 +473,19 @@ def cluster(
 
 
 @app.command()
-@with_settings(Representation, "params")
+@with_settings(Representation, "representation")
+@with_settings(
+    Scoring,
+    "scoring",
+    only=("metric", "scaling", "k"),
+    defaults={"k": 10},
+    helps={"k": "How many nearest stored models are listed (and vote for the predicted dataset)."},
+)
 def neighbors(
     model: str = typer.Argument(..., help="A model: stored, or a local folder or Hub id to embed on the fly."),
-    k: int = typer.Option(10, "--k", min=1, help="How many neighbours (and voters for the predicted dataset)."),
     base: str | None = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
-    metric: str = MetricOpt,
-    scaling: str = ScalingOpt,
-    params: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
+    representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
     explain: bool = typer.Option(
@@ -493,7 +499,7 @@ def neighbors(
     """
     from .report import neighbors as find
 
-    found = find(model, params=params, store=store, k=k, metric=metric, base=base, explain=explain, scaling=scaling)
+    found = find(model, representation=representation, scoring=scoring, store=store, base=base, explain=explain)
     if as_json:
         _print_json(found.as_json())
         return
@@ -508,7 +514,7 @@ def neighbors(
     table = Table(
         "#",
         _whole("model"),
-        f"{metric} distance",
+        f"{scoring.metric} distance",
         _whole("datasets"),
         "author",
         title=f"nearest to {_short(found.query)}",
@@ -528,7 +534,7 @@ def neighbors(
         votes = ", ".join(f"{name} {n}" for name, n in found.votes.items())
         console.print(
             f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
-            f"votes of the {k} nearest labelled models: {votes})"
+            f"votes of the {scoring.k} nearest labelled models: {votes})"
         )
     for item in found.explanation or []:
         families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))
@@ -543,12 +549,13 @@ def neighbors(
 
 
 @app.command()
+@with_settings(Scoring, "scoring", only=("metric", "k"))
 def evaluate(
     models: list[Path] = typer.Argument(
         ..., help="Fine-tuned models (or LoRA adapters) with dataset labels in their cards."
     ),
     base: Path = typer.Option(..., "--base", help="The base model."),
-    metric: str = MetricOpt,
+    scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
@@ -607,7 +614,7 @@ def evaluate(
         ),
         seeds=tuple(int(x) for x in _numbers(seeds)),
         store=store,
-        metric=metric,
+        scoring=scoring,
         progress=lambda msg: _say(err, msg),
         split=split,
         selection=_split(selection) if selection else None,

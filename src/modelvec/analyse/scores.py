@@ -37,9 +37,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.settings import check_field, setting, validate
+
 METRICS = ("cosine", "euclidean")
 SCALINGS = ("none", "mutual-proximity")
 POOLS = ("labelled", "all")
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How neighbours are found and counted, each setting declared once (the CLI's options are made from them):
+    validated once, passed whole to ``cluster``, ``neighbors`` and ``evaluate``."""
+
+    metric: str = setting("cosine", "Distance between vectors.", choices=METRICS)
+    scaling: str = setting(
+        "none",
+        "Rank neighbours by the distance as it is (none), or by mutual proximity (mutual-proximity: puts adapters and "
+        "full fine-tunes on one scale).",
+        choices=SCALINGS,
+    )
+    pool: str = setting(
+        "labelled",
+        "The kNN score's neighbours: labelled models only, or all (unlabelled ones count as misses).",
+        choices=POOLS,
+    )
+    k: int = setting(5, "Nearest labelled models that vote for a model's predicted dataset.", minimum=1)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
 
 _BLOCK_ELEMENTS = 1 << 22  # distances held at once (32 MiB of float64), whatever n_models is
 
@@ -71,12 +97,6 @@ class Predictions:
 
 
 # --- validation ---------------------------------------------------------------------------------
-
-
-def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
-    return str(value)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -192,8 +212,8 @@ def _sub(stats: _Stats, idx: np.ndarray) -> _Stats:
 
 def distance_matrix(X: np.ndarray, *, metric: str = "cosine", scaling: str = "none") -> np.ndarray:
     """(n, n) distances between the rows of X, as every function here ranks them (diagonal 0)."""
-    _check_choice("metric", metric, METRICS)
-    _check_choice("scaling", scaling, SCALINGS)
+    check_field(Scoring, "metric", metric)
+    check_field(Scoring, "scaling", scaling)
     Z = _prepare(_as_matrix(X), metric)
     D = _distances(Z, Z, metric)
     stats = _spread(Z, metric, scaling)
@@ -291,9 +311,9 @@ def knn_dataset_score(
       fine-tunes, whose distances differ in scale.
     - Distances, zero vectors and ties: see the module docstring (ties go to the lower index).
     """
-    _check_choice("metric", metric, METRICS)
-    _check_choice("pool", pool, POOLS)
-    _check_choice("scaling", scaling, SCALINGS)
+    check_field(Scoring, "metric", metric)
+    check_field(Scoring, "pool", pool)
+    check_field(Scoring, "scaling", scaling)
     M = _as_matrix(X)
     n = len(M)
     sets = _label_sets(labels, n)
@@ -349,9 +369,9 @@ def predict_datasets(
     in deployment. nan / 0 when fewer than two models are labelled. ``scaling``: as in
     :func:`knn_dataset_score`.
     """
-    k = _check_int("k", k, 1)
-    _check_choice("metric", metric, METRICS)
-    _check_choice("scaling", scaling, SCALINGS)
+    k = check_field(Scoring, "k", k)
+    check_field(Scoring, "metric", metric)
+    check_field(Scoring, "scaling", scaling)
     M = _as_matrix(X)
     n = len(M)
     names, member = _membership(_label_sets(labels, n))
@@ -431,7 +451,7 @@ def clustering_scores(
     from sklearn.cluster import HDBSCAN, KMeans
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
 
-    _check_choice("metric", metric, METRICS)
+    check_field(Scoring, "metric", metric)
     seed = _check_int("seed", seed, 0)
     M = _as_matrix(X)
     sets = _label_sets(labels, len(M))
@@ -475,9 +495,9 @@ def nearest(
     ``scaling="mutual-proximity"``: distances are -log MP, the spreads taken over the rows of X,
     and the query's over the rows other than ``exclude``.
     """
-    k = _check_int("k", k, 1)
-    _check_choice("metric", metric, METRICS)
-    _check_choice("scaling", scaling, SCALINGS)
+    k = check_field(Scoring, "k", k)
+    check_field(Scoring, "metric", metric)
+    check_field(Scoring, "scaling", scaling)
     M = _as_matrix(X)
     q = _as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
     if q.shape != (1, M.shape[1]):

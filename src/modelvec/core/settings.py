@@ -60,6 +60,14 @@ def bounds_text(meta: Setting) -> str:
     return f">= {meta.minimum:g}" if meta.minimum is not None else ""
 
 
+def check_field(cls: Any, name: str, value: Any) -> Any:
+    """``value`` checked against the declaration of ``cls``'s field ``name`` (its type, choices and bounds) as
+    :func:`validate` checks it: for functions that take a setting loose. Returns it (an int as a float for a
+    float field)."""
+    field, meta = next((f, m) for f, m in settings_of(cls) if f.name == name)
+    return _checked(field, meta, value)
+
+
 def validate(obj: Any) -> None:
     """Check every declared field of a (frozen) settings dataclass: type, choices and bounds.
 
@@ -67,21 +75,27 @@ def validate(obj: Any) -> None:
     settings compare and print equal. Raises ``ValueError`` naming the field and what it allows.
     """
     for field, meta in settings_of(obj):
-        value: Any = getattr(obj, field.name)
-        kind: type = type(field.default)
-        if kind is float and type(value) is int:
-            value = float(value)
-            object.__setattr__(obj, field.name, value)
-        if type(value) is not kind:
-            what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-                kind, kind.__name__
-            )
-            raise ValueError(f"{field.name} must be {what}, not {value!r}")
-        allowed = bounds_text(meta)
-        if meta.choices and value not in meta.choices:
-            raise ValueError(f"{field.name} must be {allowed}, not {value!r}")
-        number = float(getattr(obj, field.name)) if kind in (int, float) else 0.0
-        if kind in (int, float) and not (
+        value = getattr(obj, field.name)
+        checked = _checked(field, meta, value)
+        if checked is not value:
+            object.__setattr__(obj, field.name, checked)
+
+
+def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
+    kind: type = type(field.default)
+    if kind is float and type(value) is int:
+        value = float(value)
+    if kind is int and type(value) is not bool and isinstance(value, int):
+        value = int(value)  # an integer type of numpy's is an int
+    if type(value) is not kind:
+        what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, kind.__name__)
+        raise ValueError(f"{field.name} must be {what}, not {value!r}")
+    allowed = bounds_text(meta)
+    if meta.choices and value not in meta.choices:
+        raise ValueError(f"{field.name} must be {allowed}, not {value!r}")
+    if kind in (int, float):
+        number = float(value) if isinstance(value, (int, float)) else float("nan")
+        if not (
             (meta.minimum is None or number >= meta.minimum)
             and (meta.maximum is None or number <= meta.maximum)
             and (meta.above is None or number > meta.above)
@@ -89,6 +103,7 @@ def validate(obj: Any) -> None:
         ):
             what = {int: "an integer", float: "a number"}[kind]
             raise ValueError(f"{field.name} must be {what} {allowed}, not {value!r}")
+    return value
 
 
 def flags(obj: Any, reference: Any = None) -> list[str]:

@@ -7,7 +7,7 @@ checkpoint is :mod:`modelvec.core.files`, and whether a candidate matches its ba
 """
 
 from .client import HubSettings, describe_error, with_retries
-from .discovery import CatalogueEntry, Discovery, Matcher, discover
+from .discovery import CatalogueEntry, Discovery, Matcher, search_finetunes
 from .download import fetch, release, resolve_revision
 from .ids import BaseId, resolve_base
 
@@ -18,10 +18,10 @@ __all__ = [
     "HubSettings",
     "Matcher",
     "describe_error",
-    "discover",
     "fetch",
     "release",
     "resolve_base",
     "resolve_revision",
+    "search_finetunes",
     "with_retries",
 ]

@@ -83,7 +83,7 @@ class CatalogueEntry:
 
 @dataclass
 class Discovery:
-    """The result of :func:`discover`: the base's revision and every candidate considered."""
+    """The result of :func:`search_finetunes`: the base's revision and every candidate considered."""
 
     base: str
     base_sha: str
@@ -148,7 +148,7 @@ def describe(info: Any, base: str, kept: bool, reason: str) -> CatalogueEntry:
     )
 
 
-def discover(
+def search_finetunes(
     base: str,
     *,
     limit: int | None = None,

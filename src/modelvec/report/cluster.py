@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.reduction import reduce
-from ..analyse.scores import block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
+from ..analyse.reduction import reduce as reduce_to_2d
+from ..analyse.scores import Scoring, block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import display_name, model_id
 from ..hub.ids import resolve_base
@@ -25,7 +25,7 @@ from ..hub.labels import matches_source
 from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from ..store import Store, opened, options_of
 
 PathLike = str | os.PathLike[str]
@@ -65,26 +65,29 @@ class ClusterReport:
 
 
 def _per_block(
-    X: np.ndarray, labels: list[list[str]], base: str, params: Representation, metric: str, scaling: str
+    X: np.ndarray, labels: list[list[str]], base: str, representation: Representation, scoring: Scoring
 ) -> list[dict[str, Any]] | None:
     """The kNN score of each block alone (the blocks laid out from the base's files, when at hand)."""
     try:
-        blocks = blocks_of(base, params) if os.path.exists(base) else None
+        blocks = blocks_of(base, representation) if os.path.exists(base) else None
     except ModelvecError:
         blocks = None
     if not blocks or blocks[-1].stop != X.shape[1]:
         return None
-    scores = block_knn_scores(X, labels, [(b.start, b.stop) for b in blocks], metric=metric, scaling=scaling)
+    bounds = [(b.start, b.stop) for b in blocks]
+    scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
     return [
         {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
     ]
 
 
-def load_base(store: Store, base: PathLike | str, params: Representation) -> tuple[np.ndarray, pd.DataFrame, str]:
-    """The stored vectors of ``base`` (a path or a stored id) under ``params``; clear error when none."""
+def load_base(
+    store: Store, base: PathLike | str, representation: Representation
+) -> tuple[np.ndarray, pd.DataFrame, str]:
+    """The stored vectors of ``base`` (a path or a stored id) under ``representation``; clear error when none."""
     ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
     for name in ids:
-        X, meta = store.load(base=name, params=params)
+        X, meta = store.load(base=name, representation=representation)
         if len(meta):
             return X, meta, name
     stored = store.summary()
@@ -93,7 +96,7 @@ def load_base(store: Store, base: PathLike | str, params: Representation) -> tup
     )
     raise NothingStoredError(
         str(base),
-        f"no vectors stored for this base with representation {params.key()} "
+        f"no vectors stored for this base with representation {representation.key()} "
         + (f"(stored, with the options that read them: {known}); or embed again" if known else "(nothing stored)"),
     )
 
@@ -101,31 +104,31 @@ def load_base(store: Store, base: PathLike | str, params: Representation) -> tup
 def cluster(
     base: PathLike | str,
     *,
-    params: Representation | None = None,
+    representation: Representation | None = None,
+    scoring: Scoring | None = None,
     store: Store | PathLike | None = None,
     out: PathLike = "modelvec-out",
-    method: str = "umap",
+    reduce: str = "umap",
     standardize: bool = False,
-    metric: str = "cosine",
-    pool: str = "labelled",
-    k: int = 5,
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
-    scaling: str = "none",
 ) -> ClusterReport:
-    """Score and map the stored vectors of ``base``; writes ``out/clusters-<method>.png`` and ``.html``.
+    """Score and map the stored vectors of ``base``; writes ``out/clusters-<reduce>.png`` and ``.html``.
 
+    ``representation`` says which stored vectors (default: today's defaults); ``scoring`` how neighbours are
+    found and counted (:class:`~modelvec.analyse.scores.Scoring`: its ``scaling`` ranks neighbours for the
+    neighbour-based scores, ``"mutual-proximity"`` for collections that mix adapters and full fine-tunes; the
+    clusterers and the map see the vectors as they are). ``reduce`` is the map's reduction (umap, tsne, pca).
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
     ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
     The report also gives the kNN score with same-author neighbours excluded, to tell an author
-    effect (one uploader's near-identical runs) from a dataset effect. ``scaling``: how the
-    neighbour-based scores rank neighbours (``"mutual-proximity"`` for collections that mix
-    adapters and full fine-tunes; :mod:`~modelvec.analyse.scores`); the clusterers and the map
-    see the vectors as they are.
+    effect (one uploader's near-identical runs) from a dataset effect.
     """
-    params = params or Representation()
+    representation = representation or Representation()
+    scoring = scoring or Scoring()
+    metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
     with opened(store) as db:
-        X, meta, base_name = load_base(db, base, params)
+        X, meta, base_name = load_base(db, base, representation)
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:
         labels = [
@@ -137,7 +140,7 @@ def cluster(
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
     by_author = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
     counts = pd.Series([a for a in authors if a]).value_counts()
-    pred = predict_datasets(X, labels, k=k, metric=metric, scaling=scaling)
+    pred = predict_datasets(X, labels, k=scoring.k, metric=metric, scaling=scaling)
     scores = clustering_scores(X, labels, metric=metric, seed=seed)
     predictions = [
         {"model": m, "predicted": p, "confidence": float(c)}
@@ -146,7 +149,7 @@ def cluster(
     ]
     report = ClusterReport(
         base=base_name,
-        params=params.key(),
+        params=representation.key(),
         n_models=len(meta),
         metric=metric,
         pool=pool,
@@ -164,23 +167,25 @@ def cluster(
         scaling=scaling,
     )
     folder = Path(out)
-    report.per_block = _per_block(X, labels, base_name, params, metric, scaling)
+    report.per_block = _per_block(X, labels, base_name, representation, scoring)
     if report.per_block:
         report.files["blocks"] = str(
             plot_block_scores(
                 pd.DataFrame(report.per_block),
                 folder / "blocks-knn.png",
-                title=f"which layers and families separate the datasets ({params.key()})",
+                title=f"which layers and families separate the datasets ({representation.key()})",
             )
         )
     if len(meta) >= 3:
-        coords = reduce(X, method, standardize=standardize, seed=seed, metric=metric)
+        coords = reduce_to_2d(X, reduce, standardize=standardize, seed=seed, metric=metric)
         title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
-        subtitle = f"{params.key()} · {method.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
+        subtitle = (
+            f"{representation.key()} · {reduce.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
+        )
         report.files["png"] = str(
-            plot_png(coords, meta, folder / f"clusters-{method}.png", method=method, title=title, subtitle=subtitle)
+            plot_png(coords, meta, folder / f"clusters-{reduce}.png", method=reduce, title=title, subtitle=subtitle)
         )
         report.files["html"] = str(
-            plot_html(coords, meta, folder / f"clusters-{method}.html", method=method, title=f"{title} — {subtitle}")
+            plot_html(coords, meta, folder / f"clusters-{reduce}.html", method=reduce, title=f"{title} — {subtitle}")
         )
     return report

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.scores import cosine_contributions, majority_dataset, nearest
+from ..analyse.scores import Scoring, cosine_contributions, majority_dataset, nearest
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import is_hub_id, model_id
 from ..hub.client import HubSettings
 from ..hub.ids import resolve_base
 from ..represent import blocks_of
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from ..run import catalogue_entries, embed, local_files
 from ..store import Store, opened, options_of
 
@@ -52,21 +52,23 @@ class Neighbors:
         return out
 
 
-def _stored_base(db: Store, base: PathLike | str | None, params: Representation) -> str:
-    """The base to compare against: the one given, else the only base with vectors under ``params``."""
+def _stored_base(db: Store, base: PathLike | str | None, representation: Representation) -> str:
+    """The base to compare against: the one given, else the only base with vectors under ``representation``."""
     if base is not None:
         names = [model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
         for name in names:
-            if not db.metadata(base=name, params=params).empty:
+            if not db.metadata(base=name, representation=representation).empty:
                 return name
-        raise NothingStoredError(str(base), f"no vectors stored for this base with representation {params.key()}")
-    bases = sorted(set(db.metadata(params=params)["base"]))
+        raise NothingStoredError(
+            str(base), f"no vectors stored for this base with representation {representation.key()}"
+        )
+    bases = sorted(set(db.metadata(representation=representation)["base"]))
     if not bases:
         stored = db.summary().drop_duplicates("params")
         other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["settings"])]
         raise NothingStoredError(
             str(db.path),
-            f"no vectors stored with representation {params.key()}"
+            f"no vectors stored with representation {representation.key()}"
             + (
                 f" (stored, with the options that read them: {', '.join(other)}; or embed again)"
                 if other
@@ -76,14 +78,14 @@ def _stored_base(db: Store, base: PathLike | str | None, params: Representation)
     if len(bases) > 1:
         raise NothingStoredError(
             str(db.path),
-            f"holds vectors of {len(bases)} bases with representation {params.key()} "
+            f"holds vectors of {len(bases)} bases with representation {representation.key()} "
             f"({', '.join(bases)}): name one with --base",
         )
     return bases[0]
 
 
 def _embed_query(
-    model: PathLike | str, base: str, params: Representation, db: Store, settings: HubSettings | None
+    model: PathLike | str, base: str, representation: Representation, db: Store, settings: HubSettings | None
 ) -> tuple[np.ndarray, str | None]:
     """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it.
 
@@ -97,12 +99,12 @@ def _embed_query(
             scratch.put_catalogue(
                 base, sha, catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
             )
-        result = embed(base, [model], representation=params, store=scratch, settings=settings, workers=1)
+        result = embed(base, [model], representation=representation, store=scratch, settings=settings, workers=1)
         if result.failed:
             name, why = next(iter(result.failed.items()))
             raise ModelvecError(name, why.removeprefix(f"{name}: "))
-        base_hash = scratch.base_hashes(base, params)
-    stored = db.base_hashes(base, params)
+        base_hash = scratch.base_hashes(base, representation)
+    stored = db.base_hashes(base, representation)
     warning = None
     if base_hash and stored and base_hash[0] not in stored:
         warning = (
@@ -112,45 +114,49 @@ def _embed_query(
     return result.vectors[0], warning
 
 
+#: How ``neighbors`` finds them unless told: 10 listed (and voting), by cosine distance.
+NEIGHBORS_SCORING = Scoring(k=10)
+
+
 def neighbors(
     model: PathLike | str,
     *,
-    params: Representation | None = None,
+    representation: Representation | None = None,
+    scoring: Scoring | None = None,
     store: Store | PathLike | None = None,
-    k: int = 10,
-    metric: str = "cosine",
     base: PathLike | str | None = None,
     settings: HubSettings | None = None,
     explain: bool = False,
-    scaling: str = "none",
 ) -> Neighbors:
-    """The ``k`` stored models nearest to ``model``, and the dataset they suggest for it.
+    """The ``scoring.k`` stored models nearest to ``model``, and the dataset they suggest for it.
 
     ``model`` is a stored model, or any local folder or Hub id: one not in the store is embedded
-    on the fly with ``params`` against the stored base (``base``, or the only one stored) and
+    on the fly with ``representation`` against the stored base (``base``, or the only one stored) and
     compared, without being stored. The prediction is the majority dataset among the ``k``
     nearest labelled models (the rule of ``cluster``'s predictions), with its vote share.
 
     ``explain`` adds, per neighbour, which layers and families carry the similarity: each block's
     share of the cosine (they sum to it; :func:`~modelvec.analyse.scores.cosine_contributions`).
-    ``scaling="mutual-proximity"`` ranks the stored models by mutual proximity (distance: -log MP),
-    for stores that mix adapters and full fine-tunes.
+    ``scoring`` (default :data:`NEIGHBORS_SCORING`): its ``metric``, and ``scaling="mutual-proximity"`` ranks
+    the stored models by mutual proximity (distance: -log MP), for stores that mix adapters and full fine-tunes.
     """
-    params = params or Representation()
+    representation = representation or Representation()
+    scoring = scoring or NEIGHBORS_SCORING
+    k, metric, scaling = scoring.k, scoring.metric, scoring.scaling
     with opened(store) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
-        rows = db.metadata(params=params, models=[name])
+        rows = db.metadata(representation=representation, models=[name])
         if base is not None or rows.empty:
-            base_name = _stored_base(db, base, params)
+            base_name = _stored_base(db, base, representation)
             rows = rows[rows["base"] == base_name]
         else:
             base_name = rows["base"].iloc[0]
-        X, meta = db.load(base=base_name, params=params)
+        X, meta = db.load(base=base_name, representation=representation)
         on_the_fly, warning = rows.empty, None
         if on_the_fly:
             if not os.path.exists(str(model)) and not is_hub_id(model):
                 raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
-            query, warning = _embed_query(model, base_name, params, db, settings)
+            query, warning = _embed_query(model, base_name, representation, db, settings)
             me = None
         else:
             me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
@@ -166,16 +172,18 @@ def neighbors(
     votes: dict[str, int] = {}
     if voters:
         predicted, confidence, votes = majority_dataset([labels[i] for i in voters])
-    explanation = _explain(query, X[idx], found["model"], base_files, params) if base_files is not None else None
+    explanation = (
+        _explain(query, X[idx], found["model"], base_files, representation) if base_files is not None else None
+    )
     return Neighbors(
-        name, base_name, params.key(), on_the_fly, found, predicted, confidence, votes, warning, explanation
+        name, base_name, representation.key(), on_the_fly, found, predicted, confidence, votes, warning, explanation
     )
 
 
 def _explain(
-    query: np.ndarray, rows: np.ndarray, models: pd.Series, base: str, params: Representation
+    query: np.ndarray, rows: np.ndarray, models: pd.Series, base: str, representation: Representation
 ) -> list[dict[str, Any]]:
-    blocks = blocks_of(base, params)
+    blocks = blocks_of(base, representation)
     shares = cosine_contributions(query, rows, [(b.start, b.stop) for b in blocks])
     out = []
     for model, row in zip(models, shares):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.lazy import lazy_exports
-from .params import FACTORS, POOLINGS, PROJECTIONS, SIGNS, SOLVERS, Representation
+from .representation import FACTORS, POOLINGS, PROJECTIONS, SIGNS, SOLVERS, Representation
 
 if TYPE_CHECKING:
     from .device import resolve_device

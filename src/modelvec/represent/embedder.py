@@ -16,8 +16,8 @@ from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError,
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .device import resolve_device
 from .linalg import factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
-from .params import Representation
 from .projection import Projection
+from .representation import Representation
 from .rows import MatrixPlan, plan_matrix
 
 BATCHINGS = ("auto", "layer", "family")
@@ -46,24 +46,26 @@ class Block:
 
 
 def vector_blocks(
-    layout: Layout, plans: dict[tuple[str, int, str], MatrixPlan], params: Representation, vocab: int = 0
+    layout: Layout, plans: dict[tuple[str, int, str], MatrixPlan], representation: Representation, vocab: int = 0
 ) -> list[Block]:
-    """Where each stack, layer (None when pooled) and family sits in a vector of ``params``.
+    """Where each stack, layer (None when pooled) and family sits in a vector of ``representation``.
 
-    A matrix's block has ``params.block_size(kept)`` floats, ``kept`` the side its factor keeps
-    (:class:`~modelvec.represent.rows.MatrixPlan`). With ``params.head == "vocabulary"`` the last
+    A matrix's block has ``representation.block_size(kept)`` floats, ``kept`` the side its factor keeps
+    (:class:`~modelvec.represent.rows.MatrixPlan`). With ``representation.head == "vocabulary"`` the last
     block is the head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats)."""
     blocks: list[Block] = []
     pos = 0
     for stack, layer, refs in layout.by_layer():
-        if params.pooling == "mean" and layer > 0:
+        if representation.pooling == "mean" and layer > 0:
             continue
         for ref in refs:
             n = plans[ref.key].kept
-            size = params.block_size(n)
-            blocks.append(Block(stack, layer if params.pooling == "concat" else None, ref.family, n, pos, pos + size))
+            size = representation.block_size(n)
+            blocks.append(
+                Block(stack, layer if representation.pooling == "concat" else None, ref.family, n, pos, pos + size)
+            )
             pos += size
-    if params.head == "vocabulary":
+    if representation.head == "vocabulary":
         blocks.append(Block("head", None, "vocabulary", vocab, pos, pos + vocab))
     return blocks
 
@@ -72,7 +74,7 @@ class VocabularyReadout:
     """The head's vocabulary prior of a model, E (beta - beta_base), read through the base's embeddings E.
 
     See :class:`~modelvec.read.architectures.VocabularyHead` for what it is and
-    :class:`~modelvec.represent.params.Representation` (``head``) for how it enters the vector.
+    :class:`~modelvec.represent.representation.Representation` (``head``) for how it enters the vector.
     """
 
     _ROWS = 8192  # rows of E converted to float64 at a time
@@ -126,7 +128,7 @@ class VocabularyReadout:
         return (prior * (scale / norm)).float() if norm > 0 else torch.zeros(self.vocab)
 
 
-def plans_of(ck: Checkpoint, layout: Layout, params: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
+def plans_of(ck: Checkpoint, layout: Layout, representation: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
     """Each matrix's :class:`~modelvec.represent.rows.MatrixPlan` in ``ck``, from its stored shapes alone.
 
     A fused tensor whose parts do not divide it is refused here, naming it."""
@@ -134,21 +136,21 @@ def plans_of(ck: Checkpoint, layout: Layout, params: Representation) -> dict[tup
     for ref in layout.refs:
         ck.matrix_shape(ref, layout.prefix)  # the reader's checks: a matrix, parts that divide it
         stored = ck.shape(layout.prefix + ref.tensor)
-        plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), params, layout.prefix)
+        plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), representation, layout.prefix)
     return plans
 
 
-def read_plan(ck: Checkpoint, params: Representation, *, base: bool) -> dict[str, list[tuple[int, int]]]:
-    """The stored rows of each tensor of ``ck`` that its vector under ``params`` reads (tensor -> row ranges).
+def read_plan(ck: Checkpoint, representation: Representation, *, base: bool) -> dict[str, list[tuple[int, int]]]:
+    """The stored rows of each tensor of ``ck`` that its vector under ``representation`` reads (tensor -> row ranges).
 
     Known from the shapes alone, before any weight is read: what a partial download fetches. With the
     vocabulary head, its bias whole, and for the ``base`` the embeddings it is read through."""
     layout = ck.layout()
     plan: dict[str, list[tuple[int, int]]] = {}
-    for p in plans_of(ck, layout, params).values():
+    for p in plans_of(ck, layout, representation).values():
         plan.setdefault(p.tensor, []).extend(p.rows)
     head = layout.arch.vocabulary_head
-    if params.head == "vocabulary" and head is not None:
+    if representation.head == "vocabulary" and head is not None:
         for name in (*head.bias, head.embedding) if base else head.bias:
             key = ck.find(name)
             if key is not None:
@@ -157,12 +159,12 @@ def read_plan(ck: Checkpoint, params: Representation, *, base: bool) -> dict[str
     return plan
 
 
-def blocks_of(base: str | os.PathLike[str] | Checkpoint, params: Representation) -> list[Block]:
-    """The blocks of vectors of ``params`` over ``base``, from its layout and shapes alone (no weights read)."""
+def blocks_of(base: str | os.PathLike[str] | Checkpoint, representation: Representation) -> list[Block]:
+    """The blocks of vectors of ``representation`` over ``base``, from its layout and shapes alone (no weights read)."""
     ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
     layout = ck.layout()
-    vocab = VocabularyReadout(ck, layout).vocab if params.head == "vocabulary" else 0
-    return vector_blocks(layout, plans_of(ck, layout, params), params, vocab)
+    vocab = VocabularyReadout(ck, layout).vocab if representation.head == "vocabulary" else 0
+    return vector_blocks(layout, plans_of(ck, layout, representation), representation, vocab)
 
 
 class DeltaEmbedder:
@@ -194,15 +196,17 @@ class DeltaEmbedder:
         """``representation``, or its fields as keywords (``DeltaEmbedder(rank=16, pooling="concat")``)."""
         if representation is not None and settings:
             raise ValueError("give a Representation or its settings as keywords, not both")
-        self.params = representation if representation is not None else Representation(**settings)
+        self.representation = representation if representation is not None else Representation(**settings)
         self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
         self.batching = batching
 
     @classmethod
-    def from_params(cls, params: Representation, device: str = "cpu", batching: str = "auto") -> DeltaEmbedder:
-        return cls(params, device=device, batching=batching)
+    def from_representation(
+        cls, representation: Representation, device: str = "cpu", batching: str = "auto"
+    ) -> DeltaEmbedder:
+        return cls(representation, device=device, batching=batching)
 
     @property
     def by_family(self) -> bool:
@@ -227,19 +231,19 @@ class DeltaEmbedder:
         for ref in layout.refs:
             shapes[ref.key] = ck.matrix_shape(ref, layout.prefix)
             families.setdefault((ref.stack, ref.family, shapes[ref.key], ref.orientation), []).append(ref)
-            if self.params.uses_svd and not _all_finite(ck.matrix(ref, layout.prefix, cache, stored=True)):
+            if self.representation.uses_svd and not _all_finite(ck.matrix(ref, layout.prefix, cache, stored=True)):
                 raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         self.base_ = ck
         self.layout_ = layout
         self.shapes_ = shapes
         self.families_ = families
-        self.plans_ = plans_of(ck, layout, self.params)
+        self.plans_ = plans_of(ck, layout, self.representation)
         self.stored_shapes_ = {ref.tensor: tuple(ck.shape(layout.prefix + ref.tensor)) for ref in layout.refs}
-        if not self.params.uses_svd:  # the sketch is linear: the base's part once, in float64
+        if not self.representation.uses_svd:  # the sketch is linear: the base's part once, in float64
             omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
             self.projections_ = {
                 ref.key: Projection(
-                    self.plans_[ref.key], self.params, (ref.stack, ref.layer, ref.family), self.device, omegas
+                    self.plans_[ref.key], self.representation, (ref.stack, ref.layer, ref.family), self.device, omegas
                 )
                 for ref in layout.refs
             }
@@ -249,7 +253,7 @@ class DeltaEmbedder:
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
             self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
-        self.vocabulary_ = VocabularyReadout(ck, layout) if self.params.head == "vocabulary" else None
+        self.vocabulary_ = VocabularyReadout(ck, layout) if self.representation.head == "vocabulary" else None
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
@@ -266,7 +270,7 @@ class DeltaEmbedder:
 
     def _blocks(self, layout: Layout) -> list[Block]:
         vocab = self.vocabulary_.vocab if self.vocabulary_ is not None else 0
-        return vector_blocks(layout, self.plans_, self.params, vocab)
+        return vector_blocks(layout, self.plans_, self.representation, vocab)
 
     # --- transform ----------------------------------------------------------------------------
     def transform(self, models: Iterable[str | os.PathLike[str] | Checkpoint]) -> np.ndarray:
@@ -297,7 +301,7 @@ class DeltaEmbedder:
         """The same representation, layer by layer on the CPU, fitted on the same base (made once)."""
         smaller = self.__dict__.get("_smaller_embedder")
         if smaller is None:
-            smaller = DeltaEmbedder.from_params(self.params, "cpu", "layer").fit(self.base_)
+            smaller = DeltaEmbedder.from_representation(self.representation, "cpu", "layer").fit(self.base_)
             self.__dict__["_smaller_embedder"] = smaller
         return smaller
 
@@ -317,9 +321,9 @@ class DeltaEmbedder:
             return self._pooled(self.layout_, lambda refs: [factors[r.key] for r in refs])
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
-        if self.by_family and self.params.uses_svd:
+        if self.by_family and self.representation.uses_svd:
             by_key = self._family_factors(ck, layout)
-        elif not self.params.uses_svd:
+        elif not self.representation.uses_svd:
             ck.require_rows({p.tensor: p.rows for p in self._plans_in(layout)})
             failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
@@ -344,14 +348,15 @@ class DeltaEmbedder:
         counts: dict[str, int] = {}
         for stack, _layer, refs in layout.by_layer():
             layer_vec = torch.cat(factors_of(refs))
-            if self.params.pooling == "mean":
+            if self.representation.pooling == "mean":
                 acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec)])
                 acc[0] += layer_vec
                 counts[stack] = counts.get(stack, 0) + 1
             else:
                 stacks.setdefault(stack, []).append(layer_vec)
         parts = [
-            acc[0] / counts[name] if self.params.pooling == "mean" else torch.cat(acc) for name, acc in stacks.items()
+            acc[0] / counts[name] if self.representation.pooling == "mean" else torch.cat(acc)
+            for name, acc in stacks.items()
         ]
         return torch.cat(parts).to("cpu", torch.float32).numpy()
 
@@ -363,7 +368,7 @@ class DeltaEmbedder:
         columns beyond the adapter's rank) as dense deltas. A matrix the adapter leaves alone has
         dW = 0: its block is zeros, as a merged model's would be.
         """
-        p = self.params
+        p = self.representation
         shapes = dict(self.shapes_)
         deltas = ck.low_rank_deltas(self.layout_, shapes)
         factors: dict[tuple[str, int, str], torch.Tensor] = {}
@@ -401,7 +406,7 @@ class DeltaEmbedder:
     def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """(b, block) SVD factors of a (b, n, m) batch of deltas, and whether they are finite (the sketch
         never forms the deltas: see :meth:`_sketch_streamed`)."""
-        p = self.params
+        p = self.representation
         m = batch.shape[-1]
         try:
             u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
@@ -434,7 +439,7 @@ class DeltaEmbedder:
             out, finite = self._factors(batch)
             if not finite:
                 self._raise_non_finite(ck, layout, [refs[i] for i in idx], batch)
-            if self.params.block_norm:
+            if self.representation.block_norm:
                 out = normalise_blocks(out)
             for i, block in zip(idx, out):
                 factors[i] = block
@@ -524,7 +529,7 @@ class DeltaEmbedder:
         if not torch.isfinite(out).all():
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         block = out.float().reshape(1, -1)
-        return (normalise_blocks(block) if self.params.block_norm else block)[0]
+        return (normalise_blocks(block) if self.representation.block_norm else block)[0]
 
     def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
         """Every matrix's factor, each family batched over its layers on the device (see ``batching``).
@@ -550,7 +555,7 @@ class DeltaEmbedder:
                 out, finite = self._factors(batch)
                 if not finite:
                     self._raise_non_finite(ck, layout, refs, batch)
-                if self.params.block_norm:
+                if self.representation.block_norm:
                     out = normalise_blocks(out)
                 factors.update(zip((r.key for r in refs), out))
         return factors

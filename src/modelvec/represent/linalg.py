@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .params import Representation
+from .representation import Representation
 
 
 def truncated_svd(
@@ -73,7 +73,7 @@ def canonical_signs(u: torch.Tensor) -> torch.Tensor:
     return u * signs
 
 
-def factor_blocks(u: torch.Tensor, s: torch.Tensor, params: Representation, m: int) -> torch.Tensor:
+def factor_blocks(u: torch.Tensor, s: torch.Tensor, representation: Representation, m: int) -> torch.Tensor:
     """(b, block_size): each (n x m) matrix's kept factor, zero-padded to ``rank`` columns, column by column.
 
     ``S`` keeps the singular values alone (b, rank).
@@ -81,15 +81,15 @@ def factor_blocks(u: torch.Tensor, s: torch.Tensor, params: Representation, m: i
     b, n, k = u.shape
     tol = s[..., :1] * torch.finfo(s.dtype).eps * max(n, m)
     live = s > tol
-    if params.factor == "S":
-        return torch.nn.functional.pad(s * live, (0, params.rank - k))
-    if params.sign == "max-abs":
+    if representation.factor == "S":
+        return torch.nn.functional.pad(s * live, (0, representation.rank - k))
+    if representation.sign == "max-abs":
         u = canonical_signs(u)
     u = u * live.unsqueeze(-2)
-    if params.factor == "US":
+    if representation.factor == "US":
         u = u * (s * live).unsqueeze(-2)
-    if k < params.rank:
-        u = torch.nn.functional.pad(u, (0, params.rank - k))
+    if k < representation.rank:
+        u = torch.nn.functional.pad(u, (0, representation.rank - k))
     return u.mT.reshape(b, -1)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .linalg import sketch_matrix
-from .params import Representation
+from .representation import Representation
 from .rows import MatrixPlan, derived_seed
 
 
@@ -39,7 +39,7 @@ class Projection:
     def __init__(
         self,
         plan: MatrixPlan,
-        params: Representation,
+        representation: Representation,
         place: tuple,
         device: torch.device,
         shared: dict[int, torch.Tensor] | None = None,
@@ -47,13 +47,13 @@ class Projection:
         """``place`` (stack, layer, family) seeds the per-matrix randomness; ``shared`` caches the
         ``shared`` projection's Omega^T per width across matrices."""
         self.plan = plan
-        self.rank = params.rank
-        self.kind = params.projection
+        self.rank = representation.rank
+        self.kind = representation.projection
         self.device = device
-        self.size = params.rank * plan.kept
+        self.size = representation.rank * plan.kept
         self._local = torch.from_numpy(plan.local_rows()).to(device)
         if self.kind == "countsketch":
-            gen = torch.Generator().manual_seed(derived_seed(params.seed, "countsketch", *place))
+            gen = torch.Generator().manual_seed(derived_seed(representation.seed, "countsketch", *place))
             size = self.size
             self.h_row = torch.randint(0, size, (plan.n_rows,), generator=gen)[plan.local_rows()].to(device)
             self.h_col = torch.randint(0, size, (plan.n_cols,), generator=gen).to(device)
@@ -65,8 +65,12 @@ class Projection:
             if self.kind == "shared" and shared is not None and m in shared:
                 omega_t = shared[m]
             else:
-                seed = params.seed if self.kind == "shared" else derived_seed(params.seed, "gaussian", *place)
-                omega_t = sketch_matrix(m, params.rank, seed).mT.contiguous().double().to(device)
+                seed = (
+                    representation.seed
+                    if self.kind == "shared"
+                    else derived_seed(representation.seed, "gaussian", *place)
+                )
+                omega_t = sketch_matrix(m, representation.rank, seed).mT.contiguous().double().to(device)
                 if self.kind == "shared" and shared is not None:
                     shared[m] = omega_t
             if plan.contract_rows and plan.n_selected < plan.n_rows:  # only the selected rows' part is used

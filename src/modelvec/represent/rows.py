@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..read import MatrixRef, Orientation
-from .params import Representation
+from .representation import Representation
 
 #: Values per contiguous block of rows at most (1 MiB of bf16) and at least (64 KiB of bf16: below that a range
 #: request costs more in round trips than in bytes) where the share has that many.
@@ -110,8 +110,10 @@ class MatrixPlan:
         return np.concatenate([np.arange(a, b) for a, b in self.rows]) - self.row_start
 
 
-def plan_matrix(ref: MatrixRef, stored_shape: tuple[int, int], params: Representation, prefix: str = "") -> MatrixPlan:
-    """The rows and columns of its stored tensor that ``ref``'s block needs under ``params``.
+def plan_matrix(
+    ref: MatrixRef, stored_shape: tuple[int, int], representation: Representation, prefix: str = ""
+) -> MatrixPlan:
+    """The rows and columns of its stored tensor that ``ref``'s block needs under ``representation``.
 
     ``stored_shape`` is the whole stored tensor's (fused parts included); a fused part whose
     parts do not divide it is left whole here (the reader refuses it with its own message).
@@ -126,7 +128,7 @@ def plan_matrix(ref: MatrixRef, stored_shape: tuple[int, int], params: Represent
     else:  # rows are shared by the parts (split along the columns): chosen once for the tensor
         row_start, n_rows, cols = 0, n_stored, part
         place = (ref.stack, ref.layer, ref.fused or ref.family)
-    local = select_rows(n_rows, n_cols, params.rows, params.seed, place)
+    local = select_rows(n_rows, n_cols, representation.rows, representation.seed, place)
     rows = tuple((row_start + a, row_start + b) for a, b in local)
     return MatrixPlan(prefix + ref.tensor, rows, row_start, n_rows, cols, contract_rows=linear)
 

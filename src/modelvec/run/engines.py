@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from ..hub.client import HubSettings
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from .work import BaseSpec, Outcome, Task
 
 
@@ -24,7 +24,7 @@ class Engine(Protocol):
     def run(
         self,
         base: BaseSpec,
-        params: Representation,
+        representation: Representation,
         tasks: Iterable[Task],
         settings: HubSettings,
         keep_weights: bool = True,

@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..hub.client import HubSettings
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from .work import BaseSpec, Outcome, Task, compute, fit_base
 
 if TYPE_CHECKING:
@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from ..represent import DeltaEmbedder
 
 
-def _prepare(task: Task, settings: HubSettings, params: Representation) -> Checkpoint:
-    """Off the compute thread: fetch (Hub: only what ``params`` reads), read the headers, and start reading
+def _prepare(task: Task, settings: HubSettings, representation: Representation) -> Checkpoint:
+    """Off the compute thread: fetch (Hub: only what ``representation`` reads), read the headers, and start reading
     from disk the bytes the vector needs."""
     from ..represent import read_plan
 
-    ck = task.open(settings, params)
+    ck = task.open(settings, representation)
     ck.layout()
-    ck.prefetch(read_plan(ck, params, base=False) if params.rows < 1 and not ck.factored else None)
+    ck.prefetch(read_plan(ck, representation, base=False) if representation.rows < 1 and not ck.factored else None)
     return ck
 
 
@@ -52,7 +52,7 @@ class LocalEngine:
     def run(
         self,
         base: BaseSpec,
-        params: Representation,
+        representation: Representation,
         tasks: Iterable[Task],
         settings: HubSettings,
         keep_weights: bool = True,
@@ -68,7 +68,7 @@ class LocalEngine:
                 task = next(todo, None)
                 if task is None:
                     return
-                pending.append((task, pool.submit(_prepare, task, settings, params)))
+                pending.append((task, pool.submit(_prepare, task, settings, representation)))
 
         try:
             fill()
@@ -76,7 +76,7 @@ class LocalEngine:
                 task, opened = pending.popleft()
                 fill()
                 if embedder is None:
-                    embedder = fit_base(base, params, self.device, settings)
+                    embedder = fit_base(base, representation, self.device, settings)
                 outcome = compute(task, embedder, opened.result)
                 if not keep_weights:
                     task.release(settings)

@@ -30,7 +30,7 @@ from ..hub.discovery import CatalogueEntry, describe
 from ..hub.download import fetch, resolve_revision
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, open_checkpoint, refuse_adapter_base
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
 from .discover import discover
 from .engines import Engine, make_engine
@@ -84,7 +84,7 @@ def embed(
     engine: str | Engine = "local",
     address: str | None = None,
     load: bool = True,
-    **params: Any,
+    **fields: Any,
 ) -> EmbedResult:
     """Embed fine-tunes of ``base`` into the store and return their vectors and metadata.
 
@@ -103,7 +103,7 @@ def embed(
     (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
     no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
     """
-    chosen = representation or Representation(**params)
+    chosen = representation or Representation(**fields)
     settings = settings or HubSettings()
     runner = engine if not isinstance(engine, str) else make_engine(engine, workers, device, address)
     with opened(store) as db:
@@ -159,7 +159,7 @@ def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str
 def _run(
     base: PathLike | str,
     models: Iterable[Model],
-    params: Representation,
+    representation: Representation,
     db: Store,
     force: bool,
     progress: Progress,
@@ -174,7 +174,7 @@ def _run(
     writer = db.writer()
 
     def fail(name: str, error: str, model_hash: str | None, kind: Kind) -> None:
-        writer.put(Failure(name, spec.name, params, error, model_hash, kind))
+        writer.put(Failure(name, spec.name, representation, error, model_hash, kind))
         result.failed[name] = error
         progress(name, "failed", error)
 
@@ -191,11 +191,11 @@ def _run(
                     raise err from exc
                 fail(name, str(err), None, err.kind)
                 continue
-            if not force and db.has(name, task.identity, spec.name, spec.identity, params):
+            if not force and db.has(name, task.identity, spec.name, spec.identity, representation):
                 result.skipped.append(name)
                 progress(name, "skipped", "already stored")
                 continue
-            known = None if force else db.known_failure(name, task.identity, spec.name, params)
+            known = None if force else db.known_failure(name, task.identity, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
                 result.failed[name] = known
                 progress(name, "failed", known)
@@ -203,7 +203,7 @@ def _run(
             yield task
 
     with writer:
-        for outcome in engine.run(spec, params, todo(), settings, keep_weights):
+        for outcome in engine.run(spec, representation, todo(), settings, keep_weights):
             task = outcome.task
             if outcome.error is not None:
                 fail(task.name, outcome.error, task.identity, outcome.kind)
@@ -214,7 +214,7 @@ def _run(
                     task.identity,
                     spec.name,
                     spec.identity,
-                    params,
+                    representation,
                     str(outcome.architecture),
                     outcome.vector,  # type: ignore[arg-type]  # no error: a vector
                     outcome.datasets,
@@ -229,7 +229,7 @@ def _run(
                 result.notes.setdefault(outcome.note, []).append(task.name)
             progress(task.name, "embedded", f"{outcome.seconds:.2f}s")
     if load:
-        result.vectors, result.metadata = db.load(spec.name, params, models=wanted)
+        result.vectors, result.metadata = db.load(spec.name, representation, models=wanted)
     return result
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..core.errors import CheckpointError, Kind, ModelvecError, error_of, register_explainer
 from ..hub.client import HubSettings
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from .work import BaseSpec, Outcome, Task, compute, fit_base
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class _Worker:
     """A Ray actor: reads the base once, then embeds the models sent to it, one at a time."""
 
     def __init__(
-        self, base: BaseSpec, params: Representation, device: str, settings: HubSettings, keep_weights: bool
+        self, base: BaseSpec, representation: Representation, device: str, settings: HubSettings, keep_weights: bool
     ) -> None:
         import torch
 
@@ -117,7 +117,7 @@ class _Worker:
         self.embedder: DeltaEmbedder | None = None
         self.failure: str | None = None
         try:
-            self.embedder = fit_base(base, params, device, settings)
+            self.embedder = fit_base(base, representation, device, settings)
         except ModelvecError as exc:  # kept, not raised: the driver tells this from a dead worker
             self.failure = exc.cause if exc.model == base.name else str(exc)
         except Exception as exc:
@@ -135,7 +135,7 @@ class _Worker:
         embedder = self.embedder
         assert embedder is not None, "run() on a worker whose base failed"
         try:
-            return compute(task, embedder, lambda: task.open(self.settings, embedder.params))
+            return compute(task, embedder, lambda: task.open(self.settings, embedder.representation))
         except ModelvecError as exc:  # compute raises only the base's own faults
             return exc
         finally:
@@ -184,7 +184,7 @@ class RayEngine:
     def run(
         self,
         base: BaseSpec,
-        params: Representation,
+        representation: Representation,
         tasks: Iterable[Task],
         settings: HubSettings,
         keep_weights: bool = True,
@@ -208,7 +208,7 @@ class RayEngine:
                     )
                 raise ValueError(f"cannot start or reach the Ray cluster {where}: {_one_line(exc)}{hint}") from None
         try:
-            yield from _Run(self, base, params, settings, keep_weights, _chain(first, todo)).outcomes()
+            yield from _Run(self, base, representation, settings, keep_weights, _chain(first, todo)).outcomes()
         finally:
             if started:
                 ray.shutdown()
@@ -238,7 +238,7 @@ class _Run:
         self,
         engine: RayEngine,
         base: BaseSpec,
-        params: Representation,
+        representation: Representation,
         settings: HubSettings,
         keep_weights: bool,
         todo: Iterator[Task],
@@ -256,7 +256,7 @@ class _Run:
         # Ray sets CUDA_VISIBLE_DEVICES to the actor's one GPU, so it is always "cuda" there.
         device = "cuda" if engine.gpu else engine.device
         self.actor_class = ray.remote(_Worker).options(**options)
-        self.args = (base, params, device, settings, keep_weights)
+        self.args = (base, representation, device, settings, keep_weights)
         self.asked = "1 CPU and 1 GPU" if engine.gpu else "1 CPU"
         self.slots: list[_Slot] = []
         self.starting: dict[Any, _Slot] = {}  # ready() ref -> slot

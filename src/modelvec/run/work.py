@@ -25,7 +25,7 @@ from ..hub.download import fetch, release, snapshot_folder
 from ..hub.labels import dataset_labels
 from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
-from ..represent.params import Representation
+from ..represent.representation import Representation
 
 if TYPE_CHECKING:
     from ..read import Checkpoint
@@ -42,13 +42,13 @@ class BaseSpec:
     repo: str | None = None
     sha: str | None = None
 
-    def open(self, settings: HubSettings, params: Representation | None = None) -> Checkpoint:
-        """The base's checkpoint; from the Hub, only what ``params`` reads (see :func:`open_hub`)."""
+    def open(self, settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
+        """The base's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
         from ..read import Checkpoint
 
         if self.path is not None:
             return Checkpoint(self.path, name=self.name)
-        return open_hub(str(self.repo), str(self.sha), None, self.name, settings, params, base=True)
+        return open_hub(str(self.repo), str(self.sha), None, self.name, settings, representation, base=True)
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ class Task:
     label_source: str | None = None
     author: str | None = None
 
-    def open(self, settings: HubSettings, params: Representation | None = None) -> Checkpoint:
-        """The model's checkpoint; from the Hub, only what ``params`` reads (see :func:`open_hub`)."""
+    def open(self, settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
+        """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
         if self.repo is not None:
             files = list(self.files) or None
-            return open_hub(self.repo, str(self.sha), files, self.name, settings, params, base=False)
+            return open_hub(self.repo, str(self.sha), files, self.name, settings, representation, base=False)
         return open_checkpoint(str(self.path), name=self.name)
 
     def labels(self, ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
@@ -101,11 +101,11 @@ def open_hub(
     files: list[str] | None,
     name: str,
     settings: HubSettings,
-    params: Representation | None,
+    representation: Representation | None,
     *,
     base: bool,
 ) -> Checkpoint:
-    """A Hub model at commit ``sha``, fetched as ``params`` needs it.
+    """A Hub model at commit ``sha``, fetched as ``representation`` needs it.
 
     Where the representation reads a share of rows and the weights are safetensors, only those rows' byte
     ranges come (a partial download: :mod:`modelvec.hub.partial`), unless a whole snapshot is already in the
@@ -114,13 +114,13 @@ def open_hub(
     """
     from ..represent import read_plan
 
-    reads_rows = params is not None and params.rows < 1
+    reads_rows = representation is not None and representation.rows < 1
     cached = _has_weights(snapshot_folder(repo, sha, settings))
     if reads_rows and not cached:
         folder = open_partial(repo, sha, files, settings)
         if folder is not None:
             ck = open_checkpoint(folder, name=name)
-            spans = ck.byte_ranges(read_plan(ck, params, base=base))  # type: ignore[arg-type]  # reads_rows
+            spans = ck.byte_ranges(read_plan(ck, representation, base=base))  # type: ignore[arg-type]  # reads_rows
             got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, settings)
             ck = open_checkpoint(folder, name=name)
             ck.note = WHOLE_SERVED if got.whole_files else None
@@ -163,11 +163,11 @@ class Outcome:
     note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
 
 
-def fit_base(base: BaseSpec, params: Representation, device: str, settings: HubSettings) -> DeltaEmbedder:
+def fit_base(base: BaseSpec, representation: Representation, device: str, settings: HubSettings) -> DeltaEmbedder:
     """The embedder with the base's matrices read (once per engine worker)."""
     from ..represent import DeltaEmbedder
 
-    return DeltaEmbedder.from_params(params, device).fit(base.open(settings, params))
+    return DeltaEmbedder.from_representation(representation, device).fit(base.open(settings, representation))
 
 
 def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkpoint]) -> Outcome:

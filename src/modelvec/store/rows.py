@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import Kind
-from ..represent.params import Representation
+from ..represent.representation import Representation
 
 
 @dataclass

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import Kind
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from .lock import connect, default_wait
 from .rows import Failure, VectorRow
 from .schema import CATALOGUE_COLUMNS, META_COLUMNS, migrate
@@ -250,15 +250,15 @@ class Store:
         self,
         model: str,
         base: str,
-        params: Representation,
+        representation: Representation,
         error: str,
         model_hash: str | None = None,
         kind: Kind | str = Kind.CONTENT,
     ) -> None:
         """Record why a model failed; a ``content`` failure with ``model_hash`` is skipped while the weights are unchanged."""
-        write_rows(self.con, self.vector_file, [Failure(model, base, params, error, model_hash, kind)])
+        write_rows(self.con, self.vector_file, [Failure(model, base, representation, error, model_hash, kind)])
 
-    def known_failure(self, model: str, model_hash: str, base: str, params: Representation) -> str | None:
+    def known_failure(self, model: str, model_hash: str, base: str, representation: Representation) -> str | None:
         """The recorded error when these very weights already failed, by their content, with this base and representation.
 
         Resource and transient failures are not properties of the model: they are never returned here.
@@ -266,23 +266,24 @@ class Store:
         rows = self.con.execute(
             "SELECT error FROM failures WHERE model = ? AND model_hash = ? AND base = ? AND params = ? "
             "AND coalesce(kind, 'content') = 'content'",
-            [model, model_hash, base, params.key()],
+            [model, model_hash, base, representation.key()],
         ).fetchall()
         return rows[0][0] if rows else None
 
     # --- reads --------------------------------------------------------------------------------
-    def has(self, model: str, model_hash: str, base: str, base_hash: str, params: Representation) -> bool:
+    def has(self, model: str, model_hash: str, base: str, base_hash: str, representation: Representation) -> bool:
         """Whether a current vector exists (same weights, same base weights, same representation)."""
         hit = self.con.execute(
             "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
-            [model, model_hash, base, base_hash, params.key()],
+            [model, model_hash, base, base_hash, representation.key()],
         ).fetchall()
         return bool(hit)
 
-    def base_hashes(self, base: str, params: Representation) -> list[str]:
+    def base_hashes(self, base: str, representation: Representation) -> list[str]:
         """The identities of the base weights the stored vectors of ``base`` were computed against."""
         rows = self.con.execute(
-            "SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1", [base, params.key()]
+            "SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1",
+            [base, representation.key()],
         ).fetchall()
         return [r[0] for r in rows]
 
@@ -293,23 +294,29 @@ class Store:
         return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
 
     def _where(
-        self, base: str | None, params: Representation | str | None, models: Sequence[str] | None
+        self, base: str | None, representation: Representation | str | None, models: Sequence[str] | None
     ) -> tuple[str, list[Any]]:
-        key = params.key() if isinstance(params, Representation) else params
+        key = representation.key() if isinstance(representation, Representation) else representation
         extra = [("list_contains(?, model)", list(models))] if models is not None else []
         return self._clauses(extra, base=base, params=key)
 
     def metadata(
-        self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
+        self,
+        base: str | None = None,
+        representation: Representation | str | None = None,
+        models: Sequence[str] | None = None,
     ) -> pd.DataFrame:
         """One row per stored vector (no vectors), ordered by model."""
-        where, args = self._where(base, params, models)
+        where, args = self._where(base, representation, models)
         return self.con.execute(
             f"SELECT {', '.join(META_COLUMNS)} FROM vectors {where} ORDER BY model, base, params", args
         ).df()
 
     def load(
-        self, base: str | None = None, params: Representation | str | None = None, models: Sequence[str] | None = None
+        self,
+        base: str | None = None,
+        representation: Representation | str | None = None,
+        models: Sequence[str] | None = None,
     ) -> tuple[np.ndarray, pd.DataFrame]:
         """Vectors as one float32 matrix and their metadata, rows ordered by model.
 
@@ -317,7 +324,7 @@ class Store:
         vector is copied once, from the memory-mapped vector file into the matrix, and checked
         against its checksum (a damaged store raises :class:`StoreError` naming the model).
         """
-        where, args = self._where(base, params, models)
+        where, args = self._where(base, representation, models)
         rows = self.con.execute(
             f"""SELECT "offset", vector_hash, {", ".join(META_COLUMNS)} FROM vectors {where}
                 ORDER BY model, base, params""",

@@ -28,10 +28,10 @@ from ..analyse.evaluation import (
     halves,
     score_row,
 )
-from ..analyse.scores import clustering_scores
+from ..analyse.scores import Scoring, clustering_scores
 from ..core.names import model_id
 from ..read import open_checkpoint
-from ..represent.params import Representation
+from ..represent.representation import Representation
 from ..run import embed
 from ..store import Store, opened
 
@@ -69,8 +69,8 @@ def variants(
     ]
     out: dict[str, Representation] = {}
 
-    def add(params: Representation) -> None:
-        out[params.label()] = params
+    def add(representation: Representation) -> None:
+        out[representation.label()] = representation
 
     for block_norm in (False, True):
         for rank in ranks:
@@ -155,8 +155,7 @@ def evaluate(
     *,
     variants: dict[str, Representation] | None = None,
     store: Store | PathLike | None = None,
-    metric: str = "cosine",
-    k: int = 5,
+    scoring: Scoring | None = None,
     progress: Callable[[str], None] | None = None,
     split: bool | None = None,
     selection: Sequence[str] | None = None,
@@ -174,30 +173,35 @@ def evaluate(
     one half, ``"all"``. ``center``: every variant is also scored after subtracting the half's mean
     vector ("NAME + centred"). ``mutual_proximity``: every variant is also scored with neighbours
     ranked by mutual proximity ("NAME + mutual proximity", :mod:`~modelvec.analyse.scores`), which
-    puts adapters and full fine-tunes on one scale. ``seeds``: every variant is embedded with each
+    puts adapters and full fine-tunes on one scale. ``scoring``: its ``metric`` and ``k`` (the voters of the
+    leave-one-out predictions). ``seeds``: every variant is embedded with each
     seed (its projection, rows and solver), its scores are their mean and ``knn_spread`` their range.
     Two exact references are scored beside the variants: the task vectors (the flattened deltas) and
     the same with every matrix's delta unit-normed (what block normalisation approximates). Models
     that fail in any variant are left out of all rows, so every row scores the same set. Columns:
-    method, half, params, dim, seconds_per_model, knn_score, knn_lo, knn_hi (95 % bootstrap interval
+    method, half, representation, dim, seconds_per_model, knn_score, knn_lo, knn_hi (95 % bootstrap interval
     over models), knn_spread, n_scored, loo_accuracy, silhouette, kmeans_nmi, kmeans_ari, hdbscan_nmi,
     hdbscan_ari, n_clustered, ref_corr, selected; with adapters among the models also knn_full,
     knn_adapters, adapter_to_full and their spreads.
     """
     variants = variants or VARIANTS
     seeds = tuple(seeds) or (0,)
+    scoring = scoring or Scoring()
+    metric, k = scoring.metric, scoring.k
     same: dict[str, str] = {}
-    for name, params in variants.items():
-        if params.key() in same:
-            raise ValueError(f"variants {same[params.key()]!r} and {name!r} have the same parameters ({params.key()})")
-        same[params.key()] = name
+    for name, representation in variants.items():
+        if representation.key() in same:
+            raise ValueError(
+                f"variants {same[representation.key()]!r} and {name!r} have the same parameters ({representation.key()})"
+            )
+        same[representation.key()] = name
     say = progress or (lambda _msg: None)
     with opened(store) as db:
         results = {}
-        for name, params in variants.items():
+        for name, representation in variants.items():
             for seed in seeds:
                 say(f"embedding: {name}" + (f" (seed {seed})" if len(seeds) > 1 else ""))
-                seeded = replace(params, seed=seed)
+                seeded = replace(representation, seed=seed)
                 results[(name, seed)] = (seeded, embed(base, models, representation=seeded, store=db))
         ok = set.intersection(*(set(r.metadata["model"]) for _, r in results.values()))
         paths = {model_id(m): m for m in models}
@@ -209,15 +213,17 @@ def evaluate(
         first = next(iter(results.values()))[1].metadata.set_index("model").loc[order]
         labels = [list(d) for d in first["datasets"]]
         split_halves = halves(labels, split, selection)
-        table: list[tuple[str, str, list[np.ndarray], float]] = []  # (method, params, X per seed over `order`, s/model)
-        for name, params in variants.items():
+        table: list[
+            tuple[str, str, list[np.ndarray], float]
+        ] = []  # (method, representation, X per seed over `order`, s/model)
+        for name, representation in variants.items():
             matrices, seconds = [], []
             for seed in seeds:
                 result = results[(name, seed)][1]
                 index = {m: i for i, m in enumerate(result.metadata["model"])}
                 matrices.append(result.vectors[[index[m] for m in order]])
                 seconds.append(float(result.metadata.set_index("model").loc[order]["seconds"].median()))
-            table.append((name, replace(params, seed=seeds[0]).key(), matrices, float(np.median(seconds))))
+            table.append((name, replace(representation, seed=seeds[0]).key(), matrices, float(np.median(seconds))))
         rows: list[dict[str, object]] = []
         for half, idx in split_halves.items():
             say(f"scoring: {half} half ({len(idx)} models)")
