@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import planted_finetune
 from modelvec.analyse.scores import Scoring
-from modelvec.cli import _json_default, app
+from modelvec.cli import app
+from modelvec.cli.common import _json_default
 from modelvec.hub.client import HubSettings
 from modelvec.store import Store
 from modelvec.testing.localhub import LocalHub

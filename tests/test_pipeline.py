@@ -195,7 +195,7 @@ def test_cli_embed_show_export(tiny_bert, tiny_finetunes, tmp_path):
 
 
 def test_cli_show_keeps_every_name_whole_and_lists_each_model_once(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
-    from modelvec import cli
+    from modelvec.cli import common as cli
 
     store = tmp_path / "s.duckdb"
     for pooling in ("mean", "concat"):  # two vectors per model

@@ -175,7 +175,7 @@ def test_threshold_option_takes_repeated_and_comma_separated_values(tiny_bert, t
 
 
 def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
-    from modelvec import cli
+    from modelvec.cli import common as cli
 
     monkeypatch.setattr(cli.console, "width", 72)  # narrower than the laws' equations
     runner = CliRunner()

@@ -1,0 +1,91 @@
+"""``modelvec cluster``: Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..analyse.scores import Scoring
+from ..represent.representation import Representation
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    app,
+    console,
+    fmt,
+    print_json,
+    say,
+    short_name,
+    split_values,
+    with_settings,
+)
+
+
+@app.command()
+@with_settings(Representation, "representation")
+@with_settings(Scoring, "scoring")
+def cluster(
+    base: str = typer.Argument(..., help="The base whose stored fine-tunes to cluster (path or stored id)."),
+    reduce: str = typer.Option("umap", "--reduce", help="2-D map: umap|tsne|pca."),
+    standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
+    scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
+    out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
+    as_json: bool = JsonOpt,
+    label_source: list[str] | None = typer.Option(
+        None,
+        "--label-source",
+        help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed "
+        "(repeated or comma-separated).",
+    ),
+    representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    store: Path | None = StoreOpt,
+) -> None:
+    """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
+    from ..report import cluster as run_cluster
+
+    report = run_cluster(
+        base,
+        representation=representation,
+        scoring=scoring,
+        store=store,
+        out=out,
+        reduce=reduce,
+        standardize=standardize,
+        label_sources=split_values(label_source) or None,
+    )
+    if as_json:
+        print_json(report.as_json())
+        return
+    table = Table("dataset", "models scored", "kNN dataset score", title=f"{short_name(report.base)} · {report.params}")
+    for dataset, entry in sorted(report.per_dataset.items()):
+        table.add_row(dataset, str(entry["count"]), fmt(entry["score"]))
+    table.add_row("[b]all[/b]", str(report.n_scored), f"[b]{fmt(report.knn_score)}[/b]")
+    console.print(table)
+    how = f"metric {report.metric}" + (f" · {report.scaling}" if report.scaling != "none" else "")
+    scores = Table("score", "value", title=f"{report.n_models} models · {how} · pool {report.pool}")
+    scores.add_row("leave-one-out dataset prediction accuracy", fmt(report.loo_accuracy))
+    if report.n_authors:
+        scores.add_row(
+            f"kNN score, same-author neighbours excluded ({report.n_scored_other_authors} scored)",
+            fmt(report.knn_score_other_authors),
+        )
+        scores.add_row(f"authors ({report.n_authors}): share of the most prolific", fmt(report.largest_author_share))
+    for name, value in report.clustering.items():
+        scores.add_row(name, fmt(int(value) if name.startswith("n_") else value))  # a count, kept float in the API
+    console.print(scores)
+    if report.predictions:
+        preds = Table("unlabelled model", "predicted dataset", "confidence")
+        for p in report.predictions:
+            preds.add_row(short_name(p["model"]), p["predicted"], fmt(p["confidence"]))
+        console.print(preds)
+    if report.per_block:
+        best = sorted(report.per_block, key=lambda b: -b["knn_score"])[:3]
+        names = ", ".join(
+            f"{b['family']}{'' if b['layer'] is None else ' layer ' + str(b['layer'] + 1)} {b['knn_score']:.2f}"
+            for b in best
+        )
+        say(console, f"blocks that separate the datasets best (kNN score of the block alone): {names}")
+    for kind, path in report.files.items():
+        say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")

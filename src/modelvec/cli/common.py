@@ -1,0 +1,192 @@
+"""The command line's shared parts: the app and its one-line errors, the options every command has, printing.
+
+Each command is a module of this package, a thin shell over one API call; this module holds what they share.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Column
+from typer.core import TyperGroup
+
+from ..core.errors import ModelvecError
+from ..core.settings import flag_of, settings_of
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+console = Console()
+err = Console(stderr=True)
+
+
+def say(console_: Console, text: str) -> None:
+    console_.print(text, soft_wrap=True, markup=False, highlight=False)
+
+
+class _OneLineErrors(TyperGroup):
+    """Runs the command; a user-facing failure becomes one line on stderr and exit status 2 (bad input, not a crash)."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        try:
+            return super().invoke(ctx)
+        except (ModelvecError, ValueError) as exc:
+            say(err, f"error: {exc}")
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="markdown",  # a docstring paragraph is rewrapped to the terminal, not broken where the source breaks
+    pretty_exceptions_enable=False,
+    help="Turn fine-tuned transformers into vectors from their weight deltas.",
+)
+
+StoreOpt = typer.Option(None, "--store", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb).")
+WaitOpt = typer.Option(
+    None,
+    "--wait",
+    min=0,
+    metavar="SECONDS",
+    help="While another process uses the store, wait this long for it (default: $MODELVEC_STORE_WAIT or 600).",
+)
+JsonOpt = typer.Option(False, "--json", help="Print the API's answer as JSON instead of tables.")
+
+
+def split_values(values: list[str] | None) -> list[str]:
+    """Repeated and comma-separated values as one list: ``["a,b", "c"]`` -> ``["a", "b", "c"]``."""
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+def numbers(values: list[str] | None) -> list[float]:
+    out = []
+    for part in split_values(values):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise typer.BadParameter(f"{part!r} is not a number") from None
+    return out
+
+
+def check_device(value: str) -> str:
+    """A device option checked as it is parsed (before any progress is drawn): CUDA asked for without a GPU."""
+    from ..represent import resolve_device
+
+    resolve_device(value)  # a ValueError: one line, exit 2 (see _OneLineErrors)
+    return value
+
+
+def whole_column(header: str) -> Column:
+    """A column whose cells are read or copied whole (names, representation keys, equations): wrapped, never cut."""
+    return Column(header, overflow="fold", min_width=max(len(word) for word in header.split()))
+
+
+def short_name(name: str) -> str:
+    """A stored model or base as the user likely typed it: relative to the working folder when inside it."""
+    try:
+        return str(Path(name).relative_to(Path.cwd()))
+    except ValueError:
+        return name
+
+
+def open_store(path: Path | None, wait: float | None = None) -> Store:
+    """The store, opened now so that a wait for another process's run is said on one line before any progress bar."""
+    from ..store import Store
+
+    return Store(path, wait=wait, on_wait=lambda line: say(err, line))
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, default=_json_default))
+
+
+def _json_default(value: object) -> object:
+    import numpy as np
+
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def fmt(value: object) -> str:
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.3f}"
+    return str(value)
+
+
+def with_settings(
+    cls: type,
+    name: str,
+    *,
+    only: tuple[str, ...] | None = None,
+    defaults: dict[str, Any] | None = None,
+    helps: dict[str, str] | None = None,
+) -> Any:
+    """Give a command one option per field of the settings class ``cls`` (their help, choices and bounds
+    come from the declaration: :mod:`modelvec.core.settings`); the command receives them built and
+    validated, as ``name=cls(...)``. Adding a field to ``cls`` adds its option to every such command.
+
+    ``only``: the fields the command uses (the others keep their defaults); ``defaults`` and ``helps``: where a
+    command's default or meaning differs (``neighbors --k`` lists 10 neighbours)."""
+    defaults, helps = defaults or {}, helps or {}
+
+    def fields() -> list[tuple[Any, Any]]:
+        return [(f, m) for f, m in settings_of(cls) if only is None or f.name in only]
+
+    def decorate(func: Any) -> Any:
+        signature = inspect.signature(func)
+        added = []
+        for field, meta in fields():
+            flag = flag_of(field, meta)
+            kind: type = type(field.default)
+            if kind is bool:
+                decls = [f"{flag}/{meta.negation or '--no-' + flag[2:]}"]
+            else:
+                decls = [flag]
+            option = typer.Option(
+                defaults.get(field.name, field.default),
+                *decls,
+                help=helps.get(field.name, meta.help),
+                metavar=meta.metavar,
+                min=meta.minimum,
+                max=meta.maximum,
+                show_default=True,
+            )
+            annotation = Literal[meta.choices] if meta.choices else kind  # typer lists a Literal's choices
+            added.append(
+                inspect.Parameter(
+                    f"{name}__{field.name}",
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=option,
+                    annotation=annotation,
+                )
+            )
+        before = list(signature.parameters.values())
+        at = [p.name for p in before].index(name)  # the options stand where the command declares them
+        parameters = [*before[:at], *added, *before[at + 1 :]]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            values = {f.name: kwargs.pop(f"{name}__{f.name}") for f, _ in fields()}
+            try:
+                kwargs[name] = cls(**values)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            return func(*args, **kwargs)
+
+        command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        annotations = {k: v for k, v in func.__annotations__.items() if k != name}
+        command.__annotations__ = {**annotations, **{p.name: p.annotation for p in added}}
+        return command
+
+    return decorate

@@ -1,0 +1,68 @@
+"""``modelvec discover``: Find the fine-tunes of BASE on the Hub (HF_ENDPOINT) and store the catalogue; vectors are kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    app,
+    console,
+    open_store,
+    print_json,
+    say,
+    whole_column,
+)
+
+
+@app.command()
+def discover(
+    base: str = typer.Argument(
+        ..., help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Keep at most this many fine-tunes."),
+    sort: str = typer.Option("downloads", "--sort", help="Listing order: downloads|likes|created_at|last_modified."),
+    search: bool = typer.Option(
+        True, "--search/--no-search", help="Also search by name and keep candidates whose config matches the base."
+    ),
+    show_rejected: bool = typer.Option(False, "--rejected", help="Also list the rejected candidates and why."),
+    as_json: bool = JsonOpt,
+    store: Path | None = StoreOpt,
+) -> None:
+    """Find the fine-tunes of BASE on the Hub (HF_ENDPOINT) and store the catalogue; vectors are kept."""
+    from ..run import discover as find
+
+    with open_store(store) as db:
+        found = find(base, limit=limit, sort=sort, search=search, store=db)
+    if as_json:
+        print_json(found.as_json())
+        return
+    table = Table(
+        whole_column("model"),
+        "downloads",
+        whole_column("datasets"),
+        "labels from",
+        "author",
+        "why kept",
+        title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}",
+    )
+    for e in found.kept:
+        table.add_row(
+            e.model,
+            str(e.downloads if e.downloads is not None else "-"),
+            ", ".join(e.datasets) or "-",
+            e.label_source or "-",
+            e.author or "-",
+            e.reason,
+        )
+    console.print(table)
+    if show_rejected and found.rejected:
+        rejected = Table(whole_column("model"), "why rejected", title="rejected candidates")
+        for e in found.rejected:
+            rejected.add_row(e.model, e.reason)
+        console.print(rejected)
+    say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {db.path}")

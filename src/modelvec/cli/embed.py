@@ -1,0 +1,111 @@
+"""``modelvec embed``: Embed fine-tunes into the store (skips what is stored; records failures and goes on)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ..represent.representation import Representation
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    WaitOpt,
+    app,
+    check_device,
+    console,
+    err,
+    open_store,
+    print_json,
+    say,
+    with_settings,
+)
+
+
+@app.command()
+@with_settings(Representation, "representation")
+def embed(
+    targets: list[str] = typer.Argument(
+        ...,
+        help="Fine-tunes (folders, weight files or Hub ids) with --base; "
+        "or just BASE (a Hub id): every discovered fine-tune of it.",
+    ),
+    base: str | None = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
+    representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    device: str = typer.Option(
+        "auto", callback=check_device, help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
+    ),
+    store: Path | None = StoreOpt,
+    force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="BASE mode: at most this many fine-tunes."),
+    sort: str = typer.Option("downloads", "--sort", help="BASE mode: which first: downloads|likes|created_at."),
+    refresh: bool = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding."),
+    keep_weights: bool = typer.Option(
+        True,
+        "--keep-weights/--no-keep-weights",
+        help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays).",
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="local: I/O threads fetching the next models (default 2); "
+        "ray: actors (default one per CPU of the cluster).",
+    ),
+    engine: str = typer.Option(
+        "local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."
+    ),
+    wait: float | None = WaitOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
+
+    `modelvec embed --base BASE MODEL...` embeds the given models; `modelvec embed BASE` embeds
+    every fine-tune of the Hub model BASE found by `modelvec discover` (run first when needed).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..run import embed as embed_models
+    from ..run import embed_discovered
+
+    if base is None and len(targets) != 1:
+        raise typer.BadParameter(
+            "give --base BASE with the models, or a single BASE to embed its discovered fine-tunes"
+        )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with open_store(store, wait) as db, Progress(*columns, console=err, transient=False, disable=as_json) as bar:
+        task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
+        common: dict[str, Any] = dict(
+            representation=representation,
+            device=device,
+            store=db,
+            force=force,
+            progress=lambda *_: bar.advance(task),
+            keep_weights=keep_weights,
+            workers=workers,
+            engine=engine,
+            address=address,
+            load=False,
+        )
+        if base is None:
+            result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
+        else:
+            result = embed_models(base, targets, **common)
+    if as_json:
+        print_json(result.as_json())
+        return
+    say(
+        console,
+        f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
+        f"failed {len(result.failed)} -> {db.path}",
+    )
+    for reason in result.failed.values():
+        say(console, f"  failed: {reason}")
+    for note, names in result.notes.items():
+        say(err, f"note: {note} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {names[0]})")
+    if result.failed and not result.embedded and not result.skipped:
+        raise typer.Exit(1)

@@ -1,0 +1,124 @@
+"""``modelvec evaluate``: Embed MODELS with every representation and print their scores side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..analyse.scores import Scoring
+from ..represent.representation import Representation
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    app,
+    console,
+    err,
+    fmt,
+    numbers,
+    print_json,
+    say,
+    split_values,
+    with_settings,
+)
+
+
+@app.command()
+@with_settings(Scoring, "scoring", only=("metric", "k"))
+def evaluate(
+    models: list[Path] = typer.Argument(
+        ..., help="Fine-tuned models (or LoRA adapters) with dataset labels in their cards."
+    ),
+    base: Path = typer.Option(..., "--base", help="The base model."),
+    scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
+    store: Path | None = StoreOpt,
+    as_json: bool = JsonOpt,
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
+    selection: list[str] | None = typer.Option(
+        None,
+        "--selection",
+        help="Datasets of the selection half, repeated or comma-separated (default: half of them, fixed by name).",
+    ),
+    split: bool | None = typer.Option(
+        None, "--split/--no-split", help="Score a selection and a report half (default: with 4 or more datasets)."
+    ),
+    ranks: list[str] = typer.Option(
+        [str(Representation.rank)],
+        "--ranks",
+        help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32.",
+    ),
+    center: bool = typer.Option(False, "--center", help="Also score every variant centred on the models' mean."),
+    mutual_proximity: bool = typer.Option(
+        False,
+        "--mutual-proximity",
+        help="Also score every variant with neighbours ranked by mutual proximity (for adapters beside full fine-tunes).",
+    ),
+    vocabulary_head: bool = typer.Option(
+        False, "--vocabulary-head", help="Also score the sketches with the head's vocabulary prior appended (--head)."
+    ),
+    rows: list[str] = typer.Option(
+        ["1"], "--rows", help="Shares of rows the sketches read, repeated or comma-separated: --rows 1,0.1,0.05."
+    ),
+    projections: list[str] = typer.Option(
+        ["shared"],
+        "--projections",
+        help="The sketches' projections, repeated or comma-separated: --projections shared,gaussian,countsketch.",
+    ),
+    svd: bool = typer.Option(True, "--svd/--no-svd", help="Also score the SVD factors (U, U·Σ, singular values)."),
+    seeds: list[str] = typer.Option(
+        ["0"], "--seeds", help="Seeds of every variant, repeated or comma-separated; scores are their mean and spread."
+    ),
+) -> None:
+    """Embed MODELS with every representation and print their scores side by side.
+
+    With a split, the method picked on the selection half is marked, and the report half's kNN score
+    comes with a 95 % bootstrap interval over models.
+    """
+    from ..studies import evaluate as run_evaluate
+    from ..studies import variants
+
+    table = run_evaluate(
+        base,
+        models,
+        variants=variants(
+            tuple(int(r) for r in split_values(ranks)),
+            vocabulary_head=vocabulary_head,
+            rows=tuple(numbers(rows)),
+            projections=tuple(split_values(projections)),
+            svd=svd,
+        ),
+        seeds=tuple(int(x) for x in numbers(seeds)),
+        store=store,
+        scoring=scoring,
+        progress=lambda msg: say(err, msg),
+        split=split,
+        selection=split_values(selection) if selection else None,
+        center=center,
+        mutual_proximity=mutual_proximity,
+    )
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    if as_json:
+        print_json(table.to_dict(orient="records"))
+        return
+    extra = [c for c in ("knn_full", "knn_adapters", "adapter_to_full") if c in table.columns]
+    if table["knn_spread"].any():
+        extra.append("knn_spread")
+    shown = ["method", "half", "dim", "seconds_per_model", "knn_score", "knn_lo", "knn_hi", "loo_accuracy", "ref_corr"]
+    shown += extra
+    picked = table[table["selected"]]["method"].iloc[0]
+    if not console.is_terminal:  # a log or a pipe: a Markdown table stays readable at any width
+        print(table[shown].to_markdown(index=False, floatfmt=".3f"))
+    else:
+        out = Table(*[c.replace("_", " ") for c in shown], title=f"representations compared on {len(models)} models")
+        for row in table[shown].itertuples(index=False):
+            out.add_row(*(fmt(v) for v in row))
+        console.print(out)
+        console.print("all columns: --json or --markdown FILE", style="dim")
+    first = table["half"].iloc[0]
+    say(console, f"best kNN score on {'all models' if first == 'all' else 'the ' + first + ' half'}: {picked}")
+    for row in table[table["selected"]].itertuples(index=False):
+        where = "all models" if row.half == "all" else f"{row.half} half"
+        say(console, f"  {where}: kNN score {row.knn_score:.3f} [95 % CI {row.knn_lo:.3f}, {row.knn_hi:.3f}]")

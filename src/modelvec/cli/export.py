@@ -1,0 +1,26 @@
+"""``modelvec export``: Write one row per stored vector: model, base, representation parameters, datasets, vector."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .common import (
+    StoreOpt,
+    app,
+    console,
+    open_store,
+    say,
+)
+
+
+@app.command()
+def export(
+    parquet: Path = typer.Option(..., "--parquet", help="Parquet file to write."),
+    store: Path | None = StoreOpt,
+) -> None:
+    """Write one row per stored vector: model, base, representation parameters, datasets, vector."""
+    with open_store(store) as db:
+        count = db.export_parquet(parquet)
+    say(console, f"wrote {count} vectors to {parquet}")

@@ -1,0 +1,99 @@
+"""``modelvec neighbors``: The stored models nearest to MODEL, with distance and labels, and its predicted dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..analyse.scores import Scoring
+from ..represent.representation import Representation
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    app,
+    console,
+    err,
+    print_json,
+    say,
+    short_name,
+    whole_column,
+    with_settings,
+)
+
+
+@app.command()
+@with_settings(Representation, "representation")
+@with_settings(
+    Scoring,
+    "scoring",
+    only=("metric", "scaling", "k"),
+    defaults={"k": 10},
+    helps={"k": "How many nearest stored models are listed (and vote for the predicted dataset)."},
+)
+def neighbors(
+    model: str = typer.Argument(..., help="A model: stored, or a local folder or Hub id to embed on the fly."),
+    base: str | None = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
+    scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
+    representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    store: Path | None = StoreOpt,
+    as_json: bool = JsonOpt,
+    explain: bool = typer.Option(
+        False, "--explain", help="Show which layers and families carry the similarity to each neighbour."
+    ),
+) -> None:
+    """The stored models nearest to MODEL, with distance and labels, and its predicted dataset.
+
+    A model that is not in the store is embedded now with the same representation against the
+    stored base, compared, and not stored.
+    """
+    from ..report import neighbors as find
+
+    found = find(model, representation=representation, scoring=scoring, store=store, base=base, explain=explain)
+    if as_json:
+        print_json(found.as_json())
+        return
+    if found.on_the_fly:
+        say(
+            err,
+            f"{short_name(found.query)} is not in the store: embedded now ({found.params}, base {short_name(found.base)}), "
+            "not stored",
+        )
+    if found.warning:
+        say(err, f"warning: {found.warning}")
+    table = Table(
+        "#",
+        whole_column("model"),
+        f"{scoring.metric} distance",
+        whole_column("datasets"),
+        "author",
+        title=f"nearest to {short_name(found.query)}",
+    )
+    for i, row in enumerate(found.nearest.itertuples(), 1):
+        table.add_row(
+            str(i),
+            short_name(row.model),
+            f"{row.distance:.4f}",
+            ", ".join(row.datasets) or "-",
+            row.author if isinstance(row.author, str) else "-",
+        )
+    console.print(table)
+    if found.predicted is None:
+        console.print("predicted dataset: none (no labelled neighbour)")
+    else:
+        votes = ", ".join(f"{name} {n}" for name, n in found.votes.items())
+        console.print(
+            f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
+            f"votes of the {scoring.k} nearest labelled models: {votes})"
+        )
+    for item in found.explanation or []:
+        families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))
+        line = f"{short_name(item['model'])}: cosine {item['cosine']:.3f} = families {families}"
+        if any(b["layer"] is not None for b in item["blocks"]):  # with layers averaged the blocks are the families
+            top = ", ".join(
+                f"{b['family']}{'' if b['layer'] is None else ' L' + str(b['layer'] + 1)} {b['share']:+.3f}"
+                for b in item["blocks"][:5]
+            )
+            line += f"; top blocks {top}"
+        say(console, line)
