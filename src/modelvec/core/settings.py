@@ -9,6 +9,7 @@ fields (:func:`settings_of`), so adding a setting is adding one field.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,11 @@ class Setting:
     ``choices``: the allowed strings. ``minimum`` / ``maximum``: inclusive bounds of a number;
     ``above``: an exclusive lower bound. ``flag``: the option's name (default ``--field-name``);
     ``negation``: for a bool, the flag that turns it off (default ``--no-field-name``).
+
+    For settings whose object is named by a key (:func:`key_of`, e.g. a stored representation): ``key``, how
+    the value reads in it (a format, ``"r{}"``; for a bool, the tag it adds when true), ``order``, its place,
+    ``tags``, a value's own tag in place of the format, ``omit``, values left out (a setting added later, at
+    the value that computes what was computed before it), and ``applies``, whether the object uses it at all.
     """
 
     help: str
@@ -32,6 +38,11 @@ class Setting:
     flag: str | None = None
     negation: str | None = None
     metavar: str | None = None
+    key: str | None = None
+    order: int = 0
+    tags: tuple[tuple[str, str], ...] = ()
+    omit: tuple[Any, ...] = ()
+    applies: Callable[[Any], bool] | None = None
 
 
 def setting(default: Any, help: str, **meta: Any) -> Any:
@@ -104,6 +115,23 @@ def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
             what = {int: "an integer", float: "a number"}[kind]
             raise ValueError(f"{field.name} must be {what} {allowed}, not {value!r}")
     return value
+
+
+def key_of(obj: Any) -> str:
+    """The readable id of a settings object, from its fields' ``key`` declarations, joined by ``-`` in their
+    ``order``: only what the object uses, so equal keys mean equal computations."""
+    parts = []
+    for field, meta in sorted(settings_of(obj), key=lambda fm: fm[1].order):
+        value = getattr(obj, field.name)
+        if meta.key is None or value in meta.omit or (meta.applies is not None and not meta.applies(obj)):
+            continue
+        if isinstance(value, bool):
+            if value:
+                parts.append(meta.key)
+            continue
+        tag = dict(meta.tags).get(value) if meta.tags else None
+        parts.append(tag if tag is not None else meta.key.format(value))
+    return "-".join(parts)
 
 
 def flags(obj: Any, reference: Any = None) -> list[str]:

@@ -60,8 +60,9 @@ and arbitrary ones would only add noise.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from ..core.settings import setting, validate
+from ..core.settings import key_of, setting, validate
 
 FACTORS = ("U", "US", "S", "sketch")
 PROJECTIONS = ("shared", "gaussian", "countsketch")
@@ -69,26 +70,46 @@ POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
 HEADS = ("none", "vocabulary")
-_PROJECTION_TAGS = {"shared": "", "gaussian": "gauss", "countsketch": "cs"}
+
+
+def _sketch(r: Any) -> bool:
+    return r.factor == "sketch"
+
+
+def _svd(r: Any) -> bool:
+    return r.factor != "sketch"
+
+
+def _randomized(r: Any) -> bool:
+    return r.factor != "sketch" and r.solver == "randomized"
 
 
 @dataclass(frozen=True)
 class Representation:
-    """The parameters of a representation, each declared once with its help and allowed values
-    (the CLI's options are made from them), validated once; ``key()`` names it in the store."""
+    """The parameters of a representation, each declared once with its help, allowed values and place in the
+    key (the CLI's options are made from them), validated once; ``key()`` names it in the store."""
 
-    rank: int = setting(8, "Width r of each matrix's sketch (or rank of its truncated SVD).", minimum=1)
+    rank: int = setting(
+        8, "Width r of each matrix's sketch (or rank of its truncated SVD).", minimum=1, key="r{}", order=1
+    )
     factor: str = setting(
         "sketch",
         "What is kept of each delta: the sketch (a random projection), or from its SVD U, U·Σ (US) or the "
         "singular values alone (S).",
         choices=FACTORS,
+        key="{}",
+        order=2,
     )
     projection: str = setting(
         "shared",
         "The sketch's projection: one Gaussian per width for all layers (shared), an independent Gaussian per "
         "layer and matrix (gaussian), or a CountSketch of each block (countsketch).",
         choices=PROJECTIONS,
+        key="{}",
+        order=9,
+        tags=(("gaussian", "gauss"), ("countsketch", "cs")),
+        omit=("shared",),
+        applies=_sketch,
     )
     rows: float = setting(
         1.0,
@@ -97,19 +118,52 @@ class Representation:
         above=0,
         maximum=1,
         metavar="SHARE",
+        key="rows{:g}",
+        order=10,
+        omit=(1.0,),
+        applies=_sketch,
     )
-    pooling: str = setting("mean", "How layers are pooled.", choices=POOLINGS)
-    solver: str = setting("randomized", "SVD solver (U, US, S).", choices=SOLVERS)
-    sign: str = setting("max-abs", "Sign canonicalisation of singular vectors (U, US).", choices=SIGNS)
-    n_iter: int = setting(4, "Block Krylov iterations of the randomized solver.", minimum=0)
-    n_oversamples: int = setting(8, "Extra columns of the randomized solver.", minimum=0, flag="--oversamples")
-    seed: int = setting(0, "Seed of the sketch, the rows read and the randomized solver.", minimum=0)
-    block_norm: bool = setting(True, "Scale each layer-and-family block to unit norm before pooling.")
+    pooling: str = setting("mean", "How layers are pooled.", choices=POOLINGS, key="{}", order=3)
+    solver: str = setting("randomized", "SVD solver (U, US, S).", choices=SOLVERS, key="{}", order=4, applies=_svd)
+    sign: str = setting(
+        "max-abs",
+        "Sign canonicalisation of singular vectors (U, US).",
+        choices=SIGNS,
+        key="{}",
+        order=5,
+        applies=lambda r: r.factor in ("U", "US"),
+    )
+    n_iter: int = setting(
+        4, "Block Krylov iterations of the randomized solver.", minimum=0, key="it{}", order=6, applies=_randomized
+    )
+    n_oversamples: int = setting(
+        8,
+        "Extra columns of the randomized solver.",
+        minimum=0,
+        flag="--oversamples",
+        key="os{}",
+        order=7,
+        applies=_randomized,
+    )
+    seed: int = setting(
+        0,
+        "Seed of the sketch, the rows read and the randomized solver.",
+        minimum=0,
+        key="seed{}",
+        order=8,
+        applies=lambda r: _sketch(r) or _randomized(r),
+    )
+    block_norm: bool = setting(
+        True, "Scale each layer-and-family block to unit norm before pooling.", key="bn", order=11
+    )
     head: str = setting(
         "none",
         "Heads: none (as described), or vocabulary: append the head's vocabulary prior, which tells "
         "language-modelling fine-tunes apart by their texts (bert, roberta, distilbert, gpt2).",
         choices=HEADS,
+        key="head-{}",
+        order=12,
+        omit=("none",),
     )
 
     def __post_init__(self) -> None:
@@ -128,29 +182,12 @@ class Representation:
     def key(self) -> str:
         """A stable, readable id: equal keys mean bit-identical vectors for the same inputs.
 
-        Settings a representation does not use are left out (the SVD's solver for a sketch, the
-        projection for an SVD factor), and so are new settings at the value that reproduces what
-        was computed before they existed (``projection="shared"``, ``rows=1``): a key once stored
-        keeps naming the same vectors.
+        Made from the fields' declarations (:func:`~modelvec.core.settings.key_of`): settings a representation
+        does not use are left out (the SVD's solver for a sketch, the projection for an SVD factor), and so are
+        settings added later at the value that reproduces what was computed before they existed
+        (``projection="shared"``, ``rows=1``): a key once stored keeps naming the same vectors.
         """
-        parts = [f"r{self.rank}", self.factor, self.pooling]
-        if not self.uses_svd:
-            parts.append(f"seed{self.seed}")
-            if self.projection != "shared":
-                parts.append(_PROJECTION_TAGS[self.projection])
-            if self.rows < 1:
-                parts.append(f"rows{self.rows:g}")
-        else:
-            parts.append(self.solver)
-            if self.factor != "S":
-                parts.append(self.sign)
-            if self.solver == "randomized":
-                parts += [f"it{self.n_iter}", f"os{self.n_oversamples}", f"seed{self.seed}"]
-        if self.block_norm:
-            parts.append("bn")
-        if self.head != "none":
-            parts.append(f"head-{self.head}")
-        return "-".join(parts)
+        return key_of(self)
 
     def label(self) -> str:
         """A readable name for tables, made from the parameters (so distinct parameters, distinct names):

@@ -11,26 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import planted_finetune
+from conftest import TIMINGS, as_printed, cli_json, planted_finetune
 from modelvec.analyse.scores import Scoring
 from modelvec.cli import app
-from modelvec.cli.common import _json_default
 from modelvec.hub.client import HubSettings
 from modelvec.store import Store
 from modelvec.testing.localhub import LocalHub
 
 DATASETS = ["imdb", "imdb", "imdb", "sst2", "sst2", "sst2"]
-TIMINGS = {"seconds_per_model"}  # measured each run: not part of the answer being compared
-
-
-def _as_printed(value):
-    return json.loads(json.dumps(value, default=_json_default))
-
-
-def _cli(*args: str):
-    result = CliRunner().invoke(app, [*args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -49,23 +37,25 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
     base, models, _ = zoo
     api_store, cli_store = tmp_path / "api.duckdb", tmp_path / "cli.duckdb"
     api = modelvec.embed(base, models, store=api_store).as_json()
-    cli = _cli("embed", "--base", str(base), *map(str, models), "--store", str(cli_store))
-    assert {**cli, "store": None} == _as_printed({**api, "store": None}) and cli["embedded"]
+    cli = cli_json("embed", "--base", str(base), *map(str, models), "--store", str(cli_store))
+    assert {**cli, "store": None} == as_printed({**api, "store": None}) and cli["embedded"]
 
     with Store(api_store) as db:
-        api_show = _as_printed(db.overview().as_json())
-    cli_show = _cli("show", "--store", str(api_store))
+        api_show = as_printed(db.overview().as_json())
+    cli_show = cli_json("show", "--store", str(api_store))
     assert cli_show == api_show and cli_show["models"]
 
     report = modelvec.cluster(base, store=api_store, out=tmp_path / "a", reduce="pca")
-    cli_cluster = _cli("cluster", str(base), "--store", str(api_store), "--out", str(tmp_path / "a"), "--reduce", "pca")
-    assert cli_cluster == _as_printed(report.as_json())
+    cli_cluster = cli_json(
+        "cluster", str(base), "--store", str(api_store), "--out", str(tmp_path / "a"), "--reduce", "pca"
+    )
+    assert cli_cluster == as_printed(report.as_json())
 
     found = modelvec.neighbors(str(models[0]), store=api_store, scoring=Scoring(k=3))
-    assert _cli("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == _as_printed(found.as_json())
+    assert cli_json("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == as_printed(found.as_json())
 
     study = modelvec.depth_report(models[1], base=base, of="delta", thresholds=(0.5, 0.9), out=tmp_path / "r")
-    cli_rank = _cli(
+    cli_rank = cli_json(
         "rank",
         str(models[1]),
         "--base",
@@ -77,14 +67,14 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
         "--out",
         str(tmp_path / "r"),
     )
-    assert cli_rank == _as_printed(study.records())
+    assert cli_rank == as_printed(study.records())
 
     from modelvec.studies.compare import variants
 
     table = modelvec.evaluate(base, models, store=api_store, variants=variants())
-    rows = _cli("evaluate", *map(str, models), "--base", str(base), "--store", str(api_store))
+    rows = cli_json("evaluate", *map(str, models), "--base", str(base), "--store", str(api_store))
     drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
-    assert drop(rows) == drop(_as_printed(table.to_dict(orient="records")))
+    assert drop(rows) == drop(as_printed(table.to_dict(orient="records")))
 
 
 def test_discover_prints_the_api_answer(tiny_bert, tmp_path):
@@ -116,7 +106,7 @@ def test_discover_prints_the_api_answer(tiny_bert, tmp_path):
         )
     assert out.returncode == 0, out.stderr[-2000:]
     cli = json.loads(out.stdout)
-    assert cli == _as_printed(api.as_json())
+    assert cli == as_printed(api.as_json())
     assert [e["model"] for e in cli["entries"] if e["kept"]] == ["alice/bert-imdb"]
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import save_state
+from conftest import PLANTED_DATASETS, planted_dataset_finetune
 from modelvec import Checkpoint, Representation
 from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.analyse.scores import Scoring
@@ -20,25 +20,6 @@ from modelvec.cli import app
 from modelvec.report import cluster, neighbors
 from modelvec.store import Store
 from modelvec.studies.compare import evaluate, task_vector_gram
-
-DATASETS = ("imdb", "glue/sst2", "squad")
-
-
-def planted_dataset_finetune(base: Path, out: Path, dataset: int, model_seed: int, noise: float = 0.2) -> Path:
-    """Fine-tune = base + a rank-2 delta specific to the dataset + a model-specific random delta."""
-    state = load_file(str(base / "model.safetensors"))
-    g_data = torch.Generator().manual_seed(1000 + dataset)
-    g_model = torch.Generator().manual_seed(model_seed)
-    new = {}
-    for key, value in sorted(state.items()):
-        if ".layer." in key and key.endswith(".weight") and value.ndim == 2:
-            shared = torch.randn(value.shape[0], 2, generator=g_data) @ torch.randn(2, value.shape[1], generator=g_data)
-            own = torch.randn(value.shape, generator=g_model)
-            value = value + 0.02 * (shared / shared.norm() + noise * own / own.norm())
-        new["bert." + key] = value
-    save_state(out, new, json.loads((base / "config.json").read_text()))
-    (out / "README.md").write_text(f"---\ndatasets:\n- {DATASETS[dataset]}\n---\n")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +56,7 @@ def test_planted_datasets_cluster_perfectly(planted, tmp_path):
     base, models, unlabelled, store = planted
     report = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path, reduce="pca")
     assert report.knn_score == 1.0 and report.n_scored == 12
-    assert set(report.per_dataset) == set(DATASETS)
+    assert set(report.per_dataset) == set(PLANTED_DATASETS)
     assert report.loo_accuracy == 1.0
     assert report.clustering["kmeans_ari"] == pytest.approx(1.0)
     [prediction] = report.predictions

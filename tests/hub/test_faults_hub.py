@@ -41,7 +41,7 @@ from modelvec.store import Store
 from modelvec.testing.localhub import LocalHub
 
 BASE = "google-bert/bert-base-uncased"
-SRC = Path(__file__).resolve().parents[1] / "src" / "modelvec"
+SRC = Path(__file__).resolve().parents[2] / "src" / "modelvec"
 BIG = 10 * 1024 * 1024 + 300_000  # over huggingface_hub's 10 MiB read chunk, so a resumed download shows a Range
 
 

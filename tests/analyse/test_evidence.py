@@ -14,13 +14,13 @@ from safetensors.torch import load_file
 from transformers import BertModel
 
 import modelvec
+from conftest import planted_dataset_finetune
 from modelvec import Representation
 from modelvec.analyse import clustering_scores
 from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.analyse.evidence import bootstrap_interval, mixed_scores, split_datasets
 from modelvec.core.names import model_id
 from modelvec.studies.compare import evaluate, task_vector_gram
-from test_cluster import planted_dataset_finetune
 
 NAMES = [f"dataset-{c}" for c in "abcdefghi"]
 
@@ -242,8 +242,8 @@ def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
 
 
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
+    from conftest import TIMINGS, as_printed, cli_json
     from modelvec.studies.compare import variants
-    from test_cli_json import TIMINGS, _as_printed, _cli
 
     base, models = mixed_zoo
     store = tmp_path / "s.duckdb"
@@ -251,10 +251,10 @@ def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path
         base, models, variants=variants((4,)), store=store, selection=["planted-0", "planted-3"], center=True
     )
     args = ["--base", str(base), "--store", str(store), "--selection", "planted-0", "--selection", "planted-3"]
-    rows = _cli("evaluate", *map(str, models), *args, "--ranks", "4", "--center")
+    rows = cli_json("evaluate", *map(str, models), *args, "--ranks", "4", "--center")
     drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
-    assert drop(rows) == drop(_as_printed(table.to_dict(orient="records")))
+    assert drop(rows) == drop(as_printed(table.to_dict(orient="records")))
     assert len(rows) == 2 * 2 * (len(variants((4,))) + 2)  # (variants + 2 references) x centred or not x 2 halves
-    rows = _cli("evaluate", *map(str, models), *args, "--ranks", "4", "--mutual-proximity")
+    rows = cli_json("evaluate", *map(str, models), *args, "--ranks", "4", "--mutual-proximity")
     assert len(rows) == 2 * 2 * (len(variants((4,))) + 2)  # x scaled or not, instead
     assert sum(r["method"].endswith(" + mutual proximity") for r in rows) == len(rows) // 2

@@ -46,7 +46,11 @@ from modelvec.store import Failure, Store, StoreLockedError, VectorRow
 from modelvec.store.vectorfile import VectorFile
 
 N_MODELS = 160
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+}  # conftest for the helper
 KEY = "model, base, base_hash, params"
 
 

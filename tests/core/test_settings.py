@@ -1,0 +1,104 @@
+"""Every setting declared once, as data: its help, choices, bounds and place in the key come from one field, and the
+CLI's options, validation and the stored key all follow from it; adding a field adds it everywhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from modelvec.analyse.scores import Scoring
+from modelvec.core.settings import flags, key_of, settings_of
+from modelvec.represent.representation import Representation
+
+
+@pytest.mark.parametrize("cls", [Representation, Scoring])
+def test_every_setting_has_help_and_the_representations_a_place_in_the_key(cls):
+    for field, meta in settings_of(cls):
+        assert meta.help.strip(), field.name
+        if cls is Representation:
+            assert meta.key is not None and meta.order > 0, f"{field.name} changes the vector but not its key"
+    orders = [m.order for _, m in settings_of(Representation)]
+    assert len(set(orders)) == len(orders)
+
+
+def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
+    """The key is derived from the declarations, and a key written before projection and rows existed is unchanged."""
+    assert Representation(projection="shared", rows=1).key() == "r8-sketch-mean-seed0-bn"
+    assert Representation(factor="U", rank=4, seed=3).key() == "r4-U-mean-randomized-max-abs-it4-os8-seed3-bn"
+    assert Representation(factor="S", solver="exact", block_norm=False).key() == "r8-S-mean-exact"
+    assert (
+        Representation(head="vocabulary", pooling="concat", projection="shared").key().endswith("-bn-head-vocabulary")
+    )
+    assert key_of(Representation(projection="countsketch", rows=0.05)) == "r8-sketch-mean-seed0-cs-rows0.05-bn"
+
+
+def test_validation_and_flags_come_from_the_declaration():
+    with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\], not 0.0"):
+        Representation(rows=0)
+    with pytest.raises(ValueError, match="metric must be one of cosine, euclidean"):
+        Scoring(metric="manhattan")
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        Scoring(k=0)
+    assert flags(Representation(rank=16, block_norm=False, projection="gaussian")) == [
+        "--rank",
+        "16",
+        "--projection",
+        "gaussian",
+        "--no-block-norm",
+    ]
+
+
+ADDED_FIELD = """
+import dataclasses, json, sys
+from typer.testing import CliRunner
+from modelvec.core.settings import setting
+from modelvec.represent import representation as mod
+
+base = mod.Representation
+Extended = dataclasses.make_dataclass(
+    "Representation",
+    [("fancy", int, setting(0, "A setting added in one place.", minimum=0, key="fancy{}", order=99, omit=(0,)))],
+    bases=(base,),
+    frozen=True,
+)
+Extended.__module__ = base.__module__
+mod.Representation = Extended  # before the CLI is built from it
+
+from modelvec.cli import app  # noqa: E402
+
+root, tiny = sys.argv[1], sys.argv[2]
+out = {}
+for command in ("embed", "cluster", "neighbors"):
+    out[command] = CliRunner().invoke(app, [command, "--help"]).output
+store = f"{root}/s.duckdb"
+args = ["embed", tiny, "--base", tiny, "--store", store, "--fancy", "3", "--json"]
+out["embed-json"] = json.loads(CliRunner().invoke(app, args).output)
+args = ["neighbors", tiny, "--store", store, "--fancy", "3", "--json"]
+out["neighbors-json"] = json.loads(CliRunner().invoke(app, args).output)
+bad = CliRunner().invoke(app, ["neighbors", tiny, "--store", store, "--fancy", "-1"])
+out["bad"] = [bad.exit_code, " ".join(bad.output.replace("│", " ").split())]
+print(json.dumps(out))
+"""
+
+
+def test_a_field_added_to_the_representation_is_an_option_of_every_command_and_part_of_the_key(tiny_bert, tmp_path):
+    """What adding a setting takes: one field (its help, bounds and place in the key). Every representation command
+    then offers it, validates it and names the vectors by it, with nothing else edited."""
+    script = tmp_path / "added.py"
+    script.write_text(textwrap.dedent(ADDED_FIELD))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(tiny_bert)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for command in ("embed", "cluster", "neighbors"):
+        said = " ".join(out[command].replace("│", " ").split())
+        assert "--fancy" in said and "A setting added in" in said, command  # its help, wrapped beside its bounds
+    assert len(out["embed-json"]["embedded"]) == 1
+    assert out["neighbors-json"]["params"].endswith("-fancy3")
+    code, said = out["bad"]
+    assert code == 2 and "Invalid value for '--fancy'" in said  # refused as it is parsed
