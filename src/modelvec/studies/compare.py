@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -197,48 +198,36 @@ def evaluate(
         same[representation.key()] = name
     say = progress or (lambda _msg: None)
     with opened(store) as db:
-        results = {}
+        embedded: list[set[str]] = []
         for name, representation in variants.items():
             for seed in seeds:
                 say(f"embedding: {name}" + (f" (seed {seed})" if len(seeds) > 1 else ""))
-                seeded = replace(representation, seed=seed)
-                results[(name, seed)] = (seeded, embed(base, models, representation=seeded, store=db))
-        ok = set.intersection(*(set(r.metadata["model"]) for _, r in results.values()))
+                done = embed(base, models, representation=replace(representation, seed=seed), store=db, load=False)
+                embedded.append(set(done.embedded) | set(done.skipped))
+        ok = set.intersection(*embedded)
         paths = {model_id(m): m for m in models}
         order = [model_id(m) for m in models if model_id(m) in ok]
         if len(order) < 3:
             raise ValueError(f"only {len(order)} models embedded in every variant; need at least 3 to score")
         say("reference: task vectors")
         tv = task_vector_gram(base, [paths[m] for m in order])
-        first = next(iter(results.values()))[1].metadata.set_index("model").loc[order]
-        labels = [list(d) for d in first["datasets"]]
+        base_name = model_id(base) if Path(str(base)).exists() else None
+        first = next(iter(variants.values()))
+        meta = db.metadata(base=base_name, representation=replace(first, seed=seeds[0]), models=order)
+        labels = [list(d) for d in meta.drop_duplicates("model").set_index("model").loc[order, "datasets"]]
         split_halves = halves(labels, split, selection)
-        table: list[
-            tuple[str, str, list[np.ndarray], float]
-        ] = []  # (method, representation, X per seed over `order`, s/model)
-        for name, representation in variants.items():
-            matrices, seconds = [], []
-            for seed in seeds:
-                result = results[(name, seed)][1]
-                index = {m: i for i, m in enumerate(result.metadata["model"])}
-                matrices.append(result.vectors[[index[m] for m in order]])
-                seconds.append(float(result.metadata.set_index("model").loc[order]["seconds"].median()))
-            table.append((name, replace(representation, seed=seeds[0]).key(), matrices, float(np.median(seconds))))
-        rows: list[dict[str, object]] = []
-        for half, idx in split_halves.items():
-            say(f"scoring: {half} half ({len(idx)} models)")
-            sub_labels = [labels[i] for i in idx]
-            ref_x = gram_embedding(tv.gram[np.ix_(idx, idx)])
-            reference = cosine_similarities(ref_x)
-            entries = [(n, p, [X[idx] for X in per_seed], s) for n, p, per_seed, s in table]
-            entries.append((REFERENCE, "full deltas", [ref_x], tv.seconds_per_model))
-            if tv.gram_bn is not None:
-                bn_x = gram_embedding(tv.gram_bn[np.ix_(idx, idx)])
-                entries.append((REFERENCE_BN, "full deltas, block-normed", [bn_x], tv.seconds_per_model))
-            scalings = ("none", "mutual-proximity") if mutual_proximity else ("none",)
-            for name, key, Xs, secs in entries:
+        scalings = ("none", "mutual-proximity") if mutual_proximity else ("none",)
+        references = [(REFERENCE, tv.gram, "full deltas")]
+        if tv.gram_bn is not None:
+            references.append((REFERENCE_BN, tv.gram_bn, "full deltas, block-normed"))
+
+        def score(name: str, key: str, Xs: list[np.ndarray], secs: float, dim: int) -> list[dict[str, object]]:
+            out = []
+            for half, idx in split_halves.items():
+                sub_labels = [labels[i] for i in idx]
+                reference = cosine_similarities(gram_embedding(tv.gram[np.ix_(idx, idx)]))
                 for is_centred in (False, True) if center else (False,):
-                    vectors = [centred(X) if is_centred else X for X in Xs]
+                    vectors = [centred(X[idx]) if is_centred else X[idx] for X in Xs]
                     clusters = clustering_scores(vectors[0], sub_labels, metric=metric)  # blind to the scaling
                     for scaling in scalings:
                         row = score_row(
@@ -255,10 +244,28 @@ def evaluate(
                             scaling=scaling,
                             clustering=clusters,
                         )
-                        dim = tv.dim if name.startswith("task vectors") else Xs[0].shape[1]
                         row.update(half=half, params=key, dim=dim, seconds_per_model=secs)
-                        rows.append(row)
+                        out.append(row)
+            return out
+
+        rows: list[dict[str, object]] = []
+        for name, representation in variants.items():  # one variant's vectors in memory at a time
+            say(f"scoring: {name}")
+            Xs, seconds = [], []
+            for seed in seeds:
+                X, vmeta = db.load(base=base_name, representation=replace(representation, seed=seed), models=order)
+                index = {m: i for i, m in enumerate(vmeta["model"])}
+                Xs.append(X[[index[m] for m in order]])
+                seconds.append(float(vmeta.set_index("model").loc[order]["seconds"].median()))
+            key = replace(representation, seed=seeds[0]).key()
+            rows += score(name, key, Xs, float(np.median(seconds)), Xs[0].shape[1])
+            del Xs
+        for name, gram, key in references:
+            say(f"scoring: {name}")
+            rows += score(name, key, [gram_embedding(gram)], tv.seconds_per_model, tv.dim)
     frame = pd.DataFrame(rows)
+    order_of = {half: i for i, half in enumerate(split_halves)}  # each half's rows together, as printed
+    frame = frame.sort_values("half", key=lambda h: h.map(order_of), kind="stable").reset_index(drop=True)
     pick = frame[(frame["half"] == next(iter(split_halves))) & ~frame["method"].str.startswith("task vectors")]
     pick = pick.sort_values(["knn_score", "ref_corr", "dim"], ascending=[False, False, True], kind="stable")
     frame["selected"] = frame["method"] == pick["method"].iloc[0]
