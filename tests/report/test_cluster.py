@@ -229,10 +229,10 @@ def test_neighbors_without_matching_vectors_says_what_the_store_holds(planted, t
     stored = r"\(stored, with the options that read them: r4-sketch-mean\S+ \(--rank 4\)"
     with pytest.raises(modelvec.NothingStoredError, match=r"no vectors stored with representation r7-\S+ " + stored):
         neighbors(models[0], representation=Representation(rank=7), store=store)
-    empty = CliRunner().invoke(app, ["neighbors", str(models[0]), "--store", str(tmp_path / "new.duckdb")])
-    assert empty.exit_code == 2
-    assert f"{tmp_path / 'new.duckdb'}: no vectors stored with representation" in empty.output
-    assert "run `modelvec embed` first" in empty.output
+    missing = tmp_path / "new.duckdb"  # a mistyped store is refused, never created
+    empty = CliRunner().invoke(app, ["neighbors", str(models[0]), "--store", str(missing)])
+    assert empty.exit_code == 2 and not missing.exists()
+    assert f"{missing}: no store here: embed models into it first" in empty.output
 
 
 def test_evaluate_scores_every_variant_on_the_same_models(planted, tmp_path):

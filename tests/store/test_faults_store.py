@@ -36,13 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pytest
 
 from conftest import planted_finetune
 from modelvec.represent import Representation
-from modelvec.store import Failure, Store, StoreLockedError, VectorRow
+from modelvec.store import Failure, Store, StoreError, StoreLockedError, VectorRow
 from modelvec.store.vectorfile import VectorFile
 
 N_MODELS = 160
@@ -266,7 +265,7 @@ def test_store_wait_runs_out(tmp_path, monkeypatch, caplog):
 def test_other_open_errors_are_not_waited_for(tmp_path):
     (tmp_path / "dir.duckdb").mkdir()
     start = time.monotonic()
-    with pytest.raises(duckdb.IOException, match="Is a directory"):
+    with pytest.raises(StoreError, match="dir.duckdb: .*Is a directory"):  # one line naming it, not DuckDB's error
         Store(tmp_path / "dir.duckdb", wait=30)
     assert time.monotonic() - start < 1
 

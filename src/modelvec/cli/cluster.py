@@ -12,9 +12,11 @@ from ..represent.representation import Representation
 from .common import (
     JsonOpt,
     StoreOpt,
+    WaitOpt,
     app,
     console,
     fmt,
+    open_store,
     print_json,
     say,
     short_name,
@@ -41,20 +43,22 @@ def cluster(
     ),
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
+    wait: float | None = WaitOpt,
 ) -> None:
     """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
     from ..report import cluster as run_cluster
 
-    report = run_cluster(
-        base,
-        representation=representation,
-        scoring=scoring,
-        store=store,
-        out=out,
-        reduce=reduce,
-        standardize=standardize,
-        label_sources=split_values(label_source) or None,
-    )
+    with open_store(store, wait, read_only=True) as db:
+        report = run_cluster(
+            base,
+            representation=representation,
+            scoring=scoring,
+            store=db,
+            out=out,
+            reduce=reduce,
+            standardize=standardize,
+            label_sources=split_values(label_source) or None,
+        )
     if as_json:
         print_json(report.as_json())
         return

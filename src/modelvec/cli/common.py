@@ -56,7 +56,8 @@ WaitOpt = typer.Option(
     "--wait",
     min=0,
     metavar="SECONDS",
-    help="While another process uses the store, wait this long for it (default: $MODELVEC_STORE_WAIT or 600).",
+    help="While another process uses the store, wait this long for it (default: $MODELVEC_STORE_WAIT, else 600 for "
+    "the commands that write it and 0 for those that only read it).",
 )
 JsonOpt = typer.Option(False, "--json", help="Print the API's answer as JSON instead of tables.")
 
@@ -97,11 +98,19 @@ def short_name(name: str) -> str:
         return name
 
 
-def open_store(path: Path | None, wait: float | None = None) -> Store:
-    """The store, opened now so that a wait for another process's run is said on one line before any progress bar."""
+def open_store(path: Path | None, wait: float | None = None, *, read_only: bool = False) -> Store:
+    """The store, opened now so that a wait for another process's run is said on one line before any progress bar.
+
+    ``read_only`` (the commands that only read it): a missing store is refused rather than created, and while
+    another process writes it the command says so at once unless told to wait (``--wait``,
+    ``$MODELVEC_STORE_WAIT``)."""
+    import os
+
     from ..store import Store
 
-    return Store(path, wait=wait, on_wait=lambda line: say(err, line))
+    if read_only and wait is None and not os.environ.get("MODELVEC_STORE_WAIT"):
+        wait = 0.0
+    return Store(path, wait=wait, on_wait=lambda line: say(err, line), read_only=read_only)
 
 
 def print_json(value: Any) -> None:

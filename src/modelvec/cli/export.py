@@ -8,6 +8,7 @@ import typer
 
 from .common import (
     StoreOpt,
+    WaitOpt,
     app,
     console,
     open_store,
@@ -19,8 +20,9 @@ from .common import (
 def export(
     parquet: Path = typer.Option(..., "--parquet", help="Parquet file to write."),
     store: Path | None = StoreOpt,
+    wait: float | None = WaitOpt,
 ) -> None:
     """Write one row per stored vector: model, base, representation parameters, datasets, vector."""
-    with open_store(store) as db:
+    with open_store(store, wait, read_only=True) as db:
         count = db.export_parquet(parquet)
     say(console, f"wrote {count} vectors to {parquet}")

@@ -12,9 +12,11 @@ from ..represent.representation import Representation
 from .common import (
     JsonOpt,
     StoreOpt,
+    WaitOpt,
     app,
     console,
     err,
+    open_store,
     print_json,
     say,
     short_name,
@@ -38,6 +40,7 @@ def neighbors(
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
+    wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
     explain: bool = typer.Option(
         False, "--explain", help="Show which layers and families carry the similarity to each neighbour."
@@ -50,7 +53,8 @@ def neighbors(
     """
     from ..report import neighbors as find
 
-    found = find(model, representation=representation, scoring=scoring, store=store, base=base, explain=explain)
+    with open_store(store, wait, read_only=True) as db:
+        found = find(model, representation=representation, scoring=scoring, store=db, base=base, explain=explain)
     if as_json:
         print_json(found.as_json())
         return

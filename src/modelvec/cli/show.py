@@ -11,6 +11,7 @@ from ..represent.representation import Representation
 from .common import (
     JsonOpt,
     StoreOpt,
+    WaitOpt,
     app,
     console,
     open_store,
@@ -24,10 +25,11 @@ from .common import (
 def show(
     store: Path | None = StoreOpt,
     failures: bool = typer.Option(True, help="Also list failures."),
+    wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """List what is stored: vectors per base and representation, and failures (with their kind)."""
-    with open_store(store) as db:
+    with open_store(store, wait, read_only=True) as db:
         overview = db.overview()
     if as_json:
         print_json(overview.as_json())

@@ -127,7 +127,7 @@ def cluster(
     representation = representation or Representation()
     scoring = scoring or Scoring()
     metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
-    with opened(store) as db:
+    with opened(store, read_only=True) as db:
         X, meta, base_name = load_base(db, base, representation)
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:

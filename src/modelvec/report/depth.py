@@ -82,6 +82,8 @@ def depth_report(
 
     A quantized GGUF's warning is kept in ``study.warnings`` (the ranks include quantization noise).
     """
+    if over_finetunes is not None and model is not None:
+        raise ValueError(f"give a MODEL ({model}) or --over-finetunes BASE ({over_finetunes}), not both")
     if over_finetunes is not None:
         study = over_stored(over_finetunes, store=store, thresholds=thresholds, device=device)
         shown = study.model if is_hub_id(study.model) else display_name(study.model)

@@ -143,7 +143,7 @@ def neighbors(
     representation = representation or Representation()
     scoring = scoring or NEIGHBORS_SCORING
     k, metric, scaling = scoring.k, scoring.metric, scoring.scaling
-    with opened(store) as db:
+    with opened(store, read_only=True) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
         rows = db.metadata(representation=representation, models=[name])
         if base is not None or rows.empty:

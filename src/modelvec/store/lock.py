@@ -13,7 +13,7 @@ from pathlib import Path
 
 import duckdb
 
-from ..core.errors import StoreLockedError
+from ..core.errors import StoreError, StoreLockedError
 
 DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its file ($MODELVEC_STORE_WAIT)
 _RETRY = (0.2, 0.4)  # seconds between two attempts to open a locked store (random, so waiters do not march in step)
@@ -35,6 +35,25 @@ def default_wait() -> float:
 
 
 _LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")
+#: What DuckDB's errors on opening a file mean, in a few words.
+_CAUSES = (
+    ("not a valid DuckDB database", "not a modelvec store (not a DuckDB database file)"),
+    ("Could not read enough bytes", "damaged: the file is truncated"),
+    ("Read-only file system", "on a read-only file system: cannot be written here (read-only commands can read it)"),
+    ("Permission denied", "permission denied"),
+    ("No space left on device", "no space left on the device"),
+)
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc)
+    known = next((cause for needle, cause in _CAUSES if needle in text), None)
+    if known is not None:
+        return known
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first.removeprefix("IO Error: ").removeprefix("Catalog Error: ")[:200]
+
+
 _HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
 
 
@@ -47,17 +66,22 @@ def _lock_holder(exc: BaseException) -> tuple[str | None, int | None] | None:
     return (found["program"], int(found["pid"])) if found else (None, None)
 
 
-def connect(path: Path, wait: float, on_wait: Callable[[str], None] | None) -> duckdb.DuckDBPyConnection:
-    """Open the DuckDB file, retrying while another process holds its lock, for at most ``wait`` seconds."""
+def connect(
+    path: Path, wait: float, on_wait: Callable[[str], None] | None, *, read_only: bool = False
+) -> duckdb.DuckDBPyConnection:
+    """Open the DuckDB file, retrying while another process holds its lock, for at most ``wait`` seconds.
+
+    Anything else that stops it (a file that is no DuckDB database, a truncated one, a read-only file system,
+    a folder that cannot be written) is a :class:`StoreError` naming the file and the cause in a few words."""
     start = time.monotonic()
     told = False
     while True:
         try:
-            return duckdb.connect(str(path))
-        except duckdb.IOException as exc:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.Error as exc:
             holder = _lock_holder(exc)
             if holder is None:
-                raise
+                raise StoreError(str(path), _cause(exc)) from None
             waited = time.monotonic() - start
             if waited >= wait:
                 raise StoreLockedError(path, holder[1], round(waited, 1)) from None

@@ -140,6 +140,18 @@ MIGRATIONS = tuple(
 )
 
 
+def missing_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The tables and columns this version needs that the store lacks (none once :func:`migrate` ran)."""
+    missing = []
+    for table in TABLES:
+        have = set(_columns(con, table.name))
+        if not have:
+            missing.append(f"table {table.name}")
+            continue
+        missing += [f"{table.name}.{name}" for name, _ in table.columns if name not in have]
+    return missing
+
+
 def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
     """Create the tables, or bring an older store's up to date (columns added; ``FLOAT[]`` vectors moved out)."""
     if "vector" in _columns(con, "vectors"):

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.errors import Kind
+from ..core.errors import Kind, NothingStoredError, StoreError
 from ..represent.representation import Representation
 from .lock import connect, default_wait
 from .rows import Failure, VectorRow
-from .schema import CATALOGUE_COLUMNS, META_COLUMNS, migrate
+from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, migrate, missing_tables
 from .vectorfile import VectorFile
 from .writer import StoreWriter, write_rows
 
@@ -52,13 +52,14 @@ StoreLike = "Store | str | os.PathLike[str] | None"
 
 
 @contextmanager
-def opened(store: Store | str | os.PathLike[str] | None) -> Iterator[Store]:
+def opened(store: Store | str | os.PathLike[str] | None, *, read_only: bool = False) -> Iterator[Store]:
     """``store`` itself when it is an open :class:`Store` (left open for its owner), else the store at
-    that path (None: the default), closed on the way out. For API functions that take either."""
+    that path (None: the default), closed on the way out; ``read_only`` for API functions that only read.
+    For API functions that take either."""
     if isinstance(store, Store):
         yield store
         return
-    with Store(store) as db:
+    with Store(store, read_only=read_only) as db:
         yield db
 
 
@@ -116,35 +117,68 @@ class Store:
         *,
         wait: float | None = None,
         on_wait: Callable[[str], None] | None = None,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: for commands that only read (show, cluster, neighbors, export): no store is created (a
+        missing one is a :class:`NothingStoredError`), nothing is written, and a store on a read-only file system
+        can be read."""
         self.path = Path(path) if path is not None else default_store_path()
-        if self.path.parent and not self.path.parent.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         wait = default_wait() if wait is None else float(wait)
         if wait != wait or wait < 0:
             raise ValueError(f"wait={wait}: give a number of seconds >= 0")
-        self.con = connect(self.path, wait, on_wait)
+        if read_only:
+            if not self.path.is_file():
+                what = "a folder, not a store" if self.path.is_dir() else "no store here"
+                raise NothingStoredError(
+                    str(self.path),
+                    f"{what}: embed models into it first, or name another with --store (or $MODELVEC_STORE)",
+                )
+        elif not self.path.parent.is_dir():
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(str(self.path), f"cannot create its folder: {exc.strerror or exc}") from None
+        self.con = connect(self.path, wait, on_wait, read_only=read_only)
         try:
             # only after DuckDB's lock is held: only the process holding it appends to the vector file
-            self.vector_file = VectorFile(self._vector_file())
+            self.vector_file = VectorFile(self._vector_file(), read_only=read_only)
         except BaseException:
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
-            migrate(self.con, self.vector_file)
+            if read_only:
+                self._check_readable()
+            else:
+                migrate(self.con, self.vector_file)
         except BaseException:
             self.close()
             raise
+
+    def _check_readable(self) -> None:
+        """A store opened read-only must already have the tables of this version (a writing command adds them)."""
+        missing = missing_tables(self.con)
+        if missing:
+            raise StoreError(
+                str(self.path),
+                f"not a modelvec store, or one from an older version (it lacks {', '.join(missing)}); "
+                "a command that writes it (embed) brings it up to date",
+            )
 
     def _vector_file(self) -> Path:
         """The current vector file. Its name is kept in the store, so :meth:`compact` swaps it in the
         commit that changes the offsets; files a crashed compaction left beside it are removed
         (only the holder of the store's lock gets here)."""
-        self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        if not self.read_only:
+            self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        elif "store_meta" not in {
+            r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+        }:
+            return self.path.parent / f"{self.path.name}.vectors"
         rows = self.con.execute("SELECT value FROM store_meta WHERE key = 'vector_file'").fetchall()
         current = self.path.parent / (rows[0][0] if rows else f"{self.path.name}.vectors")
         ours = re.compile(re.escape(f"{self.path.name}.vectors") + r"(\.[0-9a-f]{12})?")
-        for other in self.path.parent.glob(f"{glob.escape(self.path.name)}.vectors*"):
+        for other in self.path.parent.glob(f"{glob.escape(self.path.name)}.vectors*") if not self.read_only else ():
             if other != current and ours.fullmatch(other.name):
                 other.unlink(missing_ok=True)
         return current
@@ -216,11 +250,8 @@ class Store:
         try:
             self.con.execute("INSERT OR REPLACE INTO bases (base, sha) VALUES (?, ?)", [base, base_sha])
             if rows:
-                cols = ", ".join(CATALOGUE_COLUMNS)
-                marks = ", ".join("?" for _ in CATALOGUE_COLUMNS)
                 self.con.executemany(
-                    f"INSERT OR REPLACE INTO catalogue ({cols}) VALUES ({marks})",
-                    [[r[c] for c in CATALOGUE_COLUMNS] for r in rows],
+                    CATALOGUE.insert(CATALOGUE_COLUMNS), [[r[c] for c in CATALOGUE_COLUMNS] for r in rows]
                 )
                 self.con.execute(
                     """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author

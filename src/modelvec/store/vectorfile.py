@@ -36,11 +36,23 @@ class VectorFile:
     MAGIC = b"modelvec vectors float32-le v1\n".ljust(64, b"\0")
     ALIGN = 64
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        """``read_only``: only for reading (no file is created; a missing one holds no vectors)."""
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
+        if read_only and not path.exists():
+            self._fd = -1
+            return
+        try:
+            self._fd = os.open(path, os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(str(path), exc.strerror or str(exc)) from None
         head = os.pread(self._fd, len(self.MAGIC), 0)
+        if read_only and head != self.MAGIC and head:
+            os.close(self._fd)
+            raise StoreError(str(path), "not a modelvec vector file (bad header)")
+        if read_only:
+            return
         if not head:
             os.pwrite(self._fd, self.MAGIC, 0)
             os.fsync(self._fd)
@@ -80,6 +92,10 @@ class VectorFile:
         out = np.empty((len(offsets), dim), np.float32)
         if not len(offsets):
             return out
+        if self._fd < 0:
+            raise StoreError(
+                models[0], f"its stored vector is missing: there is no {self.path}; re-embed it with --force"
+            )
         nbytes = dim * 4
         for i in np.argsort(offsets, kind="stable"):  # in file order: sequential reads
             offset, digest, model = offsets[i], hashes[i], models[i]

@@ -225,7 +225,7 @@ def over_stored(
     ``base`` is a local path or a Hub id as stored; Hub models are fetched at their stored
     revisions. A fine-tune that cannot be fetched or read is in ``study.failed``; the others go on.
     """
-    with opened(store) as db:
+    with opened(store, read_only=True) as db:
         meta = db.metadata()
         local = Path(base).exists()
         base_id = model_id(base) if local else base
