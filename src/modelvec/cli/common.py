@@ -30,15 +30,43 @@ def say(console_: Console, text: str) -> None:
     console_.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
+#: Exit statuses, for scripts (``modelvec --help`` and docs/commands.md say them).
+EXIT_DONE, EXIT_SOME_FAILED, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
+EXIT_STATUSES = (
+    "Exit status: 0 all done; 1 some models failed (embed; its last line says which); 2 a usage or environment "
+    "error (a bad option, a store or output that cannot be used, a model that cannot be read), said in one line; "
+    "3 a bug in modelvec, said in one line (MODELVEC_DEBUG=1 shows the traceback)."
+)
+
+
 class _OneLineErrors(TyperGroup):
-    """Runs the command; a user-facing failure becomes one line on stderr and exit status 2 (bad input, not a crash)."""
+    """Runs the command. Whatever stops it is one line on stderr, never a traceback: a user-facing failure (a bad
+    option, a model or store that cannot be read, a file that cannot be written) exits with status 2, a bug with
+    status 3 (``MODELVEC_DEBUG=1`` re-raises it, for the traceback)."""
 
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        import os
+
         try:
             return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors print themselves
+            raise
         except (ModelvecError, ValueError) as exc:
             say(err, f"error: {exc}")
-            raise typer.Exit(2) from None
+            raise typer.Exit(EXIT_ERROR) from None
+        except OSError as exc:  # the machine or the file system: an output folder, a full disk, permissions
+            where = f"{exc.filename}: " if exc.filename else ""
+            say(err, f"error: {where}{exc.strerror or exc}")
+            raise typer.Exit(EXIT_ERROR) from None
+        except KeyboardInterrupt:
+            say(err, "interrupted (what was stored is kept)")
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if os.environ.get("MODELVEC_DEBUG"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            say(err, f"error: a bug in modelvec ({type(exc).__name__}: {first}); MODELVEC_DEBUG=1 shows the traceback")
+            raise typer.Exit(EXIT_BUG) from None
 
 
 app = typer.Typer(
@@ -47,7 +75,7 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",  # a docstring paragraph is rewrapped to the terminal, not broken where the source breaks
     pretty_exceptions_enable=False,
-    help="Turn fine-tuned transformers into vectors from their weight deltas.",
+    help="Turn fine-tuned transformers into vectors from their weight deltas.\n\n" + EXIT_STATUSES,
 )
 
 StoreOpt = typer.Option(None, "--store", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb).")

@@ -9,6 +9,7 @@ import typer
 
 from ..represent.representation import Representation
 from .common import (
+    EXIT_SOME_FAILED,
     JsonOpt,
     StoreOpt,
     WaitOpt,
@@ -62,7 +63,8 @@ def embed(
     wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Embed fine-tunes into the store (skips what is stored; records failures and goes on).
+    """Embed fine-tunes into the store (skips what is stored; records failures and goes on; exit status 1 when some
+    models failed).
 
     `modelvec embed --base BASE MODEL...` embeds the given models; `modelvec embed BASE` embeds
     every fine-tune of the Hub model BASE found by `modelvec discover` (run first when needed).
@@ -97,15 +99,23 @@ def embed(
             result = embed_models(base, targets, **common)
     if as_json:
         print_json(result.as_json())
-        return
-    say(
-        console,
-        f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
-        f"failed {len(result.failed)} -> {db.path}",
-    )
-    for reason in result.failed.values():
-        say(console, f"  failed: {reason}")
-    for note, names in result.notes.items():
-        say(err, f"note: {note} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {names[0]})")
-    if result.failed and not result.embedded and not result.skipped:
-        raise typer.Exit(1)
+    else:
+        for note, names in result.notes.items():
+            say(err, f"note: {note} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {names[0]})")
+        for reason in result.failed.values():
+            say(console, f"  failed: {reason}")
+        say(
+            console,
+            f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
+            f"failed {len(result.failed)} -> {db.path}",
+        )
+    if result.failed:  # exit 1: some models failed; the last line says which kind
+        new = len(result.failed) - len(result.recorded)
+        said = f"{new} new" + (
+            f", {len(result.recorded)} recorded by an earlier run (--force tries again)" if result.recorded else ""
+        )
+        say(
+            err,
+            f"some models failed: {len(result.failed)} of {len(result.failed) + len(result.embedded) + len(result.skipped)} ({said})",
+        )
+        raise typer.Exit(EXIT_SOME_FAILED)

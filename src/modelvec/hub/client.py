@@ -73,8 +73,28 @@ class _Api(HfApi):
         return super().model_info(*args, timeout=self._timeout if timeout is None else timeout, **kwargs)
 
 
+#: How a host name that does not resolve reads (glibc, musl, macOS): the endpoint is wrong or there is no network,
+#: which waiting does not change.
+_UNRESOLVED = (
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "nodename nor servname",
+    "No address associated",
+)
+
+
+def unresolved(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a host name that does not resolve."""
+    return any(
+        isinstance(e, OSError | httpx2.ConnectError) and any(t in str(e) for t in _UNRESOLVED) for e in chain(exc)
+    )
+
+
 def transient(exc: BaseException) -> bool:
-    """Whether retrying may help: rate limits, server errors, timeouts, dropped or short transfers."""
+    """Whether retrying may help: rate limits, server errors, timeouts, dropped or short transfers (not a host name
+    that does not resolve: that fails at once)."""
+    if unresolved(exc):
+        return False
     for e in chain(exc):
         if isinstance(e, OfflineModeIsEnabled):
             return False
@@ -165,6 +185,9 @@ def describe_error(exc: BaseException) -> str:
             return f"invalid repository id or revision: {_first_line(e)}"
         if isinstance(e, httpx2.TimeoutException):
             return f"timed out{after} ({type(e).__name__})"
+        if isinstance(e, httpx2.NetworkError) and unresolved(e):
+            host = constants.ENDPOINT.split("://", 1)[-1].split("/", 1)[0]
+            return f"the Hub cannot be reached: its host name does not resolve (no network? HF_ENDPOINT: {host})"
         if isinstance(e, httpx2.NetworkError):
             return f"connection failed{after} ({type(e).__name__}: {_first_line(e)})".replace(": )", ")")
         if isinstance(e, httpx2.RemoteProtocolError):

@@ -51,6 +51,8 @@ class EmbedResult:
     store: str | None = None  # the store file written
     #: how some models were read, said once per run: note -> the models it concerns (e.g. downloaded whole)
     notes: dict[str, list[str]] = field(default_factory=dict)
+    #: the failed models whose failure was recorded by an earlier run and not tried again (``force`` retries)
+    recorded: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
@@ -60,6 +62,7 @@ class EmbedResult:
             "skipped": list(self.skipped),
             "failed": dict(self.failed),
             "notes": {note: list(models) for note, models in self.notes.items()},
+            "recorded": list(self.recorded),
         }
 
 
@@ -198,6 +201,7 @@ def _run(
             known = None if force else db.known_failure(name, task.identity, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
                 result.failed[name] = known
+                result.recorded.append(name)
                 progress(name, "failed", known)
                 continue
             yield task
@@ -285,7 +289,8 @@ def _hub_entry(repo_id: str, base: str, db: Store, settings: HubSettings) -> Cat
         return stored[0]
     try:
         info = with_retries(lambda: settings.api().model_info(repo_id), settings, repo_id)
-    except Exception as exc:
-        where = "no such local path, and on the Hub: " if "/" in repo_id or "." in repo_id else ""
-        raise FetchError(repo_id, where + describe_error(exc)) from exc
+    except Exception as exc:  # a name given as is: a mistyped local folder reads as a Hub id, so say both
+        raise FetchError(
+            repo_id, f"no local file or folder of that name, and on the Hub: {describe_error(exc)}"
+        ) from exc
     return describe(info, base, True, "named by the user")
