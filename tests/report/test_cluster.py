@@ -379,3 +379,17 @@ def test_per_block_knn_score_finds_the_planted_block_and_draws_the_heat_map(tiny
     modelvec.embed(tiny_bert, paths, representation=Representation(rank=4), store=store)
     mean = cluster(tiny_bert, representation=Representation(rank=4), store=store, out=tmp_path / "m", reduce="pca")
     assert [b["layer"] for b in mean.per_block] == [None] * 6  # layers pooled: one row of families
+
+
+def test_the_map_is_chosen_by_size_and_says_so(planted, tmp_path):
+    """reduce='auto' draws t-SNE for a hundred models or fewer (UMAP compiles for seconds on every run) and UMAP from
+    there; the report names what it drew and why."""
+    from modelvec.report.cluster import AUTO_UMAP_FROM, choose_reducer
+
+    base, _, _, store = planted
+    report = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path)
+    assert report.reduce == "tsne" and "t-SNE for 13 models" in report.reduce_note
+    assert (tmp_path / "clusters-tsne.png").exists() and not (tmp_path / "clusters-umap.png").exists()
+    assert choose_reducer(AUTO_UMAP_FROM)[0] == "umap" and choose_reducer(AUTO_UMAP_FROM - 1)[0] == "tsne"
+    chosen = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path, reduce="pca")
+    assert chosen.reduce == "pca" and chosen.reduce_note is None

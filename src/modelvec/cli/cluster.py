@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 from rich.table import Table
@@ -30,7 +31,9 @@ from .common import (
 @with_settings(Scoring, "scoring")
 def cluster(
     base: str = typer.Argument(..., help="The base whose stored fine-tunes to cluster (path or stored id)."),
-    reduce: str = typer.Option("umap", "--reduce", help="2-D map: umap|tsne|pca."),
+    reduce: Literal["auto", "umap", "tsne", "pca"] = typer.Option(
+        "auto", "--reduce", help="The 2-D map: auto (t-SNE below 101 models, UMAP from there), umap, tsne or pca."
+    ),
     standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
@@ -93,3 +96,5 @@ def cluster(
         say(console, f"blocks that separate the datasets best (kNN score of the block alone): {names}")
     for kind, path in report.files.items():
         say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
+    if report.reduce_note:
+        say(console, f"map: {report.reduce_note}")

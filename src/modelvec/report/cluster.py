@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analyse.reduction import METHODS
 from ..analyse.reduction import reduce as reduce_to_2d
 from ..analyse.scores import Scoring, block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
 from ..core.errors import ModelvecError, NothingStoredError
@@ -57,6 +58,8 @@ class ClusterReport:
     #: files were not at hand to lay the blocks out
     per_block: list[dict[str, Any]] | None = None
     scaling: str = "none"  # how neighbours are ranked (analyse.scores: "mutual-proximity" for mixed kinds)
+    reduce: str = ""  # the map's reduction as drawn (``auto`` resolved)
+    reduce_note: str | None = None  # why, when ``auto`` chose it
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
@@ -101,6 +104,19 @@ def load_base(
     )
 
 
+#: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
+#: every run, while the map of a hundred models is as readable with t-SNE, in under a second).
+AUTO_UMAP_FROM = 101
+REDUCERS = ("auto", *METHODS)
+
+
+def choose_reducer(n_models: int) -> tuple[str, str]:
+    """The reduction ``auto`` draws for ``n_models``, and the line that says why."""
+    if n_models >= AUTO_UMAP_FROM:
+        return "umap", f"umap: {n_models} models"
+    return "tsne", f"t-SNE for {n_models} models (UMAP compiles for ~15 s on every run; --reduce umap draws it)"
+
+
 def cluster(
     base: PathLike | str,
     *,
@@ -108,7 +124,7 @@ def cluster(
     scoring: Scoring | None = None,
     store: Store | PathLike | None = None,
     out: PathLike = "modelvec-out",
-    reduce: str = "umap",
+    reduce: str = "auto",
     standardize: bool = False,
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
@@ -118,12 +134,15 @@ def cluster(
     ``representation`` says which stored vectors (default: today's defaults); ``scoring`` how neighbours are
     found and counted (:class:`~modelvec.analyse.scores.Scoring`: its ``scaling`` ranks neighbours for the
     neighbour-based scores, ``"mutual-proximity"`` for collections that mix adapters and full fine-tunes; the
-    clusterers and the map see the vectors as they are). ``reduce`` is the map's reduction (umap, tsne, pca).
+    clusterers and the map see the vectors as they are). ``reduce`` is the map's reduction (umap, tsne, pca; auto:
+    t-SNE below :data:`AUTO_UMAP_FROM` models, UMAP from there).
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
     ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
     The report also gives the kNN score with same-author neighbours excluded, to tell an author
     effect (one uploader's near-identical runs) from a dataset effect.
     """
+    if reduce not in REDUCERS:
+        raise ValueError(f"reduce must be one of {', '.join(REDUCERS)}, not {reduce!r}")
     representation = representation or Representation()
     scoring = scoring or Scoring()
     metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
@@ -176,6 +195,10 @@ def cluster(
                 title=f"which layers and families separate the datasets ({representation.key()})",
             )
         )
+    note = None
+    if reduce == "auto":
+        reduce, note = choose_reducer(len(meta))
+    report.reduce, report.reduce_note = reduce, note
     if len(meta) >= 3:
         coords = reduce_to_2d(X, reduce, standardize=standardize, seed=seed, metric=metric)
         title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
