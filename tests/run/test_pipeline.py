@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -10,10 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import planted_finetune
+from conftest import planted_finetune, save_state
 from modelvec import DeltaEmbedder, Representation, Store
 from modelvec.cli import app
 from modelvec.represent import canonical_signs, truncated_svd
@@ -179,11 +181,27 @@ def test_cli_embed_show_export(tiny_bert, tiny_finetunes, tmp_path):
         str(store),
     ]
     first = runner.invoke(app, args)
-    assert first.exit_code == 0, first.output
+    assert first.exit_code == 1, first.output  # some models failed: scripts can tell
     assert "embedded 3, skipped 0 (already stored), failed 1" in first.output
     assert "no weights found" in first.output
+    assert first.output.strip().splitlines()[-1] == "some models failed: 1 of 4 (1 new)"
     again = runner.invoke(app, args)
-    assert "embedded 0, skipped 3 (already stored), failed 1" in again.output
+    assert again.exit_code == 1 and "embedded 0, skipped 3 (already stored), failed 1" in again.output
+    assert again.output.strip().splitlines()[-1] == "some models failed: 1 of 4 (1 new)"  # no weights: tried again
+    nan = tmp_path / "nan"  # readable weights that fail: recorded, and not tried again while unchanged
+    state = load_file(str(tiny_finetunes[0] / "model.safetensors"))
+    state["encoder.layer.0.attention.self.query.weight"][0, 0] = float("nan")
+    save_state(nan, state, json.loads((tiny_finetunes[0] / "config.json").read_text()))
+    nan_args = ["embed", "--base", str(tiny_bert), str(nan), "--rank", "4", "--store", str(store)]
+    assert runner.invoke(app, nan_args).output.strip().splitlines()[-1] == "some models failed: 1 of 1 (1 new)"
+    recorded = runner.invoke(app, nan_args)
+    assert recorded.exit_code == 1
+    last = recorded.output.strip().splitlines()[-1]
+    assert last == "some models failed: 1 of 1 (0 new, 1 recorded by an earlier run (--force tries again))"
+    fixed = runner.invoke(
+        app, ["embed", "--base", str(tiny_bert), *map(str, tiny_finetunes), "--rank", "4", "--store", str(store)]
+    )
+    assert fixed.exit_code == 0, fixed.output  # all done
     shown = runner.invoke(app, ["show", "--store", str(store)])
     assert shown.exit_code == 0 and "r4-sketch" in shown.output and "failures" in shown.output
     exported = runner.invoke(app, ["export", "--parquet", str(tmp_path / "x.parquet"), "--store", str(store)])

@@ -38,6 +38,13 @@ Choices, so that two readers never disagree about a number:
 - **Ranking.** Highest adjusted R² first, then (ties, e.g. exact fits at 1.0, or nan) lowest AIC
   (so fewer parameters among exact fits), then the order of :data:`LAWS`; nan sorts after every
   number, so failed fits come last.
+- **Which law is shown.** :func:`shown_law` picks the law a report shows and draws: the best whose
+  adjusted R² is defined (n ≥ k + 2 points) and at least :data:`MIN_ADJ_R2`; otherwise none, and it
+  says why (too few layers, the same rank at every layer, or the best adjusted R² it reached).
+- **Equations.** Coefficients are printed to 4 significant digits; a term whose contribution over the
+  fitted x is below the rounding of the largest term (half a unit in its 4th digit) is rounding
+  noise of the fit and is dropped (an exponent is printed as 0), so an exactly flat rank reads
+  ``r(x) = 6``, not ``r(x) = 6 − 3.33e−16·x``. Printed numbers never use e-notation.
 """
 
 from __future__ import annotations
@@ -66,6 +73,14 @@ _TEMPLATES = {
     "quarter_ellipse": "r(x) = r_min + (r_max − r_min)·√(1 − (x/L)²)",
 }
 _RSS_FLOOR_REL = 1e-10  # residual RMS below this fraction of max|y| is rounding, for AIC
+_DIGITS = 4  # significant digits of a printed coefficient
+
+MIN_ADJ_R2 = 0.5
+"""The least adjusted R² at which a fitted law is shown (tables) and drawn (figures).
+
+Below it the law explains too little of how the rank varies across layers to be read as the way the
+rank changes with depth: a report says which law came closest and how close, and draws none.
+0.5: the law explains at least half of the variance, after the penalty for its parameters."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +141,31 @@ def fit_laws(
         return (adj, aic, order[f.name])
 
     return sorted(fits, key=key)
+
+
+def shown_law(fits: Sequence[Fit], *, min_adj_r2: float = MIN_ADJ_R2) -> tuple[Fit | None, str]:
+    """The law to show of ``fits`` (the laws fitted to one set of points, e.g. :func:`fit_laws`'s),
+    and what a report says about it: ``(fit, "linear, adj. R² 0.93")``, or ``(None, why)``.
+
+    A law is shown only when its adjusted R² is defined, i.e. n ≥ k + 2 points (with fewer, any
+    k-parameter law passes through them or nearly: nothing to judge it by) and at least ``min_adj_r2``.
+    The reasons: ``too few layers for a law (2)``, ``the same rank at every layer`` (nothing to
+    explain), ``no law fits (best adj. R² -0.47)``, ``no law could be fitted``.
+    """
+    if not fits:
+        return None, "no law fitted"
+    n = max(f.n for f in fits)
+    judged = [f for f in fits if f.n >= f.k + 2]
+    if not judged:
+        return None, f"too few layers for a law ({n})"
+    scored = [f for f in judged if not math.isnan(f.adj_r2)]
+    if not scored:
+        fitted = [f for f in judged if not math.isnan(f.aic)]  # fitted, but nothing to explain: sst = 0
+        return None, "the same rank at every layer" if fitted else "no law could be fitted"
+    best = max(scored, key=lambda f: f.adj_r2)  # the first of equals: fit_laws's order breaks ties
+    if best.adj_r2 < min_adj_r2:
+        return None, f"no law fits (best adj. R² {best.adj_r2:.2f})"
+    return best, f"{best.name.replace('_', ' ')}, adj. R² {best.adj_r2:.2f}"
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -261,7 +301,7 @@ def _scored(name: str, params: dict[str, float], x: np.ndarray, y: np.ndarray, L
     scale = float(np.max(np.abs(y))) or 1.0
     floor = n * (_RSS_FLOOR_REL * scale) ** 2
     aic = n * math.log(max(rss, floor) / n) + 2 * k
-    return Fit(name, params, _equation(name, params, L), r2, adj, aic, n, k, L)
+    return Fit(name, params, _equation(name, params, L, x), r2, adj, aic, n, k, L)
 
 
 def _failed(name: str, n: int, k: int, why: str, L: float | None = None) -> Fit:
@@ -269,24 +309,58 @@ def _failed(name: str, n: int, k: int, why: str, L: float | None = None) -> Fit:
     return Fit(name, params, f"{_TEMPLATES[name]} (not fitted: {why})", math.nan, math.nan, math.nan, n, k, L)
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
 def _num(v: float) -> str:
-    """4 significant digits, with a true minus sign."""
-    return f"{v:.4g}".replace("-", "−")
+    """4 significant digits with a true minus sign, never e-notation: 12350, 0.0001234, 1.5×10⁻⁷."""
+    if v == 0:
+        return "0"
+    mantissa, exponent = f"{v:.{_DIGITS - 1}e}".split("e")
+    e = int(exponent)
+    if -5 <= e < 6:
+        text = f"{float(f'{v:.{_DIGITS - 1}e}'):.{max(_DIGITS - 1 - e, 0)}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+    else:
+        text = f"{mantissa.rstrip('0').rstrip('.')}×10{str(e).translate(_SUPERSCRIPT)}"
+    return text.replace("-", "−")
 
 
-def _signed(v: float, term: str) -> str:
-    """' + 4.56·x' or ' − 4.56·x'."""
-    return f" {'−' if v < 0 else '+'} {_num(abs(v))}{term}"
+def _unit(scale: float) -> float:
+    """Half a unit in the last printed digit of a number of size ``scale``: what rounding hides."""
+    return 0.5 * 10.0 ** (math.floor(math.log10(scale)) - (_DIGITS - 1)) if scale > 0 else 0.0
 
 
-def _equation(name: str, p: dict[str, float], L: float | None) -> str:
+def _sum(terms: list[tuple[float, str, float]]) -> str:
+    """``a + b·x − c·x²`` of (coefficient, factor, size of the term over x), dropping each term smaller
+    than the rounding of the largest; ``0`` when nothing is left."""
+    hidden = _unit(max(size for _, _, size in terms))
+    kept = [(c, factor) for c, factor, size in terms if size > hidden and c != 0]
+    if not kept:
+        return "0"
+    (c0, f0), rest = kept[0], kept[1:]
+    return f"{_num(c0)}{f0}" + "".join(f" {'−' if c < 0 else '+'} {_num(abs(c))}{f}" for c, f in rest)
+
+
+def _equation(name: str, p: dict[str, float], L: float | None, x: np.ndarray) -> str:
+    hi_x = float(np.max(np.abs(x))) if len(x) else 1.0
     if name == "linear":
-        return f"r(x) = {_num(p['a'])}{_signed(p['b'], '·x')}"
+        return "r(x) = " + _sum([(p["a"], "", abs(p["a"])), (p["b"], "·x", abs(p["b"]) * hi_x)])
     if name == "quadratic":
-        return f"r(x) = {_num(p['a'])}{_signed(p['b'], '·x')}{_signed(p['c'], '·x²')}"
-    if name == "exponential":
-        return f"r(x) = {_num(p['a'])}·exp({_num(p['b'])}·x)"
-    if name == "power":
-        return f"r(x) = {_num(p['a'])}·x^{_num(p['b'])}"
+        terms = [(p["a"], "", abs(p["a"])), (p["b"], "·x", abs(p["b"]) * hi_x), (p["c"], "·x²", abs(p["c"]) * hi_x**2)]
+        return "r(x) = " + _sum(terms)
+    a, b = p.get("a", 0.0), p.get("b", 0.0)
+    if name in ("exponential", "power"):
+        with np.errstate(all="ignore"):
+            g = np.exp(b * x) if name == "exponential" else np.power(x, b)  # x > 0 for a fitted power law
+        moved = float(np.max(np.abs(a * (g - 1.0)))) if len(x) else 0.0  # how far the factor takes r from a
+        shown_b = _num(b) if moved > _unit(abs(a)) else "0"
+        return f"r(x) = {_num(a)}·exp({shown_b}·x)" if name == "exponential" else f"r(x) = {_num(a)}·x^{shown_b}"
     lo, hi = p["r_min"], p["r_max"]
-    return f"r(x) = {_num(lo)} + ({_num(hi)}{_signed(-lo, '')})·√(1 − (x/{_num(float(L or 0))})²)"
+    hidden = _unit(max(abs(lo), abs(hi)))
+    lo = 0.0 if abs(lo) <= hidden else lo
+    hi = 0.0 if abs(hi) <= hidden else hi
+    root = f"√(1 − (x/{_num(float(L or 0))})²)"
+    if lo == 0:
+        return f"r(x) = {_num(hi)}·{root}"
+    return f"r(x) = {_num(lo)} + ({_num(hi)} {'+' if lo < 0 else '−'} {_num(abs(lo))})·{root}"

@@ -14,7 +14,7 @@ from .common import (
     JsonOpt,
     StoreOpt,
     WaitOpt,
-    app,
+    command,
     console,
     fmt,
     open_store,
@@ -26,21 +26,24 @@ from .common import (
 )
 
 
-@app.command()
+@command()
 @with_settings(Representation, "representation")
 @with_settings(Scoring, "scoring")
 def cluster(
-    base: str = typer.Argument(..., help="The base whose stored fine-tunes to cluster (path or stored id)."),
+    base: str = typer.Argument(
+        ..., metavar="BASE", help="The base whose stored fine-tunes to cluster (path or stored id)."
+    ),
     reduce: Literal["auto", "umap", "tsne", "pca"] = typer.Option(
         "auto", "--reduce", help="The 2-D map: auto (t-SNE below 101 models, UMAP from there), umap, tsne or pca."
     ),
     standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
-    out: Path = typer.Option(Path("modelvec-out"), "--out", help="Folder for the PNG and HTML maps."),
+    out: Path = typer.Option(Path("modelvec-out"), "--out", metavar="DIR", help="Folder for the PNG and HTML maps."),
     as_json: bool = JsonOpt,
     label_source: list[str] | None = typer.Option(
         None,
         "--label-source",
+        metavar="SOURCES",
         help="Keep only labels from these sources: card|model-index|tag|name|declared|guessed "
         "(repeated or comma-separated).",
     ),

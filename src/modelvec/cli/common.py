@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,16 +70,37 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(EXIT_BUG) from None
 
 
+class _PlainHelp(typer.core.TyperCommand):
+    """A command whose --help names its arguments without typer's type tags (``<str>``, ``<list[str]>``): the
+    metavars and choices say what to give."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, typer.core.TyperArgument):
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+
+    def get_help(self, ctx: Any) -> str:
+        return re.sub(r"\{([A-Z][A-Z_.]*)\}", r"\1", super().get_help(ctx))  # usage: BASE, not {BASE}
+
+
+def command() -> Any:
+    """``@command()``: a modelvec command (``app.command`` with the plain help)."""
+    return app.command(cls=_PlainHelp)
+
+
 app = typer.Typer(
     cls=_OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
-    rich_markup_mode="markdown",  # a docstring paragraph is rewrapped to the terminal, not broken where the source breaks
+    rich_markup_mode=None,  # click's plain help: readable at 80 columns and in logs, choices listed, no type names
     pretty_exceptions_enable=False,
     help="Turn fine-tuned transformers into vectors from their weight deltas.\n\n" + EXIT_STATUSES,
 )
 
-StoreOpt = typer.Option(None, "--store", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb).")
+StoreOpt = typer.Option(
+    None, "--store", metavar="PATH", help="DuckDB store (default: $MODELVEC_STORE or ./modelvec.duckdb)."
+)
 WaitOpt = typer.Option(
     None,
     "--wait",
@@ -194,7 +216,8 @@ def with_settings(
                 defaults.get(field.name, field.default),
                 *decls,
                 help=helps.get(field.name, meta.help),
-                metavar=meta.metavar,
+                metavar=meta.metavar
+                or (None if meta.choices or kind is bool else {int: "N", float: "X"}.get(kind, "VALUE")),
                 min=meta.minimum,
                 max=meta.maximum,
                 show_default=True,

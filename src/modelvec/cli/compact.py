@@ -6,14 +6,14 @@ from pathlib import Path
 
 from .common import (
     StoreOpt,
-    app,
+    command,
     console,
     open_store,
     say,
 )
 
 
-@app.command()
+@command()
 def compact(store: Path | None = StoreOpt) -> None:
     """Drop the bytes of replaced vectors from the store's vector file (safe to interrupt)."""
     with open_store(store) as db:

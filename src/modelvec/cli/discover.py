@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 from rich.table import Table
@@ -10,7 +11,7 @@ from rich.table import Table
 from .common import (
     JsonOpt,
     StoreOpt,
-    app,
+    command,
     console,
     open_store,
     print_json,
@@ -19,13 +20,15 @@ from .common import (
 )
 
 
-@app.command()
+@command()
 def discover(
     base: str = typer.Argument(
-        ..., help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."
+        ..., metavar="BASE", help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."
     ),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Keep at most this many fine-tunes."),
-    sort: str = typer.Option("downloads", "--sort", help="Listing order: downloads|likes|created_at|last_modified."),
+    limit: int | None = typer.Option(None, "--limit", min=1, metavar="N", help="Keep at most this many fine-tunes."),
+    sort: Literal["downloads", "likes", "created_at", "last_modified"] = typer.Option(
+        "downloads", "--sort", help="Listing order."
+    ),
     search: bool = typer.Option(
         True, "--search/--no-search", help="Also search by name and keep candidates whose config matches the base."
     ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 
@@ -13,8 +13,8 @@ from .common import (
     JsonOpt,
     StoreOpt,
     WaitOpt,
-    app,
     check_device,
+    command,
     console,
     err,
     open_store,
@@ -24,23 +24,34 @@ from .common import (
 )
 
 
-@app.command()
+@command()
 @with_settings(Representation, "representation")
 def embed(
     targets: list[str] = typer.Argument(
         ...,
+        metavar="MODEL",
         help="Fine-tunes (folders, weight files or Hub ids) with --base; "
         "or just BASE (a Hub id): every discovered fine-tune of it.",
     ),
-    base: str | None = typer.Option(None, "--base", help="The base model the fine-tunes start from (path or Hub id)."),
+    base: str | None = typer.Option(
+        None, "--base", metavar="BASE", help="The base model the fine-tunes start from (path or Hub id)."
+    ),
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     device: str = typer.Option(
-        "auto", callback=check_device, help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
+        "auto",
+        "--device",
+        metavar="DEVICE",
+        callback=check_device,
+        help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N.",
     ),
     store: Path | None = StoreOpt,
     force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="BASE mode: at most this many fine-tunes."),
-    sort: str = typer.Option("downloads", "--sort", help="BASE mode: which first: downloads|likes|created_at."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, metavar="N", help="BASE mode: at most this many fine-tunes."
+    ),
+    sort: Literal["downloads", "likes", "created_at"] = typer.Option(
+        "downloads", "--sort", help="BASE mode: which first."
+    ),
     refresh: bool = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding."),
     keep_weights: bool = typer.Option(
         True,
@@ -51,14 +62,18 @@ def embed(
         None,
         "--workers",
         min=1,
+        metavar="N",
         help="local: I/O threads fetching the next models (default 2); "
         "ray: actors (default one per CPU of the cluster).",
     ),
-    engine: str = typer.Option(
+    engine: Literal["local", "ray"] = typer.Option(
         "local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."
     ),
     address: str | None = typer.Option(
-        None, "--address", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."
+        None,
+        "--address",
+        metavar="HOST:PORT",
+        help="--engine ray: the cluster (HEAD:6379 or auto); default a local one.",
     ),
     wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,

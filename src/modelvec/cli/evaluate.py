@@ -12,7 +12,7 @@ from ..represent.representation import Representation
 from .common import (
     JsonOpt,
     StoreOpt,
-    app,
+    command,
     console,
     err,
     fmt,
@@ -24,20 +24,21 @@ from .common import (
 )
 
 
-@app.command()
+@command()
 @with_settings(Scoring, "scoring", only=("metric", "k"))
 def evaluate(
     models: list[Path] = typer.Argument(
-        ..., help="Fine-tuned models (or LoRA adapters) with dataset labels in their cards."
+        ..., metavar="MODEL", help="Fine-tuned models (or LoRA adapters) with dataset labels in their cards."
     ),
-    base: Path = typer.Option(..., "--base", help="The base model."),
+    base: Path = typer.Option(..., "--base", metavar="BASE", help="The base model."),
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     as_json: bool = JsonOpt,
-    markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table as Markdown."),
+    markdown: Path | None = typer.Option(None, "--markdown", metavar="FILE", help="Also write the table as Markdown."),
     selection: list[str] | None = typer.Option(
         None,
         "--selection",
+        metavar="DATASETS",
         help="Datasets of the selection half, repeated or comma-separated (default: half of them, fixed by name).",
     ),
     split: bool | None = typer.Option(
@@ -46,6 +47,7 @@ def evaluate(
     ranks: list[str] = typer.Option(
         [str(Representation.rank)],
         "--ranks",
+        metavar="R,...",
         help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32.",
     ),
     center: bool = typer.Option(False, "--center", help="Also score every variant centred on the models' mean."),
@@ -58,16 +60,23 @@ def evaluate(
         False, "--vocabulary-head", help="Also score the sketches with the head's vocabulary prior appended (--head)."
     ),
     rows: list[str] = typer.Option(
-        ["1"], "--rows", help="Shares of rows the sketches read, repeated or comma-separated: --rows 1,0.1,0.05."
+        ["1"],
+        "--rows",
+        metavar="SHARES",
+        help="Shares of rows the sketches read, repeated or comma-separated: --rows 1,0.1,0.05.",
     ),
     projections: list[str] = typer.Option(
         ["shared"],
         "--projections",
+        metavar="NAMES",
         help="The sketches' projections, repeated or comma-separated: --projections shared,gaussian,countsketch.",
     ),
     svd: bool = typer.Option(True, "--svd/--no-svd", help="Also score the SVD factors (U, U·Σ, singular values)."),
     seeds: list[str] = typer.Option(
-        ["0"], "--seeds", help="Seeds of every variant, repeated or comma-separated; scores are their mean and spread."
+        ["0"],
+        "--seeds",
+        metavar="SEEDS",
+        help="Seeds of every variant, repeated or comma-separated; scores are their mean and spread.",
     ),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side.

@@ -9,16 +9,16 @@ import typer
 from .common import (
     StoreOpt,
     WaitOpt,
-    app,
+    command,
     console,
     open_store,
     say,
 )
 
 
-@app.command()
+@command()
 def export(
-    parquet: Path = typer.Option(..., "--parquet", help="Parquet file to write."),
+    parquet: Path = typer.Option(..., "--parquet", metavar="FILE", help="Parquet file to write."),
     store: Path | None = StoreOpt,
     wait: float | None = WaitOpt,
 ) -> None:

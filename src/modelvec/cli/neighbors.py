@@ -13,7 +13,7 @@ from .common import (
     JsonOpt,
     StoreOpt,
     WaitOpt,
-    app,
+    command,
     console,
     err,
     open_store,
@@ -25,7 +25,7 @@ from .common import (
 )
 
 
-@app.command()
+@command()
 @with_settings(Representation, "representation")
 @with_settings(
     Scoring,
@@ -35,8 +35,12 @@ from .common import (
     helps={"k": "How many nearest stored models are listed (and vote for the predicted dataset)."},
 )
 def neighbors(
-    model: str = typer.Argument(..., help="A model: stored, or a local folder or Hub id to embed on the fly."),
-    base: str | None = typer.Option(None, "--base", help="The stored base to compare against (default: the only one)."),
+    model: str = typer.Argument(
+        ..., metavar="MODEL", help="A model: stored, or a local folder or Hub id to embed on the fly."
+    ),
+    base: str | None = typer.Option(
+        None, "--base", metavar="BASE", help="The stored base to compare against (default: the only one)."
+    ),
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,

@@ -12,7 +12,7 @@ from .common import (
     JsonOpt,
     StoreOpt,
     WaitOpt,
-    app,
+    command,
     console,
     open_store,
     print_json,
@@ -21,7 +21,7 @@ from .common import (
 )
 
 
-@app.command()
+@command()
 def show(
     store: Path | None = StoreOpt,
     failures: bool = typer.Option(True, help="Also list failures."),

@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..analyse.laws import MIN_ADJ_R2, Fit, shown_law
 from ..core.names import display_name, is_hub_id
 from ..plots.depth import plot_rank
 from ..read.gguf import QuantizationWarning
@@ -19,7 +20,10 @@ PathLike = str | os.PathLike[str]
 
 
 def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
-    """CSV and JSON of every value, and one figure per threshold with the best laws drawn."""
+    """CSV and JSON of every value, and one figure per threshold with the best laws drawn where they fit.
+
+    The JSON's ``laws`` hold every fitted law, best first, and which one a report shows (``shown``: its name,
+    or null) with what it says (``verdict``): shown only where its adjusted R² ≥ ``min_adj_r2``."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     study.table.to_csv(folder / "ranks.csv", index=False)
@@ -38,25 +42,8 @@ def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
             }
             for s in study.spectra
         ],
-        "laws": [
-            {
-                "stack": k[0],
-                "family": k[1],
-                "threshold": k[2],
-                "fits": [
-                    {
-                        "law": f.name,
-                        "equation": f.equation,
-                        "params": f.params,
-                        "r2": f.r2,
-                        "adj_r2": f.adj_r2,
-                        "aic": f.aic,
-                    }
-                    for f in fits
-                ],
-            }
-            for k, fits in study.fits.items()
-        ],
+        "min_adj_r2": MIN_ADJ_R2,
+        "laws": [_laws_entry(key, fits) for key, fits in study.fits.items()],
     }
     (folder / "ranks.json").write_text(json.dumps(payload, default=float))
     study.files["json"] = str(folder / "ranks.json")
@@ -64,6 +51,22 @@ def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
         path = folder / f"rank-{threshold:g}.png"
         plot_rank(study.table, study.fits, float(threshold), path, of=study.of, title=title)
         study.files[f"png {threshold:g}"] = str(path)
+
+
+def _laws_entry(key: tuple[str, str, float], fits: list[Fit]) -> dict:
+    """Every law fitted to one (stack, family, threshold), best first, and the one shown (or null) with its verdict."""
+    law, verdict = shown_law(fits)
+    return {
+        "stack": key[0],
+        "family": key[1],
+        "threshold": key[2],
+        "shown": law.name if law is not None else None,
+        "verdict": verdict,
+        "fits": [
+            {"law": f.name, "equation": f.equation, "params": f.params, "r2": f.r2, "adj_r2": f.adj_r2, "aic": f.aic}
+            for f in fits
+        ],
+    }
 
 
 def depth_report(

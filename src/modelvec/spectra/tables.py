@@ -83,3 +83,14 @@ def fit_depth_laws(table: pd.DataFrame, *, value: str = "rank") -> dict[tuple[st
         depth = float(table.loc[table["stack"] == stack, "layer"].max() + 1)
         fits[(stack, family, float(threshold))] = fit_laws(x, group[value].to_numpy(dtype=float), depth=depth)
     return fits
+
+
+def ranks_across_depth(table: pd.DataFrame, *, value: str = "rank") -> dict[tuple[str, str, float], list[float | None]]:
+    """``value`` per (stack, family, threshold) at layers 1..L of its stack, in order; None where the
+    family has no matrix at that layer (L: the stack's deepest layer in ``table``)."""
+    out: dict[tuple[str, str, float], list[float | None]] = {}
+    depths = table.groupby("stack", sort=False)["layer"].max()
+    for (stack, family, threshold), group in table.groupby(["stack", "family", "threshold"], sort=False):
+        at = dict(zip(group["layer"].astype(int), group[value].astype(float)))
+        out[(stack, family, float(threshold))] = [at.get(layer) for layer in range(int(depths[stack]) + 1)]
+    return out
