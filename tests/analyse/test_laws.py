@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from modelvec.analyse.laws import LAWS, Fit, fit_law, fit_laws
+from modelvec.analyse.laws import LAWS, MIN_ADJ_R2, Fit, fit_law, fit_laws, shown_law
 
 
 def truth(name: str, p: dict[str, float], x: np.ndarray, L: float | None = None) -> np.ndarray:
@@ -361,3 +361,119 @@ def test_fit_is_frozen_and_hashable():
     with pytest.raises(AttributeError):
         fit.r2 = 0.0  # type: ignore[misc]
     hash(fit)
+
+
+# --- equations without rounding noise ---------------------------------------------------------------
+
+
+def test_equation_of_two_equal_ranks_has_no_rounding_noise():
+    # 2 layers of rank 6: the slope lstsq finds is ~1e-16, a rounding error, not a term
+    fits = fit_laws([1.0, 2.0], [6.0, 6.0])
+    by_name = {f.name: f for f in fits}
+    assert abs(by_name["linear"].params["b"]) < 1e-12  # the noise is there in the parameters...
+    assert by_name["linear"].equation == "r(x) = 6"  # ...not in the equation
+    assert by_name["exponential"].equation == "r(x) = 6·exp(0·x)"
+    assert by_name["power"].equation == "r(x) = 6·x^0"
+
+
+def test_a_term_hidden_by_rounding_is_dropped_and_a_visible_one_kept():
+    x = layers(12)
+    quad = fit_law("quadratic", x, 12.3 + 4.56 * x)  # linear data: c is rounding noise
+    assert abs(quad.params["c"]) < 1e-9 and quad.equation == "r(x) = 12.3 + 4.56·x"
+    kept = fit_law("quadratic", x, 12.3 + 4.56 * x + 0.01 * x**2)  # 0.01·144 = 1.44: visible
+    assert kept.equation == "r(x) = 12.3 + 4.56·x + 0.01·x²"
+    through_zero = fit_law("linear", x, 0.37 * x)  # the intercept is noise
+    assert through_zero.equation == "r(x) = 0.37·x"
+    ellipse = fit_law("quarter_ellipse", x, truth("quarter_ellipse", {"r_min": 0.0, "r_max": 0.9}, x, 12))
+    assert ellipse.equation == "r(x) = 0.9·√(1 − (x/12)²)"
+
+
+@pytest.mark.parametrize(
+    "y, equation",
+    [
+        (lambda x: 12345.6 + 0 * x, "r(x) = 12350"),  # 4 significant digits, no e+04
+        (lambda x: 2e-7 * x, "r(x) = 2×10⁻⁷·x"),  # a real coefficient that small: no e-07 either
+        (lambda x: 0.000123 * x, "r(x) = 0.000123·x"),
+    ],
+)
+def test_equation_numbers_never_use_e_notation(y, equation):
+    x = layers(12)
+    assert fit_law("linear", x, y(x)).equation == equation
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_printed_equations_agree_with_the_fit_to_their_rounding(seed):
+    """Noisy ranks of every kind: each printed equation, read back, predicts what the fit predicts to within
+    the rounding of its largest term, and has no e-notation."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 40))
+    x = layers(n)
+    law, params, _ = CASES[seed % len(CASES)]
+    y = np.abs(noisy(truth(law, params, x, n), float(rng.uniform(0.0, 0.5)), seed)) + 1e-3
+    for fit in fit_laws(x, y):
+        assert "e-" not in fit.equation and "e+" not in fit.equation and "nan" not in fit.equation
+        if fit.name not in ("linear", "quadratic") or math.isnan(fit.r2):
+            continue
+        expr = fit.equation.removeprefix("r(x) = ").replace("−", "-").replace("·x²", "*x**2").replace("·x", "*x")
+        printed = eval(expr, {"x": x})  # only numbers, + - * and x
+        pred = fit.predict(x)
+        scale = max(abs(v) * (float(np.max(x)) ** i) for i, v in enumerate(fit.params.values()))
+        np.testing.assert_allclose(printed, pred, rtol=0, atol=3e-3 * scale)
+
+
+# --- which law is shown --------------------------------------------------------------------------------
+
+
+def test_min_adj_r2_is_a_stated_threshold():
+    assert 0 < MIN_ADJ_R2 < 1
+    import modelvec.analyse.laws as laws
+
+    assert "MIN_ADJ_R2" in (laws.__doc__ or "")
+
+
+def test_shown_law_is_the_best_only_when_its_adjusted_r2_reaches_the_threshold():
+    x = layers(12)
+    fits = fit_laws(x, noisy(20 + 3 * x, 0.05, seed=2))
+    law, verdict = shown_law(fits)
+    assert law is fits[0] and law.adj_r2 >= MIN_ADJ_R2
+    assert verdict == f"{law.name.replace('_', ' ')}, adj. R² {law.adj_r2:.2f}"
+    above = law.adj_r2 + 1e-9
+    assert shown_law(fits, min_adj_r2=above) == (None, f"no law fits (best adj. R² {law.adj_r2:.2f})")
+
+
+def test_noise_has_no_law_and_says_how_close_the_best_came():
+    x = layers(12)
+    y = 100 + np.random.default_rng(4).normal(0, 10, 12)  # ranks that are noise around a constant
+    fits = fit_laws(x, y)
+    best = max(f.adj_r2 for f in fits if not math.isnan(f.adj_r2))
+    assert best < 0  # worse than the mean: a negative adjusted R²
+    assert shown_law(fits) == (None, f"no law fits (best adj. R² {best:.2f})")
+    assert "-" in shown_law(fits)[1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_too_few_layers_for_any_law(n):
+    # k + 2 points are needed for an adjusted R²: 4 for the two-parameter laws
+    fits = fit_laws(layers(n), [6.0, 7.0, 9.0][:n])
+    assert shown_law(fits) == (None, f"too few layers for a law ({n})")
+
+
+def test_four_layers_are_enough_for_a_two_parameter_law_but_not_the_quadratic():
+    x = layers(4)
+    fits = fit_laws(x, 3.0 + 2.0 * x + np.array([0.1, -0.1, -0.1, 0.1]))
+    law, _ = shown_law(fits)
+    assert law is not None and law.k == 2
+    assert shown_law(fit_laws(x, 3.0 + 2.0 * x, laws=("quadratic",))) == (None, "too few layers for a law (4)")
+
+
+def test_the_same_rank_at_every_layer_has_no_law_to_show():
+    fits = fit_laws(layers(12), np.full(12, 64.0))
+    assert shown_law(fits) == (None, "the same rank at every layer")
+    failed = fit_laws(layers(12), np.zeros(12), laws=("power", "exponential"))  # neither can be fitted
+    assert shown_law(failed) == (None, "no law could be fitted")
+    assert shown_law([]) == (None, "no law fitted")
+
+
+def test_a_nan_adjusted_r2_is_never_shown():
+    nan_fit = Fit("linear", {"a": 1.0, "b": 2.0}, "r(x) = 1 + 2·x", math.nan, math.nan, 3.0, 12, 2)
+    assert shown_law([nan_fit]) == (None, "the same rank at every layer")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from pathlib import Path
@@ -357,3 +358,69 @@ def test_browser_legend_filters_and_buttons_switch_the_colouring(page_of):
     )
     assert [t.strip() for t in legend.all_text_contents()] == ["card (24)", "no label source (6)"]
     assert point_count(page) == len(meta)
+
+
+# --- the rank study's figure: a law drawn only where it fits -------------------------------------------------------
+
+
+def _ranks(families: dict[str, np.ndarray]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"stack": "encoder", "layer": layer, "family": family, "shape": "64x64", "threshold": 0.9, "rank": r}
+            for family, ranks in families.items()
+            for layer, r in enumerate(ranks)
+        ]
+    )
+
+
+def _dashed(fig) -> dict[str, np.ndarray]:
+    """The laws drawn: label -> y of each dashed line."""
+    return {
+        line.get_label(): np.asarray(line.get_ydata())
+        for ax in fig.axes
+        for line in ax.lines
+        if line.get_linestyle() == "--"
+    }
+
+
+def test_rank_figure_draws_a_law_only_where_its_adjusted_r2_reaches_the_threshold(tmp_path):
+    from modelvec.analyse.laws import MIN_ADJ_R2, shown_law
+    from modelvec.plots.depth import plot_rank, rank_figure
+    from modelvec.spectra.tables import fit_depth_laws
+
+    x = np.arange(1, 13)
+    rng = np.random.default_rng(3)
+    table = _ranks({"q": 10 + 2 * x, "k": 30 + np.round(rng.normal(0, 8, 12))})  # a line, and noise
+    fits = fit_depth_laws(table)
+    noise = fits[("encoder", "k", 0.9)]
+    assert max(f.adj_r2 for f in noise if f.adj_r2 == f.adj_r2) < 0  # a negative adjusted R²: no law
+    fig = rank_figure(table, fits, 0.9, title="m")
+    drawn = _dashed(fig)
+    assert set(drawn) == {"_law q"}
+    law = shown_law(fits[("encoder", "q", 0.9)])[0]
+    np.testing.assert_allclose(drawn["_law q"], law.predict(np.linspace(1, 12, 200)))  # the law shown, drawn
+    legend = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("query Wq — ") and "adj. R²" in t for t in legend)
+    assert "key Wk" in legend  # no law named beside the noise
+    caption = " ".join(fig._suptitle.get_text().split())
+    assert f"drawn only where its adjusted R² ≥ {MIN_ADJ_R2:g}" in caption
+    # a stricter threshold than the line's own adjusted R² (1.0 less rounding): nothing drawn, and said
+    strict = rank_figure(table, fits, 0.9, min_adj_r2=1.0 + 1e-9)
+    assert _dashed(strict) == {} and "no law drawn" in strict._suptitle.get_text()
+    path = plot_rank(table, fits, 0.9, tmp_path / "r.png", title="m")
+    assert imread(path).shape[2] in (3, 4)
+
+
+def test_rank_figure_never_draws_a_nan_law_nor_one_for_two_layers():
+    from modelvec.analyse.laws import Fit
+    from modelvec.plots.depth import rank_figure
+    from modelvec.spectra.tables import fit_depth_laws
+
+    two = _ranks({"q": np.array([6, 6]), "k": np.array([6, 7])})
+    fig = rank_figure(two, fit_depth_laws(two), 0.9)
+    assert _dashed(fig) == {}
+    assert "too few layers" in fig._suptitle.get_text()
+    assert all("adj." not in t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts())
+    table = _ranks({"q": np.arange(1, 13)})
+    nan_law = Fit("linear", {"a": 0.0, "b": 1.0}, "r(x) = 1·x", math.nan, math.nan, -10.0, 12, 2)
+    assert _dashed(rank_figure(table, {("encoder", "q", 0.9): [nan_law]}, 0.9)) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -214,8 +215,9 @@ def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path, m
         ],
     )
     assert over.exit_code == 0, over.output
-    assert "best law" in over.output and (tmp_path / "o" / "rank-0.9.png").exists()
-    assert "…" not in over.output  # laws and equations wrap; a cut equation would be a wrong one
+    assert "mean rank at layers" in over.output and (tmp_path / "o" / "rank-0.9.png").exists()
+    assert "too few layers for a law (2)" in over.output and "nan" not in over.output  # 2 layers: no law
+    assert "…" not in over.output.replace("layers 1, 2, …", "")  # nothing cut
     missing = runner.invoke(app, ["rank"])
     assert missing.exit_code == 2 and "give a MODEL" in missing.output
 
@@ -405,3 +407,151 @@ def test_a_nan_in_a_fused_tensor_is_a_checkpoint_error_naming_it(tiny_gpt2, tmp_
     bad = save_state(tmp_path / "bad", state, json.loads((folder / "config.json").read_text()))
     with pytest.raises(CheckpointError, match=r"h\.1\.attn\.c_attn\.weight has NaN or Inf values"):
         spectra(bad)
+
+
+# --- what `modelvec rank` prints: the ranks, laws only where they fit, equations whole ----------------------------
+
+NUMBER = r"−?-?\d+(?:\.\d+)?"
+
+
+def _table_rows(output: str, first: str) -> dict[str, list[str]]:
+    """The cells of a rich table printed in ``output`` whose first column is headed ``first``: the first cell of each
+    row -> its cells, a cell's wrapped lines joined by a space (rows start where the first cell is non-empty)."""
+    rows: dict[str, list[str]] = {}
+    inside, current = False, None
+    for line in output.splitlines():
+        if line.startswith("┃") and line.split("┃")[1].strip() == first:
+            inside, current = True, None
+            continue
+        if not inside or not line.startswith("│"):
+            if line.startswith("└"):
+                inside = False
+            continue
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if cells[0]:
+            current = cells[0]
+            rows[current] = cells
+        elif current is not None:
+            rows[current] = [f"{a} {b}".strip() for a, b in zip(rows[current], cells)]
+    return rows
+
+
+def test_rank_cli_on_two_layers_prints_the_ranks_and_too_few_layers(tiny_bert, tmp_path, monkeypatch):
+    from modelvec.cli import common as cli
+
+    monkeypatch.setattr(cli.console, "width", 80)
+    result = CliRunner().invoke(app, ["rank", str(tiny_bert), "--threshold", "0.9", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    table = modelvec.depth_report(tiny_bert, thresholds=(0.9,)).table
+    rows = _table_rows(result.output, "family")
+    assert set(rows) == set(table["family"])
+    for family, group in table.groupby("family"):
+        ranks = [str(int(r)) for r in group.sort_values("layer")["rank"]]
+        assert rows[family][1].split() == ranks, family  # the ranks at layers 1, 2, in order
+        assert rows[family][2] == "too few layers for a law (2)"
+    assert "nan" not in result.output.lower() and "r(x)" not in result.output  # no law, no equation
+    assert "e-1" not in result.output and "e−1" not in result.output
+
+
+@pytest.fixture(scope="module")
+def planted_depth(tmp_path_factory):
+    """An 8-layer tiny BERT whose query matrices have 2, 3, …, 9 equal singular values (ranks on a line) and whose
+    key matrices zig-zag (ranks 8, 1, 8, 1, …: no law can follow them)."""
+    from transformers import BertModel
+
+    from conftest import tiny_bert_config
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("deep")
+    config = tiny_bert_config(num_hidden_layers=8)
+    BertModel(config).save_pretrained(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    for layer in range(8):
+        for name, k in (("query", layer + 2), ("key", 8 if layer % 2 == 0 else 1)):
+            key = f"encoder.layer.{layer}.attention.self.{name}.weight"
+            u, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
+            v, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
+            state[key] = (u[:, :k] @ v[:, :k].T).float()  # k singular values of 1: rank k at threshold 0.99
+    return save_state(tmp_path_factory.mktemp("planted"), state, config.to_dict())
+
+
+def test_rank_cli_shows_laws_only_where_they_fit_and_prints_equations_whole(planted_depth, tmp_path, monkeypatch):
+    from modelvec.analyse.laws import MIN_ADJ_R2, shown_law
+    from modelvec.cli import common as cli
+    from modelvec.plots.depth import rank_figure
+
+    study = modelvec.depth_report(planted_depth, thresholds=(0.99,))
+    q_fits, k_fits = study.fits[("encoder", "q", 0.99)], study.fits[("encoder", "k", 0.99)]
+    best_k = max(f.adj_r2 for f in k_fits if f.adj_r2 == f.adj_r2)
+    assert best_k < MIN_ADJ_R2 and shown_law(k_fits)[0] is None  # the zig-zag: no law fits
+    q_law = shown_law(q_fits)[0]
+    assert q_law is not None and q_law.adj_r2 >= MIN_ADJ_R2
+    shown = [(key[1], law) for key, fits in study.fits.items() for law in [shown_law(fits)[0]] if law is not None]
+    for width in (80, 60):
+        monkeypatch.setattr(cli.console, "width", width)
+        result = CliRunner().invoke(app, ["rank", str(planted_depth), "--threshold", "0.99", "--out", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        rows = _table_rows(result.output, "family")
+        assert rows["q"][1].split() == [str(r) for r in range(2, 10)]
+        assert rows["k"][1].split() == ["8", "1"] * 4
+        assert rows["k"][2] == f"no law fits (best adj. R² {best_k:.2f})"
+        assert rows["q"][2] == f"{q_law.name.replace('_', ' ')}, adj. R² {q_law.adj_r2:.2f}"
+        assert f"adjusted R², where that is ≥ {MIN_ADJ_R2:g}" in " ".join(result.output.split())  # the caption
+        printed = [line for line in result.output.splitlines() if "r(x) =" in line]
+        assert len(printed) == len(shown)
+        for family, law in shown:  # each on a line of its own, whole (not a terminal: one line however long)
+            verdict = f"{law.name.replace('_', ' ')}, adj. R² {law.adj_r2:.2f}"
+            assert f"{family}, threshold 0.99: {law.equation}  ({verdict})" in printed
+        assert "nan" not in result.output.lower() and "e-1" not in result.output and "e−1" not in result.output
+    assert q_law.equation == "r(x) = 1 + 1·x"  # the ranks 2..9 exactly: no rounding noise in its terms
+    fig = rank_figure(study.table, study.fits, 0.99)
+    dashed = {line.get_label() for ax in fig.axes for line in ax.lines if line.get_linestyle() == "--"}
+    assert "_law q" in dashed and "_law k" not in dashed
+    assert dashed == {f"_law {family}" for family, _ in shown}
+
+
+@pytest.mark.parametrize("width", [80, 60, 200])
+def test_ranks_and_equations_wrap_at_spaces_in_a_terminal(width):
+    """Many layers of four-digit ranks in a terminal of ``width`` columns: every rank in its cell whole and in order,
+    and every equation's numbers whole although rich wraps its line."""
+    import io
+
+    from rich.console import Console
+
+    from modelvec.analyse.laws import shown_law
+    from modelvec.cli.rank import show_ranks
+    from modelvec.spectra.tables import fit_depth_laws
+    from modelvec.studies.depth import DepthStudy
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"stack": stack, "layer": layer, "family": family, "shape": "4096x4096", "threshold": 0.9, "rank": r}
+        for stack in ("encoder", "decoder")
+        for family, noise in (("q", 5.0), ("ff_gate", 900.0))
+        for layer in range(48)
+        for r in [int(900 + 37 * layer + rng.normal(0, noise))]
+    ]
+    table = pd.DataFrame(rows)
+    study = DepthStudy("org/a-model", "weights", table, [], fit_depth_laws(table))
+    out = io.StringIO()
+    show_ranks(study, Console(file=out, width=width, force_terminal=True, color_system=None))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    lines = [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    for (stack, family), group in table.groupby(["stack", "family"]):
+        start = next(i for i, cells in enumerate(lines) if cells[:2] == [stack, family])
+        ranks = lines[start][2].split()
+        for cells in lines[start + 1 :]:
+            if cells[0] or cells[1]:  # the next row
+                break
+            ranks += cells[2].split()
+        assert len(lines[start + 1]) == 4 and not lines[start + 1][0]  # the ranks wrapped onto a second line
+        assert ranks == [str(r) for r in group.sort_values("layer")["rank"]], (stack, family)
+    flat = " ".join(text.split())
+    for fits in study.fits.values():
+        law = shown_law(fits)[0]
+        if law is not None:
+            assert law.equation in flat  # wrapped at spaces only: joined again, the equation is whole
+            for number in re.findall(NUMBER, law.equation):
+                assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d.])", text), number

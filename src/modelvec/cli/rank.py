@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import typer
 from rich.console import Console
@@ -12,7 +12,7 @@ from rich.table import Column, Table
 from .common import (
     JsonOpt,
     StoreOpt,
-    app,
+    command,
     console,
     err,
     numbers,
@@ -29,20 +29,27 @@ if TYPE_CHECKING:
 _LAW_WIDTH = 18
 
 
-@app.command()
+@command()
 def rank(
-    model: str | None = typer.Argument(None, help="The model whose matrices to study (folder, weights file or .gguf)."),
-    base: Path | None = typer.Option(None, "--base", help="The base, for --of delta."),
-    of: str = typer.Option("weights", "--of", help="Study the weights W, or the delta W - W_base: weights|delta."),
+    model: str | None = typer.Argument(
+        None, metavar="MODEL", help="The model whose matrices to study (folder, weights file or .gguf)."
+    ),
+    base: Path | None = typer.Option(None, "--base", metavar="BASE", help="The base, for --of delta."),
+    of: Literal["weights", "delta"] = typer.Option(
+        "weights", "--of", help="Study the weights W, or the delta W - W_base (needs --base)."
+    ),
     threshold: list[str] = typer.Option(
         ["0.5,0.9,0.99"],
         "--threshold",
+        metavar="SHARES",
         help="Energy thresholds, repeated or comma-separated: --threshold 0.5,0.9,0.99.",
     ),
     over_finetunes: str | None = typer.Option(
         None, "--over-finetunes", metavar="BASE", help="Study the deltas of every stored fine-tune of BASE."
     ),
-    out: Path = typer.Option(Path("modelvec-out/rank"), "--out", help="Folder for the figures, CSV and JSON."),
+    out: Path = typer.Option(
+        Path("modelvec-out/rank"), "--out", metavar="DIR", help="Folder for the figures, CSV and JSON."
+    ),
     as_json: bool = JsonOpt,
     store: Path | None = StoreOpt,
 ) -> None:
