@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from modelvec.analyse import scores as analysis
-from modelvec.analyse.scores import clustering_scores, knn_dataset_score, nearest, predict_datasets
+from modelvec.analyse.scores import (
+    Yardstick,
+    clustering_scores,
+    knn_dataset_score,
+    nearest,
+    predict_datasets,
+    yardstick,
+)
 
 METRICS = ("cosine", "euclidean")
 
@@ -397,24 +404,52 @@ def test_prediction_inside_a_cluster_and_between_two():
     labels = [["zeta"]] * 3 + [[]] + [["alpha"]] * 3 + [[]]
     p = predict_datasets(X, labels, k=3, metric="euclidean")
     assert p.predicted == [None, None, None, "zeta", None, None, None, "zeta"]
-    assert p.confidence[3] == 1.0 and p.confidence[7] == pytest.approx(2 / 3)
+    assert p.vote_share[3] == 1.0 and p.vote_share[7] == pytest.approx(2 / 3)
     assert np.isnan(p.confidence[[0, 1, 2, 4, 5, 6]]).all()
+    # every labelled model is 1 from its nearest, and two are 9 apart (median): u1, 0.2 from its nearest, is
+    # close and confident; u2's nearest is 3.9 away, a fraction (9 - 3.9) / (9 - 1) of the way from near to far
+    assert p.closeness[3] == 1.0 and p.confidence[3] == 1.0
+    assert p.closeness[7] == pytest.approx(5.1 / 8) and p.confidence[7] == pytest.approx(2 / 3 * 5.1 / 8)
     p5 = predict_datasets(X, labels, k=5, metric="euclidean")
-    assert p5.predicted[7] == "zeta" and p5.confidence[7] == pytest.approx(3 / 5)
+    assert p5.predicted[7] == "zeta" and p5.vote_share[7] == pytest.approx(3 / 5)
     p4 = predict_datasets(X, labels, k=4, metric="euclidean")  # 2 votes each: alphabetical wins
-    assert p4.predicted[7] == "alpha" and p4.confidence[7] == 0.5
+    assert p4.predicted[7] == "alpha" and p4.vote_share[7] == 0.5
     assert p.loo_accuracy == 1.0 and p.n_loo == 6
     big = predict_datasets(X, labels, k=100, metric="euclidean")  # all six vote
-    assert big.predicted[7] == "alpha" and big.confidence[7] == 0.5
+    assert big.predicted[7] == "alpha" and big.vote_share[7] == 0.5
+
+
+def test_closeness_between_near_and_far():
+    ruler = Yardstick(near=1.0, far=3.0)
+    assert ruler.closeness(0.5) == 1.0 and ruler.closeness(1.0) == 1.0  # as near as stored models to theirs
+    assert ruler.closeness(2.5) == pytest.approx(0.25) and ruler.closeness(3.0) == 0.0 and ruler.closeness(9) == 0.0
+    assert ruler.closeness(0.5, shares_direction=False) == 0.0
+    assert math.isnan(Yardstick(float("nan"), float("nan")).closeness(0.5))
+
+
+def test_yardstick_of_two_clusters():
+    # A at 0, 1, 2 and B at 10, 11, 12: a labelled model's nearest is 1 away; two models are 9 apart (median)
+    X = line(0, 1, 2, 10, 11, 12, 50)
+    ruler = yardstick(X, [["A"]] * 3 + [["B"]] * 3 + [[]], metric="euclidean")
+    assert ruler.near == 1.0 and ruler.far == 9.0  # of the 15 pairs' distances 1,1,1,1,2,2,8,9,9,10,10,10,11,11,12
+    assert yardstick(X, [["A"]] * 3 + [["B"]] * 3 + [[]], metric="euclidean", exclude=1).near == 1.0
+
+
+def test_orthogonal_neighbours_give_no_confidence_under_cosine():
+    # three labelled models along e1, close to each other; a query along e2: its votes are unanimous, its
+    # neighbours point another way (cosine distance 1)
+    X = np.array([[1.0, 0.0, 0.0], [1.0, 0.1, 0.0], [1.0, 0.0, 0.1], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    p = predict_datasets(X, [["a"], ["a"], ["a"], ["b"], []], k=3)
+    assert p.predicted[4] == "a" and p.vote_share[4] == 1.0 and p.confidence[4] == 0.0
 
 
 def test_multi_label_neighbour_votes_for_each_label():
     X = line(0, 0.5, 10, 20)
     labels = [["b", "a"], [], ["c"], ["c"]]
     p = predict_datasets(X, labels, k=1, metric="euclidean")
-    assert p.predicted[1] == "a" and p.confidence[1] == 0.5  # tie a/b -> a
+    assert p.predicted[1] == "a" and p.vote_share[1] == 0.5  # tie a/b -> a
     p2 = predict_datasets(X, labels, k=2, metric="euclidean")  # votes a, b, c
-    assert p2.predicted[1] == "a" and p2.confidence[1] == pytest.approx(1 / 3)
+    assert p2.predicted[1] == "a" and p2.vote_share[1] == pytest.approx(1 / 3)
 
 
 def test_leave_one_out_accuracy_by_hand():
@@ -434,7 +469,8 @@ def test_leave_one_out_accuracy_by_hand():
 def test_predictions_without_enough_labels():
     X = line(0, 1, 2)
     p = predict_datasets(X, [[], ["A"], []], k=3)
-    assert p.predicted == ["A", None, "A"] and list(p.confidence[[0, 2]]) == [1.0, 1.0]
+    assert p.predicted == ["A", None, "A"] and list(p.vote_share[[0, 2]]) == [1.0, 1.0]
+    assert np.isnan(p.closeness[[0, 2]]).all()  # one labelled model: nothing to judge how near is near
     assert math.isnan(p.loo_accuracy) and p.n_loo == 0
     none = predict_datasets(X, [[], [], []])
     assert none.predicted == [None] * 3 and np.isnan(none.confidence).all() and none.n_loo == 0

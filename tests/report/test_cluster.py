@@ -121,8 +121,25 @@ def test_cluster_cli_json(planted, tmp_path):
         ],
     )
     assert table.exit_code == 0 and "kNN dataset score" in table.output and "PNG map" in table.output
-    cells = {c[0]: c[1] for c in ([x.strip() for x in line.split("│")[1:3]] for line in table.output.splitlines()) if c}
-    assert cells["n_clustered"].isdigit()  # a count, printed as one (the API keeps every score a float)
+    said = " ".join(table.output.split())
+    assert "kmeans_nmi" not in said and "n_clustered" not in said  # scores in words, not the API's keys
+    assert "k-means clusters vs datasets: adjusted Rand index" in said
+    assert f"on the {int(data['n_clustered'])} models tuned on one dataset" in said
+    assert " nan " not in said  # every score here is defined; an undefined one is explained, not printed
+
+
+def test_cluster_explains_missing_clustering_scores(planted, tmp_path):
+    """One labelled dataset only (the others' labels dropped by source): the clustering scores are undefined,
+    and the output says why instead of printing nan."""
+    base, _, _, store = planted
+    result = CliRunner().invoke(
+        app,
+        ["cluster", str(base), "--rank", "4", "--store", str(store), "--reduce", "pca", "--out", str(tmp_path)]
+        + ["--label-source", "guessed"],
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "no clustering scores: they need two datasets" in said and "mutual information" not in said
 
 
 def test_cluster_without_vectors_is_a_clear_error(planted, tmp_path):
@@ -140,10 +157,25 @@ def test_neighbors_lists_the_same_dataset_first(planted):
     assert [list(d) for d in found.nearest["datasets"]] == [["imdb"]] * 3
     assert str(models[0].resolve()) not in set(found.nearest["model"])
     assert found.nearest["distance"].is_monotonic_increasing
-    assert (found.predicted, found.confidence, found.votes) == ("imdb", 1.0, {"imdb": 3})
+    assert (found.predicted, found.vote_share, found.votes) == ("imdb", 1.0, {"imdb": 3})
+    assert found.closeness > 0.9 and found.confidence == found.closeness  # its neighbours are as near as any
     result = CliRunner().invoke(app, ["neighbors", str(models[5]), "--k", "3", "--rank", "4", "--store", str(store)])
     assert result.exit_code == 0 and "glue/sst2" in result.output
-    assert "predicted dataset: glue/sst2 (confidence 1.00" in " ".join(result.output.split())
+    assert "predicted dataset: glue/sst2 (confidence" in " ".join(result.output.split())
+    assert "vote share 1.00" in " ".join(result.output.split())
+
+
+def test_a_model_unlike_any_stored_is_predicted_without_confidence(planted, tmp_path):
+    """Its neighbours' votes may be unanimous; they are farther from it than any stored model is from its own
+    nearest, so the prediction says so (confidence 0), in the API and in words."""
+    base, _, _, store = planted
+    stranger = planted_dataset_finetune(base, tmp_path / "stranger", 0, 4242, noise=100.0)  # its own delta rules
+    found = neighbors(stranger, representation=Representation(rank=4), store=store, scoring=Scoring(k=3))
+    assert found.predicted is not None and found.vote_share > 0.5
+    assert found.closeness < 0.1 and found.confidence < 0.1
+    result = CliRunner().invoke(app, ["neighbors", str(stranger), "--k", "3", "--rank", "4", "--store", str(store)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "x closeness 0.0" in said and "neighbours are far" in said
 
 
 def test_cluster_and_neighbors_rank_by_mutual_proximity_on_request(planted, tmp_path):
@@ -194,7 +226,7 @@ def test_neighbors_of_a_model_not_in_the_store_embeds_it_on_the_fly(planted, tmp
     assert found.on_the_fly and found.warning is None and _rows(store) == before
     assert found.base == str(Path(base).resolve())
     assert [list(d) for d in found.nearest["datasets"]] == [["squad"]] * 4
-    assert found.predicted == "squad" and found.confidence == 1.0
+    assert found.predicted == "squad" and found.vote_share == 1.0 and found.closeness > 0.0
     # the same model stored under another name: the on-the-fly vector equals the stored one
     copy = tmp_path / "copy" / "newcomer"
     copy.parent.mkdir()

@@ -13,12 +13,14 @@ from .scores import (
     SCALINGS,
     KnnScore,
     Predictions,
+    Yardstick,
     clustering_scores,
     distance_matrix,
     knn_dataset_score,
     majority_dataset,
     nearest,
     predict_datasets,
+    yardstick,
 )
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "Fit",
     "KnnScore",
     "Predictions",
+    "Yardstick",
     "clustering_scores",
     "distance_matrix",
     "fit_law",
@@ -36,4 +39,5 @@ __all__ = [
     "nearest",
     "predict_datasets",
     "reduce",
+    "yardstick",
 ]

@@ -88,7 +88,9 @@ class Predictions:
     """Majority-vote datasets for the unlabelled models, and the same rule's leave-one-out accuracy."""
 
     predicted: list[str | None]  # None for labelled models (and when no labelled model exists)
-    confidence: np.ndarray  # (n_models,), the winner's vote share; nan where nothing was predicted
+    confidence: np.ndarray  # (n_models,), vote_share x closeness; nan where nothing was predicted
+    vote_share: np.ndarray  # (n_models,), the winner's share of the votes
+    closeness: np.ndarray  # (n_models,), see :meth:`Yardstick.closeness`
     loo_accuracy: float
     n_loo: int
     k: int
@@ -362,6 +364,9 @@ def predict_datasets(
     to the alphabetically first name; ``confidence`` is the winner's share of all votes cast.
     With fewer than k labelled models, all of them vote.
 
+    ``closeness`` says whether those neighbours are near at all (:meth:`Yardstick.closeness`), and ``confidence`` is
+    vote share x closeness: a unanimous vote of models that are far away is not a confident prediction.
+
     ``loo_accuracy`` applies the same rule to every labelled model, voting among the *other*
     labelled models, and counts it correct when the winner is one of its labels; ``n_loo`` is
     the number of models so predicted (all labelled models, when there are at least two). A
@@ -379,7 +384,7 @@ def predict_datasets(
     Z = _prepare(M, metric)
     stats = _spread(Z, metric, scaling)
     predicted: list[str | None] = [None] * n
-    confidence = np.full(n, np.nan)
+    share, near = np.full(n, np.nan), np.full(n, np.nan)
 
     def vote(neighbours: np.ndarray) -> tuple[int, float]:
         counts = member[neighbours].sum(axis=0)
@@ -391,8 +396,13 @@ def predict_datasets(
         top = min(k, len(labelled))
         for block, order in _ranked(Z, unlabelled, labelled, metric, stats=stats):
             for i, ranks in zip(block, order):
-                winner, share = vote(labelled[ranks[:top]])
-                predicted[i], confidence[i] = names[winner], share
+                winner, share[i] = vote(labelled[ranks[:top]])
+                predicted[i] = names[winner]
+        ruler = _yardstick(Z, labelled, metric, stats)
+        mine = _nearest_distances(Z, unlabelled, labelled, metric, stats)
+        apart = _nearest_distances(Z, unlabelled, labelled, metric, None) >= 1.0 if metric == "cosine" else None
+        for j, i in enumerate(unlabelled):
+            near[i] = ruler.closeness(float(mine[j]), shares_direction=apart is None or not apart[j])
 
     correct, n_loo = 0, len(labelled) if len(labelled) >= 2 else 0
     if n_loo:
@@ -404,13 +414,91 @@ def predict_datasets(
     loo = correct / n_loo if n_loo else float("nan")
     return Predictions(
         predicted=predicted,
-        confidence=confidence,
+        confidence=share * near,
+        vote_share=share,
+        closeness=near,
         loo_accuracy=loo,
         n_loo=n_loo,
         k=k,
         metric=metric,
         scaling=scaling,
     )
+
+
+def _nearest_distances(
+    Z: np.ndarray, rows: np.ndarray, columns: np.ndarray, metric: str, stats: _Stats | None
+) -> np.ndarray:
+    """Each row's distance to its nearest column other than itself (inf when there is none)."""
+    out, done = np.full(len(rows), np.inf), 0
+    for block in _blocks(rows, len(columns)):
+        D = _distances(Z[block], Z[columns], metric)
+        if stats is not None:
+            D = _scaled(D, _sub(stats, block), _sub(stats, columns))
+        D[columns[None, :] == block[:, None]] = np.inf
+        if D.shape[1]:
+            out[done : done + len(block)] = D.min(axis=1)
+        done += len(block)
+    return out
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    """What near and far mean among the stored labelled models, to judge a query's neighbours by.
+
+    ``near``: the median distance of a labelled model to its nearest labelled neighbour; ``far``: the median
+    distance between two labelled models (mostly unrelated ones). nan when fewer than two are labelled.
+    """
+
+    near: float
+    far: float
+
+    def closeness(self, distance: float, *, shares_direction: bool = True) -> float:
+        """1 when ``distance`` (a query's to its nearest labelled model) is no more than ``near``; 0 from ``far``
+        on, where a neighbour is no nearer than an unrelated model; linear between. 0 too when
+        ``shares_direction`` is False (cosine: the neighbour's change points no way along the query's). A query
+        unlike anything stored gets no confidence, however unanimous its neighbours' votes; nan: no yardstick."""
+        if self.near != self.near or distance != distance:
+            return float("nan")
+        if not shares_direction or distance >= self.far:
+            return 0.0
+        if distance <= self.near:
+            return 1.0
+        return float((self.far - distance) / (self.far - self.near))
+
+
+_FAR_SAMPLE = 256  # rows whose distances to every labelled model give ``Yardstick.far`` (n x n would not fit)
+
+
+def _yardstick(Z: np.ndarray, labelled: np.ndarray, metric: str, stats: _Stats | None) -> Yardstick:
+    if len(labelled) < 2:
+        return Yardstick(float("nan"), float("nan"))
+    near = float(np.median(_nearest_distances(Z, labelled, labelled, metric, stats)))
+    rows = labelled[np.linspace(0, len(labelled) - 1, min(len(labelled), _FAR_SAMPLE)).round().astype(int)]
+    D = _distances(Z[rows], Z[labelled], metric)
+    if stats is not None:
+        D = _scaled(D, _sub(stats, rows), _sub(stats, labelled))
+    far = float(np.median(D[labelled[None, :] != rows[:, None]]))
+    return Yardstick(near, max(far, near))
+
+
+def yardstick(
+    X: np.ndarray,
+    labels: Sequence[Sequence[str]],
+    *,
+    metric: str = "cosine",
+    scaling: str = "none",
+    exclude: int | None = None,
+) -> Yardstick:
+    """The :class:`Yardstick` of the labelled rows of X (``exclude``: a row left out, e.g. the query itself),
+    distances as :func:`nearest` gives them."""
+    check_field(Scoring, "metric", metric)
+    check_field(Scoring, "scaling", scaling)
+    M = _as_matrix(X)
+    _, member = _membership(_label_sets(labels, len(M)))
+    labelled = np.flatnonzero(member.any(axis=1))
+    Z = _prepare(M, metric)
+    stats = _spread(Z, metric, scaling)
+    return _yardstick(Z, labelled[labelled != exclude] if exclude is not None else labelled, metric, stats)
 
 
 def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | None, float, dict[str, int]]:

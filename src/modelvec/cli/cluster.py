@@ -22,8 +22,18 @@ from .common import (
     say,
     short_name,
     split_values,
+    whole_column,
     with_settings,
 )
+
+#: The clustering scores as a table says them (keys of ``ClusterReport.clustering``).
+_CLUSTERING_WORDS = {
+    "silhouette": "silhouette of the datasets (-1 to 1: how far apart)",
+    "kmeans_nmi": "k-means clusters vs datasets: mutual information",
+    "kmeans_ari": "k-means clusters vs datasets: adjusted Rand index",
+    "hdbscan_nmi": "HDBSCAN clusters vs datasets: mutual information",
+    "hdbscan_ari": "HDBSCAN clusters vs datasets: adjusted Rand index",
+}
 
 
 @command()
@@ -68,28 +78,52 @@ def cluster(
     if as_json:
         print_json(report.as_json())
         return
-    table = Table("dataset", "models scored", "kNN dataset score", title=f"{short_name(report.base)} · {report.params}")
+    table = Table(
+        whole_column("dataset"),
+        "models scored",
+        "kNN dataset score",
+        title=f"{short_name(report.base)} · {report.params}",
+    )
     for dataset, entry in sorted(report.per_dataset.items()):
         table.add_row(dataset, str(entry["count"]), fmt(entry["score"]))
-    table.add_row("[b]all[/b]", str(report.n_scored), f"[b]{fmt(report.knn_score)}[/b]")
+    table.add_row("all", str(report.n_scored), fmt(report.knn_score))
     console.print(table)
     how = f"metric {report.metric}" + (f" · {report.scaling}" if report.scaling != "none" else "")
-    scores = Table("score", "value", title=f"{report.n_models} models · {how} · pool {report.pool}")
-    scores.add_row("leave-one-out dataset prediction accuracy", fmt(report.loo_accuracy))
+    scores = Table(whole_column("score"), "value", title=f"{report.n_models} models · {how} · pool {report.pool}")
+    scores.add_row("dataset predicted from its k nearest, each model left out (accuracy)", fmt(report.loo_accuracy))
     if report.n_authors:
         scores.add_row(
             f"kNN score, same-author neighbours excluded ({report.n_scored_other_authors} scored)",
             fmt(report.knn_score_other_authors),
         )
         scores.add_row(f"authors ({report.n_authors}): share of the most prolific", fmt(report.largest_author_share))
-    for name, value in report.clustering.items():
-        scores.add_row(name, fmt(int(value) if name.startswith("n_") else value))  # a count, kept float in the API
+    clustered = int(report.clustering.get("n_clustered", 0))
+    if clustered:
+        for key, words in _CLUSTERING_WORDS.items():
+            scores.add_row(words, fmt(report.clustering[key]))
     console.print(scores)
+    if clustered:
+        say(
+            console,
+            f"clusterers blind to the labels, on the {clustered} models tuned on one dataset that has two "
+            "or more: 1 = they find the datasets exactly, 0 = no better than chance",
+        )
+    else:
+        say(console, "no clustering scores: they need two datasets with two or more models tuned on one dataset only")
     if report.predictions:
-        preds = Table("unlabelled model", "predicted dataset", "confidence")
+        preds = Table(
+            whole_column("unlabelled model"), whole_column("predicted dataset"), "votes", "closeness", "confidence"
+        )
         for p in report.predictions:
-            preds.add_row(short_name(p["model"]), p["predicted"], fmt(p["confidence"]))
+            preds.add_row(
+                short_name(p["model"]), p["predicted"], fmt(p["vote_share"]), fmt(p["closeness"]), fmt(p["confidence"])
+            )
         console.print(preds)
+        say(
+            console,
+            "confidence = the winner's share of the votes x closeness (1: its nearest labelled model is as "
+            "near as stored models are to theirs; 0: farther than any)",
+        )
     if report.per_block:
         best = sorted(report.per_block, key=lambda b: -b["knn_score"])[:3]
         names = ", ".join(

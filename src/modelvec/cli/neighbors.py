@@ -16,6 +16,8 @@ from .common import (
     command,
     console,
     err,
+    fmt,
+    how_near,
     open_store,
     print_json,
     say,
@@ -91,9 +93,11 @@ def neighbors(
         console.print("predicted dataset: none (no labelled neighbour)")
     else:
         votes = ", ".join(f"{name} {n}" for name, n in found.votes.items())
-        console.print(
-            f"predicted dataset: [bold]{found.predicted}[/bold] (confidence {found.confidence:.2f}; "
-            f"votes of the {scoring.k} nearest labelled models: {votes})"
+        say(
+            console,
+            f"predicted dataset: {found.predicted} (confidence {fmt(found.confidence)} = vote share "
+            f"{found.vote_share:.2f} x closeness {fmt(found.closeness)}; votes of the {scoring.k} nearest labelled "
+            f"models: {votes}; {how_near(found.closeness)})",
         )
     for item in found.explanation or []:
         families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))

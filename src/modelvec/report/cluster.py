@@ -162,8 +162,8 @@ def cluster(
     pred = predict_datasets(X, labels, k=scoring.k, metric=metric, scaling=scaling)
     scores = clustering_scores(X, labels, metric=metric, seed=seed)
     predictions = [
-        {"model": m, "predicted": p, "confidence": float(c)}
-        for m, p, c in zip(meta["model"], pred.predicted, pred.confidence)
+        {"model": m, "predicted": p, "confidence": float(c), "vote_share": float(v), "closeness": float(n)}
+        for m, p, c, v, n in zip(meta["model"], pred.predicted, pred.confidence, pred.vote_share, pred.closeness)
         if p is not None
     ]
     report = ClusterReport(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.scores import Scoring, cosine_contributions, majority_dataset, nearest
+from ..analyse.scores import Scoring, cosine_contributions, majority_dataset, nearest, yardstick
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import is_hub_id, model_id
 from ..hub.client import HubSettings
@@ -39,8 +39,11 @@ class Neighbors:
     on_the_fly: bool  # the query was not in the store: embedded now with the stored settings, not stored
     nearest: pd.DataFrame  # model, distance, datasets, label_source, author; nearest first
     predicted: str | None  # the majority dataset of the k nearest labelled models (None: none labelled)
-    confidence: float  # the predicted dataset's share of their votes; nan when nothing was predicted
+    confidence: float  # vote_share x closeness; nan when nothing was predicted
     votes: dict[str, int] = field(default_factory=dict)
+    vote_share: float = float("nan")  # the predicted dataset's share of the votes
+    #: how near the nearest labelled model is (1: as near as stored models are to theirs; 0: as far as unrelated ones)
+    closeness: float = float("nan")
     warning: str | None = None  # e.g. the query was embedded against another revision of the base
     #: with ``explain``: per neighbour, its cosine and each block's share of it (stack, layer, family)
     explanation: list[dict[str, Any]] | None = None
@@ -162,21 +165,36 @@ def neighbors(
             me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
             query = X[me]
         base_files = local_files(base_name, "", db, settings) if explain else None
-    order, dist = nearest(X, query, k=len(X), metric=metric, exclude=me, scaling=scaling)
-    idx, dist = order[:k], dist[:k]
+    order, dist_all = nearest(X, query, k=len(X), metric=metric, exclude=me, scaling=scaling)
+    idx, dist = order[:k], dist_all[:k]
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist)
     labels = [list(d) for d in meta["datasets"]]
     voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
-    predicted, confidence = None, float("nan")
+    predicted, share, near = None, float("nan"), float("nan")
     votes: dict[str, int] = {}
     if voters:
-        predicted, confidence, votes = majority_dataset([labels[i] for i in voters])
+        predicted, share, votes = majority_dataset([labels[i] for i in voters])
+        ruler = yardstick(X, labels, metric=metric, scaling=scaling, exclude=me)  # the query is not its own ruler
+        first = X[voters[0]]
+        cosine = float(query @ first) / max(float(np.linalg.norm(query) * np.linalg.norm(first)), 1e-300)
+        near = ruler.closeness(float(dist_all[order == voters[0]][0]), shares_direction=cosine > 0)
     explanation = (
         _explain(query, X[idx], found["model"], base_files, representation) if base_files is not None else None
     )
     return Neighbors(
-        name, base_name, representation.key(), on_the_fly, found, predicted, confidence, votes, warning, explanation
+        name,
+        base_name,
+        representation.key(),
+        on_the_fly,
+        found,
+        predicted,
+        share * near,
+        votes,
+        share,
+        near,
+        warning,
+        explanation,
     )
 
 
