@@ -8,7 +8,9 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,8 +25,23 @@ from ..core.settings import flag_of, settings_of
 if TYPE_CHECKING:
     from ..store import Store
 
-console = Console()
-err = Console(stderr=True)
+#: Width of output that is not a terminal (a pipe, a log): wide enough that no id or table row is folded.
+LOG_WIDTH = 400
+
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal's console as wide as the terminal; a pipe's or a log's as wide as its lines (``$COLUMNS``
+    still rules): rich would fold every table at 80 columns, splitting model ids mid-name."""
+    import os
+
+    out = Console(stderr=stderr)
+    if out.is_terminal or os.environ.get("COLUMNS"):
+        return out
+    return Console(stderr=stderr, width=LOG_WIDTH)
+
+
+console = _console()
+err = _console(stderr=True)
 
 
 def say(console_: Console, text: str) -> None:
@@ -42,8 +59,17 @@ EXIT_STATUSES = (
 
 class _OneLineErrors(TyperGroup):
     """Runs the command. Whatever stops it is one line on stderr, never a traceback: a user-facing failure (a bad
-    option, a model or store that cannot be read, a file that cannot be written) exits with status 2, a bug with
-    status 3 (``MODELVEC_DEBUG=1`` re-raises it, for the traceback)."""
+    option, a model or store that cannot be read, a file that cannot be written, a store that cannot be written on
+    a full disk) exits with status 2, a bug with status 3 (``MODELVEC_DEBUG=1`` re-raises it, for the traceback).
+
+    Each class of error is said here, once, for every command: ``ModelvecError`` and ``ValueError`` as they read;
+    ``OSError`` as the file and the cause in words (:func:`_os_cause`); DuckDB's errors after the store opened (a
+    write on a full disk, a damaged block) as the store's file and the cause (:func:`_store_of` names it)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, command, rest = super().resolve_command(ctx, args)
+        ctx.meta[_COMMAND_ARGS] = list(rest)  # which store a later DuckDB error is about, when no open_store said
+        return name, command, rest
 
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
         import os
@@ -57,12 +83,17 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(EXIT_ERROR) from None
         except OSError as exc:  # the machine or the file system: an output folder, a full disk, permissions
             where = f"{exc.filename}: " if exc.filename else ""
-            say(err, f"error: {where}{exc.strerror or exc}")
+            say(err, f"error: {where}{_os_cause(exc)}")
             raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt:
             say(err, "interrupted (what was stored is kept)")
             raise typer.Exit(130) from None
         except Exception as exc:
+            if _is_store_failure(exc):  # DuckDB failed to read or write the open store: the disk, not modelvec
+                from ..store.lock import store_error
+
+                say(err, f"error: {store_error(_store_of(ctx), exc)}")
+                raise typer.Exit(EXIT_ERROR) from None
             if os.environ.get("MODELVEC_DEBUG"):
                 raise
             first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -87,6 +118,60 @@ class _PlainHelp(typer.core.TyperCommand):
 def command() -> Any:
     """``@command()``: a modelvec command (``app.command`` with the plain help)."""
     return app.command(cls=_PlainHelp)
+
+
+_COMMAND_ARGS = "modelvec.args"  # a key of the context's meta, shared by a command's contexts
+_OPENED: ContextVar[Path | None] = ContextVar("modelvec_opened_store", default=None)  # the store open_store opened
+
+
+def _os_cause(exc: OSError) -> str:
+    """Why a file could not be read or written, in words (the file's name is said beside it)."""
+    import errno
+
+    name = exc.filename if isinstance(exc.filename, (str, os.PathLike)) else None
+    if exc.errno == errno.EEXIST and name is not None and Path(name).exists() and not Path(name).is_dir():
+        return "a file stands where a folder is needed (give a folder, or a path that does not exist yet)"
+    if exc.errno == errno.ENOTDIR:
+        return "a part of this path is a file, not a folder"
+    words = {
+        errno.ENOENT: "no such file or folder",
+        errno.EACCES: "permission denied",
+        errno.EROFS: "on a read-only file system: cannot be written here",
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EISDIR: "a folder, not a file",
+    }
+    return words.get(exc.errno or -1) or (exc.strerror or str(exc)).lower()
+
+
+def _is_store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is DuckDB failing on the store's file (I/O, a full disk, a damaged block, a database it
+    invalidated after a failed write) rather than modelvec's SQL being wrong (a bug: a binder, parser, catalog,
+    conversion or constraint error)."""
+    import sys
+
+    duckdb = sys.modules.get("duckdb")  # not imported: no DuckDB error can have been raised
+    if duckdb is None or not isinstance(exc, duckdb.Error):
+        return False
+    return not isinstance(
+        exc, (duckdb.ProgrammingError, duckdb.DataError, duckdb.IntegrityError, duckdb.NotSupportedError)
+    )
+
+
+def _store_of(ctx: Any) -> str:
+    """The store the command opened (:func:`open_store` says it), else the one its ``--store`` named, else the
+    default."""
+    from ..store import default_store_path
+
+    if _OPENED.get() is not None:
+        return str(_OPENED.get())
+    args = ctx.meta.get(_COMMAND_ARGS, [])
+    for i, arg in enumerate(args):
+        if arg == "--store" and i + 1 < len(args):
+            return str(args[i + 1])
+        if arg.startswith("--store="):
+            return arg.removeprefix("--store=")
+    return str(default_store_path())
 
 
 app = typer.Typer(
@@ -160,7 +245,9 @@ def open_store(path: Path | None, wait: float | None = None, *, read_only: bool 
 
     if read_only and wait is None and not os.environ.get("MODELVEC_STORE_WAIT"):
         wait = 0.0
-    return Store(path, wait=wait, on_wait=lambda line: say(err, line), read_only=read_only)
+    store = Store(path, wait=wait, on_wait=lambda line: say(err, line), read_only=read_only)
+    _OPENED.set(store.path)  # a later DuckDB error is said as this store's (_OneLineErrors)
+    return store
 
 
 def print_json(value: Any) -> None:
@@ -181,6 +268,17 @@ def fmt(value: object) -> str:
     if isinstance(value, float):
         return "nan" if value != value else f"{value:.3f}"
     return str(value)
+
+
+def how_near(closeness: float) -> str:
+    """A prediction's closeness (:meth:`modelvec.analyse.Yardstick.closeness`) in words."""
+    if closeness != closeness:
+        return "too few labelled models to judge how near its neighbours are"
+    if closeness >= 1.0:
+        return "its nearest labelled model is as near as stored models are to theirs"
+    if closeness >= 0.5:
+        return "its neighbours are farther than stored models usually are from theirs"
+    return "its neighbours are far: hardly nearer than unrelated stored models are to each other"
 
 
 def with_settings(

@@ -107,8 +107,10 @@ def evaluate(
         mutual_proximity=mutual_proximity,
     )
     if markdown is not None:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+        from ..plots.maps import write_atomically  # a full disk names the file; never half a table
+
+        text = table.to_markdown(index=False, floatfmt=".3f") + "\n"
+        write_atomically(markdown, lambda tmp: Path(tmp).write_text(text))
     if as_json:
         print_json(table.to_dict(orient="records"))
         return

@@ -474,16 +474,23 @@ def _summary(g: Grouping, n: int) -> str:
 
 
 def write_atomically(path: Path, write: Callable[[str], Any]) -> Path:
-    """Write through a temporary file beside ``path`` and rename it into place: a reader never sees half a file."""
+    """Write through a temporary file beside ``path`` and rename it into place: a reader never sees half a file.
+
+    An ``OSError`` (a read-only folder, a full disk) names ``path``: not the temporary file, and a write that
+    fails on a full disk names none."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         write(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     return path

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..analyse.laws import MIN_ADJ_R2, Fit, shown_law
 from ..core.names import display_name, is_hub_id
 from ..plots.depth import plot_rank
+from ..plots.maps import write_atomically
 from ..read.gguf import QuantizationWarning
 from ..spectra import DEFAULT_THRESHOLDS
 from ..store import Store
@@ -26,7 +27,7 @@ def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
     or null) with what it says (``verdict``): shown only where its adjusted R² ≥ ``min_adj_r2``."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    study.table.to_csv(folder / "ranks.csv", index=False)
+    write_atomically(folder / "ranks.csv", lambda tmp: study.table.to_csv(tmp, index=False))  # never half a file
     study.files["csv"] = str(folder / "ranks.csv")
     payload = {
         "model": study.model,
@@ -45,7 +46,8 @@ def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
         "min_adj_r2": MIN_ADJ_R2,
         "laws": [_laws_entry(key, fits) for key, fits in study.fits.items()],
     }
-    (folder / "ranks.json").write_text(json.dumps(payload, default=float))
+    text = json.dumps(payload, default=float)
+    write_atomically(folder / "ranks.json", lambda tmp: Path(tmp).write_text(text))
     study.files["json"] = str(folder / "ranks.json")
     for threshold in sorted(study.table["threshold"].unique()):
         path = folder / f"rank-{threshold:g}.png"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import uuid
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -13,22 +15,40 @@ from .vectorfile import VectorFile
 
 
 def export_parquet(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, path: str | os.PathLike[str]) -> int:
-    """One row per stored vector: model, base, the representation parameters, datasets, vector."""
+    """One row per stored vector: model, base, the representation parameters, datasets, vector.
+
+    A missing folder is created. The file is written beside ``path`` under a temporary name and renamed into place
+    once whole, so an export that fails (a full disk) leaves no half file; its ``OSError`` names ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     meta = con.sql(
         """SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash, datasets,
                   dim, "offset", vector_hash FROM vectors ORDER BY model, base, params"""
     ).to_arrow_table()
     columns = [c for c in meta.column_names if c not in ("dim", "offset", "vector_hash")]
     schema = meta.select(columns).schema.append(pa.field("vector", pa.list_(pa.float32())))
-    with pq.ParquetWriter(str(path), schema) as out:
-        for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
-            part = meta.slice(lo, 256)
-            vectors = [
-                vector_file.read([o], d, [h], [m])[0]
-                for o, d, h, m in zip(*(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model")))
-            ]
-            offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())
-            flat = pa.array(np.concatenate(vectors) if vectors else np.zeros(0, np.float32))
-            column = pa.ListArray.from_arrays(offsets, flat)
-            out.write_table(pa.Table.from_arrays([part.column(c) for c in columns] + [column], schema=schema))
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "wb") as file, pq.ParquetWriter(file, schema) as out:
+            for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
+                part = meta.slice(lo, 256)
+                vectors = [
+                    vector_file.read([o], d, [h], [m])[0]
+                    for o, d, h, m in zip(
+                        *(part.column(c).to_pylist() for c in ("offset", "dim", "vector_hash", "model"))
+                    )
+                ]
+                offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())
+                flat = pa.array(np.concatenate(vectors) if vectors else np.zeros(0, np.float32))
+                column = pa.ListArray.from_arrays(offsets, flat)
+                out.write_table(pa.Table.from_arrays([part.column(c) for c in columns] + [column], schema=schema))
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # never created (a read-only folder)
+            pass
+        if isinstance(exc, OSError):  # said as the file asked for: a write on a full disk names none
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     return meta.num_rows

@@ -41,7 +41,9 @@ _CAUSES = (
     ("Could not read enough bytes", "damaged: the file is truncated"),
     ("Read-only file system", "on a read-only file system: cannot be written here (read-only commands can read it)"),
     ("Permission denied", "permission denied"),
-    ("No space left on device", "no space left on the device"),
+    ("No space left on device", "no space left on the device; what was stored before is kept"),
+    ("Is a directory", "a folder, not a store"),
+    ("Corrupt database file", "damaged: a block of it does not match its checksum"),
 )
 
 
@@ -52,6 +54,12 @@ def _cause(exc: BaseException) -> str:
         return known
     first = text.splitlines()[0] if text else type(exc).__name__
     return first.removeprefix("IO Error: ").removeprefix("Catalog Error: ")[:200]
+
+
+def store_error(path: str | os.PathLike[str], exc: BaseException) -> StoreError:
+    """DuckDB's error ``exc`` about the store at ``path`` (on opening it, or on a later read or write: a full disk, a
+    damaged block) as one :class:`StoreError` line naming the file and the cause in a few words."""
+    return StoreError(str(path), _cause(exc))
 
 
 _HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
@@ -81,7 +89,7 @@ def connect(
         except duckdb.Error as exc:
             holder = _lock_holder(exc)
             if holder is None:
-                raise StoreError(str(path), _cause(exc)) from None
+                raise store_error(path, exc) from None
             waited = time.monotonic() - start
             if waited >= wait:
                 raise StoreLockedError(path, holder[1], round(waited, 1)) from None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,24 @@ import numpy as np
 import pyarrow as pa
 
 from .vectorfile import VectorFile, checksum, vector_bytes
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """One transaction: committed when the block ends, rolled back when it raises.
+
+    A COMMIT that fails (a full disk, an I/O error writing the WAL) has already ended the transaction: the
+    ROLLBACK after it is refused, and its refusal must not hide why the write failed."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        con.execute("COMMIT")
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:  # no transaction is active any more (DuckDB ended it), or the database cannot go on
+            pass
+        raise
 
 
 @dataclass(frozen=True)
@@ -177,8 +196,7 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -
         if statement.startswith("ALTER TABLE vectors "):
             con.execute(statement)
     keep = [c for c in _columns(con, "vectors") if c != "vector"]
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         con.execute("DROP TABLE IF EXISTS vectors_moved")
         con.execute(Table("vectors_moved", VECTORS.columns, VECTORS.key).create())
         keys: dict[str, list[Any]] = {
@@ -205,8 +223,4 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -
         con.unregister("moved")
         con.execute("DROP TABLE vectors")
         con.execute("ALTER TABLE vectors_moved RENAME TO vectors")
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     con.execute("CHECKPOINT")

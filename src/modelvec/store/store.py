@@ -23,6 +23,7 @@ file in one process (which share DuckDB's database) never write over each other'
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -41,7 +42,7 @@ from ..core.errors import Kind, NothingStoredError, StoreError
 from ..represent.representation import Representation
 from .lock import connect, default_wait
 from .rows import Failure, VectorRow
-from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, migrate, missing_tables
+from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, migrate, missing_tables, transaction
 from .vectorfile import VectorFile
 from .writer import StoreWriter, write_rows
 
@@ -138,7 +139,8 @@ class Store:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreError(str(self.path), f"cannot create its folder: {exc.strerror or exc}") from None
+                cause = "a file stands where its folder should be" if exc.errno == errno.EEXIST else exc.strerror
+                raise StoreError(str(self.path), f"cannot create its folder: {(cause or str(exc)).lower()}") from None
         self.con = connect(self.path, wait, on_wait, read_only=read_only)
         try:
             # only after DuckDB's lock is held: only the process holding it appends to the vector file
@@ -202,17 +204,12 @@ class Store:
                 part = rows[lo : lo + 256]
                 vectors = [self.vector_file.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
                 moved += [[offset, *r[:4]] for offset, r in zip(new.append(vectors), part)]
-            self.con.execute("BEGIN TRANSACTION")
-            try:
+            with transaction(self.con):
                 self.con.executemany(
                     'UPDATE vectors SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
                     moved,
                 )
                 self.con.execute("INSERT OR REPLACE INTO store_meta VALUES ('vector_file', ?)", [new.path.name])
-                self.con.execute("COMMIT")
-            except BaseException:
-                self.con.execute("ROLLBACK")
-                raise
         except BaseException:
             new.close()
             new.path.unlink(missing_ok=True)
@@ -246,8 +243,7 @@ class Store:
             d = e.as_dict() if hasattr(e, "as_dict") else dict(e)
             d["labels_json"] = json.dumps(d.pop("labels", []), sort_keys=True)
             rows.append({c: d.get(c) for c in CATALOGUE_COLUMNS})
-        self.con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(self.con):
             self.con.execute("INSERT OR REPLACE INTO bases (base, sha) VALUES (?, ?)", [base, base_sha])
             if rows:
                 self.con.executemany(
@@ -258,10 +254,6 @@ class Store:
                        FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
                     [base],
                 )
-            self.con.execute("COMMIT")
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
 
     def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
         """Discovered models (one row per base and model), most downloaded first."""

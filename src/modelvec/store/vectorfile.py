@@ -9,6 +9,7 @@ bytes; bytes written by a run killed before its commit are unreferenced, never r
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ except ImportError:  # pragma: no cover - not POSIX
 import numpy as np
 import xxhash
 
-from ..core.errors import StoreError
+from ..core.errors import ResourceError, StoreError
 
 
 class VectorFile:
@@ -43,19 +44,26 @@ class VectorFile:
         if read_only and not path.exists():
             self._fd = -1
             return
+        self._fd = -1
         try:
             self._fd = os.open(path, os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT, 0o644)
+            head = os.pread(self._fd, len(self.MAGIC), 0)  # a folder opens read-only, and fails here
         except OSError as exc:
-            raise StoreError(str(path), exc.strerror or str(exc)) from None
-        head = os.pread(self._fd, len(self.MAGIC), 0)
+            self.close()
+            cause = "a folder, not a modelvec vector file" if path.is_dir() else (exc.strerror or str(exc)).lower()
+            raise StoreError(str(path), cause) from None
         if read_only and head != self.MAGIC and head:
             os.close(self._fd)
             raise StoreError(str(path), "not a modelvec vector file (bad header)")
         if read_only:
             return
         if not head:
-            os.pwrite(self._fd, self.MAGIC, 0)
-            os.fsync(self._fd)
+            try:
+                _pwrite_all(self._fd, memoryview(self.MAGIC), 0)
+                os.fsync(self._fd)
+            except OSError as exc:
+                os.close(self._fd)
+                raise self._write_error(exc) from None
         elif head != self.MAGIC:
             os.close(self._fd)
             raise StoreError(str(path), "not a modelvec vector file (bad header)")
@@ -67,6 +75,9 @@ class VectorFile:
         :class:`StoreWriter`); the ``flock`` orders those of another ``VectorFile`` of the same file
         (another ``Store`` of one path in this process, or a process still writing after it lost
         DuckDB's lock), each of which would otherwise take the same end for its offset.
+
+        A write that fails (a full disk, an I/O error) is a :class:`ResourceError` (out of space) or a
+        :class:`StoreError` naming the file; what it wrote is cut off again, so the file is as it was.
         """
         if not vectors:
             return []
@@ -74,18 +85,34 @@ class VectorFile:
         with self._lock:
             if fcntl is not None:
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
+            start = -1
             try:
-                end = os.fstat(self._fd).st_size
+                start = end = os.fstat(self._fd).st_size
                 for vec in vectors:
                     end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
-                    os.pwrite(self._fd, vec.data.cast("B"), end)
+                    _pwrite_all(self._fd, vec.data.cast("B"), end)
                     offsets.append(end)
                     end += vec.nbytes
                 os.fdatasync(self._fd)
+            except OSError as exc:
+                if start >= 0:  # under the flock, only this append wrote past ``start``: no row points there
+                    try:
+                        os.ftruncate(self._fd, start)
+                    except OSError:
+                        pass
+                raise self._write_error(exc) from None
             finally:
                 if fcntl is not None:
                     fcntl.flock(self._fd, fcntl.LOCK_UN)
         return offsets
+
+    def _write_error(self, exc: OSError) -> StoreError | ResourceError:
+        """A failed write of this file as one line naming it: out of space is the machine (``resource``)."""
+        kept = "what was stored before is kept"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            words = "no space left on the device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+            return ResourceError(str(self.path), f"cannot write: {words}; {kept}")
+        return StoreError(str(self.path), f"cannot write: {(exc.strerror or str(exc)).lower()}; {kept}")
 
     def read(self, offsets: Sequence[int], dim: int, hashes: Sequence[str], models: Sequence[str]) -> np.ndarray:
         """The vectors at ``offsets`` as one (n, dim) float32 matrix, each checked against its hash."""
@@ -115,6 +142,17 @@ class VectorFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset``. ``pwrite`` may write less than asked (a disk that fills up mid-write
+    takes what fits and says so only in its count): the rest is written again, and then the disk's error raises."""
+    done = 0
+    while done < len(data):
+        written = os.pwrite(fd, data[done:], offset + done)
+        if written <= 0:  # no progress and no error: never loop for ever
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        done += written
 
 
 def vector_bytes(vector: np.ndarray) -> np.ndarray:

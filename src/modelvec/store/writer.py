@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 
 from .rows import Failure, VectorRow
-from .schema import FAILURES, VECTORS
+from .schema import FAILURES, VECTORS, transaction
 from .vectorfile import VectorFile, checksum, vector_bytes
 
 
@@ -19,8 +19,7 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
     vectors = [vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
     offsets = iter(vector_file.append(vectors))
     hashes = iter([checksum(v) for v in vectors])
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         for row in rows:
             record = row.record() if isinstance(row, Failure) else row.record(next(offsets), next(hashes))
             table = FAILURES if isinstance(row, Failure) else VECTORS
@@ -30,10 +29,6 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
                     "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?",
                     [record["model"], record["base"], record["params"]],
                 )
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
 
 
 class StoreWriter:
