@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -622,6 +623,20 @@ def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
     assert out.returncode == 0 and "embedded 2" in out.stdout, out.stdout + out.stderr
     out = cli("discover", "bert-base-uncased", offline=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "offline" in out.stderr.lower()
+    out = cli("rank", "--over-finetunes", "bert-base-uncased", "--out", str(tmp_path / "rank"), offline=True)
+    assert out.returncode == 0 and "mean rank of ΔW across depth" in out.stdout, out.stdout + out.stderr
+    # a cache that holds the base but not the fine-tunes: offline, the study says why it has nothing to study
+    bare = tmp_path / "bare-cache"
+    shutil.copytree(
+        Path(settings.cache_dir) / "models--google-bert--bert-base-uncased",
+        bare / "models--google-bert--bert-base-uncased",
+    )
+    env["HF_HUB_CACHE"] = str(bare)
+    out = cli("rank", "--over-finetunes", "bert-base-uncased", "--out", str(tmp_path / "rank"), offline=True)
+    said = out.stderr.strip()
+    assert out.returncode == 2 and len(said.splitlines()) == 1 and "Traceback" not in said, said
+    assert said.startswith("error: bert-base-uncased: none of its 2 stored fine-tunes could be fetched")
+    assert "offline" in said.lower()
 
 
 def test_candidates_without_config_are_checked_from_the_safetensors_header(tmp_path, tiny_bert):

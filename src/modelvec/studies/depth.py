@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from ..analyse.laws import Fit
-from ..core.errors import CheckpointError, IncompatibleError, ModelvecError, NothingStoredError
+from ..core.errors import CheckpointError, FetchError, IncompatibleError, ModelvecError, NothingStoredError
 from ..core.names import model_id
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, Layout, MatrixRef, check_compatible, open_checkpoint
@@ -241,6 +241,9 @@ def over_stored(
                 models.append(local_files(m, rows[m], db))
             except ModelvecError as exc:  # e.g. gone from the Hub and from the cache: the others go on
                 unreadable[m] = str(exc)
+    if not models:  # say why, not "none of 0"
+        reason = next(iter(unreadable.values()))
+        raise FetchError(str(base), f"none of its {len(rows)} stored fine-tunes could be fetched; the first: {reason}")
     study, failed = over_finetunes(
         base_path, models, thresholds=thresholds, device=device, name=None if base_path == base_id else base_id
     )
