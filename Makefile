@@ -10,6 +10,8 @@ ZOO     ?= .cache/zoo
 STORE   ?= .cache/demo.duckdb
 PER_DATASET ?= 5
 OUT     ?= .cache/demo-out
+# evaluate's many representations of the zoo's local folders go to a store of their own: the demo's holds one base
+EVALUATE_STORE ?= .cache/demo-evaluate.duckdb
 
 .PHONY: install browser test lint demo demo-on-hub evidence bench clean
 
@@ -55,13 +57,16 @@ demo: $(STAMP)
 	$(PY) demo/build_zoo.py --out $(ZOO) --per-dataset $(PER_DATASET)
 	$(PY) demo/publish_zoo.py --zoo $(ZOO) --hub $(HUB)
 	$(PY) -m modelvec.testing.localhub $(HUB) -- $(MAKE) --no-print-directory demo-on-hub
-	$(MODELVEC) evaluate --store $(STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --no-split --markdown $(OUT)/evaluate.md
+	$(MODELVEC) evaluate --store $(EVALUATE_STORE) --base "$(ZOO_BASE)" $(ZOO_MODELS) --no-split \
+		--markdown $(OUT)/evaluate.md
 	$(MODELVEC) rank "$(ZOO_BASE)" --out $(OUT)/rank-minilm-weights
+	$(PY) demo/check_docs.py
 
-# Run by `make demo` with HF_ENDPOINT set to the local Hub.
+# Run by `make demo` with HF_ENDPOINT set to the local Hub. The fine-tunes' files stay in the demo's Hub
+# cache (HF_CACHE), so the rank study over them and `neighbors --explain` read them without fetching again.
 demo-on-hub:
 	$(MODELVEC) discover $(HUB_BASE) --store $(STORE) --rejected
-	$(MODELVEC) embed $(HUB_BASE) --store $(STORE) --no-keep-weights
+	$(MODELVEC) embed $(HUB_BASE) --store $(STORE)
 	$(MODELVEC) show --store $(STORE)
 	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT) --reduce umap
 	$(MODELVEC) cluster $(HUB_BASE) --store $(STORE) --out $(OUT)/declared-labels --label-source declared

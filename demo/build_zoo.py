@@ -9,7 +9,8 @@ fine-tunes with a known dataset label. This script trains N short runs per datas
 
 A model folder is only ever renamed into place once complete, so an existing folder
 is trusted as-is and skipped ("cached"); delete it to rebuild (e.g. after changing
---steps). DIR/zoo.json lists the models of the current run and the base model path.
+--steps). DIR/zoo.json lists the models of the current run and the base model path; DIR/base links to
+the base (the packaged all-MiniLM-L6-v2).
 """
 
 from __future__ import annotations
@@ -317,6 +318,10 @@ def main() -> None:
             entry = {"path": str(out / name), "dataset": spec.name, "task": spec.task}
             entries.append({**entry, "lr": lr, "seed": seed})
 
+    link = out / "base"  # the packaged base beside its fine-tunes, for commands typed by hand (README)
+    if not (link.is_symlink() and link.resolve() == base_model_dir().resolve()):
+        link.unlink(missing_ok=True)
+        link.symlink_to(base_model_dir().resolve(), target_is_directory=True)
     zoo = out / "zoo.json"
     zoo.with_suffix(".json.tmp").write_text(
         json.dumps({"base": str(base_model_dir().resolve()), "models": entries}, indent=2) + "\n"

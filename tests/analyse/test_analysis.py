@@ -412,11 +412,13 @@ def test_prediction_inside_a_cluster_and_between_two():
     assert p.closeness[7] == pytest.approx(5.1 / 8) and p.confidence[7] == pytest.approx(2 / 3 * 5.1 / 8)
     p5 = predict_datasets(X, labels, k=5, metric="euclidean")
     assert p5.predicted[7] == "zeta" and p5.vote_share[7] == pytest.approx(3 / 5)
-    p4 = predict_datasets(X, labels, k=4, metric="euclidean")  # 2 votes each: alphabetical wins
-    assert p4.predicted[7] == "alpha" and p4.vote_share[7] == 0.5
+    p4 = predict_datasets(X, labels, k=4, metric="euclidean")  # 2 votes each: the nearest's dataset wins
+    assert p4.predicted[7] == "zeta" and p4.vote_share[7] == 0.5
+    u3 = predict_datasets(np.vstack([X, line(6.1)]), [*labels, []], k=4, metric="euclidean")  # nearest: 10
+    assert u3.predicted[8] == "alpha" and u3.vote_share[8] == 0.5
     assert p.loo_accuracy == 1.0 and p.n_loo == 6
     big = predict_datasets(X, labels, k=100, metric="euclidean")  # all six vote
-    assert big.predicted[7] == "alpha" and big.vote_share[7] == 0.5
+    assert big.predicted[7] == "zeta" and big.vote_share[7] == 0.5
 
 
 def test_closeness_between_near_and_far():

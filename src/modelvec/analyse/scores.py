@@ -361,7 +361,7 @@ def predict_datasets(
     """Majority dataset among each unlabelled model's k nearest labelled models.
 
     Each neighbour votes once for each of its labels; the winner has the most votes, ties going
-    to the alphabetically first name; ``confidence`` is the winner's share of all votes cast.
+    to the dataset of the nearest neighbour among them; ``vote_share`` is the winner's share of all votes cast.
     With fewer than k labelled models, all of them vote.
 
     ``closeness`` says whether those neighbours are near at all (:meth:`Yardstick.closeness`), and ``confidence`` is
@@ -386,9 +386,11 @@ def predict_datasets(
     predicted: list[str | None] = [None] * n
     share, near = np.full(n, np.nan), np.full(n, np.nan)
 
-    def vote(neighbours: np.ndarray) -> tuple[int, float]:
-        counts = member[neighbours].sum(axis=0)
-        winner = int(np.argmax(counts))  # first maximum = alphabetically first name among ties
+    def vote(neighbours: np.ndarray) -> tuple[int, float]:  # ``neighbours`` nearest first
+        votes = member[neighbours]
+        counts = votes.sum(axis=0)
+        tied = np.flatnonzero(counts == counts.max())
+        winner = int(tied[np.argmin(np.argmax(votes[:, tied], axis=0))])  # the tied dataset seen nearest first
         return winner, float(counts[winner] / counts.sum())
 
     if len(labelled):
@@ -504,17 +506,20 @@ def yardstick(
 def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | None, float, dict[str, int]]:
     """The dataset most of these neighbours were tuned on: (winner, its vote share, votes per dataset).
 
-    The rule of :func:`predict_datasets`: each neighbour votes once for each of its labels, ties go
-    to the alphabetically first name. (None, nan, {}) when no neighbour has a label.
+    The rule of :func:`predict_datasets`: each neighbour (nearest first) votes once for each of its labels, ties go
+    to the dataset of the nearest neighbour among them. (None, nan, {}) when no neighbour has a label.
     """
     votes: dict[str, int] = {}
-    for labels in neighbour_labels:
-        for name in set(labels):
+    first: dict[str, int] = {}
+    for i, labels in enumerate(neighbour_labels):
+        for name in sorted(set(labels)):
             votes[name] = votes.get(name, 0) + 1
+            first.setdefault(name, i)
     if not votes:
         return None, float("nan"), {}
-    winner = min(votes, key=lambda name: (-votes[name], name))
-    return winner, votes[winner] / sum(votes.values()), dict(sorted(votes.items(), key=lambda kv: (-kv[1], kv[0])))
+    winner = min(votes, key=lambda name: (-votes[name], first[name], name))
+    order = sorted(votes, key=lambda name: (-votes[name], first[name], name))  # the winner first
+    return winner, votes[winner] / sum(votes.values()), {name: votes[name] for name in order}
 
 
 def clustering_scores(

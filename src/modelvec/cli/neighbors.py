@@ -72,22 +72,29 @@ def neighbors(
         )
     if found.warning:
         say(err, f"warning: {found.warning}")
-    table = Table(
-        "#",
-        whole_column("model"),
-        f"{scoring.metric} distance",
-        whole_column("datasets"),
-        "author",
-        title=f"nearest to {short_name(found.query)}",
-    )
-    for i, row in enumerate(found.nearest.itertuples(), 1):
-        table.add_row(
+    rows = [
+        [
             str(i),
             short_name(row.model),
             f"{row.distance:.4f}",
             ", ".join(row.datasets) or "-",
-            row.author if isinstance(row.author, str) else "-",
-        )
+            row.author if isinstance(row.author, str) and row.author else "-",
+        ]
+        for i, row in enumerate(found.nearest.itertuples(), 1)
+    ]
+    authors = any(row[4] != "-" for row in rows)  # local folders have none: no column of dashes
+    datasets = whole_column("datasets")
+    datasets.min_width = min(max([len(row[3]) for row in rows] + [8]), 24)  # dataset names whole where they fit
+    table = Table(
+        "#",
+        whole_column("model"),
+        "distance",
+        datasets,
+        *(["author"] if authors else []),
+        title=f"nearest to {short_name(found.query)} ({scoring.metric} distance)",
+    )
+    for row in rows:
+        table.add_row(*(row if authors else row[:4]))
     console.print(table)
     if found.predicted is None:
         console.print("predicted dataset: none (no labelled neighbour)")
@@ -96,8 +103,8 @@ def neighbors(
         say(
             console,
             f"predicted dataset: {found.predicted} (confidence {fmt(found.confidence)} = vote share "
-            f"{found.vote_share:.2f} x closeness {fmt(found.closeness)}; votes of the {scoring.k} nearest labelled "
-            f"models: {votes}; {how_near(found.closeness)})",
+            f"{found.vote_share:.2f} x closeness {fmt(found.closeness)}; votes of the {found.voters} nearest labelled "
+            f"model{'s' if found.voters != 1 else ''}: {votes}; {how_near(found.closeness)})",
         )
     for item in found.explanation or []:
         families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))

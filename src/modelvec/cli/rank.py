@@ -80,7 +80,7 @@ def show_ranks(study: DepthStudy, out: Console) -> None:
     matrix = "ΔW" if study.of == "delta" else "W"
     mean = "mean " if study.n_models > 1 else ""
     values = ranks_across_depth(study.table)
-    texts = {key: [_value(v) for v in seq] for key, seq in values.items()}
+    texts = {key: [_value(v, bool(mean)) for v in seq] for key, seq in values.items()}
     stacks = list(dict.fromkeys(key[0] for key in values))
     many = len(stacks) > 1  # one stack: named once above the tables, not on every row
     where = "" if many or not stacks else f" of the {stacks[0]}"
@@ -115,11 +115,12 @@ def show_ranks(study: DepthStudy, out: Console) -> None:
             _say_wrapped(out, line)
 
 
-def _value(v: float | None) -> str:
-    """A rank as printed: whole, or a mean to one decimal; '-' where the family has no matrix."""
+def _value(v: float | None, mean: bool = False) -> str:
+    """A rank as printed: whole, or a mean to one decimal (every mean, so that a column of them reads alike);
+    '-' where the family has no matrix."""
     if v is None:
         return "-"
-    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
+    return f"{v:.1f}" if mean or not float(v).is_integer() else str(int(v))
 
 
 def _per_line(n: int, width: int, room: int) -> int:

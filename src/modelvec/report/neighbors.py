@@ -47,6 +47,7 @@ class Neighbors:
     warning: str | None = None  # e.g. the query was embedded against another revision of the base
     #: with ``explain``: per neighbour, its cosine and each block's share of it (stack, layer, family)
     explanation: list[dict[str, Any]] | None = None
+    voters: int = 0  # how many labelled models voted: the k nearest, or all of them when fewer
 
     def as_json(self) -> dict[str, Any]:
         """Everything above, the neighbours as records (nearest first)."""
@@ -195,6 +196,7 @@ def neighbors(
         near,
         warning,
         explanation,
+        len(voters),
     )
 
 
