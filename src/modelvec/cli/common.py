@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from rich.console import Console
-from rich.table import Column
+from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from ..core.errors import ModelvecError
@@ -45,6 +45,14 @@ err = _console(stderr=True)
 
 
 def say(console_: Console, text: str) -> None:
+    """One message as written: in a terminal wrapped at spaces (never inside a name), in a pipe or log whole."""
+    if console_.is_terminal:
+        import textwrap
+
+        text = "\n".join(
+            "\n".join(textwrap.wrap(part, console_.width, break_on_hyphens=False, break_long_words=True)) or part
+            for part in text.split("\n")
+        )
     console_.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
@@ -223,6 +231,29 @@ def check_device(value: str) -> str:
 def whole_column(header: str) -> Column:
     """A column whose cells are read or copied whole (names, representation keys, equations): wrapped, never cut."""
     return Column(header, overflow="fold", min_width=max(len(word) for word in header.split()))
+
+
+def print_table(out: Console, table: Table, key: int = 1) -> None:
+    """``table`` as a table where it fits the width with no cell folded; else one record per row, so that no id is
+    split mid-name in a narrow terminal: its first ``key`` cells on a line of their own, then the others as
+    ``header value`` pairs."""
+    if out.measure(table, options=out.options.update_width(100_000)).maximum <= out.width:  # its unfolded width
+        out.print(table)
+        return
+
+    def line(text: str, indent: str = "") -> None:  # wrapped at spaces, an id longer than the line folded
+        import textwrap
+
+        lines = textwrap.wrap(text, out.width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+        say(out, "\n".join(lines))
+
+    if table.title:
+        line(f"{table.title}:")
+    headers = [str(column.header) for column in table.columns]
+    cells = [[str(cell) for cell in column.cells] for column in table.columns]
+    for i in range(table.row_count):
+        line(" ".join(cells[c][i] for c in range(key)))
+        line(" · ".join(f"{headers[c]} {cells[c][i]}" for c in range(key, len(headers))), indent="    ")
 
 
 def short_name(name: str) -> str:

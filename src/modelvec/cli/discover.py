@@ -15,6 +15,7 @@ from .common import (
     console,
     open_store,
     print_json,
+    print_table,
     say,
     whole_column,
 )
@@ -62,7 +63,7 @@ def discover(
             e.author or "-",
             e.reason,
         )
-    console.print(table)
+    print_table(console, table)
     if show_rejected and found.rejected:
         rejected = Table(whole_column("model"), "why rejected", title="rejected candidates")
         for e in found.rejected:

@@ -20,6 +20,7 @@ from .common import (
     how_near,
     open_store,
     print_json,
+    print_table,
     say,
     short_name,
     whole_column,
@@ -95,7 +96,7 @@ def neighbors(
     )
     for row in rows:
         table.add_row(*(row if authors else row[:4]))
-    console.print(table)
+    print_table(console, table, key=2)
     if found.predicted is None:
         console.print("predicted dataset: none (no labelled neighbour)")
     else:

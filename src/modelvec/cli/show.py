@@ -16,6 +16,7 @@ from .common import (
     console,
     open_store,
     print_json,
+    print_table,
     short_name,
     whole_column,
 )
@@ -49,7 +50,7 @@ def show(
         table.add_row(
             short_name(row.base), key, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}"
         )
-    console.print(table)
+    print_table(console, table)
     if not overview.models.empty:
         models = Table(
             whole_column("model"), whole_column("datasets"), "vectors", "s/vector", title="models (s/vector: mean)"
@@ -59,7 +60,7 @@ def show(
             models.add_row(
                 short_name(str(model)), ", ".join(datasets) or "-", str(len(rows)), f"{rows['seconds'].mean():.2f}"
             )
-        console.print(models)
+        print_table(console, models)
     if failures and not overview.failures.empty:
         table = Table(
             whole_column("model"),
@@ -70,4 +71,4 @@ def show(
         )
         for row in overview.failures.itertuples():
             table.add_row(short_name(row.model), row.kind, row.error)
-        console.print(table)
+        print_table(console, table)
