@@ -508,7 +508,8 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     # --no-keep-weights: fine-tunes are gone from the cache, the base stays
     for name in result.embedded:
         assert not list(Path(settings.cache_dir).glob(f"models--{name.replace('/', '--')}/snapshots/*/model*"))
-    assert list(Path(settings.cache_dir).glob(f"models--{BASE.replace('/', '--')}/snapshots/*/model.safetensors"))
+    base_repo = Path(settings.cache_dir) / f"models--{BASE.replace('/', '--')}"
+    assert list(base_repo.glob(".modelvec/partial/*/model.safetensors"))  # the default reads a share of rows
     # labels, sources and authors reach the store
     meta = result.metadata.set_index("model")
     assert list(meta.loc["textattack/bert-base-uncased-SST-2", "datasets"]) == ["glue/sst2"]
@@ -623,6 +624,10 @@ def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
     assert out.returncode == 0 and "embedded 2" in out.stdout, out.stdout + out.stderr
     out = cli("discover", "bert-base-uncased", offline=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "offline" in out.stderr.lower()
+    # the embedding read a share of rows (partial downloads); the rank study reads whole files: once fetched, it
+    # works offline from the cache
+    out = cli("rank", "--over-finetunes", "bert-base-uncased", "--out", str(tmp_path / "rank"))
+    assert out.returncode == 0 and "mean rank of ΔW across depth" in out.stdout, out.stdout + out.stderr
     out = cli("rank", "--over-finetunes", "bert-base-uncased", "--out", str(tmp_path / "rank"), offline=True)
     assert out.returncode == 0 and "mean rank of ΔW across depth" in out.stdout, out.stdout + out.stderr
     # a cache that holds the base but not the fine-tunes: offline, the study says why it has nothing to study

@@ -945,7 +945,7 @@ def test_family_batching_and_streamed_chunks_give_the_layer_vector(zoo, name, fa
 
     monkeypatch.setattr(representation, "_CHUNK_BYTES", chunk_bytes)
     case = zoo.case(name)
-    kw = dict(rank=4, factor=factor, solver="exact", block_norm=factor == "sketch")
+    kw = dict(rank=4, factor=factor, solver="exact", block_norm=factor == "sketch", projection="shared", rows=1)
     by_layer, by_family = (DeltaEmbedder(**kw, batching=b).fit(case.folder("base", False)) for b in ("layer", "family"))
     assert not by_layer.by_family and by_family.by_family
     a, b = (e.embed_one(case.folder("ft", False)) for e in (by_layer, by_family))

@@ -136,12 +136,14 @@ def _resized(state, config, key="encoder.layer.1.attention.self.value.weight"):
 
 
 def _nan(state, config):
-    state["encoder.layer.1.output.dense.weight"][0, 0] = float("nan")
+    state["encoder.layer.1.output.dense.weight"][:, 0] = float(
+        "nan"
+    )  # in every row: in the rows read, whatever the share
     return state, config
 
 
 def _inf(state, config):
-    state["encoder.layer.0.intermediate.dense.weight"][3, 1] = float("inf")
+    state["encoder.layer.0.intermediate.dense.weight"][:, 1] = float("inf")
     return state, config
 
 

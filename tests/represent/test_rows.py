@@ -183,7 +183,7 @@ def test_a_mean_over_layers_with_independent_projections_is_unbiased(tmp_path):
     def cosines(projection: str, seeds: range) -> np.ndarray:
         out = []
         for seed in seeds:
-            e = DeltaEmbedder(projection=projection, seed=seed, block_norm=False).fit(base)
+            e = DeltaEmbedder(projection=projection, rows=1, seed=seed, block_norm=False).fit(base)
             x, y = e.embed_one(a).astype(np.float64), e.embed_one(b).astype(np.float64)
             out.append(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
         return np.array(out)
@@ -198,12 +198,12 @@ def test_a_mean_over_layers_with_independent_projections_is_unbiased(tmp_path):
 
 
 def test_projections_are_independent_across_layers_and_matrices():
-    params = Representation(projection="gaussian")
+    params = Representation(projection="gaussian", rows=1)
     plan = plan_matrix(_ref("q"), (64, 32), params)
     one = Projection(plan, params, ("decoder", 0, "q"), torch.device("cpu")).omega_t
     two = Projection(plan, params, ("decoder", 1, "q"), torch.device("cpu")).omega_t
     assert not torch.equal(one, two)
-    shared = Representation()
+    shared = Representation(projection="shared", rows=1)
     assert torch.equal(
         Projection(plan, shared, ("decoder", 0, "q"), torch.device("cpu")).omega_t,
         Projection(plan, shared, ("decoder", 1, "q"), torch.device("cpu")).omega_t,
@@ -273,8 +273,10 @@ def test_gpt2_c_attn_parts_project_the_shared_rows_of_their_columns(tmp_path):
     assert checked == 6  # q, k, v of both layers
 
 
-def test_rows_is_in_the_key_and_refused_for_svd_factors():
-    assert Representation().key() == "r8-sketch-mean-seed0-bn"  # what was stored before rows and projections
+def test_rows_is_in_the_key_and_whole_for_svd_factors():
+    # what was stored before rows and projections keeps its key
+    assert Representation(rows=1, projection="shared").key() == "r8-sketch-mean-seed0-bn"
+    assert Representation().key() != "r8-sketch-mean-seed0-bn"  # a changed default is a new key
     keys = {
         Representation(rows=r, projection=p).key()
         for r in (1, 0.5, 0.05)
@@ -282,8 +284,8 @@ def test_rows_is_in_the_key_and_refused_for_svd_factors():
     }
     assert len(keys) == 9
     assert Representation(rows=1).key() == Representation(rows=1.0).key()
-    with pytest.raises(ValueError, match="rows < 1 is for the sketch"):
-        Representation(factor="U", rows=0.5)
+    assert Representation(factor="U", rows=0.5) == Representation(factor="U", rows=1)  # SVD: whole matrices
+    assert Representation(factor="U").rows == 1.0 and "rows" not in Representation(factor="US").key()
     with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\]"):
         Representation(rows=1.5)
     assert Representation(factor="U", projection="countsketch").key() == Representation(factor="U").key()

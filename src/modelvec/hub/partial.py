@@ -23,7 +23,12 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Mapping, Sequence
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: threads are still ordered
+    fcntl = None  # type: ignore[assignment]
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +50,24 @@ from .download import (
 from .ids import is_commit_sha
 from .ranges import RemoteFile, fetch_ranges, fetch_safetensors_head
 
-_LOCK = threading.Lock()  # one process's threads fill one folder's marker in turn
+_LOCK = threading.Lock()  # guards _LOCKS
+_LOCKS: dict[Path, threading.Lock] = {}  # per folder: one process's threads fill one folder's marker in turn
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """The folder's marker and files to this thread alone, across processes too (Ray workers, two runs): a folder
+    made twice at once would truncate the other's fetched bytes, and a marker written from a stale read would
+    drop ranges the other fetched."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _LOCK:
+        lock = _LOCKS.setdefault(folder, threading.Lock())
+    with lock, open(folder.parent / f"{folder.name}.lock", "a+b") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 #: Ranges this close are fetched by one request: a few KiB more on the wire cost less than a round trip, while the
 #: share of bytes stays near the share of rows (a large gap would fetch whole small matrices).
 GAP = 64 << 10
@@ -76,6 +98,13 @@ def open_partial(repo_id: str, revision: str, files: Sequence[str] | None, setti
     if not is_commit_sha(revision):
         revision = pin(repo_id, revision, settings)
     folder = partial_folder(repo_id, revision, settings)
+    with _locked(folder):
+        return _make_partial(folder, repo_id, revision, files, settings)
+
+
+def _make_partial(
+    folder: Path, repo_id: str, revision: str, files: Sequence[str] | None, settings: HubSettings
+) -> Path | None:
     held = _read_marker(folder)
     if held and all((folder / name).is_file() for name in held):
         return folder  # made before: its headers, and what was fetched since, are there
@@ -118,7 +147,7 @@ def fill_partial(
     done = Fetched()
     whole: list[str] = []
     for name, spans in wanted.items():
-        with _LOCK:
+        with _locked(folder):
             held = _read_marker(folder) or {}
         need = missing(spans, held.get(name, []))
         if not need:
@@ -130,7 +159,7 @@ def fill_partial(
         done.requests += stats.requests
         if stats.whole_file:
             whole.append(name)
-        with _LOCK:
+        with _locked(folder):
             held = _read_marker(folder) or {}
             held[name] = [(0, size)] if stats.whole_file else merge([*held.get(name, []), *need])
             _write_marker(folder, held)

@@ -90,7 +90,7 @@ class Representation:
     key (the CLI's options are made from them), validated once; ``key()`` names it in the store."""
 
     rank: int = setting(
-        8, "Width r of each matrix's sketch (or rank of its truncated SVD).", minimum=1, key="r{}", order=1
+        32, "Width r of each matrix's sketch (or rank of its truncated SVD).", minimum=1, key="r{}", order=1
     )
     factor: str = setting(
         "sketch",
@@ -101,7 +101,7 @@ class Representation:
         order=2,
     )
     projection: str = setting(
-        "shared",
+        "countsketch",
         "The sketch's projection: one Gaussian per width for all layers (shared), an independent Gaussian per "
         "layer and matrix (gaussian), or a CountSketch of each block (countsketch).",
         choices=PROJECTIONS,
@@ -112,9 +112,9 @@ class Representation:
         applies=_sketch,
     )
     rows: float = setting(
-        1.0,
+        0.05,
         "Share of each matrix's rows (as stored) that is read, in contiguous blocks chosen from the seed: a Hub "
-        "model costs only those bytes. Sketch only.",
+        "model costs only those bytes. The sketch's: the SVD factors read whole matrices.",
         above=0,
         maximum=1,
         metavar="SHARE",
@@ -168,8 +168,8 @@ class Representation:
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.rows < 1 and self.uses_svd:
-            raise ValueError(f"rows < 1 is for the sketch: factor {self.factor} needs whole matrices (rows=1)")
+        if self.rows < 1 and self.uses_svd:  # the SVD factors need whole matrices: the share is the sketch's
+            object.__setattr__(self, "rows", 1.0)
 
     @property
     def uses_svd(self) -> bool:
