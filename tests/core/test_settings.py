@@ -27,13 +27,13 @@ def test_every_setting_has_help_and_the_representations_a_place_in_the_key(cls):
 
 def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
     """The key is derived from the declarations, and a key written before projection and rows existed is unchanged."""
-    assert Representation(projection="shared", rows=1).key() == "r8-sketch-mean-seed0-bn"
+    assert Representation(rank=8, projection="shared", rows=1).key() == "r8-sketch-mean-seed0-bn"
     assert Representation(factor="U", rank=4, seed=3).key() == "r4-U-mean-randomized-max-abs-it4-os8-seed3-bn"
-    assert Representation(factor="S", solver="exact", block_norm=False).key() == "r8-S-mean-exact"
+    assert Representation(factor="S", rank=8, solver="exact", block_norm=False).key() == "r8-S-mean-exact"
     assert (
         Representation(head="vocabulary", pooling="concat", projection="shared").key().endswith("-bn-head-vocabulary")
     )
-    assert key_of(Representation(projection="countsketch", rows=0.05)) == "r8-sketch-mean-seed0-cs-rows0.05-bn"
+    assert key_of(Representation(rank=8, projection="countsketch", rows=0.05)) == "r8-sketch-mean-seed0-cs-rows0.05-bn"
 
 
 def test_validation_and_flags_come_from_the_declaration():

@@ -277,3 +277,37 @@ def test_offline_fails_at_once_without_a_request(server, settings, weights, tmp_
     with pytest.raises(FetchError, match=r"^org/weights: model.safetensors: offline \(HF_HUB_OFFLINE=1\)"):
         fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", settings)
     assert len(server.requests) == before and not Path(tmp_path / "out").exists()
+
+
+def _open_and_fill(args: tuple[str, str, dict, list[tuple[int, int]]]) -> None:
+    """One process's open_partial + fill_partial of the shared folder (run in a pool of several at once)."""
+    from modelvec.hub.partial import fill_partial, open_partial
+
+    sha, endpoint_cache, _, spans = args
+    endpoint, cache = endpoint_cache.split("|")
+    settings = HubSettings(endpoint=endpoint, cache_dir=cache, token=False, retries=2, backoff=0.01)
+    folder = open_partial(REPO, sha, None, settings)
+    assert folder is not None
+    fill_partial(folder, REPO, sha, {FILE: spans}, settings)
+
+
+def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server, settings, weights):
+    """Several processes (Ray workers, two runs) open and fill one partial download at once: none truncates what
+    another fetched, and the marker lists every range fetched, each holding the file's own bytes."""
+    import multiprocessing
+
+    from modelvec.hub.partial import _read_marker, partial_folder
+
+    data, sha = weights
+    start = len(data) // 3  # past the header
+    parts = [[(start + i * 40_000, start + i * 40_000 + 30_000)] for i in range(6)]
+    job = f"{server.endpoint}|{settings.cache_dir}"
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        pool.map(_open_and_fill, [(sha, job, {}, spans) for spans in parts])
+    folder = partial_folder(REPO, sha, settings)
+    held = _read_marker(folder)
+    assert held is not None
+    got = (folder / FILE).read_bytes()
+    for [(a, b)] in parts:
+        assert any(lo <= a and b <= hi for lo, hi in held[FILE]), (a, b, held[FILE])
+        assert got[a:b] == data[a:b]

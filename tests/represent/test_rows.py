@@ -275,7 +275,7 @@ def test_gpt2_c_attn_parts_project_the_shared_rows_of_their_columns(tmp_path):
 
 def test_rows_is_in_the_key_and_whole_for_svd_factors():
     # what was stored before rows and projections keeps its key
-    assert Representation(rows=1, projection="shared").key() == "r8-sketch-mean-seed0-bn"
+    assert Representation(rank=8, rows=1, projection="shared").key() == "r8-sketch-mean-seed0-bn"
     assert Representation().key() != "r8-sketch-mean-seed0-bn"  # a changed default is a new key
     keys = {
         Representation(rows=r, projection=p).key()

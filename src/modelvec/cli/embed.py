@@ -20,6 +20,7 @@ from .common import (
     open_store,
     print_json,
     say,
+    short_name,
     with_settings,
 )
 
@@ -117,8 +118,9 @@ def embed(
     else:
         for note, names in result.notes.items():
             say(err, f"note: {note} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {names[0]})")
-        for reason in result.failed.values():
-            say(console, f"  failed: {reason}")
+        for name, reason in result.failed.items():  # the model named as typed: a local folder relative to here
+            shown = short_name(name) + reason[len(name) :] if reason.startswith(name) else reason
+            say(console, f"  failed: {shown}")
         say(
             console,
             f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
