@@ -183,6 +183,16 @@ elif job in ("hub-embed", "hub-whole"):  # the fine-tune from the local Hub (end
         ck = open_hub(hub["repo"], hub["sha"], None, "ft", settings, e.representation, base=False)
     got_s = time.perf_counter() - start - fit_s
     vec = e.embed_one(ck)
+elif job == "hub-stream":  # several Hub fine-tunes through embed's pipeline: downloads overlap computation
+    import modelvec
+    from modelvec.hub.client import HubSettings
+    hub = params.pop("_hub")
+    settings = HubSettings(endpoint=hub["endpoint"], cache_dir=hub["cache"], token=False)
+    fit_s = 0.0
+    result = modelvec.embed(base, hub["repos"], settings=settings, store=hub["store"], workers=2, load=False, **params)
+    assert not result.failed, result.failed
+    got_s = 0.0
+    vec = None
 elif job == "rank":
     from modelvec.studies.depth import spectra_of
     spectra_of(ft, device=device, fused=False)
@@ -197,7 +207,7 @@ if device.startswith("cuda"):
 seconds = time.perf_counter() - start
 done.set()
 out = {"seconds": seconds, "peak_anon": max(peak[0], field("RssAnon:")) - idle, "peak_rss": field("VmHWM:")}
-if job in ("embed", "hub-embed", "hub-whole"):
+if job in ("embed", "hub-embed", "hub-whole", "hub-stream"):
     out["fit_seconds"] = fit_s
     out["embed_seconds"] = seconds - fit_s
 if job == "embed":
@@ -268,11 +278,43 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
                     f"{got['bytes_sent'] / 1e9:.2f} GB from the Hub ({got['bytes_sent'] / matrices:.1%} of the matrices)",
                     flush=True,
                 )
+            if args.stream > 1:  # the same fine-tune under N names, embedded as a user's run embeds them
+                repos = []
+                for i in range(args.stream):
+                    repos.append(f"bench/ft-{i}")
+                    hub.publish(repos[-1], ft, link=True)
+                for name in [n for n in args.reprs.split(",") if REPRS[n].get("rows", 1) < 1]:
+                    cache = root / f"cache-stream-{name}"
+                    before = server.bytes_sent()
+                    hub_args = {
+                        "endpoint": server.endpoint,
+                        "cache": str(cache),
+                        "repos": repos,
+                        "store": str(root / f"stream-{name}.duckdb"),
+                    }
+                    got = measure("hub-stream", base, ft, {**REPRS[name], "_hub": hub_args}, args.device)
+                    got["bytes_sent"] = server.bytes_sent() - before
+                    got["per_model"] = got.get("seconds", float("nan")) / args.stream
+                    shutil.rmtree(cache, ignore_errors=True)
+                    out.append({"size": size, "job": "hub-stream", "repr": name, **got})
+                    if "error" in got:
+                        print(f"{name:>14}: stream failed: {got['error']}", flush=True)
+                        continue
+                    print(
+                        f"{name:>14}: {got['per_model']:6.1f} s/model in a stream of {args.stream} (embed, 2 workers; "
+                        f"base fitted once), {got['bytes_sent'] / 1e9 / args.stream:.2f} GB per model from the Hub",
+                        flush=True,
+                    )
         whole = next((r for r in out if r["job"] == "hub-whole" and "error" not in r), None)
         for r in out:
             if whole is not None and r["job"] == "hub-embed" and "error" not in r:
                 print(
                     f"{r['repr']:>14}: {whole['embed_seconds'] / r['embed_seconds']:.1f}x faster than the whole files"
+                )
+            if whole is not None and r["job"] == "hub-stream" and "error" not in r:
+                print(
+                    f"{r['repr']:>14}: in a stream {whole['fetch_seconds'] / r['per_model']:.1f}x faster than the "
+                    "whole files' download alone (what a stream of whole files costs per model, at least)"
                 )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -292,6 +334,13 @@ def main() -> None:
     )
     parser.add_argument("--bandwidth", default="1gbit", help="the local Hub's simulated link (shared by all requests)")
     parser.add_argument("--latency", type=float, default=0.02, help="the local Hub's time to first byte, seconds")
+    parser.add_argument(
+        "--stream",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --hub: also embed N Hub copies of the fine-tune in one run",
+    )
     args = parser.parse_args()
     gib = 1 << 30
     results = []

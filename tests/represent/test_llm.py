@@ -92,7 +92,7 @@ def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
     from modelvec.represent.linalg import sketch_matrix
 
     base, ft = _llama_pair(tmp_path, 64, 256, 2, torch.bfloat16)
-    e = DeltaEmbedder(block_norm=False, pooling="concat", projection="shared", rows=1).fit(base)
+    e = DeltaEmbedder(rank=8, block_norm=False, pooling="concat", projection="shared", rows=1).fit(base)
     vec = e.embed_one(ft)
     b, f = load_file(str(base / "model.safetensors")), load_file(str(ft / "model.safetensors"))
     for ref, block in zip(e.layout_.refs, e.blocks_):

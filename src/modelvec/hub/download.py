@@ -270,7 +270,7 @@ def drop_unsafe_listing(repo: Path, revision: str) -> None:
     if plain:
         return
     try:
-        listing.unlink()
+        listing.unlink(missing_ok=True)  # gone already: another thread fetching this commit dropped it
     except OSError as exc:
         raise UnsafeHubName(
             f"the cached tree listing {listing} names blobs outside the cache and cannot be deleted: {exc}"
