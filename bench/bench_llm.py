@@ -31,7 +31,7 @@ SIZES = {  # layers, hidden, intermediate, heads, kv heads, head_dim
 }
 REPRS = {
     "default": {},  # Representation() as it is now
-    "today": {"projection": "shared", "rows": 1.0},  # the default before a share of rows was read
+    "today": {"rank": 8, "projection": "shared", "rows": 1.0},  # the default before a share of rows was read
     "rows0.05-cs": {"projection": "countsketch", "rows": 0.05},
     "rows0.05-gauss": {"projection": "gaussian", "rows": 0.05},
     "rows0.1-cs": {"projection": "countsketch", "rows": 0.1},

@@ -395,8 +395,10 @@ def test_broken_files_leave_nothing_open(embedder, tiny_finetunes, tmp_path):
     gc.collect()
     assert _open_in(tmp_path) == 0
     good = Checkpoint(shutil.copytree(tiny_finetunes[1], tmp_path / "good"))
-    good.shape("encoder.layer.0.attention.self.query.weight")
-    assert _open_in(tmp_path) > 0
+    assert good.shape("encoder.layer.0.attention.self.query.weight") == (32, 32)
+    assert _open_in(tmp_path) == 0  # a shape comes from the header: nothing stays open
+    good.get_stored("encoder.layer.0.attention.self.query.weight")
+    assert _open_in(tmp_path) > 0  # a tensor is a view of the mapped file
     good.close()  # releases the map now, not when the object is collected
     assert _open_in(tmp_path) == 0
 

@@ -559,6 +559,12 @@ def clustering_scores(
     Z = _prepare(M[rows], metric)
     D = _distances(Z, Z, metric)
     np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
+    # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
+    # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
+    if Z.shape[1] > Z.shape[0]:  # from the Gram matrix (n x n): Z Z^T = V diag(w) V^T, coordinates V sqrt(w)
+        Z64 = np.asarray(Z, dtype=np.float64)
+        w, v = np.linalg.eigh(Z64 @ Z64.T)
+        Z = v * np.sqrt(np.clip(w, 0.0, None))
     kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
     chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
     hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)

@@ -14,9 +14,8 @@ import mmap
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
 import xxhash
 from safetensors import safe_open
 
@@ -27,8 +26,11 @@ from .architectures import Architecture, MatrixRef, Orientation, detect
 from .headers import header_of, row_bytes, safetensors_fault
 from .headers import short_cause as _short
 
+if TYPE_CHECKING:  # torch is imported where tensors are read: opening a checkpoint and reading its shapes needs none
+    import torch
+
 _HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_FLOAT_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64")  # as str(dtype) says
 
 
 _MAX_JSON = 100_000_000  # config.json and index files: thousands of times any real one
@@ -99,6 +101,7 @@ class Checkpoint:
         self.fetched = self._read_partial()
         self._handles: dict[Path, Any] = {}
         self._file_names: dict[Path, frozenset[str]] = {}
+        self._headers: dict[Path, dict[str, Any]] = {}  # safetensors headers, parsed once
         self._layout: Layout | None = None
 
     # --- discovery of files -------------------------------------------------------------------
@@ -208,11 +211,30 @@ class Checkpoint:
     def _names(self, file: Path) -> frozenset[str]:
         names = self._file_names.get(file)
         if names is None:
-            names = self._file_names[file] = frozenset(self._open(file).keys())
+            header = self._header(file)
+            names = frozenset(header) if header is not None else frozenset(self._open(file).keys())
+            self._file_names[file] = names
         return names
 
+    def _header(self, file: Path) -> dict[str, Any] | None:
+        """A safetensors file's parsed header (names, dtypes, shapes: no tensor library needed), checked as
+        :meth:`_open` checks it; None for a ``.bin``."""
+        if file.suffix != ".safetensors":
+            return None
+        cached = self._headers.get(file)
+        if cached is None:
+            fault = safetensors_fault(file)
+            if fault is not None:
+                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
+            cached = self._headers[file] = header_of(file)[1]
+        return cached
+
     def shape(self, key: str) -> tuple[int, ...]:
-        handle = self._open(self._file_of(key))
+        file = self._file_of(key)
+        header = self._header(file)
+        if header is not None and isinstance(header.get(key), dict) and isinstance(header[key].get("shape"), list):
+            return tuple(int(n) for n in header[key]["shape"])
+        handle = self._open(file)
         if isinstance(handle, dict):
             return tuple(handle[key].shape)
         try:
@@ -230,6 +252,8 @@ class Checkpoint:
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor as float32 (fp16/bf16 are upcast: all computation is float32)."""
+        import torch
+
         return self.get_stored(key).to(torch.float32)
 
     def get_stored(self, key: str, *, whole: bool = True) -> torch.Tensor:
@@ -248,7 +272,7 @@ class Checkpoint:
         except Exception as exc:
             raise_if_resource(exc, self.name)
             raise CheckpointError(self.name, f"cannot read tensor {shown(key)}: {_short(exc)}") from None
-        if tensor.dtype not in _FLOAT_DTYPES:
+        if str(tensor.dtype) not in _FLOAT_DTYPES:
             dtype = str(tensor.dtype).removeprefix("torch.")
             expected = "float32, float16, bfloat16 or float64"
             raise CheckpointError(self.name, f"tensor {shown(key)} has dtype {dtype}, expected {expected}")
@@ -457,6 +481,8 @@ class Layout:
 
 def _load_bin(file: Path) -> dict[str, torch.Tensor]:
     """A ``.bin`` state dict, memory-mapped; ``weights_only=True`` so no pickled code runs."""
+    import torch
+
     try:
         state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as exc:

@@ -12,15 +12,17 @@ from ..core.lazy import lazy_exports
 from .representation import FACTORS, POOLINGS, PROJECTIONS, SIGNS, SOLVERS, Representation
 
 if TYPE_CHECKING:
+    from .blocks import Block, blocks_of, read_plan
     from .device import resolve_device
-    from .embedder import BATCHINGS, Block, DeltaEmbedder, blocks_of, read_plan
+    from .embedder import BATCHINGS, DeltaEmbedder
     from .linalg import canonical_signs, factor_blocks, low_rank_svd, normalise_blocks, sketch_matrix, truncated_svd
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         "device": ("resolve_device",),
-        "embedder": ("BATCHINGS", "Block", "DeltaEmbedder", "blocks_of", "read_plan"),
+        "blocks": ("Block", "blocks_of", "read_plan"),
+        "embedder": ("BATCHINGS", "DeltaEmbedder"),
         "linalg": (
             "canonical_signs",
             "factor_blocks",

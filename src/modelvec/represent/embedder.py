@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,11 +14,12 @@ import torch
 
 from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError, resource_cause
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
+from .blocks import Block, plans_of, vector_blocks
 from .device import resolve_device
 from .linalg import factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .projection import Projection
 from .representation import Representation
-from .rows import MatrixPlan, plan_matrix
+from .rows import MatrixPlan
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
@@ -31,43 +32,6 @@ def _all_finite(w: torch.Tensor, rows: int = 4096) -> bool:
     if not w.is_contiguous() and w.mT.is_contiguous():
         w = w.mT
     return all(bool(torch.isfinite(w[i : i + rows]).all()) for i in range(0, w.shape[0], rows))
-
-
-@dataclass(frozen=True)
-class Block:
-    """Where one matrix's factor sits in the vector: [start, stop). ``layer`` is None when pooled."""
-
-    stack: str
-    layer: int | None
-    family: str
-    n: int
-    start: int
-    stop: int
-
-
-def vector_blocks(
-    layout: Layout, plans: dict[tuple[str, int, str], MatrixPlan], representation: Representation, vocab: int = 0
-) -> list[Block]:
-    """Where each stack, layer (None when pooled) and family sits in a vector of ``representation``.
-
-    A matrix's block has ``representation.block_size(kept)`` floats, ``kept`` the side its factor keeps
-    (:class:`~modelvec.represent.rows.MatrixPlan`). With ``representation.head == "vocabulary"`` the last
-    block is the head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats)."""
-    blocks: list[Block] = []
-    pos = 0
-    for stack, layer, refs in layout.by_layer():
-        if representation.pooling == "mean" and layer > 0:
-            continue
-        for ref in refs:
-            n = plans[ref.key].kept
-            size = representation.block_size(n)
-            blocks.append(
-                Block(stack, layer if representation.pooling == "concat" else None, ref.family, n, pos, pos + size)
-            )
-            pos += size
-    if representation.head == "vocabulary":
-        blocks.append(Block("head", None, "vocabulary", vocab, pos, pos + vocab))
-    return blocks
 
 
 class VocabularyReadout:
@@ -126,45 +90,6 @@ class VocabularyReadout:
         prior -= prior.mean()
         norm = float(prior.norm())
         return (prior * (scale / norm)).float() if norm > 0 else torch.zeros(self.vocab)
-
-
-def plans_of(ck: Checkpoint, layout: Layout, representation: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
-    """Each matrix's :class:`~modelvec.represent.rows.MatrixPlan` in ``ck``, from its stored shapes alone.
-
-    A fused tensor whose parts do not divide it is refused here, naming it."""
-    plans = {}
-    for ref in layout.refs:
-        ck.matrix_shape(ref, layout.prefix)  # the reader's checks: a matrix, parts that divide it
-        stored = ck.shape(layout.prefix + ref.tensor)
-        plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), representation, layout.prefix)
-    return plans
-
-
-def read_plan(ck: Checkpoint, representation: Representation, *, base: bool) -> dict[str, list[tuple[int, int]]]:
-    """The stored rows of each tensor of ``ck`` that its vector under ``representation`` reads (tensor -> row ranges).
-
-    Known from the shapes alone, before any weight is read: what a partial download fetches. With the
-    vocabulary head, its bias whole, and for the ``base`` the embeddings it is read through."""
-    layout = ck.layout()
-    plan: dict[str, list[tuple[int, int]]] = {}
-    for p in plans_of(ck, layout, representation).values():
-        plan.setdefault(p.tensor, []).extend(p.rows)
-    head = layout.arch.vocabulary_head
-    if representation.head == "vocabulary" and head is not None:
-        for name in (*head.bias, head.embedding) if base else head.bias:
-            key = ck.find(name)
-            if key is not None:
-                shape = ck.shape(key)
-                plan[key] = [(0, int(shape[0]) if shape else 1)]
-    return plan
-
-
-def blocks_of(base: str | os.PathLike[str] | Checkpoint, representation: Representation) -> list[Block]:
-    """The blocks of vectors of ``representation`` over ``base``, from its layout and shapes alone (no weights read)."""
-    ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-    layout = ck.layout()
-    vocab = VocabularyReadout(ck, layout).vocab if representation.head == "vocabulary" else 0
-    return vector_blocks(layout, plans_of(ck, layout, representation), representation, vocab)
 
 
 class DeltaEmbedder:
