@@ -159,11 +159,16 @@ def _prepare(M: np.ndarray, metric: str) -> np.ndarray:
     """
     if metric == "euclidean":
         return M
-    scale = np.abs(M).max(axis=1, initial=0.0)
-    nonzero = scale > 0
-    Z = np.zeros_like(M)
-    Z[nonzero] = M[nonzero] / scale[nonzero, None]
-    Z[nonzero] /= np.linalg.norm(Z[nonzero], axis=1)[:, None]
+    if M.shape[1] == 0:
+        return np.zeros_like(M)
+    scale = np.maximum(M.max(axis=1), -M.min(axis=1))  # the largest |entry|, without an |M| copy
+    zero = ~(scale > 0)  # a zero row (or one that is not a number) is zeros
+    scale[zero] = 1.0
+    Z = M / scale[:, None]
+    Z[zero] = 0.0
+    norm = np.sqrt(np.einsum("ij,ij->i", Z, Z))
+    norm[zero] = 1.0
+    Z /= norm[:, None]
     return Z
 
 

@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import re
+import textwrap
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,8 +33,6 @@ LOG_WIDTH = 400
 def _console(stderr: bool = False) -> Console:
     """A terminal's console as wide as the terminal; a pipe's or a log's as wide as its lines (``$COLUMNS``
     still rules): rich would fold every table at 80 columns, splitting model ids mid-name."""
-    import os
-
     out = Console(stderr=stderr)
     if out.is_terminal or os.environ.get("COLUMNS"):
         return out
@@ -47,8 +46,6 @@ err = _console(stderr=True)
 def say(console_: Console, text: str) -> None:
     """One message as written: in a terminal wrapped at spaces (never inside a name), in a pipe or log whole."""
     if console_.is_terminal:
-        import textwrap
-
         text = "\n".join(
             "\n".join(textwrap.wrap(part, console_.width, break_on_hyphens=False, break_long_words=True)) or part
             for part in text.split("\n")
@@ -80,8 +77,6 @@ class _OneLineErrors(TyperGroup):
         return name, command, rest
 
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
-        import os
-
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors print themselves
@@ -242,8 +237,6 @@ def print_table(out: Console, table: Table, key: int = 1) -> None:
         return
 
     def line(text: str, indent: str = "") -> None:  # wrapped at spaces, an id longer than the line folded
-        import textwrap
-
         lines = textwrap.wrap(text, out.width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
         say(out, "\n".join(lines))
 
@@ -270,8 +263,6 @@ def open_store(path: Path | None, wait: float | None = None, *, read_only: bool 
     ``read_only`` (the commands that only read it): a missing store is refused rather than created, and while
     another process writes it the command says so at once unless told to wait (``--wait``,
     ``$MODELVEC_STORE_WAIT``)."""
-    import os
-
     from ..store import Store
 
     if read_only and wait is None and not os.environ.get("MODELVEC_STORE_WAIT"):
