@@ -188,11 +188,8 @@ elif job == "hub-stream":  # several Hub fine-tunes through embed's pipeline: do
     from modelvec.hub.client import HubSettings
     hub = params.pop("_hub")
     settings = HubSettings(endpoint=hub["endpoint"], cache_dir=hub["cache"], token=False)
-    fit_s = 0.0
     result = modelvec.embed(base, hub["repos"], settings=settings, store=hub["store"], workers=2, load=False, **params)
     assert not result.failed, result.failed
-    got_s = 0.0
-    vec = None
 elif job == "rank":
     from modelvec.studies.depth import spectra_of
     spectra_of(ft, device=device, fused=False)
@@ -207,12 +204,12 @@ if device.startswith("cuda"):
 seconds = time.perf_counter() - start
 done.set()
 out = {"seconds": seconds, "peak_anon": max(peak[0], field("RssAnon:")) - idle, "peak_rss": field("VmHWM:")}
-if job in ("embed", "hub-embed", "hub-whole", "hub-stream"):
+if job in ("embed", "hub-embed", "hub-whole"):  # a stream's seconds are its whole run, the base fitted once
     out["fit_seconds"] = fit_s
     out["embed_seconds"] = seconds - fit_s
 if job == "embed":
     out["bytes_needed"] = needed
-if job.startswith("hub-"):
+if job in ("hub-embed", "hub-whole"):
     out["fetch_seconds"] = got_s
 print(json.dumps(out))
 """
@@ -261,16 +258,22 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
                 for name in args.reprs.split(",")
                 if REPRS[name].get("rows", 1) < 1 or name == "default"
             ]
-            for job, name, params in jobs:
-                cache = root / f"cache-{name}"
+
+            def through(job: str, name: str, params: dict, hub_args: dict) -> dict:
+                """One measurement with a fresh Hub cache: its figures and the bytes the Hub sent for it."""
+                cache = root / f"cache-{job}-{name}"
                 before = server.bytes_sent()
-                hub_args = {"endpoint": server.endpoint, "cache": str(cache), "repo": "bench/ft", "sha": sha}
-                got = measure(job, base, ft, {**params, "_hub": hub_args}, args.device)
+                got = measure(job, base, ft, {**params, "_hub": {**hub_args, "cache": str(cache)}}, args.device)
                 got["bytes_sent"] = server.bytes_sent() - before
                 shutil.rmtree(cache, ignore_errors=True)
                 out.append({"size": size, "job": job, "repr": name, **got})
                 if "error" in got:
-                    print(f"{name:>14}: failed: {got['error']}", flush=True)
+                    print(f"{name:>14}: {job} failed: {got['error']}", flush=True)
+                return out[-1]  # the record itself: what is added to it is in the results too
+
+            for job, name, params in jobs:
+                got = through(job, name, params, {"endpoint": server.endpoint, "repo": "bench/ft", "sha": sha})
+                if "error" in got:
                     continue
                 what = "whole files, then embedded" if job == "hub-whole" else "its byte ranges"
                 print(
@@ -284,22 +287,13 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
                     repos.append(f"bench/ft-{i}")
                     hub.publish(repos[-1], ft, link=True)
                 for name in [n for n in args.reprs.split(",") if REPRS[n].get("rows", 1) < 1]:
-                    cache = root / f"cache-stream-{name}"
-                    before = server.bytes_sent()
-                    hub_args = {
-                        "endpoint": server.endpoint,
-                        "cache": str(cache),
-                        "repos": repos,
-                        "store": str(root / f"stream-{name}.duckdb"),
-                    }
-                    got = measure("hub-stream", base, ft, {**REPRS[name], "_hub": hub_args}, args.device)
-                    got["bytes_sent"] = server.bytes_sent() - before
-                    got["per_model"] = got.get("seconds", float("nan")) / args.stream
-                    shutil.rmtree(cache, ignore_errors=True)
-                    out.append({"size": size, "job": "hub-stream", "repr": name, **got})
+                    store = str(root / f"stream-{name}.duckdb")
+                    got = through(
+                        "hub-stream", name, REPRS[name], {"endpoint": server.endpoint, "repos": repos, "store": store}
+                    )
                     if "error" in got:
-                        print(f"{name:>14}: stream failed: {got['error']}", flush=True)
                         continue
+                    got["per_model"] = got["seconds"] / args.stream
                     print(
                         f"{name:>14}: {got['per_model']:6.1f} s/model in a stream of {args.stream} (embed, 2 workers; "
                         f"base fitted once), {got['bytes_sent'] / 1e9 / args.stream:.2f} GB per model from the Hub",
