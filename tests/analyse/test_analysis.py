@@ -253,6 +253,38 @@ def test_row_blocks_do_not_change_results(metric, scaling, monkeypatch):
     assert_matches_reference(knn, X, labels, metric, "all", scaling=scaling)
 
 
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("scaling", ["none", "mutual-proximity"])
+def test_one_geometry_serves_every_score_with_or_without_stored_products(metric, scaling, monkeypatch):
+    X, labels = random_case(2)
+    geo = analysis.Geometry(X, metric)
+    knn = knn_dataset_score(geo, labels, metric=metric, pool="all", scaling=scaling)
+    pred = predict_datasets(geo, labels, k=3, metric=metric, scaling=scaling)
+    clusters = clustering_scores(geo, labels, metric=metric)
+    assert_matches_reference(knn, X, labels, metric, "all", scaling=scaling)
+    assert geo._gram is not None  # the products were taken once and kept
+    monkeypatch.setattr(analysis, "_GRAM_MAX_N", 3)  # above it, products are computed per block
+    blockwise = analysis.Geometry(X, metric)
+    knn_b = knn_dataset_score(blockwise, labels, metric=metric, pool="all", scaling=scaling)
+    assert blockwise._gram is None
+    assert_matches_reference(knn_b, X, labels, metric, "all", scaling=scaling)
+    pred_b = predict_datasets(blockwise, labels, k=3, metric=metric, scaling=scaling)
+    assert pred_b.predicted == pred.predicted and pred_b.loo_accuracy == pred.loo_accuracy
+    np.testing.assert_allclose(pred_b.confidence, pred.confidence, atol=1e-12)
+    assert clustering_scores(blockwise, labels, metric=metric) == pytest.approx(clusters, abs=1e-9, nan_ok=True)
+    np.testing.assert_allclose(
+        analysis.distance_matrix(blockwise, metric=metric, scaling=scaling),
+        analysis.distance_matrix(X, metric=metric, scaling=scaling),
+        atol=1e-12,
+    )
+
+
+def test_a_geometry_answers_only_for_its_metric():
+    X, labels = random_case(0)
+    with pytest.raises(ValueError, match="prepared for metric 'euclidean', not 'cosine'"):
+        knn_dataset_score(analysis.Geometry(X, "euclidean"), labels)
+
+
 @pytest.mark.parametrize("pool", ["labelled", "all"])
 @pytest.mark.parametrize("metric", METRICS)
 def test_permuting_models_changes_nothing(metric, pool):

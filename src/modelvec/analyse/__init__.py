@@ -11,6 +11,7 @@ from .laws import LAWS, Fit, fit_law, fit_laws
 from .reduction import reduce
 from .scores import (
     SCALINGS,
+    Geometry,
     KnnScore,
     Predictions,
     Yardstick,
@@ -27,6 +28,7 @@ __all__ = [
     "LAWS",
     "SCALINGS",
     "Fit",
+    "Geometry",
     "KnnScore",
     "Predictions",
     "Yardstick",

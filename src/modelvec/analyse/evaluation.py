@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .evidence import bootstrap_interval, mixed_scores, split_datasets
-from .scores import clustering_scores, knn_dataset_score, predict_datasets
+from .scores import Geometry, clustering_scores, knn_dataset_score, predict_datasets
 
 REFERENCE = "task vectors (exact reference)"
 #: The same with every block (layer and matrix) unit-normed, as block normalisation does to the sketches.
@@ -76,7 +76,8 @@ def score_row(
     computed for the first X).
     """
     Xs = [X] if isinstance(X, np.ndarray) else list(X)
-    knns = [knn_dataset_score(x, labels, metric=metric, scaling=scaling) for x in Xs]
+    geos = [Geometry(x, metric) for x in Xs]  # each seed's rows prepared, and their products taken, once
+    knns = [knn_dataset_score(g, labels, metric=metric, scaling=scaling) for g in geos]
     per_model = np.nanmean(np.stack([kn.per_model for kn in knns]), axis=0) if len(knns) > 1 else knns[0].per_model
     lo, hi = bootstrap_interval(per_model, n_boot=n_boot, seed=seed)
     scores = [kn.score for kn in knns]
@@ -88,10 +89,10 @@ def score_row(
         "knn_spread": float(np.ptp(scores)),
         "n_scored": knns[0].n_scored,
         "loo_accuracy": float(
-            np.mean([predict_datasets(x, labels, k=k, metric=metric, scaling=scaling).loo_accuracy for x in Xs])
+            np.mean([predict_datasets(g, labels, k=k, metric=metric, scaling=scaling).loo_accuracy for g in geos])
         ),
     }
-    row.update(clustering if clustering is not None else clustering_scores(Xs[0], labels, metric=metric, seed=seed))
+    row.update(clustering if clustering is not None else clustering_scores(geos[0], labels, metric=metric, seed=seed))
     if reference is not None:
         iu = np.triu_indices(len(Xs[0]), 1)
         row["ref_corr"] = float(np.mean([np.corrcoef(cosine_similarities(x)[iu], reference[iu])[0, 1] for x in Xs]))

@@ -175,26 +175,92 @@ def _prepare(M: np.ndarray, metric: str) -> np.ndarray:
 def _distances(A: np.ndarray, B: np.ndarray, metric: str) -> np.ndarray:
     """(len(A), len(B)) distances between rows returned by ``_prepare``; never negative."""
     if metric == "cosine":
-        D = 1.0 - A @ B.T
+        return _from_gram(A @ B.T, metric)
+    return _from_gram(A @ B.T, metric, np.einsum("ij,ij->i", A, A), np.einsum("ij,ij->i", B, B))
+
+
+def _from_gram(
+    G: np.ndarray, metric: str, sq_a: np.ndarray | None = None, sq_b: np.ndarray | None = None
+) -> np.ndarray:
+    """Distances from the inner products ``G`` of prepared rows (overwritten), given the rows' squared norms for
+    euclidean (cosine's rows are unit or zero); never negative."""
+    if metric == "cosine":
+        D = np.subtract(1.0, G, out=G)
         return np.clip(D, 0.0, 2.0, out=D)
-    D = -2.0 * (A @ B.T)
-    D += np.einsum("ij,ij->i", A, A)[:, None]
-    D += np.einsum("ij,ij->i", B, B)[None, :]
+    assert sq_a is not None and sq_b is not None
+    D = np.multiply(G, -2.0, out=G)
+    D += sq_a[:, None]
+    D += sq_b[None, :]
     np.maximum(D, 0.0, out=D)
     return np.sqrt(D, out=D)
 
 
 _Stats = tuple[np.ndarray, np.ndarray]  # per row of X: mean and spread of its distances to the others
+_GRAM_MAX_N = 4096  # up to here a Geometry keeps every inner product (128 MiB); above, blocks are computed on demand
 
 
-def _spread(Z: np.ndarray, metric: str, scaling: str) -> _Stats | None:
+class Geometry:
+    """The rows of X as every function here compares them, prepared once for one metric.
+
+    Pass it instead of ``X`` to run several scores over the same vectors (as ``cluster`` does): the rows are
+    validated and normalised once, and for up to 4,096 rows their inner products are computed once, in one
+    product, when first needed, instead of once per score; the mutual-proximity spreads too. Distances are
+    those of :func:`distance_matrix`.
+    """
+
+    def __init__(self, X: np.ndarray, metric: str = "cosine") -> None:
+        self.metric = check_field(Scoring, "metric", metric)
+        self.rows = _prepare(_as_matrix(X), metric)
+        self._gram: np.ndarray | None = None
+        self._spreads: dict[str, _Stats | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _all_products(self) -> np.ndarray | None:
+        if self._gram is None and len(self) <= _GRAM_MAX_N:
+            self._gram = self.rows @ self.rows.T
+        return self._gram
+
+    def distances(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """(len(rows), len(columns)) distances between the rows at those indices; a new array."""
+        G = self._all_products()
+        if G is None:
+            return _distances(self.rows[rows], self.rows[columns], self.metric)
+        sq = np.diagonal(G)
+        return _from_gram(G[np.ix_(rows, columns)], self.metric, sq[rows], sq[columns])
+
+    def gram(self, rows: np.ndarray) -> np.ndarray:
+        """The inner products of the prepared rows at ``rows`` (unit rows for cosine)."""
+        G = self._all_products()
+        if G is None:
+            return self.rows[rows] @ self.rows[rows].T
+        return G[np.ix_(rows, rows)]
+
+    def spread(self, scaling: str) -> _Stats | None:
+        """Each row's mean and standard deviation of distance to every other row (None: no scaling); kept."""
+        if scaling not in self._spreads:
+            self._spreads[scaling] = _spread(self, scaling)
+        return self._spreads[scaling]
+
+
+def _geometry(X: np.ndarray | Geometry, metric: str) -> Geometry:
+    """``X`` prepared for ``metric``, or the Geometry given (whose metric must be ``metric``)."""
+    if isinstance(X, Geometry):
+        if X.metric != metric:
+            raise ValueError(f"this Geometry was prepared for metric {X.metric!r}, not {metric!r}")
+        return X
+    return Geometry(X, metric)
+
+
+def _spread(geo: Geometry, scaling: str) -> _Stats | None:
     """Each row's mean and standard deviation of distance to every other row (None: no scaling)."""
     if scaling == "none":
         return None
-    n = len(Z)
+    n = len(geo)
     mu, sd = np.zeros(n), np.zeros(n)
     for block in _blocks(np.arange(n), n):
-        D = _distances(Z[block], Z, metric)
+        D = geo.distances(block, np.arange(n))
         D[np.arange(len(block)), block] = np.nan
         if n > 1:
             mu[block], sd[block] = np.nanmean(D, axis=1), np.nanstd(D, axis=1)
@@ -217,13 +283,13 @@ def _sub(stats: _Stats, idx: np.ndarray) -> _Stats:
     return stats[0][idx], stats[1][idx]
 
 
-def distance_matrix(X: np.ndarray, *, metric: str = "cosine", scaling: str = "none") -> np.ndarray:
+def distance_matrix(X: np.ndarray | Geometry, *, metric: str = "cosine", scaling: str = "none") -> np.ndarray:
     """(n, n) distances between the rows of X, as every function here ranks them (diagonal 0)."""
-    check_field(Scoring, "metric", metric)
     check_field(Scoring, "scaling", scaling)
-    Z = _prepare(_as_matrix(X), metric)
-    D = _distances(Z, Z, metric)
-    stats = _spread(Z, metric, scaling)
+    geo = _geometry(X, metric)
+    everyone = np.arange(len(geo))
+    D = geo.distances(everyone, everyone)
+    stats = geo.spread(scaling)
     if stats is not None:
         D = _scaled(D, stats, stats)
     np.fill_diagonal(D, 0.0)
@@ -237,23 +303,22 @@ def _blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
 
 
 def _ranked(
-    Z: np.ndarray,
+    geo: Geometry,
     rows: np.ndarray,
     columns: np.ndarray,
-    metric: str,
     groups: np.ndarray | None = None,
     stats: _Stats | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
 
-    ``stats`` (from :func:`_spread` over all rows of Z): rank by mutual proximity instead.
+    ``stats`` (from :func:`_spread` over all rows): rank by mutual proximity instead.
 
     A row that is also a column gets distance +inf to itself, so it ranks last; so does a column
     in the row's group (``groups``: int codes, -1 = no group). ``columns`` is sorted (always built
     with ``flatnonzero``/``arange``), so ranking by position in ``columns`` is ranking by index.
     """
     for block in _blocks(rows, len(columns)):
-        D = _distances(Z[block], Z[columns], metric)
+        D = geo.distances(block, columns)
         if stats is not None:
             D = _scaled(D, _sub(stats, block), _sub(stats, columns))
         D[columns[None, :] == block[:, None]] = np.inf
@@ -286,7 +351,7 @@ def _group_codes(values: Sequence[object] | None, n: int) -> np.ndarray | None:
 
 
 def knn_dataset_score(
-    X: np.ndarray,
+    X: np.ndarray | Geometry,
     labels: Sequence[Sequence[str]],
     *,
     metric: str = "cosine",
@@ -318,21 +383,19 @@ def knn_dataset_score(
       fine-tunes, whose distances differ in scale.
     - Distances, zero vectors and ties: see the module docstring (ties go to the lower index).
     """
-    check_field(Scoring, "metric", metric)
     check_field(Scoring, "pool", pool)
     check_field(Scoring, "scaling", scaling)
-    M = _as_matrix(X)
-    n = len(M)
+    geo = _geometry(X, metric)
+    n = len(geo)
     sets = _label_sets(labels, n)
     names, member = _membership(sets)
     labelled = member.any(axis=1)
-    Z = _prepare(M, metric)
     columns = np.flatnonzero(labelled) if pool == "labelled" else np.arange(n)
     member_f = member.astype(np.float64)
     per_model = np.full(n, np.nan)
     groups = _group_codes(exclude_same, n)
-    stats = _spread(Z, metric, scaling)
-    for block, order in _ranked(Z, np.flatnonzero(labelled), columns, metric, groups, stats):
+    stats = geo.spread(scaling)
+    for block, order in _ranked(geo, np.flatnonzero(labelled), columns, groups, stats):
         same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
         same[columns[None, :] == block[:, None]] = False  # f itself is not one of "the other" k-1
         if groups is not None:
@@ -361,7 +424,12 @@ def knn_dataset_score(
 
 
 def predict_datasets(
-    X: np.ndarray, labels: Sequence[Sequence[str]], *, k: int = 5, metric: str = "cosine", scaling: str = "none"
+    X: np.ndarray | Geometry,
+    labels: Sequence[Sequence[str]],
+    *,
+    k: int = 5,
+    metric: str = "cosine",
+    scaling: str = "none",
 ) -> Predictions:
     """Majority dataset among each unlabelled model's k nearest labelled models.
 
@@ -380,14 +448,12 @@ def predict_datasets(
     :func:`knn_dataset_score`.
     """
     k = check_field(Scoring, "k", k)
-    check_field(Scoring, "metric", metric)
     check_field(Scoring, "scaling", scaling)
-    M = _as_matrix(X)
-    n = len(M)
+    geo = _geometry(X, metric)
+    n = len(geo)
     names, member = _membership(_label_sets(labels, n))
     labelled = np.flatnonzero(member.any(axis=1))
-    Z = _prepare(M, metric)
-    stats = _spread(Z, metric, scaling)
+    stats = geo.spread(scaling)
     predicted: list[str | None] = [None] * n
     share, near = np.full(n, np.nan), np.full(n, np.nan)
 
@@ -401,20 +467,20 @@ def predict_datasets(
     if len(labelled):
         unlabelled = np.flatnonzero(~member.any(axis=1))
         top = min(k, len(labelled))
-        for block, order in _ranked(Z, unlabelled, labelled, metric, stats=stats):
+        for block, order in _ranked(geo, unlabelled, labelled, stats=stats):
             for i, ranks in zip(block, order):
                 winner, share[i] = vote(labelled[ranks[:top]])
                 predicted[i] = names[winner]
-        ruler = _yardstick(Z, labelled, metric, stats)
-        mine = _nearest_distances(Z, unlabelled, labelled, metric, stats)
-        apart = _nearest_distances(Z, unlabelled, labelled, metric, None) >= 1.0 if metric == "cosine" else None
+        ruler = _yardstick(geo, labelled, stats)
+        mine = _nearest_distances(geo, unlabelled, labelled, stats)
+        apart = _nearest_distances(geo, unlabelled, labelled, None) >= 1.0 if metric == "cosine" else None
         for j, i in enumerate(unlabelled):
             near[i] = ruler.closeness(float(mine[j]), shares_direction=apart is None or not apart[j])
 
     correct, n_loo = 0, len(labelled) if len(labelled) >= 2 else 0
     if n_loo:
         top = min(k, len(labelled) - 1)
-        for block, order in _ranked(Z, labelled, labelled, metric, stats=stats):
+        for block, order in _ranked(geo, labelled, labelled, stats=stats):
             for i, ranks in zip(block, order):
                 winner, _ = vote(labelled[ranks[:top]])
                 correct += bool(member[i, winner])
@@ -432,13 +498,11 @@ def predict_datasets(
     )
 
 
-def _nearest_distances(
-    Z: np.ndarray, rows: np.ndarray, columns: np.ndarray, metric: str, stats: _Stats | None
-) -> np.ndarray:
+def _nearest_distances(geo: Geometry, rows: np.ndarray, columns: np.ndarray, stats: _Stats | None) -> np.ndarray:
     """Each row's distance to its nearest column other than itself (inf when there is none)."""
     out, done = np.full(len(rows), np.inf), 0
     for block in _blocks(rows, len(columns)):
-        D = _distances(Z[block], Z[columns], metric)
+        D = geo.distances(block, columns)
         if stats is not None:
             D = _scaled(D, _sub(stats, block), _sub(stats, columns))
         D[columns[None, :] == block[:, None]] = np.inf
@@ -476,12 +540,12 @@ class Yardstick:
 _FAR_SAMPLE = 256  # rows whose distances to every labelled model give ``Yardstick.far`` (n x n would not fit)
 
 
-def _yardstick(Z: np.ndarray, labelled: np.ndarray, metric: str, stats: _Stats | None) -> Yardstick:
+def _yardstick(geo: Geometry, labelled: np.ndarray, stats: _Stats | None) -> Yardstick:
     if len(labelled) < 2:
         return Yardstick(float("nan"), float("nan"))
-    near = float(np.median(_nearest_distances(Z, labelled, labelled, metric, stats)))
+    near = float(np.median(_nearest_distances(geo, labelled, labelled, stats)))
     rows = labelled[np.linspace(0, len(labelled) - 1, min(len(labelled), _FAR_SAMPLE)).round().astype(int)]
-    D = _distances(Z[rows], Z[labelled], metric)
+    D = geo.distances(rows, labelled)
     if stats is not None:
         D = _scaled(D, _sub(stats, rows), _sub(stats, labelled))
     far = float(np.median(D[labelled[None, :] != rows[:, None]]))
@@ -489,7 +553,7 @@ def _yardstick(Z: np.ndarray, labelled: np.ndarray, metric: str, stats: _Stats |
 
 
 def yardstick(
-    X: np.ndarray,
+    X: np.ndarray | Geometry,
     labels: Sequence[Sequence[str]],
     *,
     metric: str = "cosine",
@@ -498,14 +562,12 @@ def yardstick(
 ) -> Yardstick:
     """The :class:`Yardstick` of the labelled rows of X (``exclude``: a row left out, e.g. the query itself),
     distances as :func:`nearest` gives them."""
-    check_field(Scoring, "metric", metric)
     check_field(Scoring, "scaling", scaling)
-    M = _as_matrix(X)
-    _, member = _membership(_label_sets(labels, len(M)))
+    geo = _geometry(X, metric)
+    _, member = _membership(_label_sets(labels, len(geo)))
     labelled = np.flatnonzero(member.any(axis=1))
-    Z = _prepare(M, metric)
-    stats = _spread(Z, metric, scaling)
-    return _yardstick(Z, labelled[labelled != exclude] if exclude is not None else labelled, metric, stats)
+    stats = geo.spread(scaling)
+    return _yardstick(geo, labelled[labelled != exclude] if exclude is not None else labelled, stats)
 
 
 def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | None, float, dict[str, int]]:
@@ -528,7 +590,7 @@ def majority_dataset(neighbour_labels: Sequence[Sequence[str]]) -> tuple[str | N
 
 
 def clustering_scores(
-    X: np.ndarray, labels: Sequence[Sequence[str]], *, metric: str = "cosine", seed: int = 0
+    X: np.ndarray | Geometry, labels: Sequence[Sequence[str]], *, metric: str = "cosine", seed: int = 0
 ) -> dict[str, float]:
     """Do generic clusterers, blind to the labels, recover the datasets? (1 = perfectly.)
 
@@ -549,26 +611,24 @@ def clustering_scores(
     from sklearn.cluster import HDBSCAN, KMeans
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
 
-    check_field(Scoring, "metric", metric)
     seed = _check_int("seed", seed, 0)
-    M = _as_matrix(X)
-    sets = _label_sets(labels, len(M))
+    geo = _geometry(X, metric)
+    sets = _label_sets(labels, len(geo))
     single = Counter(next(iter(s)) for s in sets if len(s) == 1)
     kept = sorted(name for name, count in single.items() if count >= 2)
     keys = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari")
     if len(kept) < 2:
         return {**{key: float("nan") for key in keys}, "n_clustered": 0.0}
     code = {name: c for c, name in enumerate(kept)}
-    rows = [i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code]
+    rows = np.array([i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code])
     truth = np.array([code[next(iter(sets[i]))] for i in rows])
-    Z = _prepare(M[rows], metric)
-    D = _distances(Z, Z, metric)
+    D = geo.distances(rows, rows)
     np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
     # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
     # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
+    Z = geo.rows[rows]
     if Z.shape[1] > Z.shape[0]:  # from the Gram matrix (n x n): Z Z^T = V diag(w) V^T, coordinates V sqrt(w)
-        Z64 = np.asarray(Z, dtype=np.float64)
-        w, v = np.linalg.eigh(Z64 @ Z64.T)
+        w, v = np.linalg.eigh(geo.gram(rows))
         Z = v * np.sqrt(np.clip(w, 0.0, None))
     kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
     chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
@@ -584,7 +644,7 @@ def clustering_scores(
 
 
 def nearest(
-    X: np.ndarray,
+    X: np.ndarray | Geometry,
     query: np.ndarray,
     *,
     k: int = 10,
@@ -600,21 +660,20 @@ def nearest(
     and the query's over the rows other than ``exclude``.
     """
     k = check_field(Scoring, "k", k)
-    check_field(Scoring, "metric", metric)
     check_field(Scoring, "scaling", scaling)
-    M = _as_matrix(X)
+    geo = _geometry(X, metric)
+    n, dim = geo.rows.shape
     q = _as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
-    if q.shape != (1, M.shape[1]):
-        raise ValueError(f"query must be one vector of length {M.shape[1]}, not shape {np.shape(query)}")
+    if q.shape != (1, dim):
+        raise ValueError(f"query must be one vector of length {dim}, not shape {np.shape(query)}")
     if exclude is not None:
         exclude = _check_int("exclude", exclude, 0)
-        if exclude >= len(M):
-            raise ValueError(f"exclude must be a row index < {len(M)}, not {exclude}")
-    Z = _prepare(M, metric)
-    D = _distances(_prepare(q, metric), Z, metric)
-    stats = _spread(Z, metric, scaling)
+        if exclude >= n:
+            raise ValueError(f"exclude must be a row index < {n}, not {exclude}")
+    D = _distances(_prepare(q, metric), geo.rows, metric)
+    stats = geo.spread(scaling)
     if stats is not None:
-        others = np.ones(len(M), dtype=bool)
+        others = np.ones(n, dtype=bool)
         if exclude is not None:
             others[exclude] = False
         mine = D[:, others]

@@ -18,7 +18,14 @@ import pandas as pd
 
 from ..analyse.reduction import METHODS
 from ..analyse.reduction import reduce as reduce_to_2d
-from ..analyse.scores import Scoring, block_knn_scores, clustering_scores, knn_dataset_score, predict_datasets
+from ..analyse.scores import (
+    Geometry,
+    Scoring,
+    block_knn_scores,
+    clustering_scores,
+    knn_dataset_score,
+    predict_datasets,
+)
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import display_name, model_id
 from ..hub.ids import resolve_base
@@ -155,12 +162,13 @@ def cluster(
             for lab, src in zip(labels, meta["label_source"])
         ]
         meta = meta.assign(datasets=labels)
-    knn = knn_dataset_score(X, labels, metric=metric, pool=pool, scaling=scaling)
+    geo = Geometry(X, metric)  # the vectors compared once, for every score below
+    knn = knn_dataset_score(geo, labels, metric=metric, pool=pool, scaling=scaling)
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
-    by_author = knn_dataset_score(X, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
+    by_author = knn_dataset_score(geo, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
     counts = pd.Series([a for a in authors if a]).value_counts()
-    pred = predict_datasets(X, labels, k=scoring.k, metric=metric, scaling=scaling)
-    scores = clustering_scores(X, labels, metric=metric, seed=seed)
+    pred = predict_datasets(geo, labels, k=scoring.k, metric=metric, scaling=scaling)
+    scores = clustering_scores(geo, labels, metric=metric, seed=seed)
     predictions = [
         {"model": m, "predicted": p, "confidence": float(c), "vote_share": float(v), "closeness": float(n)}
         for m, p, c, v, n in zip(meta["model"], pred.predicted, pred.confidence, pred.vote_share, pred.closeness)
