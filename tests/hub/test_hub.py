@@ -531,8 +531,13 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
         and BASE not in r["path"]
     ]
     # and the analysis runs on it
-    report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", reduce="pca")
+    report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", reduce="pca", settings=settings)
     assert report.n_models == len(result.embedded) and report.n_authors == len(result.embedded)
+    # the blocks laid out from the headers of the base's rows in the Hub cache, offline
+    assert report.per_block and report.per_block_note is None and Path(report.files["blocks"]).is_file()
+    elsewhere = HubSettings(endpoint=settings.endpoint, cache_dir=str(tmp_path / "empty-cache"), token=False)
+    bare = cluster("bert-base-uncased", store=db, out=tmp_path / "bare", reduce="pca", settings=elsewhere)
+    assert bare.per_block is None and "not on this machine" in bare.per_block_note
     # glue/sst2 is the only dataset with two models (textattack's, guessed from its name, and alice's)
     assert report.n_scored == 2
     declared = cluster("bert-base-uncased", store=db, out=tmp_path / "out2", reduce="pca", label_sources=["declared"])

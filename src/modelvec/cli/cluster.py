@@ -131,6 +131,8 @@ def cluster(
             for b in best
         )
         say(console, f"blocks that separate the datasets best (kNN score of the block alone): {names}")
+    elif report.per_block_note:
+        say(console, report.per_block_note)
     for kind, path in report.files.items():
         say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
     if report.reduce_note:

@@ -27,7 +27,11 @@ from ..analyse.scores import (
     predict_datasets,
 )
 from ..core.errors import ModelvecError, NothingStoredError
-from ..core.names import display_name, model_id
+from ..core.files import weight_format
+from ..core.names import display_name, is_hub_id, model_id
+from ..hub.client import HubSettings
+from ..hub.download import snapshot_folder
+from ..hub.partial import partial_folder
 from ..hub.ids import resolve_base
 from ..hub.labels import matches_source
 from ..plots.blocks import plot_block_scores
@@ -67,6 +71,7 @@ class ClusterReport:
     scaling: str = "none"  # how neighbours are ranked (analyse.scores: "mutual-proximity" for mixed kinds)
     reduce: str = ""  # the map's reduction as drawn (``auto`` resolved)
     reduce_note: str | None = None  # why, when ``auto`` chose it
+    per_block_note: str | None = None  # why there is no per-block score, when there is none
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
@@ -74,21 +79,42 @@ class ClusterReport:
         return out
 
 
-def _per_block(
-    X: np.ndarray, labels: list[list[str]], base: str, representation: Representation, scoring: Scoring
-) -> list[dict[str, Any]] | None:
-    """The kNN score of each block alone (the blocks laid out from the base's files, when at hand)."""
-    try:
-        blocks = blocks_of(base, representation) if os.path.exists(base) else None
-    except ModelvecError:
-        blocks = None
-    if not blocks or blocks[-1].stop != X.shape[1]:
+def _base_files(base: str, sha: str | None, settings: HubSettings) -> str | None:
+    """The base's files on this machine: its folder, or a Hub base's snapshot in the Hub cache, or the rows of it
+    that embed fetched (never fetched here: only the headers are needed, and ``cluster`` works offline)."""
+    if os.path.exists(base):
+        return base
+    if not is_hub_id(base):
         return None
+    try:
+        folder = snapshot_folder(base, sha or "main", settings)
+        if (folder is None or not weight_format(p.name for p in folder.iterdir())) and sha:
+            folder = partial_folder(base, sha, settings)
+    except ModelvecError:
+        return None
+    return str(folder) if folder is not None and folder.is_dir() else None
+
+
+def _per_block(
+    X: np.ndarray, labels: list[list[str]], files: str | None, representation: Representation, scoring: Scoring
+) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none."""
+    if files is None:
+        return (
+            None,
+            "no per-block scores: the base's files are not on this machine (nor in the Hub cache, HF_HUB_CACHE)",
+        )
+    try:
+        blocks = blocks_of(files, representation)
+    except ModelvecError as exc:
+        return None, f"no per-block scores: the base's files could not be laid out ({exc})"
+    if not blocks or blocks[-1].stop != X.shape[1]:
+        return None, "no per-block scores: the stored vectors do not match the base's layout"
     bounds = [(b.start, b.stop) for b in blocks]
     scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
     return [
         {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
-    ]
+    ], None
 
 
 def load_base(
@@ -135,6 +161,7 @@ def cluster(
     standardize: bool = False,
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
+    settings: HubSettings | None = None,
 ) -> ClusterReport:
     """Score and map the stored vectors of ``base``; writes ``out/clusters-<reduce>.png`` and ``.html``.
 
@@ -146,7 +173,8 @@ def cluster(
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
     ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
     The report also gives the kNN score with same-author neighbours excluded, to tell an author
-    effect (one uploader's near-identical runs) from a dataset effect.
+    effect (one uploader's near-identical runs) from a dataset effect. A Hub base's per-block scores need its
+    headers from the Hub cache (``settings``: where it is; nothing is fetched).
     """
     if reduce not in REDUCERS:
         raise ValueError(f"reduce must be one of {', '.join(REDUCERS)}, not {reduce!r}")
@@ -155,6 +183,7 @@ def cluster(
     metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
     with opened(store, read_only=True) as db:
         X, meta, base_name = load_base(db, base, representation)
+        base_sha = db.base_sha(base_name) if is_hub_id(base_name) else None
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:
         labels = [
@@ -194,7 +223,8 @@ def cluster(
         scaling=scaling,
     )
     folder = Path(out)
-    report.per_block = _per_block(X, labels, base_name, representation, scoring)
+    files = _base_files(base_name, base_sha, settings or HubSettings())
+    report.per_block, report.per_block_note = _per_block(X, labels, files, representation, scoring)
     if report.per_block:
         report.files["blocks"] = str(
             plot_block_scores(
