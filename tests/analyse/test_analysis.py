@@ -616,3 +616,18 @@ def test_parameters_are_validated():
         nearest(X, np.zeros(3))
     with pytest.raises(ValueError, match="exclude"):
         nearest(X, X[0], exclude=3)
+
+
+def test_auto_scaling_is_mutual_proximity_only_where_kinds_mix():
+    auto = analysis.Scoring()
+    assert auto.scaling == "auto"
+    assert auto.scaling_for([False, False, False]) == ("none", None)
+    assert auto.scaling_for([True, True]) == ("none", None)
+    scaling, note = auto.scaling_for([True, False, np.True_, False, False])
+    assert scaling == "mutual-proximity" and "2 LoRA adapters and 3 full fine-tunes" in note
+    scaling, note = auto.scaling_for([None, float("nan"), False])  # stored before the kinds were kept
+    assert scaling == "none" and "2 models were stored before" in note
+    assert analysis.Scoring(scaling="none").scaling_for([True, False]) == ("none", None)
+    X, labels = random_case(0)
+    with pytest.raises(ValueError, match="resolve it from the models' kinds first"):
+        knn_dataset_score(X, labels, scaling="auto")

@@ -208,7 +208,9 @@ def test_cluster_and_neighbors_rank_by_mutual_proximity_on_request(planted, tmp_
         app, ["neighbors", str(models[0]), "--k", "3", "--rank", "4", "--store", str(store), "--scaling", "nope"]
     )
     said = " ".join(result.output.replace("│", " ").split())
-    assert result.exit_code == 2 and "'nope' is not one of 'none', 'mutual-proximity'" in said  # refused as parsed
+    assert (
+        result.exit_code == 2 and "'nope' is not one of 'auto', 'none', 'mutual-proximity'" in said
+    )  # refused as parsed
 
 
 def _rows(store: Path) -> int:
@@ -425,3 +427,52 @@ def test_the_map_is_chosen_by_size_and_says_so(planted, tmp_path):
     assert choose_reducer(AUTO_UMAP_FROM)[0] == "umap" and choose_reducer(AUTO_UMAP_FROM - 1)[0] == "tsne"
     chosen = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path, reduce="pca")
     assert chosen.reduce == "pca" and chosen.reduce_note is None
+
+
+def lora_adapter(base: Path, out: Path, seed: int) -> Path:
+    """A PEFT LoRA adapter of ``base`` (query and value, r 2), its factors random."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertModel
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        BertModel.from_pretrained(base), LoraConfig(r=2, target_modules=["query", "value"], init_lora_weights=False)
+    )
+    model.save_pretrained(out)
+    return out
+
+
+def test_auto_scaling_ranks_by_mutual_proximity_where_adapters_and_full_finetunes_mix(planted, tmp_path):
+    """The default scaling: distances as they are for full fine-tunes alone; mutual proximity, said in one line, once
+    the store holds adapters beside them (the kind is recorded as each model is embedded)."""
+    from modelvec.analyse.scores import knn_dataset_score
+
+    base, models, _, _ = planted
+    store, params = tmp_path / "mixed.duckdb", Representation(rank=4)
+    modelvec.embed(base, models[:4], representation=params, store=store)
+    full_only = cluster(base, representation=params, store=store, out=tmp_path / "f", reduce="pca")
+    assert (full_only.scaling, full_only.scaling_note) == ("none", None)
+    adapters = [lora_adapter(base, tmp_path / f"lora{i}", seed=i) for i in range(2)]
+    assert not modelvec.embed(base, adapters, representation=params, store=store).failed
+    with Store(store, read_only=True) as db:
+        X, meta = db.load(representation=params)
+    kinds = dict(zip(meta["model"], meta["adapter"]))
+    assert [kinds[modelvec.core.model_id(a)] for a in adapters] == [True, True]
+    assert [kinds[modelvec.core.model_id(m)] for m in models[:4]] == [False] * 4
+    mixed = cluster(base, representation=params, store=store, out=tmp_path / "m", reduce="pca")
+    assert mixed.scaling == "mutual-proximity"
+    assert "2 LoRA adapters and 4 full fine-tunes" in mixed.scaling_note
+    labels = [list(d) for d in meta["datasets"]]
+    assert mixed.knn_score == knn_dataset_score(X, labels, scaling="mutual-proximity").score
+    plain = cluster(
+        base, representation=params, store=store, out=tmp_path / "p", reduce="pca", scoring=Scoring(scaling="none")
+    )
+    assert (plain.scaling, plain.scaling_note) == ("none", None)
+    found = neighbors(models[0], representation=params, store=store)
+    assert found.scaling == "mutual-proximity" and found.scaling_note == mixed.scaling_note
+    result = CliRunner().invoke(
+        app, ["cluster", str(base), "--rank", "4", "--store", str(store), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0 and "neighbours by mutual proximity: 2 LoRA adapters" in " ".join(
+        result.output.split()
+    )

@@ -156,6 +156,26 @@ def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
     np.testing.assert_array_equal(loaded[-1], extra)
 
 
+def test_a_store_without_the_adapter_column_reads_and_is_brought_up_to_date(tmp_path):
+    """A store written before the models' kinds were kept: read-only commands read it (kinds unknown, None) without
+    changing it; a writer adds the column, and rows written since keep the kind."""
+    path = tmp_path / "s.duckdb"
+    X = vectors(3)
+    with Store(path) as db:
+        db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+        db.con.execute("ALTER TABLE vectors DROP COLUMN adapter")
+    with Store(path, read_only=True) as db:
+        loaded, meta = db.load(representation=PARAMS)
+        assert "adapter" not in _columns(db.con, "vectors")
+    np.testing.assert_array_equal(loaded, X)
+    assert meta["adapter"].isna().all()
+    with Store(path) as db:
+        db.put(VectorRow("lora", "h", "base", "base-hash", PARAMS, "bert", X[0], ["sst2"], "local", 0.5, adapter=True))
+        db.put(VectorRow("full", "h", "base", "base-hash", PARAMS, "bert", X[1], ["sst2"], "local", 0.5, adapter=False))
+        meta = db.metadata(representation=PARAMS).set_index("model")["adapter"]
+    assert meta["lora"] == True and meta["full"] == False and meta[["m0", "m1", "m2"]].isna().all()  # noqa: E712
+
+
 def test_the_cli_reports_a_damaged_store_in_one_line(tmp_path):
     """Any command (here ``export``) meets the damage as one line and exit status 2, not a traceback."""
     import subprocess

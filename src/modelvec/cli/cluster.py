@@ -133,6 +133,8 @@ def cluster(
         say(console, f"blocks that separate the datasets best (kNN score of the block alone): {names}")
     elif report.per_block_note:
         say(console, report.per_block_note)
+    if report.scaling_note:
+        say(console, report.scaling_note)
     for kind, path in report.files.items():
         say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
     if report.reduce_note:

@@ -73,6 +73,8 @@ def neighbors(
         )
     if found.warning:
         say(err, f"warning: {found.warning}")
+    if found.scaling_note:
+        say(err, found.scaling_note)
     rows = [
         [
             str(i),

@@ -7,6 +7,7 @@ dataset score, predictions for unlabelled models and the clustering scores, redu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,9 +32,9 @@ from ..core.files import weight_format
 from ..core.names import display_name, is_hub_id, model_id
 from ..hub.client import HubSettings
 from ..hub.download import snapshot_folder
-from ..hub.partial import partial_folder
 from ..hub.ids import resolve_base
 from ..hub.labels import matches_source
+from ..hub.partial import partial_folder
 from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
@@ -68,7 +69,8 @@ class ClusterReport:
     #: the kNN dataset score of each block alone (stack, layer, family, knn_score); None when the base's
     #: files were not at hand to lay the blocks out
     per_block: list[dict[str, Any]] | None = None
-    scaling: str = "none"  # how neighbours are ranked (analyse.scores: "mutual-proximity" for mixed kinds)
+    scaling: str = "none"  # how neighbours were ranked (``auto`` resolved: mutual proximity where kinds mix)
+    scaling_note: str | None = None  # why, when ``auto`` chose it
     reduce: str = ""  # the map's reduction as drawn (``auto`` resolved)
     reduce_note: str | None = None  # why, when ``auto`` chose it
     per_block_note: str | None = None  # why there is no per-block score, when there is none
@@ -167,8 +169,8 @@ def cluster(
 
     ``representation`` says which stored vectors (default: today's defaults); ``scoring`` how neighbours are
     found and counted (:class:`~modelvec.analyse.scores.Scoring`: its ``scaling`` ranks neighbours for the
-    neighbour-based scores, ``"mutual-proximity"`` for collections that mix adapters and full fine-tunes; the
-    clusterers and the map see the vectors as they are). ``reduce`` is the map's reduction (umap, tsne, pca; auto:
+    neighbour-based scores: ``"auto"``, the default, ranks by mutual proximity where the stored models mix LoRA
+    adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduce`` is the map's reduction (umap, tsne, pca; auto:
     t-SNE below :data:`AUTO_UMAP_FROM` models, UMAP from there).
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
     ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
@@ -180,10 +182,11 @@ def cluster(
         raise ValueError(f"reduce must be one of {', '.join(REDUCERS)}, not {reduce!r}")
     representation = representation or Representation()
     scoring = scoring or Scoring()
-    metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
     with opened(store, read_only=True) as db:
         X, meta, base_name = load_base(db, base, representation)
         base_sha = db.base_sha(base_name) if is_hub_id(base_name) else None
+    metric, pool = scoring.metric, scoring.pool
+    scaling, scaling_note = scoring.scaling_for(meta["adapter"])
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:
         labels = [
@@ -221,10 +224,12 @@ def cluster(
         largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
         label_sources=list(label_sources) if label_sources is not None else None,
         scaling=scaling,
+        scaling_note=scaling_note,
     )
     folder = Path(out)
     files = _base_files(base_name, base_sha, settings or HubSettings())
-    report.per_block, report.per_block_note = _per_block(X, labels, files, representation, scoring)
+    resolved = dataclasses.replace(scoring, scaling=scaling)
+    report.per_block, report.per_block_note = _per_block(X, labels, files, representation, resolved)
     if report.per_block:
         report.files["blocks"] = str(
             plot_block_scores(

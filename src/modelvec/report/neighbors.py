@@ -48,6 +48,8 @@ class Neighbors:
     #: with ``explain``: per neighbour, its cosine and each block's share of it (stack, layer, family)
     explanation: list[dict[str, Any]] | None = None
     voters: int = 0  # how many labelled models voted: the k nearest, or all of them when fewer
+    scaling: str = "none"  # how the stored models were ranked (``auto`` resolved)
+    scaling_note: str | None = None  # why, when ``auto`` chose it
 
     def as_json(self) -> dict[str, Any]:
         """Everything above, the neighbours as records (nearest first)."""
@@ -90,8 +92,9 @@ def _stored_base(db: Store, base: PathLike | str | None, representation: Represe
 
 def _embed_query(
     model: PathLike | str, base: str, representation: Representation, db: Store, settings: HubSettings | None
-) -> tuple[np.ndarray, str | None]:
-    """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it.
+) -> tuple[np.ndarray, str | None, object]:
+    """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it: its vector, a
+    warning when the base changed since, and whether it is an adapter.
 
     The scratch store gets the stored base revision and the model's catalogue entry, so a Hub
     base resolves to the revision the stored vectors were computed against.
@@ -115,7 +118,7 @@ def _embed_query(
             f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
             f"were computed against {', '.join(stored)}: distances may include the base's change"
         )
-    return result.vectors[0], warning
+    return result.vectors[0], warning, result.metadata["adapter"].iloc[0]
 
 
 #: How ``neighbors`` finds them unless told: 10 listed (and voting), by cosine distance.
@@ -141,12 +144,13 @@ def neighbors(
 
     ``explain`` adds, per neighbour, which layers and families carry the similarity: each block's
     share of the cosine (they sum to it; :func:`~modelvec.analyse.scores.cosine_contributions`).
-    ``scoring`` (default :data:`NEIGHBORS_SCORING`): its ``metric``, and ``scaling="mutual-proximity"`` ranks
-    the stored models by mutual proximity (distance: -log MP), for stores that mix adapters and full fine-tunes.
+    ``scoring`` (default :data:`NEIGHBORS_SCORING`): its ``metric``, and its ``scaling``: ``"mutual-proximity"``
+    ranks the stored models by mutual proximity (distance: -log MP), ``"auto"`` (the default) does so where they
+    and the query mix LoRA adapters and full fine-tunes.
     """
     representation = representation or Representation()
     scoring = scoring or NEIGHBORS_SCORING
-    k, metric, scaling = scoring.k, scoring.metric, scoring.scaling
+    k, metric = scoring.k, scoring.metric
     with opened(store, read_only=True) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
         rows = db.metadata(representation=representation, models=[name])
@@ -160,11 +164,12 @@ def neighbors(
         if on_the_fly:
             if not os.path.exists(str(model)) and not is_hub_id(model):
                 raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
-            query, warning = _embed_query(model, base_name, representation, db, settings)
-            me = None
+            query, warning, kind = _embed_query(model, base_name, representation, db, settings)
+            me, kinds = None, [*meta["adapter"], kind]
         else:
             me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
-            query = X[me]
+            query, kinds = X[me], list(meta["adapter"])
+        scaling, scaling_note = scoring.scaling_for(kinds)
         base_files = local_files(base_name, "", db, settings) if explain else None
     order, dist_all = nearest(X, query, k=len(X), metric=metric, exclude=me, scaling=scaling)
     idx, dist = order[:k], dist_all[:k]
@@ -197,6 +202,8 @@ def neighbors(
         warning,
         explanation,
         len(voters),
+        scaling,
+        scaling_note,
     )
 
 

@@ -226,6 +226,7 @@ def _run(
                     outcome.seconds,
                     label_source=outcome.label_source,
                     author=outcome.author,
+                    adapter=outcome.adapter,
                 )
             )
             result.embedded.append(task.name)

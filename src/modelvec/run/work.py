@@ -158,6 +158,7 @@ class Outcome:
     label_source: str | None = None
     author: str | None = None
     seconds: float = 0.0
+    adapter: bool | None = None  # the model is a LoRA adapter (its delta in factored form), not a full fine-tune
     error: str | None = None
     kind: Kind = Kind.CONTENT
     note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
@@ -178,7 +179,7 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         try:
             vector = embedder.embed_one(ck)
             datasets, label_source, author = task.labels(ck)
-            note = ck.note
+            note, adapter = ck.note, bool(ck.factored)
         finally:
             ck.close()
     except Exception as exc:  # a run over many models goes on; the reason is kept
@@ -187,5 +188,13 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
             raise err from exc
         return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start)
     return Outcome(
-        task, vector, embedder.layout_.arch.name, datasets, label_source, author, time.perf_counter() - start, note=note
+        task,
+        vector,
+        embedder.layout_.arch.name,
+        datasets,
+        label_source,
+        author,
+        time.perf_counter() - start,
+        adapter=adapter,
+        note=note,
     )

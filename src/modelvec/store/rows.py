@@ -32,6 +32,7 @@ class VectorRow:
     seconds: float
     label_source: str | None = None  # where the dataset labels came from, e.g. "card"
     author: str | None = None
+    adapter: bool | None = None  # a LoRA adapter rather than a full fine-tune (None: not known)
 
     def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
         """The ``vectors`` columns of this row, its bytes at ``offset`` of the vector file with checksum ``vector_hash``."""
@@ -57,6 +58,7 @@ class VectorRow:
             "author": self.author,
             "source": self.source,
             "seconds": float(self.seconds),
+            "adapter": self.adapter,
         }
 
 

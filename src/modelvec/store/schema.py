@@ -82,6 +82,7 @@ VECTORS = Table(
         ("author", "VARCHAR"),
         ("source", "VARCHAR NOT NULL"),
         ("seconds", "DOUBLE NOT NULL"),
+        ("adapter", "BOOLEAN"),  # a LoRA adapter (True) or a full fine-tune (False); NULL: stored before it was kept
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
     ),
     ("model", "base", "base_hash", "params"),
@@ -132,7 +133,13 @@ BASES = Table(
 TABLES = (VECTORS, FAILURES, CATALOGUE, BASES)
 SCHEMA = "\n".join(t.create() for t in TABLES)
 # Columns added after the first release: added in place to older store files (MIGRATIONS).
-_ADDED_LATER = {("vectors", "label_source"), ("vectors", "author"), ("failures", "model_hash"), ("failures", "kind")}
+_ADDED_LATER = {
+    ("vectors", "label_source"),
+    ("vectors", "author"),
+    ("vectors", "adapter"),
+    ("failures", "model_hash"),
+    ("failures", "kind"),
+}
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")
 
@@ -148,6 +155,7 @@ META_COLUMNS = (
     "source",
     "model_hash",
     "seconds",
+    "adapter",
     "created_at",
 )
 # Columns added after the first release: added in place to older store files.
@@ -159,16 +167,29 @@ MIGRATIONS = tuple(
 )
 
 
-def missing_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The tables and columns this version needs that the store lacks (none once :func:`migrate` ran)."""
+def missing_tables(con: duckdb.DuckDBPyConnection, *, readable: bool = False) -> list[str]:
+    """The tables and columns this version needs that the store lacks (none once :func:`migrate` ran).
+
+    ``readable``: only those a reader cannot do without (a column added later reads as NULL: :func:`meta_select`)."""
     missing = []
     for table in TABLES:
         have = set(_columns(con, table.name))
         if not have:
             missing.append(f"table {table.name}")
             continue
-        missing += [f"{table.name}.{name}" for name, _ in table.columns if name not in have]
+        missing += [
+            f"{table.name}.{name}"
+            for name, _ in table.columns
+            if name not in have and not (readable and (table.name, name) in _ADDED_LATER)
+        ]
     return missing
+
+
+def meta_select(con: duckdb.DuckDBPyConnection) -> str:
+    """The SELECT list of :data:`META_COLUMNS` for this store: a column added later that an older store (opened
+    read-only, so not brought up to date) lacks reads as NULL."""
+    have = set(_columns(con, "vectors"))
+    return ", ".join(name if name in have else f"NULL AS {name}" for name in META_COLUMNS)
 
 
 def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:

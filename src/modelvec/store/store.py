@@ -42,7 +42,7 @@ from ..core.errors import Kind, NothingStoredError, StoreError
 from ..represent.representation import Representation
 from .lock import connect, default_wait
 from .rows import Failure, VectorRow
-from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, migrate, missing_tables, transaction
+from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, meta_select, migrate, missing_tables, transaction
 from .vectorfile import VectorFile
 from .writer import StoreWriter, write_rows
 
@@ -159,7 +159,7 @@ class Store:
 
     def _check_readable(self) -> None:
         """A store opened read-only must already have the tables of this version (a writing command adds them)."""
-        missing = missing_tables(self.con)
+        missing = missing_tables(self.con, readable=True)
         if missing:
             raise StoreError(
                 str(self.path),
@@ -332,7 +332,7 @@ class Store:
         """One row per stored vector (no vectors), ordered by model."""
         where, args = self._where(base, representation, models)
         return self.con.execute(
-            f"SELECT {', '.join(META_COLUMNS)} FROM vectors {where} ORDER BY model, base, params", args
+            f"SELECT {meta_select(self.con)} FROM vectors {where} ORDER BY model, base, params", args
         ).df()
 
     def load(
@@ -349,7 +349,7 @@ class Store:
         """
         where, args = self._where(base, representation, models)
         rows = self.con.execute(
-            f"""SELECT "offset", vector_hash, {", ".join(META_COLUMNS)} FROM vectors {where}
+            f"""SELECT "offset", vector_hash, {meta_select(self.con)} FROM vectors {where}
                 ORDER BY model, base, params""",
             args,
         ).df()
