@@ -311,3 +311,43 @@ def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server,
     for [(a, b)] in parts:
         assert any(lo <= a and b <= hi for lo, hi in held[FILE]), (a, b, held[FILE])
         assert got[a:b] == data[a:b]
+
+
+def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fails(hub, server, settings):
+    """A sharded checkpoint's ranges go out together (the last range of one shard does not hold up the next), and a
+    shard whose ranges all arrived is recorded as held even when another shard fails for good."""
+    from modelvec.hub.partial import _read_marker, fill_partial, open_partial
+
+    rng = np.random.default_rng(1)
+    shards = {
+        f"model-0000{i}-of-00002.safetensors": save(
+            {f"layer.{i}.weight": rng.standard_normal((64, 1024)).astype(np.float32)}, metadata={"format": "pt"}
+        )
+        for (i,) in [(1,), (2,)]
+    }
+    index = {"metadata": {}, "weight_map": {f"layer.{i}.weight": f"model-0000{i}-of-00002.safetensors" for i in (1, 2)}}
+    sha = hub.publish(
+        REPO, {**shards, "model.safetensors.index.json": json.dumps(index).encode(), "config.json": b"{}"}
+    )
+    folder = open_partial(REPO, sha, None, settings)
+    assert folder is not None
+    first, second = sorted(shards)
+    wanted = {
+        name: [(len(data) // 2 + k * 50_000, len(data) // 2 + k * 50_000 + 1_000) for k in range(3)]
+        for name, data in shards.items()
+    }
+    hub.fail(f"*/{first}", kind="slow", delay=0.5, times=1)  # the first shard's first range stalls
+    before = len(server.requests)
+    fill_partial(folder, REPO, sha, wanted, settings)
+    order = [r["path"].rsplit("/", 1)[-1] for r in server.requests[before:] if r["method"] == "GET"]
+    assert order == [second, first]  # one request a shard (coalesced): the second answered while the first stalled
+    for name, data in shards.items():
+        got = (folder / name).read_bytes()
+        assert all(got[a:b] == data[a:b] for a, b in wanted[name])
+    more = {name: [(a + 10_000, b + 10_000) for a, b in spans] for name, spans in wanted.items()}
+    hub.fail(f"*/{first}", kind="bad-content-range", times=None)
+    with pytest.raises(FetchError, match=first):
+        fill_partial(folder, REPO, sha, more, settings)
+    held = _read_marker(folder)
+    assert all(any(lo <= a and b <= hi for lo, hi in held[second]) for a, b in more[second])  # kept
+    assert not any(any(lo <= a and b <= hi for lo, hi in held[first]) for a, b in more[first])

@@ -48,7 +48,7 @@ from .download import (
     write_atomic,
 )
 from .ids import is_commit_sha
-from .ranges import RemoteFile, fetch_ranges, fetch_safetensors_head
+from .ranges import RangeJob, RangeStats, RemoteFile, fetch_many, fetch_safetensors_head
 
 _LOCK = threading.Lock()  # guards _LOCKS
 _LOCKS: dict[Path, threading.Lock] = {}  # per folder: one process's threads fill one folder's marker in turn
@@ -146,23 +146,29 @@ def fill_partial(
     lists them. A file a server sent whole (it ignored ``Range``) is held whole from then on."""
     done = Fetched()
     whole: list[str] = []
+    with _locked(folder):
+        held = _read_marker(folder) or {}
+    jobs = []
     for name, spans in wanted.items():
+        need = missing(spans, held.get(name, []))
+        if need:
+            path = folder / name
+            jobs.append(RangeJob(RemoteFile(repo_id, revision, name, path.stat().st_size), need, path))
+
+    def record(i: int, stats: RangeStats) -> None:  # as each file completes: what it holds survives a later failure
+        job = jobs[i]
         with _locked(folder):
             held = _read_marker(folder) or {}
-        need = missing(spans, held.get(name, []))
-        if not need:
-            continue
-        path = folder / name
-        size = path.stat().st_size
-        stats = fetch_ranges(RemoteFile(repo_id, revision, name, size), need, path, settings, max_in_flight=16, gap=GAP)
+            name = job.file.filename
+            held[name] = [(0, job.file.size)] if stats.whole_file else merge([*held.get(name, []), *job.ranges])
+            _write_marker(folder, held)
+
+    # every file's ranges in one pool: the link stays busy from one shard to the next
+    for job, stats in zip(jobs, fetch_many(jobs, settings, max_in_flight=16, gap=GAP, on_done=record)):
         done.bytes += stats.bytes
         done.requests += stats.requests
         if stats.whole_file:
-            whole.append(name)
-        with _locked(folder):
-            held = _read_marker(folder) or {}
-            held[name] = [(0, size)] if stats.whole_file else merge([*held.get(name, []), *need])
-            _write_marker(folder, held)
+            whole.append(job.file.filename)
     done.whole_files = tuple(whole)
     return done
 

@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +46,12 @@ from .download import check_repo_id, check_revision
 
 __all__ = [
     "BadRangeAnswer",
+    "RangeJob",
     "RangeStats",
     "RemoteFile",
     "SafetensorsHead",
     "coalesce_ranges",
+    "fetch_many",
     "fetch_ranges",
     "fetch_safetensors_head",
 ]
@@ -339,16 +341,16 @@ def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[i
 
 
 class _Progress:
-    """What the requests of one :func:`fetch_ranges` call share: counts, the whole file once one answer brought
-    it, and a stop signal once one range failed for good."""
+    """What the requests of one file share: counts, the whole file once one answer brought it, and the call's stop
+    signal, set once one range (of any file of the call) failed for good."""
 
-    def __init__(self) -> None:
+    def __init__(self, failed: threading.Event) -> None:
         self.lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
         self.whole = threading.Event()  # the whole file is written: every range is satisfied
         self.whole_lock = threading.Lock()  # held while one answer's whole file is being written
-        self.failed = threading.Event()
+        self.failed = failed
 
     def count(self, requests: int = 0, nbytes: int = 0) -> None:
         with self.lock:
@@ -457,6 +459,15 @@ def _cause(exc: BaseException) -> str:
     return describe_error(exc)
 
 
+@dataclass(frozen=True)
+class RangeJob:
+    """The byte ranges ``[start, stop)`` of one remote file to write into the local file ``out`` at their offsets."""
+
+    file: RemoteFile
+    ranges: Sequence[tuple[int, int]]
+    out: Path
+
+
 def fetch_ranges(
     file: RemoteFile,
     ranges: Sequence[tuple[int, int]],
@@ -477,43 +488,85 @@ def fetch_ranges(
     ``Range``) sends the whole file: it is written whole, the other ranges are then not asked for, and the stats say
     ``whole_file``.
     """
+    return fetch_many([RangeJob(file, ranges, out)], settings, max_in_flight=max_in_flight, gap=gap)[0]
+
+
+def fetch_many(
+    jobs: Sequence[RangeJob],
+    settings: HubSettings,
+    *,
+    max_in_flight: int = 8,
+    gap: int = 256 << 10,
+    on_done: Callable[[int, RangeStats], None] | None = None,
+) -> list[RangeStats]:
+    """:func:`fetch_ranges` for several files at once: their requests share one pool of ``max_in_flight``, so the
+    link stays busy from one file to the next (a sharded checkpoint's shards one after the other would wait for each
+    shard's last range). ``on_done(i, stats)`` is called, from the thread that fetched its last range, as soon as job
+    ``i`` is complete (e.g. to record what is held before the other files are done). The first range that fails for
+    good stops every job: a :class:`FetchError` naming its file."""
     started = time.monotonic()
-    for start, stop in ranges:
-        if not 0 <= start <= stop <= file.size:
-            raise ValueError(f"range [{start}, {stop}) is not inside {file.filename} ({file.size} bytes)")
-    spans = coalesce_ranges(ranges, gap)
-    if not spans:
-        return RangeStats(0, 0, time.monotonic() - started, False)
-    _refuse_offline(file.repo_id, file.filename, settings)
-    url = _url(file, settings)
-    fd = os.open(out, os.O_RDWR | os.O_CREAT, 0o644)
-    progress = _Progress()
+    plans = []
+    for job in jobs:
+        for start, stop in job.ranges:
+            if not 0 <= start <= stop <= job.file.size:
+                raise ValueError(f"range [{start}, {stop}) is not inside {job.file.filename} ({job.file.size} bytes)")
+        plans.append(coalesce_ranges(job.ranges, gap))
+    for job, spans in zip(jobs, plans):
+        if spans:
+            _refuse_offline(job.file.repo_id, job.file.filename, settings)
+    stopped = threading.Event()  # one range failed for good: every job's requests stop
+    progress = [_Progress(stopped) for _ in jobs]
+    left = [len(spans) for spans in plans]
+    left_lock = threading.Lock()
+    work: list[tuple[int, int, int, int]] = []  # (job, its local file, start, stop) per request
+    fds: list[int] = []
     try:
-        if os.fstat(fd).st_size < file.size:
-            os.ftruncate(fd, file.size)
-        with ThreadPoolExecutor(
-            max_workers=max(1, min(max_in_flight, len(spans))), thread_name_prefix="ranges"
-        ) as pool:
-            futures: list[Future[None]] = [
-                pool.submit(_fetch_span, url, fd, file, start, stop, settings, progress) for start, stop in spans
-            ]
+        for i, (job, spans) in enumerate(zip(jobs, plans)):
+            if not spans:
+                if on_done is not None:
+                    on_done(i, _stats(progress[i], started))
+                continue
+            fd = os.open(job.out, os.O_RDWR | os.O_CREAT, 0o644)
+            fds.append(fd)
+            if os.fstat(fd).st_size < job.file.size:
+                os.ftruncate(fd, job.file.size)
+            work += [(i, fd, start, stop) for start, stop in spans]
+
+        def one(i: int, fd: int, start: int, stop: int) -> None:
+            job = jobs[i]
+            _fetch_span(_url(job.file, settings), fd, job.file, start, stop, settings, progress[i])
+            with left_lock:
+                left[i] -= 1
+                finished = left[i] == 0
+            if finished and on_done is not None:
+                on_done(i, _stats(progress[i], started))
+
+        total = len(work)
+        with ThreadPoolExecutor(max_workers=max(1, min(max_in_flight, total)), thread_name_prefix="ranges") as pool:
+            futures = [(i, pool.submit(one, i, fd, start, stop)) for i, fd, start, stop in work]
             try:
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                done, _ = wait([f for _, f in futures], return_when=FIRST_EXCEPTION)
             except BaseException:  # interrupted: the requests in flight stop at their next chunk
-                progress.failed.set()
+                stopped.set()
                 raise
-            failed = next((f for f in futures if f in done and f.exception() is not None), None)
+            failed = next(((i, f) for i, f in futures if f in done and f.exception() is not None), None)
             if failed is not None:
-                progress.failed.set()
-                for future in futures:
+                stopped.set()
+                for _, future in futures:
                     future.cancel()
-                wait(futures)
-                exc = failed.exception()
+                wait([f for _, f in futures])
+                i, future = failed
+                exc = future.exception()
                 assert exc is not None
-                raise_if_resource(exc, file.repo_id)  # the disk is full: the machine's fault, not the Hub's
+                raise_if_resource(exc, jobs[i].file.repo_id)  # the disk is full: the machine's fault, not the Hub's
                 raise FetchError(
-                    file.repo_id, f"{shown(file.filename)}: could not read byte ranges: {_cause(exc)}"
+                    jobs[i].file.repo_id, f"{shown(jobs[i].file.filename)}: could not read byte ranges: {_cause(exc)}"
                 ) from exc
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
+    return [_stats(p, started) for p in progress]
+
+
+def _stats(progress: _Progress, started: float) -> RangeStats:
     return RangeStats(progress.requests, progress.bytes, time.monotonic() - started, progress.whole.is_set())
