@@ -224,6 +224,13 @@ def measure(job: str, base: Path, ft: Path, params: dict | None = None, device: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def reads_a_share(name: str) -> bool:
+    """Whether the representation ``name`` reads a share of the rows (so byte ranges from a Hub), as built."""
+    from modelvec import Representation
+
+    return Representation(**REPRS[name]).rows < 1
+
+
 def matrix_bytes(folder: Path) -> int:
     """The bytes of the matrices a vector reads, whole (every layer matrix of the checkpoint)."""
     from modelvec.read import open_checkpoint
@@ -256,7 +263,7 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
             jobs = [("hub-whole", "today", REPRS["today"])] + [
                 ("hub-embed", name, REPRS[name])
                 for name in args.reprs.split(",")
-                if REPRS[name].get("rows", 1) < 1 or name == "default"
+                if reads_a_share(name)
             ]
 
             def through(job: str, name: str, params: dict, hub_args: dict) -> dict:
@@ -286,7 +293,7 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
                 for i in range(args.stream):
                     repos.append(f"bench/ft-{i}")
                     hub.publish(repos[-1], ft, link=True)
-                for name in [n for n in args.reprs.split(",") if REPRS[n].get("rows", 1) < 1]:
+                for name in [n for n in args.reprs.split(",") if reads_a_share(n)]:
                     store = str(root / f"stream-{name}.duckdb")
                     got = through(
                         "hub-stream", name, REPRS[name], {"endpoint": server.endpoint, "repos": repos, "store": store}
