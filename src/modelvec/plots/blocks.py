@@ -39,7 +39,9 @@ def plot_block_scores(blocks: pd.DataFrame, path: str | os.PathLike, *, title: s
     for (i, j), v in np.ndenumerate(grid):
         if v == v:
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
-    fig.colorbar(image, ax=ax, label="kNN dataset score of the block alone")
-    if title:
-        ax.set_title("\n".join(textwrap.wrap(title, width=60)), fontsize=10)
+    # a short label: a row of pooled layers makes a short figure, and a long vertical label ran off it
+    fig.colorbar(image, ax=ax, label="kNN score", fraction=0.05)
+    wrap = max(40, int(9 * (1.1 * len(families) + 2.5)))  # characters of the title a line, as wide as the figure
+    heading = "kNN dataset score of each block alone" + (f": {title}" if title else "")
+    ax.set_title("\n".join(textwrap.wrap(heading, width=wrap)), fontsize=10)
     return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
