@@ -261,9 +261,7 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
         )
         with hub.serve(bandwidth=rate, latency=args.latency) as server:
             jobs = [("hub-whole", "today", REPRS["today"])] + [
-                ("hub-embed", name, REPRS[name])
-                for name in args.reprs.split(",")
-                if reads_a_share(name)
+                ("hub-embed", name, REPRS[name]) for name in args.reprs.split(",") if reads_a_share(name)
             ]
 
             def through(job: str, name: str, params: dict, hub_args: dict) -> dict:

@@ -126,6 +126,15 @@ def test_cluster_cli_json(planted, tmp_path):
     assert "k-means clusters vs datasets: adjusted Rand index" in said
     assert f"on the {int(data['n_clustered'])} models tuned on one dataset" in said
     assert " nan " not in said  # every score here is defined; an undefined one is explained, not printed
+    assert "a vote of its 5 nearest" in said and "the vote:" not in said  # 4 a dataset: its own 3 can win 5 votes
+    outvoted = CliRunner().invoke(
+        app,
+        ["cluster", str(base), "--rank", "4", "--store", str(store), "--reduce", "pca", "--out", str(tmp_path)]
+        + ["--k", "6"],
+    )
+    said = " ".join(outvoted.output.split())
+    assert outvoted.exit_code == 0 and "a vote of its 6 nearest" in said
+    assert "the vote: a dataset has at most 3 other models here, no majority of 6 voters" in said and "--k 3" in said
 
 
 def test_cluster_explains_missing_clustering_scores(planted, tmp_path):

@@ -90,7 +90,10 @@ def cluster(
     console.print(table)
     how = f"metric {report.metric}" + (f" · {report.scaling}" if report.scaling != "none" else "")
     scores = Table(whole_column("score"), "value", title=f"{report.n_models} models · {how} · pool {report.pool}")
-    scores.add_row("dataset predicted from its k nearest, each model left out (accuracy)", fmt(report.loo_accuracy))
+    scores.add_row(
+        f"dataset by a vote of its {report.k} nearest, each model left out (accuracy)",
+        fmt(report.loo_accuracy),
+    )
     if report.n_authors:
         scores.add_row(
             f"kNN score, same-author neighbours excluded ({report.n_scored_other_authors} scored)",
@@ -102,6 +105,13 @@ def cluster(
         for key, words in _CLUSTERING_WORDS.items():
             scores.add_row(words, fmt(report.clustering[key]))
     console.print(scores)
+    most = max((int(entry["count"]) for entry in report.per_dataset.values()), default=0)
+    if most > 1 and most - 1 <= report.k / 2:  # a model's own dataset cannot hold a majority of the votes
+        say(
+            console,
+            f"the vote: a dataset has at most {most - 1} other models here, no majority of {report.k} voters, so a "
+            f"model's own dataset is easily outvoted; --k {most - 1} votes among its nearest few",
+        )
     if clustered:
         say(
             console,

@@ -74,6 +74,7 @@ class ClusterReport:
     reduce: str = ""  # the map's reduction as drawn (``auto`` resolved)
     reduce_note: str | None = None  # why, when ``auto`` chose it
     per_block_note: str | None = None  # why there is no per-block score, when there is none
+    k: int = 5  # the voters of the predictions and of ``loo_accuracy``
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
@@ -225,6 +226,7 @@ def cluster(
         label_sources=list(label_sources) if label_sources is not None else None,
         scaling=scaling,
         scaling_note=scaling_note,
+        k=scoring.k,
     )
     folder = Path(out)
     files = _base_files(base_name, base_sha, settings or HubSettings())
