@@ -7,10 +7,9 @@ dataset score, predictions for unlabelled models and the clustering scores, redu
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ def _base_files(base: str, sha: str | None, settings: HubSettings) -> str | None
         folder = snapshot_folder(base, sha or "main", settings)
         if (folder is None or not weight_format(p.name for p in folder.iterdir())) and sha:
             folder = partial_folder(base, sha, settings)
-    except ModelvecError:
+    except (ModelvecError, OSError):  # an unreadable cache is no heat map, not a failed report
         return None
     return str(folder) if folder is not None and folder.is_dir() else None
 
@@ -230,7 +229,7 @@ def cluster(
     )
     folder = Path(out)
     files = _base_files(base_name, base_sha, settings or HubSettings())
-    resolved = dataclasses.replace(scoring, scaling=scaling)
+    resolved = replace(scoring, scaling=scaling)
     report.per_block, report.per_block_note = _per_block(X, labels, files, representation, resolved)
     if report.per_block:
         report.files["blocks"] = str(
