@@ -516,6 +516,7 @@ def fetch_many(
             _refuse_offline(job.file.repo_id, job.file.filename, settings)
     stopped = threading.Event()  # one range failed for good: every job's requests stop
     progress = [_Progress(stopped) for _ in jobs]
+    urls = [_url(job.file, settings) for job in jobs]
     left = [len(spans) for spans in plans]
     left_lock = threading.Lock()
     work: list[tuple[int, int, int, int]] = []  # (job, its local file, start, stop) per request
@@ -533,16 +534,14 @@ def fetch_many(
             work += [(i, fd, start, stop) for start, stop in spans]
 
         def one(i: int, fd: int, start: int, stop: int) -> None:
-            job = jobs[i]
-            _fetch_span(_url(job.file, settings), fd, job.file, start, stop, settings, progress[i])
+            _fetch_span(urls[i], fd, jobs[i].file, start, stop, settings, progress[i])
             with left_lock:
                 left[i] -= 1
                 finished = left[i] == 0
             if finished and on_done is not None:
                 on_done(i, _stats(progress[i], started))
 
-        total = len(work)
-        with ThreadPoolExecutor(max_workers=max(1, min(max_in_flight, total)), thread_name_prefix="ranges") as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(max_in_flight, len(work))), thread_name_prefix="ranges") as pool:
             futures = [(i, pool.submit(one, i, fd, start, stop)) for i, fd, start, stop in work]
             try:
                 done, _ = wait([f for _, f in futures], return_when=FIRST_EXCEPTION)

@@ -92,7 +92,7 @@ def _stored_base(db: Store, base: PathLike | str | None, representation: Represe
 
 def _embed_query(
     model: PathLike | str, base: str, representation: Representation, db: Store, settings: HubSettings | None
-) -> tuple[np.ndarray, str | None, object]:
+) -> tuple[np.ndarray, str | None, bool | None]:
     """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it: its vector, a
     warning when the base changed since, and whether it is an adapter.
 
@@ -118,7 +118,8 @@ def _embed_query(
             f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
             f"were computed against {', '.join(stored)}: distances may include the base's change"
         )
-    return result.vectors[0], warning, result.metadata["adapter"].iloc[0]
+    kind = result.metadata["adapter"].iloc[0]
+    return result.vectors[0], warning, None if pd.isna(kind) else bool(kind)
 
 
 #: How ``neighbors`` finds them unless told: 10 listed (and voting), by cosine distance.
