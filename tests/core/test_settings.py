@@ -26,19 +26,32 @@ def test_every_setting_has_help_and_the_representations_a_place_in_the_key(cls):
 
 
 def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
-    """The key is derived from the declarations, and a key written before projection and rows existed is unchanged."""
-    assert Representation(rank=8, projection="shared", rows=1).key() == "r8-sketch-mean-seed0-bn"
-    assert Representation(factor="U", rank=4, seed=3).key() == "r4-U-mean-randomized-max-abs-it4-os8-seed3-bn"
-    assert Representation(factor="S", rank=8, solver="exact", block_norm=False).key() == "r8-S-mean-exact"
+    """The key is derived from the declarations, and a key written before projection, rows and head existed is
+    unchanged."""
+    assert Representation(rank=8, projection="shared", rows=1, head="none").key() == "r8-sketch-mean-seed0-bn"
+    assert Representation.from_stored(dict(rank=8)).key() == "r8-sketch-mean-seed0-bn"
+    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto"
+    assert (
+        Representation(factor="U", rank=4, seed=3, head="none").key() == "r4-U-mean-randomized-max-abs-it4-os8-seed3-bn"
+    )
+    assert Representation(factor="S", rank=8, solver="exact", block_norm=False, head="none").key() == "r8-S-mean-exact"
     assert (
         Representation(head="vocabulary", pooling="concat", projection="shared").key().endswith("-bn-head-vocabulary")
     )
-    assert key_of(Representation(rank=8, projection="countsketch", rows=0.05)) == "r8-sketch-mean-seed0-cs-rows0.05-bn"
+    assert (
+        key_of(Representation(rank=8, projection="countsketch", rows=0.05, head="none"))
+        == "r8-sketch-mean-seed0-cs-rows0.05-bn"
+    )
 
 
 def test_validation_and_flags_come_from_the_declaration():
-    with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\], not 0.0"):
+    with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\] or auto, not 0.0"):
         Representation(rows=0)
+    with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\] or auto, not 'half'"):
+        Representation(rows="half")
+    assert Representation(rows=1).rows == 1.0 and Representation(rows="auto").rows == "auto"
+    assert flags(Representation(rows=0.1)) == ["--rows", "0.1"]
+    assert flags(Representation(rows=1), Representation(rows=0.1)) == ["--rows", "1"]
     with pytest.raises(ValueError, match="metric must be one of cosine, euclidean"):
         Scoring(metric="manhattan")
     with pytest.raises(ValueError, match="k must be an integer >= 1"):

@@ -480,7 +480,7 @@ def zoo(tmp_path_factory) -> Zoo:
 
 
 # The description's method (rank-r SVD factor, no block normalisation), whatever the library's default.
-DESCRIBED = dict(factor="U", block_norm=False)
+DESCRIBED = dict(factor="U", block_norm=False, head="none")
 
 
 def embed(case: Case, base_bare=False, ft_bare=False, **kw) -> tuple[DeltaEmbedder, np.ndarray]:

@@ -322,8 +322,13 @@ def test_the_grid_of_rows_and_projections(planted, tmp_path):
 
     grid = variants(rows=(1, 0.1), projections=("shared", "countsketch"), svd=False)
     assert all(p.factor == "sketch" for p in grid.values())
-    # per projection and share, mean and concat (block-normed), and the shared whole-matrix sketch without it
-    assert len(grid) == 2 * 2 * 2 + 2
+    # per projection and share, mean and concat (block-normed), and the shared whole-matrix sketch without it,
+    # the deltas alone; and the default, marked
+    assert len(grid) == 2 * 2 * 2 + 2 + 1
+    assert [name for name, p in grid.items() if p == Representation()] == [f"{Representation().label()} (default)"]
+    assert all(p.head == "none" for p in grid.values() if p != Representation())
+    same = variants(rows=("auto",), projections=("countsketch",), svd=False, default=False)
+    assert Representation(head="none") in same.values() and Representation() not in same.values()
     assert len({p.key() for p in grid.values()}) == len(grid)
 
 
@@ -333,8 +338,8 @@ def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):
     for table in (VARIANTS, variants(ranks=(8, 16, 32))):
         keys = [p.key() for p in table.values()]
         assert len(set(keys)) == len(keys) == len(table)  # distinct labels mean distinct computations
-        assert all(name == p.label() for name, p in table.items())
-    assert len(variants(ranks=(8, 16, 32))) == 3 * len(VARIANTS)
+        assert all(name.removesuffix(" (default)") == p.label() for name, p in table.items())
+    assert len(variants(ranks=(8, 16, 32))) - 1 == 3 * (len(VARIANTS) - 1)  # the default once
     base, models, _, store = planted
     twice = {"sketch": Representation(rank=4), "U": Representation(rank=4, factor="sketch")}
     with pytest.raises(ValueError, match="'sketch' and 'U' have the same parameters"):

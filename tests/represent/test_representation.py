@@ -16,7 +16,9 @@ def _delta(base, ft, ref):
 
 
 def test_singular_values_alone(tiny_bert, tiny_finetunes):
-    emb = DeltaEmbedder(rank=4, factor="S", pooling="concat", solver="exact", block_norm=False).fit(tiny_bert)
+    emb = DeltaEmbedder(rank=4, factor="S", pooling="concat", solver="exact", block_norm=False, head="none").fit(
+        tiny_bert
+    )
     vec = emb.embed_one(tiny_finetunes[0])
     assert emb.dim_ == 4 * len(emb.layout_.refs)
     for ref, block in zip(emb.layout_.refs, emb.blocks_):
@@ -46,12 +48,12 @@ def test_sketch_is_linear_in_the_delta(tiny_bert, tmp_path):
 
 @pytest.mark.parametrize("factor", ["U", "US", "S", "sketch"])
 def test_block_normalisation_gives_unit_blocks(tiny_bert, tiny_finetunes, factor):
-    emb = DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=True).fit(tiny_bert)
+    emb = DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=True, head="none").fit(tiny_bert)
     vec = emb.embed_one(tiny_finetunes[2])
     norms = [np.linalg.norm(vec[b.start : b.stop]) for b in emb.blocks_]
     np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
     plain = (
-        DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=False)
+        DeltaEmbedder(rank=4, factor=factor, pooling="concat", block_norm=False, head="none")
         .fit(tiny_bert)
         .embed_one(tiny_finetunes[2])
     )

@@ -275,14 +275,14 @@ def test_gpt2_c_attn_parts_project_the_shared_rows_of_their_columns(tmp_path):
 
 def test_rows_is_in_the_key_and_whole_for_svd_factors():
     # what was stored before rows and projections keeps its key
-    assert Representation(rank=8, rows=1, projection="shared").key() == "r8-sketch-mean-seed0-bn"
+    assert Representation(rank=8, rows=1, projection="shared", head="none").key() == "r8-sketch-mean-seed0-bn"
     assert Representation().key() != "r8-sketch-mean-seed0-bn"  # a changed default is a new key
     keys = {
         Representation(rows=r, projection=p).key()
-        for r in (1, 0.5, 0.05)
+        for r in (1, 0.5, 0.05, "auto")
         for p in ("shared", "gaussian", "countsketch")
     }
-    assert len(keys) == 9
+    assert len(keys) == 12
     assert Representation(rows=1).key() == Representation(rows=1.0).key()
     assert Representation(factor="U", rows=0.5) == Representation(factor="U", rows=1)  # SVD: whole matrices
     assert Representation(factor="U").rows == 1.0 and "rows" not in Representation(factor="US").key()
@@ -336,3 +336,53 @@ def test_vectors_of_another_representation_are_named_with_the_options_that_read_
     assert json.loads(shown.output)["summary"][0]["params"] == other.key()
     found = CliRunner().invoke(app, ["neighbors", str(tiny_finetunes[0]), "--store", store, "--json", *options])
     assert found.exit_code == 0 and json.loads(found.output)["params"] == other.key()
+
+
+def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones(tmp_path, monkeypatch):
+    """``rows="auto"``: the share is decided by the size of the vector's matrices, from the shapes alone, so the
+    base and its fine-tunes read the same rows; a small checkpoint reads every row, a large one the share."""
+    from modelvec.represent import read_plan
+    from modelvec.represent import representation as rep_module
+
+    auto = Representation(rows="auto", pooling="concat")
+    assert auto.share(rep_module.AUTO_FROM - 1) == 1.0 and auto.share(rep_module.AUTO_FROM) == rep_module.AUTO_SHARE
+    assert Representation(rows=0.1).share(10**12) == 0.1 and Representation(rows=1).share(1) == 1.0
+    with pytest.raises(ValueError, match="share=representation.share"):
+        plan_matrix(MatrixRef("decoder", 0, "q", "w", Orientation.LINEAR), (64, 32), auto)
+
+    base, ft = llama_pair(tmp_path, 64, 192, 2, torch.bfloat16)
+    small = DeltaEmbedder(auto).fit(base)
+    values = sum(p.n_rows * p.n_cols for p in small.plans_.values())  # what the vector's matrices hold
+    assert all(p.n_selected == p.n_rows for p in small.plans_.values())  # below the threshold: every row
+    whole = DeltaEmbedder(Representation(rows=1, pooling="concat")).fit(base)
+    np.testing.assert_array_equal(small.embed_one(ft), whole.embed_one(ft))
+
+    monkeypatch.setattr(rep_module, "AUTO_FROM", values)  # as large as the threshold: the share
+    large = DeltaEmbedder(auto).fit(base)
+    share = DeltaEmbedder(Representation(rows=rep_module.AUTO_SHARE, pooling="concat")).fit(base)
+    assert {k: p.rows for k, p in large.plans_.items()} == {k: p.rows for k, p in share.plans_.items()}
+    assert sum(p.n_selected for p in large.plans_.values()) < sum(p.n_rows for p in large.plans_.values()) / 4
+    assert read_plan(Checkpoint(ft), auto, base=False) == read_plan(Checkpoint(base), auto, base=False)
+    np.testing.assert_array_equal(large.embed_one(ft), share.embed_one(ft))
+
+
+def test_the_command_line_takes_a_share_or_auto(tmp_path):
+    """``--rows`` takes a number or ``auto``, checked as the declaration says, in embed and in evaluate."""
+    from typer.testing import CliRunner
+
+    from modelvec.cli import app
+    from modelvec.store import Store
+
+    base, ft = llama_pair(tmp_path, 64, 192, 2, torch.bfloat16)
+    store = str(tmp_path / "s.duckdb")
+    for rows in ("auto", "0.5"):
+        result = CliRunner().invoke(app, ["embed", str(ft), "--base", str(base), "--store", store, "--rows", rows])
+        assert result.exit_code == 0, result.output
+    with Store(store, read_only=True) as db:
+        keys = set(db.summary()["params"])
+    assert keys == {Representation(rows="auto").key(), Representation(rows=0.5).key()}
+    for args in (["embed", str(ft), "--base", str(base)], ["evaluate", str(ft), "--base", str(base)]):
+        bad = CliRunner().invoke(app, [*args, "--store", store, "--rows", "half"])
+        said = " ".join(bad.output.replace("│", " ").split())
+        assert bad.exit_code == 2 and "rows must be a number in (0, 1] or auto, not 'half'" in said, said
+    assert "Traceback" not in bad.output

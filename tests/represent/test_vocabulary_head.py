@@ -45,7 +45,7 @@ def test_head_block_is_the_centred_vocabulary_prior(tiny_bert, tmp_path):
     g = torch.Generator().manual_seed(1)
     beta = torch.randn(32, generator=g)
     ft = with_head(tiny_bert, tmp_path / "mlm", seed=3, beta=beta)
-    plain = DeltaEmbedder().fit(tiny_bert).embed_one(ft)
+    plain = DeltaEmbedder(head="none").fit(tiny_bert).embed_one(ft)
     vec = DeltaEmbedder(head="vocabulary").fit(tiny_bert).embed_one(ft)
     E = load_file(str(tiny_bert / "model.safetensors"))["embeddings.word_embeddings.weight"]
     assert vec.shape == (plain.size + 64,)
@@ -120,7 +120,7 @@ def test_the_head_separates_what_the_deltas_do_not(tiny_bert, tmp_path):
                 state[k] = state[k] + (v - load_file(str(tiny_bert / "model.safetensors"))[k[5:]])
         models.append(save_state(ft, state, json.loads((tiny_bert / "config.json").read_text())))
     labels = [["a"], ["a"], ["b"], ["b"]]
-    without = DeltaEmbedder().fit(tiny_bert).transform(models)
+    without = DeltaEmbedder(head="none").fit(tiny_bert).transform(models)
     with_ = DeltaEmbedder(head="vocabulary").fit(tiny_bert).transform(models)
     assert knn_dataset_score(without, labels).score == 0.0  # the deltas pair 0 with 2
     assert knn_dataset_score(with_, labels).score == 1.0
@@ -153,9 +153,9 @@ def test_a_family_without_a_vocabulary_head_is_refused(tmp_path):
 
 
 def test_parameters_and_cli(tiny_bert, tmp_path):
-    with pytest.raises(ValueError, match="head must be one of none, vocabulary"):
+    with pytest.raises(ValueError, match="head must be one of auto, none, vocabulary"):
         Representation(head="lm")
-    plain, head = Representation(), Representation(head="vocabulary")
+    plain, head = Representation(head="none"), Representation(head="vocabulary")
     assert plain.key() != head.key() and head.label().endswith("+ vocabulary head")
     ft = with_head(tiny_bert, tmp_path / "mlm", seed=3, beta=torch.ones(32))
     args = ["embed", str(ft), "--base", str(tiny_bert), "--store", str(tmp_path / "s.duckdb"), "--head", "vocabulary"]
@@ -167,7 +167,48 @@ def test_parameters_and_cli(tiny_bert, tmp_path):
     np.testing.assert_allclose(X[0], DeltaEmbedder(head="vocabulary").fit(tiny_bert).embed_one(ft), rtol=1e-6)
     bad = CliRunner().invoke(app, [*args[:-1], "lm"])
     said = " ".join(bad.output.replace("│", " ").split())  # the error box wraps the line
-    assert bad.exit_code == 2 and "'lm' is not one of 'none', 'vocabulary'" in said  # refused as it is parsed
+    assert bad.exit_code == 2 and "'lm' is not one of 'auto', 'none', 'vocabulary'" in said  # refused as parsed
+
+
+def test_auto_appends_a_masked_lm_head_and_leaves_other_families_as_they_are(tiny_bert, tmp_path):
+    """``head="auto"`` (the default): the vocabulary head where the family's is a masked-LM head (bert), the
+    deltas alone for GPT-2 (its ``ln_f``, unmeasured) and Llama (no bias), and for a base without embeddings."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    assert Representation().head == "auto"
+    ft = with_head(
+        tiny_bert, tmp_path / "mlm", seed=3, beta=torch.randn(32, generator=torch.Generator().manual_seed(5))
+    )
+    auto = DeltaEmbedder(head="auto").fit(tiny_bert)
+    np.testing.assert_array_equal(auto.embed_one(ft), DeltaEmbedder(head="vocabulary").fit(tiny_bert).embed_one(ft))
+    assert auto.blocks_[-1].family == "vocabulary"
+    assert [b.family for b in blocks_of(tiny_bert, Representation())] == [b.family for b in auto.blocks_]
+
+    torch.manual_seed(0)
+    others = {
+        "gpt2": GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=32)),
+        "llama": LlamaForCausalLM(
+            LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=64)
+        ),
+    }
+    for name, model in others.items():
+        model.save_pretrained(tmp_path / name)
+        state = load_file(str(tmp_path / name / "model.safetensors"))
+        changed = save_state(
+            tmp_path / f"{name}-ft",
+            {k: v + 0.01 if v.ndim == 2 else v + 0.1 for k, v in state.items()},
+            json.loads((tmp_path / name / "config.json").read_text()),
+        )
+        a, none = (DeltaEmbedder(head=h).fit(tmp_path / name) for h in ("auto", "none"))
+        np.testing.assert_array_equal(a.embed_one(changed), none.embed_one(changed))
+        assert a.vocabulary_ is None and "head" not in {b.stack for b in a.blocks_}
+
+    bare = tmp_path / "bare"  # a base of the matrices alone: nothing to read the head through
+    state = {k: v for k, v in load_file(str(tiny_bert / "model.safetensors")).items() if ".layer." in k}
+    save_state(bare, state, json.loads((tiny_bert / "config.json").read_text()))
+    assert DeltaEmbedder().fit(bare).vocabulary_ is None
+    with pytest.raises(Exception, match="no embedding matrix"):
+        DeltaEmbedder(head="vocabulary").fit(bare)
 
 
 def test_the_heat_map_draws_the_head_beside_the_layers(tmp_path):

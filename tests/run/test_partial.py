@@ -106,6 +106,31 @@ def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, sett
     assert sum(f.stat().st_blocks * 512 for f in folder.glob("*.safetensors")) < 0.2 * matrix_bytes(models["sharded"])
 
 
+def test_the_default_reads_every_row_of_a_small_model_and_a_share_of_a_large_one_by_ranges(
+    models, server, settings, tmp_path, monkeypatch
+):
+    """``rows="auto"`` through the Hub: below the size threshold every row of the matrices, by byte ranges (no
+    whole file); from it, the share. Either way the local copy's vector."""
+    from modelvec.represent import representation as rep_module
+
+    auto = Representation(rows="auto")
+    small = embed("org/base", ["org/ft-single"], representation=auto, settings=settings, store=tmp_path / "a.duckdb")
+    local = DeltaEmbedder(auto).fit(models["base"])
+    assert all(p.n_selected == p.n_rows for p in local.plans_.values())  # 2 layers of width 1024: under 50M values
+    np.testing.assert_allclose(small.vectors[0], local.embed_one(models["single"]), rtol=1e-6, atol=1e-6)
+    gets = weight_gets(server, "org/ft-single")
+    assert gets and all(r["range"] and r["status"] == 206 for r in gets)
+    assert matrix_bytes(models["single"]) <= sum(r["bytes"] for r in gets) < 1.05 * matrix_bytes(models["single"])
+
+    monkeypatch.setattr(rep_module, "AUTO_FROM", 1)  # every model is large: the share
+    fresh = HubSettings(**{**settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
+    start = server.bytes_sent("/org/ft-single/*")
+    large = embed("org/base", ["org/ft-single"], representation=auto, settings=fresh, store=tmp_path / "b.duckdb")
+    share = DeltaEmbedder(Representation(rows=rep_module.AUTO_SHARE)).fit(models["base"])
+    np.testing.assert_allclose(large.vectors[0], share.embed_one(models["single"]), rtol=1e-6, atol=1e-6)
+    assert server.bytes_sent("/org/ft-single/*") - start <= 0.12 * matrix_bytes(models["single"])
+
+
 def test_another_share_fetches_only_what_is_missing_and_no_keep_weights_deletes_it(models, server, settings, tmp_path):
     store = tmp_path / "s.duckdb"
     embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=store)

@@ -127,7 +127,7 @@ def test_randomized_solver_matches_exact_on_a_flat_decaying_spectrum(shape):
 
 def test_planted_rank_two_delta_is_recovered(tiny_bert, tmp_path):
     ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3, rank=2)
-    emb = DeltaEmbedder(rank=8, factor="US", pooling="concat", solver="exact").fit(tiny_bert)
+    emb = DeltaEmbedder(rank=8, factor="US", pooling="concat", solver="exact", head="none").fit(tiny_bert)
     vec = emb.embed_one(ft)
     for block in emb.blocks_:
         cols = vec[block.start : block.stop].reshape(8, block.n)  # column by column
@@ -243,7 +243,7 @@ def test_store_from_environment(tiny_bert, tiny_finetunes, tmp_path, monkeypatch
 def test_real_packaged_minilm(minilm, tmp_path):
     """The real all-MiniLM-L6-v2 against a fine-tune with a planted rank-2 delta in every matrix."""
     ft = planted_finetune(minilm, tmp_path / "minilm-ft", seed=0, scale=0.02, prefix="bert.")
-    emb = DeltaEmbedder(rank=8, factor="U", block_norm=False).fit(minilm)
+    emb = DeltaEmbedder(rank=8, factor="U", block_norm=False, head="none").fit(minilm)
     assert emb.layout_.arch.name == "bert" and len(emb.layout_.refs) == 6 * 6
     assert emb.dim_ == 8 * (5 * 384 + 1536)
     vec = emb.embed_one(ft)

@@ -21,7 +21,7 @@ from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from ..core.errors import ModelvecError
-from ..core.settings import flag_of, settings_of
+from ..core.settings import check_field, flag_of, kind_of, parse_value, settings_of
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -215,6 +215,20 @@ def numbers(values: list[str] | None) -> list[float]:
     return out
 
 
+def setting_values(cls: type, name: str, values: list[str] | None) -> list[Any]:
+    """Repeated and comma-separated values of the setting ``name`` of ``cls``, each parsed and checked as its
+    declaration says (``evaluate --rows auto,1,0.05``)."""
+    field, meta = next((f, m) for f, m in settings_of(cls) if f.name == name)
+    out = []
+    for part in split_values(values):
+        try:
+            value = parse_value(field, meta, part) if meta.words else kind_of(field, meta)(part)
+            out.append(check_field(cls, name, value))
+        except ValueError as exc:
+            raise typer.BadParameter(f"{part!r}: {exc}") from None
+    return out
+
+
 def check_device(value: str) -> str:
     """A device option checked as it is parsed (before any progress is drawn): CUDA asked for without a GPU."""
     from ..represent import resolve_device
@@ -327,19 +341,22 @@ def with_settings(
         added = []
         for field, meta in fields():
             flag = flag_of(field, meta)
-            kind: type = type(field.default)
+            kind = kind_of(field, meta)
+            default = defaults.get(field.name, field.default)
+            if meta.words:  # a number or a word (--rows auto): text, parsed as the declaration says
+                kind, default = str, default if isinstance(default, str) else f"{default:g}"
             if kind is bool:
                 decls = [f"{flag}/{meta.negation or '--no-' + flag[2:]}"]
             else:
                 decls = [flag]
             option = typer.Option(
-                defaults.get(field.name, field.default),
+                default,
                 *decls,
                 help=helps.get(field.name, meta.help),
                 metavar=meta.metavar
                 or (None if meta.choices or kind is bool else {int: "N", float: "X"}.get(kind, "VALUE")),
-                min=meta.minimum,
-                max=meta.maximum,
+                min=None if meta.words else meta.minimum,
+                max=None if meta.words else meta.maximum,
                 show_default=True,
             )
             annotation = Literal[meta.choices] if meta.choices else kind  # typer lists a Literal's choices
@@ -359,6 +376,9 @@ def with_settings(
         def command(*args: Any, **kwargs: Any) -> Any:
             values = {f.name: kwargs.pop(f"{name}__{f.name}") for f, _ in fields()}
             try:
+                for f, meta in fields():
+                    if meta.words:
+                        values[f.name] = parse_value(f, meta, values[f.name])
                 kwargs[name] = cls(**values)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc)) from None

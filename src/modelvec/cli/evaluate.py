@@ -19,6 +19,7 @@ from .common import (
     numbers,
     print_json,
     say,
+    setting_values,
     split_values,
     with_settings,
 )
@@ -63,7 +64,8 @@ def evaluate(
         ["1"],
         "--rows",
         metavar="SHARES",
-        help="Shares of rows the sketches read, repeated or comma-separated: --rows 1,0.1,0.05.",
+        help="Shares of rows the sketches read (or auto: see embed --rows), repeated or comma-separated: "
+        "--rows auto,1,0.05.",
     ),
     projections: list[str] = typer.Option(
         ["shared"],
@@ -93,7 +95,7 @@ def evaluate(
         variants=variants(
             tuple(int(r) for r in split_values(ranks)),
             vocabulary_head=vocabulary_head,
-            rows=tuple(numbers(rows)),
+            rows=tuple(setting_values(Representation, "rows", rows)),
             projections=tuple(split_values(projections)),
             svd=svd,
         ),

@@ -21,8 +21,9 @@ class Setting:
     """What a field means to a user: its help, the values it allows, and its command-line flag.
 
     ``choices``: the allowed strings. ``minimum`` / ``maximum``: inclusive bounds of a number;
-    ``above``: an exclusive lower bound. ``flag``: the option's name (default ``--field-name``);
-    ``negation``: for a bool, the flag that turns it off (default ``--no-field-name``).
+    ``above``: an exclusive lower bound. ``words``: strings a number also takes in its place (``"auto"``), and
+    ``kind``: that number's type where the default is one of them. ``flag``: the option's name (default
+    ``--field-name``); ``negation``: for a bool, the flag that turns it off (default ``--no-field-name``).
 
     For settings whose object is named by a key (:func:`key_of`, e.g. a stored representation): ``key``, how
     the value reads in it (a format, ``"r{}"``; for a bool, the tag it adds when true), ``order``, its place,
@@ -35,6 +36,8 @@ class Setting:
     minimum: float | None = None
     maximum: float | None = None
     above: float | None = None
+    words: tuple[str, ...] = ()
+    kind: type | None = None
     flag: str | None = None
     negation: str | None = None
     metavar: str | None = None
@@ -55,6 +58,22 @@ def settings_of(cls: Any) -> list[tuple[dataclasses.Field, Setting]]:
     return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
 
 
+def kind_of(field: dataclasses.Field, meta: Setting) -> type:
+    """The type of a field's values (a number field whose default is a word: its declared ``kind``)."""
+    return meta.kind or type(field.default)
+
+
+def parse_value(field: dataclasses.Field, meta: Setting, text: str) -> Any:
+    """A command line's text as the value of a field that takes numbers and words (``--rows auto``, ``--rows 0.1``);
+    raises ``ValueError`` saying what it allows."""
+    if text in meta.words:
+        return text
+    try:
+        return kind_of(field, meta)(text)
+    except ValueError:
+        raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {text!r}") from None
+
+
 def flag_of(field: dataclasses.Field, meta: Setting) -> str:
     return meta.flag or "--" + field.name.replace("_", "-")
 
@@ -63,6 +82,9 @@ def bounds_text(meta: Setting) -> str:
     """The allowed values in words: ``one of a, b``, ``>= 1``, ``in (0, 1]``."""
     if meta.choices:
         return "one of " + ", ".join(meta.choices)
+    if meta.words:  # "a number in (0, 1] or auto"
+        number = bounds_text(dataclasses.replace(meta, words=()))
+        return " ".join(filter(None, ("a number", number, "or", " or ".join(meta.words))))
     low = f"({meta.above:g}" if meta.above is not None else (f"[{meta.minimum:g}" if meta.minimum is not None else "")
     if meta.maximum is not None:
         return f"in {low or '(-inf'}, {meta.maximum:g}]"
@@ -93,12 +115,18 @@ def validate(obj: Any) -> None:
 
 
 def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
-    kind: type = type(field.default)
+    kind = kind_of(field, meta)
+    if meta.words and isinstance(value, str):
+        if value in meta.words:
+            return value
+        raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {value!r}")
     if kind is float and type(value) is int:
         value = float(value)
     if kind is int and type(value) is not bool and isinstance(value, int):
         value = int(value)  # an integer type of numpy's is an int
     if type(value) is not kind:
+        if meta.words:
+            raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {value!r}")
         what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, kind.__name__)
         raise ValueError(f"{field.name} must be {what}, not {value!r}")
     allowed = bounds_text(meta)
@@ -113,7 +141,8 @@ def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
             and number == number  # NaN is in no range
         ):
             what = {int: "an integer", float: "a number"}[kind]
-            raise ValueError(f"{field.name} must be {what} {allowed}, not {value!r}")
+            allowed = allowed if meta.words else f"{what} {allowed}"
+            raise ValueError(f"{field.name} must be {allowed}, not {value!r}")
     return value
 
 

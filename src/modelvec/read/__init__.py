@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.lazy import lazy_exports
-from .architectures import ARCHITECTURES, Architecture, MatrixRef, Orientation, detect
+from .architectures import ARCHITECTURES, Architecture, MatrixRef, Orientation, VocabularyHead, detect
 from .formats import FORMATS, Format, format_of, open_checkpoint, refuse_adapter_base, register_format
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "Format",
         "MatrixRef",
         "Orientation",
+        "VocabularyHead",
         "detect",
         "format_of",
         "open_checkpoint",

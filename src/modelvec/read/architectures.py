@@ -106,11 +106,14 @@ class VocabularyHead:
     fine-tune moves it towards the words of its texts, which the encoder's deltas hardly record
     (docs/evidence.md, "Where the texts are"). ``bias`` names beta (tried in order; a name matches
     a stored tensor that equals it or ends in ``.`` + it, so task-head and PEFT prefixes need no
-    listing); ``embedding`` names E (vocab x width) in the base.
+    listing); ``embedding`` names E (vocab x width) in the base. ``default``: whether ``head="auto"`` (the
+    default representation) appends it: yes for a masked-LM head, measured on the evidence zoo; no for
+    GPT-2's ``ln_f``, the trunk's last norm, which every fine-tune trains whatever its task (unmeasured).
     """
 
     bias: tuple[str, ...]
     embedding: str
+    default: bool = True
 
 
 @dataclass(frozen=True)
@@ -324,7 +327,7 @@ GPT2 = Architecture(
         ),
     ),
     description="GPT-2 (gpt2, gpt2-medium, distilgpt2): Conv1D [in,out], fused c_attn = q|k|v",
-    vocabulary_head=VocabularyHead(("ln_f.bias",), "wte.weight"),
+    vocabulary_head=VocabularyHead(("ln_f.bias",), "wte.weight", default=False),
     shape_keys=(
         ("n_layer", "num_hidden_layers"),
         ("n_embd", "hidden_size"),

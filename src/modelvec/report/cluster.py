@@ -100,7 +100,8 @@ def _base_files(base: str, sha: str | None, settings: HubSettings) -> str | None
 def _per_block(
     X: np.ndarray, labels: list[list[str]], files: str | None, representation: Representation, scoring: Scoring
 ) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none."""
+    """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none. Blocks
+    that are zeros in every vector (the head's, where no model has one; a layer no model changed) are left out."""
     if files is None:
         return (
             None,
@@ -112,6 +113,7 @@ def _per_block(
         return None, f"no per-block scores: the base's files could not be laid out ({exc})"
     if not blocks or blocks[-1].stop != X.shape[1]:
         return None, "no per-block scores: the stored vectors do not match the base's layout"
+    blocks = [b for b in blocks if X[:, b.start : b.stop].any()]  # a block no model has (a head) scores nothing
     bounds = [(b.start, b.stop) for b in blocks]
     scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
     return [

@@ -30,8 +30,8 @@ def vector_blocks(
     """Where each stack, layer (None when pooled) and family sits in a vector of ``representation``.
 
     A matrix's block has ``representation.block_size(kept)`` floats, ``kept`` the side its factor keeps
-    (:class:`~modelvec.represent.rows.MatrixPlan`). With ``representation.head == "vocabulary"`` the last
-    block is the head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats)."""
+    (:class:`~modelvec.represent.rows.MatrixPlan`). With the head (:func:`has_head`), the last block is the
+    head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats; 0: no head)."""
     blocks: list[Block] = []
     pos = 0
     for stack, layer, refs in layout.by_layer():
@@ -44,20 +44,31 @@ def vector_blocks(
                 Block(stack, layer if representation.pooling == "concat" else None, ref.family, n, pos, pos + size)
             )
             pos += size
-    if representation.head == "vocabulary":
+    if vocab:
         blocks.append(Block("head", None, "vocabulary", vocab, pos, pos + vocab))
     return blocks
+
+
+def has_head(base: Checkpoint, layout: Layout, representation: Representation) -> bool:
+    """Whether vectors of ``representation`` over ``base`` end in the head's block: ``head="vocabulary"``, or
+    ``"auto"`` where the family's head is on by default and the base has the embeddings it is read through."""
+    head = layout.arch.vocabulary_head
+    if representation.head == "auto":
+        return representation.uses_head(head) and head is not None and base.find(head.embedding) is not None
+    return representation.uses_head(head)
 
 
 def plans_of(ck: Checkpoint, layout: Layout, representation: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
     """Each matrix's :class:`~modelvec.represent.rows.MatrixPlan` in ``ck``, from its stored shapes alone.
 
+    The share of rows is ``representation.share`` of the values all these matrices hold (for ``rows="auto"``).
     A fused tensor whose parts do not divide it is refused here, naming it."""
+    shapes = [ck.matrix_shape(ref, layout.prefix) for ref in layout.refs]  # checked: matrices, parts that divide
+    share = representation.share(sum(int(n) * int(m) for n, m in shapes))
     plans = {}
     for ref in layout.refs:
-        ck.matrix_shape(ref, layout.prefix)  # the reader's checks: a matrix, parts that divide it
         stored = ck.shape(layout.prefix + ref.tensor)
-        plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), representation, layout.prefix)
+        plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), representation, layout.prefix, share)
     return plans
 
 
@@ -71,7 +82,7 @@ def read_plan(ck: Checkpoint, representation: Representation, *, base: bool) -> 
     for p in plans_of(ck, layout, representation).values():
         plan.setdefault(p.tensor, []).extend(p.rows)
     head = layout.arch.vocabulary_head
-    if representation.head == "vocabulary" and head is not None:
+    if representation.uses_head(head) and head is not None:
         for name in (*head.bias, head.embedding) if base else head.bias:
             key = ck.find(name)
             if key is not None:
@@ -85,7 +96,7 @@ def blocks_of(base: str | os.PathLike[str] | Checkpoint, representation: Represe
     ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
     layout = ck.layout()
     vocab = 0
-    if representation.head == "vocabulary":  # the head's block: as wide as the vocabulary (its checks read tensors)
+    if has_head(ck, layout, representation):  # the head's block: as wide as the vocabulary (its checks read tensors)
         from .embedder import VocabularyReadout
 
         vocab = VocabularyReadout(ck, layout).vocab

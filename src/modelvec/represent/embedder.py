@@ -14,7 +14,7 @@ import torch
 
 from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError, resource_cause
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
-from .blocks import Block, plans_of, vector_blocks
+from .blocks import Block, has_head, plans_of, vector_blocks
 from .device import resolve_device
 from .linalg import factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .projection import Projection
@@ -178,7 +178,7 @@ class DeltaEmbedder:
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
             self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
-        self.vocabulary_ = VocabularyReadout(ck, layout) if self.representation.head == "vocabulary" else None
+        self.vocabulary_ = VocabularyReadout(ck, layout) if has_head(ck, layout, self.representation) else None
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self

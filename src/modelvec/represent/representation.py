@@ -25,9 +25,13 @@ Where the description is open, :class:`Representation` makes the choice explicit
   model and the base, so a Hub model costs a few range requests and a local one a few pages of its
   mapped file. The sketch needs no more: a fixed random share of rows keeps the task vectors'
   geometry (docs/evidence.md). The SVD factors need whole matrices (a share is ignored for them).
-  The default (CountSketch, 5% of rows, rank 32, mean, block-normed) was chosen by ``modelvec evaluate`` on the
-  evidence zoo (docs/evidence.md): it scores 0.692 (0.747 with mutual proximity) on the report half against
-  0.583 for the shared sketch of every row it replaced, and reads 5% of an 8B checkpoint's matrices.
+  ``"auto"`` (the default) reads 5% of the rows where the vector's matrices hold 50M values or more
+  (bert-base's 85M, an 8B model's 7.0G) and every row below (all-MiniLM-L6-v2's 10.6M): a share saves bytes
+  where bytes matter, and a small model's 5% (20 rows of 384) is too few rows for a stable vector (on the
+  evidence zoo its score moves by 0.040 over four seeds, every row's by 0.013). Decided from the shapes alone,
+  so a base and its fine-tunes read the same rows.
+  The default (CountSketch, auto rows, rank 32, mean, block-normed) was chosen by ``modelvec evaluate`` on the
+  evidence zoo (docs/evidence.md).
 - ``block_norm``: each layer-and-family block scaled to unit norm before pooling, so the large
   feed-forward blocks do not drown the attention blocks.
 - ``pooling``: ``"mean"`` over layers (as described) or ``"concat"``.
@@ -42,7 +46,11 @@ Where the description is open, :class:`Representation` makes the choice explicit
   shift-invariant) and scaled to the norm of the rest of the vector, so it weighs as much as all
   the deltas together; zeros for a model without that head (a classifier). A language-modelling
   fine-tune's texts are there, not in its encoder's deltas (docs/evidence.md, "Where the texts
-  are"). ``"none"`` (the default) leaves heads out, as the description does.
+  are"). ``"none"`` leaves heads out, as the description does. ``"auto"`` (the default) appends it where
+  the family's head is a masked-LM head (:attr:`~modelvec.read.architectures.VocabularyHead.default`: BERT,
+  RoBERTa, DistilBERT), and nothing elsewhere (GPT-2's ``ln_f``, unmeasured; Llama, T5 and others, whose
+  norms have no bias): on the evidence zoo's mixed report half it lifts the default from 0.760 to 0.983
+  (docs/evidence.md).
 - ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
   column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
   singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
@@ -62,13 +70,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..core.settings import key_of, setting, validate
+from ..read import VocabularyHead
 
 FACTORS = ("U", "US", "S", "sketch")
 PROJECTIONS = ("shared", "gaussian", "countsketch")
 POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
-HEADS = ("none", "vocabulary")
+HEADS = ("auto", "none", "vocabulary")
 
 
 def _sketch(r: Any) -> bool:
@@ -110,14 +119,18 @@ class Representation:
         omit=("shared",),
         applies=_sketch,
     )
-    rows: float = setting(
-        0.05,
+    rows: float | str = setting(
+        "auto",
         "Share of each matrix's rows (as stored) that is read, in contiguous blocks chosen from the seed: a Hub "
-        "model costs only those bytes. The sketch's: the SVD factors read whole matrices.",
+        "model costs only those bytes (the SVD factors read whole matrices). auto: 5% where the matrices hold "
+        "50M values or more (bert-base and up), every row of smaller models.",
         above=0,
         maximum=1,
+        words=("auto",),
+        kind=float,
         metavar="SHARE",
         key="rows{:g}",
+        tags=(("auto", "rowsauto"),),
         order=10,
         omit=(1.0,),
         applies=_sketch,
@@ -156,9 +169,10 @@ class Representation:
         True, "Scale each layer-and-family block to unit norm before pooling.", key="bn", order=11
     )
     head: str = setting(
-        "none",
-        "Heads: none (as described), or vocabulary: append the head's vocabulary prior, which tells "
-        "language-modelling fine-tunes apart by their texts (bert, roberta, distilbert, gpt2).",
+        "auto",
+        "Heads: vocabulary appends the head's vocabulary prior, which tells language-modelling fine-tunes apart "
+        "by their texts (bert, roberta, distilbert, gpt2); none leaves heads out, as described; auto: vocabulary "
+        "where the family's head is a masked-LM head (bert, roberta, distilbert), none elsewhere.",
         choices=HEADS,
         key="head-{}",
         order=12,
@@ -167,8 +181,25 @@ class Representation:
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.rows < 1 and self.uses_svd:  # the SVD factors need whole matrices: the share is the sketch's
+        if self.rows != 1.0 and self.uses_svd:  # the SVD factors need whole matrices: the share is the sketch's
             object.__setattr__(self, "rows", 1.0)
+
+    @property
+    def reads_share(self) -> bool:
+        """Whether the vector may read less than every row (a share, or ``auto``: known from the shapes)."""
+        return self.rows != 1.0
+
+    def uses_head(self, head: VocabularyHead | None) -> bool:
+        """Whether vectors over a family whose vocabulary head is ``head`` (None: it has none) append its block."""
+        return self.head == "vocabulary" or (self.head == "auto" and head is not None and head.default)
+
+    def share(self, values: int) -> float:
+        """The share of rows read from a checkpoint whose matrices (the vector's) hold ``values`` values: ``rows``,
+        or for ``auto`` :data:`AUTO_SHARE` from :data:`AUTO_FROM` values up and 1 below. The same for a base and
+        all its fine-tunes, whose matrices have the same shapes."""
+        if isinstance(self.rows, float):
+            return self.rows
+        return AUTO_SHARE if values >= AUTO_FROM else 1.0
 
     @property
     def uses_svd(self) -> bool:
@@ -196,7 +227,9 @@ class Representation:
         if self.factor == "sketch" and self.projection != "shared":
             name = {"gaussian": "sketch ΔW·Ω, Ω per block", "countsketch": "CountSketch"}[self.projection]
         parts = [name]
-        if not self.uses_svd and self.rows < 1:
+        if not self.uses_svd and self.rows == "auto":
+            parts.append("auto rows")
+        elif not self.uses_svd and isinstance(self.rows, float) and self.rows < 1:
             parts.append(
                 f"{self.rows:.0%} of rows" if self.rows * 100 == round(self.rows * 100) else f"rows {self.rows:g}"
             )
@@ -210,7 +243,7 @@ class Representation:
             parts.append(f"r{self.rank}")
         text = ", ".join(parts)
         text = text + " + block-norm" if self.block_norm else text
-        return text + " + vocabulary head" if self.head == "vocabulary" else text
+        return text + {"none": "", "vocabulary": " + vocabulary head", "auto": " + auto head"}[self.head]
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -222,5 +255,9 @@ class Representation:
         return cls(**{**UNTIL_ADDED, **fields})  # type: ignore[arg-type]
 
 
+#: ``rows="auto"``: the share read where the vector's matrices hold at least ``AUTO_FROM`` values (all rows below).
+AUTO_SHARE = 0.05
+AUTO_FROM = 50_000_000
+
 #: Settings added after vectors were first stored, at the value that computes what was computed before them.
-UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0}
+UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0, "head": "none"}

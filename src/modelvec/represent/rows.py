@@ -111,9 +111,14 @@ class MatrixPlan:
 
 
 def plan_matrix(
-    ref: MatrixRef, stored_shape: tuple[int, int], representation: Representation, prefix: str = ""
+    ref: MatrixRef,
+    stored_shape: tuple[int, int],
+    representation: Representation,
+    prefix: str = "",
+    share: float | None = None,
 ) -> MatrixPlan:
-    """The rows and columns of its stored tensor that ``ref``'s block needs under ``representation``.
+    """The rows and columns of its stored tensor that ``ref``'s block needs under ``representation``, reading
+    ``share`` of its rows (default: ``representation.rows``, which must then be a number).
 
     ``stored_shape`` is the whole stored tensor's (fused parts included); a fused part whose
     parts do not divide it is left whole here (the reader refuses it with its own message).
@@ -128,7 +133,11 @@ def plan_matrix(
     else:  # rows are shared by the parts (split along the columns): chosen once for the tensor
         row_start, n_rows, cols = 0, n_stored, part
         place = (ref.stack, ref.layer, ref.fused or ref.family)
-    local = select_rows(n_rows, n_cols, representation.rows, representation.seed, place)
+    if share is None:
+        if not isinstance(representation.rows, float):
+            raise ValueError("rows='auto' needs the matrices' size: pass share=representation.share(values)")
+        share = representation.rows
+    local = select_rows(n_rows, n_cols, share, representation.seed, place)
     rows = tuple((row_start + a, row_start + b) for a, b in local)
     return MatrixPlan(prefix + ref.tensor, rows, row_start, n_rows, cols, contract_rows=linear)
 

@@ -23,7 +23,7 @@ def _prepare(task: Task, settings: HubSettings, representation: Representation) 
 
     ck = task.open(settings, representation)
     ck.layout()
-    ck.prefetch(read_plan(ck, representation, base=False) if representation.rows < 1 and not ck.factored else None)
+    ck.prefetch(read_plan(ck, representation, base=False) if representation.reads_share and not ck.factored else None)
     return ck
 
 

@@ -114,7 +114,7 @@ def open_hub(
     """
     from ..represent import read_plan
 
-    reads_rows = representation is not None and representation.rows < 1
+    reads_rows = representation is not None and representation.reads_share
     cached = _has_weights(snapshot_folder(repo, sha, settings))
     if reads_rows and not cached:
         folder = open_partial(repo, sha, files, settings)

@@ -46,9 +46,10 @@ def variants(
     ranks: Sequence[int] = (Representation.rank,),
     vocabulary_head: bool = False,
     *,
-    rows: Sequence[float] = (1.0,),
+    rows: Sequence[float | str] = (1.0,),
     projections: Sequence[str] = ("shared",),
     svd: bool = True,
+    default: bool = True,
 ) -> dict[str, Representation]:
     """The representations compared, named by their parameters (:meth:`Representation.label`).
 
@@ -57,8 +58,9 @@ def variants(
     concatenated over layers, with and without block normalisation. The sketch with each of
     ``projections``, reading each share of ``rows``, pooled by mean and concatenated, block-normalised
     (and without block normalisation for the shared projection of whole matrices, as first compared).
-    Every one at every rank in ``ranks``. ``vocabulary_head``: also the block-normalised sketches (mean
-    and concat) of the first projection and share with the head's vocabulary prior appended.
+    Every one at every rank in ``ranks``, of the deltas alone (no head). ``vocabulary_head``: also the
+    block-normalised sketches (mean and concat) of the first projection and share with the head's vocabulary
+    prior appended. ``default``: also the default representation (:class:`Representation`'s defaults).
     """
     svd_grid = [
         dict(factor="U", sign="none"),
@@ -76,7 +78,7 @@ def variants(
     for block_norm in (False, True):
         for rank in ranks:
             for fields in svd_grid if svd else []:
-                add(Representation(rank=rank, block_norm=block_norm, **fields))  # type: ignore[arg-type]
+                add(Representation(rank=rank, block_norm=block_norm, head="none", **fields))  # type: ignore[arg-type]
             for projection in projections:
                 for share in rows:
                     if not block_norm and (projection, share) != ("shared", 1.0):
@@ -84,7 +86,12 @@ def variants(
                     for pooling in ("mean", "concat"):
                         add(
                             Representation(
-                                rank=rank, projection=projection, rows=share, pooling=pooling, block_norm=block_norm
+                                rank=rank,
+                                projection=projection,
+                                rows=share,
+                                pooling=pooling,
+                                block_norm=block_norm,
+                                head="none",
                             )
                         )
     if vocabulary_head:
@@ -95,6 +102,11 @@ def variants(
                         rank=rank, projection=projections[0], rows=rows[0], pooling=pooling, head="vocabulary"
                     )
                 )
+    if default:  # marked in its name; where the grid has it already, that row is renamed
+        chosen = Representation()
+        out = {f"{name} (default)" if r == chosen else name: r for name, r in out.items()}
+        if chosen not in out.values():
+            out[f"{chosen.label()} (default)"] = chosen
     return out
 
 
