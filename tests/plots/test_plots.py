@@ -107,6 +107,29 @@ def test_reduce_tiny_n(method):
     assert Y.shape == (4, 2) and np.isfinite(Y).all()
 
 
+def test_long_vectors_are_mapped_from_their_span_with_the_same_geometry():
+    """Vectors longer than there are models go through ``row_space`` first: the same inner products, so PCA gives
+    the same coordinates (up to sign) and t-SNE as faithful a map as computed on the vectors themselves."""
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE, trustworthiness
+
+    from modelvec.analyse.reduction import row_space
+
+    rng = np.random.default_rng(4)
+    X = np.repeat(rng.normal(size=(3, 5000)), 8, axis=0) + rng.normal(size=(24, 5000)) * 0.8
+    Z = row_space(X)
+    assert Z.shape == (24, 24)
+    np.testing.assert_allclose(Z @ Z.T, X @ X.T, rtol=1e-10, atol=1e-8 * np.abs(X @ X.T).max())
+    direct = PCA(n_components=2, random_state=0).fit_transform(X)
+    mapped = reduce(X, "pca")
+    np.testing.assert_allclose(np.abs(mapped), np.abs(direct), rtol=1e-6, atol=1e-8)
+    # t-SNE's PCA start is a randomized SVD, which differs a little between the long vectors and their span: the
+    # maps are not equal, but keep the neighbourhoods as well
+    tsne = TSNE(n_components=2, perplexity=min(30.0, 23 / 3), init="pca", random_state=0, metric="cosine")
+    kept = [trustworthiness(X, Y, n_neighbors=5, metric="cosine") for Y in (tsne.fit_transform(X), reduce(X, "tsne"))]
+    assert kept[0] > 0.95 and kept[1] >= kept[0] - 0.01
+
+
 def test_reduce_more_components_than_data_pads_with_zeros():
     X = np.random.default_rng(3).normal(size=(5, 2))
     Y = reduce(X, "pca", n_components=3)
