@@ -56,8 +56,10 @@ __all__ = [
     "fetch_safetensors_head",
 ]
 
-#: Bytes asked for by the first request of a header: most safetensors headers are far smaller, so one request.
-HEAD_PROBE = 1 << 20
+#: Bytes asked for by the first request of a header: most safetensors headers are far smaller (a shard of an 8B
+#: Llama: ~30 KB), so one request; and small beside what a small model's share of rows costs (3 shards of SmolLM2
+#: at 1 MiB each were 1.4 % of its matrices' bytes).
+HEAD_PROBE = 1 << 17
 #: safetensors' own limit on a header's length; a larger length is corruption, never fetched.
 MAX_HEADER = 100_000_000
 #: Bytes per read of a body (bodies are streamed, never held whole).
@@ -335,9 +337,18 @@ def fetch_safetensors_head(repo_id: str, revision: str, filename: str, settings:
 
 
 def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
-    """Byte ranges ``[start, stop)`` sorted, empty ones dropped, and merged where they overlap or at most ``gap``
-    bytes lie between them (fetching a small gap costs less than one more request)."""
-    return merge(ranges, gap)
+    """Byte ranges ``[start, stop)`` sorted, empty ones dropped, and merged where they overlap or where the bytes
+    between two are at most ``gap`` and at most the length of either (fetching a small gap costs less than one more
+    request). The second bound keeps what is fetched within twice what was asked for: each gap fetched is no
+    longer than a range asked for, so the narrow rows of a small model's share are not fetched with every row
+    between them (SmolLM2-135M's 5 % of rows: 5.6 % of its matrices' bytes, against 13.6 % under ``gap`` alone)."""
+    out: list[list[int]] = []
+    for start, stop in merge(ranges):
+        if out and start - out[-1][1] <= min(gap, stop - start, out[-1][2]):
+            out[-1][1], out[-1][2] = stop, stop - start
+        else:
+            out.append([start, stop, stop - start])  # the last range asked for, as the bound for the next gap
+    return [(a, b) for a, b, _ in out]
 
 
 class _Progress:
