@@ -211,6 +211,30 @@ def test_auto_appends_a_masked_lm_head_and_leaves_other_families_as_they_are(tin
         DeltaEmbedder(head="vocabulary").fit(bare)
 
 
+def test_a_hub_model_gets_the_head_through_byte_ranges(tiny_bert, tmp_path):
+    """The default (auto rows, auto head) of a masked-LM fine-tune on the Hub: the base's embeddings and the
+    fine-tune's head bias come by byte ranges with the matrices, and the vector is the local copy's."""
+    from modelvec import embed
+    from modelvec.hub.client import HubSettings
+    from modelvec.testing.localhub import LocalHub
+
+    ft = with_head(
+        tiny_bert, tmp_path / "mlm", seed=3, beta=torch.randn(32, generator=torch.Generator().manual_seed(6))
+    )
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish("org/base", tiny_bert, link=True)
+    hub.publish("org/mlm", ft, link=True)
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
+        result = embed("org/base", ["org/mlm"], settings=settings, store=tmp_path / "s.duckdb")
+        ranged = [r for r in server.requests if r["path"].endswith(".safetensors") and r["method"] == "GET"]
+    assert result.embedded == ["org/mlm"] and not result.notes
+    assert ranged and all(r["range"] and r["status"] == 206 for r in ranged)  # no whole file
+    local = DeltaEmbedder().fit(tiny_bert)
+    np.testing.assert_allclose(result.vectors[0], local.embed_one(ft), rtol=1e-6, atol=1e-6)
+    assert np.linalg.norm(result.vectors[0][-64:]) > 0  # the head's block
+
+
 def test_the_heat_map_draws_the_head_beside_the_layers(tmp_path):
     """Concatenated layers and the head's layerless block in one frame: the layer column comes back as floats with NaN."""
     import pandas as pd
