@@ -52,10 +52,10 @@ def vector_blocks(
 def has_head(base: Checkpoint, layout: Layout, representation: Representation) -> bool:
     """Whether vectors of ``representation`` over ``base`` end in the head's block: ``head="vocabulary"``, or
     ``"auto"`` where the family's head is on by default and the base has the embeddings it is read through."""
+    if representation.head == "vocabulary":
+        return True  # a family without one is refused where the head is read, naming the family
     head = layout.arch.vocabulary_head
-    if representation.head == "auto":
-        return representation.uses_head(head) and head is not None and base.find(head.embedding) is not None
-    return representation.uses_head(head)
+    return representation.uses_head(head) and head is not None and base.find(head.embedding) is not None
 
 
 def plans_of(ck: Checkpoint, layout: Layout, representation: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
