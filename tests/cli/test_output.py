@@ -60,3 +60,13 @@ def test_a_pipe_gets_whole_lines():
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     first, flag = got.splitlines()
     assert first.endswith(LONG) and flag == "True" and LOG_WIDTH >= 200
+
+
+def test_how_near_a_prediction_is_in_words():
+    """A closeness just short of 1 (a neighbour at about the typical distance) reads as typical, not as farther."""
+    from modelvec.cli.common import how_near
+
+    said = [how_near(c) for c in (1.0, 0.95, 0.7, 0.2, float("nan"))]
+    assert len(set(said)) == 5
+    assert "as near as" in said[0] and "about as near as" in said[1]
+    assert "farther" in said[2] and "far" in said[3] and "too few" in said[4]

@@ -312,6 +312,8 @@ def how_near(closeness: float) -> str:
         return "too few labelled models to judge how near its neighbours are"
     if closeness >= 1.0:
         return "its nearest labelled model is as near as stored models are to theirs"
+    if closeness >= 0.9:  # within a tenth of the way from typical to unrelated: typical, not "farther"
+        return "its nearest labelled model is about as near as stored models are to theirs"
     if closeness >= 0.5:
         return "its neighbours are farther than stored models usually are from theirs"
     return "its neighbours are far: hardly nearer than unrelated stored models are to each other"
