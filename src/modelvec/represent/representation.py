@@ -78,6 +78,9 @@ POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
 HEADS = ("auto", "none", "vocabulary")
+#: ``rows="auto"``: the share read where the vector's matrices hold at least ``AUTO_FROM`` values (all rows below).
+AUTO_SHARE = 0.05
+AUTO_FROM = 50_000_000
 
 
 def _sketch(r: Any) -> bool:
@@ -122,8 +125,9 @@ class Representation:
     rows: float | str = setting(
         "auto",
         "Share of each matrix's rows (as stored) that is read, in contiguous blocks chosen from the seed: a Hub "
-        "model costs only those bytes (the SVD factors read whole matrices). auto: 5% where the matrices hold "
-        "50M values or more (bert-base and up), every row of smaller models.",
+        "model costs only those bytes (the SVD factors read whole matrices). "
+        f"auto: {AUTO_SHARE:.0%} where the matrices hold {AUTO_FROM / 1e6:g}M values or more (bert-base and up), "
+        "every row of smaller models.",
         above=0,
         maximum=1,
         words=("auto",),
@@ -254,10 +258,6 @@ class Representation:
         the value that reproduces what was computed before it existed (:data:`UNTIL_ADDED`), not today's default."""
         return cls(**{**UNTIL_ADDED, **fields})  # type: ignore[arg-type]
 
-
-#: ``rows="auto"``: the share read where the vector's matrices hold at least ``AUTO_FROM`` values (all rows below).
-AUTO_SHARE = 0.05
-AUTO_FROM = 50_000_000
 
 #: Settings added after vectors were first stored, at the value that computes what was computed before them.
 UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0, "head": "none"}
