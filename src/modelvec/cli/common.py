@@ -222,8 +222,7 @@ def setting_values(cls: type, name: str, values: list[str] | None) -> list[Any]:
     out = []
     for part in split_values(values):
         try:
-            value = parse_value(field, meta, part) if meta.words else kind_of(field, meta)(part)
-            out.append(check_field(cls, name, value))
+            out.append(check_field(cls, name, parse_value(field, meta, part)))
         except ValueError as exc:
             raise typer.BadParameter(f"{part!r}: {exc}") from None
     return out

@@ -64,8 +64,8 @@ def kind_of(field: dataclasses.Field, meta: Setting) -> type:
 
 
 def parse_value(field: dataclasses.Field, meta: Setting, text: str) -> Any:
-    """A command line's text as the value of a field that takes numbers and words (``--rows auto``, ``--rows 0.1``);
-    raises ``ValueError`` saying what it allows."""
+    """A command line's text as the value of a field: one of its words (``--rows auto``) or its kind's
+    (``--rows 0.1``); raises ``ValueError`` saying what it allows."""
     if text in meta.words:
         return text
     try:
