@@ -127,13 +127,57 @@ def test_asking_for_cuda_without_a_gpu_is_one_line(tiny_bert, tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
+#: Every kind of representation: the sketch's projections, a share of rows, pooling, block norm, each SVD
+#: factor with each solver, and the GPU's per-layer batching.
+DEVICE_CASES = {
+    "default": {},
+    "shared": {"projection": "shared", "rows": 1.0},
+    "gaussian-rows0.25": {"projection": "gaussian", "rows": 0.25},
+    "countsketch-concat": {"rows": 0.25, "pooling": "concat"},
+    "no-block-norm": {"block_norm": False},
+    "U": {"factor": "U"},
+    "U-exact": {"factor": "U", "solver": "exact"},
+    "US-concat": {"factor": "US", "pooling": "concat"},
+    "S": {"factor": "S"},
+    "U-by-layer": {"factor": "U", "batching": "layer"},
+}
+
+
+def assert_equal_to_float32_rounding(got: np.ndarray, want: np.ndarray) -> None:
+    """Each entry within one float32 unit in the last place of the other's (both are float64 results rounded
+    once), with a floor of 1e-12 of the largest entry for entries that cancel to near zero."""
+    tol = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64) + 1e-12 * np.abs(want).max()
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert (diff <= tol).all(), f"{int((diff > tol).sum())} of {diff.size} entries differ, max {diff.max():.3g}"
+
+
 @CUDA
-@pytest.mark.parametrize("params", [{}, {"factor": "U"}, {"factor": "US", "pooling": "concat"}])
+@pytest.mark.parametrize("params", list(DEVICE_CASES.values()), ids=list(DEVICE_CASES))
 def test_cuda_vectors_equal_cpu_vectors(tmp_path, params):
     base, ft = _llama_pair(tmp_path, 128, 256, 2, torch.bfloat16)
     cpu = DeltaEmbedder(**params, device="cpu").fit(base).embed_one(ft)
     gpu = DeltaEmbedder(**params, device="cuda").fit(base).embed_one(ft)
-    np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=1e-5 * np.abs(cpu).max())
+    assert np.abs(cpu).max() > 0
+    assert_equal_to_float32_rounding(gpu, cpu)
+
+
+@CUDA
+def test_cuda_vector_with_the_vocabulary_head_equals_cpu_vector(tiny_bert, tiny_finetunes):
+    cpu = DeltaEmbedder(device="cpu").fit(tiny_bert)
+    gpu = DeltaEmbedder(device="cuda").fit(tiny_bert)
+    assert cpu.vocabulary_ is not None  # the default's head on BERT
+    assert_equal_to_float32_rounding(gpu.embed_one(tiny_finetunes[0]), cpu.embed_one(tiny_finetunes[0]))
+
+
+@CUDA
+def test_cuda_raw_signs_are_the_solvers_own_on_each_device(tmp_path):
+    """sign='none' keeps the signs the solver returned, which LAPACK and cuSOLVER choose each their own way:
+    the one setting whose vector depends on the device, equal up to each singular vector's sign."""
+    base, ft = _llama_pair(tmp_path, 128, 256, 2, torch.bfloat16)
+    params = {"factor": "U", "sign": "none", "pooling": "concat"}
+    cpu = DeltaEmbedder(**params, device="cpu").fit(base).embed_one(ft)
+    gpu = DeltaEmbedder(**params, device="cuda").fit(base).embed_one(ft)
+    assert_equal_to_float32_rounding(np.abs(gpu), np.abs(cpu))
 
 
 @CUDA

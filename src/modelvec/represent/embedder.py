@@ -16,7 +16,7 @@ from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError,
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .blocks import Block, has_head, plans_of, vector_blocks
 from .device import resolve_device
-from .linalg import factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
+from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .projection import Projection
 from .representation import Representation
 from .rows import MatrixPlan
@@ -261,14 +261,20 @@ class DeltaEmbedder:
                     failed.set()
                     raise
 
-            sketches = self._map(sketch, layout.refs)
-            by_key = {ref.key: s for ref, s in zip(layout.refs, sketches) if s is not None}
+            # consumed in order as the threads finish them: the vector is pooled as it goes, and a
+            # failure (the first in order) is raised before any matrix it stopped is asked for
+            sketches = iter(self._map_lazy(sketch, layout.refs))
+            return self._pooled(layout, lambda refs: [next(sketches) for _ in refs])
         else:
             return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
         return self._pooled(layout, lambda refs: [by_key[r.key] for r in refs])
 
     def _pooled(self, layout: Layout, factors_of: Callable[[list[MatrixRef]], list[torch.Tensor]]) -> np.ndarray:
-        """The vector: each layer's factors concatenated, layers pooled, stacks concatenated."""
+        """The vector: each layer's factors concatenated, layers pooled, stacks concatenated.
+
+        The blocks come in float64 and the vector is rounded to float32 once, here, at the end: whatever
+        the device and its order of summation, the same key gives the same vector to that rounding.
+        """
         stacks: dict[str, list[torch.Tensor]] = {}
         counts: dict[str, int] = {}
         for stack, _layer, refs in layout.by_layer():
@@ -277,8 +283,8 @@ class DeltaEmbedder:
                 acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec)])
                 acc[0] += layer_vec
                 counts[stack] = counts.get(stack, 0) + 1
-            else:
-                stacks.setdefault(stack, []).append(layer_vec)
+            else:  # nothing is summed: rounded now, the same rounding as at the end
+                stacks.setdefault(stack, []).append(layer_vec.float())
         parts = [
             acc[0] / counts[name] if self.representation.pooling == "mean" else torch.cat(acc)
             for name, acc in stacks.items()
@@ -301,15 +307,15 @@ class DeltaEmbedder:
             m = shapes[ref.key][1]
             delta = deltas.get(ref.key)
             if delta is None:
-                block = torch.zeros(p.block_size(self.plans_[ref.key].kept))
+                block = torch.zeros(p.block_size(self.plans_[ref.key].kept), dtype=torch.float64)
             elif p.uses_svd:
-                u, s = low_rank_svd(delta.left, delta.right, p.rank)
-                block = factor_blocks(u.float().unsqueeze(0), s.float().unsqueeze(0), p, m)[0]
+                u, s = low_rank_svd(delta.left, delta.right, p.rank)  # float64, as a dense delta's
+                block = factor_blocks(u.unsqueeze(0), s.unsqueeze(0), p, m)[0]
             else:  # dW = L R^T (n x m); stored as R L^T (nn.Linear) or L R^T (Conv1D): rows first
                 linear = ref.orientation is Orientation.LINEAR
                 rows, cols = (delta.right, delta.left) if linear else (delta.left, delta.right)
                 step = max(1, _CHUNK_BYTES // (8 * cols.shape[0]))
-                block = self.projections_[ref.key].of_factors(rows, cols, step).to("cpu", torch.float32)
+                block = self.projections_[ref.key].of_factors(rows, cols, step).cpu()
             factors[ref.key] = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
         return factors
 
@@ -329,13 +335,19 @@ class DeltaEmbedder:
         return self.base_.matrix(ref, self.layout_.prefix, cache, stored=True)
 
     def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """(b, block) SVD factors of a (b, n, m) batch of deltas, and whether they are finite (the sketch
-        never forms the deltas: see :meth:`_sketch_streamed`)."""
+        """(b, block) SVD factors (float64) of a (b, n, m) batch of float32 deltas, and whether they are finite
+        (the sketch never forms the deltas: see :meth:`_sketch_streamed`).
+
+        The solver works in float64 (:func:`~modelvec.represent.linalg.truncated_svd`), converting the deltas
+        a cache-sized chunk at a time on the CPU and whole on a GPU.
+        """
         p = self.representation
-        m = batch.shape[-1]
+        chunk = CHUNK_BYTES if self.device.type == "cpu" else None
         try:
-            u, s = truncated_svd(batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed)
-            return factor_blocks(u, s, p, m), bool(torch.isfinite(s).all())
+            u, s = truncated_svd(
+                batch, p.rank, p.solver, n_iter=p.n_iter, n_oversamples=p.n_oversamples, seed=p.seed, chunk_bytes=chunk
+            )
+            return factor_blocks(u, s, p, batch.shape[-1]), bool(torch.isfinite(s).all())
         except torch.linalg.LinAlgError:  # LAPACK refuses non-finite input (out of memory is not caught here)
             return batch.new_zeros(0), False
 
@@ -359,8 +371,8 @@ class DeltaEmbedder:
             buffer = self._buffer((len(idx), m, n) if linear else (len(idx), n, m))
             batch = buffer.mT if linear else buffer
             for j, i in enumerate(idx):  # converted as they are copied; float32 subtraction of exact upcasts
-                batch[j].copy_(self._matrix(ck, layout, refs[i], cache))
-                batch[j].sub_(self._base(refs[i], base_cache))
+                batch[j].copy_(self._to_device(self._matrix(ck, layout, refs[i], cache)))
+                batch[j].sub_(self._to_device(self._base(refs[i], base_cache)))
             out, finite = self._factors(batch)
             if not finite:
                 self._raise_non_finite(ck, layout, [refs[i] for i in idx], batch)
@@ -372,9 +384,13 @@ class DeltaEmbedder:
 
     def _map(self, fn: Callable[[MatrixRef], Any], refs: Sequence[MatrixRef]) -> list[Any]:
         """``fn`` over the matrices: on the CPU spread over the sketch threads, on a GPU in order (one stream)."""
+        return list(self._map_lazy(fn, refs))
+
+    def _map_lazy(self, fn: Callable[[MatrixRef], Any], refs: Sequence[MatrixRef]) -> Iterable[Any]:
+        """:meth:`_map`'s results in order, each as soon as it is done (and all of them started on the CPU)."""
         if self.device.type == "cpu":
-            return list(self._pool().map(fn, refs))
-        return [fn(ref) for ref in refs]
+            return self._pool().map(fn, refs)
+        return (fn(ref) for ref in refs)
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads for the streamed sketch, one matrix each, torch single-threaded in each.
@@ -453,7 +469,7 @@ class DeltaEmbedder:
         out = self._project(ck, layout, ref) - self.base_sketches_[ref.key]
         if not torch.isfinite(out).all():
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-        block = out.float().reshape(1, -1)
+        block = out.reshape(1, -1)  # float64 until the vector is rounded once (see _pooled)
         return (normalise_blocks(block) if self.representation.block_norm else block)[0]
 
     def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
