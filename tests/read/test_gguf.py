@@ -23,7 +23,8 @@ from conftest import save_state
 from modelvec.cli import app
 from modelvec.core.errors import CheckpointError
 from modelvec.read import Checkpoint, open_checkpoint
-from modelvec.read.gguf import GGUFCheckpoint, QuantizationWarning
+from modelvec.read.checkpoint import QuantizationWarning
+from modelvec.read.gguf import GGUFCheckpoint
 from modelvec.spectra import energy_rank_table as rank_table
 from modelvec.studies.depth import depth_study as rank_study
 from modelvec.studies.depth import spectra_of as spectra

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -17,10 +18,12 @@ import modelvec
 from conftest import save_state
 from modelvec.cli import app
 from modelvec.spectra import aggregate_energy_ranks as aggregate
-from modelvec.spectra import energy_rank
+from modelvec.spectra import energy_rank, rank_of_energies
 from modelvec.spectra import energy_rank_table as rank_table
 from modelvec.studies.depth import over_finetunes
 from modelvec.studies.depth import spectra_of as spectra
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
 
 
 @pytest.mark.parametrize(
@@ -555,3 +558,76 @@ def test_ranks_and_equations_wrap_at_spaces_in_a_terminal(width):
             assert law.equation in flat  # wrapped at spaces only: joined again, the equation is whole
             for number in re.findall(NUMBER, law.equation):
                 assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d.])", text), number
+
+
+@pytest.mark.parametrize("of", ["weights", "delta"])
+def test_the_gpu_pipeline_run_on_the_cpu_gives_the_cpu_paths_energies(tiny_gpt2, tmp_path, of):
+    """The GPU's code (bytes read ahead on threads, torch Grams and eigenvalues), run here on the CPU's torch,
+    against the numpy path: the same float64 energies, so the same ranks, whole and in parts."""
+    from modelvec.read import open_checkpoint
+    from modelvec.studies import spectra as module
+
+    _, folder = tiny_gpt2
+    state = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    ft = save_state(
+        tmp_path / "ft",
+        {k: v + 1e-2 * torch.randn(v.shape, generator=g) if v.ndim == 2 else v for k, v in state.items()},
+        json.loads((folder / "config.json").read_text()),
+    )
+    ck, base = open_checkpoint(ft), (open_checkpoint(folder) if of == "delta" else None)
+    _, tensors = module.plan_tensors(ck, ck.layout())
+    assert any(t.from_parts for t in tensors)  # c_attn's whole from its parts' Grams on both paths
+    numpy_path = module._on_cpu(ck, base, tensors, "cpu")
+    torch_path = module._on_gpu(ck, base, tensors, "cpu")
+    for a, b in zip(numpy_path, torch_path):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y, x, rtol=1e-10, atol=1e-13 * x[0])
+            assert [rank_of_energies(y, t) for t in (0.5, 0.9, 0.99)] == [
+                rank_of_energies(x, t) for t in (0.5, 0.9, 0.99)
+            ]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_torch_grams_give_float64_ranks_at_near_tied_thresholds(device):
+    """The GPU's arithmetic (float64 Gram and syevd on the device) at thresholds within 1e-7 of a boundary:
+    every rank is a float64 SVD's, where float32 moves some (there is no float32 path to fall back from)."""
+    from modelvec.studies.spectra import _eigenvalues, _grams
+
+    mats, thresholds = _near_tie_matrices(7)
+    for w, t in zip(mats, thresholds):
+        (gram,) = _grams([torch.from_numpy(w).to(device)], whole=False)
+        reference = np.linalg.svd(w, compute_uv=False) ** 2
+        assert rank_of_energies(_eigenvalues(gram), t) == rank_of_energies(reference, t)
+
+
+RANK_IMPORTS = """
+import sys
+from modelvec.cli import main
+sys.argv = ["modelvec", "rank", sys.argv[1], "--out", sys.argv[2]]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_the_rank_study_of_safetensors_on_the_cpu_imports_no_torch(tiny_bert, tmp_path):
+    """The torch import is about a second of a bert-base study (docs/scale.md); numpy reads safetensors."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    if Path("/proc/driver/nvidia/gpus").exists():
+        pytest.skip("a GPU here: auto is CUDA, which needs torch")
+    out = subprocess.run(
+        [sys.executable, "-c", RANK_IMPORTS, str(tiny_bert), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch imported: False" in out.stdout
+    assert (tmp_path / "out" / "rank-0.9.png").exists()

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import xxhash
 from safetensors import safe_open
 
@@ -31,6 +33,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are read: opening a checkpo
 
 _HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
 _FLOAT_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64")  # as str(dtype) says
+#: safetensors' float dtypes as numpy reads them (numpy has no bfloat16: its bits, the top half of a float32's)
+NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 
 _MAX_JSON = 100_000_000  # config.json and index files: thousands of times any real one
@@ -78,6 +82,28 @@ class LowRankDelta(NamedTuple):
     right: torch.Tensor
 
 
+class QuantizationWarning(UserWarning):
+    """The weights are quantized: what is measured of them includes the quantization noise."""
+
+
+class Stored(NamedTuple):
+    """Where one tensor of a safetensors file lies: its file, absolute byte offset and length, dtype and shape,
+    for readers that need no tensor library (the rank study on the CPU) or read bytes themselves (a GPU's)."""
+
+    file: Path
+    offset: int
+    nbytes: int
+    dtype: str  # safetensors' name: F64, F32, F16 or BF16
+    shape: tuple[int, ...]
+
+
+def float64_of(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """The exact float64 upcast of a tensor's stored values (``raw`` as :data:`NUMPY_DTYPES` reads ``dtype``)."""
+    if dtype == "BF16":  # a bfloat16's bits are the top half of a float32's
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return raw.astype(np.float64)
+
+
 class Checkpoint:
     """A lazily read checkpoint. ``name`` is how errors and the store refer to it.
 
@@ -102,6 +128,8 @@ class Checkpoint:
         self._handles: dict[Path, Any] = {}
         self._file_names: dict[Path, frozenset[str]] = {}
         self._headers: dict[Path, dict[str, Any]] = {}  # safetensors headers, parsed once
+        self._data_starts: dict[Path, int] = {}  # where each safetensors file's data begins
+        self._maps: dict[Path, mmap.mmap] = {}  # safetensors files mapped for numpy reads
         self._layout: Layout | None = None
 
     # --- discovery of files -------------------------------------------------------------------
@@ -226,8 +254,47 @@ class Checkpoint:
             fault = safetensors_fault(file)
             if fault is not None:
                 raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
-            cached = self._headers[file] = header_of(file)[1]
+            self._data_starts[file], cached = header_of(file)
+            self._headers[file] = cached
         return cached
+
+    def stored(self, key: str) -> Stored | None:
+        """Where tensor ``key`` lies, to be read whole (a partial download must hold it); None where its file
+        is not safetensors (a ``.bin``: read through torch). Checked as :meth:`get_stored` checks: a float tensor."""
+        file = self._file_of(key)
+        header = self._header(file)
+        if header is None:
+            return None
+        entry = header[key]
+        shape = tuple(int(n) for n in entry["shape"])
+        if self.fetched is not None:
+            self.require_rows({key: [(0, shape[0] if shape else 1)]})
+        if entry["dtype"] not in NUMPY_DTYPES:
+            raise CheckpointError(
+                self.name,
+                f"tensor {shown(key)} has dtype {entry['dtype']}, expected float32, float16, bfloat16 or float64",
+            )
+        begin, end = entry["data_offsets"]
+        return Stored(file, self._data_starts[file] + begin, end - begin, entry["dtype"], shape)
+
+    def float64(self, key: str) -> np.ndarray | None:
+        """Tensor ``key``'s exact float64 upcast (C order, as stored) from the mapped file, with numpy alone; None
+        where its file is not safetensors. What the rank study reads on the CPU: it needs no torch."""
+        where = self.stored(key)
+        if where is None:
+            return None
+        pages = self._maps.get(where.file)
+        if pages is None:
+            with open(where.file, "rb") as fh:
+                pages = self._maps[where.file] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        dtype = NUMPY_DTYPES[where.dtype]
+        count = where.nbytes // np.dtype(dtype).itemsize
+        raw = np.frombuffer(pages, dtype=dtype, count=count, offset=where.offset).reshape(where.shape)
+        return float64_of(raw, where.dtype)
+
+    def quantized_types(self) -> list[str]:
+        """The quantized tensor types the weights hold (a GGUF's Q4_K, ...): none for safetensors and ``.bin``."""
+        return []
 
     def shape(self, key: str) -> tuple[int, ...]:
         file = self._file_of(key)
@@ -310,13 +377,18 @@ class Checkpoint:
         """The matrix's shape n x m in the description's orientation, fused parts split, from the header alone.
 
         Raises the one-line errors :meth:`matrix` would: not a matrix, or fused parts that do not divide it."""
+        n, (start, stop) = self.columns(ref, prefix)
+        return n, stop - start
+
+    def columns(self, ref: MatrixRef, prefix: str) -> tuple[int, tuple[int, int]]:
+        """The whole tensor's rows n in the description's orientation, and the columns [start, stop) of it
+        that ``ref`` is (a fused part's, or all of them), from the header alone."""
         name = prefix + ref.tensor
         shape = self.shape(name)
         if len(shape) != 2:
             raise CheckpointError(self.name, f"tensor {name} has shape {list(shape)}, expected a matrix")
         n, m = (shape[1], shape[0]) if ref.orientation is Orientation.LINEAR else (shape[0], shape[1])
-        start, stop = self._span(ref, name, (n, m))
-        return n, stop - start
+        return n, self._span(ref, name, (n, m))
 
     def _span(self, ref: MatrixRef, name: str, whole: tuple[int, int]) -> tuple[int, int]:
         """A fused part's columns [start, stop) of the whole (n x m) matrix, or all of them."""
@@ -451,6 +523,12 @@ class Checkpoint:
                     pass  # released when collected, as before
         self._handles.clear()
         self._file_names.clear()
+        for pages in self._maps.values():
+            try:
+                pages.close()
+            except BufferError:  # an array still views it: released when collected
+                pass
+        self._maps.clear()
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -531,4 +609,30 @@ def check_compatible(model: Checkpoint, model_layout: Layout, base_layout: Layou
         n_base = max(r.layer for r in base_layout.refs) + 1
         raise IncompatibleError(
             model.name, f"has {n_model} layers / matrices that differ from the base's ({n_base} layers)"
+        )
+
+
+def warn_if_quantized(ck: Checkpoint) -> list[str]:
+    """Warn (:class:`QuantizationWarning`) when ``ck`` is quantized (a GGUF's types); returns the types found."""
+    types = ck.quantized_types()
+    if types:
+        warnings.warn(
+            f"{ck.name}: quantized GGUF ({', '.join(types)}): the ranks are those of the dequantized weights; "
+            "quantization noise raises the measured rank, most at thresholds near 1 (4- and 5-bit types "
+            "can also lower it slightly where the spectrum decays slowly)",
+            QuantizationWarning,
+            stacklevel=3,
+        )
+    return types
+
+
+def refuse_quantized_delta(ck: Checkpoint) -> None:
+    """A one-line error for a delta with a quantized side: its quantization noise would swamp the delta."""
+    types = ck.quantized_types()
+    if types:
+        raise CheckpointError(
+            ck.name,
+            f"quantized GGUF ({', '.join(types)}): --of delta needs unquantized weights, "
+            "quantization noise is as large as a fine-tuning delta (use an F32/F16/BF16 "
+            "GGUF or the original weights)",
         )

@@ -18,7 +18,6 @@ checkpoints, whose noise is as large as a fine-tuning delta.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,6 @@ from .checkpoint import Checkpoint
 PathLike = str | os.PathLike[str]
 #: Storage types that are plain floats: everything else is block-quantized (Q8_0, Q4_K, IQ2_XS...).
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
-
-
-class QuantizationWarning(UserWarning):
-    """The weights are quantized: the measured ranks include quantization noise."""
 
 
 @dataclass(frozen=True)
@@ -288,6 +283,10 @@ class GGUFCheckpoint(Checkpoint):
         shape = self._infos[self.gguf_name(key)][1]
         return tuple(reversed(shape)) if key in self._transposed else shape
 
+    def stored(self, key: str) -> None:
+        """No safetensors bytes to read: a GGUF's tensors are dequantized through :meth:`get_stored`."""
+        return None
+
     def get_stored(self, key: str, *, whole: bool = True) -> torch.Tensor:
         """GGUF's blocks are dequantized on read: float32 is as stored as they get."""
         return self.get(key)
@@ -336,29 +335,3 @@ def _unpermute(w: torch.Tensor, n_head: int, model: str, key: str) -> torch.Tens
     if n_head <= 0 or rows % (2 * n_head):
         raise CheckpointError(model, f"tensor {key} has {rows} rows, not a multiple of 2 x {n_head} heads")
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape).contiguous()
-
-
-def warn_if_quantized(ck: Checkpoint) -> list[str]:
-    """Warn (:class:`QuantizationWarning`) when ``ck`` is a quantized GGUF; returns the quant types found."""
-    types = ck.quantized_types() if isinstance(ck, GGUFCheckpoint) else []
-    if types:
-        warnings.warn(
-            f"{ck.name}: quantized GGUF ({', '.join(types)}): the ranks are those of the dequantized weights; "
-            "quantization noise raises the measured rank, most at thresholds near 1 (4- and 5-bit types "
-            "can also lower it slightly where the spectrum decays slowly)",
-            QuantizationWarning,
-            stacklevel=3,
-        )
-    return types
-
-
-def refuse_quantized_delta(ck: Checkpoint) -> None:
-    """A one-line error for a delta with a quantized side: its quantization noise would swamp the delta."""
-    types = ck.quantized_types() if isinstance(ck, GGUFCheckpoint) else []
-    if types:
-        raise CheckpointError(
-            ck.name,
-            f"quantized GGUF ({', '.join(types)}): --of delta needs unquantized weights, "
-            "quantization noise is as large as a fine-tuning delta (use an F32/F16/BF16 "
-            "GGUF or the original weights)",
-        )

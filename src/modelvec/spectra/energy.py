@@ -110,34 +110,37 @@ def gram_energies(batch: Sequence[torch.Tensor] | torch.Tensor, device: str | to
             return np.full(min(a.shape), np.nan)
         return _gram_eigenvalues(a)
 
-    return np.stack(_each_on_a_thread(one, list(batch)))
+    return np.stack(each_on_a_thread(one, list(batch)))
+
+
+def block_energies(blocks: Sequence[np.ndarray], whole: bool = False) -> list[np.ndarray]:
+    """σᵢ² (descending) of each float64 matrix of ``blocks`` and, with ``whole``, last, of the blocks side by side.
+
+    With ``whole`` the blocks are the parts of one fused matrix W = [W_1 ... W_k], with ``fuses_by_gram``
+    true of their shapes: W's energies come from the sum of the parts' Grams (see there). Any non-finite
+    value gives NaN rows, for the caller to name the tensor.
+    """
+    if not all(np.isfinite(w).all() for w in blocks):
+        rows = [min(w.shape) for w in blocks] + ([blocks[0].shape[0]] if whole else [])
+        return [np.full(n, np.nan) for n in rows]
+    if not whole:
+        return [_gram_eigenvalues(w) for w in blocks]
+    total, out = None, []
+    for w in blocks:
+        gram = w @ w.T  # (n, n): this block's smaller side
+        out.append(_eigenvalues(gram))
+        total = gram if total is None else np.add(total, gram, out=total)
+    assert total is not None
+    return [*out, _eigenvalues(total)]
 
 
 def fused_gram_energies(groups: Sequence[Sequence[torch.Tensor]]) -> list[list[np.ndarray]]:
-    """σᵢ² of each column block of each group and, last, of the blocks side by side, on the CPU.
-
-    Each group is the parts W_1 ... W_k of one fused matrix W = [W_1 ... W_k], with
-    ``fuses_by_gram`` true of their shapes: W's Gram is the sum of the parts' (see there). One group
-    per thread; a group with a non-finite value gives NaN rows.
-    """
-
-    def one(parts: Sequence[torch.Tensor]) -> list[np.ndarray]:
-        total = None
-        out = []
-        for w in parts:
-            a = as_float64(w)
-            if not np.isfinite(a).all():
-                return [np.full(p.shape[0], np.nan) for p in parts] + [np.full(a.shape[0], np.nan)]
-            gram = a @ a.T  # (n, n): this block's smaller side
-            out.append(_eigenvalues(gram))
-            total = gram if total is None else np.add(total, gram, out=total)
-        assert total is not None
-        return [*out, _eigenvalues(total)]
-
-    return _each_on_a_thread(one, list(groups))
+    """σᵢ² of each column block of each group and, last, of the blocks side by side, on the CPU
+    (:func:`block_energies`), one group per thread."""
+    return each_on_a_thread(lambda parts: block_energies([as_float64(w) for w in parts], whole=True), list(groups))
 
 
-def _each_on_a_thread(one: Callable[[T], R], items: list[T]) -> list[R]:
+def each_on_a_thread(one: Callable[[T], R], items: list[T]) -> list[R]:
     """``one`` of each item, the items spread over threads with one BLAS thread each (numpy releases
     the GIL in BLAS and LAPACK; a small eigenproblem does not split well over cores, separate ones do)."""
     from threadpoolctl import threadpool_limits

@@ -14,12 +14,14 @@ from ..core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .compare import VARIANTS, evaluate, task_vector_gram, variants
-    from .depth import DepthStudy, depth_study, over_finetunes, over_stored, spectra_of
+    from .depth import DepthStudy, depth_study, over_finetunes, over_stored
+    from .spectra import spectra_of
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "depth": ("DepthStudy", "depth_study", "over_finetunes", "over_stored", "spectra_of"),
+        "depth": ("DepthStudy", "depth_study", "over_finetunes", "over_stored"),
+        "spectra": ("spectra_of",),
         "compare": ("VARIANTS", "evaluate", "task_vector_gram", "variants"),
     },
 )

@@ -12,141 +12,26 @@ bit of a float sum); a zero matrix has rank 0 at every threshold.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
-import torch
 
 from ..analyse.laws import Fit
 from ..core.errors import CheckpointError, FetchError, IncompatibleError, ModelvecError, NothingStoredError
 from ..core.names import model_id
-from ..hub.ids import resolve_base
-from ..read import Checkpoint, Layout, MatrixRef, check_compatible, open_checkpoint
-from ..read.gguf import refuse_quantized_delta, warn_if_quantized
-from ..represent import resolve_device
-from ..run import local_files
-from ..spectra.energy import DEFAULT_THRESHOLDS, as_float64, fused_gram_energies, fuses_by_gram, gram_energies
+from ..read import open_checkpoint
+from ..spectra.energy import DEFAULT_THRESHOLDS
 from ..spectra.tables import Spectrum, aggregate_energy_ranks, energy_rank_table, fit_depth_laws
-from ..store import Store, opened
+from .spectra import spectra_of
+
+if TYPE_CHECKING:  # the store and the Hub only for a study over stored fine-tunes: one model's loads neither
+    from ..store import Store
 
 PathLike = str | os.PathLike[str]
-KINDS = ("weights", "delta")
-_MAX_BATCH_BYTES = 256 * 2**20  # bounded memory whatever the model size
-
-
-def _shape(w: torch.Tensor) -> tuple[int, int]:
-    return (int(w.shape[0]), int(w.shape[1]))
-
-
-def _refs(layout: Layout, fused: bool) -> list[MatrixRef]:
-    """The layout's matrices, plus each fused tensor whole (e.g. GPT-2's c_attn as ``qkv``)."""
-    refs = []
-    for ref in layout.refs:
-        if fused and ref.fused and ref.part == 0:
-            refs.append(dataclasses.replace(ref, family=ref.fused, part=0, n_parts=1))
-        refs.append(ref)
-    return refs
-
-
-def spectra_of(
-    model: PathLike | Checkpoint,
-    *,
-    base: PathLike | Checkpoint | None = None,
-    of: str = "weights",
-    fused: bool = True,
-    device: str = "auto",
-) -> list[Spectrum]:
-    """Singular values of every matrix of ``model`` (``of="weights"``) or of its delta to ``base``.
-
-    A ``.gguf`` file is read dequantized (``quantized.GGUFCheckpoint``); when quantized, its weights'
-    study warns (``QuantizationWarning``: the noise raises the measured rank) and a delta is refused.
-    """
-    if of not in KINDS:
-        raise ValueError(f"of must be one of {', '.join(KINDS)}, not {of!r}")
-    device = str(resolve_device(device))
-    ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
-    layout = ck.layout()
-    base_ck = base_layout = None
-    if of == "delta":
-        if base is None:
-            raise ValueError("of='delta' needs a base")
-        base_ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-        base_layout = base_ck.layout()
-        check_compatible(ck, layout, base_layout)
-        refuse_quantized_delta(ck)
-        refuse_quantized_delta(base_ck)
-    else:
-        warn_if_quantized(ck)
-    refs = _refs(layout, fused)
-    by_shape: dict[tuple[int, int], list[tuple[MatrixRef, torch.Tensor]]] = {}
-    groups: list[tuple[MatrixRef, list[MatrixRef], list[torch.Tensor]]] = []
-    cache: dict[str, torch.Tensor] = {}
-    base_cache: dict[str, torch.Tensor] = {}
-    out: dict[tuple[str, int, str], Spectrum] = {}
-
-    def record(ref: MatrixRef, shape: tuple[int, int], e: np.ndarray) -> None:
-        if not np.isfinite(e).all():
-            raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-        out[(ref.stack, ref.layer, ref.family)] = Spectrum(ref.stack, ref.layer, ref.family, shape, e)
-
-    def flush(shape: tuple[int, int]) -> None:
-        items = by_shape.pop(shape, [])
-        if items:
-            for (ref, _), e in zip(items, gram_energies([m for _, m in items], device)):
-                record(ref, shape, e)
-
-    def flush_groups() -> None:
-        for (whole, parts, mats), values in zip(groups, fused_gram_energies([g[2] for g in groups])):
-            shapes = [_shape(m) for m in mats]
-            shapes.append((shapes[0][0], sum(m for _, m in shapes)))  # the blocks side by side
-            for ref, shape, e in zip([*parts, whole], shapes, values):
-                record(ref, shape, e)
-        groups.clear()
-
-    def read(ref: MatrixRef) -> torch.Tensor:
-        w = ck.matrix(ref, layout.prefix, cache, stored=True)  # a view of the mapped file, converted per matrix
-        if base_ck is not None and base_layout is not None:
-            w0 = base_ck.matrix(ref, base_layout.prefix, base_cache, stored=True)
-            if w.shape != w0.shape:
-                raise IncompatibleError(
-                    ck.name,
-                    f"tensor {layout.prefix + ref.tensor} has shape {list(w.shape)}, the base's has {list(w0.shape)}",
-                )
-            # exact: the float64 difference of two float32/bf16 values
-            w = torch.from_numpy(as_float64(w) - as_float64(w0))
-        return w
-
-    on_cpu = torch.device(device).type == "cpu"
-    parts_of: dict[str, list[MatrixRef]] = {}
-    for r in refs:
-        if r.n_parts > 1:
-            parts_of.setdefault(r.tensor, []).append(r)
-    grouped: set[str] = set()  # fused tensors whose parts went with their whole
-    for ref in refs:
-        if ref.n_parts > 1 and ref.tensor in grouped:
-            continue
-        parts = parts_of.get(ref.tensor, []) if ref.n_parts == 1 and ref.fused else []
-        # a fused tensor studied whole and in parts: on the CPU, the whole's Gram is the sum of the parts'
-        if on_cpu and parts and fuses_by_gram([_shape(ck.matrix(p, layout.prefix, cache, stored=True)) for p in parts]):
-            groups.append((ref, parts, [read(p) for p in parts]))
-            grouped.add(ref.tensor)
-            if sum(m.numel() for g in groups for m in g[2]) * 8 >= _MAX_BATCH_BYTES:
-                flush_groups()
-            continue
-        w = read(ref)
-        shape = _shape(w)
-        by_shape.setdefault(shape, []).append((ref, w))
-        if len(by_shape[shape]) * shape[0] * shape[1] * 8 >= _MAX_BATCH_BYTES:
-            flush(shape)
-    flush_groups()
-    for shape in list(by_shape):
-        flush(shape)
-    return [out[(r.stack, r.layer, r.family)] for r in refs]
 
 
 @dataclass
@@ -225,6 +110,10 @@ def over_stored(
     ``base`` is a local path or a Hub id as stored; Hub models are fetched at their stored
     revisions. A fine-tune that cannot be fetched or read is in ``study.failed``; the others go on.
     """
+    from ..hub.ids import resolve_base
+    from ..run import local_files
+    from ..store import opened
+
     with opened(store, read_only=True) as db:
         meta = db.metadata()
         local = Path(base).exists()
