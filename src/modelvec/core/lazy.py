@@ -36,3 +36,22 @@ def globals_of(package: str) -> dict[str, Any]:
     import sys
 
     return vars(sys.modules[package])
+
+
+def warm(*modules: str) -> None:
+    """Import ``modules`` on a background thread now, so that a later import finds them loaded.
+
+    For a command whose own work leaves the interpreter idle (threads in BLAS and LAPACK, which release the
+    GIL): the rank study imports matplotlib and scipy's optimiser while its eigenvalues are computed. A
+    module that fails to import is left to fail, with its own error, where it is imported for real.
+    """
+    import threading
+
+    def load() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+
+    threading.Thread(target=load, name="modelvec-warm-imports", daemon=True).start()

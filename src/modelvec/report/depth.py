@@ -7,15 +7,19 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..analyse.laws import MIN_ADJ_R2, Fit, shown_law
+from ..core.lazy import warm
 from ..core.names import display_name, is_hub_id
 from ..plots.depth import plot_rank
 from ..plots.maps import write_atomically
-from ..read.gguf import QuantizationWarning
+from ..read.checkpoint import QuantizationWarning
 from ..spectra import DEFAULT_THRESHOLDS
-from ..store import Store
 from ..studies.depth import DepthStudy, depth_study, over_stored
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 PathLike = str | os.PathLike[str]
 
@@ -89,6 +93,8 @@ def depth_report(
     """
     if over_finetunes is not None and model is not None:
         raise ValueError(f"give a MODEL ({model}) or --over-finetunes BASE ({over_finetunes}), not both")
+    if out is not None:  # what the figures and laws import, loaded while the spectra are computed
+        warm("matplotlib.figure", "matplotlib.backends.backend_agg", "scipy.optimize")
     if over_finetunes is not None:
         study = over_stored(over_finetunes, store=store, thresholds=thresholds, device=device)
         shown = study.model if is_hub_id(study.model) else display_name(study.model)
