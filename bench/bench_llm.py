@@ -1,6 +1,6 @@
 """Decoder LLMs at 1-8B parameters: seconds per model, bytes read, the read floor and peak memory, per representation.
 
-    python bench/bench_llm.py [--sizes 1b,3b,8b] [--reprs sketch,U,US,S,sketch-concat] [--device cpu]
+    python bench/bench_llm.py [--sizes 1b,3b,8b] [--reprs sketch,U,US,S,sketch-concat] [--device cpu|cuda]
     python bench/bench_llm.py --sizes 8b --reprs today,default --hub --bandwidth 1gbit [--no-rank]
 
 Writes Llama-shaped random sharded bf16 pairs itself (Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B
@@ -12,6 +12,13 @@ pages). The read floor is measured the same way in the same run: every used matr
 checkpoints read as stored, converted to float32 and subtracted. The rank study of the fine-tune's
 weights is timed against a plain float32 ``torch.linalg.svdvals`` loop over the same matrices.
 Ratios are measured side by side; files are cached in ``--cache`` (about 2, 6 and 15 GB per model).
+
+``--device cuda`` runs every job on the GPU. The floor there is every row of both checkpoints read,
+moved to the GPU and subtracted there: the fine-tune's chunk copied into a float32 device buffer, the
+base's chunk moved to the device as stored. CUDA is initialised before each job's clock starts (every
+job would pay it alike) and synchronised before it stops. A job that fails (a device error, say) is
+printed as one line and kept in ``--json`` as ``{"error": ...}``; the benchmark goes on, and ratios
+to the floor are printed only when the floor has its seconds.
 """
 
 from __future__ import annotations
@@ -48,8 +55,10 @@ REPRS = {
 SHARD_BYTES = 2 << 30
 
 
-def write_pair(size: str, root: Path) -> tuple[Path, Path]:
-    """The base and fine-tune folders of one size (written once, then reused)."""
+def write_pair(size: str, root: Path, device: str = "cpu") -> tuple[Path, Path]:
+    """The base and fine-tune folders of one size (written once, then reused). The random weights are drawn on
+    ``device``: a GPU draws an 8B pair in seconds where 16 CPU cores took 117 s (other numbers than the CPU's
+    draw: each device's pair is its own)."""
     import torch
     from safetensors.torch import save_file
 
@@ -78,7 +87,11 @@ def write_pair(size: str, root: Path) -> tuple[Path, Path]:
         "mlp.up_proj": (ff, d),
         "mlp.down_proj": (d, ff),
     }
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device)
+
     for folder in (base, ft):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(config))
@@ -98,17 +111,16 @@ def write_pair(size: str, root: Path) -> tuple[Path, Path]:
         if sum(t.numel() * 2 for t in parts[folder].values()) >= SHARD_BYTES:
             flush(folder)
 
-    emb = (torch.randn(256, d, generator=gen) * 0.02).bfloat16()
+    emb = (randn(256, d) * 0.02).bfloat16().cpu()
     add(base, "model.embed_tokens.weight", emb)
     add(ft, "model.embed_tokens.weight", emb)
     for layer in range(layers):
         for name, (out, inp) in shapes.items():
-            w = torch.randn(out, inp, generator=gen) * 0.02
-            left, right = torch.randn(out, 16, generator=gen), torch.randn(16, inp, generator=gen)
-            delta = (left @ right) * (1e-3 / 16) + torch.randn(out, inp, generator=gen) * 1e-4
+            w = randn(out, inp) * 0.02
+            delta = (randn(out, 16) @ randn(16, inp)) * (1e-3 / 16) + randn(out, inp) * 1e-4
             key = f"model.layers.{layer}.{name}.weight"
-            add(base, key, w.bfloat16())
-            add(ft, key, (w + delta).bfloat16())
+            add(base, key, w.bfloat16().cpu())
+            add(ft, key, (w + delta).bfloat16().cpu())
     for folder in (base, ft):
         flush(folder)
         index = {"metadata": {}, "weight_map": maps[folder]}
@@ -134,28 +146,37 @@ def sample():
 threading.Thread(target=sample, daemon=True).start()
 import torch
 job, base, ft, params, device = json.loads(sys.argv[1])
+gpu = device.startswith("cuda")
+if gpu:  # the context and the allocator set up before the clock: every job would pay it alike
+    torch.zeros(1, device=device); torch.cuda.synchronize()
 idle = field("RssAnon:")
 start = time.perf_counter()
 if job == "floor":  # every used matrix of both, as stored -> float32 -> subtract: chunked into reused
-    # cache-sized buffers, one matrix per thread (as fast as that work goes here, without any product)
+    # cache-sized buffers, one matrix per thread (as fast as that work goes here, without any product);
+    # on a GPU both chunks are moved there (larger chunks: no cache to fit) and subtracted there
     from concurrent.futures import ThreadPoolExecutor
     from modelvec.read import open_checkpoint
     a, b = open_checkpoint(ft), open_checkpoint(base)
     la, lb = a.layout(), b.layout()
     torch.set_num_threads(1)
     local = threading.local()
+    chunk = (32 << 20) if gpu else (2 << 20)
     def one(ref):
         w, w0 = a.get_stored(la.prefix + ref.tensor), b.get_stored(lb.prefix + ref.tensor)  # as laid out in the file
-        rows = max(1, (2 << 20) // (4 * w.shape[1]))
+        rows = max(1, chunk // (4 * w.shape[1]))
         buf = getattr(local, "buf", None)
         if buf is None or buf.shape[1] != w.shape[1] or buf.shape[0] < rows:
             buf = local.buf = torch.empty(rows, w.shape[1], device=device)
-        s = 0.0
+        s = torch.zeros((), device=device) if gpu else 0.0
         for i in range(0, w.shape[0], rows):
             d = buf[: min(rows, w.shape[0] - i)]
-            d.copy_(w[i : i + rows]); d.sub_(w0[i : i + rows])
-            s += float(d[0, 0])
-        return s
+            if gpu:  # the fine-tune's chunk copied into the device buffer, the base's moved there as stored
+                d.copy_(w[i : i + rows]); d.sub_(w0[i : i + rows].to(device))
+                s += d[0, 0]  # on the device: no wait for each chunk
+            else:
+                d.copy_(w[i : i + rows]); d.sub_(w0[i : i + rows])
+                s += float(d[0, 0])
+        return float(s)
     with ThreadPoolExecutor(2) as pool:
         total = sum(pool.map(one, la.refs))
 elif job == "embed":
@@ -191,19 +212,22 @@ elif job == "hub-stream":  # several Hub fine-tunes through embed's pipeline: do
     result = modelvec.embed(base, hub["repos"], settings=settings, store=hub["store"], workers=2, load=False, **params)
     assert not result.failed, result.failed
 elif job == "rank":
-    from modelvec.studies.depth import spectra_of
+    from modelvec.studies.spectra import spectra_of
     spectra_of(ft, device=device, fused=False)
-elif job == "svdvals":
+elif job == "svdvals":  # the first "matrices" of them (every family of whole layers), or all
     from modelvec.read import open_checkpoint
     a = open_checkpoint(ft)
     la = a.layout()
-    for ref in la.refs:
+    refs = la.refs[: params.get("matrices") or len(la.refs)]
+    for ref in refs:
         torch.linalg.svdvals(a.matrix(ref, la.prefix).to(device))
-if device.startswith("cuda"):
+if gpu:
     torch.cuda.synchronize()
 seconds = time.perf_counter() - start
 done.set()
 out = {"seconds": seconds, "peak_anon": max(peak[0], field("RssAnon:")) - idle, "peak_rss": field("VmHWM:")}
+if job == "svdvals":
+    out["matrices"], out["of"] = len(refs), len(la.refs)
 if job in ("embed", "hub-embed", "hub-whole"):  # a stream's seconds are its whole run, the base fitted once
     out["fit_seconds"] = fit_s
     out["embed_seconds"] = seconds - fit_s
@@ -216,12 +240,28 @@ print(json.dumps(out))
 
 
 def measure(job: str, base: Path, ft: Path, params: dict | None = None, device: str = "cpu") -> dict:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    """One job in a fresh process (this checkout's src first on ``PYTHONPATH``): its figures, or ``{"error": why}``.
+
+    Importable, so a test can run one job on tiny folders; a failure of the job (a device error, a
+    missing folder) comes back as its last line of stderr rather than raising here.
+    """
+    paths = [str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     arg = json.dumps([job, str(base), str(ft), params or {}, device])
     done = subprocess.run([sys.executable, "-c", CHILD, arg], capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"no figures in the job's output: {done.stdout.strip()[-200:]!r}"}
+
+
+def failed(got: dict, what: str) -> bool:
+    """Whether a job failed; if it did, one line says which and why (the benchmark goes on)."""
+    if "error" in got:
+        print(f"{what:>14}: failed: {got['error']}", flush=True)
+    return "error" in got
 
 
 def reads_a_share(name: str) -> bool:
@@ -320,13 +360,21 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
     return out
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv`` for a test; else ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1b,3b,8b")
     parser.add_argument("--reprs", default=",".join(REPRS))
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): where every job runs, the floor too")
     parser.add_argument("--cache", type=Path, default=Path(".cache/llm"))
     parser.add_argument("--rank", action=argparse.BooleanOptionalAction, default=True, help="also time the rank study")
+    parser.add_argument(
+        "--svdvals-matrices",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time the svdvals loop over the first N matrices (whole layers) and scale it (0: all)",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument(
         "--hub", action="store_true", help="also fetch the fine-tune from a local Hub (loopback) with --bandwidth"
@@ -340,52 +388,85 @@ def main() -> None:
         metavar="N",
         help="with --hub: also embed N Hub copies of the fine-tune in one run",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def embed_line(name: str, got: dict, floor: dict, matrices: int) -> str:
+    """One representation's figures; its ratio to the floor only where the floor was measured."""
     gib = 1 << 30
+    ratio = f"{got['embed_seconds'] / floor['seconds']:.2f}x the floor; " if "seconds" in floor else ""
+    return (
+        f"{name:>14}: {got['embed_seconds']:6.1f} s/model ({ratio}fit {got['fit_seconds']:.1f} s), reads "
+        f"{got['bytes_needed'] / matrices:.1%} of the matrices' bytes, peak anon {got['peak_anon'] / gib:.2f} GiB, "
+        f"peak RSS {got['peak_rss'] / gib:.2f} GiB"
+    )
+
+
+def rank_jobs(size: str, base: Path, ft: Path, device: str, svdvals: int = 0) -> list[dict]:
+    """The rank study against a plain float32 svdvals loop, each reported even when the other failed. ``svdvals``
+    > 0 times the loop over that many matrices (whole layers) and scales it to all (8B on a GPU: minutes)."""
+    ours = measure("rank", base, ft, device=device)
+    rows = [{"size": size, "job": "rank", **ours}]
+    plain = measure("svdvals", base, ft, {"matrices": svdvals}, device=device)
+    rows.append({"size": size, "job": "svdvals", **plain})
+    broken = [what for got, what in ((ours, "rank study"), (plain, "svdvals loop")) if failed(got, what)]
+    if not broken:  # each failure printed above, the ratio only when both were measured
+        loop = plain["seconds"] * plain["of"] / plain["matrices"]
+        how = "" if plain["matrices"] == plain["of"] else f", {plain['matrices']} of {plain['of']} timed and scaled"
+        print(
+            f"rank study (exact, float64 Gram + eigvalsh): {ours['seconds']:.1f} s; float32 svdvals loop: "
+            f"{loop:.1f} s{how} ({loop / ours['seconds']:.2f}x)",
+            flush=True,
+        )
+    return rows
+
+
+def one_size(size: str, base: Path, ft: Path, args: argparse.Namespace) -> list[dict]:
+    """Every job on one pair: the floor, each representation, the Hub's, the rank study; a failed one is kept."""
+    gib = 1 << 30
+    measure("floor", base, ft, device=args.device)  # warm the page cache as far as it holds both
+    floor = measure("floor", base, ft, device=args.device)
+    if not failed(floor, "read floor"):
+        print(f"read floor: {floor['seconds']:.1f} s, peak anon {floor['peak_anon'] / gib:.2f} GiB", flush=True)
+    results = [{"size": size, "job": "floor", **floor}]
+    matrices = matrix_bytes(ft)
+    for name in args.reprs.split(","):
+        got = measure("embed", base, ft, REPRS[name], args.device)
+        results.append({"size": size, "job": "embed", "repr": name, **got})
+        if not failed(got, name):
+            print(embed_line(name, got, floor, matrices), flush=True)
+    if args.hub:
+        results += through_hub(size, base, ft, args)
+    if args.rank:
+        results += rank_jobs(size, base, ft, args.device, args.svdvals_matrices)
+    return results
+
+
+def device_label(device: str) -> str:
+    """The device as the header names it: a GPU's name too, so figures from different cards are not mixed."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    return f"{device} ({torch.cuda.get_device_name(device)})" if torch.cuda.is_available() else device
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Every size in turn; the figures (also written to ``--json``) returned for a caller."""
+    args = parse_args(argv)
     results = []
     for size in args.sizes.split(","):
         start = time.perf_counter()
-        base, ft = write_pair(size, args.cache)
+        base, ft = write_pair(size, args.cache, args.device)
         print(
-            f"\n== Llama {size} shape (bf16, sharded; written/reused in {time.perf_counter() - start:.0f} s)",
+            f"\n== Llama {size} shape (bf16, sharded; written/reused in {time.perf_counter() - start:.0f} s), "
+            f"on {device_label(args.device)}",
             flush=True,
         )
-        measure("floor", base, ft, device=args.device)  # warm the page cache as far as it holds both
-        floor = measure("floor", base, ft, device=args.device)
-        print(
-            f"read floor: {floor.get('seconds', float('nan')):.1f} s, peak anon {floor.get('peak_anon', 0) / gib:.2f} GiB",
-            flush=True,
-        )
-        results.append({"size": size, "job": "floor", **floor})
-        matrices = matrix_bytes(ft)
-        for name in args.reprs.split(","):
-            got = measure("embed", base, ft, REPRS[name], args.device)
-            results.append({"size": size, "job": "embed", "repr": name, **got})
-            if "error" in got:
-                print(f"{name:>14}: failed: {got['error']}", flush=True)
-                continue
-            print(
-                f"{name:>14}: {got['embed_seconds']:6.1f} s/model ({got['embed_seconds'] / floor['seconds']:.2f}x the "
-                f"floor; fit {got['fit_seconds']:.1f} s), reads {got['bytes_needed'] / matrices:.1%} of the matrices' "
-                f"bytes, peak anon {got['peak_anon'] / gib:.2f} GiB, peak RSS {got['peak_rss'] / gib:.2f} GiB",
-                flush=True,
-            )
-        if args.hub:
-            results += through_hub(size, base, ft, args)
-        if args.rank:
-            ours, plain = (
-                measure("rank", base, ft, device=args.device),
-                measure("svdvals", base, ft, device=args.device),
-            )
-            results += [{"size": size, "job": "rank", **ours}, {"size": size, "job": "svdvals", **plain}]
-            if "error" not in ours and "error" not in plain:
-                print(
-                    f"rank study (exact, float64 Gram + eigvalsh): {ours['seconds']:.1f} s; float32 svdvals loop: "
-                    f"{plain['seconds']:.1f} s ({plain['seconds'] / ours['seconds']:.2f}x)",
-                    flush=True,
-                )
+        results += one_size(size, base, ft, args)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":

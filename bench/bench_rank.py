@@ -2,9 +2,9 @@
 
 Per model, in each repeat and in the same run (so the ratios share the machine's state):
 
-* modelvec: ``studies.depth.spectra_of(folder)`` + ``spectra.energy_rank_table(..., (0.5, 0.9, 0.99))`` (reads only the
-  needed tensors; σᵢ² exact to float64 as the eigenvalues of the float64 Gram matrix, BLAS syrk +
-  LAPACK syevd through numpy, one matrix per thread);
+* modelvec: ``studies.spectra.spectra_of(folder)`` + ``spectra.energy_rank_table(..., (0.5, 0.9, 0.99))`` (reads only
+  the needed tensors, with numpy alone on the CPU; σᵢ² exact to float64 as the eigenvalues of the float64 Gram
+  matrix, BLAS syrk + LAPACK syevd, one tensor per thread);
 * straightforward: ``AutoModel.from_pretrained(folder)`` (timed), then ``torch.linalg.svdvals`` of
   each attention/FFN matrix one at a time (float32) and the ranks. The matrices are found by module
   name and checked to be exactly modelvec's set (GPT-2: ``c_attn`` whole and split into q, k, v);
@@ -27,7 +27,19 @@ float32 rank honestly). The straightforward and weightwatcher ranks are checked 
 Models: the packaged all-MiniLM-L6-v2 (real weights), a random bert-base-sized BertModel and a random
 gpt2-medium-sized GPT2Model (24 x 1024, cached under .cache/bench; ``--skip-gpt2`` to skip).
 
-Run: ``python bench/bench_rank.py [--repeats 3] [--gpt2-repeats 1] [--skip-gpt2] [--skip-ww]``.
+With ``--device cuda`` both timed columns run on the GPU: modelvec's ``spectra_of(folder, device="cuda")``
++ ranks, and the straightforward loop with each matrix moved to the GPU before ``svdvals`` (float32); the
+clock stops after ``torch.cuda.synchronize()``. weightwatcher is CPU-only and left out there (one line
+says so); the float64 agreement check stays on the CPU. The GPU's name is printed in the header and kept
+in every JSON row. A method that fails is reported in its model's row (``<method>_error``), and the
+benchmark goes on.
+
+With ``--commands``: the whole ``modelvec rank FOLDER`` (figures, CSV and JSON written) against a fresh Python
+that loads the model with transformers and runs weightwatcher's ``analyze()``, each a new process, start-up
+and imports included, interleaved: what a user waits for either way.
+
+Run: ``python bench/bench_rank.py [--repeats 3] [--gpt2-repeats 1] [--skip-gpt2] [--skip-ww] [--device cpu|cuda]``
+or ``python bench/bench_rank.py --commands --models bert --repeats 3``.
 """
 
 from __future__ import annotations
@@ -36,12 +48,15 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import re
 import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -168,7 +183,14 @@ def energy_ranks(singular_values, thresholds=THRESHOLDS) -> list[int]:
     return [int(np.argmax(cumulative >= t * (1 - _REACHED))) + 1 for t in thresholds]
 
 
-def straightforward(folder: Path):
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so that a clock stopped next counts it (nothing to wait for on the CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def straightforward(folder: Path, device: str = "cpu") -> tuple[Any, float, float, dict[Key, list[int]]]:
+    """The model loaded (on the CPU, timed), then a float32 svdvals loop on ``device`` (each matrix moved there)."""
     from transformers import AutoModel
 
     start = time.perf_counter()
@@ -177,15 +199,18 @@ def straightforward(folder: Path):
     ranks = {}
     with torch.no_grad():
         for key, w in matrices(model):
-            ranks[key] = energy_ranks(torch.linalg.svdvals(w).numpy())
+            ranks[key] = energy_ranks(torch.linalg.svdvals(w.to(device)).cpu().numpy())
+    synchronize(device)
     return model, loaded - start, time.perf_counter() - loaded, ranks
 
 
 # --- modelvec ----------------------------------------------------------------------------------------
-def modelvec(folder: Path):
+def modelvec(folder: Path, device: str = "cpu") -> tuple[float, list, Any]:
+    """modelvec's spectra on ``device`` (named, so that a GPU machine's "auto" does not move the CPU column) + ranks."""
     start = time.perf_counter()
-    items = spectra(folder)
+    items = spectra(folder, device=device)
     table = rank_table(items, THRESHOLDS)
+    synchronize(device)
     return time.perf_counter() - start, items, table
 
 
@@ -330,11 +355,51 @@ def probe() -> float:
     return statistics.median(times)
 
 
+def attempt(errors: dict[str, str], label: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None with its error kept under ``<label>_error``: one failing method (a device error,
+    say) is reported in its row and the other methods and models go on."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        errors[f"{label}_error"] = (f"{type(exc).__name__}: {exc}".splitlines() or ["?"])[0]
+        print(f"  {label} failed: {errors[f'{label}_error']}", file=sys.stderr)
+        return None
+
+
+def warm_device(device: str) -> None:
+    """The GPU's libraries (cuBLAS, cuSOLVER) set up before any clock: the first call of each pays for it."""
+    if device.startswith("cuda"):
+        x = _PROBE.to(device)
+        torch.linalg.svdvals(x)
+        torch.linalg.eigvalsh(x.double() @ x.double().T)
+        synchronize(device)
+
+
+def ratios(row: dict) -> None:
+    """Each method's seconds over modelvec's, where both were measured."""
+    for label, key in (
+        ("straightforward / modelvec", "straightforward_s"),
+        ("ww_esd / modelvec", "ww_esd_s"),
+        ("ww_analyze / modelvec", "ww_analyze_s"),
+    ):
+        if key in row and row.get("modelvec_s"):
+            row[label] = row[key] / row["modelvec_s"]
+
+
 def bench(
-    name: str, folder: Path, repeats: int, use_ww: bool, ww_analyze_on: bool, check: bool = True, esd: bool = True
+    name: str,
+    folder: Path,
+    repeats: int,
+    use_ww: bool,
+    ww_analyze_on: bool,
+    check: bool = True,
+    esd: bool = True,
+    device: str = "cpu",
 ) -> dict:
+    """One model's row: the methods' median seconds, their ratios, the agreement and any method's error."""
     warm_page_cache(folder)
     runs: dict[str, list[float]] = {}
+    errors: dict[str, str] = {}
 
     def add(label: str, seconds: float) -> None:
         runs.setdefault(label, []).append(seconds)
@@ -343,24 +408,26 @@ def bench(
     other: dict[str, dict] = {}
     n_analyzed = None
     probe()  # the first LAPACK call pays for set-up
+    attempt(errors, "device", warm_device, device)
     probes = [probe()]
     for i in range(repeats):  # the methods interleaved, so drift of the shared machine hits all of them
-        if model is not None:
-            del model
+        model = None
         probes.append(probe())
-        seconds, items, table = modelvec(folder)
-        add("modelvec_s", seconds)
-        model, load, svd, other["straightforward"] = straightforward(folder)
-        add("straightforward_load_s", load)
-        add("straightforward_svd_s", svd)
-        add("straightforward_s", load + svd)
-        if use_ww:
-            if esd:
-                seconds, other["weightwatcher_esd"] = ww_esd(model)
+        if (got := attempt(errors, "modelvec", modelvec, folder, device)) is not None:
+            seconds, items, table = got
+            add("modelvec_s", seconds)
+        if (got := attempt(errors, "straightforward", straightforward, folder, device)) is not None:
+            model, load, svd, other["straightforward"] = got
+            add("straightforward_load_s", load)
+            add("straightforward_svd_s", svd)
+            add("straightforward_s", load + svd)
+        if use_ww and model is not None:
+            if esd and (got := attempt(errors, "ww_esd", ww_esd, model)) is not None:
+                seconds, other["weightwatcher_esd"] = got
                 add("ww_esd_only_s", seconds)
                 add("ww_esd_s", load + seconds)
-            if ww_analyze_on:
-                seconds, n_analyzed = ww_analyze(model)
+            if ww_analyze_on and (got := attempt(errors, "ww_analyze", ww_analyze, model)) is not None:
+                seconds, n_analyzed = got
                 add("ww_analyze_only_s", seconds)
                 add("ww_analyze_s", load + seconds)
         probes.append(probe())
@@ -368,7 +435,10 @@ def bench(
             f"  {name} repeat {i + 1}/{repeats}: " + ", ".join(f"{k}={v[-1]:.2f}" for k, v in runs.items()),
             file=sys.stderr,
         )
-    row: dict = {"model": name, "repeats": repeats, "probe_s_min": min(probes), "probe_s_max": max(probes)}
+    row: dict = {"model": name, "repeats": repeats, "device": device, "probe_s_min": min(probes)}
+    row["probe_s_max"] = max(probes)
+    if device.startswith("cuda"):
+        row["device_name"] = attempt(errors, "device_name", torch.cuda.get_device_name, device)
     if max(probes) > 2 * min(probes):
         print(
             f"  warning: the probe ranged {min(probes):.3f}-{max(probes):.3f} s: the machine was busy during "
@@ -376,15 +446,12 @@ def bench(
             file=sys.stderr,
         )
     row.update({k: statistics.median(v) for k, v in runs.items()})
-    row["straightforward / modelvec"] = row["straightforward_s"] / row["modelvec_s"]
-    if use_ww:
-        if esd:
-            row["ww_esd / modelvec"] = row["ww_esd_s"] / row["modelvec_s"]
-        if ww_analyze_on:
-            row["ww_analyze / modelvec"] = row["ww_analyze_s"] / row["modelvec_s"]
-            row["ww_analyze_layers"] = n_analyzed
-    if check:
-        row.update(agreement(model, items, table, other))
+    ratios(row)
+    if n_analyzed is not None:
+        row["ww_analyze_layers"] = n_analyzed
+    if check and model is not None and items is not None:  # on the CPU, whatever the device of the timed runs
+        row.update(attempt(errors, "agreement", agreement, model, items, table, other) or {})
+    row.update(errors)
     return {k: (round(v, 4) if isinstance(v, float) and 1e-3 <= abs(v) < 1e6 else v) for k, v in row.items()}
 
 
@@ -400,7 +467,56 @@ def weightwatcher_available() -> str | None:
     return None
 
 
-def main() -> None:
+# --- whole commands, as a user runs them -------------------------------------------------------------------
+WW_SCRIPT = """
+import logging, sys, warnings
+warnings.simplefilter("ignore")
+logging.getLogger("weightwatcher").setLevel(logging.ERROR)
+import weightwatcher as ww
+from transformers import AutoModel
+from transformers.utils import logging as hf_logging
+hf_logging.set_verbosity_error()
+model = AutoModel.from_pretrained(sys.argv[1])
+ww.WeightWatcher(model=model).analyze(randomize=False, mp_fit=False, plot=False, vectors=False, detX=False)
+"""
+
+
+def whole_commands(name: str, folder: Path, repeats: int, threads: int) -> dict:
+    """Wall seconds of ``modelvec rank FOLDER`` (figures, CSV and JSON written) against a fresh Python that loads
+    the model with transformers and runs weightwatcher's ``analyze()`` on it: each a new process, start-up and
+    imports included, interleaved, the median of ``repeats``."""
+    import subprocess
+    import tempfile
+
+    script = Path(sys.executable).with_name("modelvec")
+    ours = [str(script)] if script.exists() else [sys.executable, "-m", "modelvec.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads)}
+    runs: dict[str, list[float]] = {"modelvec_rank_command_s": [], "ww_analyze_command_s": []}
+    warm_page_cache(folder)
+    with tempfile.TemporaryDirectory() as out:
+        commands = {
+            "modelvec_rank_command_s": [*ours, "rank", str(folder), "--out", out],
+            "ww_analyze_command_s": [sys.executable, "-c", WW_SCRIPT, str(folder)],
+        }
+        for _ in range(repeats):
+            for label, command in commands.items():
+                start = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True, env=env)
+                runs[label].append(time.perf_counter() - start)
+                if done.returncode != 0:
+                    return {"model": name, "error": f"{label}: {(done.stderr.strip().splitlines() or ['?'])[-1]}"}
+    row: dict = {"model": name, "repeats": repeats, **{k: statistics.median(v) for k, v in runs.items()}}
+    row["ww_analyze / modelvec rank (commands)"] = row["ww_analyze_command_s"] / row["modelvec_rank_command_s"]
+    print(
+        f"  {name}: modelvec rank {row['modelvec_rank_command_s']:.2f} s, weightwatcher analyze "
+        f"{row['ww_analyze_command_s']:.2f} s as commands: {row['ww_analyze / modelvec rank (commands)']:.1f}x",
+        file=sys.stderr,
+    )
+    return row
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv`` for a test; else ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="repeats for MiniLM and bert-base")
     parser.add_argument("--gpt2-repeats", type=int, default=1)
@@ -414,50 +530,48 @@ def main() -> None:
         "repeat, no float64 agreement check and no ESD column, each of which takes longer than the rest there)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch, MKL/OpenMP and OpenBLAS threads")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    import transformers
-    from transformers import BertModel, GPT2Model  # noqa: F401 - the lazy imports, out of the timed loads
+    parser.add_argument(
+        "--commands",
+        action="store_true",
+        help="instead: the whole `modelvec rank` command against weightwatcher's analyze() in a fresh Python, "
+        "start-up included, per model (CPU)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda (cuda:N): where modelvec and the svdvals loop run; weightwatcher and the float64 check "
+        "stay on the CPU",
+    )
+    return parser.parse_args(argv)
 
-    transformers.logging.set_verbosity_error()
-    use_ww = not args.skip_ww
-    why = weightwatcher_available() if use_ww else "skipped (--skip-ww)"
+
+def device_header(device: str) -> str:
+    """The device for the header line: a GPU's name too, so that figures from different cards are not mixed."""
+    if not device.startswith("cuda"):
+        return f"device {device}"
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: no CUDA GPU is visible to torch {torch.__version__} here")
+    return f"device {device} ({torch.cuda.get_device_name(device)})"
+
+
+def weightwatcher_column(args: argparse.Namespace) -> tuple[bool, str]:
+    """Whether the weightwatcher columns run, and what the header says of it (a one-line note when they don't)."""
+    if args.skip_ww:
+        why: str | None = "skipped (--skip-ww)"
+    elif not args.device.startswith("cpu"):
+        why = f"CPU only (--device {args.device})"
+    else:
+        why = weightwatcher_available()
     if why is not None:
         print(f"weightwatcher column skipped: {why}", file=sys.stderr)
-        use_ww = False
-    else:
-        import weightwatcher
+        return False, why
+    import weightwatcher
 
-        why = f"weightwatcher {weightwatcher.__version__}"
-    try:  # the same thread count for scipy's OpenBLAS (weightwatcher) as for torch
-        from threadpoolctl import threadpool_info, threadpool_limits
+    return True, f"weightwatcher {weightwatcher.__version__}"
 
-        threadpool_limits(args.threads)
-        blas = [(p.get("internal_api"), p.get("num_threads")) for p in threadpool_info()]
-    except ImportError:
-        blas = "threadpoolctl not installed, not limited"
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; transformers {transformers.__version__}; "
-        f"{why}; numpy/scipy BLAS pools {blas}",
-        file=sys.stderr,
-    )
 
-    wanted = set(args.models.split(",")) - ({"gpt2"} if args.skip_gpt2 else set())
-    cases = [
-        (name, make(), repeats)
-        for short, name, make, repeats in (
-            ("minilm", "all-MiniLM-L6-v2 (real, 6x384)", minilm, args.repeats),
-            ("bert", "bert-base-sized random (12x768)", bert_base_random, args.repeats),
-            ("gpt2", "gpt2-medium-sized random (24x1024)", gpt2_medium_random, args.gpt2_repeats),
-            ("llama1b", "Llama-3.2-1B-shaped bf16 (16x2048)", llama_1b, 1),
-        )
-        if short in wanted
-    ]
-    rows = []
-    for name, folder, repeats in cases:
-        small = not name.startswith("Llama")
-        rows.append(bench(name, folder, repeats, use_ww, use_ww and not args.skip_ww_analyze, small, small))
-        print(json.dumps(rows[-1]), flush=True)
+def print_table(rows: list[dict]) -> None:
+    """The rows side by side, then any method's error, one line each."""
     cols = [
         ("modelvec_s", "modelvec s"),
         ("straightforward_s", "straightfwd s"),
@@ -477,6 +591,63 @@ def main() -> None:
             v = row.get(key, "-")
             cells.append(f"{v:>14.3g}" if isinstance(v, float) else f"{v!s:>14}")
         print(f"{row['model']:36}" + "".join(cells))
+    for row in rows:
+        for key, value in row.items():
+            if key.endswith("error"):
+                what = key.removesuffix("_error") if key != "error" else "the benchmark"
+                print(f"{row['model']}: {what} failed: {value}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Every model's row, printed as JSON as it is done and as a table at the end; returned for a caller."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    where = device_header(args.device)
+    import transformers
+    from transformers import BertModel, GPT2Model  # noqa: F401 - the lazy imports, out of the timed loads
+
+    transformers.logging.set_verbosity_error()
+    use_ww, why = weightwatcher_column(args)
+    try:  # the same thread count for scipy's OpenBLAS (weightwatcher) as for torch
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        threadpool_limits(args.threads)
+        blas = [(p.get("internal_api"), p.get("num_threads")) for p in threadpool_info()]
+    except ImportError:
+        blas = "threadpoolctl not installed, not limited"
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}; transformers "
+        f"{transformers.__version__}; {why}; numpy/scipy BLAS pools {blas}",
+        file=sys.stderr,
+    )
+    wanted = set(args.models.split(",")) - ({"gpt2"} if args.skip_gpt2 else set())
+    cases = [
+        (name, make, repeats)
+        for short, name, make, repeats in (
+            ("minilm", "all-MiniLM-L6-v2 (real, 6x384)", minilm, args.repeats),
+            ("bert", "bert-base-sized random (12x768)", bert_base_random, args.repeats),
+            ("gpt2", "gpt2-medium-sized random (24x1024)", gpt2_medium_random, args.gpt2_repeats),
+            ("llama1b", "Llama-3.2-1B-shaped bf16 (16x2048)", llama_1b, 1),
+        )
+        if short in wanted
+    ]
+    rows = []
+    if args.commands:
+        for name, make, repeats in cases:
+            rows.append(whole_commands(name, make(), repeats, args.threads))
+            print(json.dumps(rows[-1]), flush=True)
+        return rows
+    for name, make, repeats in cases:
+        small = not name.startswith("Llama")
+        try:
+            rows.append(
+                bench(name, make(), repeats, use_ww, use_ww and not args.skip_ww_analyze, small, small, args.device)
+            )
+        except Exception as exc:  # a model that cannot be made or read: its row says why, the others go on
+            rows.append({"model": name, "device": args.device, "error": f"{type(exc).__name__}: {exc}"})
+        print(json.dumps(rows[-1]), flush=True)
+    print_table(rows)
+    return rows
 
 
 if __name__ == "__main__":
