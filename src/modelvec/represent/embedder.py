@@ -261,10 +261,8 @@ class DeltaEmbedder:
                     failed.set()
                     raise
 
-            # consumed in order as the threads finish them: the vector is pooled as it goes, and a
-            # failure (the first in order) is raised before any matrix it stopped is asked for
-            sketches = iter(self._map_lazy(sketch, layout.refs))
-            return self._pooled(layout, lambda refs: [next(sketches) for _ in refs])
+            sketches = self._map(sketch, layout.refs)
+            by_key = {ref.key: s for ref, s in zip(layout.refs, sketches) if s is not None}
         else:
             return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
         return self._pooled(layout, lambda refs: [by_key[r.key] for r in refs])
@@ -272,15 +270,16 @@ class DeltaEmbedder:
     def _pooled(self, layout: Layout, factors_of: Callable[[list[MatrixRef]], list[torch.Tensor]]) -> np.ndarray:
         """The vector: each layer's factors concatenated, layers pooled, stacks concatenated.
 
-        The blocks come in float64 and the vector is rounded to float32 once, here, at the end: whatever
-        the device and its order of summation, the same key gives the same vector to that rounding.
+        Every block is computed in float64 (the SVD factors kept so, the sketch's rounded to float32 after its
+        norm) and layers are summed in float64, the vector rounded to float32 at the end: the same key gives
+        the same vector on any device, whatever its order of summation, to that rounding.
         """
         stacks: dict[str, list[torch.Tensor]] = {}
         counts: dict[str, int] = {}
         for stack, _layer, refs in layout.by_layer():
             layer_vec = torch.cat(factors_of(refs))
             if self.representation.pooling == "mean":
-                acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec)])
+                acc = stacks.setdefault(stack, [torch.zeros_like(layer_vec, dtype=torch.float64)])
                 acc[0] += layer_vec
                 counts[stack] = counts.get(stack, 0) + 1
             else:  # nothing is summed: rounded now, the same rounding as at the end
@@ -315,8 +314,9 @@ class DeltaEmbedder:
                 linear = ref.orientation is Orientation.LINEAR
                 rows, cols = (delta.right, delta.left) if linear else (delta.left, delta.right)
                 step = max(1, _CHUNK_BYTES // (8 * cols.shape[0]))
-                block = self.projections_[ref.key].of_factors(rows, cols, step).cpu()
-            factors[ref.key] = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
+                block = self.projections_[ref.key].of_factors(rows, cols, step).cpu()  # float64, as a dense one's
+            block = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
+            factors[ref.key] = block if p.uses_svd else block.float()  # rounded as a dense model's blocks are
         return factors
 
     def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -384,13 +384,9 @@ class DeltaEmbedder:
 
     def _map(self, fn: Callable[[MatrixRef], Any], refs: Sequence[MatrixRef]) -> list[Any]:
         """``fn`` over the matrices: on the CPU spread over the sketch threads, on a GPU in order (one stream)."""
-        return list(self._map_lazy(fn, refs))
-
-    def _map_lazy(self, fn: Callable[[MatrixRef], Any], refs: Sequence[MatrixRef]) -> Iterable[Any]:
-        """:meth:`_map`'s results in order, each as soon as it is done (and all of them started on the CPU)."""
         if self.device.type == "cpu":
-            return self._pool().map(fn, refs)
-        return (fn(ref) for ref in refs)
+            return list(self._pool().map(fn, refs))
+        return [fn(ref) for ref in refs]
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads for the streamed sketch, one matrix each, torch single-threaded in each.
@@ -469,8 +465,8 @@ class DeltaEmbedder:
         out = self._project(ck, layout, ref) - self.base_sketches_[ref.key]
         if not torch.isfinite(out).all():
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-        block = out.reshape(1, -1)  # float64 until the vector is rounded once (see _pooled)
-        return (normalise_blocks(block) if self.representation.block_norm else block)[0]
+        block = out.reshape(1, -1)  # normalised in float64, then rounded once: float32 blocks halve what is held
+        return (normalise_blocks(block) if self.representation.block_norm else block)[0].float()
 
     def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
         """Every matrix's factor, each family batched over its layers on the device (see ``batching``).
