@@ -490,3 +490,91 @@ def test_auto_scaling_ranks_by_mutual_proximity_where_adapters_and_full_finetune
     assert result.exit_code == 0 and "neighbours by mutual proximity: 2 LoRA adapters" in " ".join(
         result.output.split()
     )
+
+
+def _made_store(path: Path, n: int = 36, dim: int = 300) -> tuple[Path, np.ndarray]:
+    """``n`` made vectors in 4 datasets (directions plus noise), a third marked LoRA adapters."""
+    from modelvec.store import VectorRow
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((4, dim)).astype(np.float32)
+    X = np.stack([centres[i % 4] + 0.5 * rng.standard_normal(dim).astype(np.float32) for i in range(n)])
+    params = Representation()
+    with Store(path) as db:
+        db.put_many(
+            [
+                VectorRow(
+                    f"m{i:02d}",
+                    f"h{i}",
+                    "base",
+                    "bh",
+                    params,
+                    "bert",
+                    X[i],
+                    [f"ds{i % 4}"],
+                    "made",
+                    0.1,
+                    adapter=i % 3 == 2,
+                )
+                for i in range(n)
+            ]
+        )
+    return path, X
+
+
+def _damage(store: Path, model: str) -> None:
+    with Store(store) as db:
+        offset = db.con.execute('SELECT "offset" FROM vectors WHERE model = ?', [model]).fetchall()[0][0]
+    with open(f"{store}.vectors", "r+b") as f:
+        f.seek(offset + 40)
+        f.write(b"\xff\xff\xff\xff")
+
+
+def test_a_damaged_vector_is_one_line_and_the_others_are_clustered_and_searched(tmp_path):
+    """``cluster`` and ``neighbors`` on a store with one damaged vector: one line naming it (status 1), every other
+    model scored and searched, the same scores as a store without it."""
+    import subprocess
+    import sys
+
+    store, _ = _made_store(tmp_path / "s.duckdb")
+    clean = cluster("base", store=store, out=tmp_path / "clean", reduce="pca")
+    _damage(store, "m05")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", "from modelvec.cli import main; main()", *args, "--store", str(store)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    done = run("cluster", "base", "--out", str(tmp_path / "out"), "--reduce", "pca", "--json")
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("left out: m05: its stored vector") and "checksum" in lines[0]
+    report = json.loads(done.stdout)
+    assert report["n_models"] == 35 and list(report["damaged"]) == ["m05"]
+    assert report["knn_score"] == pytest.approx(clean.knn_score, abs=0.05) and "Traceback" not in done.stderr
+    near = run("neighbors", "m00", "--json")
+    assert near.returncode == 1 and "left out: m05" in near.stderr
+    assert "m05" not in [row["model"] for row in json.loads(near.stdout)["nearest"]]
+    mine = run("neighbors", "m05")
+    assert mine.returncode == 2 and mine.stderr.strip().startswith("error: m05: its stored vector")
+    assert len(mine.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_keeps_the_products_and_a_second_run_reads_them(tmp_path):
+    """The first run computes every pairwise product and keeps them beside the store; the second reads them (no
+    vector read) and reports the same scores; a model added since costs its own row only."""
+    from modelvec.store import VectorRow
+
+    store, X = _made_store(tmp_path / "s.duckdb")
+    first = cluster("base", store=store, out=tmp_path / "a", reduce="pca")
+    assert Path(f"{store}.products").is_dir()
+    rows: list[tuple[int, int]] = []
+    again = cluster("base", store=store, out=tmp_path / "b", reduce="pca", progress=lambda d, t: rows.append((d, t)))
+    assert rows == [] and again.knn_score == first.knn_score and again.per_dataset == first.per_dataset
+    with Store(store) as db:
+        db.put(VectorRow("new", "hn", "base", "bh", Representation(), "bert", X[0] * 1.01, ["ds0"], "made", 0.1))
+    third = cluster("base", store=store, out=tmp_path / "c", reduce="pca", progress=lambda d, t: rows.append((d, t)))
+    assert rows == [(1, 1)] and third.n_models == 37

@@ -176,14 +176,17 @@ def test_a_store_without_the_adapter_column_reads_and_is_brought_up_to_date(tmp_
     assert meta["lora"] == True and meta["full"] == False and meta[["m0", "m1", "m2"]].isna().all()  # noqa: E712
 
 
-def test_the_cli_reports_a_damaged_store_in_one_line(tmp_path):
-    """Any command (here ``export``) meets the damage as one line and exit status 2, not a traceback."""
+def test_the_cli_reports_a_damaged_vector_in_one_line_and_exports_the_others(tmp_path):
+    """A command that reads every vector (here ``export``) meets a damaged one as one line naming its model, goes
+    on with the others and exits with status 1, not a traceback."""
     import subprocess
     import sys
 
+    import pyarrow.parquet as pq
+
     with Store(tmp_path / "s.duckdb") as db:
-        db.put(row("m0", vectors(1)[0]))
-        offset = db.con.execute('SELECT "offset" FROM vectors').fetchall()[0][0]
+        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3))])
+        offset = db.con.execute("SELECT \"offset\" FROM vectors WHERE model = 'm1'").fetchall()[0][0]
     with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
         f.seek(offset)
         f.write(b"\xff\xff\xff\xff")
@@ -202,9 +205,11 @@ def test_the_cli_reports_a_damaged_store_in_one_line(tmp_path):
         text=True,
         timeout=120,
     )
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
-    assert len(lines) == 1 and "m0: its stored vector" in lines[0] and "checksum" in lines[0]
+    assert len(lines) == 1 and "m1: its stored vector" in lines[0] and "checksum" in lines[0]
+    assert pq.read_table(tmp_path / "v.parquet").column("model").to_pylist() == ["m0", "m2"]
+    assert "wrote 2 vectors" in done.stdout
 
 
 def test_compaction_keeps_live_vectors_and_drops_replaced_bytes(tmp_path):

@@ -20,7 +20,9 @@ from .scores import (
     knn_dataset_score,
     majority_dataset,
     nearest,
+    nearest_to,
     predict_datasets,
+    query_distances,
     yardstick,
 )
 
@@ -39,7 +41,9 @@ __all__ = [
     "knn_dataset_score",
     "majority_dataset",
     "nearest",
+    "nearest_to",
     "predict_datasets",
+    "query_distances",
     "reduce",
     "yardstick",
 ]

@@ -229,6 +229,23 @@ def _from_gram(
 
 _Stats = tuple[np.ndarray, np.ndarray]  # per row of X: mean and spread of its distances to the others
 _GRAM_MAX_N = 4096  # up to here a Geometry keeps every inner product (128 MiB); above, blocks are computed on demand
+EXACT_COORDINATES = 1024  # exact coordinates from a Gram matrix up to this many rows (an n x n eigendecomposition)
+TOP_COORDINATES = 256  # above: this many principal coordinates (k-means and the maps need no more)
+
+
+def coordinates_of(gram: np.ndarray) -> np.ndarray:
+    """Coordinates Z with Z Z^T = ``gram`` (positive semi-definite, n x n), largest direction first: exact (n
+    columns, every eigenvector) up to :data:`EXACT_COORDINATES` rows; above, the top :data:`TOP_COORDINATES` by a
+    seeded randomized eigendecomposition (deterministic; the rest of the spectrum left out)."""
+    n = len(gram)
+    if n <= EXACT_COORDINATES:
+        w, V = np.linalg.eigh(gram)
+        order = np.argsort(w)[::-1]
+        return np.ascontiguousarray(V[:, order] * np.sqrt(np.clip(w[order], 0.0, None)))
+    from sklearn.utils.extmath import randomized_svd
+
+    U, S, _ = randomized_svd(gram, n_components=TOP_COORDINATES, n_oversamples=16, n_iter=4, random_state=0)
+    return np.ascontiguousarray(U * np.sqrt(S))
 
 
 class Geometry:
@@ -237,20 +254,42 @@ class Geometry:
     Pass it instead of ``X`` to run several scores over the same vectors (as ``cluster`` does): the rows are
     validated and normalised once, and for up to 4,096 rows their inner products are computed once, in one
     product, when first needed, instead of once per score; the mutual-proximity spreads too. Distances are
-    those of :func:`distance_matrix`.
+    those of :func:`distance_matrix`. :meth:`from_products` makes one from the vectors' inner products alone
+    (what the store accumulates block by block: no analysis needs the vectors themselves).
     """
 
     def __init__(self, X: np.ndarray, metric: str = "cosine") -> None:
         self.metric = check_field(Scoring, "metric", metric)
-        self.rows = _prepare(_as_matrix(X), metric)
+        self.rows: np.ndarray | None = _prepare(_as_matrix(X), metric)
+        self._n = len(self.rows)
         self._gram: np.ndarray | None = None
         self._spreads: dict[str, _Stats | None] = {}
 
+    @classmethod
+    def from_products(cls, G: np.ndarray, metric: str = "cosine") -> Geometry:
+        """The geometry of vectors known by their inner products ``G`` (n x n, float64, symmetric), which it takes
+        over (normalised in place for cosine: a zero or non-finite vector is a zero row, as :func:`_prepare` has it)."""
+        geo = cls.__new__(cls)
+        geo.metric = check_field(Scoring, "metric", metric)
+        G = np.asarray(G, dtype=np.float64)
+        if G.ndim != 2 or G.shape[0] != G.shape[1]:
+            raise ValueError(f"products must be a square matrix, not shape {G.shape}")
+        if metric == "cosine":
+            norm = np.sqrt(np.clip(np.diagonal(G), 0.0, None))
+            zero = ~(norm > 0) | ~np.isfinite(norm)
+            norm[zero] = 1.0
+            G /= norm[:, None]
+            G /= norm[None, :]
+            G[zero, :] = 0.0
+            G[:, zero] = 0.0
+        geo.rows, geo._n, geo._gram, geo._spreads = None, len(G), G, {}
+        return geo
+
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._n
 
     def _all_products(self) -> np.ndarray | None:
-        if self._gram is None and len(self) <= _GRAM_MAX_N:
+        if self._gram is None and self.rows is not None and len(self) <= _GRAM_MAX_N:
             self._gram = self.rows @ self.rows.T
         return self._gram
 
@@ -258,6 +297,7 @@ class Geometry:
         """(len(rows), len(columns)) distances between the rows at those indices; a new array."""
         G = self._all_products()
         if G is None:
+            assert self.rows is not None
             return _distances(self.rows[rows], self.rows[columns], self.metric)
         sq = np.diagonal(G)
         return _from_gram(G[np.ix_(rows, columns)], self.metric, sq[rows], sq[columns])
@@ -266,8 +306,24 @@ class Geometry:
         """The inner products of the prepared rows at ``rows`` (unit rows for cosine)."""
         G = self._all_products()
         if G is None:
+            assert self.rows is not None
             return self.rows[rows] @ self.rows[rows].T
         return G[np.ix_(rows, rows)]
+
+    def products_of(self, row: int) -> np.ndarray:
+        """The inner products of the prepared row ``row`` with every row (unit rows for cosine)."""
+        G = self._all_products()
+        if G is None:
+            assert self.rows is not None
+            return self.rows @ self.rows[row]
+        return G[row].copy()
+
+    def coordinates(self, rows: np.ndarray) -> np.ndarray:
+        """The prepared rows at ``rows`` in coordinates with the same inner products (k-means' input): the rows
+        themselves where they are short, else from their Gram matrix (:func:`coordinates_of`)."""
+        if self.rows is not None and self.rows.shape[1] <= len(rows):
+            return self.rows[rows]
+        return coordinates_of(self.gram(rows))
 
     def spread(self, scaling: str) -> _Stats | None:
         """Each row's mean and standard deviation of distance to every other row (None: no scaling); kept."""
@@ -658,10 +714,7 @@ def clustering_scores(
     np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
     # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
     # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
-    Z = geo.rows[rows]
-    if Z.shape[1] > Z.shape[0]:  # from the Gram matrix (n x n): Z Z^T = V diag(w) V^T, coordinates V sqrt(w)
-        w, v = np.linalg.eigh(geo.gram(rows))
-        Z = v * np.sqrt(np.clip(w, 0.0, None))
+    Z = geo.coordinates(rows)
     kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
     chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
     hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)
@@ -673,6 +726,18 @@ def clustering_scores(
         "hdbscan_ari": float(adjusted_rand_score(truth, hdbscan)),
         "n_clustered": float(len(rows)),
     }
+
+
+def query_distances(dots: np.ndarray, squares: np.ndarray, square: float, metric: str = "cosine") -> np.ndarray:
+    """A query's distances to the rows from its inner products with them (``dots``, raw vectors), their squared
+    norms and its own: the distances :func:`nearest` ranks, for a query compared in one pass over stored vectors."""
+    dots = np.asarray(dots, dtype=np.float64)
+    squares = np.asarray(squares, dtype=np.float64)
+    if check_field(Scoring, "metric", metric) == "cosine":
+        norms = np.sqrt(np.clip(squares, 0.0, None) * max(float(square), 0.0))
+        cos = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+        return np.clip(1.0 - cos, 0.0, 2.0)
+    return np.sqrt(np.maximum(float(square) + squares - 2.0 * dots, 0.0))
 
 
 def nearest(
@@ -691,18 +756,30 @@ def nearest(
     ``scaling="mutual-proximity"``: distances are -log MP, the spreads taken over the rows of X,
     and the query's over the rows other than ``exclude``.
     """
-    k = check_field(Scoring, "k", k)
-    _check_scaling(scaling)
     geo = _geometry(X, metric)
-    n, dim = geo.rows.shape
+    if geo.rows is None:
+        raise ValueError("a Geometry made from products ranks a query by its distances: use nearest_to")
+    dim = geo.rows.shape[1]
     q = _as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
     if q.shape != (1, dim):
         raise ValueError(f"query must be one vector of length {dim}, not shape {np.shape(query)}")
+    return nearest_to(geo, _distances(_prepare(q, metric), geo.rows, metric)[0], k=k, exclude=exclude, scaling=scaling)
+
+
+def nearest_to(
+    geo: Geometry, distances: np.ndarray, *, k: int = 10, exclude: int | None = None, scaling: str = "none"
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nearest` of a query given by its ``distances`` to the rows of ``geo`` (:func:`query_distances`)."""
+    k = check_field(Scoring, "k", k)
+    _check_scaling(scaling)
+    n = len(geo)
+    D = np.asarray(distances, dtype=np.float64).reshape(1, -1)
+    if D.shape[1] != n:
+        raise ValueError(f"distances must hold one per row ({n}), not {D.shape[1]}")
     if exclude is not None:
         exclude = _check_int("exclude", exclude, 0)
         if exclude >= n:
             raise ValueError(f"exclude must be a row index < {n}, not {exclude}")
-    D = _distances(_prepare(q, metric), geo.rows, metric)
     stats = geo.spread(scaling)
     if stats is not None:
         others = np.ones(n, dtype=bool)

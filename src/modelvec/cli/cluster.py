@@ -17,8 +17,10 @@ from .common import (
     command,
     console,
     fmt,
+    left_out,
     open_store,
     print_json,
+    products_progress,
     say,
     short_name,
     split_values,
@@ -64,7 +66,7 @@ def cluster(
     """Score how well the stored vectors of BASE cluster by dataset, and draw the maps."""
     from ..report import cluster as run_cluster
 
-    with open_store(store, wait, read_only=True) as db:
+    with open_store(store, wait, read_only=True) as db, products_progress(not as_json) as progress:
         report = run_cluster(
             base,
             representation=representation,
@@ -74,9 +76,11 @@ def cluster(
             reduce=reduce,
             standardize=standardize,
             label_sources=split_values(label_source) or None,
+            progress=progress,
         )
     if as_json:
         print_json(report.as_json())
+        left_out(report.damaged)
         return
     table = Table(
         whole_column("dataset"),
@@ -149,3 +153,4 @@ def cluster(
         say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
     if report.reduce_note:
         say(console, f"map: {report.reduce_note}")
+    left_out(report.damaged)

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import textwrap
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,10 +55,39 @@ def say(console_: Console, text: str) -> None:
     console_.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
+def left_out(damaged: dict[str, str]) -> None:
+    """Each stored vector left out because its bytes do not match their checksum, one line each on stderr, and
+    exit status 1 (the others were analysed)."""
+    for line in damaged.values():
+        say(err, f"left out: {line}")
+    if damaged:
+        raise typer.Exit(EXIT_SOME_FAILED)
+
+
+@contextmanager
+def products_progress(enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr for the pairwise products of many vectors (minutes the first time at thousands
+    of models; kept beside the store after): a callback ``(rows done, rows)``; nothing is drawn until it is called."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("pairwise products"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True, disable=not enabled) as bar:
+        task = None
+
+        def update(done: int, total: int) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task("products", total=total)
+            bar.update(task, completed=done)
+
+        yield update
+
+
 #: Exit statuses, for scripts (``modelvec --help`` and docs/commands.md say them).
 EXIT_DONE, EXIT_SOME_FAILED, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
 EXIT_STATUSES = (
-    "Exit status: 0 all done; 1 some models failed (embed; its last line says which); 2 a usage or environment "
+    "Exit status: 0 all done; 1 some models failed (embed; its last line says which) or stored vectors were left "
+    "out as damaged (cluster, neighbors, export); 2 a usage or environment "
     "error (a bad option, a store or output that cannot be used, a model that cannot be read), said in one line; "
     "3 a bug in modelvec, said in one line (MODELVEC_DEBUG=1 shows the traceback)."
 )

@@ -11,6 +11,7 @@ from .common import (
     WaitOpt,
     command,
     console,
+    left_out,
     open_store,
     say,
 )
@@ -23,6 +24,8 @@ def export(
     wait: float | None = WaitOpt,
 ) -> None:
     """Write one row per stored vector: model, base, representation parameters, datasets, vector."""
+    damaged: dict[str, str] = {}
     with open_store(store, wait, read_only=True) as db:
-        count = db.export_parquet(parquet)
+        count = db.export_parquet(parquet, damaged)
     say(console, f"wrote {count} vectors to {parquet}")
+    left_out(damaged)

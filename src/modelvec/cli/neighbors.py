@@ -18,6 +18,7 @@ from .common import (
     err,
     fmt,
     how_near,
+    left_out,
     open_store,
     print_json,
     print_table,
@@ -64,6 +65,7 @@ def neighbors(
         found = find(model, representation=representation, scoring=scoring, store=db, base=base, explain=explain)
     if as_json:
         print_json(found.as_json())
+        left_out(found.damaged)
         return
     if found.on_the_fly:
         say(
@@ -119,3 +121,4 @@ def neighbors(
             )
             line += f"; top blocks {top}"
         say(console, line)
+    left_out(found.damaged)

@@ -8,7 +8,7 @@ dataset score, predictions for unlabelled models and the clustering scores, redu
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,11 @@ from ..analyse.scores import (
     Scoring,
     block_knn_scores,
     clustering_scores,
+    coordinates_of,
     knn_dataset_score,
     predict_datasets,
 )
-from ..core.errors import ModelvecError, NothingStoredError
+from ..core.errors import ModelvecError, NothingStoredError, ResourceError
 from ..core.files import weight_format
 from ..core.names import display_name, is_hub_id, model_id
 from ..hub.client import HubSettings
@@ -38,7 +39,8 @@ from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
 from ..represent.representation import Representation
-from ..store import Store, opened, options_of
+from ..store import Products, Selection, Store, opened, options_of
+from ..store.products import BLOCK_FLOATS
 
 PathLike = str | os.PathLike[str]
 
@@ -74,6 +76,8 @@ class ClusterReport:
     reduce_note: str | None = None  # why, when ``auto`` chose it
     per_block_note: str | None = None  # why there is no per-block score, when there is none
     k: int = 5  # the voters of the predictions and of ``loo_accuracy``
+    #: stored vectors left out because their bytes do not match their checksum: model -> one line
+    damaged: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
@@ -97,12 +101,53 @@ def _base_files(base: str, sha: str | None, settings: HubSettings) -> str | None
     return str(folder) if folder is not None and folder.is_dir() else None
 
 
+#: The per-block scores are computed on at most this many models (a sample spread over the datasets): each block's
+#: own products would cost as much as all of them again.
+BLOCK_SAMPLE = 1000
+
+
+def _block_sample(
+    db: Store, selection: Selection, kept: np.ndarray, meta: pd.DataFrame
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The vectors the per-block scores are computed on (all, up to :data:`BLOCK_SAMPLE` models; above, a seeded
+    sample taken in turn from each dataset) and their rows of ``meta``."""
+    n = len(kept)
+    if n <= BLOCK_SAMPLE:
+        rows = np.arange(n)
+    else:
+        rng = np.random.default_rng(0)
+        groups: dict[str, list[int]] = {}
+        for i, d in enumerate(meta["datasets"]):
+            groups.setdefault(min(d) if len(d) else "", []).append(i)
+        queues = [list(rng.permutation(g)) for _, g in sorted(groups.items())]
+        picked: list[int] = []
+        while len(picked) < BLOCK_SAMPLE:
+            for q in queues:
+                if q and len(picked) < BLOCK_SAMPLE:
+                    picked.append(int(q.pop()))
+        rows = np.sort(np.array(picked))
+    at = kept[rows]
+    X = db.vector_file.read(
+        [selection.offsets[i] for i in at],
+        selection.dim,
+        [selection.hashes[i] for i in at],
+        [selection.models[i] for i in at],
+    )
+    return X, rows
+
+
 def _per_block(
-    X: np.ndarray, labels: list[list[str]], files: str | None, representation: Representation, scoring: Scoring
+    sample: tuple[np.ndarray | None, np.ndarray],
+    labels: list[list[str]],
+    files: str | None,
+    representation: Representation,
+    scoring: Scoring,
+    n_models: int,
 ) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none. Blocks
     that are zeros in every vector (the head's, where no model has one; a layer no model changed) are left out."""
-    if files is None:
+    X, rows = sample
+    if files is None or X is None:
         return (
             None,
             "no per-block scores: the base's files are not on this machine (nor in the Hub cache, HF_HUB_CACHE)",
@@ -115,21 +160,22 @@ def _per_block(
         return None, "no per-block scores: the stored vectors do not match the base's layout"
     blocks = [b for b in blocks if X[:, b.start : b.stop].any()]  # a block no model has (a head) scores nothing
     bounds = [(b.start, b.stop) for b in blocks]
-    scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
+    scores = block_knn_scores(X, [labels[i] for i in rows], bounds, metric=scoring.metric, scaling=scoring.scaling)
     return [
         {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
     ], None
 
 
-def load_base(
+def select_base(
     store: Store, base: PathLike | str, representation: Representation
-) -> tuple[np.ndarray, pd.DataFrame, str]:
-    """The stored vectors of ``base`` (a path or a stored id) under ``representation``; clear error when none."""
+) -> tuple[Selection, pd.DataFrame, str]:
+    """Where the stored vectors of ``base`` (a path or a stored id) under ``representation`` are, their metadata and
+    the base's stored name (no vector read); a clear error when there are none."""
     ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
     for name in ids:
-        X, meta = store.load(base=name, representation=representation)
+        selection, meta = store.select(base=name, representation=representation)
         if len(meta):
-            return X, meta, name
+            return selection, meta, name
     stored = store.summary()
     known = "; ".join(
         f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["settings"])
@@ -139,6 +185,55 @@ def load_base(
         f"no vectors stored for this base with representation {representation.key()} "
         + (f"(stored, with the options that read them: {known}); or embed again" if known else "(nothing stored)"),
     )
+
+
+def load_base(
+    store: Store, base: PathLike | str, representation: Representation
+) -> tuple[np.ndarray, pd.DataFrame, str]:
+    """The stored vectors of ``base`` as one matrix (for a few hundred; ``cluster`` reads products instead)."""
+    selection, meta, name = select_base(store, base, representation)
+    return store.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models), meta, name
+
+
+def products_key(base: str, representation: Representation, what: str = "") -> str:
+    """The name under which a selection's products are kept beside the store."""
+    return f"{base}\n{representation.key()}\n{what}"
+
+
+def stored_products(
+    db: Store, selection: Selection, meta: pd.DataFrame, key: str, progress: Callable[[int, int], None] | None = None
+) -> tuple[Products, pd.DataFrame]:
+    """The selection's products (kept beside the store), checked to fit in memory first, and the metadata of the
+    vectors they cover (damaged ones left out: ``products.damaged`` names them)."""
+    check_fits(len(selection), selection.dim)
+    products = db.products(selection, cache=key, progress=progress)
+    return products, meta.iloc[products.kept].reset_index(drop=True)
+
+
+def check_fits(n: int, dim: int) -> None:
+    """One line, before any work, when the products of ``n`` vectors would not fit in the memory left (they and a
+    few copies of n x n during the scores, and two blocks of vectors): what would fit instead."""
+    need = 4 * 8 * n * n + 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))
+    free = available_memory()
+    if free is not None and need > free:
+        fits = int(((free - 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))) / 32) ** 0.5)
+        raise ResourceError(
+            f"{n} models",
+            f"their pairwise products need about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free: "
+            f"about {max(fits, 0):,} models fit at once here",
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 #: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
@@ -166,29 +261,39 @@ def cluster(
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
     settings: HubSettings | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ClusterReport:
     """Score and map the stored vectors of ``base``; writes ``out/clusters-<reduce>.png`` and ``.html``.
 
     ``representation`` says which stored vectors (default: today's defaults); ``scoring`` how neighbours are
     found and counted (:class:`~modelvec.analyse.scores.Scoring`: its ``scaling`` ranks neighbours for the
     neighbour-based scores: ``"auto"``, the default, ranks by mutual proximity where the stored models mix LoRA
-    adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduce`` is the map's reduction (umap, tsne, pca; auto:
-    t-SNE below :data:`AUTO_UMAP_FROM` models, UMAP from there).
+    adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduce`` is the map's
+    reduction (umap, tsne, pca; auto: t-SNE below :data:`AUTO_UMAP_FROM` models, UMAP from there).
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
     ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
     The report also gives the kNN score with same-author neighbours excluded, to tell an author
     effect (one uploader's near-identical runs) from a dataset effect. A Hub base's per-block scores need its
     headers from the Hub cache (``settings``: where it is; nothing is fetched).
+
+    The vectors are never held: their inner products are read from the vector file in blocks and kept beside
+    the store (a later run computes only those of new vectors; ``progress(done, total)`` as rows are computed).
+    A vector that fails its checksum is left out and named in ``report.damaged``.
     """
     if reduce not in REDUCERS:
         raise ValueError(f"reduce must be one of {', '.join(REDUCERS)}, not {reduce!r}")
     representation = representation or Representation()
     scoring = scoring or Scoring()
     with opened(store, read_only=True) as db:
-        X, meta, base_name = load_base(db, base, representation)
+        selection, meta, base_name = select_base(db, base, representation)
         base_sha = db.base_sha(base_name) if is_hub_id(base_name) else None
-    metric, pool = scoring.metric, scoring.pool
-    scaling, scaling_note = scoring.scaling_for(meta["adapter"])
+        products, meta = stored_products(db, selection, meta, products_key(base_name, representation), progress)
+        sample = _block_sample(db, selection, products.kept, meta)
+        standardized = (
+            db.products(selection, cache=products_key(base_name, representation, "standardized"), standardize=True)
+            if standardize and len(meta) >= 3
+            else None
+        )
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:
         labels = [
@@ -196,19 +301,50 @@ def cluster(
             for lab, src in zip(labels, meta["label_source"])
         ]
         meta = meta.assign(datasets=labels)
-    geo = Geometry(X, metric)  # the vectors compared once, for every score below
+    # the map's coordinates from the raw products, before the geometry takes them over (normalised in place)
+    coordinates = coordinates_of(standardized.gram if standardized is not None else products.gram)
+    geo = Geometry.from_products(products.gram, scoring.metric)
+    report = _scores(geo, meta, labels, base_name, representation, scoring, seed, label_sources)
+    report.damaged = products.damaged
+    folder = Path(out)
+    files = _base_files(base_name, base_sha, settings or HubSettings())
+    resolved = replace(scoring, scaling=report.scaling)
+    report.per_block, report.per_block_note = _per_block(sample, labels, files, representation, resolved, len(meta))
+    if report.per_block:
+        title = f"which layers and families separate the datasets ({representation.key()})"
+        if sample[0] is not None and len(sample[0]) < len(meta):
+            title += f"; a sample of {len(sample[0]):,} of {len(meta):,} models"
+        report.files["blocks"] = str(
+            plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
+        )
+    _draw(report, coordinates, meta, folder, reduce, seed, scoring.metric, representation)
+    return report
+
+
+def _scores(
+    geo: Geometry,
+    meta: pd.DataFrame,
+    labels: list[list[str]],
+    base_name: str,
+    representation: Representation,
+    scoring: Scoring,
+    seed: int,
+    label_sources: Sequence[str] | None,
+) -> ClusterReport:
+    """Every score of the report, from the vectors' geometry."""
+    metric, pool = scoring.metric, scoring.pool
+    scaling, scaling_note = scoring.scaling_for(meta["adapter"])
     knn = knn_dataset_score(geo, labels, metric=metric, pool=pool, scaling=scaling)
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
     by_author = knn_dataset_score(geo, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
     counts = pd.Series([a for a in authors if a]).value_counts()
     pred = predict_datasets(geo, labels, k=scoring.k, metric=metric, scaling=scaling)
-    scores = clustering_scores(geo, labels, metric=metric, seed=seed)
     predictions = [
         {"model": m, "predicted": p, "confidence": float(c), "vote_share": float(v), "closeness": float(n)}
         for m, p, c, v, n in zip(meta["model"], pred.predicted, pred.confidence, pred.vote_share, pred.closeness)
         if p is not None
     ]
-    report = ClusterReport(
+    return ClusterReport(
         base=base_name,
         params=representation.key(),
         n_models=len(meta),
@@ -218,7 +354,7 @@ def cluster(
         n_scored=knn.n_scored,
         per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
         loo_accuracy=pred.loo_accuracy,
-        clustering=scores,
+        clustering=clustering_scores(geo, labels, metric=metric, seed=seed),
         predictions=predictions,
         knn_score_other_authors=by_author.score,
         n_scored_other_authors=by_author.n_scored,
@@ -229,32 +365,31 @@ def cluster(
         scaling_note=scaling_note,
         k=scoring.k,
     )
-    folder = Path(out)
-    files = _base_files(base_name, base_sha, settings or HubSettings())
-    resolved = replace(scoring, scaling=scaling)
-    report.per_block, report.per_block_note = _per_block(X, labels, files, representation, resolved)
-    if report.per_block:
-        report.files["blocks"] = str(
-            plot_block_scores(
-                pd.DataFrame(report.per_block),
-                folder / "blocks-knn.png",
-                title=f"which layers and families separate the datasets ({representation.key()})",
-            )
-        )
+
+
+def _draw(
+    report: ClusterReport,
+    coordinates: np.ndarray,
+    meta: pd.DataFrame,
+    folder: Path,
+    reduce: str,
+    seed: int,
+    metric: str,
+    representation: Representation,
+) -> None:
+    """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors."""
     note = None
     if reduce == "auto":
         reduce, note = choose_reducer(len(meta))
     report.reduce, report.reduce_note = reduce, note
-    if len(meta) >= 3:
-        coords = reduce_to_2d(X, reduce, standardize=standardize, seed=seed, metric=metric)
-        title = f"{len(meta)} fine-tunes of {display_name(base_name)}"
-        subtitle = (
-            f"{representation.key()} · {reduce.upper()} · kNN dataset score {knn.score:.2f} ({knn.n_scored} scored)"
-        )
-        report.files["png"] = str(
-            plot_png(coords, meta, folder / f"clusters-{reduce}.png", method=reduce, title=title, subtitle=subtitle)
-        )
-        report.files["html"] = str(
-            plot_html(coords, meta, folder / f"clusters-{reduce}.html", method=reduce, title=f"{title} — {subtitle}")
-        )
-    return report
+    if len(meta) < 3:
+        return
+    coords = reduce_to_2d(coordinates, reduce, seed=seed, metric=metric)
+    title = f"{len(meta)} fine-tunes of {display_name(report.base)}"
+    subtitle = f"{representation.key()} · {reduce.upper()} · kNN dataset score {report.knn_score:.2f} ({report.n_scored} scored)"
+    report.files["png"] = str(
+        plot_png(coords, meta, folder / f"clusters-{reduce}.png", method=reduce, title=title, subtitle=subtitle)
+    )
+    report.files["html"] = str(
+        plot_html(coords, meta, folder / f"clusters-{reduce}.html", method=reduce, title=f"{title} — {subtitle}")
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.scores import Scoring, cosine_contributions, majority_dataset, nearest, yardstick
-from ..core.errors import ModelvecError, NothingStoredError
+from ..analyse.scores import (
+    Geometry,
+    Scoring,
+    cosine_contributions,
+    majority_dataset,
+    nearest_to,
+    query_distances,
+    yardstick,
+)
+from ..core.errors import ModelvecError, NothingStoredError, StoreError
 from ..core.names import is_hub_id, model_id
 from ..hub.client import HubSettings
 from ..hub.ids import resolve_base
 from ..represent import blocks_of
 from ..represent.representation import Representation
 from ..run import catalogue_entries, embed, local_files
-from ..store import Store, opened, options_of
+from ..store import Products, Selection, Store, opened, options_of
+from .clusters import products_key, stored_products
 
 PathLike = str | os.PathLike[str]
 
@@ -50,6 +60,8 @@ class Neighbors:
     voters: int = 0  # how many labelled models voted: the k nearest, or all of them when fewer
     scaling: str = "none"  # how the stored models were ranked (``auto`` resolved)
     scaling_note: str | None = None  # why, when ``auto`` chose it
+    #: stored vectors left out because their bytes do not match their checksum: model -> one line
+    damaged: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """Everything above, the neighbours as records (nearest first)."""
@@ -160,51 +172,111 @@ def neighbors(
             rows = rows[rows["base"] == base_name]
         else:
             base_name = rows["base"].iloc[0]
-        X, meta = db.load(base=base_name, representation=representation)
-        on_the_fly, warning = rows.empty, None
-        if on_the_fly:
-            if not os.path.exists(str(model)) and not is_hub_id(model):
-                raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
-            query, warning, kind = _embed_query(model, base_name, representation, db, settings)
-            me, kinds = None, [*meta["adapter"], kind]
-        else:
-            me = int(np.flatnonzero(meta["model"].to_numpy() == name)[0])
-            query, kinds = X[me], list(meta["adapter"])
-        scaling, scaling_note = scoring.scaling_for(kinds)
+        selection, meta = db.select(base=base_name, representation=representation)
+        products, meta = stored_products(db, selection, meta, products_key(base_name, representation))
+        query = _Query(name, model, rows.empty, meta, base_name, representation, db, settings, products)
+        scaling, scaling_note = scoring.scaling_for(query.kinds)
+        geo = Geometry.from_products(products.gram, metric)
+        distances, first_dot = query.distances(db, selection, geo, metric)
+        order, dist_all = nearest_to(geo, distances, k=len(meta), exclude=query.me, scaling=scaling)
+        idx = order[:k]
+        neighbours = (query.vector(db, selection), _read(db, selection, products.kept[idx])) if explain else None
         base_files = local_files(base_name, "", db, settings) if explain else None
-    order, dist_all = nearest(X, query, k=len(X), metric=metric, exclude=me, scaling=scaling)
-    idx, dist = order[:k], dist_all[:k]
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
-    found.insert(1, "distance", dist)
+    found.insert(1, "distance", dist_all[:k])
     labels = [list(d) for d in meta["datasets"]]
     voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
     predicted, share, near = None, float("nan"), float("nan")
     votes: dict[str, int] = {}
     if voters:
         predicted, share, votes = majority_dataset([labels[i] for i in voters])
-        ruler = yardstick(X, labels, metric=metric, scaling=scaling, exclude=me)  # the query is not its own ruler
-        first = X[voters[0]]
-        cosine = float(query @ first) / max(float(np.linalg.norm(query) * np.linalg.norm(first)), 1e-300)
-        near = ruler.closeness(float(dist_all[order == voters[0]][0]), shares_direction=cosine > 0)
+        ruler = yardstick(geo, labels, metric=metric, scaling=scaling, exclude=query.me)  # not its own ruler
+        near = ruler.closeness(float(dist_all[order == voters[0]][0]), shares_direction=first_dot(voters[0]) > 0)
     explanation = (
-        _explain(query, X[idx], found["model"], base_files, representation) if base_files is not None else None
+        _explain(*neighbours, found["model"], base_files, representation)
+        if base_files is not None and neighbours is not None
+        else None
     )
     return Neighbors(
-        name,
-        base_name,
-        representation.key(),
-        on_the_fly,
-        found,
-        predicted,
-        share * near,
-        votes,
-        share,
-        near,
-        warning,
-        explanation,
-        len(voters),
-        scaling,
-        scaling_note,
+        query=name,
+        base=base_name,
+        params=representation.key(),
+        on_the_fly=query.on_the_fly,
+        nearest=found,
+        predicted=predicted,
+        confidence=share * near,
+        votes=votes,
+        vote_share=share,
+        closeness=near,
+        warning=query.warning,
+        explanation=explanation,
+        voters=len(voters),
+        scaling=scaling,
+        scaling_note=scaling_note,
+        damaged=products.damaged,
+    )
+
+
+class _Query:
+    """The model asked about: a stored one (its row ``me``), or one embedded now (its vector, compared with the
+    stored ones in one pass over them)."""
+
+    def __init__(
+        self,
+        name: str,
+        model: PathLike | str,
+        on_the_fly: bool,
+        meta: pd.DataFrame,
+        base: str,
+        representation: Representation,
+        db: Store,
+        settings: HubSettings | None,
+        products: Products,
+    ) -> None:
+        self.name, self.on_the_fly, self.warning, self.products = name, on_the_fly, None, products
+        self.me: int | None = None
+        self._vector: np.ndarray | None = None
+        if on_the_fly:
+            if not os.path.exists(str(model)) and not is_hub_id(model):
+                raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
+            self._vector, self.warning, kind = _embed_query(model, base, representation, db, settings)
+            self.kinds = [*meta["adapter"], kind]
+        else:
+            where = np.flatnonzero(meta["model"].to_numpy() == name)
+            if not len(where):  # the query's own vector failed its checksum
+                line = products.damaged.get(name, "its stored vector is not readable")
+                raise StoreError(name, line.removeprefix(f"{name}: "))
+            self.me, self.kinds = int(where[0]), list(meta["adapter"])
+
+    def distances(
+        self, db: Store, selection: Selection, geo: Geometry, metric: str
+    ) -> tuple[np.ndarray, Callable[[int], float]]:
+        """Its distances to the stored models, and its inner product with one of them (by row)."""
+        if self.me is not None:
+            me = self.me
+            gram = geo.products_of(me)
+            return geo.distances(np.array([me]), np.arange(len(geo)))[0], lambda i: float(gram[i])
+        assert self._vector is not None
+        dots, squares, _ = db.products_with(selection, self._vector)
+        dots, squares = dots[self.products.kept], squares[self.products.kept]
+        square = float(np.dot(self._vector.astype(np.float64), self._vector))
+        return query_distances(dots, squares, square, metric), lambda i: float(dots[i])
+
+    def vector(self, db: Store, selection: Selection) -> np.ndarray:
+        if self._vector is not None:
+            return self._vector
+        assert self.me is not None
+        return _read(db, selection, self.products.kept[[self.me]])[0]
+
+
+def _read(db: Store, selection: Selection, positions: np.ndarray) -> np.ndarray:
+    """The stored vectors at these positions of the selection (a few: the neighbours explained)."""
+    at = [int(i) for i in positions]
+    return db.vector_file.read(
+        [selection.offsets[i] for i in at],
+        selection.dim,
+        [selection.hashes[i] for i in at],
+        [selection.models[i] for i in at],
     )
 
 

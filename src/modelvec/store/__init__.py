@@ -1,12 +1,13 @@
 """The store: one DuckDB file of vectors, failures and the Hub catalogue, and the vectors' bytes beside it.
 
 ``store`` (the :class:`Store`), ``writer`` (rows and the background writer), ``vectorfile`` (the
-append-only float32 file), ``schema`` (tables and migrations), ``lock`` (waiting for another
-process) and ``export`` (Parquet).
+append-only float32 file), ``products`` (the vectors' inner products, read in blocks and kept beside the
+store), ``schema`` (tables and migrations), ``lock`` (waiting for another process) and ``export`` (Parquet).
 """
 
 from ..core.errors import StoreError, StoreLockedError
 from .lock import default_wait
+from .products import Products, Selection
 from .rows import Failure, VectorRow
 from .store import DEFAULT_STORE, Store, default_store_path, opened, options_of
 from .writer import StoreWriter
@@ -14,6 +15,8 @@ from .writer import StoreWriter
 __all__ = [
     "DEFAULT_STORE",
     "Failure",
+    "Products",
+    "Selection",
     "Store",
     "StoreError",
     "StoreLockedError",

@@ -41,6 +41,7 @@ import pandas as pd
 from ..core.errors import Kind, NothingStoredError, StoreError
 from ..represent.representation import Representation
 from .lock import connect, default_wait
+from .products import Products, ProductsCache, Selection, checksum_of, feature_moments, gram, products_with
 from .rows import Failure, VectorRow
 from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, meta_select, migrate, missing_tables, transaction
 from .vectorfile import VectorFile
@@ -335,18 +336,15 @@ class Store:
             f"SELECT {meta_select(self.con)} FROM vectors {where} ORDER BY model, base, params", args
         ).df()
 
-    def load(
+    def select(
         self,
         base: str | None = None,
         representation: Representation | str | None = None,
         models: Sequence[str] | None = None,
-    ) -> tuple[np.ndarray, pd.DataFrame]:
-        """Vectors as one float32 matrix and their metadata, rows ordered by model.
+    ) -> tuple[Selection, pd.DataFrame]:
+        """Where the selected vectors are (no vector read) and their metadata, rows ordered by model.
 
-        All selected vectors must share a dimension: select one base and one representation. Each
-        vector is copied once, from the memory-mapped vector file into the matrix, and checked
-        against its checksum (a damaged store raises :class:`StoreError` naming the model).
-        """
+        All selected vectors must share a dimension: select one base and one representation."""
         where, args = self._where(base, representation, models)
         rows = self.con.execute(
             f"""SELECT "offset", vector_hash, {meta_select(self.con)} FROM vectors {where}
@@ -354,14 +352,57 @@ class Store:
             args,
         ).df()
         meta = rows[list(META_COLUMNS)].reset_index(drop=True)
-        if rows.empty:
-            return np.zeros((0, 0), np.float32), meta
-        if rows["dim"].nunique() != 1:
+        if not rows.empty and rows["dim"].nunique() != 1:
             raise ValueError("the selected vectors have different dimensions: select one base and one representation")
-        matrix = self.vector_file.read(
-            rows["offset"].tolist(), int(rows["dim"].iloc[0]), rows["vector_hash"].tolist(), rows["model"].tolist()
-        )
+        dim = int(rows["dim"].iloc[0]) if not rows.empty else 0
+        return Selection(rows["model"].tolist(), rows["offset"].tolist(), rows["vector_hash"].tolist(), dim), meta
+
+    def load(
+        self,
+        base: str | None = None,
+        representation: Representation | str | None = None,
+        models: Sequence[str] | None = None,
+    ) -> tuple[np.ndarray, pd.DataFrame]:
+        """Vectors as one float32 matrix and their metadata, rows ordered by model (the analysis of many vectors
+        reads them in blocks instead: :meth:`products`).
+
+        Each vector is copied once, from the vector file into the matrix, and checked against its checksum (a
+        damaged store raises :class:`StoreError` naming the model).
+        """
+        selection, meta = self.select(base, representation, models)
+        if not len(selection):
+            return np.zeros((0, 0), np.float32), meta
+        matrix = self.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models)
         return matrix, meta
+
+    def products(
+        self,
+        selection: Selection,
+        *,
+        cache: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        standardize: bool = False,
+    ) -> Products:
+        """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.products.gram`);
+        with ``cache`` (a name for the selection, e.g. its base and representation) those of vectors seen before
+        come from beside the store and the new ones are kept there. ``standardize``: of the vectors with every
+        feature scaled to zero mean and unit variance over the selection (one more pass; never taken from a
+        cache of other vectors, whose means differ)."""
+        transform = None
+        if standardize:
+            mean, sd = feature_moments(self.vector_file, selection)
+            transform = lambda A: (A - mean) / sd
+            cache = None if cache is None else f"{cache}\n{len(selection)}:{checksum_of(selection.hashes)}"
+        kept = ProductsCache(self.path, cache) if cache is not None else None
+        known = kept.rows_for(selection) if kept is not None else None
+        result = gram(self.vector_file, selection, known=known, progress=progress, transform=transform)
+        if kept is not None and result.computed_rows:
+            kept.save(selection, result)
+        return result
+
+    def products_with(self, selection: Selection, query: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+        """One pass over the selected vectors: their products with ``query``, squared norms and the damaged ones."""
+        return products_with(self.vector_file, selection, query)
 
     def failures(self) -> pd.DataFrame:
         return self.con.execute(
@@ -381,11 +422,12 @@ class Store:
                FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
         ).df()
 
-    def export_parquet(self, path: str | os.PathLike[str]) -> int:
-        """One row per stored vector: model, base, the representation parameters, datasets, vector."""
+    def export_parquet(self, path: str | os.PathLike[str], damaged: dict[str, str] | None = None) -> int:
+        """One row per stored vector: model, base, the representation parameters, datasets, vector; the rows
+        written (``damaged``: a dict where vectors that fail their checksum are named and left out)."""
         from .export import export_parquet  # pyarrow's Parquet writer, only for an export
 
-        return export_parquet(self.con, self.vector_file, path)
+        return export_parquet(self.con, self.vector_file, path, damaged)
 
     def close(self) -> None:
         self.con.close()

@@ -29,7 +29,8 @@ from ..analyse.evaluation import (
     halves,
     score_row,
 )
-from ..analyse.scores import Scoring, clustering_scores
+from ..analyse.scores import Scoring, clustering_scores, coordinates_of
+from ..core.errors import StoreError
 from ..core.names import model_id
 from ..read import open_checkpoint
 from ..represent.representation import Representation
@@ -265,12 +266,12 @@ def evaluate(
             say(f"scoring: {name}")
             Xs, seconds = [], []
             for seed in seeds:
-                X, vmeta = db.load(base=base_name, representation=replace(representation, seed=seed), models=order)
+                Z, vmeta, dim = _coordinates(db, base_name, replace(representation, seed=seed), order)
                 index = {m: i for i, m in enumerate(vmeta["model"])}
-                Xs.append(X[[index[m] for m in order]])
+                Xs.append(Z[[index[m] for m in order]])
                 seconds.append(float(vmeta.set_index("model").loc[order]["seconds"].median()))
             key = replace(representation, seed=seeds[0]).key()
-            rows += score(name, key, Xs, float(np.median(seconds)), Xs[0].shape[1])
+            rows += score(name, key, Xs, float(np.median(seconds)), dim)
             del Xs
         for name, gram, key in references:
             say(f"scoring: {name}")
@@ -308,3 +309,17 @@ def evaluate(
         "selected",
     ]
     return frame[[c for c in columns if c in frame.columns]]
+
+
+def _coordinates(
+    db: Store, base: str | None, representation: Representation, models: Sequence[str]
+) -> tuple[np.ndarray, pd.DataFrame, int]:
+    """The stored vectors of ``models`` as coordinates with the same inner products (from their products, read
+    from the vector file in blocks: never the vectors themselves), their metadata and the vectors' dimension.
+    Every model must be readable: a damaged vector is an error naming it."""
+    selection, meta = db.select(base=base, representation=representation, models=models)
+    products = db.products(selection)
+    if products.damaged:
+        model, line = next(iter(products.damaged.items()))
+        raise StoreError(model, line.removeprefix(f"{model}: "))
+    return coordinates_of(products.gram), meta, selection.dim

@@ -1,0 +1,262 @@
+"""The analysis at 1,000 to 10,000 models of an 8B base: seconds and peak memory of each stage and command, and how
+they grow.
+
+An 8B-shaped base (Llama-3.1-8B's dimensions) is written as headers over sparse files (its weights are never read:
+``cluster`` lays out the per-block heat map from the headers alone), and the vector's dimension is read from the
+representation over it (``blocks_of``), never typed in. A store is filled with N made vectors of that dimension: 6
+datasets, each a direction plus noise, a third of them low-norm and marked LoRA adapters (so ``--scaling auto``
+ranks by mutual proximity, as on a real Hub population), growing 1k -> 2k -> 5k -> 10k in one store.
+
+At each N, each in a fresh process (peak RSS from ``/usr/bin/time``):
+- ``modelvec cluster BASE`` with no products kept (the first run: every pairwise product read and computed), then
+  again (the products read from beside the store: the run a user repeats);
+- ``modelvec neighbors model-00007`` (a stored model) and ``modelvec export --parquet``;
+- the stages in one process (seconds and peak RSS of each): the products (kept), the scores (kNN, the author
+  check, the predictions, the clusterers), the coordinates, each reduction (PCA, UMAP, t-SNE: to choose ``auto``),
+  the PNG and the HTML map.
+Then the growth law of each (seconds = a N^b, fitted on log-log) and what 100,000 models would need.
+
+Run: ``python bench/bench_scale_analysis.py [--sizes 1000,2000,5000,10000] [--size 100000] [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+LLAMA_8B = {"layers": 32, "hidden": 4096, "ff": 14336, "heads": 32, "kv": 8, "head_dim": 128}
+BIN = Path(sys.executable).parent
+
+
+def sparse_base(folder: Path) -> Path:
+    """An 8B-shaped Llama checkpoint: real safetensors headers over sparse files (zeros never written)."""
+    if (folder / "config.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    d, ff, layers = LLAMA_8B["hidden"], LLAMA_8B["ff"], LLAMA_8B["layers"]
+    kv = LLAMA_8B["kv"] * LLAMA_8B["head_dim"]
+    shapes = {"q_proj": (d, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, d)}
+    mlp = {"gate_proj": (ff, d), "up_proj": (ff, d), "down_proj": (d, ff)}
+    weight_map = {}
+    for layer in range(layers):  # one shard per layer
+        header, offset = {}, 0
+        shard = f"model-{layer + 1:05d}-of-{layers:05d}.safetensors"
+        for group, names in (("self_attn", shapes), ("mlp", mlp)):
+            for name, shape in names.items():
+                size = shape[0] * shape[1] * 2
+                key = f"model.layers.{layer}.{group}.{name}.weight"
+                header[key] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+                weight_map[key] = shard
+                offset += size
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(folder / shard, "wb") as fh:
+            fh.write(struct.pack("<Q", len(raw)) + raw)
+            fh.truncate(8 + len(raw) + offset)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = {
+        "model_type": "llama",
+        "hidden_size": d,
+        "intermediate_size": ff,
+        "num_hidden_layers": layers,
+        "num_attention_heads": LLAMA_8B["heads"],
+        "num_key_value_heads": LLAMA_8B["kv"],
+        "head_dim": LLAMA_8B["head_dim"],
+        "vocab_size": 128256,
+        "torch_dtype": "bfloat16",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | str) -> None:
+    """Vectors ``start`` .. ``stop`` - 1: 6 datasets as directions plus noise; a third low-norm LoRA adapters."""
+    from modelvec import Representation, Store
+    from modelvec.store import VectorRow
+
+    params = Representation(size=size)
+    centres = np.random.default_rng(0).standard_normal((6, dim)).astype(np.float32)
+    with Store(store) as db:
+        for lo in range(start, stop, 200):
+            rows = []
+            for i in range(lo, min(stop, lo + 200)):
+                rng = np.random.default_rng(1000 + i)
+                v = centres[i % 6] + 3.0 * rng.standard_normal(dim).astype(np.float32)
+                adapter = i % 3 == 2
+                if adapter:
+                    v *= 0.05
+                rows.append(
+                    VectorRow(
+                        f"model-{i:05d}",
+                        f"h{i}",
+                        str(base),
+                        "bh",
+                        params,
+                        "llama",
+                        v,
+                        [f"ds{i % 6}"],
+                        "made",
+                        0.1,
+                        author=f"org{i % 40}",
+                        adapter=adapter,
+                    )
+                )
+            db.put_many(rows)
+
+
+def timed(command: list[str], env: dict[str, str]) -> dict:
+    """Wall seconds and peak RSS (GNU time's %M) of one command in a fresh process."""
+    done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True, env=env)
+    last = done.stderr.strip().splitlines()[-1].split()
+    out = {"seconds": float(last[0]), "peak_rss_gib": int(last[1]) / 2**20, "status": done.returncode}
+    if done.returncode not in (0, 1):
+        out["error"] = (done.stderr.strip().splitlines() or ["?"])[-2][-300:]
+    return out
+
+
+STAGES = r"""
+import json, sys, threading, time
+def rss():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+peak = [0]; stop = threading.Event()
+def sample():
+    while not stop.is_set():
+        peak[0] = max(peak[0], rss()); time.sleep(0.01)
+threading.Thread(target=sample, daemon=True).start()
+store, base, size, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+size = int(size) if size.isdigit() else size
+from modelvec import Representation, Store
+from modelvec.analyse.reduction import reduce
+from modelvec.analyse.scores import Geometry, Scoring, clustering_scores, coordinates_of, knn_dataset_score, predict_datasets
+from modelvec.plots.maps import plot_html, plot_png
+from modelvec.report.clusters import products_key, select_base
+stages = {}
+def stage(name, fn):
+    peak[0] = rss(); t = time.perf_counter(); value = fn()
+    stages[name] = {"seconds": time.perf_counter() - t, "peak_rss_gib": max(peak[0], rss()) / 2**30}
+    return value
+rep = Representation(size=size)
+with Store(store, read_only=True) as db:
+    sel, meta, name = select_base(db, base, rep)
+    products = stage("products (kept beside the store)", lambda: db.products(sel, cache=products_key(name, rep)))
+labels = [list(d) for d in meta["datasets"]]
+scaling, _ = Scoring().scaling_for(meta["adapter"])
+coords = stage("coordinates (top 256)", lambda: coordinates_of(products.gram))
+geo = Geometry.from_products(products.gram)
+def scores():
+    knn_dataset_score(geo, labels, scaling=scaling)
+    knn_dataset_score(geo, labels, scaling=scaling, exclude_same=list(meta["author"]))
+    predict_datasets(geo, labels, k=5, scaling=scaling)
+    return clustering_scores(geo, labels)
+stage("scores (kNN x2, predictions, clusterers)", scores)
+maps = {m: stage(f"reduce: {m}", lambda m=m: reduce(coords, m, metric="cosine")) for m in sys.argv[5].split(",")}
+first = next(iter(maps.values()))
+stage("PNG map", lambda: plot_png(first, meta, out + "/map.png", method="pca", title="t"))
+stage("HTML map", lambda: plot_html(first, meta, out + "/map.html", method="pca", title="t"))
+stop.set()
+print(json.dumps(stages))
+"""
+
+
+def one_size(n: int, store: Path, base: Path, size: int | str, reducers: str, env: dict[str, str]) -> dict:
+    """Every command and stage at ``n`` stored vectors."""
+    products = Path(f"{store}.products")
+    shutil.rmtree(products, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as out:
+        option = [] if size == "none" else ["--size", str(size)]
+        cluster = [str(BIN / "modelvec"), "cluster", str(base), "--store", str(store), "--out", out, *option]
+        row = {"n": n, "cluster first run": timed(cluster, env), "cluster again": timed(cluster, env)}
+        row["neighbors"] = timed(
+            [str(BIN / "modelvec"), "neighbors", "model-00007", "--store", str(store), *option], env
+        )
+        row["export"] = timed(
+            [str(BIN / "modelvec"), "export", "--parquet", f"{out}/all.parquet", "--store", str(store)], env
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", STAGES, str(store), str(base), str(size), out, reducers],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        row["stages"] = (
+            json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
+        )
+    return row
+
+
+def growth(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Seconds = a N^b per command and stage, fitted on log-log, with what 100,000 models would take."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        for name, value in row.items():
+            if isinstance(value, dict) and "seconds" in value:
+                series.setdefault(name, []).append((row["n"], value["seconds"]))
+        for name, value in row.get("stages", {}).items():
+            if isinstance(value, dict):
+                series.setdefault(f"stage: {name}", []).append((row["n"], value["seconds"]))
+    laws = {}
+    for name, points in series.items():
+        if len(points) >= 2 and all(t > 0 for _, t in points):
+            x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+            b, a = np.polyfit(x, y, 1)
+            laws[name] = {"exponent": float(b), "seconds_at_100k": float(np.exp(a) * 100_000**b)}
+    return laws
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,2000,5000,10000")
+    parser.add_argument("--size", default="100000", help="the representation's size (floats per vector), or none")
+    parser.add_argument("--reducers", default="pca,umap,tsne", help="the reductions timed as stages")
+    parser.add_argument("--cache", type=Path, default=Path(".cache/bench-scale"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    from modelvec import Representation
+    from modelvec.represent import blocks_of
+
+    size: int | str = int(args.size) if args.size.isdigit() else args.size
+    base = sparse_base(args.cache / "llama-8b-headers")
+    dim = blocks_of(str(base), Representation(size=size))[-1].stop
+    today = blocks_of(str(base), Representation(size="none"))[-1].stop
+    print(f"8B-shaped base: {dim:,} floats a vector with size {size} ({today:,} without a limit)", flush=True)
+    store = args.cache / "analysis.duckdb"
+    for stale in args.cache.glob("analysis.duckdb*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    rows, have = [], 0
+    for n in (int(x) for x in args.sizes.split(",")):
+        start = time.perf_counter()
+        fill(store, base, have, n, dim, size)
+        have = n
+        print(
+            f"\n== {n:,} models ({dim:,} floats each; store filled in {time.perf_counter() - start:.0f} s)", flush=True
+        )
+        row = one_size(n, store, base, size, args.reducers, env)
+        rows.append({"dim": dim, **row})
+        for name, value in row.items():
+            if isinstance(value, dict) and "seconds" in value:
+                print(f"  {name:26} {value['seconds']:8.1f} s  peak RSS {value['peak_rss_gib']:.2f} GiB", flush=True)
+        for name, value in row["stages"].items():
+            if isinstance(value, dict):
+                print(f"  stage {name:40} {value['seconds']:8.1f} s  peak RSS {value['peak_rss_gib']:.2f} GiB")
+    laws = growth(rows)
+    print("\ngrowth (seconds = a N^b):")
+    for name, law in laws.items():
+        print(f"  {name:48} b = {law['exponent']:.2f}; at 100,000 models: {law['seconds_at_100k']:,.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "growth": laws}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

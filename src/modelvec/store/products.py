@@ -1,0 +1,251 @@
+"""Inner products of stored vectors, read from the vector file in blocks: what the analysis needs of them.
+
+Every score, map and neighbour query compares vectors only through their inner products, so no analysis
+holds the vectors: :func:`gram` reads them a block at a time (checked against their checksums) and
+accumulates the n x n products, memory n^2 + two blocks; :func:`products_with` is one pass over the file for
+one query. The products of a selection are kept beside the store (:class:`ProductsCache`), keyed by the
+vectors' checksums: a later run computes only the rows of vectors it has not seen (a crawl that added 100
+models to 10,000 costs 100 rows), and a vector replaced or removed is dropped.
+
+A vector whose bytes do not match its checksum is left out and named (``damaged``): the others are analysed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .vectorfile import VectorFile, checksum
+
+#: Floats of the two blocks of vectors held at once while products are accumulated (1 GiB of float32).
+BLOCK_FLOATS = 1 << 28
+#: Up to this many multiply-adds products are taken in float64 (a few seconds); above, in float32 (twice as fast).
+EXACT_UP_TO = 1 << 33
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which stored vectors: their models, offsets in the vector file, checksums and dimension, in order."""
+
+    models: list[str]
+    offsets: list[int]
+    hashes: list[str]
+    dim: int
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+
+@dataclass
+class Products:
+    """The n x n inner products (float64) of the vectors of a selection, the models left out as damaged (model
+    -> one line), and ``kept``: the positions in the selection of the rows and columns of ``gram``."""
+
+    gram: np.ndarray
+    kept: np.ndarray
+    damaged: dict[str, str] = field(default_factory=dict)
+    computed_rows: int = 0  # rows computed in this call (the others came from the cache)
+
+
+def checksum_of(hashes: Sequence[str]) -> str:
+    """One checksum of a list of vectors' checksums (a cache of standardised products holds for exactly them)."""
+    return hashlib.sha1("\n".join(hashes).encode()).hexdigest()[:16]
+
+
+def damaged_line(model: str, path: Path) -> str:
+    return f"{model}: its stored vector in {path} does not match its checksum; re-embed it with --force"
+
+
+class BlockReader:
+    """Reads vectors of a selection a block at a time, each checked against its checksum (one copy, from the
+    page cache into a reused buffer)."""
+
+    def __init__(self, vector_file: VectorFile, selection: Selection, block_rows: int) -> None:
+        self.file, self.sel = vector_file, selection
+        self.buffer = np.empty((max(1, block_rows), selection.dim), np.float32)
+        self.damaged: dict[str, str] = {}
+
+    def read(self, positions: Sequence[int], into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The vectors at ``positions`` (a view of the buffer, or ``into``) and which of them are sound."""
+        out = (self.buffer if into is None else into)[: len(positions)]
+        sound = np.ones(len(positions), dtype=bool)
+        nbytes = self.sel.dim * 4
+        for j, i in enumerate(positions):
+            raw = out[j].view(np.uint8)
+            if self.file.read_raw(self.sel.offsets[i], raw) != nbytes or checksum(raw) != self.sel.hashes[i]:
+                self.damaged[self.sel.models[i]] = damaged_line(self.sel.models[i], self.file.path)
+                out[j] = 0.0
+                sound[j] = False
+        return out, sound
+
+
+def _transformed(
+    transform: Callable[[np.ndarray], np.ndarray] | None,
+) -> Callable[[BlockReader, Sequence[int], np.ndarray | None], tuple[np.ndarray, np.ndarray]]:
+    """A block reader's ``read``, its vectors passed through ``transform`` (a damaged vector stays zeros)."""
+
+    def read(reader: BlockReader, positions: Sequence[int], into: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        block, sound = reader.read(positions, into=into)
+        if transform is None:
+            return block, sound
+        out = transform(block[: len(positions)])
+        out[~sound] = 0.0
+        return out, sound
+
+    return read
+
+
+def feature_moments(
+    vector_file: VectorFile, selection: Selection, *, block_floats: int = BLOCK_FLOATS
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each feature's mean and standard deviation over the selection's sound vectors, in one pass (float64);
+    a constant feature's deviation is 1, as scikit-learn's ``StandardScaler`` has it."""
+    total, squares, count = np.zeros(selection.dim), np.zeros(selection.dim), 0
+    reader = BlockReader(vector_file, selection, _block_rows(selection.dim, block_floats))
+    order = sorted(range(len(selection)), key=lambda i: selection.offsets[i])
+    for start in range(0, len(order), len(reader.buffer)):
+        mine = order[start : start + len(reader.buffer)]
+        A, sound = reader.read(mine)
+        good = A[: len(mine)][sound].astype(np.float64)
+        total += good.sum(axis=0)
+        squares += np.einsum("ij,ij->j", good, good)
+        count += len(good)
+    mean = total / max(count, 1)
+    sd = np.sqrt(np.clip(squares / max(count, 1) - mean**2, 0.0, None))
+    sd[sd == 0] = 1.0
+    return mean, sd
+
+
+def _product(A: np.ndarray, B: np.ndarray, exact: bool) -> np.ndarray:
+    """A B^T in float64: from float64 copies where that is cheap (the same bits whatever the blocks), else a float32
+    product (half the time; each product within ~1e-6 of the float64 one, relative to the vectors' norms)."""
+    if exact:
+        return A.astype(np.float64) @ B.astype(np.float64).T
+    return (A @ B.T).astype(np.float64)
+
+
+def _block_rows(dim: int, block_floats: int) -> int:
+    return max(1, block_floats // (2 * max(1, dim)))
+
+
+def gram(
+    vector_file: VectorFile,
+    selection: Selection,
+    *,
+    known: dict[str, np.ndarray] | None = None,
+    block_floats: int = BLOCK_FLOATS,
+    progress: Callable[[int, int], None] | None = None,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> Products:
+    """All inner products of the selection's vectors, accumulated block by block from the vector file.
+
+    ``known`` maps a vector's checksum to its products with the selection's vectors where already computed (the
+    cache's rows, in the selection's order): only the other rows are read and multiplied, each block of them
+    against every vector (and where there are none, every vector is still read once and checked, so bytes damaged
+    since the products were kept are caught). Rows in file order, so reads are sequential. ``progress(done, total)`` after each block.
+    ``transform`` maps each block of vectors before it is multiplied (e.g. standardised features).
+    """
+    read = _transformed(transform)
+    n = len(selection)
+    G = np.zeros((n, n))
+    known = known or {}
+    todo = [i for i in range(n) if selection.hashes[i] not in known]
+    for i in set(range(n)) - set(todo):
+        G[i] = known[selection.hashes[i]]  # NaN where the other vector is new: its row, computed below, fills it
+    rows = _block_rows(selection.dim, block_floats)
+    exact = len(todo) * n * selection.dim <= EXACT_UP_TO
+    order = sorted(todo, key=lambda i: selection.offsets[i])
+    everyone = sorted(range(n), key=lambda i: selection.offsets[i])
+    reader = BlockReader(vector_file, selection, rows)
+    other = np.empty((rows, selection.dim), np.float32)
+    bad: set[int] = set()
+    for start in range(0, len(order), rows):
+        mine = order[start : start + rows]
+        A, sound = read(reader, mine, None)
+        bad.update(p for p, ok in zip(mine, sound) if not ok)
+        for lo in range(0, n, rows):  # every vector, a block at a time (the new block's own rows among them)
+            theirs = everyone[lo : lo + rows]
+            B, ok = read(reader, theirs, other)
+            bad.update(p for p, good in zip(theirs, ok) if not good)
+            block = _product(A, B[: len(theirs)], exact)
+            G[np.ix_(mine, theirs)] = block
+            G[np.ix_(theirs, mine)] = block.T
+        if progress is not None:
+            progress(min(start + rows, len(order)), len(order))
+    if not order:  # every product from the cache: the vectors are still read once, to catch bytes damaged since
+        for lo in range(0, n, rows):
+            theirs = everyone[lo : lo + rows]
+            _, ok = reader.read(theirs)
+            bad.update(p for p, good in zip(theirs, ok) if not good)
+    kept = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
+    return Products(G[np.ix_(kept, kept)] if bad else G, kept, dict(reader.damaged), computed_rows=len(order))
+
+
+def products_with(
+    vector_file: VectorFile, selection: Selection, query: np.ndarray, *, block_floats: int = BLOCK_FLOATS
+) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+    """One pass over the selection's vectors: their inner products with ``query`` (float64), their squared norms,
+    and the damaged ones (model -> line; their entries are NaN)."""
+    n = len(selection)
+    q = np.asarray(query, dtype=np.float32).reshape(-1)
+    dots, squares = np.full(n, np.nan), np.full(n, np.nan)
+    rows = _block_rows(selection.dim, block_floats)
+    reader = BlockReader(vector_file, selection, rows)
+    order = sorted(range(n), key=lambda i: selection.offsets[i])
+    for start in range(0, n, rows):
+        mine = order[start : start + rows]
+        A, sound = reader.read(mine)
+        A = A[: len(mine)]
+        good = np.array(mine)[sound]
+        dots[good] = (A[sound] @ q).astype(np.float64)
+        squares[good] = np.einsum("ij,ij->i", A[sound], A[sound], dtype=np.float64)
+    return dots, squares, dict(reader.damaged)
+
+
+class ProductsCache:
+    """The products of one selection kept beside the store, ``<store>.products/<key>.npz``: the checksums of its
+    vectors and their n x n products (float64). Written whole under a temporary name and renamed; a cache that
+    cannot be read or written is no cache (the products are computed again), never an error."""
+
+    def __init__(self, store_path: Path, key: str) -> None:
+        self.folder = store_path.parent / f"{store_path.name}.products"
+        self.path = self.folder / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+
+    def rows_for(self, selection: Selection) -> dict[str, np.ndarray]:
+        """Checksum -> products with the selection's vectors (in its order; NaN with a vector the cache lacks), for
+        every vector of the selection the cache holds."""
+        try:
+            with np.load(self.path, allow_pickle=False) as data:
+                hashes, G = [str(h) for h in data["hashes"]], data["gram"]
+        except (OSError, ValueError, KeyError):
+            return {}
+        where = {h: i for i, h in enumerate(hashes)}
+        cols = np.array([where.get(h, -1) for h in selection.hashes])
+        have = cols >= 0
+        out = {}
+        for h in selection.hashes:
+            i = where.get(h)
+            if i is not None:
+                row = np.full(len(cols), np.nan)
+                row[have] = G[i, cols[have]]
+                out[h] = row
+        return out
+
+    def save(self, selection: Selection, products: Products) -> None:
+        hashes = np.array([selection.hashes[i] for i in products.kept])
+        tmp = self.folder / f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp.npz"
+        try:
+            self.folder.mkdir(exist_ok=True)
+            np.savez(tmp, hashes=hashes, gram=products.gram)
+            os.replace(tmp, self.path)
+        except OSError:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
