@@ -72,3 +72,36 @@ def test_keys_name_what_changes_the_vector():
     assert len(keys) == 8
     assert Representation(factor="sketch").key() == Representation(factor="sketch", solver="exact", sign="none").key()
     assert "bn" in Representation(block_norm=True).key()
+
+
+def test_a_bounded_vector_fits_its_size_and_its_inner_products_are_unbiased(tiny_bert, tiny_finetunes):
+    """``size`` shrinks every block (the head's too) by one share: the vector holds at most ``size`` floats, and
+    its inner products stay exact in expectation over seeds (each block an independent CountSketch of its matrix):
+    the mean of the sketched products over 300 seeds is within four standard errors of the exact one, concat
+    pooling (every block's delta) and mean pooling (each layer's deltas, 1/L^2 of their products)."""
+    a, b = tiny_finetunes[0], tiny_finetunes[1]
+    for pooling in ("concat", "mean"):
+        plain = dict(rows=1, block_norm=False, head="none", pooling=pooling)
+        full = DeltaEmbedder(**plain).fit(tiny_bert)
+        refs = full.layout_.refs
+        layers = len({(r.stack, r.layer) for r in refs})
+        exact = sum(float((_delta(tiny_bert, a, r).double() * _delta(tiny_bert, b, r).double()).sum()) for r in refs)
+        exact /= 1 if pooling == "concat" else layers**2
+        size = full.dim_ // 8
+        products = []
+        for seed in range(300):
+            e = DeltaEmbedder(**plain, size=size, seed=seed).fit(tiny_bert)
+            assert e.dim_ <= size and e.dim_ > size * 0.9
+            u, v = e.embed_one(a).astype(np.float64), e.embed_one(b).astype(np.float64)
+            products.append(float(u @ v))
+        mean, stderr = np.mean(products), np.std(products) / np.sqrt(len(products))
+        assert abs(mean - exact) < 4 * stderr, (pooling, mean, exact, stderr)
+        assert np.std(products) > 0  # the seeds do draw different sketches
+
+
+def test_a_size_the_vector_fits_changes_nothing(tiny_bert, tiny_finetunes):
+    """Where the vector already fits, the budget leaves it as it is: the same numbers as without one."""
+    plain = DeltaEmbedder().fit(tiny_bert)
+    roomy = DeltaEmbedder(size=plain.dim_ + 10).fit(tiny_bert)
+    np.testing.assert_array_equal(plain.embed_one(tiny_finetunes[0]), roomy.embed_one(tiny_finetunes[0]))
+    assert Representation(size=plain.dim_ + 10).key() != Representation().key()  # a key of its own, all the same

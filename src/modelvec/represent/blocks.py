@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..read import Checkpoint, Layout, open_checkpoint
 from .representation import Representation
-from .rows import MatrixPlan, plan_matrix
+from .rows import MatrixPlan, plan_matrix, within_size
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,10 @@ def vector_blocks(
 ) -> list[Block]:
     """Where each stack, layer (None when pooled) and family sits in a vector of ``representation``.
 
-    A matrix's block has ``representation.block_size(kept)`` floats, ``kept`` the side its factor keeps
-    (:class:`~modelvec.represent.rows.MatrixPlan`). With the head (:func:`has_head`), the last block is the
-    head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats; 0: no head)."""
+    A matrix's block has ``representation.plan_floats(plan)`` floats (rank x kept, ``kept`` the side its factor
+    keeps, or less under a size budget: :func:`~modelvec.represent.rows.within_size`). With the head
+    (:func:`has_head`), the last block is the head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats,
+    the head's as budgeted; 0: no head)."""
     blocks: list[Block] = []
     pos = 0
     for stack, layer, refs in layout.by_layer():
@@ -39,7 +40,7 @@ def vector_blocks(
             continue
         for ref in refs:
             n = plans[ref.key].kept
-            size = representation.block_size(n)
+            size = representation.plan_floats(plans[ref.key])
             blocks.append(
                 Block(stack, layer if representation.pooling == "concat" else None, ref.family, n, pos, pos + size)
             )
@@ -61,15 +62,38 @@ def has_head(base: Checkpoint, layout: Layout, representation: Representation) -
 def plans_of(ck: Checkpoint, layout: Layout, representation: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
     """Each matrix's :class:`~modelvec.represent.rows.MatrixPlan` in ``ck``, from its stored shapes alone.
 
-    The share of rows is ``representation.share`` of the values all these matrices hold (for ``rows="auto"``).
-    A fused tensor whose parts do not divide it is refused here, naming it."""
+    The share of rows is ``representation.share`` of the values all these matrices hold (for ``rows="auto"``);
+    the blocks' floats fit the vector's size budget (:func:`~modelvec.represent.rows.within_size`). A fused tensor
+    whose parts do not divide it is refused here, naming it."""
+    return _budgeted(ck, layout, representation)[0]
+
+
+def head_floats(ck: Checkpoint, layout: Layout, representation: Representation) -> int:
+    """The head's block's floats in vectors of ``representation`` over ``ck`` (0: no head): the vocabulary's size,
+    or what the size budget left it."""
+    return _budgeted(ck, layout, representation)[1]
+
+
+def vocabulary_size(ck: Checkpoint, layout: Layout, representation: Representation) -> int:
+    """The vocabulary the head's block is read over (0: vectors of ``representation`` over ``ck`` have no head),
+    from the embeddings' shape alone."""
+    if not has_head(ck, layout, representation):
+        return 0
+    head = layout.arch.vocabulary_head
+    key = ck.find(head.embedding) if head is not None else None
+    return int(ck.shape(key)[0]) if key is not None and ck.shape(key) else 0
+
+
+def _budgeted(
+    ck: Checkpoint, layout: Layout, representation: Representation
+) -> tuple[dict[tuple[str, int, str], MatrixPlan], int]:
     shapes = [ck.matrix_shape(ref, layout.prefix) for ref in layout.refs]  # checked: matrices, parts that divide
     share = representation.share(sum(int(n) * int(m) for n, m in shapes))
     plans = {}
     for ref in layout.refs:
         stored = ck.shape(layout.prefix + ref.tensor)
         plans[ref.key] = plan_matrix(ref, (int(stored[0]), int(stored[1])), representation, layout.prefix, share)
-    return plans
+    return within_size(plans, representation, vocabulary_size(ck, layout, representation))
 
 
 def read_plan(ck: Checkpoint, representation: Representation, *, base: bool) -> dict[str, list[tuple[int, int]]]:
@@ -95,9 +119,5 @@ def blocks_of(base: str | os.PathLike[str] | Checkpoint, representation: Represe
     """The blocks of vectors of ``representation`` over ``base``, from its layout and shapes alone (no weights read)."""
     ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
     layout = ck.layout()
-    vocab = 0
-    if has_head(ck, layout, representation):  # the head's block: as wide as the vocabulary (its checks read tensors)
-        from .embedder import VocabularyReadout
-
-        vocab = VocabularyReadout(ck, layout).vocab
-    return vector_blocks(layout, plans_of(ck, layout, representation), representation, vocab)
+    plans, head = _budgeted(ck, layout, representation)
+    return vector_blocks(layout, plans, representation, head)

@@ -14,12 +14,12 @@ import torch
 
 from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError, resource_cause
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
-from .blocks import Block, has_head, plans_of, vector_blocks
+from .blocks import Block, has_head, head_floats, plans_of, vector_blocks
 from .device import resolve_device
 from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .projection import Projection
 from .representation import Representation
-from .rows import MatrixPlan
+from .rows import MatrixPlan, derived_seed
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
@@ -43,7 +43,9 @@ class VocabularyReadout:
 
     _ROWS = 8192  # rows of E converted to float64 at a time
 
-    def __init__(self, base: Checkpoint, layout: Layout) -> None:
+    def __init__(self, base: Checkpoint, layout: Layout, floats: int | None = None, seed: int = 0) -> None:
+        """``floats``: the block's size where the vector's size budget makes it smaller than the vocabulary (its
+        prior then CountSketched into that many buckets, seeded by ``seed``; None: the vocabulary's)."""
         head = layout.arch.vocabulary_head
         if head is None:
             raise ArchitectureError(
@@ -61,6 +63,14 @@ class VocabularyReadout:
         if self.embedding.ndim != 2:
             raise CheckpointError(base.name, f"tensor {key} has shape {list(self.embedding.shape)}, expected a matrix")
         self.vocab, self.width = (int(d) for d in self.embedding.shape)
+        self.floats = self.vocab if floats is None else floats
+        self.buckets: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.floats < self.vocab:  # a CountSketch of the prior: a bucket and a sign per token, fixed by the seed
+            gen = torch.Generator().manual_seed(derived_seed(seed, "countsketch", "head"))
+            self.buckets = (
+                torch.randint(0, self.floats, (self.vocab,), generator=gen),
+                (torch.randint(0, 2, (self.vocab,), generator=gen) * 2 - 1).double(),
+            )
         base_bias = self.bias(base)
         self.base_bias = torch.zeros(self.width, dtype=torch.float64) if base_bias is None else base_bias
 
@@ -82,14 +92,20 @@ class VocabularyReadout:
         """The head's block of ``ck``'s vector: E (beta - beta_base) centred over the vocabulary, norm ``scale``."""
         beta = self.bias(ck)
         if beta is None:
-            return torch.zeros(self.vocab)
+            return torch.zeros(self.floats)
         delta = beta - self.base_bias
         prior = torch.cat(
             [self.embedding[i : i + self._ROWS].double() @ delta for i in range(0, self.vocab, self._ROWS)]
         )
         prior -= prior.mean()
         norm = float(prior.norm())
-        return (prior * (scale / norm)).float() if norm > 0 else torch.zeros(self.vocab)
+        if norm == 0:
+            return torch.zeros(self.floats)
+        prior *= scale / norm
+        if self.buckets is not None:  # linear and unbiased: inner products of sketched priors are exact on average
+            where, sign = self.buckets
+            prior = torch.zeros(self.floats, dtype=torch.float64).index_add_(0, where, prior * sign)
+        return prior.float()
 
 
 class DeltaEmbedder:
@@ -178,7 +194,11 @@ class DeltaEmbedder:
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
             self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
-        self.vocabulary_ = VocabularyReadout(ck, layout) if has_head(ck, layout, self.representation) else None
+        self.vocabulary_ = (
+            VocabularyReadout(ck, layout, head_floats(ck, layout, self.representation), self.representation.seed)
+            if has_head(ck, layout, self.representation)
+            else None
+        )
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
@@ -194,8 +214,8 @@ class DeltaEmbedder:
         return stored.mT if orientation is Orientation.LINEAR else stored
 
     def _blocks(self, layout: Layout) -> list[Block]:
-        vocab = self.vocabulary_.vocab if self.vocabulary_ is not None else 0
-        return vector_blocks(layout, self.plans_, self.representation, vocab)
+        floats = self.vocabulary_.floats if self.vocabulary_ is not None else 0
+        return vector_blocks(layout, self.plans_, self.representation, floats)
 
     # --- transform ----------------------------------------------------------------------------
     def transform(self, models: Iterable[str | os.PathLike[str] | Checkpoint]) -> np.ndarray:
@@ -306,7 +326,7 @@ class DeltaEmbedder:
             m = shapes[ref.key][1]
             delta = deltas.get(ref.key)
             if delta is None:
-                block = torch.zeros(p.block_size(self.plans_[ref.key].kept), dtype=torch.float64)
+                block = torch.zeros(p.plan_floats(self.plans_[ref.key]), dtype=torch.float64)
             elif p.uses_svd:
                 u, s = low_rank_svd(delta.left, delta.right, p.rank)  # float64, as a dense delta's
                 block = factor_blocks(u.unsqueeze(0), s.unsqueeze(0), p, m)[0]

@@ -50,7 +50,7 @@ class Projection:
         self.rank = representation.rank
         self.kind = representation.projection
         self.device = device
-        self.size = representation.rank * plan.kept
+        self.size = representation.plan_floats(plan)  # rank x kept, or what the vector's size budget leaves
         self._local = torch.from_numpy(plan.local_rows()).to(device)
         if self.kind == "countsketch":
             gen = torch.Generator().manual_seed(derived_seed(representation.seed, "countsketch", *place))

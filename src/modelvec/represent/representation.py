@@ -67,10 +67,13 @@ and arbitrary ones would only add noise.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.settings import key_of, setting, validate
 from ..read import VocabularyHead
+
+if TYPE_CHECKING:
+    from .rows import MatrixPlan
 
 FACTORS = ("U", "US", "S", "sketch")
 PROJECTIONS = ("shared", "gaussian", "countsketch")
@@ -169,6 +172,20 @@ class Representation:
         order=8,
         applies=lambda r: _sketch(r) or _randomized(r),
     )
+    size: int | str = setting(
+        "none",
+        "At most this many floats per vector (the CountSketch's): every block, the head's too, shrunk by the same "
+        "share where the vector would be longer. A bounded vector keeps a store of thousands of models of a large "
+        "base small; none: rank x width per block.",
+        minimum=64,
+        words=("none",),
+        kind=int,
+        metavar="FLOATS",
+        key="d{}",
+        order=13,
+        omit=("none",),
+        applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
+    )
     block_norm: bool = setting(
         True, "Scale each layer-and-family block to unit norm before pooling.", key="bn", order=11
     )
@@ -204,6 +221,16 @@ class Representation:
         if isinstance(self.rows, float):
             return self.rows
         return AUTO_SHARE if values >= AUTO_FROM else 1.0
+
+    @property
+    def size_limit(self) -> int | None:
+        """The most floats a vector holds (None: no limit, or a representation the size does not apply to)."""
+        applies = self.factor == "sketch" and self.projection == "countsketch"
+        return self.size if isinstance(self.size, int) and applies else None
+
+    def plan_floats(self, plan: MatrixPlan) -> int:
+        """Floats of one matrix's block: rank x kept, or what the size budget left it (:func:`within_size`)."""
+        return plan.floats if plan.floats is not None else self.block_size(plan.kept)
 
     @property
     def uses_svd(self) -> bool:
@@ -260,4 +287,4 @@ class Representation:
 
 
 #: Settings added after vectors were first stored, at the value that computes what was computed before them.
-UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0, "head": "none"}
+UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0, "head": "none", "size": "none"}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -91,6 +91,8 @@ class MatrixPlan:
     n_rows: int
     cols: tuple[int, int]
     contract_rows: bool
+    #: the block's floats where the vector's size budget shrinks it (None: rank x kept; see :func:`within_size`)
+    floats: int | None = None
 
     @property
     def n_selected(self) -> int:
@@ -150,3 +152,30 @@ def byte_share(plans: list[MatrixPlan], stored_shapes: dict[str, tuple[int, int]
     total = sum(r * c for r, c in (stored_shapes[t] for t in read))
     got = sum(sum(b - a for a, b in ranges) * stored_shapes[t][1] for t, ranges in read.items())
     return got / total if total else 0.0
+
+
+def within_size(
+    plans: dict[tuple[str, int, str], MatrixPlan], representation: Representation, vocab: int = 0
+) -> tuple[dict[tuple[str, int, str], MatrixPlan], int]:
+    """The plans with their blocks shrunk so that a vector holds at most ``representation.size`` floats, and the
+    head's floats (``vocab`` wide, 0: no head).
+
+    Every block, the head's too, keeps the same share of its floats (the largest that fits): the vector's shape
+    is today's default's, scaled. A block's floats are its CountSketch's buckets, so each block stays an unbiased
+    sketch of its matrix (inner products exact in expectation, their variance growing as buckets shrink). Layers
+    pooled by their mean keep one size per family. Nothing changes where the vector fits, or ``size`` is none.
+    """
+    budget = representation.size_limit
+    if budget is None:
+        return plans, vocab
+    sizes = {key: representation.block_size(p.kept) for key, p in plans.items()}
+    counted = {}  # one layer per stack when pooled by the mean: its blocks are the vector's
+    for (stack, layer, family), size in sizes.items():
+        if representation.pooling == "concat" or (stack, family) not in counted:
+            counted[(stack, family) if representation.pooling == "mean" else (stack, layer, family)] = size
+    total = sum(counted.values()) + vocab
+    if total <= budget:
+        return plans, vocab
+    share = budget / total
+    out = {key: replace(p, floats=max(1, int(sizes[key] * share))) for key, p in plans.items()}
+    return out, max(1, int(vocab * share)) if vocab else 0
