@@ -61,6 +61,7 @@ def test_cached_products_are_reused_and_only_new_rows_computed(tmp_path):
         assert third.computed_rows == 3
         np.testing.assert_allclose(third.gram, module.gram(db.vector_file, selection).gram, rtol=1e-6, atol=1e-6)
     assert len(list(ProductsCache(tmp_path / "s.duckdb", "base|key").folder.iterdir())) == 1
+    assert ProductsCache(tmp_path / "s.duckdb", "base|key").path.suffix == ".products"
 
 
 def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
@@ -91,7 +92,9 @@ def test_a_query_reads_each_vector_once(tmp_path, monkeypatch):
         selection, _ = db.select()
         reads: list[int] = []
         original = db.vector_file.read_raw
-        monkeypatch.setattr(db.vector_file, "read_raw", lambda offset, raw: reads.append(offset) or original(offset, raw))
+        monkeypatch.setattr(
+            db.vector_file, "read_raw", lambda offset, raw: reads.append(offset) or original(offset, raw)
+        )
         q = vectors(1, 30, 5)[0]
         dots, squares, damaged = module.products_with(db.vector_file, selection, q, block_floats=20 * 30)
     assert sorted(reads) == sorted(selection.offsets) and len(reads) == 25

@@ -201,12 +201,17 @@ def products_key(base: str, representation: Representation, what: str = "") -> s
 
 
 def stored_products(
-    db: Store, selection: Selection, meta: pd.DataFrame, key: str, progress: Callable[[int, int], None] | None = None
+    db: Store,
+    selection: Selection,
+    meta: pd.DataFrame,
+    key: str,
+    progress: Callable[[int, int], None] | None = None,
+    verify: bool = True,
 ) -> tuple[Products, pd.DataFrame]:
     """The selection's products (kept beside the store), checked to fit in memory first, and the metadata of the
-    vectors they cover (damaged ones left out: ``products.damaged`` names them)."""
+    vectors they cover (damaged ones left out: ``products.damaged`` names them; ``verify``: see ``Store.products``)."""
     check_fits(len(selection), selection.dim)
-    products = db.products(selection, cache=key, progress=progress)
+    products = db.products(selection, cache=key, progress=progress, verify=verify)
     return products, meta.iloc[products.kept].reset_index(drop=True)
 
 

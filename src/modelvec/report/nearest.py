@@ -173,7 +173,8 @@ def neighbors(
         else:
             base_name = rows["base"].iloc[0]
         selection, meta = db.select(base=base_name, representation=representation)
-        products, meta = stored_products(db, selection, meta, products_key(base_name, representation))
+        # kept products are trusted here (cluster reads every vector): a query reads only what it needs
+        products, meta = stored_products(db, selection, meta, products_key(base_name, representation), verify=False)
         query = _Query(name, model, rows.empty, meta, base_name, representation, db, settings, products)
         scaling, scaling_note = scoring.scaling_for(query.kinds)
         geo = Geometry.from_products(products.gram, metric)

@@ -13,6 +13,7 @@ A vector whose bytes do not match its checksum is left out and named (``damaged`
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -138,26 +139,25 @@ def gram(
     vector_file: VectorFile,
     selection: Selection,
     *,
-    known: dict[str, np.ndarray] | None = None,
+    known: Known | None = None,
     block_floats: int = BLOCK_FLOATS,
     progress: Callable[[int, int], None] | None = None,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    verify: bool = True,
 ) -> Products:
     """All inner products of the selection's vectors, accumulated block by block from the vector file.
 
-    ``known`` maps a vector's checksum to its products with the selection's vectors where already computed (the
-    cache's rows, in the selection's order): only the other rows are read and multiplied, each block of them
-    against every vector (and where there are none, every vector is still read once and checked, so bytes damaged
+    ``known`` holds the products already computed (the cache's, in the selection's order): only the other rows
+    are read and multiplied, each block of them against every vector (and where there are none, every vector is still read once and checked, so bytes damaged
     since the products were kept are caught). Rows in file order, so reads are sequential. ``progress(done, total)`` after each block.
     ``transform`` maps each block of vectors before it is multiplied (e.g. standardised features).
     """
     read = _transformed(transform)
     n = len(selection)
-    G = np.zeros((n, n))
-    known = known or {}
-    todo = [i for i in range(n) if selection.hashes[i] not in known]
-    for i in set(range(n)) - set(todo):
-        G[i] = known[selection.hashes[i]]  # NaN where the other vector is new: its row, computed below, fills it
+    if known is not None and len(known.have) == n:
+        G, todo = known.gram, [i for i in range(n) if not known.have[i]]  # its rows and columns of new vectors: below
+    else:
+        G, todo = np.zeros((n, n)), list(range(n))
     rows = _block_rows(selection.dim, block_floats)
     exact = len(todo) * n * selection.dim <= EXACT_UP_TO
     order = sorted(todo, key=lambda i: selection.offsets[i])
@@ -178,7 +178,7 @@ def gram(
             G[np.ix_(theirs, mine)] = block.T
         if progress is not None:
             progress(min(start + rows, len(order)), len(order))
-    if not order:  # every product from the cache: the vectors are still read once, to catch bytes damaged since
+    if not order and verify:  # every product from the cache: the vectors are still read once, to catch damage since
         for lo in range(0, n, rows):
             theirs = everyone[lo : lo + rows]
             _, ok = reader.read(theirs)
@@ -208,41 +208,61 @@ def products_with(
     return dots, squares, dict(reader.damaged)
 
 
+@dataclass
+class Known:
+    """Products kept from an earlier run, laid out for a selection: ``gram`` (n x n; rows and columns of vectors the
+    cache lacks are zeros, to be computed) and ``have``, which vectors it holds."""
+
+    gram: np.ndarray
+    have: np.ndarray
+
+
 class ProductsCache:
-    """The products of one selection kept beside the store, ``<store>.products/<key>.npz``: the checksums of its
-    vectors and their n x n products (float64). Written whole under a temporary name and renamed; a cache that
-    cannot be read or written is no cache (the products are computed again), never an error."""
+    """The products of one selection kept beside the store, ``<store>.products/<key>.products``: a header naming
+    the checksums of its vectors, then their n x n products (float64), read through a memory map. Written whole
+    under a temporary name and renamed; a cache that cannot be read or written is no cache (the products are
+    computed again), never an error."""
+
+    MAGIC = b"modelvec products float64 v1\n"
 
     def __init__(self, store_path: Path, key: str) -> None:
         self.folder = store_path.parent / f"{store_path.name}.products"
-        self.path = self.folder / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+        self.path = self.folder / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.products"
 
-    def rows_for(self, selection: Selection) -> dict[str, np.ndarray]:
-        """Checksum -> products with the selection's vectors (in its order; NaN with a vector the cache lacks), for
-        every vector of the selection the cache holds."""
+    def known(self, selection: Selection) -> Known | None:
+        """What the cache holds of the selection's products (None: nothing)."""
         try:
-            with np.load(self.path, allow_pickle=False) as data:
-                hashes, G = [str(h) for h in data["hashes"]], data["gram"]
+            with open(self.path, "rb") as fh:
+                if fh.read(len(self.MAGIC)) != self.MAGIC:
+                    return None
+                length = int.from_bytes(fh.read(8), "little")
+                hashes = json.loads(fh.read(length))["hashes"]
+            start = len(self.MAGIC) + 8 + length
+            start += -start % 64
+            cached = np.memmap(self.path, np.float64, "r", offset=start, shape=(len(hashes), len(hashes)))
         except (OSError, ValueError, KeyError):
-            return {}
+            return None
         where = {h: i for i, h in enumerate(hashes)}
-        cols = np.array([where.get(h, -1) for h in selection.hashes])
+        cols = np.array([where.get(h, -1) for h in selection.hashes], dtype=np.int64)
         have = cols >= 0
-        out = {}
-        for h in selection.hashes:
-            i = where.get(h)
-            if i is not None:
-                row = np.full(len(cols), np.nan)
-                row[have] = G[i, cols[have]]
-                out[h] = row
-        return out
+        if not have.any():
+            return None
+        n, mine = len(selection), np.flatnonzero(have)
+        G = np.zeros((n, n))
+        G[np.ix_(mine, mine)] = cached[np.ix_(cols[mine], cols[mine])]
+        del cached
+        return Known(G, have)
 
     def save(self, selection: Selection, products: Products) -> None:
-        hashes = np.array([selection.hashes[i] for i in products.kept])
-        tmp = self.folder / f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp.npz"
+        hashes = [selection.hashes[i] for i in products.kept]
+        head = json.dumps({"hashes": hashes}).encode()
+        pad = -(len(self.MAGIC) + 8 + len(head)) % 64
+        tmp = self.folder / f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             self.folder.mkdir(exist_ok=True)
-            np.savez(tmp, hashes=hashes, gram=products.gram)
+            with open(tmp, "wb") as fh:
+                fh.write(self.MAGIC + len(head).to_bytes(8, "little") + head + b"\0" * pad)
+                np.ascontiguousarray(products.gram, dtype=np.float64).tofile(fh)
             os.replace(tmp, self.path)
         except OSError:
             try:

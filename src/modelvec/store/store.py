@@ -382,21 +382,23 @@ class Store:
         cache: str | None = None,
         progress: Callable[[int, int], None] | None = None,
         standardize: bool = False,
+        verify: bool = True,
     ) -> Products:
         """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.products.gram`);
         with ``cache`` (a name for the selection, e.g. its base and representation) those of vectors seen before
         come from beside the store and the new ones are kept there. ``standardize``: of the vectors with every
         feature scaled to zero mean and unit variance over the selection (one more pass; never taken from a
-        cache of other vectors, whose means differ)."""
+        cache of other vectors, whose means differ). ``verify``: read and check every vector even where all their
+        products are kept (what catches bytes damaged since: a quick query may skip it)."""
         transform = None
         if standardize:
             mean, sd = feature_moments(self.vector_file, selection)
             transform = lambda A: (A - mean) / sd
             cache = None if cache is None else f"{cache}\n{len(selection)}:{checksum_of(selection.hashes)}"
         kept = ProductsCache(self.path, cache) if cache is not None else None
-        known = kept.rows_for(selection) if kept is not None else None
-        result = gram(self.vector_file, selection, known=known, progress=progress, transform=transform)
-        if kept is not None and result.computed_rows:
+        known = kept.known(selection) if kept is not None else None
+        result = gram(self.vector_file, selection, known=known, progress=progress, transform=transform, verify=verify)
+        if kept is not None and (result.computed_rows or result.damaged):  # a damaged vector's products go too
             kept.save(selection, result)
         return result
 
