@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from matplotlib.image import imread
 from sklearn.metrics import pairwise_distances, silhouette_score
 
 from modelvec.analyse.reduction import METHODS, reduce
-from modelvec.plots.maps import OTHER_COLOR, PALETTE, UNLABELLED_COLOR, grouping, plot_html, plot_png
+from modelvec.plots.maps import OTHER_COLOR, PALETTE, UNLABELLED_COLOR, grouping, map_figure, plot_html, plot_png
 
 # --- reduce --------------------------------------------------------------------------------
 
@@ -270,6 +271,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
+    "--enable-unsafe-swiftshader",  # WebGL (the large maps' scattergl) on the CPU, where newer Chromium asks for it
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
@@ -381,6 +383,207 @@ def test_browser_legend_filters_and_buttons_switch_the_colouring(page_of):
     )
     assert [t.strip() for t in legend.all_text_contents()] == ["card (24)", "no label source (6)"]
     assert point_count(page) == len(meta)
+
+
+# --- maps of many models: density, WebGL, search ------------------------------------------------------------------
+
+N_CROWD = 10_000
+
+
+@pytest.fixture(scope="module")
+def crowd() -> tuple[np.ndarray, pd.DataFrame]:
+    """10,000 made-up models of 20 datasets: Gaussian blobs of 82 to 1,118 models and different spreads, some of
+    them overlapping; 5 % unlabelled. Ids ``org<k>/ft-<5 digits>``, so ``ft-01234`` names one model."""
+    rng = np.random.default_rng(10)
+    centers = rng.uniform(-30, 30, size=(20, 2))
+    which = rng.choice(20, size=N_CROWD, p=rng.dirichlet(np.full(20, 1.5)))
+    spread = rng.uniform(1.0, 4.0, size=20)
+    coords = centers[which] + rng.normal(size=(N_CROWD, 2)) * spread[which, None]
+    datasets = [[f"dataset-{w:02d}"] for w in which]
+    for i in rng.choice(N_CROWD, size=N_CROWD // 20, replace=False):
+        datasets[i] = []
+    meta = pd.DataFrame(
+        {
+            "model": [f"org{i % 37}/ft-{i:05d}" for i in range(N_CROWD)],
+            "datasets": datasets,
+            "author": [f"org{i % 37}" for i in range(N_CROWD)],
+        }
+    )
+    return coords, meta
+
+
+def test_png_of_many_models_shades_their_density_under_small_translucent_points(crowd, picture, tmp_path, capsys):
+    from matplotlib.collections import PathCollection, PolyCollection
+
+    coords, meta = crowd
+    fig = map_figure(coords, meta, title="10,000 fine-tunes")
+    ax = fig.axes[0]
+    density = [c for c in ax.collections if c.get_gid() == "modelvec-density"]
+    assert len(density) == 1 and isinstance(density[0], PolyCollection)
+    counts = np.asarray(density[0].get_array())
+    assert counts.sum() == N_CROWD and counts.min() >= 1  # every model in a hexagon, empty ones not drawn
+    assert counts.max() >= 20  # points pile up: the shades tell how many
+    assert any(a.get_xlabel() == "models per hexagon" for a in ax.child_axes)  # the shades' colour bar
+
+    points = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert sum(len(c.get_offsets()) for c in points) == N_CROWD
+    assert all(c.get_sizes().max() < 5 and not np.any(c.get_linewidths()) for c in points)  # small, no edges
+    by_size = sorted((len(c.get_offsets()), c.get_alpha()) for c in points)
+    assert by_size[-1][1] < 0.5  # the largest group is translucent: its core deepens rather than flattens
+    assert by_size[0][1] > by_size[-1][1]  # and the smallest stays more opaque, visible among thousands
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    lumped = grouping(meta).counts["3 other datasets"]  # 17 colours, the 3 smallest datasets lumped, unlabelled
+    assert len(legend) == 19 and legend[-2:] == [f"3 other datasets ({lumped})", f"unlabelled ({N_CROWD // 20})"]
+
+    small = map_figure(*picture).axes[0]  # a small map stays as it was: points alone
+    assert not [c for c in small.collections if c.get_gid() == "modelvec-density"]
+
+    start = time.perf_counter()
+    path = plot_png(coords, meta, tmp_path / "crowd.png", title="10,000 fine-tunes", subtitle="made up")
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\n[maps] PNG of {N_CROWD} models drawn and written in {seconds:.2f} s")
+    image = imread(path)
+    rgb = image[..., :3]
+    grey = (np.ptp(rgb, axis=-1) < 0.01) & (rgb[..., 0] > 0.45) & (rgb[..., 0] < 0.96)
+    assert len(np.unique(np.round(rgb[grey, 0], 2))) >= 10  # many shades of density, not one blob
+
+
+def plotted(page: str) -> tuple[list[dict], dict]:
+    """The traces and the layout a page passes to ``Plotly.newPlot``."""
+    import json
+
+    decoder = json.JSONDecoder()
+    at = re.search(r'Plotly\.newPlot\(\s*"modelvec-map",\s*', page).end()
+    data, end = decoder.raw_decode(page, at)
+    layout, _ = decoder.raw_decode(page, re.match(r",\s*", page[end:]).end() + end)
+    return data, layout
+
+
+def test_html_of_many_models_draws_with_webgl_and_has_a_search_box(crowd, picture, tmp_path):
+    coords, meta = crowd
+    page = plot_html(coords, meta, tmp_path / "crowd.html", title="10,000 fine-tunes").read_text(encoding="utf-8")
+    data, layout = plotted(page)
+    assert {trace["type"] for trace in data} == {"scattergl"}
+    shown = [trace for trace in data if trace.get("visible") is True and trace.get("name") != "search"]
+    assert sum(len(trace["customdata"]) for trace in shown) == N_CROWD  # the dataset colouring: every model
+    (search,) = [trace for trace in data if trace.get("name") == "search"]
+    assert search["showlegend"] is False and len(search["x"]) == 0  # empty until something is searched
+    for button in layout["updatemenus"][0]["buttons"]:  # the rings stay visible whatever the colouring
+        assert button["args"][0]["visible"][data.index(search)] is True
+    assert 'id="modelvec-search-input"' in page and 'id="modelvec-search-status"' in page
+    assert not NETWORK_REF.search(page)
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.IGNORECASE)
+
+    small, _ = plotted(plot_html(*picture, tmp_path / "small.html").read_text(encoding="utf-8"))
+    assert {trace["type"] for trace in small} == {"scatter"}  # SVG below WEBGL_FROM models
+
+
+SEARCH = "#modelvec-search-input"
+STATUS_IS = "([text]) => document.getElementById('modelvec-search-status').textContent === text"
+MARKED = """() => {
+  const gd = document.getElementById('modelvec-map');
+  const mark = gd.data.find((trace) => trace.name === 'search');  // visible: not switched off by a colouring
+  return [mark.visible !== false, mark.x.length, Array.from(gd.querySelectorAll('.annotation-text'), (a) => a.textContent)];
+}"""
+
+
+def test_browser_opens_the_map_of_10000_models_finds_one_by_name_and_names_it_on_hover(
+    chromium, crowd, tmp_path, capsys
+):
+    from sklearn.neighbors import NearestNeighbors
+
+    coords, meta = crowd
+    path = plot_html(coords, meta, tmp_path / "crowd.html", title="10,000 fine-tunes")
+    context = chromium.new_context(viewport={"width": 1200, "height": 900}, offline=True)
+    page = context.new_page()
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    start = time.perf_counter()
+    page.goto(path.as_uri(), wait_until="load")
+    page.wait_for_selector(f"#modelvec-search[data-ready='{N_CROWD}']", timeout=60_000)  # drawn, models indexed
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\n[maps] the map of {N_CROWD} models opened in headless Chromium in {seconds:.2f} s")
+    assert seconds < 30  # a safety bound; the issue's target (5 s) is measured, not asserted, here
+    assert page.locator(".scatterlayer .point").count() == 0 and page.locator(".gl-container canvas").count() >= 1
+    assert [url for url in requests if not url.startswith(("file:", "data:", "blob:", "about:"))] == []
+    page.screenshot(path=str(tmp_path / "crowd.png"))
+    rgb = imread(tmp_path / "crowd.png")[..., :3]
+    assert (np.ptp(rgb, axis=-1) > 0.15).sum() > 20_000  # WebGL drew the coloured points
+
+    # the most isolated labelled model: nothing else under the mouse when it is hovered
+    labelled = np.array([bool(d) for d in meta["datasets"]])
+    distance = NearestNeighbors(n_neighbors=2).fit(coords).kneighbors(coords)[0][:, 1]
+    row = meta.iloc[int(np.argmax(np.where(labelled, distance, -1.0)))]
+    name = row["model"]
+    page.fill(SEARCH, name.split("/")[1].upper())  # part of the id, in another case
+    page.wait_for_function(STATUS_IS, arg=[f"1 model matches: {name}"], timeout=10_000)
+    assert page.evaluate(MARKED) == [True, 1, [name]]  # ringed, and an arrow names it
+    x, y = page.evaluate(POSITION_JS, name)
+    page.mouse.move(5, 5)
+    page.mouse.move(x, y)
+    page.wait_for_function(
+        "([name]) => (document.querySelector('.hovertext') || {}).textContent?.includes(name)",
+        arg=[name],
+        timeout=10_000,
+    )
+    assert f"datasets: {row['datasets'][0]}" in page.locator(".hovertext").first.text_content()
+    page.screenshot(path=str(tmp_path / "crowd-found.png"))  # for a person to look at
+
+    many = int(meta["model"].str.startswith("org13/").sum())
+    page.fill(SEARCH, "org13/")
+    page.wait_for_function(
+        "([start]) => document.getElementById('modelvec-search-status').textContent.startsWith(start)",
+        arg=[f"{many} models match; 1 of {many}: org13/ft-00013 (Enter: next)"],  # in order of id
+        timeout=10_000,
+    )
+    visible, ringed, first = page.evaluate(MARKED)
+    assert visible and ringed == many and first == ["org13/ft-00013"]
+    page.press(SEARCH, "Enter")  # the next match
+    page.wait_for_function(
+        "([start]) => document.getElementById('modelvec-search-status').textContent.startsWith(start)",
+        arg=[f"{many} models match; 2 of {many}: org13/ft-00050"],
+        timeout=10_000,
+    )
+    assert page.evaluate(MARKED)[2] == ["org13/ft-00050"]
+    page.fill(SEARCH, "no-such-model")
+    page.wait_for_function(STATUS_IS, arg=["no model matches \u201cno-such-model\u201d"], timeout=10_000)
+    assert page.evaluate(MARKED) == [True, 0, []]
+    context.close()
+
+
+def test_browser_search_writes_untrusted_names_as_text_and_survives_a_change_of_colouring(chromium, picture, tmp_path):
+    coords, meta = picture
+    meta = meta.copy()
+    hostile = 'evil/<img src=x onerror="window.pwned=1">&lt;b&gt;'
+    meta.loc[3, "model"] = hostile
+    path = plot_html(coords, meta, tmp_path / "map.html")
+    context = chromium.new_context(viewport={"width": 1200, "height": 820}, offline=True)
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(path.as_uri(), wait_until="load")
+    page.wait_for_selector(f"#modelvec-search[data-ready='{len(meta)}']", timeout=15_000)
+    page.fill(SEARCH, "&lt;b")  # the name's own characters, not their escapes
+    page.wait_for_function(STATUS_IS, arg=[f"1 model matches: {hostile}"], timeout=5_000)
+    assert page.evaluate(MARKED) == [True, 1, [hostile]]
+    assert page.evaluate("() => [window.pwned, document.querySelectorAll('img').length]") == [None, 0]
+    assert dialogs == []
+
+    page.locator(".updatemenu-button", has_text="colour by author").click()
+    page.wait_for_function(
+        "() => document.querySelector('.legend .legendtitletext')?.textContent === 'author'", timeout=5_000
+    )
+    page.fill(SEARCH, "MODEL-1")  # model-1 and model-10 ... model-19
+    first = min(m for m in meta["model"] if "model-1" in m)  # in order of id: org0/model-12
+    page.wait_for_function(STATUS_IS, arg=[f"11 models match; 1 of 11: {first} (Enter: next)"], timeout=5_000)
+    assert page.evaluate(MARKED)[:2] == [True, 11]
+    assert page.locator(".scatterlayer .point").count() == len(meta) + 11  # every model, and the 11 rings
+    page.fill(SEARCH, "")
+    page.wait_for_function(STATUS_IS, arg=[""], timeout=5_000)
+    assert page.evaluate(MARKED) == [True, 0, []]
+    context.close()
 
 
 # --- the rank study's figure: a law drawn only where it fits -------------------------------------------------------

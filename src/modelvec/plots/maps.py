@@ -19,6 +19,11 @@ Colours (the same in both pictures, see :func:`grouping`):
   small, drawn behind the rest) and, when there are more than 18 groups, for the smallest
   groups lumped together as "k other datasets" (dark grey).
 
+Many models (thousands of fine-tunes of one base) stay readable: from :data:`DENSE_FROM` models the PNG
+shades the map by how many models lie in each hexagon, under small translucent points (so piles of points
+read as density, not as one blob); from :data:`WEBGL_FROM` the HTML page draws with WebGL. The page has a
+search box that finds a model by part of its id, whatever the map's size.
+
 Both writers create the parent folders, write to a temporary file beside the target and rename
 it into place (so a reader never sees half a file), and return the path.
 """
@@ -32,10 +37,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLOR_BY = ("dataset", "author", "label_source")
 METHOD_AXES = {"umap": "UMAP", "tsne": "t-SNE", "pca": "PC"}
@@ -65,6 +73,18 @@ OTHER_COLOR = "#555555"
 _NONE_NAMES = {"dataset": "unlabelled", "author": "no author", "label_source": "no label source"}
 _PLURALS = {"dataset": "datasets", "author": "authors", "label_source": "label sources"}
 _TITLES = {"dataset": "dataset", "author": "author", "label_source": "label source"}
+#: From this many models the PNG shades the map by density (hexagons) under small, translucent points.
+DENSE_FROM = 2000
+#: From this many models the HTML page draws its points with WebGL (plotly ``scattergl``) rather than SVG.
+WEBGL_FROM = 1000
+#: Hexagons across the longer side of a dense map, and their shades from one model to the most.
+DENSITY_GRID = 60
+DENSITY_COLORS = ("#f3f3f3", "#808080")
+# The HTML page's hover label: plotly's template over the escaped values of _hover_rows.
+HOVER = (
+    "<b>%{customdata[0]}</b><br>datasets: %{customdata[1]}<br>label source: %{customdata[2]}"
+    "<br>author: %{customdata[3]}<extra></extra>"
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,42 @@ def grouping(meta: pd.DataFrame, by: str = "dataset", *, max_colors: int = len(P
     )
 
 
+def map_figure(
+    coords: np.ndarray,
+    meta: pd.DataFrame,
+    *,
+    color_by: str = "dataset",
+    method: str = "umap",
+    title: str = "",
+    subtitle: str = "",
+) -> Figure:
+    """The map of :func:`plot_png` as a matplotlib Figure (no pyplot: no global backend or figure state).
+
+    From :data:`DENSE_FROM` models on, thousands of points would overlap into blobs of whichever colour
+    is drawn last: the map is then shaded by how many models lie in each hexagon (grey, log scale, with
+    its colour bar; the collection's gid is ``modelvec-density``), under smaller, edgeless points whose
+    opacity falls with their group's size. Smaller maps are points alone.
+    """
+    coords = _check(coords, meta)
+    g = grouping(meta, color_by)
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.8, 6.6), dpi=150)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    dense = len(coords) >= DENSE_FROM
+    if dense:
+        _draw_density(fig, ax, coords)
+    _draw_points(ax, coords, g, dense=dense)
+    _draw_legend(ax, g)
+    _style_axes(ax, _axis_name(method))
+    summary = _summary(g, len(coords))
+    _draw_titles(ax, title, f"{subtitle}  ·  {summary}" if subtitle else summary)
+    return fig
+
+
 def plot_png(
     coords: np.ndarray,
     meta: pd.DataFrame,
@@ -143,21 +199,25 @@ def plot_png(
     ``method`` names the axes ("umap" -> "UMAP 1"/"UMAP 2", "tsne" -> "t-SNE", "pca" -> "PC";
     any other string is used as it is). Under the title, a line counts the models, how many
     have a value and how many groups there are (after ``subtitle`` when one is given). The
-    axes have equal scales: distances on the picture are comparable in every direction.
+    axes have equal scales: distances on the picture are comparable in every direction. A map of
+    :data:`DENSE_FROM` models or more is shaded by density (:func:`map_figure`).
     """
-    coords = _check(coords, meta)
-    g = grouping(meta, color_by)
-    axis = _axis_name(method)
+    fig = map_figure(coords, meta, color_by=color_by, method=method, title=title, subtitle=subtitle)
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    def write(tmp: str) -> None:
+        fig.savefig(tmp, format="png", dpi=150, bbox_inches="tight", pad_inches=0.15, facecolor="white")
 
-    fig = Figure(figsize=(8.8, 6.6), dpi=150)  # no pyplot: no global backend or figure state is touched
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    return write_atomically(Path(path), write)
+
+
+def _draw_points(ax: Any, coords: np.ndarray, g: Grouping, *, dense: bool) -> None:
+    """One scatter per group, the largest first so that small groups are drawn on top and stay visible.
+
+    A dense map gets smaller markers without edges, and each group an opacity that falls with its size
+    (:func:`_group_alpha`): where a group's points pile up its colour deepens instead of flattening.
+    """
     n = len(coords)
-    size = float(np.clip(36.0 * math.sqrt(100.0 / max(n, 1)), 5.0, 36.0))
+    size = float(np.clip(36.0 * math.sqrt(100.0 / max(n, 1)), 2.0 if dense else 5.0, 36.0))
     labels = np.array([label if label is not None else "" for label in g.labels], dtype=object)
     none = np.array([label is None for label in g.labels], dtype=bool)
     if none.any():
@@ -166,12 +226,11 @@ def plot_png(
             coords[none, 1],
             s=size * 0.55,
             c=UNLABELLED_COLOR,
-            alpha=0.6,
+            alpha=0.35 if dense else 0.6,
             linewidths=0,
             zorder=1,
             rasterized=n > 5000,
         )
-    # Largest group first, so that small groups are drawn on top and stay visible.
     for z, (name, color) in enumerate(g.colors.items()):
         mask = labels == name
         ax.scatter(
@@ -179,35 +238,66 @@ def plot_png(
             coords[mask, 1],
             s=size,
             c=color,
-            alpha=0.9,
-            edgecolors="white",
-            linewidths=0.4 if size > 10 else 0.0,
+            alpha=_group_alpha(int(mask.sum())) if dense else 0.9,
+            edgecolors="none" if dense else "white",
+            linewidths=0.4 if size > 10 and not dense else 0.0,
             zorder=2 + z,
             rasterized=n > 5000,
         )
 
-    handles = [
-        Line2D([], [], ls="", marker="o", markersize=7, markerfacecolor=c, markeredgecolor=c) for c in g.colors.values()
-    ]
+
+def _group_alpha(count: int) -> float:
+    """Opacity of a group's points on a dense map: about 10 overlapping points of a group of 1,000 saturate
+    its colour, a group of a few dozen stays opaque (so that it is not lost among thousands)."""
+    return float(np.clip(0.9 * math.sqrt(150.0 / max(count, 1)), 0.25, 0.9))
+
+
+def _draw_density(fig: Any, ax: Any, coords: np.ndarray) -> Any:
+    """Shade each hexagon by how many models lie in it (log scale, empty hexagons left white).
+
+    The hexagons are regular on the equal-scaled axes; the colour bar below the map, right of the axis
+    name, reads the shades as counts. Returns the hexbin's collection (gid ``modelvec-density``).
+    """
+    from matplotlib.colors import LinearSegmentedColormap
+    from matplotlib.ticker import FuncFormatter
+
+    span_x, span_y = (float(s) for s in np.ptp(coords, axis=0))
+    width = max(span_x, span_y) / DENSITY_GRID
+    if width > 0:  # hexagon rows are sqrt(3) widths apart
+        gridsize = (max(1, round(span_x / width)), max(1, round(span_y / (width * math.sqrt(3)))))
+    else:
+        gridsize = (1, 1)
+    cmap = LinearSegmentedColormap.from_list("modelvec-density", DENSITY_COLORS)
+    density = ax.hexbin(
+        coords[:, 0], coords[:, 1], gridsize=gridsize, bins="log", mincnt=1, cmap=cmap, linewidths=0, zorder=0.8
+    )
+    density.set_gid("modelvec-density")
+    bar = fig.colorbar(density, cax=ax.inset_axes((0.68, -0.15, 0.32, 0.022)), orientation="horizontal")
+    bar.set_label("models per hexagon", fontsize=7.5, color="0.35", labelpad=2)
+    most = float(np.max(density.get_array()))
+    bar.set_ticks([t for t in (1, 10, 100, 1000, 10_000) if t < most / 3] + [most])  # the most, labelled
+    bar.ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # 1, 10, 100: not 10^0
+    bar.ax.tick_params(labelsize=7, colors="0.35", length=2)
+    bar.outline.set_visible(False)
+    return density
+
+
+def _draw_legend(ax: Any, g: Grouping) -> None:
+    """The groups with their counts beside the map (two columns past 24 entries), unlabelled last."""
+    from matplotlib.lines import Line2D
+
+    def handle(color: str, size: float) -> Line2D:
+        return Line2D([], [], ls="", marker="o", markersize=size, markerfacecolor=color, markeredgecolor=color)
+
+    handles = [handle(c, 7) for c in g.colors.values()]
     names = [f"{_short(name)} ({g.counts[name]})" for name in g.colors]
     if g.n_none:
-        handles.append(
-            Line2D(
-                [],
-                [],
-                ls="",
-                marker="o",
-                markersize=5,
-                markerfacecolor=UNLABELLED_COLOR,
-                markeredgecolor=UNLABELLED_COLOR,
-            )
-        )
+        handles.append(handle(UNLABELLED_COLOR, 5))
         names.append(f"{g.none_name} ({g.n_none})")
-    legend_title = _TITLES[color_by] + (" (first listed)" if g.multi else "")
     legend = ax.legend(
         handles,
         names,
-        title=legend_title,
+        title=_TITLES[g.by] + (" (first listed)" if g.multi else ""),
         loc="upper left",
         bbox_to_anchor=(1.02, 1.0),
         frameon=False,
@@ -219,6 +309,9 @@ def plot_png(
     )
     legend.set_alignment("left")  # the title over the entries, not centred
 
+
+def _style_axes(ax: Any, axis: str) -> None:
+    """Named, equal-scaled axes with a light grid: distances read the same in every direction."""
     ax.set_xlabel(f"{axis} 1", fontsize=10)
     ax.set_ylabel(f"{axis} 2", fontsize=10)
     ax.set_aspect("equal", adjustable="datalim")
@@ -230,36 +323,15 @@ def plot_png(
     for side in ("left", "bottom"):
         ax.spines[side].set_color("0.6")
 
-    summary = _summary(g, n)
-    line2 = f"{subtitle}  ·  {summary}" if subtitle else summary
-    if title:
-        ax.annotate(
-            title,
-            (0, 1),
-            xycoords="axes fraction",
-            xytext=(0, 22),
-            textcoords="offset points",
-            fontsize=13,
-            fontweight="bold",
-            va="bottom",
-            ha="left",
-        )
-    ax.annotate(
-        line2,
-        (0, 1),
-        xycoords="axes fraction",
-        xytext=(0, 8),
-        textcoords="offset points",
-        fontsize=9,
-        color="0.35",
-        va="bottom",
-        ha="left",
+
+def _draw_titles(ax: Any, title: str, line2: str) -> None:
+    """The title in bold (when given) over a grey line that counts what the map shows."""
+    common: dict[str, Any] = dict(
+        xycoords="axes fraction", textcoords="offset points", va="bottom", ha="left", annotation_clip=False
     )
-
-    def write(tmp: str) -> None:
-        fig.savefig(tmp, format="png", dpi=150, bbox_inches="tight", pad_inches=0.15, facecolor="white")
-
-    return write_atomically(Path(path), write)
+    if title:
+        ax.annotate(title, (0, 1), xytext=(0, 22), fontsize=13, fontweight="bold", **common)
+    ax.annotate(line2, (0, 1), xytext=(0, 8), fontsize=9, color="0.35", **common)
 
 
 def plot_html(
@@ -271,81 +343,110 @@ def plot_html(
     the network. Hovering a point shows the model id, all its datasets, label source and author.
     Buttons above the plot colour the points by dataset, author or label source (one set of
     traces per choice, one trace per group: clicking a legend entry hides that group,
-    double-clicking shows it alone). Points are SVG markers (plotly ``scatter``), which stays
-    responsive up to some thousands of models.
+    double-clicking shows it alone). A search box above the map finds the models whose id contains
+    what is typed (any case): it rings them, points an arrow at one (Enter: the next) and says how
+    many matched. Up to :data:`WEBGL_FROM` models the points are SVG markers (plotly ``scatter``);
+    from there on WebGL (``scattergl``), which stays responsive with tens of thousands.
     """
     coords = _check(coords, meta)
     import plotly.graph_objects as go
-    import plotly.io as pio
 
     axis = _axis_name(method)
-    values = {by: _values(meta, by) for by in COLOR_BY}
-    custom = np.array(
-        [
-            [
-                _html_text(m),
-                _html_text(", ".join(d)) or "—",
-                _html_text(", ".join(s)) or "—",
-                _html_text(", ".join(a)) or "—",
-            ]
-            for m, d, s, a in zip(
-                meta["model"].astype(str), values["dataset"], values["label_source"], values["author"]
-            )
-        ],
-        dtype=object,
-    ).reshape(len(coords), 4)
-    hover = (
-        "<b>%{customdata[0]}</b><br>datasets: %{customdata[1]}<br>label source: %{customdata[2]}"
-        "<br>author: %{customdata[3]}<extra></extra>"
+    webgl = len(coords) >= WEBGL_FROM
+    fig = go.Figure()
+    sets, legend_titles = _add_map_traces(fig, coords, meta, webgl=webgl)
+    mark = len(fig.data)  # the search's rings: empty until something is searched
+    trace = go.Scattergl if webgl else go.Scatter
+    fig.add_trace(
+        trace(
+            x=[],
+            y=[],
+            mode="markers",
+            name="search",
+            showlegend=False,
+            marker=dict(symbol="circle-open", size=16, color="#111111", line=dict(width=2.5)),
+            hovertemplate=HOVER,
+        )
     )
+    heading = _html_text(title) if title else f"{axis} map"
+    _layout_html(fig, sets, legend_titles, mark=mark, n=len(coords), heading=heading, axis=axis)
+    page = _html_page(fig, sources=sets["dataset"], mark=mark, page_title=title or f"modelvec {axis} map")
+    return write_atomically(Path(path), lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+
+
+def _hover_rows(meta: pd.DataFrame) -> np.ndarray:
+    """Per model: its id, datasets, label source and author, escaped for plotly (which reads a little HTML)."""
+    values = {by: _values(meta, by) for by in COLOR_BY}
+    rows = [
+        [
+            _html_text(m),
+            _html_text(", ".join(d)) or "—",
+            _html_text(", ".join(s)) or "—",
+            _html_text(", ".join(a)) or "—",
+        ]
+        for m, d, s, a in zip(meta["model"].astype(str), values["dataset"], values["label_source"], values["author"])
+    ]
+    return np.array(rows, dtype=object).reshape(len(meta), 4)
+
+
+def _add_map_traces(
+    fig: Any, coords: np.ndarray, meta: pd.DataFrame, *, webgl: bool
+) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """One set of traces per colouring (only the dataset's visible), one trace per group, unlabelled first.
+
+    Returns each colouring's trace indices and its legend title. With WebGL (many models) markers have no
+    edges and a large group is translucent (:func:`_group_alpha`), so that piles of points show as such.
+    """
+    import plotly.graph_objects as go
+
+    trace = go.Scattergl if webgl else go.Scatter
+    custom = _hover_rows(meta)
     n = len(coords)
     size = float(np.clip(11.0 * math.sqrt(100.0 / max(n, 1)), 4.0, 11.0))
-
-    fig = go.Figure()
+    edge = dict(color="white", width=0 if webgl else 0.5)
     sets: dict[str, list[int]] = {}
     legend_titles: dict[str, str] = {}
     for by in COLOR_BY:
         g = grouping(meta, by)
         legend_titles[by] = _TITLES[by] + (" (first listed)" if g.multi else "")
         labels = np.array([label if label is not None else "" for label in g.labels], dtype=object)
-        indices = []
+        groups: list[tuple[np.ndarray, str, dict[str, Any], int]] = []
         none = np.array([label is None for label in g.labels], dtype=bool)
         if none.any():  # first: drawn behind the others
-            indices.append(len(fig.data))
-            fig.add_trace(
-                go.Scatter(
-                    x=coords[none, 0],
-                    y=coords[none, 1],
-                    mode="markers",
-                    name=f"{g.none_name} ({g.n_none})",
-                    marker=dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55),
-                    customdata=custom[none],
-                    hovertemplate=hover,
-                    legendrank=10_000,
-                    visible=by == "dataset",
-                )
-            )
+            marker = dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55)
+            groups.append((none, f"{g.none_name} ({g.n_none})", marker, 10_000))
         for rank, (name, color) in enumerate(g.colors.items()):
             mask = labels == name
-            indices.append(len(fig.data))
+            opacity = _group_alpha(int(mask.sum())) if webgl else 0.9
+            marker = dict(color=color, size=size, opacity=opacity, line=edge)
+            groups.append((mask, f"{_html_text(name)} ({g.counts[name]})", marker, rank + 1))
+        sets[by] = list(range(len(fig.data), len(fig.data) + len(groups)))
+        for mask, name, marker, rank in groups:
             fig.add_trace(
-                go.Scatter(
+                trace(
                     x=coords[mask, 0],
                     y=coords[mask, 1],
                     mode="markers",
-                    name=f"{_html_text(name)} ({g.counts[name]})",
-                    marker=dict(color=color, size=size, opacity=0.9, line=dict(color="white", width=0.5)),
+                    name=name,
+                    marker=marker,
                     customdata=custom[mask],
-                    hovertemplate=hover,
-                    legendrank=rank + 1,
+                    hovertemplate=HOVER,
+                    legendrank=rank,
                     visible=by == "dataset",
                 )
             )
-        sets[by] = indices
+    return sets, legend_titles
+
+
+def _layout_html(
+    fig: Any, sets: dict[str, list[int]], legend_titles: dict[str, str], *, mark: int, n: int, heading: str, axis: str
+) -> None:
+    """Title, equal-scaled axes, the legend, and the buttons that switch colourings (the search's rings
+    stay visible under each)."""
     buttons = []
     for by in COLOR_BY:
         visible = [False] * len(fig.data)
-        for i in sets[by]:
+        for i in [*sets[by], mark]:
             visible[i] = True
         buttons.append(
             dict(
@@ -354,12 +455,10 @@ def plot_html(
                 args=[{"visible": visible}, {"legend.title.text": legend_titles[by]}],
             )
         )
-
-    heading = _html_text(title) if title else f"{axis} map"
     fig.update_layout(
         title=dict(
-            text=f"{heading}<br><sup>{n} models · hover a point for its model; click a legend entry to hide "
-            "it, double-click to show it alone</sup>",
+            text=f"{heading}<br><sup>{n} models · hover a point for its model, or find one by name above; click "
+            "a legend entry to hide it, double-click to show it alone</sup>",
             x=0.01,
             xanchor="left",
             y=0.98,
@@ -388,21 +487,107 @@ def plot_html(
             )
         ],
     )
+
+
+def _html_page(fig: Any, *, sources: list[int], mark: int, page_title: str) -> str:
+    """The whole page: plotly.js inline, the search box over the map and its script run once the map is drawn.
+
+    Nothing from the models reaches the page as markup: names travel as JSON data (plotly escapes ``<``,
+    ``>`` and ``/``), the script writes them as text, and the annotation shows plotly's escaped copy.
+    """
+    import json
+
+    import plotly.io as pio
+
+    script = SEARCH_JS.replace("__SOURCES__", json.dumps([int(i) for i in sources])).replace("__MARK__", str(mark))
     page = pio.to_html(
         fig,
         include_plotlyjs=True,
         full_html=True,
         include_mathjax=False,
         div_id="modelvec-map",
+        post_script=script,
         config={
             "displaylogo": False,
             "responsive": True,
             "toImageButtonOptions": {"format": "png", "filename": "modelvec-map"},
         },
     )
-    page_title = html.escape(title or f"modelvec {axis} map")
-    page = page.replace("<head>", f"<head>\n    <title>{page_title}</title>", 1)
-    return write_atomically(Path(path), lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    page = page.replace("<head>", f"<head>\n    <title>{html.escape(page_title)}</title>", 1)
+    return page.replace("<body>", f"<body>\n{SEARCH_HTML}", 1)
+
+
+# The search box: disabled until its script (below) has indexed the map's models.
+SEARCH_HTML = """\
+<div id="modelvec-search" style="font: 13px system-ui, sans-serif; padding: 8px 12px 0; color: #333;">
+  <label for="modelvec-search-input">find a model</label>
+  <input id="modelvec-search-input" type="search" size="40" placeholder="part of its id, e.g. org/name"
+         autocomplete="off" spellcheck="false" disabled>
+  <span id="modelvec-search-status" role="status" aria-live="polite" style="margin-left: 8px;"></span>
+</div>"""
+# Run by plotly once the map is drawn ({plot_id}: the map's div). Reads plotly's _fullData (where x and y are
+# decoded arrays; the page carries them base64-encoded). Indexes the models of one colouring's traces
+# (__SOURCES__; every colouring holds every model), matches a case-insensitive substring of the id, rings the
+# matches in the trace __MARK__ and points an arrow at one of them (an exact id first, then in order of id; Enter:
+# the next). Names are only ever written as text.
+SEARCH_JS = """
+(function () {
+  var gd = document.getElementById('{plot_id}');
+  var box = document.getElementById('modelvec-search-input');
+  var status = document.getElementById('modelvec-search-status');
+  var SOURCES = __SOURCES__, MARK = __MARK__;
+  var plain = function (s) {
+    return String(s).replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&');
+  };
+  var models = [];
+  SOURCES.forEach(function (t) {
+    var full = gd._fullData.filter(function (d) { return d.index === t; })[0];
+    for (var k = 0; k < full.x.length; k++) {
+      var row = full.customdata[k], name = plain(row[0]);
+      models.push({name: name, lower: name.toLowerCase(), x: full.x[k], y: full.y[k], row: row});
+    }
+  });
+  var found = [], current = 0;
+  function say(query) {
+    if (!query) { status.textContent = ''; return; }
+    if (!found.length) { status.textContent = 'no model matches \\u201c' + query + '\\u201d'; return; }
+    var one = found[current].name;
+    status.textContent = found.length === 1 ? '1 model matches: ' + one
+      : found.length + ' models match; ' + (current + 1) + ' of ' + found.length + ': ' + one + ' (Enter: next)';
+  }
+  function draw() {
+    var hit = found[current];
+    Plotly.restyle(gd, {
+      x: [found.map(function (m) { return m.x; })],
+      y: [found.map(function (m) { return m.y; })],
+      customdata: [found.map(function (m) { return m.row; })]
+    }, [MARK]);
+    Plotly.relayout(gd, {annotations: hit ? [{
+      x: hit.x, y: hit.y, text: '<b>' + hit.row[0] + '</b>', showarrow: true, arrowhead: 2, ax: 40, ay: -40,
+      bgcolor: 'rgba(255,255,255,0.9)', bordercolor: '#111111', font: {size: 12}
+    }] : []});
+  }
+  function search() {
+    var query = box.value.trim(), lower = query.toLowerCase();
+    found = lower ? models.filter(function (m) { return m.lower.indexOf(lower) >= 0; }) : [];
+    found.sort(function (a, b) {  // the model of that very id first, then by id
+      return (a.lower !== lower) - (b.lower !== lower) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+    });
+    current = 0;
+    say(query);
+    draw();
+  }
+  box.addEventListener('input', search);
+  box.addEventListener('keydown', function (event) {
+    if (event.key !== 'Enter' || found.length < 2) return;
+    current = (current + 1) % found.length;
+    say(box.value.trim());
+    draw();
+  });
+  box.disabled = false;
+  document.getElementById('modelvec-search').setAttribute('data-ready', String(models.length));
+})();
+"""
 
 
 # --- helpers -------------------------------------------------------------------------------
