@@ -578,3 +578,20 @@ def test_cluster_keeps_the_products_and_a_second_run_reads_them(tmp_path):
         db.put(VectorRow("new", "hn", "base", "bh", Representation(), "bert", X[0] * 1.01, ["ds0"], "made", 0.1))
     third = cluster("base", store=store, out=tmp_path / "c", reduce="pca", progress=lambda d, t: rows.append((d, t)))
     assert rows == [(1, 1)] and third.n_models == 37
+
+
+def test_a_store_too_large_for_the_memory_left_is_one_line_saying_what_fits(tmp_path, monkeypatch):
+    """Before any product is computed: the memory the products need against what the kernel says is free, in one
+    line naming how many models would fit, never a swap storm."""
+    from modelvec.core.errors import ResourceError
+    from modelvec.report import clusters
+
+    store, _ = _made_store(tmp_path / "s.duckdb")
+    monkeypatch.setattr(clusters, "available_memory", lambda: 100_000)
+    with pytest.raises(
+        ResourceError, match=r"^36 models: their pairwise products need about .* GiB are free: about \d+ models fit"
+    ):
+        cluster("base", store=store, out=tmp_path / "out", reduce="pca")
+    assert not Path(f"{store}.products").exists()  # nothing was computed
+    monkeypatch.setattr(clusters, "available_memory", lambda: None)  # a kernel that does not say: no check
+    assert cluster("base", store=store, out=tmp_path / "out", reduce="pca").n_models == 36

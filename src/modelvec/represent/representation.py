@@ -272,6 +272,8 @@ class Representation:
             parts.append("concat")
         if self.rank != Representation.rank:
             parts.append(f"r{self.rank}")
+        if self.size_limit is not None:
+            parts.append(f"at most {self.size_limit:,} floats")
         text = ", ".join(parts)
         text = text + " + block-norm" if self.block_norm else text
         return text + {"none": "", "vocabulary": " + vocabulary head", "auto": " + auto head"}[self.head]
