@@ -15,6 +15,7 @@ lowered so that stalls are quick to provoke.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import os
@@ -682,3 +683,80 @@ def test_the_name_guard_survives_a_client_factory_set_later(world, server, setti
     finally:
         set_client_factory(_http.default_client_factory)
     assert not list(tmp_path_factory.getbasetemp().glob("escape-again*"))
+
+
+# --- B4. a crawl's faults: a seeded rate, a repository deleted mid-run --------------------------------------------------
+
+
+def _statuses(endpoint: str, path: str, n: int) -> list[int]:
+    """The statuses of ``n`` GETs of ``path``, one after another."""
+    import urllib.error
+    import urllib.request
+
+    out = []
+    for _ in range(n):
+        try:
+            with urllib.request.urlopen(endpoint + path, timeout=10) as answer:
+                out.append(answer.status)
+        except urllib.error.HTTPError as err:
+            out.append(err.code)
+    return out
+
+
+def test_faults_at_a_seeded_rate(world, server):
+    hub = world[0]
+    with pytest.raises(ValueError, match="rate must be a probability"):
+        hub.fail("*", status=500, times=None, rate=1.5)
+    hub.fail("/api/models/good/ft-ok", status=503, times=None, rate=0.25, seed=3)
+    first = _statuses(server.endpoint, "/api/models/good/ft-ok", 200)
+    assert set(first) == {200, 503} and 30 <= first.count(503) <= 70  # about a quarter of the answers
+    hub.clear_faults()
+    hub.fail("/api/models/good/ft-ok", status=503, times=None, rate=0.25, seed=3)
+    assert _statuses(server.endpoint, "/api/models/good/ft-ok", 200) == first  # the same seed, the same faults
+    hub.clear_faults()
+    hub.fail("/api/models/good/ft-ok", status=503, times=5, rate=0.5, seed=3)  # at most `times` of them
+    assert _statuses(server.endpoint, "/api/models/good/ft-ok", 100).count(503) == 5
+
+
+def test_faults_at_a_rate_are_retried_and_give_the_local_vectors(world, server, settings, tmp_path, reference):
+    hub, made = world[0], world[1]
+    repos = [f"good/ft-t{n}" for n in range(1, 6)]
+    for i, fault in enumerate([dict(status=429, retry_after=0.2), dict(status=503), dict(kind="reset")]):
+        hub.fail("/good/ft-t*/resolve/*", times=None, rate=0.15, seed=i, **fault)
+    patient = dataclasses.replace(settings, retries=8)  # a fault on 1 answer in 2.2: 9 tries fail 1 time in 1,200
+    result = embed(BASE, entries(settings, *repos), store=tmp_path / "s.duckdb", settings=patient, representation=WHOLE)
+    assert not result.failed and sorted(result.embedded) == repos
+    for row, repo in enumerate(result.metadata["model"]):
+        assert np.allclose(result.vectors[row], reference(made[repo]), atol=1e-6), repo
+    faults = [r["fault"] for r in server.requests if r["path"].startswith("/good/ft-t")]
+    assert 0 < sum(f is not None for f in faults) < len(faults)  # some answers went wrong, not all
+
+
+def test_a_repository_deleted_mid_run_is_recorded_as_transient(tiny_bert, tmp_path):
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish(BASE, files_of(tiny_bert))
+    made = {r: planted_finetune(tiny_bert, tmp_path / "src" / r, seed=i) for i, r in enumerate(["x/first", "x/gone"])}
+    shas = {r: hub.publish(r, {**files_of(f), "README.md": card()}, downloads=9) for r, f in made.items()}
+    with hub.serve() as srv:
+        settings = HubSettings(endpoint=srv.endpoint, cache_dir=str(tmp_path / "cache"), token=False, backoff=0.01)
+        found = entries(settings, "x/first", "x/gone")  # discovered while it was there
+        hub.delete("x/gone", after=2, pattern="/api/models/x/first")  # gone when the 2nd such request comes in
+        ask = lambda: [
+            *_statuses(srv.endpoint, "/api/models/x/first", 1),
+            *_statuses(srv.endpoint, "/api/models/x/gone", 1),
+        ]
+        assert ask() == [200, 200]
+        assert ask() == [200, 404]  # deleted before the 2nd request was answered
+        assert "x/gone" not in {e.model for e in discover(BASE, settings=settings).entries}  # nor listed
+        with Store(tmp_path / "s.duckdb") as db:
+            result = embed(BASE, found, store=db, settings=settings, representation=WHOLE)
+            failures = db.failures().set_index("model")
+    assert result.embedded == ["x/first"]
+    assert (
+        one_line(result.failed["x/gone"]).startswith("x/gone: ") and "repository not found" in result.failed["x/gone"]
+    )
+    assert failures.loc["x/gone", "kind"] == "transient"  # the world changed, not the model: tried again next run
+    assert not (tmp_path / "hub" / "x" / "gone").exists()
+    assert hub.publish("x/gone", {**files_of(made["x/gone"]), "README.md": card()}, downloads=9) == shas["x/gone"]
+    with pytest.raises(ValueError, match="repo_id must be"):
+        hub.delete("../escape")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 
@@ -24,58 +27,69 @@ from .common import (
     with_settings,
 )
 
+if TYPE_CHECKING:
+    from rich.progress import Progress, ProgressColumn
+
+    from ..run import EmbedResult, Step
+
+TargetsArg = typer.Argument(
+    ...,
+    metavar="MODEL",
+    help="Fine-tunes (folders, weight files or Hub ids) with --base; "
+    "or just BASE (a Hub id): every discovered fine-tune of it.",
+)
+BaseOpt = typer.Option(
+    None, "--base", metavar="BASE", help="The base model the fine-tunes start from (path or Hub id)."
+)
+DeviceOpt = typer.Option(
+    "auto",
+    "--device",
+    metavar="DEVICE",
+    callback=check_device,
+    help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N.",
+)
+ForceOpt = typer.Option(False, "--force", help="Recompute models already stored.")
+LimitOpt = typer.Option(None, "--limit", min=1, metavar="N", help="BASE mode: at most this many fine-tunes.")
+SortOpt = typer.Option("downloads", "--sort", help="BASE mode: which first.")
+RefreshOpt = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding.")
+KeepOpt = typer.Option(
+    True,
+    "--keep-weights/--no-keep-weights",
+    help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays).",
+)
+WorkersOpt = typer.Option(
+    None,
+    "--workers",
+    min=1,
+    metavar="N",
+    help="local: I/O threads fetching the next models (default 2); ray: actors (default one per CPU of the cluster).",
+)
+EngineOpt = typer.Option(
+    "local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."
+)
+_clock = time.monotonic  # the progress line's clock (a test sets its own)
+
+AddressOpt = typer.Option(
+    None, "--address", metavar="HOST:PORT", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."
+)
+
 
 @command()
 @with_settings(Representation, "representation")
 def embed(
-    targets: list[str] = typer.Argument(
-        ...,
-        metavar="MODEL",
-        help="Fine-tunes (folders, weight files or Hub ids) with --base; "
-        "or just BASE (a Hub id): every discovered fine-tune of it.",
-    ),
-    base: str | None = typer.Option(
-        None, "--base", metavar="BASE", help="The base model the fine-tunes start from (path or Hub id)."
-    ),
+    targets: list[str] = TargetsArg,
+    base: str | None = BaseOpt,
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
-    device: str = typer.Option(
-        "auto",
-        "--device",
-        metavar="DEVICE",
-        callback=check_device,
-        help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N.",
-    ),
+    device: str = DeviceOpt,
     store: Path | None = StoreOpt,
-    force: bool = typer.Option(False, "--force", help="Recompute models already stored."),
-    limit: int | None = typer.Option(
-        None, "--limit", min=1, metavar="N", help="BASE mode: at most this many fine-tunes."
-    ),
-    sort: Literal["downloads", "likes", "created_at"] = typer.Option(
-        "downloads", "--sort", help="BASE mode: which first."
-    ),
-    refresh: bool = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding."),
-    keep_weights: bool = typer.Option(
-        True,
-        "--keep-weights/--no-keep-weights",
-        help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays).",
-    ),
-    workers: int | None = typer.Option(
-        None,
-        "--workers",
-        min=1,
-        metavar="N",
-        help="local: I/O threads fetching the next models (default 2); "
-        "ray: actors (default one per CPU of the cluster).",
-    ),
-    engine: Literal["local", "ray"] = typer.Option(
-        "local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."
-    ),
-    address: str | None = typer.Option(
-        None,
-        "--address",
-        metavar="HOST:PORT",
-        help="--engine ray: the cluster (HEAD:6379 or auto); default a local one.",
-    ),
+    force: bool = ForceOpt,
+    limit: int | None = LimitOpt,
+    sort: Literal["downloads", "likes", "created_at"] = SortOpt,
+    refresh: bool = RefreshOpt,
+    keep_weights: bool = KeepOpt,
+    workers: int | None = WorkersOpt,
+    engine: Literal["local", "ray"] = EngineOpt,
+    address: str | None = AddressOpt,
     wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -84,9 +98,8 @@ def embed(
 
     `modelvec embed --base BASE MODEL...` embeds the given models; `modelvec embed BASE` embeds
     every fine-tune of the Hub model BASE found by `modelvec discover` (run first when needed).
+    In a terminal, one line shows the models done of all, the bytes fetched from the Hub and the time left.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ..run import embed as embed_models
     from ..run import embed_discovered
 
@@ -94,15 +107,13 @@ def embed(
         raise typer.BadParameter(
             "give --base BASE with the models, or a single BASE to embed its discovered fine-tunes"
         )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with open_store(store, wait) as db, Progress(*columns, console=err, transient=False, disable=as_json) as bar:
-        task = bar.add_task("embedding", total=len(targets) if base is not None else limit)
+    with open_store(store, wait) as db, ProgressLine(discovering=base is None, quiet=as_json) as on_step:
         common: dict[str, Any] = dict(
             representation=representation,
             device=device,
             store=db,
             force=force,
-            progress=lambda *_: bar.advance(task),
+            on_step=on_step,
             keep_weights=keep_weights,
             workers=workers,
             engine=engine,
@@ -113,6 +124,11 @@ def embed(
             result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
         else:
             result = embed_models(base, targets, **common)
+    _report(result, str(db.path), as_json)
+
+
+def _report(result: EmbedResult, store: str, as_json: bool) -> None:
+    """What the run did: JSON, or the notes, one line per failure and the summary; exit 1 when some models failed."""
     if as_json:
         print_json(result.as_json())
     else:
@@ -124,15 +140,76 @@ def embed(
         say(
             console,
             f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
-            f"failed {len(result.failed)} -> {db.path}",
+            f"failed {len(result.failed)} -> {store}",
         )
     if result.failed:  # exit 1: some models failed; the last line says which kind
         new = len(result.failed) - len(result.recorded)
         said = f"{new} new" + (
             f", {len(result.recorded)} recorded by an earlier run (--force tries again)" if result.recorded else ""
         )
-        say(
-            err,
-            f"some models failed: {len(result.failed)} of {len(result.failed) + len(result.embedded) + len(result.skipped)} ({said})",
-        )
+        total = len(result.failed) + len(result.embedded) + len(result.skipped)
+        say(err, f"some models failed: {len(result.failed)} of {total} ({said})")
         raise typer.Exit(EXIT_SOME_FAILED)
+
+
+class ProgressLine:
+    """One line on stderr that updates in place: models done of all, bytes fetched from the Hub, time left.
+
+    The time left counts only the models that were computed (or failed) so far, not the ones skipped as stored,
+    so a resumed run does not promise to finish at the speed of its skips. Nothing is drawn with ``quiet``
+    (``--json``), and outside a terminal only the last state is printed, once.
+    """
+
+    def __init__(self, *, discovering: bool, quiet: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        fetched, left = _columns()
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            fetched,
+            left,
+            TimeElapsedColumn(),
+        )
+        self.bar: Progress = Progress(*columns, console=err, transient=False, disable=quiet)
+        self.task = self.bar.add_task("discovering" if discovering else "embedding", total=None, fetched=0, worked=0)
+        self.began: float | None = None
+
+    def __enter__(self) -> Callable[[Step], None]:
+        self.bar.__enter__()
+        return self.step
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(None, None, None)
+
+    def step(self, step: Step) -> None:
+        """A :class:`~modelvec.run.Step` of the run: the total first, then one model at a time."""
+        fields = self.bar.tasks[0].fields
+        if step.status == "begin":
+            self.began = _clock()
+            self.bar.update(self.task, description="embedding", total=step.total, began=self.began)
+            return
+        worked = fields["worked"] + (step.status != "skipped")
+        self.bar.update(self.task, advance=1, fetched=fields["fetched"] + step.fetched, worked=worked)
+
+
+def _columns() -> tuple[ProgressColumn, ProgressColumn]:
+    """The bytes fetched so far, and the time left at the pace of the models computed so far."""
+    from rich.filesize import decimal
+    from rich.progress import ProgressColumn, Task
+    from rich.text import Text
+
+    class Fetched(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            return Text(f"{decimal(int(task.fields.get('fetched', 0)))} fetched", style="progress.filesize")
+
+    class Left(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            began, worked = task.fields.get("began"), int(task.fields.get("worked", 0))
+            if task.total is None or began is None or worked == 0:
+                return Text("ETA -:--:--", style="progress.remaining")
+            seconds = (task.total - task.completed) * (_clock() - began) / worked
+            return Text(f"ETA {timedelta(seconds=round(seconds))}", style="progress.remaining")
+
+    return Fetched(), Left()

@@ -7,15 +7,17 @@ back to the store as it arrives.
 
 from .discover import discover
 from .engines import ENGINES, Engine, make_engine, register_engine
-from .pipeline import EmbedResult, catalogue_entries, embed, embed_discovered, local_files
-from .work import BaseSpec, Outcome, Task, compute
+from .pipeline import EmbedResult, Step, catalogue_entries, embed, embed_discovered, local_files
+from .work import BaseSpec, Opened, Outcome, Task, compute, open_counted
 
 __all__ = [
     "ENGINES",
     "BaseSpec",
     "EmbedResult",
     "Engine",
+    "Opened",
     "Outcome",
+    "Step",
     "Task",
     "catalogue_entries",
     "compute",
@@ -24,5 +26,6 @@ __all__ = [
     "embed_discovered",
     "local_files",
     "make_engine",
+    "open_counted",
     "register_engine",
 ]

@@ -9,22 +9,22 @@ from typing import TYPE_CHECKING
 
 from ..hub.client import HubSettings
 from ..represent.representation import Representation
-from .work import BaseSpec, Outcome, Task, compute, fit_base
+from .work import BaseSpec, Opened, Outcome, Task, compute, fit_base, open_counted
 
 if TYPE_CHECKING:
-    from ..read import Checkpoint
     from ..represent import DeltaEmbedder
 
 
-def _prepare(task: Task, settings: HubSettings, representation: Representation) -> Checkpoint:
+def _prepare(task: Task, settings: HubSettings, representation: Representation) -> Opened:
     """Off the compute thread: fetch (Hub: only what ``representation`` reads), read the headers, and start reading
     from disk the bytes the vector needs."""
     from ..represent import read_plan
 
-    ck = task.open(settings, representation)
+    opened = open_counted(task, settings, representation)
+    ck = opened.checkpoint
     ck.layout()
     ck.prefetch(read_plan(ck, representation, base=False) if representation.reads_share and not ck.factored else None)
-    return ck
+    return opened
 
 
 class LocalEngine:
@@ -59,7 +59,7 @@ class LocalEngine:
     ) -> Iterator[Outcome]:
         """Outcomes in task order. The base is read when the first task arrives, while the next ones download."""
         todo = iter(tasks)
-        pending: deque[tuple[Task, Future[Checkpoint]]] = deque()
+        pending: deque[tuple[Task, Future[Opened]]] = deque()
         embedder: DeltaEmbedder | None = None
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="modelvec-io")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
 from .discover import discover
 from .engines import Engine, make_engine
-from .work import BaseSpec, Task
+from .work import BaseSpec, Outcome, Task
 
 PathLike = str | os.PathLike[str]
 
@@ -69,6 +69,29 @@ class EmbedResult:
 Progress = Callable[[str, str, str], None]  # (model, status, detail)
 
 
+@dataclass(frozen=True)
+class Step:
+    """A run's progress, as a display needs it (``embed(..., on_step=...)``): how many models there are, then each
+    model's end with the bytes it cost.
+
+    ``status`` is ``"begin"`` once, when the run's models are known (``total``: their number, None for a stream of
+    unknown length), before anything is fetched; then one of ``"embedded"``, ``"skipped"`` (already stored) and
+    ``"failed"`` per model, with ``detail`` (the failure's one line) and its ``kind`` for a failure. ``fetched`` is
+    what this run added to the Hub cache for the model: the bytes it holds of the model's files (0 for a local
+    model or one already cached; bytes of retried answers are not counted, see the Hub's own count for those).
+    """
+
+    status: str
+    model: str = ""
+    detail: str = ""
+    total: int | None = None
+    fetched: int = 0
+    kind: str | None = None
+
+
+OnStep = Callable[[Step], None]
+
+
 Model = PathLike | str | CatalogueEntry
 
 
@@ -87,6 +110,7 @@ def embed(
     engine: str | Engine = "local",
     address: str | None = None,
     load: bool = True,
+    on_step: OnStep | None = None,
     **fields: Any,
 ) -> EmbedResult:
     """Embed fine-tunes of ``base`` into the store and return their vectors and metadata.
@@ -105,14 +129,23 @@ def embed(
     the next models; ``engine="ray"`` runs each model as a task on the Ray cluster at ``address``
     (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
     no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
+
+    ``progress(model, status, detail)`` is called as each model ends; ``on_step`` gets a :class:`Step` for the
+    same events, with the number of models first and the bytes each one cost (what a progress bar shows).
     """
     chosen = representation or Representation(**fields)
     settings = settings or HubSettings()
     runner = engine if not isinstance(engine, str) else make_engine(engine, workers, device, address)
+    said = progress or (lambda *_: None)
+    steps = on_step or (lambda _: None)
+
+    def report(step: Step) -> None:
+        if step.status != "begin":
+            said(step.model, step.status, step.detail)
+        steps(step)
+
     with opened(store) as db:
-        return _run(
-            base, models, chosen, db, force, progress or (lambda *_: None), settings, keep_weights, runner, load
-        )
+        return _run(base, models, chosen, db, force, report, settings, keep_weights, runner, load)
 
 
 def embed_discovered(
@@ -165,7 +198,7 @@ def _run(
     representation: Representation,
     db: Store,
     force: bool,
-    progress: Progress,
+    report: OnStep,
     settings: HubSettings,
     keep_weights: bool,
     engine: Engine,
@@ -175,11 +208,12 @@ def _run(
     result = EmbedResult(np.zeros((0, 0), np.float32), pd.DataFrame(), store=str(db.path))
     wanted: list[str] = []
     writer = db.writer()
+    report(Step("begin", total=len(models) if isinstance(models, Sized) else None))
 
-    def fail(name: str, error: str, model_hash: str | None, kind: Kind) -> None:
+    def fail(name: str, error: str, model_hash: str | None, kind: Kind, fetched: int = 0) -> None:
         writer.put(Failure(name, spec.name, representation, error, model_hash, kind))
         result.failed[name] = error
-        progress(name, "failed", error)
+        report(Step("failed", name, error, fetched=fetched, kind=Kind(kind).value))
 
     def todo() -> Iterator[Task]:
         """The models that need computing; the rest are skipped or known failures (checked lazily)."""
@@ -196,13 +230,13 @@ def _run(
                 continue
             if not force and db.has(name, task.identity, spec.name, spec.identity, representation):
                 result.skipped.append(name)
-                progress(name, "skipped", "already stored")
+                report(Step("skipped", name, "already stored"))
                 continue
             known = None if force else db.known_failure(name, task.identity, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
                 result.failed[name] = known
                 result.recorded.append(name)
-                progress(name, "failed", known)
+                report(Step("failed", name, known, kind=Kind.CONTENT.value))
                 continue
             yield task
 
@@ -210,32 +244,36 @@ def _run(
         for outcome in engine.run(spec, representation, todo(), settings, keep_weights):
             task = outcome.task
             if outcome.error is not None:
-                fail(task.name, outcome.error, task.identity, outcome.kind)
+                fail(task.name, outcome.error, task.identity, outcome.kind, outcome.fetched)
                 continue
-            writer.put(
-                VectorRow(
-                    task.name,
-                    task.identity,
-                    spec.name,
-                    spec.identity,
-                    representation,
-                    str(outcome.architecture),
-                    outcome.vector,  # type: ignore[arg-type]  # no error: a vector
-                    outcome.datasets,
-                    task.source,
-                    outcome.seconds,
-                    label_source=outcome.label_source,
-                    author=outcome.author,
-                    adapter=outcome.adapter,
-                )
-            )
+            writer.put(_row(outcome, spec, representation))
             result.embedded.append(task.name)
             if outcome.note is not None:
                 result.notes.setdefault(outcome.note, []).append(task.name)
-            progress(task.name, "embedded", f"{outcome.seconds:.2f}s")
+            report(Step("embedded", task.name, f"{outcome.seconds:.2f}s", fetched=outcome.fetched))
     if load:
         result.vectors, result.metadata = db.load(spec.name, representation, models=wanted)
     return result
+
+
+def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> VectorRow:
+    """The store's row of a model's vector."""
+    task = outcome.task
+    return VectorRow(
+        task.name,
+        task.identity,
+        spec.name,
+        spec.identity,
+        representation,
+        str(outcome.architecture),
+        outcome.vector,  # type: ignore[arg-type]  # no error: a vector
+        outcome.datasets,
+        task.source,
+        outcome.seconds,
+        label_source=outcome.label_source,
+        author=outcome.author,
+        adapter=outcome.adapter,
+    )
 
 
 def _base(base: PathLike | str, db: Store, settings: HubSettings) -> BaseSpec:

@@ -49,7 +49,7 @@ import numpy as np
 from ..core.errors import CheckpointError, Kind, ModelvecError, error_of, register_explainer
 from ..hub.client import HubSettings
 from ..represent.representation import Representation
-from .work import BaseSpec, Outcome, Task, compute, fit_base
+from .work import BaseSpec, Outcome, Task, compute, fit_base, open_counted
 
 if TYPE_CHECKING:
     from ..represent import DeltaEmbedder
@@ -135,7 +135,7 @@ class _Worker:
         embedder = self.embedder
         assert embedder is not None, "run() on a worker whose base failed"
         try:
-            return compute(task, embedder, lambda: task.open(self.settings, embedder.representation))
+            return compute(task, embedder, lambda: open_counted(task, self.settings, embedder.representation))
         except ModelvecError as exc:  # compute raises only the base's own faults
             return exc
         finally:

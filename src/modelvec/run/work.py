@@ -9,6 +9,7 @@ computed.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 from ..core.errors import Kind, ModelvecError, error_of
 from ..hub.cards import card_author, read_card
 from ..hub.client import HubSettings
-from ..hub.download import fetch, release, snapshot_folder
+from ..hub.download import fetch, release, repo_folder, snapshot_folder
 from ..hub.labels import dataset_labels
 from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
@@ -162,6 +163,41 @@ class Outcome:
     error: str | None = None
     kind: Kind = Kind.CONTENT
     note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
+    fetched: int = 0  # bytes of the model's files this run brought from the Hub (0: local, or already cached)
+
+
+@dataclass
+class Opened:
+    """A task's checkpoint, opened, and the bytes that opening it brought from the Hub (for a progress display)."""
+
+    checkpoint: Checkpoint
+    fetched: int = 0
+
+
+def open_counted(task: Task, settings: HubSettings, representation: Representation | None) -> Opened:
+    """``task.open``, with the bytes it brought into the Hub cache: what the model cost on the wire, where the
+    download happens (an engine's worker), whatever route the files took (whole, or byte ranges)."""
+    if task.repo is None:
+        return Opened(task.open(settings, representation))
+    folder = repo_folder(task.repo, settings)
+    before = _bytes_under(folder)
+    ck = task.open(settings, representation)
+    return Opened(ck, max(0, _bytes_under(folder) - before))
+
+
+def _bytes_under(folder: Path) -> int:
+    """The bytes held by the files under ``folder`` (not following links); a sparse partial download counts only
+    the ranges it holds."""
+    total = 0
+    for path, _, names in os.walk(folder):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(path, name))
+            except OSError:  # deleted meanwhile (a finished download's temporary file)
+                continue
+            if not os.path.islink(os.path.join(path, name)):
+                total += min(st.st_size, st.st_blocks * 512)
+    return total
 
 
 def fit_base(base: BaseSpec, representation: Representation, device: str, settings: HubSettings) -> DeltaEmbedder:
@@ -171,11 +207,17 @@ def fit_base(base: BaseSpec, representation: Representation, device: str, settin
     return DeltaEmbedder.from_representation(representation, device).fit(base.open(settings, representation))
 
 
-def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkpoint]) -> Outcome:
-    """Embed one model. The model's own faults become the outcome's error and kind; a fault of the base raises."""
+def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkpoint | Opened]) -> Outcome:
+    """Embed one model. The model's own faults become the outcome's error and kind; a fault of the base raises.
+
+    ``checkpoint`` opens the model (fetching it first), giving the checkpoint or an :class:`Opened` that also says
+    what the fetch cost."""
     start = time.perf_counter()
+    fetched = 0
     try:
-        ck = checkpoint()
+        got = checkpoint()
+        opened = got if isinstance(got, Opened) else Opened(got)
+        ck, fetched = opened.checkpoint, opened.fetched
         try:
             vector = embedder.embed_one(ck)
             datasets, label_source, author = task.labels(ck)
@@ -186,7 +228,7 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         err = error_of(exc, task.name)
         if err.model == embedder.base_.name and err.kind is Kind.CONTENT:  # the base is broken: nothing can be embedded
             raise err from exc
-        return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start)
+        return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start, fetched=fetched)
     return Outcome(
         task,
         vector,
@@ -197,4 +239,5 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         time.perf_counter() - start,
         adapter=adapter,
         note=note,
+        fetched=fetched,
     )

@@ -4,7 +4,8 @@ The real Hub is unreachable here, so this module serves, from a folder on disk, 
 that modelvec reaches through ``huggingface_hub`` (model listing with pagination, model info at a revision,
 the repository tree that ``snapshot_download`` lists, file resolve with HEAD and byte ranges, the Hub's error
 codes), plus fault injection (error statuses, stalls, dropped and reset connections, bodies or headers that do not
-match the file, range requests answered with the whole file or another range), a bandwidth limit and latency (a
+match the file, range requests answered with the whole file or another range; each a number of times, or at a seeded
+random rate across a whole crawl; repositories deleted mid-run), a bandwidth limit and latency (a
 remote Hub's link), a count of the bytes each answer sent, and hostile answers (listings with forged ids, revisions
 and file names) for testing clients against a Hub they cannot trust. Point ``HF_ENDPOINT`` (or
 ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
@@ -26,6 +27,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -221,6 +223,7 @@ class LocalHub:
         self._repos: dict[str, tuple[tuple, dict]] = {}  # repo_id -> (stat key of repo.json, state)
         self._faults: list[dict] = []
         self._truncations: list[dict] = []
+        self._deletions: list[dict] = []  # repos to delete once so many more requests have come in
         self._forged: dict[str, dict] = {}
         self._forged_trees: dict[str, dict[str, dict]] = {}  # repo_id -> {path: fields of its tree entry}
         self._refresh()
@@ -283,10 +286,25 @@ class LocalHub:
         self._repos[repo_id] = (self._stat_key(folder / "repo.json"), state)
 
     def _state(self, repo_id: str) -> dict | None:
+        """One repo's state, reloaded when its repo.json changed on disk (only that file is looked at: a Hub of
+        thousands of repos answers a file request without scanning them all)."""
         with self._lock:
-            self._refresh()
+            try:
+                path = self._repo_dir(repo_id) / "repo.json"
+            except ValueError:
+                return None
+            key = self._stat_key(path)
             cached = self._repos.get(repo_id)
-            return cached[1] if cached else None
+            if key is None:
+                self._repos.pop(repo_id, None)
+                return None
+            if cached is None or cached[0] != key:
+                try:
+                    cached = (key, json.loads(path.read_text()))
+                except (OSError, ValueError):
+                    return cached[1] if cached else None
+                self._repos[repo_id] = cached
+            return cached[1]
 
     def repos(self) -> list[str]:
         """The ids of all repos, sorted."""
@@ -425,11 +443,10 @@ class LocalHub:
             if isinstance(raw, dict):
                 config = {k: raw[k] for k in ("model_type", "architectures") if k in raw}
         with self._lock:
-            self._refresh()
-            cached = self._repos.get(repo_id)
+            current = self._state(repo_id)
             state = (
-                json.loads(json.dumps(cached[1]))
-                if cached
+                json.loads(json.dumps(current))
+                if current is not None
                 else {
                     "id": repo_id,
                     "meta": {
@@ -471,11 +488,10 @@ class LocalHub:
         """Update a repo's metadata (same keys as :meth:`publish`) without a new commit."""
         meta = self._check_meta(meta)
         with self._lock:
-            self._refresh()
-            cached = self._repos.get(repo_id)
-            if cached is None:
+            current = self._state(repo_id)
+            if current is None:
                 raise KeyError(f"no repo {repo_id!r} in {self.root}")
-            state = json.loads(json.dumps(cached[1]))
+            state = json.loads(json.dumps(current))
             state["meta"].update(meta)
             self._write_state(repo_id, state)
 
@@ -493,9 +509,12 @@ class LocalHub:
         after_bytes: int = 0,
         delay: float = 0.0,
         value: Any = None,
+        rate: float | None = None,
+        seed: int | None = None,
     ) -> None:
         """The next ``times`` requests (None: every one) whose URL path (unquoted) matches the fnmatch ``pattern``
-        and whose method is in ``methods`` go wrong the way ``kind`` says:
+        and whose method is in ``methods`` go wrong the way ``kind`` says (with ``rate``, each such request only
+        with that probability, drawn from a generator seeded by ``seed``: a fault rate across a whole crawl):
 
         ``status``   answer ``status`` with a JSON error body (and ``Retry-After`` when given);
         ``reset``    send ``after_bytes`` bytes of the body, then abort the connection with a TCP reset (RST);
@@ -534,6 +553,8 @@ class LocalHub:
             raise ValueError("kind='status' needs a status")
         if kind in ("etag", "commit") and not isinstance(value, str):
             raise ValueError(f"kind={kind!r} needs value= (the header's value)")
+        if rate is not None and not 0.0 < float(rate) <= 1.0:
+            raise ValueError(f"rate must be a probability in (0, 1], not {rate!r}")
         if methods is None:
             methods = ("GET",) if kind == "slow" and after_bytes > 0 else _FAULT_KINDS[kind]
         with self._lock:
@@ -550,6 +571,8 @@ class LocalHub:
                     "value": (1 if value is None else int(value))
                     if kind in ("size", "wrong-range", "bad-content-range")
                     else value,
+                    "rate": None if rate is None else float(rate),
+                    "rng": None if rate is None else random.Random(seed),
                 }
             )
 
@@ -581,10 +604,12 @@ class LocalHub:
             self._truncations.append({"pattern": pattern, "keep": int(keep), "left": times})
 
     def clear_faults(self) -> None:
-        """Drop every pending :meth:`fail` and :meth:`truncate` rule and every :meth:`forge`."""
+        """Drop every pending :meth:`fail` and :meth:`truncate` rule, every :meth:`forge` and every :meth:`delete`
+        still waiting for its requests."""
         with self._lock:
             self._faults.clear()
             self._truncations.clear()
+            self._deletions.clear()
             self._forged.clear()
             self._forged_trees.clear()
 
@@ -596,11 +621,41 @@ class LocalHub:
                     and method in rule["methods"]
                     and (ranged or rule["kind"] not in _RANGE_KINDS)
                     and fnmatch.fnmatchcase(path, rule["pattern"])
+                    and (rule["rate"] is None or rule["rng"].random() < rule["rate"])
                 ):
                     if rule["left"] is not None:
                         rule["left"] -= 1
                     return dict(rule)
             return None
+
+    def delete(self, repo_id: str, *, after: int = 0, pattern: str = "*") -> None:
+        """Delete ``repo_id`` as its owner would on the Hub: from then on every answer about it is 404 and listings
+        leave it out. ``after`` > 0 deletes it when the ``after``-th request (from now) whose URL path matches the
+        fnmatch ``pattern`` comes in, before that request is answered: a repository deleted in the middle of a run.
+        The files go from disk; publishing the same files again gives the same commit sha."""
+        self._repo_dir(repo_id)  # a valid id
+        with self._lock:
+            if after <= 0:
+                self._remove(repo_id)
+            else:
+                self._deletions.append({"repo": repo_id, "pattern": pattern, "left": int(after)})
+
+    def _remove(self, repo_id: str) -> None:
+        with self._lock:
+            shutil.rmtree(self._repo_dir(repo_id), ignore_errors=True)
+            self._repos.pop(repo_id, None)
+
+    def _count_request(self, path: str) -> None:
+        """A request came in: the deletions waiting for it count it, and those whose count is reached happen."""
+        with self._lock:
+            if not self._deletions:
+                return
+            for rule in list(self._deletions):
+                if fnmatch.fnmatchcase(path, rule["pattern"]):
+                    rule["left"] -= 1
+                    if rule["left"] <= 0:
+                        self._deletions.remove(rule)
+                        self._remove(rule["repo"])
 
     def _unforge(self, repo_id: str, revision: str) -> str:
         """A forged sha of ``repo_id`` names its ``main``."""
@@ -959,6 +1014,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server.hub
         self._valid = self._token is not None and self._token in hub.tokens
         try:
+            hub._count_request(self._path)
             fault = hub._take_fault(method, self._path, ranged=bool(self.headers.get("Range")))
             if fault is not None and fault["kind"] == "status":
                 headers = {}
@@ -1189,23 +1245,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD" or length == 0:
             return
-        remaining = length if keep is None else min(length, max(keep, 0))
-
-        def chunks() -> Iterable[bytes]:
-            nonlocal remaining
-            with open(blob, "rb") as f:
-                f.seek(source)
-                while remaining > 0:
-                    chunk = f.read(min(CHUNK, remaining))
-                    if not chunk:  # blob shorter than recorded: never send fewer bytes than declared silently
-                        self.close_connection = True
-                        return
-                    remaining -= len(chunk)
-                    yield chunk
-
-        self._write_body(chunks(), source)
+        self._write_body(self._chunks(blob, source, length if keep is None else min(length, max(keep, 0))), source)
         if self.close_connection:
             self.wfile.flush()
+
+    def _chunks(self, blob: Path, source: int, remaining: int) -> Iterable[bytes]:
+        """``remaining`` bytes of ``blob`` from byte ``source``, a read at a time."""
+        with open(blob, "rb") as f:
+            f.seek(source)
+            while remaining > 0:
+                chunk = f.read(min(CHUNK, remaining))
+                if not chunk:  # blob shorter than recorded: never send fewer bytes than declared silently
+                    self.close_connection = True
+                    return
+                remaining -= len(chunk)
+                yield chunk
 
     @staticmethod
     def _parse_range(header: str, size: int) -> tuple[int, int] | str | None:
