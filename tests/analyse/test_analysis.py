@@ -631,3 +631,31 @@ def test_auto_scaling_is_mutual_proximity_only_where_kinds_mix():
     X, labels = random_case(0)
     with pytest.raises(ValueError, match="resolve it from the models' kinds first"):
         knn_dataset_score(X, labels, scaling="auto")
+
+
+def test_products_geometry_ranks_as_the_vectors_geometry_and_finds_each_rows_neighbours():
+    """A Geometry made from the vectors' inner products alone scores, predicts and finds neighbours exactly as one
+    made from the vectors (ties, zero rows and mutual proximity included)."""
+    from modelvec.analyse.scores import Geometry, knn_dataset_score, predict_datasets
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((240, 12))
+    X[10:14] = X[0]  # ties
+    X[30:33] = 0.0  # zero vectors
+    labels = [[f"d{rng.integers(0, 4)}"] if rng.random() > 0.15 else [] for _ in range(240)]
+    for metric in ("cosine", "euclidean"):
+        rows, products = Geometry(X, metric), Geometry.from_products(X @ X.T, metric)
+        for scaling in ("none", "mutual-proximity"):
+            a = knn_dataset_score(rows, labels, metric=metric, scaling=scaling)
+            b = knn_dataset_score(products, labels, metric=metric, scaling=scaling)
+            np.testing.assert_allclose(a.per_model, b.per_model, equal_nan=True)
+            pa = predict_datasets(rows, labels, metric=metric, scaling=scaling)
+            pb = predict_datasets(products, labels, metric=metric, scaling=scaling)
+            assert pa.predicted == pb.predicted and pa.loo_accuracy == pb.loo_accuracy
+        index, dist = products.neighbours(6)
+        D = products.distances(np.arange(240), np.arange(240))
+        np.fill_diagonal(D, np.inf)
+        brute = np.argsort(D, axis=1, kind="stable")[:, :5]
+        assert (index[:, 0] == np.arange(240)).all() and (dist[:, 0] == 0).all()
+        np.testing.assert_array_equal(index[:, 1:], brute)
+        np.testing.assert_allclose(dist[:, 1:], np.take_along_axis(D, brute, axis=1))

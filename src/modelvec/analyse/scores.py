@@ -32,7 +32,7 @@ Rules shared by every function, so that two functions never disagree about a nei
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +92,7 @@ class Scoring:
 
 
 _BLOCK_ELEMENTS = 1 << 22  # distances held at once (32 MiB of float64), whatever n_models is
+_SCALED_MAX_N = 16384  # up to here mutual-proximity distances are computed once for all pairs (2 GiB at most) and kept
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,7 +231,7 @@ def _from_gram(
 _Stats = tuple[np.ndarray, np.ndarray]  # per row of X: mean and spread of its distances to the others
 _GRAM_MAX_N = 4096  # up to here a Geometry keeps every inner product (128 MiB); above, blocks are computed on demand
 EXACT_COORDINATES = 1024  # exact coordinates from a Gram matrix up to this many rows (an n x n eigendecomposition)
-TOP_COORDINATES = 256  # above: this many principal coordinates (k-means and the maps need no more)
+TOP_COORDINATES = 64  # above: this many principal coordinates (k-means and the maps need no more)
 
 
 def coordinates_of(gram: np.ndarray) -> np.ndarray:
@@ -244,7 +245,7 @@ def coordinates_of(gram: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(V[:, order] * np.sqrt(np.clip(w[order], 0.0, None)))
     from sklearn.utils.extmath import randomized_svd
 
-    U, S, _ = randomized_svd(gram, n_components=TOP_COORDINATES, n_oversamples=16, n_iter=4, random_state=0)
+    U, S, _ = randomized_svd(gram, n_components=TOP_COORDINATES, n_oversamples=16, n_iter=3, random_state=0)
     return np.ascontiguousarray(U * np.sqrt(S))
 
 
@@ -264,6 +265,7 @@ class Geometry:
         self._n = len(self.rows)
         self._gram: np.ndarray | None = None
         self._spreads: dict[str, _Stats | None] = {}
+        self._scaled: dict[str, np.ndarray] = {}
 
     @classmethod
     def from_products(cls, G: np.ndarray, metric: str = "cosine") -> Geometry:
@@ -282,7 +284,7 @@ class Geometry:
             G /= norm[None, :]
             G[zero, :] = 0.0
             G[:, zero] = 0.0
-        geo.rows, geo._n, geo._gram, geo._spreads = None, len(G), G, {}
+        geo.rows, geo._n, geo._gram, geo._spreads, geo._scaled = None, len(G), G, {}, {}
         return geo
 
     def __len__(self) -> int:
@@ -309,6 +311,35 @@ class Geometry:
             assert self.rows is not None
             return self.rows[rows] @ self.rows[rows].T
         return G[np.ix_(rows, rows)]
+
+    def ranked_distances(self, rows: np.ndarray, columns: np.ndarray, stats: _Stats | None) -> np.ndarray:
+        """The distances neighbours are ranked by (a new array): plain, or -log mutual proximity where ``stats``
+        are this geometry's spreads; the latter, needed by every neighbour-based score, computed for all pairs
+        once (up to :data:`_SCALED_MAX_N` rows: n^2 floats) and kept."""
+        if stats is None:
+            return self.distances(rows, columns)
+        scaling = next((name for name, kept in self._spreads.items() if kept is stats), None)
+        if scaling is None or self._n > _SCALED_MAX_N:
+            return _scaled(self.distances(rows, columns), _sub(stats, rows), _sub(stats, columns))
+        full = self._scaled.get(scaling)
+        if full is None:
+            everyone = np.arange(self._n)
+            full = np.empty((self._n, self._n))
+            for block in _blocks(everyone, self._n):
+                full[block] = _scaled(self.distances(block, everyone), _sub(stats, block), stats)
+            self._scaled[scaling] = full
+        return full[np.ix_(rows, columns)]
+
+    def neighbours(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's ``k`` nearest rows (itself first, at 0) and their distances: what a map's UMAP would search."""
+        everyone = np.arange(self._n)
+        k = min(k, self._n)
+        index, dist = np.empty((self._n, k), np.int64), np.empty((self._n, k))
+        for block, order in _ranked(self, everyone, everyone, depth=k - 1):
+            D = self.distances(block, everyone)
+            index[block, 0], dist[block, 0] = block, 0.0
+            index[block, 1:], dist[block, 1:] = order, np.take_along_axis(D, order, axis=1)
+        return index, dist
 
     def products_of(self, row: int) -> np.ndarray:
         """The inner products of the prepared row ``row`` with every row (unit rows for cosine)."""
@@ -396,23 +427,41 @@ def _ranked(
     columns: np.ndarray,
     groups: np.ndarray | None = None,
     stats: _Stats | None = None,
+    depth: int | Callable[[np.ndarray], int] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
 
-    ``stats`` (from :func:`_spread` over all rows): rank by mutual proximity instead.
+    ``stats`` (from :func:`_spread` over all rows): rank by mutual proximity instead. ``depth`` (a number, or
+    one for each block): only that many nearest are ranked (the same as the first ``depth`` of a full ranking;
+    n log n becomes n per row where few are needed).
 
     A row that is also a column gets distance +inf to itself, so it ranks last; so does a column
     in the row's group (``groups``: int codes, -1 = no group). ``columns`` is sorted (always built
     with ``flatnonzero``/``arange``), so ranking by position in ``columns`` is ranking by index.
     """
     for block in _blocks(rows, len(columns)):
-        D = geo.distances(block, columns)
-        if stats is not None:
-            D = _scaled(D, _sub(stats, block), _sub(stats, columns))
+        D = geo.ranked_distances(block, columns, stats)
         D[columns[None, :] == block[:, None]] = np.inf
         if groups is not None:
             D[_same_group(groups, block, columns)] = np.inf
-        yield block, np.argsort(D, axis=1, kind="stable")
+        yield block, _first(D, depth(block) if callable(depth) else depth)
+
+
+def _first(D: np.ndarray, depth: int | None) -> np.ndarray:
+    """Each row's ``depth`` smallest columns by (value, index): a stable argsort, partitioned first where that
+    is cheaper; a row with ties across the cut is sorted whole, so the order is exactly the full sort's."""
+    n = D.shape[1]
+    if depth is None or depth >= n // 2:
+        return np.argsort(D, axis=1, kind="stable")[:, : n if depth is None else depth]
+    depth = max(depth, 1)
+    part = np.sort(np.argpartition(D, depth - 1, axis=1)[:, :depth], axis=1)  # by index: the stable sort breaks ties
+    values = np.take_along_axis(D, part, axis=1)
+    order = np.take_along_axis(part, np.argsort(values, axis=1, kind="stable"), axis=1)
+    cut = values.max(axis=1)
+    tied = np.flatnonzero((cut[:, None] >= D).sum(axis=1) > depth)  # more columns at the cut than the partition took
+    for i in tied:
+        order[i] = np.argsort(D[i], kind="stable")[:depth]
+    return order
 
 
 def _same_group(groups: np.ndarray, block: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -483,11 +532,17 @@ def knn_dataset_score(
     per_model = np.full(n, np.nan)
     groups = _group_codes(exclude_same, n)
     stats = geo.spread(scaling)
-    for block, order in _ranked(geo, np.flatnonzero(labelled), columns, groups, stats):
+
+    def same_of(block: np.ndarray) -> np.ndarray:
         same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
         same[columns[None, :] == block[:, None]] = False  # f itself is not one of "the other" k-1
         if groups is not None:
             same[_same_group(groups, block, columns)] = False
+        return same
+
+    deepest = lambda block: max(1, int(same_of(block).sum(axis=1).max(initial=0)))
+    for block, order in _ranked(geo, np.flatnonzero(labelled), columns, groups, stats, depth=deepest):
+        same = same_of(block)
         k_minus_1 = same.sum(axis=1)
         hits = np.cumsum(np.take_along_axis(same, order, axis=1), axis=1)
         scored = k_minus_1 > 0
@@ -555,7 +610,7 @@ def predict_datasets(
     if len(labelled):
         unlabelled = np.flatnonzero(~member.any(axis=1))
         top = min(k, len(labelled))
-        for block, order in _ranked(geo, unlabelled, labelled, stats=stats):
+        for block, order in _ranked(geo, unlabelled, labelled, stats=stats, depth=top):
             for i, ranks in zip(block, order):
                 winner, share[i] = vote(labelled[ranks[:top]])
                 predicted[i] = names[winner]
@@ -568,7 +623,7 @@ def predict_datasets(
     correct, n_loo = 0, len(labelled) if len(labelled) >= 2 else 0
     if n_loo:
         top = min(k, len(labelled) - 1)
-        for block, order in _ranked(geo, labelled, labelled, stats=stats):
+        for block, order in _ranked(geo, labelled, labelled, stats=stats, depth=top):
             for i, ranks in zip(block, order):
                 winner, _ = vote(labelled[ranks[:top]])
                 correct += bool(member[i, winner])
@@ -590,9 +645,7 @@ def _nearest_distances(geo: Geometry, rows: np.ndarray, columns: np.ndarray, sta
     """Each row's distance to its nearest column other than itself (inf when there is none)."""
     out, done = np.full(len(rows), np.inf), 0
     for block in _blocks(rows, len(columns)):
-        D = geo.distances(block, columns)
-        if stats is not None:
-            D = _scaled(D, _sub(stats, block), _sub(stats, columns))
+        D = geo.ranked_distances(block, columns, stats)
         D[columns[None, :] == block[:, None]] = np.inf
         if D.shape[1]:
             out[done : done + len(block)] = D.min(axis=1)
@@ -633,9 +686,7 @@ def _yardstick(geo: Geometry, labelled: np.ndarray, stats: _Stats | None) -> Yar
         return Yardstick(float("nan"), float("nan"))
     near = float(np.median(_nearest_distances(geo, labelled, labelled, stats)))
     rows = labelled[np.linspace(0, len(labelled) - 1, min(len(labelled), _FAR_SAMPLE)).round().astype(int)]
-    D = geo.distances(rows, labelled)
-    if stats is not None:
-        D = _scaled(D, _sub(stats, rows), _sub(stats, labelled))
+    D = geo.ranked_distances(rows, labelled, stats)
     far = float(np.median(D[labelled[None, :] != rows[:, None]]))
     return Yardstick(near, max(far, near))
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.reduction import METHODS
+from ..analyse.reduction import METHODS, UMAP_KNOWN_FROM, UMAP_NEIGHBOURS
 from ..analyse.reduction import reduce as reduce_to_2d
 from ..analyse.scores import (
     Geometry,
@@ -322,7 +322,7 @@ def cluster(
         report.files["blocks"] = str(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
-    _draw(report, coordinates, meta, folder, reduce, seed, scoring.metric, representation)
+    _draw(report, coordinates, meta, folder, reduce, seed, geo, representation)
     return report
 
 
@@ -379,17 +379,19 @@ def _draw(
     folder: Path,
     reduce: str,
     seed: int,
-    metric: str,
+    geo: Geometry,
     representation: Representation,
 ) -> None:
-    """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors."""
+    """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors (and UMAP's
+    nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
     note = None
     if reduce == "auto":
         reduce, note = choose_reducer(len(meta))
     report.reduce, report.reduce_note = reduce, note
     if len(meta) < 3:
         return
-    coords = reduce_to_2d(coordinates, reduce, seed=seed, metric=metric)
+    known = geo.neighbours(UMAP_NEIGHBOURS + 1) if reduce == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
+    coords = reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)
     title = f"{len(meta)} fine-tunes of {display_name(report.base)}"
     subtitle = f"{representation.key()} · {reduce.upper()} · kNN dataset score {report.knn_score:.2f} ({report.n_scored} scored)"
     report.files["png"] = str(
