@@ -314,21 +314,25 @@ class Geometry:
 
     def ranked_distances(self, rows: np.ndarray, columns: np.ndarray, stats: _Stats | None) -> np.ndarray:
         """The distances neighbours are ranked by (a new array): plain, or -log mutual proximity where ``stats``
-        are this geometry's spreads; the latter, needed by every neighbour-based score, computed for all pairs
-        once (up to :data:`_SCALED_MAX_N` rows: n^2 floats) and kept."""
+        are given (from the ones :meth:`rank_all` computed and kept, when it was called for them)."""
         if stats is None:
             return self.distances(rows, columns)
-        scaling = next((name for name, kept in self._spreads.items() if kept is stats), None)
-        if scaling is None or self._n > _SCALED_MAX_N:
-            return _scaled(self.distances(rows, columns), _sub(stats, rows), _sub(stats, columns))
-        full = self._scaled.get(scaling)
+        full = next((kept for name, kept in self._scaled.items() if self._spreads.get(name) is stats), None)
         if full is None:
-            everyone = np.arange(self._n)
-            full = np.empty((self._n, self._n))
-            for block in _blocks(everyone, self._n):
-                full[block] = _scaled(self.distances(block, everyone), _sub(stats, block), stats)
-            self._scaled[scaling] = full
+            return _scaled(self.distances(rows, columns), _sub(stats, rows), _sub(stats, columns))
         return full[np.ix_(rows, columns)]
+
+    def rank_all(self, stats: _Stats | None) -> None:
+        """Compute the mutual-proximity distances of every pair once and keep them (up to :data:`_SCALED_MAX_N`
+        rows: n^2 floats), for scores that rank every model's neighbours; nothing for plain distances."""
+        scaling = next((name for name, kept in self._spreads.items() if kept is stats), None)
+        if stats is None or scaling is None or scaling in self._scaled or self._n > _SCALED_MAX_N:
+            return
+        everyone = np.arange(self._n)
+        full = np.empty((self._n, self._n))
+        for block in _blocks(everyone, self._n):
+            full[block] = _scaled(self.distances(block, everyone), _sub(stats, block), stats)
+        self._scaled[scaling] = full
 
     def neighbours(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each row's ``k`` nearest rows (itself first, at 0) and their distances: what a map's UMAP would search."""
@@ -532,6 +536,7 @@ def knn_dataset_score(
     per_model = np.full(n, np.nan)
     groups = _group_codes(exclude_same, n)
     stats = geo.spread(scaling)
+    geo.rank_all(stats)
 
     def same_of(block: np.ndarray) -> np.ndarray:
         same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
@@ -597,6 +602,7 @@ def predict_datasets(
     names, member = _membership(_label_sets(labels, n))
     labelled = np.flatnonzero(member.any(axis=1))
     stats = geo.spread(scaling)
+    geo.rank_all(stats)
     predicted: list[str | None] = [None] * n
     share, near = np.full(n, np.nan), np.full(n, np.nan)
 
@@ -658,7 +664,9 @@ class Yardstick:
     """What near and far mean among the stored labelled models, to judge a query's neighbours by.
 
     ``near``: the median distance of a labelled model to its nearest labelled neighbour; ``far``: the median
-    distance between two labelled models (mostly unrelated ones). nan when fewer than two are labelled.
+    distance between two labelled models (mostly unrelated ones). Both over every labelled model up to 256 of
+    them; above, over 256 spread evenly (each against all): a query of 10,000 stored models reads 256 rows of their
+    distances, not all of them. nan when fewer than two are labelled.
     """
 
     near: float
@@ -678,14 +686,14 @@ class Yardstick:
         return float((self.far - distance) / (self.far - self.near))
 
 
-_FAR_SAMPLE = 256  # rows whose distances to every labelled model give ``Yardstick.far`` (n x n would not fit)
+_FAR_SAMPLE = 256  # rows whose distances to every labelled model give ``Yardstick`` (all of them up to this many)
 
 
 def _yardstick(geo: Geometry, labelled: np.ndarray, stats: _Stats | None) -> Yardstick:
     if len(labelled) < 2:
         return Yardstick(float("nan"), float("nan"))
-    near = float(np.median(_nearest_distances(geo, labelled, labelled, stats)))
     rows = labelled[np.linspace(0, len(labelled) - 1, min(len(labelled), _FAR_SAMPLE)).round().astype(int)]
+    near = float(np.median(_nearest_distances(geo, rows, labelled, stats)))
     D = geo.ranked_distances(rows, labelled, stats)
     far = float(np.median(D[labelled[None, :] != rows[:, None]]))
     return Yardstick(near, max(far, near))
