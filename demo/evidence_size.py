@@ -18,6 +18,7 @@ from pathlib import Path
 ZOOS = {
     "encoder": (".cache/evidence-unique", ".cache/evidence-unique.duckdb", "tweet-sentiment,tweet-simcse,chat-qa,chat-topic"),
     "decoder": (".cache/llm-evidence", ".cache/llm-evidence.duckdb", "chat-clm,chat-qa,tweet-sentiment"),
+    "demo": (".cache/zoo", ".cache/demo-size.duckdb", "bbc-news-topic,tweet-simcse"),  # make demo's 20 full fine-tunes
 }
 
 

@@ -26,11 +26,14 @@ def test_every_setting_has_help_and_the_representations_a_place_in_the_key(cls):
 
 
 def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
-    """The key is derived from the declarations, and a key written before projection, rows and head existed is
-    unchanged."""
+    """The key is derived from the declarations, and a key written before projection, rows, head and size existed
+    is unchanged."""
     assert Representation(rank=8, projection="shared", rows=1, head="none").key() == "r8-sketch-mean-seed0-bn"
     assert Representation.from_stored(dict(rank=8)).key() == "r8-sketch-mean-seed0-bn"
-    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto"
+    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000"
+    before_size = dict(Representation(size="none").as_dict(), size=None)
+    del before_size["size"]  # the default of 2026-11-25, stored before size existed: its key as then
+    assert Representation.from_stored(before_size).key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto"
     assert (
         Representation(factor="U", rank=4, seed=3, head="none").key() == "r4-U-mean-randomized-max-abs-it4-os8-seed3-bn"
     )
@@ -39,7 +42,7 @@ def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
         Representation(head="vocabulary", pooling="concat", projection="shared").key().endswith("-bn-head-vocabulary")
     )
     assert (
-        key_of(Representation(rank=8, projection="countsketch", rows=0.05, head="none"))
+        key_of(Representation(rank=8, projection="countsketch", rows=0.05, head="none", size="none"))
         == "r8-sketch-mean-seed0-cs-rows0.05-bn"
     )
 

@@ -173,10 +173,10 @@ class Representation:
         applies=lambda r: _sketch(r) or _randomized(r),
     )
     size: int | str = setting(
-        "none",
+        100_000,
         "At most this many floats per vector (the CountSketch's): every block, the head's too, shrunk by the same "
-        "share where the vector would be longer. A bounded vector keeps a store of thousands of models of a large "
-        "base small; none: rank x width per block.",
+        "share where the vector would be longer, so a store of 10,000 models of any base holds at most 4 GB (an 8B "
+        "base's vector is 1.2M floats unbounded); none: rank x width per block, as before.",
         minimum=64,
         words=("none",),
         kind=int,
