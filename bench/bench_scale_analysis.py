@@ -151,7 +151,7 @@ with Store(store, read_only=True) as db:
     products = stage("products (kept beside the store)", lambda: db.products(sel, cache=products_key(name, rep)))
 labels = [list(d) for d in meta["datasets"]]
 scaling, _ = Scoring().scaling_for(meta["adapter"])
-coords = stage("coordinates (top 256)", lambda: coordinates_of(products.gram))
+coords = stage("coordinates (64 principal above 1,024 models)", lambda: coordinates_of(products.gram))
 geo = Geometry.from_products(products.gram)
 def scores():
     knn_dataset_score(geo, labels, scaling=scaling)
@@ -159,7 +159,9 @@ def scores():
     predict_datasets(geo, labels, k=5, scaling=scaling)
     return clustering_scores(geo, labels)
 stage("scores (kNN x2, predictions, clusterers)", scores)
-maps = {m: stage(f"reduce: {m}", lambda m=m: reduce(coords, m, metric="cosine")) for m in sys.argv[5].split(",")}
+from modelvec.analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS
+known = lambda m: geo.neighbours(UMAP_NEIGHBOURS + 1) if m == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
+maps = {m: stage(f"reduce: {m}", lambda m=m: reduce(coords, m, metric="cosine", neighbours=known(m))) for m in sys.argv[5].split(",")}
 first = next(iter(maps.values()))
 stage("PNG map", lambda: plot_png(first, meta, out + "/map.png", method="pca", title="t"))
 stage("HTML map", lambda: plot_html(first, meta, out + "/map.html", method="pca", title="t"))

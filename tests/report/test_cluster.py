@@ -584,14 +584,14 @@ def test_a_store_too_large_for_the_memory_left_is_one_line_saying_what_fits(tmp_
     """Before any product is computed: the memory the products need against what the kernel says is free, in one
     line naming how many models would fit, never a swap storm."""
     from modelvec.core.errors import ResourceError
-    from modelvec.report import clusters
+    from modelvec.report import stored
 
     store, _ = _made_store(tmp_path / "s.duckdb")
-    monkeypatch.setattr(clusters, "available_memory", lambda: 100_000)
+    monkeypatch.setattr(stored, "available_memory", lambda: 100_000)
     with pytest.raises(
         ResourceError, match=r"^36 models: their pairwise products need about .* GiB are free: about \d+ models fit"
     ):
         cluster("base", store=store, out=tmp_path / "out", reduce="pca")
     assert not Path(f"{store}.products").exists()  # nothing was computed
-    monkeypatch.setattr(clusters, "available_memory", lambda: None)  # a kernel that does not say: no check
+    monkeypatch.setattr(stored, "available_memory", lambda: None)  # a kernel that does not say: no check
     assert cluster("base", store=store, out=tmp_path / "out", reduce="pca").n_models == 36

@@ -264,26 +264,24 @@ class Geometry:
         self.rows: np.ndarray | None = _prepare(_as_matrix(X), metric)
         self._n = len(self.rows)
         self._gram: np.ndarray | None = None
+        self._scale: np.ndarray | None = None  # per row, what its products are multiplied by (None: 1)
         self._spreads: dict[str, _Stats | None] = {}
         self._scaled: dict[str, np.ndarray] = {}
 
     @classmethod
     def from_products(cls, G: np.ndarray, metric: str = "cosine") -> Geometry:
-        """The geometry of vectors known by their inner products ``G`` (n x n, float64, symmetric), which it takes
-        over (normalised in place for cosine: a zero or non-finite vector is a zero row, as :func:`_prepare` has it)."""
+        """The geometry of vectors known by their inner products ``G`` (n x n, symmetric; a memory map will do:
+        it is read, never written or copied whole). For cosine each product is divided by the two norms as it is
+        read: a zero or non-finite vector is a zero row, as :func:`_prepare` has it."""
         geo = cls.__new__(cls)
         geo.metric = check_field(Scoring, "metric", metric)
-        G = np.asarray(G, dtype=np.float64)
         if G.ndim != 2 or G.shape[0] != G.shape[1]:
             raise ValueError(f"products must be a square matrix, not shape {G.shape}")
+        geo._scale = None
         if metric == "cosine":
-            norm = np.sqrt(np.clip(np.diagonal(G), 0.0, None))
+            norm = np.sqrt(np.clip(np.diagonal(G).astype(np.float64), 0.0, None))
             zero = ~(norm > 0) | ~np.isfinite(norm)
-            norm[zero] = 1.0
-            G /= norm[:, None]
-            G /= norm[None, :]
-            G[zero, :] = 0.0
-            G[:, zero] = 0.0
+            geo._scale = np.divide(1.0, norm, out=np.zeros_like(norm), where=~zero)
         geo.rows, geo._n, geo._gram, geo._spreads, geo._scaled = None, len(G), G, {}, {}
         return geo
 
@@ -295,14 +293,27 @@ class Geometry:
             self._gram = self.rows @ self.rows.T
         return self._gram
 
+    def _products(self, rows: np.ndarray, columns: np.ndarray, G: np.ndarray) -> np.ndarray:
+        """The prepared rows' inner products at (rows, columns): a new float64 array."""
+        block = np.asarray(G[np.ix_(rows, columns)], dtype=np.float64)
+        if self._scale is not None:
+            block *= self._scale[rows][:, None]
+            block *= self._scale[columns][None, :]
+        return block
+
+    def _squares(self, at: np.ndarray, G: np.ndarray) -> np.ndarray:
+        sq = np.asarray(G[at, at], dtype=np.float64)
+        return sq * self._scale[at] ** 2 if self._scale is not None else sq
+
     def distances(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """(len(rows), len(columns)) distances between the rows at those indices; a new array."""
         G = self._all_products()
         if G is None:
             assert self.rows is not None
             return _distances(self.rows[rows], self.rows[columns], self.metric)
-        sq = np.diagonal(G)
-        return _from_gram(G[np.ix_(rows, columns)], self.metric, sq[rows], sq[columns])
+        return _from_gram(
+            self._products(rows, columns, G), self.metric, self._squares(rows, G), self._squares(columns, G)
+        )
 
     def gram(self, rows: np.ndarray) -> np.ndarray:
         """The inner products of the prepared rows at ``rows`` (unit rows for cosine)."""
@@ -310,7 +321,13 @@ class Geometry:
         if G is None:
             assert self.rows is not None
             return self.rows[rows] @ self.rows[rows].T
-        return G[np.ix_(rows, rows)]
+        return self._products(rows, rows, G)
+
+    def use_spread(self, scaling: str, stats: _Stats) -> None:
+        """Take each row's spread for ``scaling`` as computed before (kept by the caller for these very rows)."""
+        if len(stats[0]) != self._n or len(stats[1]) != self._n:
+            raise ValueError(f"a spread of {len(stats[0])} rows for a geometry of {self._n}")
+        self._spreads[scaling] = (np.asarray(stats[0], dtype=np.float64), np.asarray(stats[1], dtype=np.float64))
 
     def ranked_distances(self, rows: np.ndarray, columns: np.ndarray, stats: _Stats | None) -> np.ndarray:
         """The distances neighbours are ranked by (a new array): plain, or -log mutual proximity where ``stats``
@@ -351,7 +368,7 @@ class Geometry:
         if G is None:
             assert self.rows is not None
             return self.rows @ self.rows[row]
-        return G[row].copy()
+        return self._products(np.array([row]), np.arange(self._n), G)[0]
 
     def coordinates(self, rows: np.ndarray) -> np.ndarray:
         """The prepared rows at ``rows`` in coordinates with the same inner products (k-means' input): the rows
@@ -754,6 +771,10 @@ def clustering_scores(
       rows KMeans sees (zero rows aside): a true metric, as HDBSCAN assumes, with the same
       neighbour order; on raw cosine distances it over-splits clusters. Noise (-1) is scored as
       one more cluster label, as returned.
+
+    Above :data:`EXACT_COORDINATES` models (thousands, where n x n copies would not fit): k-means and HDBSCAN
+    run on the top principal coordinates (:func:`coordinates_of`), and the silhouette is that of a seeded sample
+    of :data:`SILHOUETTE_SAMPLE` models on their exact distances.
     """
     from sklearn.cluster import HDBSCAN, KMeans
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
@@ -769,22 +790,43 @@ def clustering_scores(
     code = {name: c for c, name in enumerate(kept)}
     rows = np.array([i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code])
     truth = np.array([code[next(iter(sets[i]))] for i in rows])
-    D = geo.distances(rows, rows)
-    np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
     # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
     # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
     Z = geo.coordinates(rows)
     kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
-    chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
-    hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)
+    if len(rows) <= EXACT_COORDINATES:
+        D = geo.distances(rows, rows)
+        np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
+        chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
+        hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)
+        silhouette = float(silhouette_score(D, truth, metric="precomputed"))
+    else:  # thousands: n^2 copies would not fit; HDBSCAN on the principal coordinates, the silhouette on a sample
+        hdbscan = HDBSCAN(min_cluster_size=2).fit_predict(Z)
+        silhouette = _sampled_silhouette(geo, rows, truth, seed)
     return {
-        "silhouette": float(silhouette_score(D, truth, metric="precomputed")),
+        "silhouette": silhouette,
         "kmeans_nmi": float(normalized_mutual_info_score(truth, kmeans)),
         "kmeans_ari": float(adjusted_rand_score(truth, kmeans)),
         "hdbscan_nmi": float(normalized_mutual_info_score(truth, hdbscan)),
         "hdbscan_ari": float(adjusted_rand_score(truth, hdbscan)),
         "n_clustered": float(len(rows)),
     }
+
+
+SILHOUETTE_SAMPLE = 2000
+
+
+def _sampled_silhouette(geo: Geometry, rows: np.ndarray, truth: np.ndarray, seed: int) -> float:
+    """The silhouette of ``truth`` on the exact distances of a seeded sample of :data:`SILHOUETTE_SAMPLE` rows
+    (scikit-learn's own ``sample_size`` draws the same way, from the full matrix this avoids)."""
+    from sklearn.metrics import silhouette_score
+
+    pick = np.sort(np.random.default_rng(seed).choice(len(rows), min(len(rows), SILHOUETTE_SAMPLE), replace=False))
+    if len(np.unique(truth[pick])) < 2:
+        return float("nan")
+    D = geo.distances(rows[pick], rows[pick])
+    np.fill_diagonal(D, 0.0)
+    return float(silhouette_score(D, truth[pick], metric="precomputed"))
 
 
 def query_distances(dots: np.ndarray, squares: np.ndarray, square: float, metric: str = "cosine") -> np.ndarray:

@@ -27,7 +27,7 @@ from ..analyse.scores import (
     knn_dataset_score,
     predict_datasets,
 )
-from ..core.errors import ModelvecError, NothingStoredError, ResourceError
+from ..core.errors import ModelvecError, NothingStoredError
 from ..core.files import weight_format
 from ..core.names import display_name, is_hub_id, model_id
 from ..hub.client import HubSettings
@@ -39,8 +39,8 @@ from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
 from ..represent.representation import Representation
-from ..store import Products, Selection, Store, opened, options_of
-from ..store.products import BLOCK_FLOATS
+from ..store import Selection, Store, opened, options_of
+from .stored import kept_spread, products_key, stored_products
 
 PathLike = str | os.PathLike[str]
 
@@ -195,52 +195,6 @@ def load_base(
     return store.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models), meta, name
 
 
-def products_key(base: str, representation: Representation, what: str = "") -> str:
-    """The name under which a selection's products are kept beside the store."""
-    return f"{base}\n{representation.key()}\n{what}"
-
-
-def stored_products(
-    db: Store,
-    selection: Selection,
-    meta: pd.DataFrame,
-    key: str,
-    progress: Callable[[int, int], None] | None = None,
-    verify: bool = True,
-) -> tuple[Products, pd.DataFrame]:
-    """The selection's products (kept beside the store), checked to fit in memory first, and the metadata of the
-    vectors they cover (damaged ones left out: ``products.damaged`` names them; ``verify``: see ``Store.products``)."""
-    check_fits(len(selection), selection.dim)
-    products = db.products(selection, cache=key, progress=progress, verify=verify)
-    return products, meta.iloc[products.kept].reset_index(drop=True)
-
-
-def check_fits(n: int, dim: int) -> None:
-    """One line, before any work, when the products of ``n`` vectors would not fit in the memory left (they and a
-    few copies of n x n during the scores, and two blocks of vectors): what would fit instead."""
-    need = 4 * 8 * n * n + 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))
-    free = available_memory()
-    if free is not None and need > free:
-        fits = int(((free - 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))) / 32) ** 0.5)
-        raise ResourceError(
-            f"{n} models",
-            f"their pairwise products need about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free: "
-            f"about {max(fits, 0):,} models fit at once here",
-        )
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None where it does not say."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 #: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
 #: every run, while the map of a hundred models is as readable with t-SNE, in under a second).
 AUTO_UMAP_FROM = 101
@@ -292,8 +246,12 @@ def cluster(
     with opened(store, read_only=True) as db:
         selection, meta, base_name = select_base(db, base, representation)
         base_sha = db.base_sha(base_name) if is_hub_id(base_name) else None
-        products, meta = stored_products(db, selection, meta, products_key(base_name, representation), progress)
+        key = products_key(base_name, representation)
+        products, meta = stored_products(db, selection, meta, key, progress)
         sample = _block_sample(db, selection, products.kept, meta)
+        geo = Geometry.from_products(products.gram, scoring.metric)
+        scaling = scoring.scaling_for(meta["adapter"])[0]
+        kept_spread(db, [selection.hashes[i] for i in products.kept], key, geo, scaling)
         standardized = (
             db.products(selection, cache=products_key(base_name, representation, "standardized"), standardize=True)
             if standardize and len(meta) >= 3
@@ -308,7 +266,6 @@ def cluster(
         meta = meta.assign(datasets=labels)
     # the map's coordinates from the raw products, before the geometry takes them over (normalised in place)
     coordinates = coordinates_of(standardized.gram if standardized is not None else products.gram)
-    geo = Geometry.from_products(products.gram, scoring.metric)
     report = _scores(geo, meta, labels, base_name, representation, scoring, seed, label_sources)
     report.damaged = products.damaged
     folder = Path(out)

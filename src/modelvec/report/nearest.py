@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,13 +28,12 @@ from ..analyse.scores import (
 )
 from ..core.errors import ModelvecError, NothingStoredError, StoreError
 from ..core.names import is_hub_id, model_id
-from ..hub.client import HubSettings
-from ..hub.ids import resolve_base
-from ..represent import blocks_of
 from ..represent.representation import Representation
-from ..run import catalogue_entries, embed, local_files
 from ..store import Products, Selection, Store, opened, options_of
-from .clusters import products_key, stored_products
+from .stored import kept_spread, products_key, stored_products
+
+if TYPE_CHECKING:
+    from ..hub.client import HubSettings
 
 PathLike = str | os.PathLike[str]
 
@@ -73,6 +72,8 @@ class Neighbors:
 def _stored_base(db: Store, base: PathLike | str | None, representation: Representation) -> str:
     """The base to compare against: the one given, else the only base with vectors under ``representation``."""
     if base is not None:
+        from ..hub.ids import resolve_base
+
         names = [model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
         for name in names:
             if not db.metadata(base=name, representation=representation).empty:
@@ -111,6 +112,8 @@ def _embed_query(
     The scratch store gets the stored base revision and the model's catalogue entry, so a Hub
     base resolves to the revision the stored vectors were computed against.
     """
+    from ..run import catalogue_entries, embed  # torch, only to embed a model that is not stored
+
     name = model_id(model)
     with tempfile.TemporaryDirectory(prefix="modelvec-query-") as tmp, Store(Path(tmp) / "query.duckdb") as scratch:
         sha = db.base_sha(base)
@@ -178,11 +181,13 @@ def neighbors(
         query = _Query(name, model, rows.empty, meta, base_name, representation, db, settings, products)
         scaling, scaling_note = scoring.scaling_for(query.kinds)
         geo = Geometry.from_products(products.gram, metric)
+        key = products_key(base_name, representation)
+        kept_spread(db, [selection.hashes[i] for i in products.kept], key, geo, scaling)
         distances, first_dot = query.distances(db, selection, geo, metric)
         order, dist_all = nearest_to(geo, distances, k=len(meta), exclude=query.me, scaling=scaling)
         idx = order[:k]
         neighbours = (query.vector(db, selection), _read(db, selection, products.kept[idx])) if explain else None
-        base_files = local_files(base_name, "", db, settings) if explain else None
+        base_files = _local_files(base_name, db, settings) if explain else None
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist_all[:k])
     labels = [list(d) for d in meta["datasets"]]
@@ -270,6 +275,12 @@ class _Query:
         return _read(db, selection, self.products.kept[[self.me]])[0]
 
 
+def _local_files(base: str, db: Store, settings: HubSettings | None) -> str:
+    from ..run import local_files
+
+    return local_files(base, "", db, settings)
+
+
 def _read(db: Store, selection: Selection, positions: np.ndarray) -> np.ndarray:
     """The stored vectors at these positions of the selection (a few: the neighbours explained)."""
     at = [int(i) for i in positions]
@@ -284,6 +295,8 @@ def _read(db: Store, selection: Selection, positions: np.ndarray) -> np.ndarray:
 def _explain(
     query: np.ndarray, rows: np.ndarray, models: pd.Series, base: str, representation: Representation
 ) -> list[dict[str, Any]]:
+    from ..represent import blocks_of
+
     blocks = blocks_of(base, representation)
     shares = cosine_contributions(query, rows, [(b.start, b.stop) for b in blocks])
     out = []

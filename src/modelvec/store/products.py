@@ -211,7 +211,8 @@ def products_with(
 @dataclass
 class Known:
     """Products kept from an earlier run, laid out for a selection: ``gram`` (n x n; rows and columns of vectors the
-    cache lacks are zeros, to be computed) and ``have``, which vectors it holds."""
+    cache lacks are zeros, to be computed; a read-only memory map where it holds all of them, in order) and
+    ``have``, which vectors it holds."""
 
     gram: np.ndarray
     have: np.ndarray
@@ -242,6 +243,8 @@ class ProductsCache:
             cached = np.memmap(self.path, np.float64, "r", offset=start, shape=(len(hashes), len(hashes)))
         except (OSError, ValueError, KeyError):
             return None
+        if hashes == list(selection.hashes):  # the selection it was kept for: read through the map, never copied
+            return Known(cached, np.ones(len(hashes), dtype=bool))
         where = {h: i for i, h in enumerate(hashes)}
         cols = np.array([where.get(h, -1) for h in selection.hashes], dtype=np.int64)
         have = cols >= 0
@@ -252,6 +255,33 @@ class ProductsCache:
         G[np.ix_(mine, mine)] = cached[np.ix_(cols[mine], cols[mine])]
         del cached
         return Known(G, have)
+
+    def extra(self, hashes: Sequence[str], name: str) -> dict[str, np.ndarray] | None:
+        """Arrays kept beside these products under ``name`` for exactly the vectors ``hashes`` (None: none kept)."""
+        try:
+            with np.load(self._extra(name), allow_pickle=False) as data:
+                if str(data["digest"]) != checksum_of(hashes):
+                    return None
+                return {k: data[k] for k in data.files if k != "digest"}
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def put_extra(self, hashes: Sequence[str], name: str, arrays: dict[str, np.ndarray]) -> None:
+        """Keep ``arrays`` for exactly the vectors ``hashes`` (written whole, then renamed; a failure keeps nothing)."""
+        path = self._extra(name)
+        tmp = self.folder / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp.npz"
+        try:
+            self.folder.mkdir(exist_ok=True)
+            np.savez(tmp, digest=np.array(checksum_of(hashes)), **arrays)  # type: ignore[arg-type]
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _extra(self, name: str) -> Path:
+        return self.path.with_name(f"{self.path.stem}.{name}.npz")
 
     def save(self, selection: Selection, products: Products) -> None:
         hashes = [selection.hashes[i] for i in products.kept]

@@ -402,6 +402,14 @@ class Store:
             kept.save(selection, result)
         return result
 
+    def products_extra(self, hashes: Sequence[str], cache: str, name: str) -> dict[str, np.ndarray] | None:
+        """Arrays a report kept beside the products named ``cache`` for exactly the vectors ``hashes`` (None: none)."""
+        return ProductsCache(self.path, cache).extra(hashes, name)
+
+    def put_products_extra(self, hashes: Sequence[str], cache: str, name: str, arrays: dict[str, np.ndarray]) -> None:
+        """Keep arrays a report computed from the products named ``cache`` of the vectors ``hashes`` beside them."""
+        ProductsCache(self.path, cache).put_extra(hashes, name, arrays)
+
     def products_with(self, selection: Selection, query: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
         """One pass over the selected vectors: their products with ``query``, squared norms and the damaged ones."""
         return products_with(self.vector_file, selection, query)
