@@ -267,6 +267,7 @@ class Geometry:
         self._scale: np.ndarray | None = None  # per row, what its products are multiplied by (None: 1)
         self._spreads: dict[str, _Stats | None] = {}
         self._scaled: dict[str, np.ndarray] = {}
+        self._coordinates: np.ndarray | None = None
 
     @classmethod
     def from_products(cls, G: np.ndarray, metric: str = "cosine") -> Geometry:
@@ -283,6 +284,7 @@ class Geometry:
             zero = ~(norm > 0) | ~np.isfinite(norm)
             geo._scale = np.divide(1.0, norm, out=np.zeros_like(norm), where=~zero)
         geo.rows, geo._n, geo._gram, geo._spreads, geo._scaled = None, len(G), G, {}, {}
+        geo._coordinates = None
         return geo
 
     def __len__(self) -> int:
@@ -370,12 +372,17 @@ class Geometry:
             return self.rows @ self.rows[row]
         return self._products(np.array([row]), np.arange(self._n), G)[0]
 
-    def coordinates(self, rows: np.ndarray) -> np.ndarray:
-        """The prepared rows at ``rows`` in coordinates with the same inner products (k-means' input): the rows
-        themselves where they are short, else from their Gram matrix (:func:`coordinates_of`)."""
-        if self.rows is not None and self.rows.shape[1] <= len(rows):
+    def coordinates(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The prepared rows at ``rows`` (None: all) in coordinates with the same inner products (k-means' and a
+        map's input): the rows themselves where they are short, else those of every row, from the Gram matrix once
+        (:func:`coordinates_of`) and kept: a subset's are the same rows of them."""
+        every = np.arange(self._n)
+        rows = every if rows is None else rows
+        if self.rows is not None and self.rows.shape[1] <= self._n:
             return self.rows[rows]
-        return coordinates_of(self.gram(rows))
+        if self._coordinates is None:
+            self._coordinates = coordinates_of(self.gram(every))
+        return self._coordinates[rows]
 
     def spread(self, scaling: str) -> _Stats | None:
         """Each row's mean and standard deviation of distance to every other row (None: no scaling); kept."""

@@ -264,8 +264,15 @@ def cluster(
             for lab, src in zip(labels, meta["label_source"])
         ]
         meta = meta.assign(datasets=labels)
-    # the map's coordinates from the raw products, before the geometry takes them over (normalised in place)
-    coordinates = coordinates_of(standardized.gram if standardized is not None else products.gram)
+    note = None
+    if reduce == "auto":
+        reduce, note = choose_reducer(len(meta))
+    if standardized is not None:
+        coordinates = coordinates_of(standardized.gram)
+    elif reduce != "umap":  # PCA (and t-SNE's PCA start) of the vectors as they are, not of unit vectors
+        coordinates = coordinates_of(products.gram)
+    else:  # UMAP sees cosine distances, the same from unit vectors: the geometry's coordinates, made once for both
+        coordinates = None
     report = _scores(geo, meta, labels, base_name, representation, scoring, seed, label_sources)
     report.damaged = products.damaged
     folder = Path(out)
@@ -279,7 +286,8 @@ def cluster(
         report.files["blocks"] = str(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
-    _draw(report, coordinates, meta, folder, reduce, seed, geo, representation)
+    report.reduce, report.reduce_note = reduce, note
+    _draw(report, coordinates, meta, folder, seed, geo, representation)
     return report
 
 
@@ -331,22 +339,19 @@ def _scores(
 
 def _draw(
     report: ClusterReport,
-    coordinates: np.ndarray,
+    coordinates: np.ndarray | None,
     meta: pd.DataFrame,
     folder: Path,
-    reduce: str,
     seed: int,
     geo: Geometry,
     representation: Representation,
 ) -> None:
     """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors (and UMAP's
     nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
-    note = None
-    if reduce == "auto":
-        reduce, note = choose_reducer(len(meta))
-    report.reduce, report.reduce_note = reduce, note
+    reduce = report.reduce
     if len(meta) < 3:
         return
+    coordinates = geo.coordinates() if coordinates is None else coordinates
     known = geo.neighbours(UMAP_NEIGHBOURS + 1) if reduce == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
     coords = reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)
     title = f"{len(meta)} fine-tunes of {display_name(report.base)}"
