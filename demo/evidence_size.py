@@ -16,7 +16,11 @@ import json
 from pathlib import Path
 
 ZOOS = {
-    "encoder": (".cache/evidence-unique", ".cache/evidence-unique.duckdb", "tweet-sentiment,tweet-simcse,chat-qa,chat-topic"),
+    "encoder": (
+        ".cache/evidence-unique",
+        ".cache/evidence-unique.duckdb",
+        "tweet-sentiment,tweet-simcse,chat-qa,chat-topic",
+    ),
     "decoder": (".cache/llm-evidence", ".cache/llm-evidence.duckdb", "chat-clm,chat-qa,tweet-sentiment"),
     "demo": (".cache/zoo", ".cache/demo-size.duckdb", "bbc-news-topic,tweet-simcse"),  # make demo's 20 full fine-tunes
 }
@@ -50,8 +54,24 @@ def main() -> None:
             mutual_proximity=True,
             progress=lambda line: print(line, flush=True),
         )
-        columns = [c for c in ("method", "half", "dim", "knn_score", "knn_lo", "knn_hi", "knn_spread", "knn_full",
-                               "knn_full_spread", "knn_adapters", "adapter_to_full", "ref_corr") if c in table.columns]
+        columns = [
+            c
+            for c in (
+                "method",
+                "half",
+                "dim",
+                "knn_score",
+                "knn_lo",
+                "knn_hi",
+                "knn_spread",
+                "knn_full",
+                "knn_full_spread",
+                "knn_adapters",
+                "adapter_to_full",
+                "ref_corr",
+            )
+            if c in table.columns
+        ]
         text = table[columns].to_markdown(index=False, floatfmt=".3f")
         (args.out / f"size-{name}.md").write_text(text + "\n")
         print(text, flush=True)
