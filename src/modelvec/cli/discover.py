@@ -8,6 +8,7 @@ from typing import Literal
 import typer
 from rich.table import Table
 
+from ..core.tree import DEPTH
 from .common import (
     JsonOpt,
     StoreOpt,
@@ -33,6 +34,9 @@ def discover(
     search: bool = typer.Option(
         True, "--search/--no-search", help="Also search by name and keep candidates whose config matches the base."
     ),
+    depth: int = typer.Option(
+        DEPTH, "--depth", min=1, metavar="N", help="Levels of the Hub's model tree followed below the base."
+    ),
     show_rejected: bool = typer.Option(False, "--rejected", help="Also list the rejected candidates and why."),
     as_json: bool = JsonOpt,
     store: Path | None = StoreOpt,
@@ -41,7 +45,7 @@ def discover(
     from ..run import discover as find
 
     with open_store(store) as db:
-        found = find(base, limit=limit, sort=sort, search=search, store=db)
+        found = find(base, limit=limit, sort=sort, search=search, store=db, depth=depth)
     if as_json:
         print_json(found.as_json())
         return
@@ -54,9 +58,9 @@ def discover(
         "why kept",
         title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}",
     )
-    for e in found.kept:
+    for e in found.in_tree_order(found.kept):
         table.add_row(
-            e.model,
+            ("  " * (e.depth - 1)) + e.model if e.relation else e.model,
             str(e.downloads if e.downloads is not None else "-"),
             ", ".join(e.datasets) or "-",
             e.label_source or "-",
@@ -69,4 +73,6 @@ def discover(
         for e in found.rejected:
             rejected.add_row(e.model, e.reason)
         console.print(rejected)
+    for note in found.notes:
+        say(console, note)
     say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {db.path}")

@@ -28,13 +28,13 @@ from huggingface_hub import hf_hub_download
 
 from ..core.errors import ModelvecError
 from ..core.files import adapter_files, formats, weight_format
+from ..core.tree import DEPTH, RELATIONS
 from .client import HubSettings, describe_error, with_retries
 from .ids import BaseId, resolve_base
 from .labels import dataset_labels, guess_from_name
 
 SORTS = ("downloads", "likes", "created_at", "last_modified")
-#: The ``base_model:<relation>:<base>`` tags that declare a model modelvec can embed against the base.
-RELATIONS = ("finetune", "adapter")
+
 #: What one listing call asks for, so no per-model call is needed for declared fine-tunes.
 EXPAND = [
     "author",
@@ -76,6 +76,11 @@ class CatalogueEntry:
     datasets: list[str] = field(default_factory=list)
     label_source: str | None = None
     labels: list[dict[str, str]] = field(default_factory=list)  # provenance: dataset, source, raw
+    #: the model tree as its card declares it: the relation to its parents (finetune, adapter, merge, quantized;
+    #: None: found by name), every ``base_model`` it names, and its level below the base (1: a child of the base)
+    relation: str | None = None
+    parents: list[str] = field(default_factory=list)
+    depth: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +93,8 @@ class Discovery:
     base: str
     base_sha: str
     entries: list[CatalogueEntry]
+    #: what the walk of the model tree met and said once: a cycle of declared bases, where it stopped
+    notes: list[str] = field(default_factory=list)
 
     @property
     def kept(self) -> list[CatalogueEntry]:
@@ -97,9 +104,31 @@ class Discovery:
     def rejected(self) -> list[CatalogueEntry]:
         return [e for e in self.entries if not e.kept]
 
+    @staticmethod
+    def in_tree_order(entries: list[CatalogueEntry]) -> list[CatalogueEntry]:
+        """``entries`` depth first, each model under the parent it was found under (the parent one level up), so an
+        indented list reads as the tree; models found by name come last, as found."""
+        level = {e.model.lower(): e.depth for e in entries if e.relation}
+        children: dict[str | None, list[CatalogueEntry]] = {}
+        for e in entries:
+            up = next((p.lower() for p in e.parents if level.get(p.lower()) == e.depth - 1), None)
+            children.setdefault(up if e.relation and e.depth > 1 else None, []).append(e)
+        out: list[CatalogueEntry] = []
+        stack = list(reversed(children.get(None, [])))
+        while stack:
+            e = stack.pop()
+            out.append(e)
+            stack.extend(reversed(children.get(e.model.lower(), [])))
+        return out + [e for e in entries if e not in out]
+
     def as_json(self) -> dict[str, Any]:
         """The base, its revision and every candidate (kept or rejected, with the reason)."""
-        return {"base": self.base, "base_sha": self.base_sha, "entries": [e.as_dict() for e in self.entries]}
+        return {
+            "base": self.base,
+            "base_sha": self.base_sha,
+            "entries": [e.as_dict() for e in self.entries],
+            "notes": self.notes,
+        }
 
 
 Progress = Callable[[str, str], None]  # (model, "kept" | "rejected: reason")
@@ -157,8 +186,13 @@ def search_finetunes(
     settings: HubSettings | None = None,
     progress: Progress | None = None,
     matcher: Matcher,
+    depth: int = DEPTH,
 ) -> Discovery:
     """Find the fine-tunes of ``base`` on the Hub (see the module docstring for the two routes).
+
+    The declared route follows the Hub's model tree ``depth`` levels down: the base's children by every relation
+    (:data:`RELATIONS`), their children, and so on; a model is listed once, at its first level (a cycle in declared
+    bases ends there, and a model that names itself is skipped).
 
     ``matcher`` judges the base and the name-search candidates (see :class:`Matcher`).
 
@@ -171,6 +205,8 @@ def search_finetunes(
         raise ValueError(f"sort must be one of {', '.join(SORTS)}, not {sort!r}")
     if limit is not None and limit < 1:
         raise ValueError("limit must be at least 1")
+    if depth < 1:
+        raise ValueError("depth must be at least 1")
     settings = settings or HubSettings()
     report = progress or (lambda *_: None)
     base_id = resolve_base(base)
@@ -196,21 +232,24 @@ def search_finetunes(
         # Lazy: pages are fetched as consumed (huggingface_hub retries each page on 429/5xx itself).
         return api.list_models(sort=sort, expand=EXPAND, **query)  # type: ignore[arg-type]
 
-    declared: dict[str, Any] = {}
-    for relation in RELATIONS:
-        for name in base_id.names:
-            for info in listing(filter=f"base_model:{relation}:{name}", limit=limit):
-                if info.id.lower() not in seen:
-                    declared.setdefault(info.id.lower(), (f"base_model:{relation}:{name}", info))
-    for tag, info in sorted(declared.values(), key=lambda item: _sort_key(item[1], sort), reverse=True):
-        if full():
+    parents = [(list(base_id.names), base_id.canonical)]  # one level of the tree: (its ids, how it is named)
+    walk = _Walk(seen)
+    for level in range(1, depth + 1):
+        declared = walk.children(listing, parents, limit)
+        parents = []
+        for tag, relation, info in sorted(declared, key=lambda item: _sort_key(item[2], sort), reverse=True):
+            if full():
+                break
+            seen.add(info.id.lower())
+            entry = describe(info, base_id.canonical, True, f"declares {tag}")
+            entry.relation, entry.depth = relation, level
+            _check_relation(entry, base_id)
+            entries.append(entry)
+            kept += entry.kept
+            report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
+            parents.append(([entry.model], entry.model))
+        if not parents:
             break
-        seen.add(info.id.lower())
-        entry = describe(info, base_id.canonical, True, f"declares {tag}")
-        _check_weights(entry)
-        entries.append(entry)
-        kept += entry.kept
-        report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
 
     if search and not full():
         for info in listing(search=base_id.search_term):
@@ -227,7 +266,86 @@ def search_finetunes(
             kept += entry.kept
             report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
     _guess_from_siblings(entries)
-    return Discovery(base_id.canonical, str(base_info.sha), entries)
+    return Discovery(base_id.canonical, str(base_info.sha), entries, walk.notes)
+
+
+class _Walk:
+    """The walk down the declared tree: which model each was first found under, and the cycles met on the way."""
+
+    def __init__(self, seen: set[str]) -> None:
+        self.seen = seen
+        self.under: dict[str, str] = {}  # model (lower case) -> the parent it was first found under
+        self.notes: list[str] = []
+
+    def children(
+        self, listing: Callable[..., Iterable[Any]], parents: list[tuple[list[str], str]], limit: int | None
+    ) -> list[tuple[str, str, Any]]:
+        """The models that declare a parent of this level, by any relation: (tag, relation, info), each model once;
+        a model met again below its own descendant closes a cycle of declared bases, said once and not followed."""
+        found: dict[str, tuple[str, str, Any]] = {}
+        for names, parent in parents:
+            for relation in RELATIONS:
+                for name in names:
+                    for info in listing(filter=f"base_model:{relation}:{name}", limit=limit):
+                        key = info.id.lower()
+                        if key not in self.seen and key not in found:
+                            found[key] = (f"base_model:{relation}:{name}", relation, info)
+                            self.under[key] = parent
+                        elif key in self.seen:
+                            self._cycle(info.id, parent)
+        return list(found.values())
+
+    def _cycle(self, model: str, parent: str) -> None:
+        if model.lower() == parent.lower():
+            return  # a model naming itself: its entry says so
+        chain = [parent]
+        while chain[-1].lower() in self.under and chain[-1].lower() != model.lower():
+            chain.append(self.under[chain[-1].lower()])
+        if chain[-1].lower() == model.lower():
+            path = " -> ".join([model, *reversed(chain[:-1]), model])
+            note = f"{model}: a cycle of declared bases ({path}); followed once, stopped there"
+            if note not in self.notes:
+                self.notes.append(note)
+
+
+def _check_relation(entry: CatalogueEntry, base_id: BaseId) -> None:
+    """Whether a model of the tree can be embedded against the base, by its relation and files.
+
+    Its declared parents come from its ``base_model:<id>`` tags. A fine-tune (of the base or of a fine-tune) and
+    a merge are their weights; an adapter needs its adapter files, and is embedded as its own delta only on the
+    base itself (one on a fine-tune would be that fine-tune's delta plus its own: not embedded, said so); a
+    quantized repo is recorded as a quantization of its parent and never placed on the map, unless it holds
+    plain float weights (a dequantized re-upload, read as weights).
+    """
+    entry.parents = [t.split(":", 1)[1] for t in entry.tags if t.startswith("base_model:") and t.count(":") == 1]
+    root = {n.lower() for n in base_id.names}
+    if any(p.lower() == entry.model.lower() for p in entry.parents):
+        entry.kept, entry.reason = False, f"{entry.reason}; but names itself as its base"
+        return
+    if entry.relation == "quantized" and (_quantized(entry) or weight_format(entry.files) is None):
+        what = ", ".join(entry.parents) or "its declared base"
+        entry.kept, entry.reason = False, f"a quantization of {what} ({_quant_kind(entry)}): recorded, not mapped"
+        return
+    if entry.relation == "adapter" and not any(p.lower() in root for p in entry.parents):
+        what = ", ".join(entry.parents) or "no declared base"
+        entry.kept = False
+        entry.reason = f"{entry.reason}; an adapter on {what}, not on the base: its delta would lack its parent's"
+        return
+    _check_weights(entry)
+
+
+def _quantized(entry: CatalogueEntry) -> bool:
+    """Whether the repo's weights are quantized: GGUF files, or a GPTQ/AWQ/bitsandbytes quantization config."""
+    names = {f.rsplit("/", 1)[-1] for f in entry.files}
+    return any(f.endswith(".gguf") for f in names) or bool(names & {"quantize_config.json", "quant_config.json"})
+
+
+def _quant_kind(entry: CatalogueEntry) -> str:
+    if any(f.endswith(".gguf") for f in entry.files):
+        return "GGUF"
+    tags = {t.lower() for t in entry.tags}
+    named = [kind for kind in ("gptq", "awq", "bitsandbytes", "4-bit", "8-bit") if kind in tags]
+    return ", ".join(named) or "a quantized format"
 
 
 def _guess_from_siblings(entries: list[CatalogueEntry]) -> None:

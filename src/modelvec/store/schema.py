@@ -121,6 +121,9 @@ CATALOGUE = Table(
         ("datasets", "VARCHAR[]"),
         ("label_source", "VARCHAR"),
         ("labels_json", "VARCHAR"),
+        ("relation", "VARCHAR"),
+        ("parents", "VARCHAR[]"),
+        ("depth", "INTEGER"),
         ("discovered_at", "TIMESTAMP NOT NULL DEFAULT now()"),
     ),
     ("base", "model"),
@@ -139,6 +142,9 @@ _ADDED_LATER = {
     ("vectors", "adapter"),
     ("failures", "model_hash"),
     ("failures", "kind"),
+    ("catalogue", "relation"),
+    ("catalogue", "parents"),
+    ("catalogue", "depth"),
 }
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")
@@ -190,6 +196,13 @@ def meta_select(con: duckdb.DuckDBPyConnection) -> str:
     read-only, so not brought up to date) lacks reads as NULL."""
     have = set(_columns(con, "vectors"))
     return ", ".join(name if name in have else f"NULL AS {name}" for name in META_COLUMNS)
+
+
+def catalogue_select(con: duckdb.DuckDBPyConnection) -> str:
+    """The SELECT list of :data:`CATALOGUE_COLUMNS` for this store: a column added later (the model tree's) that an
+    older store opened read-only lacks reads as NULL."""
+    have = set(_columns(con, "catalogue"))
+    return ", ".join(name if name in have else f"NULL AS {name}" for name in CATALOGUE_COLUMNS)
 
 
 def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:

@@ -43,7 +43,16 @@ from ..represent.representation import Representation
 from .lock import connect, default_wait
 from .products import Products, ProductsCache, Selection, checksum_of, feature_moments, gram, products_with
 from .rows import Failure, VectorRow
-from .schema import CATALOGUE, CATALOGUE_COLUMNS, META_COLUMNS, meta_select, migrate, missing_tables, transaction
+from .schema import (
+    CATALOGUE,
+    CATALOGUE_COLUMNS,
+    META_COLUMNS,
+    catalogue_select,
+    meta_select,
+    migrate,
+    missing_tables,
+    transaction,
+)
 from .vectorfile import VectorFile
 from .writer import StoreWriter, write_rows
 
@@ -260,7 +269,7 @@ class Store:
         """Discovered models (one row per base and model), most downloaded first."""
         where, args = self._clauses(base=base, kept=kept, model=model)
         return self.con.execute(
-            f"SELECT {', '.join(CATALOGUE_COLUMNS)}, discovered_at FROM catalogue {where} "
+            f"SELECT {catalogue_select(self.con)}, discovered_at FROM catalogue {where} "
             "ORDER BY base, downloads DESC NULLS LAST, model",
             args,
         ).df()

@@ -156,6 +156,16 @@ def _truthy(values: list[str] | None) -> bool:
     return bool(values) and values[-1] in ("true", "True", "1")
 
 
+def _relation(files, config: dict, n_bases: int) -> str:
+    """The relation the Hub infers when a card names its base without ``base_model_relation``: an adapter by its
+    files, a quantization by GGUF files or a quantization config, a merge by several bases, else a fine-tune."""
+    if "adapter_config.json" in files:
+        return "adapter"
+    if any(str(p).endswith(".gguf") for p in files) or "quantization_config" in config:
+        return "quantized"
+    return "merge" if n_bases > 1 else "finetune"
+
+
 def _as_list(value: Any) -> list[str]:
     if value is None:
         return []
@@ -686,9 +696,9 @@ class LocalHub:
         tags += _as_list((commit.get("config") or {}).get("model_type"))
         tags += _as_list(self._pipeline_tag(state, commit))
         tags += [f"dataset:{d}" for d in _as_list(card.get("datasets"))]
-        default_relation = "adapter" if "adapter_config.json" in files else "finetune"
-        relation = str(card.get("base_model_relation") or default_relation)
-        for base in _as_list(card.get("base_model")):
+        bases = _as_list(card.get("base_model"))
+        relation = str(card.get("base_model_relation") or _relation(files, commit.get("config") or {}, len(bases)))
+        for base in bases:
             tags += [f"base_model:{base}", f"base_model:{relation}:{base}"]
         tags += [f"license:{lic}" for lic in _as_list(card.get("license"))]
         tags += _as_list(card.get("language"))

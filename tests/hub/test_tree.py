@@ -1,0 +1,116 @@
+"""The Hub's model tree, followed from a base down through the local Hub: every relation, to any depth (bounded),
+each model once (a cycle in declared bases ends, a model naming itself is skipped), and what each relation means
+for embedding (an adapter on a fine-tune and a quantization are said, never mapped as fine-tunes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import planted_finetune
+from modelvec.hub.client import HubSettings
+from modelvec.run import discover
+from modelvec.store import Store
+from modelvec.testing.localhub import LocalHub
+
+BASE = "google-bert/bert-base-uncased"
+
+
+def files(folder: Path, meta: dict) -> dict[str, bytes | Path]:
+    out: dict[str, bytes | Path] = {p.name: p for p in folder.iterdir() if p.is_file()}
+    out["README.md"] = f"---\n{yaml.safe_dump(meta)}---\n# model\n".encode()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tree(tiny_bert, tmp_path_factory):
+    """base -> a (fine-tune) -> b (its fine-tune) -> c (b's) -> d (c's: 4 deep); base -> lora (adapter);
+    a -> lora-on-a (an adapter on a fine-tune); base + a -> merged (a merge); a -> a-gguf (a quantization);
+    base -> selfish (names itself too); a -> cyc1 -> cyc2 -> cyc1 (a cycle of declared bases)."""
+    root = tmp_path_factory.mktemp("tree")
+    hub = LocalHub(root / "hub")
+    made = {name: planted_finetune(tiny_bert, root / name, seed=i) for i, name in enumerate("abcdxy")}
+    hub.publish(BASE, files(tiny_bert, {"license": "apache-2.0"}))
+    hub.publish("u/a", files(made["a"], {"base_model": BASE, "datasets": ["imdb"]}))
+    hub.publish("u/b", files(made["b"], {"base_model": "u/a", "datasets": ["imdb"]}))
+    hub.publish("u/c", files(made["c"], {"base_model": "u/b"}))
+    hub.publish("u/d", files(made["d"], {"base_model": "u/c"}))
+    adapter = {
+        "adapter_config.json": b'{"peft_type": "LORA"}',
+        "adapter_model.safetensors": made["x"] / "model.safetensors",
+    }
+    hub.publish("u/lora", {**adapter, "README.md": f"---\nbase_model: {BASE}\n---\n".encode()})
+    hub.publish("u/lora-on-a", {**adapter, "README.md": b"---\nbase_model: u/a\n---\n"})
+    hub.publish("u/merged", files(made["y"], {"base_model": [BASE, "u/a"]}))
+    hub.publish("u/a-gguf", {"model.Q4_K_M.gguf": b"GGUF", "README.md": b"---\nbase_model: u/a\n---\n"})
+    hub.publish("u/selfish", files(made["y"], {"base_model": [BASE, "u/selfish"], "base_model_relation": "finetune"}))
+    # a cycle of declared bases: cyc1 names a and cyc2, cyc2 names cyc1
+    hub.publish("u/cyc1", files(made["y"], {"base_model": ["u/a", "u/cyc2"], "base_model_relation": "finetune"}))
+    hub.publish("u/cyc2", files(made["y"], {"base_model": "u/cyc1", "base_model_relation": "finetune"}))
+    return hub
+
+
+def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_path):
+    with tree.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        found = discover(BASE, settings=settings, search=False, depth=5, store=tmp_path / "s.duckdb")
+        shallow = discover(BASE, settings=settings, search=False, depth=1)
+    by = {e.model: e for e in found.entries}
+    assert [e.model for e in found.entries].count("u/a") == 1  # each model once, at its first level
+    assert {m: (by[m].relation, by[m].depth) for m in ("u/a", "u/b", "u/c", "u/d", "u/lora", "u/merged")} == {
+        "u/a": ("finetune", 1),
+        "u/b": ("finetune", 2),
+        "u/c": ("finetune", 3),
+        "u/d": ("finetune", 4),
+        "u/lora": ("adapter", 1),
+        "u/merged": ("merge", 1),
+    }
+    assert by["u/b"].parents == ["u/a"] and sorted(by["u/merged"].parents) == sorted([BASE, "u/a"])
+    assert all(by[m].kept for m in ("u/a", "u/b", "u/c", "u/d", "u/lora", "u/merged", "u/cyc1", "u/cyc2"))
+    assert (by["u/cyc1"].depth, by["u/cyc2"].depth) == (2, 3)  # the cycle ended where it came back
+    assert found.notes == [
+        "u/cyc1: a cycle of declared bases (u/cyc1 -> u/cyc2 -> u/cyc1); followed once, stopped there"
+    ]
+    gguf = by["u/a-gguf"]
+    assert gguf.relation == "quantized" and not gguf.kept
+    assert gguf.reason.startswith("a quantization of u/a (GGUF): recorded, not mapped")
+    on_a = by["u/lora-on-a"]
+    assert on_a.relation == "adapter" and not on_a.kept and "an adapter on u/a, not on the base" in on_a.reason
+    assert not by["u/selfish"].kept and "names itself as its base" in by["u/selfish"].reason
+    assert {e.model for e in shallow.entries} == {"u/a", "u/lora", "u/merged", "u/selfish"}  # one level
+    with Store(tmp_path / "s.duckdb", read_only=True) as db:
+        stored = db.catalogue(base=BASE).set_index("model")
+    assert stored.loc["u/d", "depth"] == 4 and stored.loc["u/d", "relation"] == "finetune"
+    assert list(stored.loc["u/b", "parents"]) == ["u/a"]
+
+
+def test_a_tree_deeper_than_asked_stops_at_the_depth(tree, tmp_path):
+    with tree.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        found = discover(BASE, settings=settings, search=False, depth=2)
+    assert max(e.depth for e in found.entries) == 2 and "u/c" not in {e.model for e in found.entries}
+    with pytest.raises(ValueError, match="depth must be at least 1"):
+        discover(BASE, settings=settings, search=False, depth=0)
+
+
+def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf"), "MODELVEC_HUB_BACKOFF": "0.01", "COLUMNS": "200"}
+    env.pop("HF_TOKEN", None)
+    with tree.serve() as server:
+        out = subprocess.run(
+            [sys.executable, "-m", "modelvec.cli", "discover", BASE, "--depth", "5", "--no-search"]
+            + ["--store", str(tmp_path / "s.duckdb")],
+            capture_output=True,
+            text=True,
+            env={**env, "HF_ENDPOINT": server.endpoint},
+            timeout=300,
+        )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("a cycle of declared bases") == 1
+    names = [line.split("│")[1].rstrip()[1:] for line in out.stdout.splitlines() if line.count("│") > 2]
+    assert names == ["u/a", "  u/b", "    u/c", "      u/d", "  u/cyc1", "    u/cyc2", "u/lora", "u/merged"]
