@@ -48,6 +48,7 @@ def tree(tiny_bert, tmp_path_factory):
     hub.publish("u/lora-on-a", {**adapter, "README.md": b"---\nbase_model: u/a\n---\n"})
     hub.publish("u/merged", files(made["y"], {"base_model": [BASE, "u/a"]}))
     hub.publish("u/a-gguf", {"model.Q4_K_M.gguf": b"GGUF", "README.md": b"---\nbase_model: u/a\n---\n"})
+    hub.publish("u/lora-on-gguf", {**adapter, "README.md": b"---\nbase_model: u/a-gguf\n---\n"})
     hub.publish("u/selfish", files(made["y"], {"base_model": [BASE, "u/selfish"], "base_model_relation": "finetune"}))
     # a cycle of declared bases: cyc1 names a and cyc2, cyc2 names cyc1
     hub.publish("u/cyc1", files(made["y"], {"base_model": ["u/a", "u/cyc2"], "base_model_relation": "finetune"}))
@@ -80,9 +81,11 @@ def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_
     assert gguf.relation == "quantized" and not gguf.kept
     assert gguf.reason.startswith("a quantization of u/a (GGUF): recorded, not mapped")
     on_a = by["u/lora-on-a"]
-    assert on_a.relation == "adapter" and not on_a.kept and "an adapter on u/a, not on the base" in on_a.reason
+    assert on_a.relation == "adapter" and on_a.kept and "an adapter on u/a: embedded on its delta" in on_a.reason
     assert not by["u/selfish"].kept and "names itself as its base" in by["u/selfish"].reason
     assert {e.model for e in shallow.entries} == {"u/a", "u/lora", "u/merged", "u/selfish"}  # one level
+    on_gguf = by["u/lora-on-gguf"]  # an adapter on a model that is not mapped (a quantization) is not either
+    assert not on_gguf.kept and "an adapter on u/a-gguf (not mapped)" in on_gguf.reason
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
         stored = db.catalogue(base=BASE).set_index("model")
     assert stored.loc["u/d", "depth"] == 4 and stored.loc["u/d", "relation"] == "finetune"
@@ -113,4 +116,14 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("a cycle of declared bases") == 1
     names = [line.split("│")[1].rstrip()[1:] for line in out.stdout.splitlines() if line.count("│") > 2]
-    assert names == ["u/a", "  u/b", "    u/c", "      u/d", "  u/cyc1", "    u/cyc2", "u/lora", "u/merged"]
+    assert names == [
+        "u/a",
+        "  u/b",
+        "    u/c",
+        "      u/d",
+        "  u/lora-on-a",
+        "  u/cyc1",
+        "    u/cyc2",
+        "u/lora",
+        "u/merged",
+    ]

@@ -243,7 +243,7 @@ def search_finetunes(
             seen.add(info.id.lower())
             entry = describe(info, base_id.canonical, True, f"declares {tag}")
             entry.relation, entry.depth = relation, level
-            _check_relation(entry, base_id)
+            _check_relation(entry, base_id, {e.model.lower(): e for e in entries})
             entries.append(entry)
             kept += entry.kept
             report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
@@ -308,12 +308,12 @@ class _Walk:
                 self.notes.append(note)
 
 
-def _check_relation(entry: CatalogueEntry, base_id: BaseId) -> None:
+def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, CatalogueEntry]) -> None:
     """Whether a model of the tree can be embedded against the base, by its relation and files.
 
     Its declared parents come from its ``base_model:<id>`` tags. A fine-tune (of the base or of a fine-tune) and
-    a merge are their weights; an adapter needs its adapter files, and is embedded as its own delta only on the
-    base itself (one on a fine-tune would be that fine-tune's delta plus its own: not embedded, said so); a
+    a merge are their weights; an adapter needs its adapter files, and is its own delta on the base itself, or on a
+    fine-tune of the tree (``found``, kept) that fine-tune's delta plus its own (embedded so, said so); a
     quantized repo is recorded as a quantization of its parent and never placed on the map, unless it holds
     plain float weights (a dequantized re-upload, read as weights).
     """
@@ -327,10 +327,14 @@ def _check_relation(entry: CatalogueEntry, base_id: BaseId) -> None:
         entry.kept, entry.reason = False, f"a quantization of {what} ({_quant_kind(entry)}): recorded, not mapped"
         return
     if entry.relation == "adapter" and not any(p.lower() in root for p in entry.parents):
-        what = ", ".join(entry.parents) or "no declared base"
-        entry.kept = False
-        entry.reason = f"{entry.reason}; an adapter on {what}, not on the base: its delta would lack its parent's"
-        return
+        parent = next((found[p.lower()] for p in entry.parents if p.lower() in found), None)
+        if parent is None or not parent.kept or parent.relation == "adapter":
+            what = ", ".join(entry.parents) or "no declared base"
+            why = "not found in the tree" if parent is None else "not mapped" if not parent.kept else "an adapter"
+            entry.kept = False
+            entry.reason = f"{entry.reason}; an adapter on {what} ({why}): its delta would lack its parent's"
+            return
+        entry.reason = f"{entry.reason}; an adapter on {parent.model}: embedded on its delta"
     _check_weights(entry)
 
 

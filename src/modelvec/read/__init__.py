@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 
 from ..core.lazy import lazy_exports
 from .architectures import ARCHITECTURES, Architecture, MatrixRef, Orientation, VocabularyHead, detect
-from .formats import FORMATS, Format, format_of, open_checkpoint, refuse_adapter_base, register_format
+from .formats import (
+    FORMATS,
+    Format,
+    adapter_parent,
+    format_of,
+    open_checkpoint,
+    refuse_adapter_base,
+    register_format,
+)
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint, Layout, LowRankDelta, check_compatible
@@ -26,6 +34,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "Format",
         "MatrixRef",
         "Orientation",
+        "adapter_parent",
         "VocabularyHead",
         "detect",
         "format_of",

@@ -63,6 +63,15 @@ def open_checkpoint(path: PathLike, name: str | None = None) -> Checkpoint:
     return format_of(path).open(path, name)
 
 
+def adapter_parent(path: PathLike) -> str | None:
+    """The model a PEFT adapter folder says it adapts (``base_model_name_or_path``), None if it says none."""
+    try:
+        adapts = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return adapts if isinstance(adapts, str) and adapts else None
+
+
 def refuse_adapter_base(path: PathLike, name: str | None = None) -> None:
     """Raise if ``path`` is a PEFT adapter given as a base: a delta has no weights to take deltas from.
 
@@ -70,11 +79,8 @@ def refuse_adapter_base(path: PathLike, name: str | None = None) -> None:
     """
     if not is_adapter(Path(path)):
         return
-    try:
-        adapts = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        adapts = None
-    said = f" ({ADAPTER_CONFIG} names {adapts})" if isinstance(adapts, str) and adapts else ""
+    adapts = adapter_parent(path)
+    said = f" ({ADAPTER_CONFIG} names {adapts})" if adapts else ""
     raise CheckpointError(
         name or str(path), f"is a LoRA adapter, not a base model: use the model it adapts as the base{said}"
     )

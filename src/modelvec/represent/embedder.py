@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, 
 from .projection import Projection
 from .representation import Representation
 from .rows import MatrixPlan, derived_seed
+from .trace import LEVEL_ROWS, Trace, Tracer, distinct_values
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
@@ -108,6 +109,15 @@ class VocabularyReadout:
         return prior.float()
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """One model's vector and its :class:`~modelvec.represent.trace.Trace` (None: the representation is not the
+    sketch, whose linearity the trace needs)."""
+
+    vector: np.ndarray
+    trace: Trace | None = None
+
+
 class DeltaEmbedder:
     """Turns fine-tunes of one base into vectors. scikit-learn style: ``fit(base)``, ``transform(models)``.
 
@@ -194,6 +204,11 @@ class DeltaEmbedder:
                 if not bool(torch.isfinite(sk).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
             self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
+            self.tracer_ = Tracer(
+                {key: int(sk.numel()) for key, sk in self.base_sketches_.items()}, self.representation.seed
+            )
+            self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_sketches_)))
+            self.base_levels_ = sum(self._map(lambda ref: self._levels(ck, layout, ref)[0], layout.refs))
         self.vocabulary_ = (
             VocabularyReadout(ck, layout, head_floats(ck, layout, self.representation), self.representation.seed)
             if has_head(ck, layout, self.representation)
@@ -223,24 +238,37 @@ class DeltaEmbedder:
         vectors = [self.embed_one(m) for m in models]
         return np.stack(vectors) if vectors else np.zeros((0, self.dim_), np.float32)
 
-    def embed_one(self, model: str | os.PathLike[str] | Checkpoint) -> np.ndarray:
-        """One fine-tune's vector, float32 (dim_,). A PEFT LoRA adapter folder is a fine-tune too.
+    def embed_one(
+        self, model: str | os.PathLike[str] | Checkpoint, parent: str | os.PathLike[str] | Checkpoint | None = None
+    ) -> np.ndarray:
+        """One fine-tune's vector, float32 (dim_,). A PEFT LoRA adapter folder is a fine-tune too; one trained on a
+        fine-tune of the base is embedded on that ``parent`` (see :meth:`embed_traced`)."""
+        return self.embed_traced(model, parent).vector
 
-        An adapter's vector is computed from its factors (see :meth:`_adapter_factors`) and equals,
+    def embed_traced(
+        self, model: str | os.PathLike[str] | Checkpoint, parent: str | os.PathLike[str] | Checkpoint | None = None
+    ) -> Embedded:
+        """One fine-tune's vector and trace.
+
+        An adapter's vector is computed from its factors (see :meth:`_adapter_raw`) and equals,
         up to float rounding, the vector of the model PEFT's ``merge_and_unload`` would give.
 
         Out of memory while batching per family (a GPU's default) is retried once, layer by layer
         on the CPU, which needs a few matrices at a time; out of memory there too raises (a
         :class:`~modelvec.core.errors.ResourceError` to the pipeline: recorded, retried next run).
+
+        An adapter trained on a fine-tune of the base (``parent``: the fine-tune, a full model) is the fine-tune's
+        delta plus its own: the parent's raw blocks, read once and kept for its other adapters, plus the adapter's,
+        then normalised as any model's (the sketch only: the SVD factors of a sum are not a sum).
         """
         try:
-            return self._embed_one(model)
+            return self._embed_one(model, parent)
         except Exception as exc:
             if resource_cause(exc) is None or not self.by_family:
                 raise
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            return self._smaller()._embed_one(model)
+            return self._smaller()._embed_one(model, parent)
 
     def _smaller(self) -> DeltaEmbedder:
         """The same representation, layer by layer on the CPU, fitted on the same base (made once)."""
@@ -250,42 +278,92 @@ class DeltaEmbedder:
             self.__dict__["_smaller_embedder"] = smaller
         return smaller
 
-    def _embed_one(self, model: str | os.PathLike[str] | Checkpoint) -> np.ndarray:
+    def _embed_one(
+        self, model: str | os.PathLike[str] | Checkpoint, parent: str | os.PathLike[str] | Checkpoint | None = None
+    ) -> Embedded:
         self._check_fitted()
         ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
-        vector = self._delta_vector(ck)
+        head_of = ck
+        if parent is not None:
+            vector, trace, head_of = self._on_parent(ck, parent)
+        elif not self.representation.uses_svd:
+            raw, levels = self._raw_blocks(ck)
+            vector, trace = self._sketched(raw), Trace(self.tracer_.sketch(raw), levels, self.base_scale_)
+        else:
+            vector, trace = self._delta_vector(ck), None
         if self.vocabulary_ is None:
-            return vector
-        head = self.vocabulary_.block(ck, float(np.linalg.norm(vector)) or 1.0)
-        return np.concatenate([vector, head.numpy()])
+            return Embedded(vector, trace)
+        head = self.vocabulary_.block(head_of, float(np.linalg.norm(vector)) or 1.0)
+        return Embedded(np.concatenate([vector, head.numpy()]), trace)
+
+    def _on_parent(
+        self, ck: Checkpoint, parent: str | os.PathLike[str] | Checkpoint
+    ) -> tuple[np.ndarray, Trace, Checkpoint]:
+        """An adapter's vector and trace on its parent's delta, and the checkpoint whose head the model has (the
+        adapter's where it trains the head, else its parent's)."""
+        if not ck.factored:
+            raise CheckpointError(ck.name, "only a LoRA adapter is embedded on a parent: a full model is its weights")
+        if self.representation.uses_svd:
+            raise CheckpointError(
+                ck.name, "an adapter on a fine-tune is embedded with the sketch only (factor='sketch')"
+            )
+        pk = parent if isinstance(parent, Checkpoint) else open_checkpoint(parent)
+        if pk.factored:
+            raise CheckpointError(ck.name, f"its parent {pk.name} is an adapter too: give the merged fine-tune")
+        cached = self.__dict__.setdefault("_parents", {})
+        if pk.identity not in cached:  # the parent's rows read once for all its adapters (the last few kept)
+            if len(cached) >= 4:
+                cached.pop(next(iter(cached)))
+            cached[pk.identity] = self._raw_blocks(pk)
+        parent_raw, levels = cached[pk.identity]
+        own = self._adapter_raw(ck)
+        raw = {key: block + own[key] if key in own else block for key, block in parent_raw.items()}
+        head_of = ck if self.vocabulary_ is not None and self.vocabulary_.bias(ck) is not None else pk
+        return self._sketched(raw), Trace(self.tracer_.sketch(raw), levels, self.base_scale_), head_of
+
+    def _raw_blocks(self, ck: Checkpoint) -> tuple[dict[tuple[str, int, str], torch.Tensor], float | None]:
+        """The sketch's raw blocks of ``ck``'s delta (float64, before their norm), and its levels against the base's
+        (None for an adapter: see :mod:`~modelvec.represent.trace`)."""
+        if ck.factored:  # a LoRA adapter: its delta comes as thin factors
+            return self._adapter_raw(ck), None
+        layout = ck.layout()
+        check_compatible(ck, layout, self.layout_)
+        ck.require_rows({p.tensor: p.rows for p in self._plans_in(layout)})
+        failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
+
+        def sketch(ref: MatrixRef) -> tuple[torch.Tensor, int] | None:
+            if failed.is_set():
+                return None
+            try:
+                return self._raw_sketch(ck, layout, ref), self._levels(ck, layout, ref)[0]
+            except BaseException:
+                failed.set()
+                raise
+
+        done = self._map(sketch, layout.refs)
+        raw = {ref.key: d[0] for ref, d in zip(layout.refs, done) if d is not None}
+        distinct = sum(d[1] for d in done if d is not None)
+        return raw, distinct / self.base_levels_ if self.base_levels_ else None
+
+    def _sketched(self, raw: dict[tuple[str, int, str], torch.Tensor]) -> np.ndarray:
+        """The vector of raw blocks: each normalised in float64, rounded once to float32, then pooled."""
+        norm = self.representation.block_norm
+        blocks = {
+            key: (normalise_blocks(b.reshape(1, -1))[0] if norm else b.reshape(-1)).float() for key, b in raw.items()
+        }
+        return self._pooled(self.layout_, lambda refs: [blocks[r.key] for r in refs])
 
     def _delta_vector(self, ck: Checkpoint) -> np.ndarray:
-        """The deltas' part of the vector: every block but the head's."""
+        """The SVD factors' part of the vector: every block but the head's."""
         if ck.factored:  # a LoRA adapter: its delta comes as thin factors
             factors = self._adapter_factors(ck)
             return self._pooled(self.layout_, lambda refs: [factors[r.key] for r in refs])
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
-        if self.by_family and self.representation.uses_svd:
+        if self.by_family:
             by_key = self._family_factors(ck, layout)
-        elif not self.representation.uses_svd:
-            ck.require_rows({p.tensor: p.rows for p in self._plans_in(layout)})
-            failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
-
-            def sketch(ref: MatrixRef) -> torch.Tensor | None:
-                if failed.is_set():
-                    return None
-                try:
-                    return self._sketch_streamed(ck, layout, ref)
-                except BaseException:
-                    failed.set()
-                    raise
-
-            sketches = self._map(sketch, layout.refs)
-            by_key = {ref.key: s for ref, s in zip(layout.refs, sketches) if s is not None}
-        else:
-            return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
-        return self._pooled(layout, lambda refs: [by_key[r.key] for r in refs])
+            return self._pooled(layout, lambda refs: [by_key[r.key] for r in refs])
+        return self._pooled(layout, lambda refs: self._layer_factors(ck, layout, refs))
 
     def _pooled(self, layout: Layout, factors_of: Callable[[list[MatrixRef]], list[torch.Tensor]]) -> np.ndarray:
         """The vector: each layer's factors concatenated, layers pooled, stacks concatenated.
@@ -311,33 +389,43 @@ class DeltaEmbedder:
         return torch.cat(parts).to("cpu", torch.float32).numpy()
 
     def _adapter_factors(self, ck: Checkpoint) -> dict[tuple[str, int, str], torch.Tensor]:
-        """Every matrix's factor from an adapter's dW = L R^T (n x r, m x r), never forming the n x m delta.
+        """Every matrix's SVD factor from an adapter's dW = L R^T (n x r, m x r), never forming the n x m delta.
 
-        The sketch is L (R^T Omega), the SVD factors come from :func:`low_rank_svd` (exact, whatever
-        ``solver`` says), in float64 and then through the same :func:`factor_blocks` (signs, zero
-        columns beyond the adapter's rank) as dense deltas. A matrix the adapter leaves alone has
-        dW = 0: its block is zeros, as a merged model's would be.
+        The factors come from :func:`low_rank_svd` (exact, whatever ``solver`` says), in float64 and then through
+        the same :func:`factor_blocks` (signs, zero columns beyond the adapter's rank) as dense deltas. A matrix
+        the adapter leaves alone has dW = 0: its block is zeros, as a merged model's would be.
         """
         p = self.representation
         shapes = dict(self.shapes_)
         deltas = ck.low_rank_deltas(self.layout_, shapes)
         factors: dict[tuple[str, int, str], torch.Tensor] = {}
         for ref in self.layout_.refs:
-            m = shapes[ref.key][1]
             delta = deltas.get(ref.key)
             if delta is None:
                 block = torch.zeros(p.plan_floats(self.plans_[ref.key]), dtype=torch.float64)
-            elif p.uses_svd:
+            else:
                 u, s = low_rank_svd(delta.left, delta.right, p.rank)  # float64, as a dense delta's
-                block = factor_blocks(u.unsqueeze(0), s.unsqueeze(0), p, m)[0]
-            else:  # dW = L R^T (n x m); stored as R L^T (nn.Linear) or L R^T (Conv1D): rows first
-                linear = ref.orientation is Orientation.LINEAR
-                rows, cols = (delta.right, delta.left) if linear else (delta.left, delta.right)
-                step = max(1, _CHUNK_BYTES // (8 * cols.shape[0]))
-                block = self.projections_[ref.key].of_factors(rows, cols, step).cpu()  # float64, as a dense one's
-            block = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
-            factors[ref.key] = block if p.uses_svd else block.float()  # rounded as a dense model's blocks are
+                block = factor_blocks(u.unsqueeze(0), s.unsqueeze(0), p, shapes[ref.key][1])[0]
+            factors[ref.key] = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
         return factors
+
+    def _adapter_raw(self, ck: Checkpoint) -> dict[tuple[str, int, str], torch.Tensor]:
+        """Every matrix's raw sketch (float64) from an adapter's dW = L R^T: L (R^T Omega), never the n x m delta; a
+        matrix the adapter leaves alone is a zero block, as a merged model's would be."""
+        shapes = dict(self.shapes_)
+        deltas = ck.low_rank_deltas(self.layout_, shapes)
+        raw: dict[tuple[str, int, str], torch.Tensor] = {}
+        for ref in self.layout_.refs:
+            delta = deltas.get(ref.key)
+            if delta is None:
+                raw[ref.key] = torch.zeros(self.representation.plan_floats(self.plans_[ref.key]), dtype=torch.float64)
+                continue
+            # dW = L R^T (n x m); stored as R L^T (nn.Linear) or L R^T (Conv1D): rows first
+            linear = ref.orientation is Orientation.LINEAR
+            rows, cols = (delta.right, delta.left) if linear else (delta.left, delta.right)
+            step = max(1, _CHUNK_BYTES // (8 * cols.shape[0]))
+            raw[ref.key] = self.projections_[ref.key].of_factors(rows, cols, step).cpu()
+        return raw
 
     def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
         """The fine-tune's matrix as stored (a view of its mapped file), checked against the base's shape."""
@@ -356,7 +444,7 @@ class DeltaEmbedder:
 
     def _factors(self, batch: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """(b, block) SVD factors (float64) of a (b, n, m) batch of float32 deltas, and whether they are finite
-        (the sketch never forms the deltas: see :meth:`_sketch_streamed`).
+        (the sketch never forms the deltas: see :meth:`_raw_sketch`).
 
         The solver works in float64 (:func:`~modelvec.represent.linalg.truncated_svd`), converting the deltas
         a cache-sized chunk at a time on the CPU and whole on a GPU.
@@ -378,7 +466,7 @@ class DeltaEmbedder:
         the subtraction streams contiguously; nn.Linear's transpose is a view). NaN/Inf are caught
         from the r singular values, since they propagate through every product of the solver; only
         then is each delta scanned, to name the tensor. The sketch needs no buffer at all: see
-        :meth:`_sketch_streamed`.
+        :meth:`_raw_sketch`.
         """
         cache: dict[str, torch.Tensor] = {}
         base_cache: dict[str, torch.Tensor] = {}
@@ -476,8 +564,8 @@ class DeltaEmbedder:
                 first += stop - start
         return projection.finish(acc)
 
-    def _sketch_streamed(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
-        """One matrix's sketch: the fine-tune's projection minus the base's, made at fit.
+    def _raw_sketch(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
+        """One matrix's raw sketch (float64, on the CPU): the fine-tune's projection minus the base's, made at fit.
 
         Only the fine-tune is read: half the bytes of forming the delta. A matrix the fine-tune
         left alone gives exactly zero (the same float64 computation on the same bytes).
@@ -485,8 +573,15 @@ class DeltaEmbedder:
         out = self._project(ck, layout, ref) - self.base_sketches_[ref.key]
         if not torch.isfinite(out).all():
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-        block = out.reshape(1, -1)  # normalised in float64, then rounded once: float32 blocks halve what is held
-        return (normalise_blocks(block) if self.representation.block_norm else block)[0].float()
+        return out.reshape(-1).cpu()
+
+    def _levels(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> tuple[int, int]:
+        """Distinct values in groups of ``ck``'s first stored rows read of one matrix (see :mod:`.trace`)."""
+        plan = self.plans_[ref.key]
+        stored = ck.get_stored(layout.prefix + ref.tensor, whole=False)
+        a, b = plan.rows[0]
+        c0, c1 = plan.cols
+        return distinct_values(stored[a : min(b, a + LEVEL_ROWS), c0:c1])
 
     def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
         """Every matrix's factor, each family batched over its layers on the device (see ``batching``).

@@ -77,7 +77,7 @@ class LocalEngine:
                 fill()
                 if embedder is None:
                     embedder = fit_base(base, representation, self.device, settings)
-                outcome = compute(task, embedder, opened.result)
+                outcome = compute(task, embedder, opened.result, settings)
                 if not keep_weights:
                     task.release(settings)
                 yield outcome

@@ -29,7 +29,7 @@ from ..hub.client import HubSettings, describe_error, with_retries
 from ..hub.discovery import CatalogueEntry, describe
 from ..hub.download import fetch, resolve_revision
 from ..hub.ids import resolve_base
-from ..read import Checkpoint, open_checkpoint, refuse_adapter_base
+from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
 from .discover import discover
@@ -273,6 +273,8 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
         label_source=outcome.label_source,
         author=outcome.author,
         adapter=outcome.adapter,
+        trace=outcome.trace,
+        parent=task.parent.name if task.parent is not None else None,
     )
 
 
@@ -303,9 +305,38 @@ def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
             datasets=tuple(entry.datasets),
             label_source=entry.label_source,
             author=entry.author,
+            parent=_hub_parent(entry, base, db, settings),
         )
     name = model_id(model)
-    return Task(name, open_checkpoint(model, name=name).identity(), str(Path(model)), path=str(model))
+    ck = open_checkpoint(model, name=name)
+    return Task(name, ck.identity(), str(Path(model)), path=str(model), parent=_local_parent(ck, base))
+
+
+def _hub_parent(entry: CatalogueEntry, base: str, db: Store, settings: HubSettings) -> Task | None:
+    """The fine-tune a Hub adapter was trained on, where its card names one of the tree's models, not the base."""
+    if entry.relation != "adapter":
+        return None
+    root = {n.lower() for n in resolve_base(base).names} | {base.lower()}
+    for name in entry.parents:
+        if name.lower() not in root:
+            found = catalogue_entries(db, base, kept=True, model=name)
+            if found:
+                return _task(found[0], base, db, settings)
+    return None
+
+
+def _local_parent(ck: Checkpoint, base: str) -> Task | None:
+    """The fine-tune a local adapter was trained on: the folder its ``base_model_name_or_path`` names, where that is
+    a full model on this machine other than the base (an id or a missing folder: the base, as before)."""
+    if not ck.factored:
+        return None
+    named = adapter_parent(ck.path)
+    if named is None or not Path(named).is_dir():
+        return None
+    parent = open_checkpoint(named, name=model_id(named))
+    if parent.factored or is_hub_id(base) or parent.identity() == open_checkpoint(base).identity():
+        return None
+    return Task(parent.name, parent.identity(), str(Path(named)), path=str(named))
 
 
 def local_files(name: str, source: str, db: Store, settings: HubSettings | None = None) -> str:

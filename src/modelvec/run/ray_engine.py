@@ -135,7 +135,9 @@ class _Worker:
         embedder = self.embedder
         assert embedder is not None, "run() on a worker whose base failed"
         try:
-            return compute(task, embedder, lambda: open_counted(task, self.settings, embedder.representation))
+            return compute(
+                task, embedder, lambda: open_counted(task, self.settings, embedder.representation), self.settings
+            )
         except ModelvecError as exc:  # compute raises only the base's own faults
             return exc
         finally:

@@ -27,6 +27,7 @@ from ..hub.labels import dataset_labels
 from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
 from ..represent.representation import Representation
+from ..represent.trace import Trace
 
 if TYPE_CHECKING:
     from ..read import Checkpoint
@@ -66,6 +67,8 @@ class Task:
     datasets: tuple[str, ...] | None = None  # None: read them from the model card
     label_source: str | None = None
     author: str | None = None
+    #: the fine-tune a LoRA adapter was trained on, where it is not the base: the adapter is embedded on its delta
+    parent: Task | None = None
 
     def open(self, settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
         """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
@@ -164,6 +167,7 @@ class Outcome:
     kind: Kind = Kind.CONTENT
     note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
     fetched: int = 0  # bytes of the model's files this run brought from the Hub (0: local, or already cached)
+    trace: Trace | None = None  # what the model tree is inferred from (see modelvec.represent.trace)
 
 
 @dataclass
@@ -207,11 +211,16 @@ def fit_base(base: BaseSpec, representation: Representation, device: str, settin
     return DeltaEmbedder.from_representation(representation, device).fit(base.open(settings, representation))
 
 
-def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkpoint | Opened]) -> Outcome:
+def compute(
+    task: Task,
+    embedder: DeltaEmbedder,
+    checkpoint: Callable[[], Checkpoint | Opened],
+    settings: HubSettings | None = None,
+) -> Outcome:
     """Embed one model. The model's own faults become the outcome's error and kind; a fault of the base raises.
 
     ``checkpoint`` opens the model (fetching it first), giving the checkpoint or an :class:`Opened` that also says
-    what the fetch cost."""
+    what the fetch cost; ``settings`` are how an adapter's parent fine-tune is fetched (``task.parent``)."""
     start = time.perf_counter()
     fetched = 0
     try:
@@ -219,7 +228,12 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         opened = got if isinstance(got, Opened) else Opened(got)
         ck, fetched = opened.checkpoint, opened.fetched
         try:
-            vector = embedder.embed_one(ck)
+            parent = _open_parent(task, embedder, settings)
+            try:
+                embedded = embedder.embed_traced(ck, parent)
+            finally:
+                if parent is not None:
+                    parent.close()
             datasets, label_source, author = task.labels(ck)
             note, adapter = ck.note, bool(ck.factored)
         finally:
@@ -231,7 +245,7 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start, fetched=fetched)
     return Outcome(
         task,
-        vector,
+        embedded.vector,
         embedder.layout_.arch.name,
         datasets,
         label_source,
@@ -240,4 +254,15 @@ def compute(task: Task, embedder: DeltaEmbedder, checkpoint: Callable[[], Checkp
         adapter=adapter,
         note=note,
         fetched=fetched,
+        trace=embedded.trace,
     )
+
+
+def _open_parent(task: Task, embedder: DeltaEmbedder, settings: HubSettings | None) -> Checkpoint | None:
+    """The parent fine-tune of an adapter task (its fault is the adapter's, of the same kind, naming the parent)."""
+    if task.parent is None:
+        return None
+    try:
+        return task.parent.open(settings or HubSettings(), embedder.representation)
+    except ModelvecError as exc:
+        raise ModelvecError(task.name, f"its parent {task.parent.name}: {exc.cause}", kind=exc.kind) from exc

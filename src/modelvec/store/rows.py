@@ -14,6 +14,7 @@ import numpy as np
 
 from ..core.errors import Kind
 from ..represent.representation import Representation
+from ..represent.trace import Trace
 
 
 @dataclass
@@ -33,6 +34,14 @@ class VectorRow:
     label_source: str | None = None  # where the dataset labels came from, e.g. "card"
     author: str | None = None
     adapter: bool | None = None  # a LoRA adapter rather than a full fine-tune (None: not known)
+    trace: Trace | None = None  # what the model tree is inferred from (None: not the sketch)
+    parent: str | None = None  # the fine-tune an adapter was embedded on (None: the base)
+
+    def trace_record(self) -> dict[str, Any] | None:
+        """The ``traces`` columns of this row (None without a trace)."""
+        if self.trace is None:
+            return None
+        return trace_record(self.model, self.base, self.base_hash, self.params, self.trace, self.parent)
 
     def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
         """The ``vectors`` columns of this row, its bytes at ``offset`` of the vector file with checksum ``vector_hash``."""
@@ -60,6 +69,22 @@ class VectorRow:
             "seconds": float(self.seconds),
             "adapter": self.adapter,
         }
+
+
+def trace_record(
+    model: str, base: str, base_hash: str, params: Representation, trace: Trace, parent: str | None = None
+) -> dict[str, Any]:
+    """One ``traces`` row: a model's trace."""
+    return {
+        "model": model,
+        "base": base,
+        "base_hash": base_hash,
+        "params": params.key(),
+        "sketch": np.ascontiguousarray(trace.sketch, np.float32).tobytes(),
+        "levels": trace.levels,
+        "scale": float(trace.scale),
+        "parent": parent,
+    }
 
 
 @dataclass

@@ -133,7 +133,27 @@ BASES = Table(
     (("base", "VARCHAR"), ("sha", "VARCHAR NOT NULL"), ("discovered_at", "TIMESTAMP NOT NULL DEFAULT now()")),
     ("base",),
 )
-TABLES = (VECTORS, FAILURES, CATALOGUE, BASES)
+#: Each stored model's trace (:mod:`modelvec.represent.trace`): the tree of a base's derivatives is inferred from
+#: it. ``sketch``: float32 bytes; ``scale``: the base's weights' size in the same map; ``parent``: the fine-tune an
+#: adapter was embedded on (NULL: on the base).
+TRACES = Table(
+    "traces",
+    (
+        ("model", "VARCHAR NOT NULL"),
+        ("base", "VARCHAR NOT NULL"),
+        ("base_hash", "VARCHAR NOT NULL"),
+        ("params", "VARCHAR NOT NULL"),
+        ("sketch", "BLOB NOT NULL"),
+        ("levels", "DOUBLE"),
+        ("scale", "DOUBLE NOT NULL"),
+        ("parent", "VARCHAR"),
+        ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+    ),
+    ("model", "base", "base_hash", "params"),
+)
+TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES)
+#: Tables added after the first release: a store opened read-only without one is read as if it were empty.
+_TABLES_ADDED_LATER = {"traces"}
 SCHEMA = "\n".join(t.create() for t in TABLES)
 # Columns added after the first release: added in place to older store files (MIGRATIONS).
 _ADDED_LATER = {
@@ -181,7 +201,8 @@ def missing_tables(con: duckdb.DuckDBPyConnection, *, readable: bool = False) ->
     for table in TABLES:
         have = set(_columns(con, table.name))
         if not have:
-            missing.append(f"table {table.name}")
+            if not (readable and table.name in _TABLES_ADDED_LATER):
+                missing.append(f"table {table.name}")
             continue
         missing += [
             f"{table.name}.{name}"

@@ -242,6 +242,21 @@ class Store:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
         return StoreWriter(self.con.cursor(), self.vector_file)
 
+    def traces(self, base: str, params: str) -> pd.DataFrame:
+        """The traces stored for ``base`` under the representation key ``params``: model, base_hash, sketch (a
+        float32 array each), levels, scale, parent. Empty in a store older than traces."""
+        if "traces" not in self._tables():
+            return pd.DataFrame(columns=["model", "base_hash", "sketch", "levels", "scale", "parent"])
+        df = self.con.execute(
+            "SELECT model, base_hash, sketch, levels, scale, parent FROM traces WHERE base = ? AND params = ? ORDER BY model",
+            [base, params],
+        ).df()
+        df["sketch"] = [np.frombuffer(bytes(b), np.float32) for b in df["sketch"]]
+        return df
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+
     def put_catalogue(self, base: str, base_sha: str, entries: Sequence[Any]) -> None:
         """Insert or refresh discovered models (``CatalogueEntry``) in one transaction.
 

@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 
 from .rows import Failure, VectorRow
-from .schema import FAILURES, VECTORS, transaction
+from .schema import FAILURES, TRACES, VECTORS, transaction
 from .vectorfile import VectorFile, checksum, vector_bytes
 
 
@@ -25,6 +25,9 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
             table = FAILURES if isinstance(row, Failure) else VECTORS
             con.execute(table.insert(list(record)), list(record.values()))
             if isinstance(row, VectorRow):  # a vector replaces its model's failure
+                traced = row.trace_record()
+                if traced is not None:
+                    con.execute(TRACES.insert(list(traced)), list(traced.values()))
                 con.execute(
                     "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?",
                     [record["model"], record["base"], record["params"]],

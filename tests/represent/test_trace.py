@@ -1,0 +1,131 @@
+"""A model's trace (what the tree is inferred from) and adapters trained on a fine-tune, on real peft adapters.
+
+The trace is linear in the weights (a merge's is its parents' weighted sum; an adapter on a fine-tune's is the
+fine-tune's plus its own), its size against the base's says unrelated weights, and its levels say a quantization's
+round trip; an adapter on a fine-tune is embedded as the model merged onto that fine-tune would be.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
+
+from conftest import tiny_bert_config
+from modelvec import DeltaEmbedder, embed
+from modelvec.core.errors import CheckpointError
+from modelvec.store import Store
+
+
+def _bert():
+    from transformers import BertModel
+
+    return BertModel(
+        tiny_bert_config(hidden_size=384, intermediate_size=768, vocab_size=64, max_position_embeddings=32)
+    )
+
+
+def _perturbed(model, seed: int, scale: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and ".layer." in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def _state(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _save_like(source: Path, out: Path, state: dict[str, torch.Tensor]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text((source / "config.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    """base; two fine-tunes a, b; an adapter trained on a (and a merged onto a); a merge 0.7 a + 0.3 b; an int8
+    round trip of a; unrelated weights of the base's shapes. Rows of 384 and 768 values, as all-MiniLM-L6-v2's:
+    longer than an int8 row's 255 levels."""
+    root = tmp_path_factory.mktemp("trace")
+    torch.manual_seed(0)
+    model = _bert()
+    model.save_pretrained(root / "base")
+    _perturbed(model, 1, 0.002)
+    model.save_pretrained(root / "a")
+    peft_model = get_peft_model(model, LoraConfig(init_lora_weights=False, r=4, target_modules=["query", "value"]))
+    peft_model.save_pretrained(root / "adapter-on-a")
+    config = root / "adapter-on-a" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(root / "a")}))
+    peft_model.merge_and_unload().save_pretrained(root / "merged-on-a")
+    torch.manual_seed(0)
+    other = _bert()
+    _perturbed(other, 2, 0.002)
+    other.save_pretrained(root / "b")
+    a, b = _state(root / "a"), _state(root / "b")
+    _save_like(root / "a", root / "merge", {k: 0.7 * a[k] + 0.3 * b[k] for k in a})
+    int8 = {}
+    for k, w in a.items():
+        if w.ndim == 2 and ".layer." in k:
+            step = w.abs().amax(dim=1, keepdim=True) / 127
+            w = torch.round(w / step) * step
+        int8[k] = w
+    _save_like(root / "a", root / "a-int8", int8)
+    torch.manual_seed(7)
+    _bert().save_pretrained(root / "unrelated")
+    return root
+
+
+@pytest.fixture(scope="module")
+def embedder(family):
+    return DeltaEmbedder().fit(family / "base")
+
+
+def test_an_adapter_on_a_fine_tune_is_the_model_merged_onto_it(family, embedder):
+    on_parent = embedder.embed_traced(family / "adapter-on-a", parent=family / "a")
+    merged = embedder.embed_traced(family / "merged-on-a")
+    alone = embedder.embed_one(family / "adapter-on-a")
+    np.testing.assert_allclose(on_parent.vector, merged.vector, atol=2e-5 * np.abs(merged.vector).max())
+    np.testing.assert_allclose(
+        on_parent.trace.sketch, merged.trace.sketch, atol=1e-6 * np.abs(merged.trace.sketch).max()
+    )
+    cosine = alone @ merged.vector / np.linalg.norm(alone) / np.linalg.norm(merged.vector)
+    assert cosine < 0.9  # the adapter alone lacks its parent's delta: the difference is not rounding
+    with pytest.raises(CheckpointError, match="only a LoRA adapter is embedded on a parent"):
+        embedder.embed_traced(family / "b", parent=family / "a")
+
+
+def test_traces_are_linear_in_the_weights_and_say_size_and_levels(family, embedder):
+    trace = {name: embedder.embed_traced(family / name).trace for name in ("a", "b", "merge", "a-int8", "unrelated")}
+    expected = 0.7 * trace["a"].sketch + 0.3 * trace["b"].sketch
+    np.testing.assert_allclose(trace["merge"].sketch, expected, atol=1e-6 * np.abs(expected).max())
+    scale = trace["a"].scale
+    assert scale > 0 and all(t.scale == scale for t in trace.values())
+    size = {name: np.linalg.norm(t.sketch) / scale for name, t in trace.items()}
+    assert size["a"] < 0.3 and size["b"] < 0.3 and 1.0 < size["unrelated"] < 2.0  # about sqrt(2): two draws
+    assert trace["a"].levels == pytest.approx(1.0, abs=0.05) and trace["unrelated"].levels > 0.9
+    assert trace["a-int8"].levels < 0.8 * trace["a"].levels
+    assert embedder.embed_traced(family / "adapter-on-a").trace.levels is None  # an adapter's factors hold no weights
+
+
+def test_embed_stores_traces_and_embeds_a_local_adapter_on_the_fine_tune_it_names(family, embedder, tmp_path):
+    store = tmp_path / "s.duckdb"
+    result = embed(family / "base", [family / "a", family / "adapter-on-a"], store=store)
+    assert result.failed == {}
+    expected = embedder.embed_traced(family / "adapter-on-a", parent=family / "a")
+    with Store(store, read_only=True) as db:
+        base, key = db.con.execute("SELECT base, params FROM vectors LIMIT 1").fetchone()
+        traces = db.traces(base, key).set_index("model")
+    adapter, parent = str(family / "adapter-on-a"), str(family / "a")
+    got = result.vectors[list(result.metadata["model"]).index(adapter)]
+    np.testing.assert_array_equal(got, expected.vector)
+    np.testing.assert_allclose(traces.loc[adapter, "sketch"], expected.trace.sketch, rtol=1e-6)
+    assert traces.loc[adapter, "parent"] == parent and pd.isna(traces.loc[parent, "parent"])
