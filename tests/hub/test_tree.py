@@ -121,9 +121,9 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
         "  u/b",
         "    u/c",
         "      u/d",
-        "  u/lora-on-a",
         "  u/cyc1",
         "    u/cyc2",
+        "  u/lora-on-a",
         "u/lora",
         "u/merged",
     ]
