@@ -1,0 +1,141 @@
+"""The model tree inferred from the weights, on the tree evidence zoos: parent and kind accuracy per kind.
+
+    python demo/evidence_tree.py [--zoos encoder,decoder] [--choose]
+
+The zoos are ``demo/build_tree_zoo.py``'s (``.cache/tree-encoder``, ``.cache/tree-decoder``): direct fine-tunes and
+adapters, chains three deep, adapters on fine-tunes, merges of two and three models, int8 and 4-bit round trips,
+siblings of one dataset and unrelated weights, each with its true parent and kind and a half (selection, report).
+Every member is embedded with the defaults (an adapter on a fine-tune on its parent, as ``embed`` does for a
+local adapter naming its parent's folder); the tree is inferred from the stored traces alone, without what cards
+declare. ``--choose`` searches the rule's thresholds on the selection half (both zoos together) and prints the
+choice; the report half is scored with the defaults of :class:`modelvec.analyse.tree.TreeRule`. Writes
+``.cache/evidence-out/tree.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from scipy.stats import binomtest
+
+from modelvec import embed
+from modelvec.analyse.tree import Tree, TreeRule, infer_tree
+from modelvec.represent import Representation
+from modelvec.store import Store
+
+ZOOS = {"encoder": ".cache/tree-encoder", "decoder": ".cache/tree-decoder"}
+
+
+def traces_of(folder: Path) -> tuple[dict, dict]:
+    """The zoo's truth and its stored traces (embedded here first, cached in the zoo's store)."""
+    truth = json.loads((folder / "tree.json").read_text())
+    store = folder.with_suffix(".duckdb")
+    paths = [m["path"] for m in truth["models"]]
+    result = embed(truth["base"], paths, store=store, load=False)
+    if result.failed:
+        print(f"{folder.name}: failed {result.failed}")
+    with Store(store, read_only=True) as db:
+        base, key = db.con.execute("SELECT base, params FROM vectors LIMIT 1").fetchone()
+        traces = db.traces(base, key)
+        adapters = set(db.con.execute("SELECT model FROM vectors WHERE adapter").df()["model"])
+    key_of = Representation().key()
+    assert key == key_of, (key, key_of)
+    return truth, {"traces": traces, "adapters": adapters}
+
+
+def infer(data: dict, rule: TreeRule) -> Tree:
+    traces = data["traces"]
+    levels = [None if lv != lv else float(lv) for lv in traces["levels"]]
+    adapters = {
+        m: (p if isinstance(p, str) else None)
+        for m, p in zip(traces["model"], traces["parent"])
+        if m in data["adapters"]
+    }
+    sketches = list(traces["sketch"])
+    return infer_tree(
+        "base", list(traces["model"]), sketches, float(traces["scale"].iloc[0]), levels, adapters=adapters, rule=rule
+    )
+
+
+def outcomes(truth: dict, tree: Tree, half: str | None) -> list[dict]:
+    """Per model of the half: its kind, whether its parent(s) and kind were found."""
+    by_path = {m["path"]: m for m in truth["models"]}
+    name_of = {m["path"]: m["model"] for m in truth["models"]}
+    rows = []
+    for node in tree.nodes:
+        true = by_path[node.model]
+        if half is not None and true["half"] != half:
+            continue
+        parents = {name_of.get(p, p) for p in node.parents}
+        if true["kind"] == "merge":
+            right_parent = parents == set(true["parents"])
+        elif true["kind"] == "unrelated":
+            right_parent = node.parent is None
+        else:
+            right_parent = name_of.get(node.parent, node.parent) == true["parent"]
+        rows.append(
+            {"kind": true["kind"], "parent": right_parent, "kind_ok": node.kind == true["kind"], "said": node.kind}
+        )
+    return rows
+
+
+def summary(rows: list[dict]) -> list[tuple[str, int, str, str]]:
+    table = []
+    for kind in [*sorted({r["kind"] for r in rows}), "all"]:
+        sel = [r for r in rows if kind in ("all", r["kind"])]
+        cells = []
+        for field in ("parent", "kind_ok"):
+            k = sum(r[field] for r in sel)
+            ci = binomtest(k, len(sel)).proportion_ci(method="wilson")
+            cells.append(f"{k / len(sel):.2f} [{ci.low:.2f}, {ci.high:.2f}]")
+        table.append((kind, len(sel), *cells))
+    return table
+
+
+def choose(zoos: dict[str, tuple[dict, dict]]) -> TreeRule:
+    """The thresholds that get most parents and kinds right on the selection half of every zoo."""
+    best, best_score = TreeRule(), -1.0
+    grid = itertools.product((0.5, 0.7, 0.9), (0.6, 0.75, 0.9), (0.2, 0.3, 0.5), ((0.7, 1.6), (0.8, 1.6), (0.9, 2.0)))
+    for size, levels, ratio, beyond in grid:
+        rule = replace(TreeRule(), unrelated_size=size, quantized_levels=levels, merge_ratio=ratio, beyond=beyond)
+        rows = [r for truth, data in zoos.values() for r in outcomes(truth, infer(data, rule), "selection")]
+        score = sum(r["parent"] + r["kind_ok"] for r in rows) / (2 * len(rows))
+        if score > best_score:
+            best, best_score = rule, score
+    print(f"chosen on the selection half ({best_score:.3f}): {best}")
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoos", default="encoder,decoder")
+    parser.add_argument("--choose", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(".cache/evidence-out/tree.md"))
+    args = parser.parse_args()
+    zoos = {z: traces_of(Path(ZOOS[z])) for z in args.zoos.split(",") if (Path(ZOOS[z]) / "tree.json").exists()}
+    rule = choose(zoos) if args.choose else TreeRule()
+    lines = [f"rule: {rule}", ""]
+    for name, (truth, data) in zoos.items():
+        tree = infer(data, rule)
+        for half in ("selection", "report"):
+            rows = outcomes(truth, tree, half)
+            lines += [
+                f"### {name}, {half} half",
+                "",
+                "| kind | models | parent right | kind right |",
+                "|---|---|---|---|",
+            ]
+            lines += [f"| {k} | {n} | {p} | {q} |" for k, n, p, q in summary(rows)]
+            wrong = [r for r in rows if not (r["parent"] and r["kind_ok"])]
+            lines += ["", f"wrong: {wrong}" if wrong else "wrong: none", ""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

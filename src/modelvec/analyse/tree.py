@@ -1,0 +1,273 @@
+"""The model tree inferred from the weights: each stored model's parent and kind, from its trace alone.
+
+A trace (:mod:`modelvec.represent.trace`) is a sketch of the rows read of W_model - W_base, linear in the weights,
+its size beside the base's, and how many distinct values its rows hold. What each kind leaves in it:
+
+- **unrelated** weights with the base's shapes: a delta as large as the weights (about sqrt(2) x the base's);
+- a **quantization**'s round trip (int8, 4-bit, dequantized and re-uploaded): few distinct values a row;
+- a **merge** (a weighted average of models, mergekit's linear): its trace is its parents' weighted sum, so a
+  non-negative least-squares fit on two or more other models leaves almost nothing, far less than the best one;
+- a **fine-tune** of a model starts from that model's weights: its delta goes *beyond* its parent's, so the
+  share of the parent's delta it holds (T_m . T_p / |T_p|^2) is about 1, and its parent is the nearest model that
+  it goes beyond (the base, T = 0, always does): siblings share a direction but hold less than all of each other;
+- an **adapter** is known from its files; its parent is the fine-tune it was embedded on, or else found as a
+  fine-tune's is.
+
+Each threshold is a field of :class:`TreeRule`, chosen on the selection half of the tree evidence zoo
+(docs/tree.md). Numpy and scipy only: the tree of a stored population needs no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated")
+#: A declared relation (the Hub's ``base_model_relation``) as the kind it claims.
+DECLARED_KIND = {"finetune": "fine-tune", "adapter": "adapter", "merge": "merge", "quantized": "quantization"}
+
+
+@dataclass(frozen=True)
+class TreeRule:
+    """The thresholds of the inference (see the module docstring); the defaults were chosen on the selection half
+    of the tree evidence zoo."""
+
+    unrelated_size: float = 0.7  # |delta| / |base weights| above which weights are unrelated (random: ~1.41)
+    quantized_levels: float = 0.75  # distinct values a row, against the base's, below which a model is rounded
+    merge_ratio: float = 0.3  # a merge's residual against its best single model's, at most
+    merge_weight: float = 0.05  # the least weight of a merge's parent
+    merge_candidates: int = 24  # the models nearest in direction a merge is fitted on
+    beyond: tuple[float, float] = (0.8, 1.6)  # the share of a parent's delta a child holds
+
+
+@dataclass
+class Node:
+    """One model of the inferred tree; ``parent`` None for unrelated weights, ``base`` for the base (the caller's
+    name for it), ``parents`` every parent (a merge's, with ``weights``)."""
+
+    model: str
+    kind: str
+    parent: str | None
+    parents: list[str]
+    confidence: float
+    weights: list[float] | None = None
+    declared_relation: str | None = None
+    declared_parents: list[str] = field(default_factory=list)
+    agrees: bool = True
+    size: float = 0.0  # |delta| / |base weights|
+    levels: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model,
+            "parent": self.parent,
+            "parents": list(self.parents),
+            "kind": self.kind,
+            "confidence": round(self.confidence, 3),
+            "declared": {"relation": self.declared_relation, "parents": list(self.declared_parents)},
+            "agrees": self.agrees,
+        }
+        if self.weights is not None:
+            out["weights"] = [round(w, 3) for w in self.weights]
+        return out
+
+
+@dataclass
+class Tree:
+    """The inferred tree of one base's stored models."""
+
+    base: str
+    nodes: list[Node]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"base": self.base, "models": [n.as_json() for n in self.nodes]}
+
+    def by_model(self) -> dict[str, Node]:
+        return {n.model: n for n in self.nodes}
+
+    def ordered(self) -> list[tuple[Node, int]]:
+        """Every node with its depth below the base (1: a child of it), depth first, each under its parent (a merge
+        under its heaviest one), so an indented list reads as the tree; unrelated weights, parentless, come last
+        at depth 0, as does a node whose parent was not asked for."""
+        children: dict[str | None, list[Node]] = {}
+        known = {n.model for n in self.nodes}
+        for n in self.nodes:
+            up = n.parent if n.parent in known else (self.base if n.parent is not None else None)
+            children.setdefault(up, []).append(n)
+        out: list[tuple[Node, int]] = []
+        stack = [(n, 1) for n in reversed(children.get(self.base, []))]
+        while stack:
+            node, depth = stack.pop()
+            out.append((node, depth))
+            stack += [(c, depth + 1) for c in reversed(children.get(node.model, []))]
+        placed = {id(n) for n, _ in out}
+        return out + [(n, 0) for n in self.nodes if id(n) not in placed]
+
+
+def _margin(value: float, threshold: float) -> float:
+    """A decision's confidence from how far its statistic is from the threshold: 0.5 on it, 1 at a factor of 2."""
+    if value <= 0 or threshold <= 0:
+        return 1.0
+    return 0.5 + 0.5 * min(1.0, abs(math.log(value / threshold)) / math.log(2))
+
+
+def infer_tree(
+    base: str,
+    models: Sequence[str],
+    sketches: np.ndarray | Sequence[np.ndarray],
+    scale: float,
+    levels: Sequence[float | None],
+    *,
+    adapters: Mapping[str, str | None] | None = None,
+    declared: Mapping[str, tuple[str | None, list[str]]] | None = None,
+    base_names: Sequence[str] = (),
+    rule: TreeRule | None = None,
+    only: Sequence[str] | None = None,
+) -> Tree:
+    """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
+    ``base``. ``adapters``: the adapters, each with the model it was embedded on (None: the base); ``declared``:
+    what cards say, (relation, parents); ``base_names``: other names of the base in ``declared``; ``only``: the
+    models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs)."""
+    adapters = dict(adapters or {})
+    t = np.asarray(np.stack(list(sketches)), np.float64)
+    inference = _Inference(models, t, scale, levels, rule or TreeRule(), set(adapters))
+    wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
+    nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
+    _compare(nodes, base, set(base_names), declared or {})
+    return Tree(base, nodes)
+
+
+class _Inference:
+    """The traces of one base's models and what is decided of them, each merge fit made once when first asked."""
+
+    def __init__(
+        self,
+        models: Sequence[str],
+        t: np.ndarray,
+        scale: float,
+        levels: Sequence[float | None],
+        rule: TreeRule,
+        adapters: set[str],
+    ) -> None:
+        self.models, self.t, self.rule = list(models), t, rule
+        self.index = {m: i for i, m in enumerate(self.models)}
+        self.norms = np.linalg.norm(t, axis=1)
+        self.size = self.norms / scale if scale > 0 else np.zeros(len(models))
+        self.levels = [None if lv is None or math.isnan(lv) else float(lv) for lv in levels]
+        self.kind = ["fine-tune"] * len(models)
+        self.confidence = np.ones(len(models))
+        for i in range(len(models)):
+            lv = self.levels[i]
+            if self.models[i] in adapters:  # known from its files
+                self.kind[i] = "adapter"
+            elif self.size[i] > rule.unrelated_size:
+                self.kind[i], self.confidence[i] = "unrelated", _margin(self.size[i], rule.unrelated_size)
+            elif lv is not None and lv < rule.quantized_levels:
+                self.kind[i], self.confidence[i] = "quantization", _margin(lv, rule.quantized_levels)
+            else:
+                self.confidence[i] = min(
+                    _margin(self.size[i], rule.unrelated_size), _margin(lv or 1.0, rule.quantized_levels)
+                )
+        self._merges: dict[int, tuple[list[int], np.ndarray, float] | None] = {}
+
+    def node(self, i: int, base: str, embedded_on: str | None) -> Node:
+        m, kind = self.models[i], self.kind[i]
+        if kind == "unrelated":
+            node = Node(m, "unrelated", None, [], float(self.confidence[i]))
+        elif (merge := self.merge(i)) is not None:
+            parents, weights, conf = merge
+            order = np.argsort(weights)[::-1]
+            names = [base if parents[j] < 0 else self.models[parents[j]] for j in order]
+            node = Node(m, "merge", names[0], names, conf, [float(weights[j]) for j in order])
+        else:
+            if embedded_on is not None and embedded_on in self.index:
+                parent, conf = embedded_on, 1.0
+            else:
+                j, conf = self.parent(i)
+                parent = base if j < 0 else self.models[j]
+            node = Node(m, kind, parent, [parent], float(min(self.confidence[i], conf)))
+        node.size, node.levels = float(self.size[i]), self.levels[i]
+        return node
+
+    def merge(self, i: int) -> tuple[list[int], np.ndarray, float] | None:
+        """Whether ``i``'s trace is a non-negative combination of two or more others' (index -1: the base, for one
+        parent scaled down), far better than of any single one: (parents, weights, confidence), else None."""
+        if i not in self._merges:
+            self._merges[i] = self._fit_merge(i) if self.kind[i] == "fine-tune" else None
+        return self._merges[i]
+
+    def _fit_merge(self, i: int) -> tuple[list[int], np.ndarray, float] | None:
+        from scipy.optimize import nnls
+
+        rule, t, norms = self.rule, self.t, self.norms
+        usable = np.array([k == "fine-tune" for k in self.kind]) & (norms > 0)
+        usable[i] = False
+        if norms[i] == 0 or usable.sum() < 2:
+            return None
+        cos = (t @ t[i]) / np.maximum(norms * norms[i], 1e-300)
+        cos[~usable] = -np.inf
+        near = [int(j) for j in np.argsort(cos)[::-1][: rule.merge_candidates] if cos[j] > 0]
+        if not near:
+            return None
+        weights, residual = nnls(t[near].T, t[i])
+        ratio = residual / max(min(_residual(t[i], t[j]) for j in near), 1e-300)
+        kept = [(near[k], float(w)) for k, w in enumerate(weights) if w >= rule.merge_weight]
+        if ratio >= rule.merge_ratio or not kept:
+            return None
+        total = sum(w for _, w in kept)
+        if len(kept) == 1 and total < 1 - rule.merge_weight:  # one model scaled down: merged with the base
+            kept.append((-1, 1 - total))
+        if len(kept) < 2:
+            return None
+        return [j for j, _ in kept], np.array([w for _, w in kept]), _margin(ratio, rule.merge_ratio)
+
+    def parent(self, i: int) -> tuple[int, float]:
+        """The nearest model that ``i`` goes beyond (-1: the base), and how clearly it is nearer than the next."""
+        t, norms = self.t, self.norms
+        lo, hi = self.rule.beyond
+        dots = t @ t[i]
+        share = dots / np.maximum(norms**2, 1e-300)
+        distance = np.sqrt(np.maximum(norms[i] ** 2 + norms**2 - 2 * dots, 0))
+        can = np.array([k in ("fine-tune", "merge") for k in self.kind]) & (norms > 0) & (norms < norms[i])
+        can &= (share >= lo) & (share <= hi)
+        can[i] = False
+        best: list[tuple[float, int]] = [(float(norms[i]), -1)]  # the base: T = 0, always gone beyond
+        for j in np.flatnonzero(can):
+            merge = self.merge(int(j))
+            if merge is not None and i in merge[0]:
+                continue  # a merge holds its parents' deltas in part: never their parent
+            best.append((float(distance[j]), int(j)))
+        best.sort()
+        if len(best) == 1:
+            return -1, 1.0
+        return best[0][1], _margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0
+
+
+def _residual(target: np.ndarray, other: np.ndarray) -> float:
+    """What is left of ``target`` after the best non-negative multiple of ``other``."""
+    denom = float(other @ other)
+    if denom == 0:
+        return float(np.linalg.norm(target))
+    c = max(0.0, float(target @ other) / denom)
+    return float(np.linalg.norm(target - c * other))
+
+
+def _compare(
+    nodes: list[Node], base: str, aliases: set[str], declared: Mapping[str, tuple[str | None, list[str]]]
+) -> None:
+    """Each node's declared relation and parents beside what the weights say: ``agrees`` False where they differ
+    (nothing declared contradicts nothing)."""
+    root = {base.lower(), *(a.lower() for a in aliases)}
+    for node in nodes:
+        relation, parents = declared.get(node.model, (None, []))
+        node.declared_relation = relation
+        node.declared_parents = [base if p.lower() in root else p for p in parents]
+        if relation is None and not parents:
+            node.agrees = True
+            continue
+        claimed = DECLARED_KIND.get(relation or "finetune", "fine-tune")
+        node.agrees = claimed == node.kind and set(node.declared_parents) == set(node.parents)

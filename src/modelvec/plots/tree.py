@@ -1,0 +1,52 @@
+"""The model tree's figure: each model under its parent, coloured by the kind its weights say, a merge joined to
+every parent, a model whose card says otherwise ringed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..analyse.tree import KINDS, Tree
+from ..core.names import display_name
+from .maps import PALETTE, write_atomically
+
+#: One colour per kind, the same in every figure.
+KIND_COLOURS = dict(zip(KINDS, PALETTE))
+
+
+def tree_figure(tree: Tree, path: str | Path) -> Path:
+    """Draw ``tree`` as an indented tree (depth across, one row per model) into a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = tree.ordered()
+    rows = {node.model: i + 1 for i, (node, _) in enumerate(ordered)}
+    depth_of = {node.model: depth for node, depth in ordered}
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.28 * (len(ordered) + 2))))
+    ax.scatter([0], [0], s=80, color="black", zorder=3)
+    ax.annotate(display_name(tree.base) + "  (base)", (0, 0), xytext=(8, 0), textcoords="offset points", va="center")
+    for node, depth in ordered:
+        y, x = rows[node.model], depth
+        for parent in node.parents:
+            px, py = (0, 0) if parent == tree.base else (depth_of.get(parent, 0), rows.get(parent, 0))
+            style = "--" if node.kind == "merge" else "-"
+            ax.plot([px, px, x], [py, y, y], style, color="0.6", lw=0.8, zorder=1)
+        colour = KIND_COLOURS[node.kind]
+        ax.scatter([x], [y], s=50, color=colour, zorder=3, edgecolors="red" if not node.agrees else "none", lw=1.5)
+        label = f"{display_name(node.model)}  {node.kind} {node.confidence:.2f}" + (
+            "  (card disagrees)" if not node.agrees else ""
+        )
+        ax.annotate(label, (x, y), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
+    for kind, colour in KIND_COLOURS.items():
+        ax.scatter([], [], color=colour, label=kind)
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    ax.invert_yaxis()
+    ax.set_xlim(-0.3, max([d for _, d in ordered] + [1]) + 3)
+    ax.axis("off")
+    ax.set_title(f"model tree of {display_name(tree.base)}, inferred from the weights", fontsize=10)
+    fig.tight_layout()
+    try:
+        return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)

@@ -1,0 +1,136 @@
+"""The model tree inferred from stored traces, on real checkpoints of a tiny BERT with all-MiniLM-L6-v2's widths:
+fine-tunes, a fine-tune of a fine-tune, a merge, an int8 round trip, unrelated weights and an adapter trained on a
+fine-tune, each placed and named by its weights; a card that says otherwise is flagged; ``modelvec tree``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
+
+from conftest import tiny_bert_config
+from modelvec import embed
+from modelvec.report.tree import model_tree
+
+
+def _bert():
+    from transformers import BertModel
+
+    return BertModel(
+        tiny_bert_config(hidden_size=384, intermediate_size=768, num_hidden_layers=2, max_position_embeddings=32)
+    )
+
+
+def _step(model, seed: int, scale: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and ".layer." in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def _card(folder, base_model, relation=None) -> None:
+    extra = f"base_model_relation: {relation}\n" if relation else ""
+    (folder / "README.md").write_text(f"---\nbase_model: {json.dumps(base_model)}\n{extra}---\n")
+
+
+def _save(source, out, state) -> None:
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text((source / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree-zoo")
+    torch.manual_seed(0)
+    model = _bert()
+    model.save_pretrained(root / "base")
+    for name, seed in (("a", 1), ("b", 2)):
+        torch.manual_seed(0)
+        ft = _bert()
+        _step(ft, seed, 0.002)
+        ft.save_pretrained(root / name)
+        _card(root / name, "base", "finetune")
+        if name == "a":
+            _step(ft, 3, 0.001)  # trained further: a's child
+            ft.save_pretrained(root / "c")
+            _card(root / "c", "base", "finetune")  # a wrong card: it names the base, not a
+            peft_model = get_peft_model(ft, LoraConfig(init_lora_weights=False, r=4, target_modules=["query", "value"]))
+            with torch.no_grad():  # a trained adapter's size, not a random one's
+                for n, p in peft_model.named_parameters():
+                    if "lora_B" in n:
+                        p.mul_(0.01)
+    a, b = load_file(str(root / "a" / "model.safetensors")), load_file(str(root / "b" / "model.safetensors"))
+    _save(root / "a", root / "merge", {k: 0.5 * a[k] + 0.5 * b[k] for k in a})
+    _card(root / "merge", ["a", "b"], "merge")
+    int8 = {}
+    for k, w in a.items():
+        if w.ndim == 2 and ".layer." in k:
+            step = w.abs().amax(dim=1, keepdim=True) / 127
+            w = torch.round(w / step) * step
+        int8[k] = w
+    _save(root / "a", root / "a-int8", int8)
+    torch.manual_seed(9)
+    _bert().save_pretrained(root / "unrelated")
+    peft_model.save_pretrained(root / "lora-on-c")
+    config = root / "lora-on-c" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(root / "c")}))
+    models = [root / m for m in ("a", "b", "c", "merge", "a-int8", "unrelated", "lora-on-c")]
+    store = root / "s.duckdb"
+    result = embed(root / "base", models, store=store, load=False)
+    assert result.failed == {}
+    return root, store
+
+
+def test_each_model_is_placed_and_named_by_its_weights(zoo):
+    root, store = zoo
+    tree = model_tree(root / "base", store=store)
+    by = {n.model.rsplit("/", 1)[-1]: n for n in tree.nodes}
+    name = {n.model: n.model.rsplit("/", 1)[-1] for n in tree.nodes} | {str(root / "base"): "base"}
+    got = {m: (n.kind, sorted(name[p] for p in n.parents)) for m, n in by.items()}
+    assert got == {
+        "a": ("fine-tune", ["base"]),
+        "b": ("fine-tune", ["base"]),
+        "c": ("fine-tune", ["a"]),
+        "merge": ("merge", ["a", "b"]),
+        "a-int8": ("quantization", ["a"]),
+        "unrelated": ("unrelated", []),
+        "lora-on-c": ("adapter", ["c"]),
+    }
+    assert by["merge"].weights == pytest.approx([0.5, 0.5], abs=0.02)
+    assert [m for m, n in by.items() if not n.agrees] == ["c"]  # its card names the base; its weights go beyond a
+    assert by["c"].declared_relation == "finetune" and by["c"].declared_parents == [str(root / "base")]
+    only = model_tree(root / "base", store=store, only=[str(root / "c")])
+    assert [n.model for n in only.nodes] == [str(root / "c")] and only.nodes[0].parent == str(root / "a")
+
+
+def test_the_command_prints_the_tree_draws_it_and_answers_json(zoo, tmp_path):
+    root, store = zoo
+    env_cli = [sys.executable, "-m", "modelvec.cli", "tree", str(root / "base"), "--store", str(store)]
+    out = subprocess.run([*env_cli, "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["base"] == str(root / "base") and len(answer["models"]) == 7
+    for m in answer["models"]:
+        assert set(m) >= {"model", "parent", "parents", "kind", "confidence", "declared", "agrees"}
+        assert m["parents"] == ([m["parent"]] if m["kind"] not in ("merge", "unrelated") else m["parents"])
+        assert 0.5 <= m["confidence"] <= 1
+    text = subprocess.run(
+        [*env_cli, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert any(line.endswith("/c: fine-tune (0.71); its card says finetune of " + str(root / "base")) for line in lines)
+    assert "1 unrelated, 1 whose card the weights contradict" in text.stdout
+    assert (tmp_path / "tree.png").stat().st_size > 10_000
