@@ -134,3 +134,15 @@ def test_the_command_prints_the_tree_draws_it_and_answers_json(zoo, tmp_path):
     assert any(line.endswith("/c: fine-tune (0.71); its card says finetune of " + str(root / "base")) for line in lines)
     assert "1 unrelated, 1 whose card the weights contradict" in text.stdout
     assert (tmp_path / "tree.png").stat().st_size > 10_000
+
+
+def test_neighbors_names_a_stored_models_parent_and_kind(zoo):
+    root, store = zoo
+    cli = [sys.executable, "-m", "modelvec.cli", "neighbors", str(root / "merge"), "--store", str(store)]
+    out = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    node = json.loads(out.stdout)["tree"]
+    assert node["kind"] == "merge" and sorted(node["parents"]) == [str(root / "a"), str(root / "b")] and node["agrees"]
+    text = subprocess.run(cli[:4] + [str(root / "c"), *cli[5:]], capture_output=True, text=True, timeout=300)
+    assert f"c: fine-tune of {root / 'a'} (confidence" in text.stdout
+    assert f"its card says finetune of {root / 'base'}" in text.stdout

@@ -73,6 +73,16 @@ def neighbors(
             f"{short_name(found.query)} is not in the store: embedded now ({found.params}, base {short_name(found.base)}), "
             "not stored",
         )
+    if found.tree is not None:
+        node = found.tree
+        parents = " + ".join(short_name(p) for p in node["parents"]) or "none"
+        line = f"{short_name(found.query)}: {node['kind']} of {parents} (confidence {node['confidence']:.2f})"
+        if node["kind"] == "unrelated":
+            line = f"{short_name(found.query)}: unrelated weights, no parent (confidence {node['confidence']:.2f})"
+        said = node["declared"]
+        if not node["agrees"]:
+            line += f"; its card says {said['relation']} of {' + '.join(short_name(p) for p in said['parents'])}"
+        say(console, line)
     if found.warning:
         say(err, f"warning: {found.warning}")
     if found.scaling_note:

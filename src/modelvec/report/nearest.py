@@ -29,8 +29,8 @@ from ..analyse.scores import (
 from ..core.errors import ModelvecError, NothingStoredError, StoreError
 from ..core.names import is_hub_id, model_id
 from ..represent.representation import Representation
-from ..store import Products, Selection, Store, opened, options_of
-from .stored import kept_spread, products_key, stored_products
+from ..store import Products, Selection, Store, opened
+from .stored import kept_spread, products_key, stored_base, stored_products
 
 if TYPE_CHECKING:
     from ..hub.client import HubSettings
@@ -61,46 +61,15 @@ class Neighbors:
     scaling_note: str | None = None  # why, when ``auto`` chose it
     #: stored vectors left out because their bytes do not match their checksum: model -> one line
     damaged: dict[str, str] = field(default_factory=dict)
+    #: a stored query's place in the model tree (``modelvec tree``): its kind, parent(s), confidence, declared; None
+    #: for a model embedded now or a store without traces
+    tree: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Everything above, the neighbours as records (nearest first)."""
         out = {k: v for k, v in self.__dict__.items() if k != "nearest"}
         out["nearest"] = json.loads(self.nearest.to_json(orient="records"))
         return out
-
-
-def _stored_base(db: Store, base: PathLike | str | None, representation: Representation) -> str:
-    """The base to compare against: the one given, else the only base with vectors under ``representation``."""
-    if base is not None:
-        from ..hub.ids import resolve_base
-
-        names = [model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
-        for name in names:
-            if not db.metadata(base=name, representation=representation).empty:
-                return name
-        raise NothingStoredError(
-            str(base), f"no vectors stored for this base with representation {representation.key()}"
-        )
-    bases = sorted(set(db.metadata(representation=representation)["base"]))
-    if not bases:
-        stored = db.summary().drop_duplicates("params")
-        other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["settings"])]
-        raise NothingStoredError(
-            str(db.path),
-            f"no vectors stored with representation {representation.key()}"
-            + (
-                f" (stored, with the options that read them: {', '.join(other)}; or embed again)"
-                if other
-                else "; run `modelvec embed` first"
-            ),
-        )
-    if len(bases) > 1:
-        raise NothingStoredError(
-            str(db.path),
-            f"holds vectors of {len(bases)} bases with representation {representation.key()} "
-            f"({', '.join(bases)}): name one with --base",
-        )
-    return bases[0]
 
 
 def _embed_query(
@@ -171,7 +140,7 @@ def neighbors(
         name = model_id(model) if os.path.exists(str(model)) else str(model)
         rows = db.metadata(representation=representation, models=[name])
         if base is not None or rows.empty:
-            base_name = _stored_base(db, base, representation)
+            base_name = stored_base(db, base, representation)
             rows = rows[rows["base"] == base_name]
         else:
             base_name = rows["base"].iloc[0]
@@ -188,6 +157,7 @@ def neighbors(
         idx = order[:k]
         neighbours = (query.vector(db, selection), _read(db, selection, products.kept[idx])) if explain else None
         base_files = _local_files(base_name, db, settings) if explain else None
+        place = None if query.on_the_fly else _place(db, base_name, name, representation)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist_all[:k])
     labels = [list(d) for d in meta["datasets"]]
@@ -220,7 +190,19 @@ def neighbors(
         scaling=scaling,
         scaling_note=scaling_note,
         damaged=products.damaged,
+        tree=place,
     )
+
+
+def _place(db: Store, base: str, model: str, representation: Representation) -> dict[str, Any] | None:
+    """A stored model's node of the model tree (one pass over the stored traces), None without traces."""
+    from .tree import model_tree
+
+    try:
+        tree = model_tree(base, representation=representation, store=db, only=[model])
+    except NothingStoredError:
+        return None
+    return tree.nodes[0].as_json() if tree.nodes else None
 
 
 class _Query:

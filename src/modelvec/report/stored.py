@@ -5,14 +5,16 @@ Shared by the cluster report and neighbour queries (light to import: a query loa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pandas as pd
 
 from ..analyse.scores import Geometry
-from ..core.errors import ResourceError
+from ..core.errors import NothingStoredError, ResourceError
+from ..core.names import model_id
 from ..represent.representation import Representation
-from ..store import Products, Selection, Store
+from ..store import Products, Selection, Store, options_of
 from ..store.products import BLOCK_FLOATS
 
 
@@ -77,3 +79,37 @@ def kept_spread(db: Store, hashes: list[str], key: str, geo: Geometry, scaling: 
     stats = geo.spread(scaling)
     if stats is not None:
         db.put_products_extra(hashes, key, name, {"mean": stats[0], "sd": stats[1]})
+
+
+def stored_base(db: Store, base: str | os.PathLike[str] | None, representation: Representation) -> str:
+    """The base to compare against: the one given, else the only base with vectors under ``representation``."""
+    if base is not None:
+        from ..hub.ids import resolve_base
+
+        names = [model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
+        for name in names:
+            if not db.metadata(base=name, representation=representation).empty:
+                return name
+        raise NothingStoredError(
+            str(base), f"no vectors stored for this base with representation {representation.key()}"
+        )
+    bases = sorted(set(db.metadata(representation=representation)["base"]))
+    if not bases:
+        stored = db.summary().drop_duplicates("params")
+        other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["settings"])]
+        raise NothingStoredError(
+            str(db.path),
+            f"no vectors stored with representation {representation.key()}"
+            + (
+                f" (stored, with the options that read them: {', '.join(other)}; or embed again)"
+                if other
+                else "; run `modelvec embed` first"
+            ),
+        )
+    if len(bases) > 1:
+        raise NothingStoredError(
+            str(db.path),
+            f"holds vectors of {len(bases)} bases with representation {representation.key()} "
+            f"({', '.join(bases)}): name one with --base",
+        )
+    return bases[0]

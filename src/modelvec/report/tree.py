@@ -16,7 +16,7 @@ from ..core.names import model_id
 from ..hub.cards import read_card
 from ..represent.representation import Representation
 from ..store import Store, opened
-from .nearest import _stored_base
+from .stored import stored_base
 
 
 def model_tree(
@@ -32,7 +32,7 @@ def model_tree(
     The base is named as given in the tree (a parent ``base`` means the base itself)."""
     representation = representation or Representation()
     with opened(store, read_only=True) as db:
-        stored = _stored_base(db, base, representation)
+        stored = stored_base(db, base, representation)
         traces = db.traces(stored, representation.key())
         if traces.empty:
             raise NothingStoredError(
