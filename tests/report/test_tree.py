@@ -146,3 +146,16 @@ def test_neighbors_names_a_stored_models_parent_and_kind(zoo):
     text = subprocess.run(cli[:4] + [str(root / "c"), *cli[5:]], capture_output=True, text=True, timeout=300)
     assert f"c: fine-tune of {root / 'a'} (confidence" in text.stdout
     assert f"its card says finetune of {root / 'base'}" in text.stdout
+
+
+def test_the_html_map_draws_the_tree_behind_a_toggle(zoo, tmp_path):
+    from modelvec.report import cluster
+
+    root, store = zoo
+    report = cluster(root / "base", store=store, out=tmp_path, reduce="pca")
+    page = (tmp_path / "clusters-pca.html").read_text()
+    assert "tree edges on" in page and "tree edges off" in page
+    start = page.index('"name":"model tree"')
+    trace = page[page.rindex("{", 0, start) : page.index("}", start)]
+    # between mapped models: c-a, a-int8-a, merge-a, merge-b, lora-on-c-c (the base is not a point of the map)
+    assert trace.count("null") == 2 * 5 and report.files["html"].endswith("clusters-pca.html")

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+#: Models up to which the whole tree's inner products are made at once (a 4,000 x 4,000 float64 Gram: 128 MB).
+GRAM_UP_TO = 4000
 KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated")
 #: A declared relation (the Hub's ``base_model_relation``) as the kind it claims.
 DECLARED_KIND = {"finetune": "fine-tune", "adapter": "adapter", "merge": "merge", "quantized": "quantization"}
@@ -134,7 +136,7 @@ def infer_tree(
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs)."""
     adapters = dict(adapters or {})
     t = np.asarray(np.stack(list(sketches)), np.float64)
-    inference = _Inference(models, t, scale, levels, rule or TreeRule(), set(adapters))
+    inference = _Inference(models, t, scale, levels, rule or TreeRule(), set(adapters), only is None)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
     _compare(nodes, base, set(base_names), declared or {})
@@ -152,8 +154,9 @@ class _Inference:
         levels: Sequence[float | None],
         rule: TreeRule,
         adapters: set[str],
+        every: bool = True,
     ) -> None:
-        self.models, self.t, self.rule = list(models), t, rule
+        self.models, self.t, self.rule, self.all = list(models), t, rule, every
         self.index = {m: i for i, m in enumerate(self.models)}
         self.norms = np.linalg.norm(t, axis=1)
         self.size = self.norms / scale if scale > 0 else np.zeros(len(models))
@@ -173,6 +176,14 @@ class _Inference:
                     _margin(self.size[i], rule.unrelated_size), _margin(lv or 1.0, rule.quantized_levels)
                 )
         self._merges: dict[int, tuple[list[int], np.ndarray, float] | None] = {}
+        self._gram: np.ndarray | None = None
+
+    def dots(self, i: int) -> np.ndarray:
+        """Every trace's inner product with ``i``'s: from the Gram matrix, made once where every node is asked for
+        (and it fits: :data:`GRAM_UP_TO` models), else one pass over the traces."""
+        if self._gram is None and self.all and len(self.models) <= GRAM_UP_TO:
+            self._gram = self.t @ self.t.T
+        return self._gram[i] if self._gram is not None else self.t @ self.t[i]
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]
@@ -208,7 +219,7 @@ class _Inference:
         usable[i] = False
         if norms[i] == 0 or usable.sum() < 2:
             return None
-        cos = (t @ t[i]) / np.maximum(norms * norms[i], 1e-300)
+        cos = self.dots(i) / np.maximum(norms * norms[i], 1e-300)
         cos[~usable] = -np.inf
         near = [int(j) for j in np.argsort(cos)[::-1][: rule.merge_candidates] if cos[j] > 0]
         if not near:
@@ -227,9 +238,9 @@ class _Inference:
 
     def parent(self, i: int) -> tuple[int, float]:
         """The nearest model that ``i`` goes beyond (-1: the base), and how clearly it is nearer than the next."""
-        t, norms = self.t, self.norms
+        norms = self.norms
         lo, hi = self.rule.beyond
-        dots = t @ t[i]
+        dots = self.dots(i)
         share = dots / np.maximum(norms**2, 1e-300)
         distance = np.sqrt(np.maximum(norms[i] ** 2 + norms**2 - 2 * dots, 0))
         can = np.array([k in ("fine-tune", "merge") for k in self.kind]) & (norms > 0) & (norms < norms[i])

@@ -34,7 +34,7 @@ import html
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -335,7 +335,13 @@ def _draw_titles(ax: Any, title: str, line2: str) -> None:
 
 
 def plot_html(
-    coords: np.ndarray, meta: pd.DataFrame, path: str | os.PathLike, *, title: str = "", method: str = "umap"
+    coords: np.ndarray,
+    meta: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    title: str = "",
+    method: str = "umap",
+    edges: Sequence[tuple[int, int]] = (),
 ) -> Path:
     """Write an interactive, self-contained HTML page of the map at ``path``.
 
@@ -346,7 +352,8 @@ def plot_html(
     double-clicking shows it alone). A search box above the map finds the models whose id contains
     what is typed (any case): it rings them, points an arrow at one (Enter: the next) and says how
     many matched. Up to :data:`WEBGL_FROM` models the points are SVG markers (plotly ``scatter``);
-    from there on WebGL (``scattergl``), which stays responsive with tens of thousands.
+    from there on WebGL (``scattergl``), which stays responsive with tens of thousands. ``edges`` (child, parent
+    rows of the model tree) are drawn as lines behind a toggle, hidden at first.
     """
     coords = _check(coords, meta)
     import plotly.graph_objects as go
@@ -368,8 +375,9 @@ def plot_html(
             hovertemplate=HOVER,
         )
     )
+    tree = _add_edges(fig, coords, edges, webgl=webgl) if len(edges) else None
     heading = _html_text(title) if title else f"{axis} map"
-    _layout_html(fig, sets, legend_titles, mark=mark, n=len(coords), heading=heading, axis=axis)
+    _layout_html(fig, sets, legend_titles, mark=mark, n=len(coords), heading=heading, axis=axis, tree=tree)
     page = _html_page(fig, sources=sets["dataset"], mark=mark, page_title=title or f"modelvec {axis} map")
     return write_atomically(Path(path), lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
 
@@ -438,21 +446,89 @@ def _add_map_traces(
     return sets, legend_titles
 
 
+def _add_edges(fig: Any, coords: np.ndarray, edges: Sequence[tuple[int, int]], *, webgl: bool) -> int:
+    """The model tree's edges between mapped models, one line trace (hidden until toggled): its index."""
+    import plotly.graph_objects as go
+
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for child, parent in edges:
+        xs += [float(coords[child, 0]), float(coords[parent, 0]), None]
+        ys += [float(coords[child, 1]), float(coords[parent, 1]), None]
+    trace = go.Scattergl if webgl else go.Scatter
+    fig.add_trace(
+        trace(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name="model tree",
+            visible=False,
+            showlegend=False,
+            hoverinfo="skip",
+            line=dict(color="rgba(60,60,60,0.55)", width=1),
+        )
+    )
+    return len(fig.data) - 1
+
+
 def _layout_html(
-    fig: Any, sets: dict[str, list[int]], legend_titles: dict[str, str], *, mark: int, n: int, heading: str, axis: str
+    fig: Any,
+    sets: dict[str, list[int]],
+    legend_titles: dict[str, str],
+    *,
+    mark: int,
+    n: int,
+    heading: str,
+    axis: str,
+    tree: int | None = None,
 ) -> None:
     """Title, equal-scaled axes, the legend, and the buttons that switch colourings (the search's rings
-    stay visible under each)."""
+    stay visible under each), and where the model tree is drawn, the toggle of its edges (left as it is by the
+    colourings)."""
     buttons = []
+    points = [i for i in range(len(fig.data)) if i != tree]
     for by in COLOR_BY:
-        visible = [False] * len(fig.data)
-        for i in [*sets[by], mark]:
-            visible[i] = True
+        shown = {*sets[by], mark}
         buttons.append(
             dict(
                 label=f"colour by {_TITLES[by]}",
                 method="update",
-                args=[{"visible": visible}, {"legend.title.text": legend_titles[by]}],
+                args=[{"visible": [i in shown for i in points]}, {"legend.title.text": legend_titles[by]}, points],
+            )
+        )
+    menus = [
+        dict(
+            type="buttons",
+            direction="right",
+            buttons=buttons,
+            active=0,
+            showactive=True,
+            x=0.0,
+            xanchor="left",
+            y=1.01,
+            yanchor="bottom",
+            pad=dict(r=4, b=4),
+            font=dict(size=11),
+        )
+    ]
+    if tree is not None:
+        toggle = [
+            dict(label="tree edges off", method="restyle", args=[{"visible": False}, [tree]]),
+            dict(label="tree edges on", method="restyle", args=[{"visible": True}, [tree]]),
+        ]
+        menus.append(
+            dict(
+                type="buttons",
+                direction="right",
+                buttons=toggle,
+                active=0,
+                showactive=True,
+                x=1.0,
+                xanchor="right",
+                y=1.01,
+                yanchor="bottom",
+                pad=dict(r=4, b=4),
+                font=dict(size=11),
             )
         )
     fig.update_layout(
@@ -471,21 +547,7 @@ def _layout_html(
         legend=dict(title=dict(text=legend_titles["dataset"]), itemsizing="constant"),
         xaxis=dict(title=dict(text=f"{axis} 1"), zeroline=False),
         yaxis=dict(title=dict(text=f"{axis} 2"), zeroline=False, scaleanchor="x", scaleratio=1),
-        updatemenus=[
-            dict(
-                type="buttons",
-                direction="right",
-                buttons=buttons,
-                active=0,
-                showactive=True,
-                x=0.0,
-                xanchor="left",
-                y=1.01,
-                yanchor="bottom",
-                pad=dict(r=4, b=4),
-                font=dict(size=11),
-            )
-        ],
+        updatemenus=menus,
     )
 
 

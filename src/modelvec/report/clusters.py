@@ -257,6 +257,7 @@ def cluster(
             if standardize and len(meta) >= 3
             else None
         )
+        edges = _tree_edges(db, base_name, representation, meta)
     labels = [list(d) for d in meta["datasets"]]
     if label_sources is not None:
         labels = [
@@ -287,8 +288,27 @@ def cluster(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
     report.reduce, report.reduce_note = reduce, note
-    _draw(report, coordinates, meta, folder, seed, geo, representation)
+    _draw(report, coordinates, meta, folder, seed, geo, representation, edges)
     return report
+
+
+#: Models up to which the map draws the model tree's edges (the tree is a pass over every pair of traces).
+TREE_EDGES_UP_TO = 4000
+
+
+def _tree_edges(db: Store, base: str, representation: Representation, meta: pd.DataFrame) -> list[tuple[int, int]]:
+    """The model tree's edges between mapped models, as (child, parent) rows of ``meta``: none without traces or
+    above :data:`TREE_EDGES_UP_TO` models."""
+    if len(meta) > TREE_EDGES_UP_TO or len(meta) < 2:
+        return []
+    from .tree import model_tree
+
+    try:
+        tree = model_tree(base, representation=representation, store=db)
+    except NothingStoredError:
+        return []
+    row = {m: i for i, m in enumerate(meta["model"])}
+    return [(row[n.model], row[p]) for n in tree.nodes for p in n.parents if n.model in row and p in row]
 
 
 def _scores(
@@ -345,6 +365,7 @@ def _draw(
     seed: int,
     geo: Geometry,
     representation: Representation,
+    edges: list[tuple[int, int]],
 ) -> None:
     """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors (and UMAP's
     nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
@@ -360,5 +381,7 @@ def _draw(
         plot_png(coords, meta, folder / f"clusters-{reduce}.png", method=reduce, title=title, subtitle=subtitle)
     )
     report.files["html"] = str(
-        plot_html(coords, meta, folder / f"clusters-{reduce}.html", method=reduce, title=f"{title} — {subtitle}")
+        plot_html(
+            coords, meta, folder / f"clusters-{reduce}.html", method=reduce, title=f"{title} — {subtitle}", edges=edges
+        )
     )
