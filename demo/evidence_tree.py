@@ -44,7 +44,7 @@ def traces_of(folder: Path) -> tuple[dict, dict]:
         adapters = set(db.con.execute("SELECT model FROM vectors WHERE adapter").df()["model"])
     key_of = Representation().key()
     assert key == key_of, (key, key_of)
-    return truth, {"traces": traces, "adapters": adapters}
+    return truth, {"traces": traces.frame, "sketches": traces.sketches, "adapters": adapters}
 
 
 def infer(data: dict, rule: TreeRule) -> Tree:
@@ -55,7 +55,7 @@ def infer(data: dict, rule: TreeRule) -> Tree:
         for m, p in zip(traces["model"], traces["parent"])
         if m in data["adapters"]
     }
-    sketches = list(traces["sketch"])
+    sketches = data["sketches"]
     return infer_tree(
         "base", list(traces["model"]), sketches, float(traces["scale"].iloc[0]), levels, adapters=adapters, rule=rule
     )

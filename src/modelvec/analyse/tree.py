@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-#: Models up to which the whole tree's inner products are made at once (a 4,000 x 4,000 float64 Gram: 128 MB).
+#: Models up to which the whole tree's inner products are made at once (a 4,000 x 4,000 float32 Gram: 64 MB).
 GRAM_UP_TO = 4000
 KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated")
 #: A declared relation (the Hub's ``base_model_relation``) as the kind it claims.
@@ -135,7 +135,7 @@ def infer_tree(
     what cards say, (relation, parents); ``base_names``: other names of the base in ``declared``; ``only``: the
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs)."""
     adapters = dict(adapters or {})
-    t = np.asarray(np.stack(list(sketches)), np.float64)
+    t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     inference = _Inference(models, t, scale, levels, rule or TreeRule(), set(adapters), only is None)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
@@ -158,7 +158,7 @@ class _Inference:
     ) -> None:
         self.models, self.t, self.rule, self.all = list(models), t, rule, every
         self.index = {m: i for i, m in enumerate(self.models)}
-        self.norms = np.linalg.norm(t, axis=1)
+        self.norms = np.sqrt(np.einsum("ij,ij->i", t, t, dtype=np.float64))
         self.size = self.norms / scale if scale > 0 else np.zeros(len(models))
         self.levels = [None if lv is None or math.isnan(lv) else float(lv) for lv in levels]
         self.kind = ["fine-tune"] * len(models)
@@ -182,8 +182,8 @@ class _Inference:
         """Every trace's inner product with ``i``'s: from the Gram matrix, made once where every node is asked for
         (and it fits: :data:`GRAM_UP_TO` models), else one pass over the traces."""
         if self._gram is None and self.all and len(self.models) <= GRAM_UP_TO:
-            self._gram = self.t @ self.t.T
-        return self._gram[i] if self._gram is not None else self.t @ self.t[i]
+            self._gram = self.t @ self.t.T  # float32: the traces' own precision, half the memory
+        return (self._gram[i] if self._gram is not None else self.t @ self.t[i]).astype(np.float64)
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]
@@ -224,8 +224,9 @@ class _Inference:
         near = [int(j) for j in np.argsort(cos)[::-1][: rule.merge_candidates] if cos[j] > 0]
         if not near:
             return None
-        weights, residual = nnls(t[near].T, t[i])
-        ratio = residual / max(min(_residual(t[i], t[j]) for j in near), 1e-300)
+        target, fitted = t[i].astype(np.float64), t[near].astype(np.float64)
+        weights, residual = nnls(fitted.T, target)
+        ratio = residual / max(min(_residual(target, row) for row in fitted), 1e-300)
         kept = [(near[k], float(w)) for k, w in enumerate(weights) if w >= rule.merge_weight]
         if ratio >= rule.merge_ratio or not kept:
             return None
@@ -237,14 +238,19 @@ class _Inference:
         return [j for j, _ in kept], np.array([w for _, w in kept]), _margin(ratio, rule.merge_ratio)
 
     def parent(self, i: int) -> tuple[int, float]:
-        """The nearest model that ``i`` goes beyond (-1: the base), and how clearly it is nearer than the next."""
+        """The nearest model that ``i`` goes beyond (-1: the base), and how clearly it is nearer than the next.
+
+        A quantization's rounding is far larger than a fine-tune's delta (4 bits: about 20 times), so the share of
+        its parent's delta it holds is lost in it: its parent is the nearest model, the rounding the same
+        distance from every candidate."""
         norms = self.norms
         lo, hi = self.rule.beyond
         dots = self.dots(i)
         share = dots / np.maximum(norms**2, 1e-300)
         distance = np.sqrt(np.maximum(norms[i] ** 2 + norms**2 - 2 * dots, 0))
-        can = np.array([k in ("fine-tune", "merge") for k in self.kind]) & (norms > 0) & (norms < norms[i])
-        can &= (share >= lo) & (share <= hi)
+        can = np.array([k in ("fine-tune", "merge") for k in self.kind]) & (norms > 0)
+        if self.kind[i] != "quantization":
+            can &= (norms < norms[i]) & (share >= lo) & (share <= hi)
         can[i] = False
         best: list[tuple[float, int]] = [(float(norms[i]), -1)]  # the base: T = 0, always gone beyond
         for j in np.flatnonzero(can):

@@ -33,8 +33,8 @@ def model_tree(
     representation = representation or Representation()
     with opened(store, read_only=True) as db:
         stored = stored_base(db, base, representation)
-        traces = db.traces(stored, representation.key())
-        if traces.empty:
+        stored_traces = db.traces(stored, representation.key())
+        if stored_traces.empty:
             raise NothingStoredError(
                 stored,
                 f"no traces stored with representation {representation.key()} (vectors stored before traces were "
@@ -42,6 +42,7 @@ def model_tree(
             )
         meta = db.metadata(base=stored, representation=representation)
         catalogue = db.catalogue(base=stored)
+    traces = stored_traces.frame
     adapters = set(meta.loc[meta["adapter"].fillna(False).astype(bool), "model"])
     embedded_on = {
         m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
@@ -52,7 +53,7 @@ def model_tree(
     return infer_tree(
         str(base),
         list(traces["model"]),
-        list(traces["sketch"]),
+        stored_traces.sketches,
         float(traces["scale"].iloc[0]),
         levels,
         adapters=embedded_on,

@@ -3,7 +3,7 @@
 The vector's blocks are normalised, so a delta's size is gone from it, and its mean over layers mixes them. The
 trace keeps what the tree needs (:mod:`modelvec.analyse.tree`):
 
-- ``sketch``: one more CountSketch, into :data:`TRACE_FLOATS` buckets, of every block's raw sketch (before its
+- ``sketch``: one more CountSketch, into :data:`TRACE_FLOATS` buckets (64 KB a model), of every block's raw sketch (before its
   norm), so of the rows read of the whole delta W_model - W_base. Linear in the weights: a merge's trace is its
   parents' weighted sum, an adapter on a fine-tune's is the fine-tune's plus its own, and the distance between
   two traces estimates the distance between the two models' weights (a Johnson-Lindenstrauss embedding).
@@ -28,8 +28,10 @@ import numpy as np
 if TYPE_CHECKING:  # the store reads traces without torch: the map and the counts import it when made
     import torch
 
-#: Buckets of a trace's sketch: a distance between two traces within about 2 % of the weights' (1/sqrt(4096)).
-TRACE_FLOATS = 4096
+#: Buckets of a trace's sketch: an inner product within |a| |b| / 128 of the weights' (1/sqrt(16384)). A 4-bit round
+#: trip's rounding is ~20x a short fine-tune's delta; its parent is found where this error on the rounding's cross
+#: terms stays below the delta's own size (docs/tree.md: 4,096 buckets were too few on the selection half).
+TRACE_FLOATS = 16384
 #: Stored rows of each matrix whose values are counted for ``levels``.
 LEVEL_ROWS = 16
 

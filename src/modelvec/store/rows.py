@@ -37,11 +37,12 @@ class VectorRow:
     trace: Trace | None = None  # what the model tree is inferred from (None: not the sketch)
     parent: str | None = None  # the fine-tune an adapter was embedded on (None: the base)
 
-    def trace_record(self) -> dict[str, Any] | None:
-        """The ``traces`` columns of this row (None without a trace)."""
-        if self.trace is None:
-            return None
-        return trace_record(self.model, self.base, self.base_hash, self.params, self.trace, self.parent)
+    def trace_record(self, offset: int, sketch_hash: str) -> dict[str, Any]:
+        """The ``traces`` columns of this row, its sketch's bytes at ``offset`` of the vector file."""
+        assert self.trace is not None
+        return trace_record(
+            self.model, self.base, self.base_hash, self.params, self.trace, offset, sketch_hash, self.parent
+        )
 
     def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
         """The ``vectors`` columns of this row, its bytes at ``offset`` of the vector file with checksum ``vector_hash``."""
@@ -72,15 +73,24 @@ class VectorRow:
 
 
 def trace_record(
-    model: str, base: str, base_hash: str, params: Representation, trace: Trace, parent: str | None = None
+    model: str,
+    base: str,
+    base_hash: str,
+    params: Representation,
+    trace: Trace,
+    offset: int,
+    sketch_hash: str,
+    parent: str | None = None,
 ) -> dict[str, Any]:
-    """One ``traces`` row: a model's trace."""
+    """One ``traces`` row: a model's trace, its sketch's bytes at ``offset`` of the vector file."""
     return {
         "model": model,
         "base": base,
         "base_hash": base_hash,
         "params": params.key(),
-        "sketch": np.ascontiguousarray(trace.sketch, np.float32).tobytes(),
+        "offset": offset,
+        "dim": int(np.size(trace.sketch)),
+        "sketch_hash": sketch_hash,
         "levels": trace.levels,
         "scale": float(trace.scale),
         "parent": parent,

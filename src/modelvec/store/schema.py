@@ -134,7 +134,8 @@ BASES = Table(
     ("base",),
 )
 #: Each stored model's trace (:mod:`modelvec.represent.trace`): the tree of a base's derivatives is inferred from
-#: it. ``sketch``: float32 bytes; ``scale``: the base's weights' size in the same map; ``parent``: the fine-tune an
+#: it. Its sketch's float32 bytes are in the vector file (``offset``, ``dim``, checksum ``sketch_hash``), read as
+#: the vectors are; ``scale``: the base's weights' size in the same map; ``parent``: the fine-tune an
 #: adapter was embedded on (NULL: on the base).
 TRACES = Table(
     "traces",
@@ -143,7 +144,9 @@ TRACES = Table(
         ("base", "VARCHAR NOT NULL"),
         ("base_hash", "VARCHAR NOT NULL"),
         ("params", "VARCHAR NOT NULL"),
-        ("sketch", "BLOB NOT NULL"),
+        ("offset", "BIGINT NOT NULL"),
+        ("dim", "INTEGER NOT NULL"),
+        ("sketch_hash", "VARCHAR NOT NULL"),
         ("levels", "DOUBLE"),
         ("scale", "DOUBLE NOT NULL"),
         ("parent", "VARCHAR"),

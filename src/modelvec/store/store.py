@@ -80,6 +80,19 @@ def default_store_path() -> Path:
 
 
 @dataclass
+class StoredTraces:
+    """One base's stored traces: a row per model (model, base_hash, levels, scale, parent) and their sketches, one
+    row of ``sketches`` each, in the same order."""
+
+    frame: pd.DataFrame
+    sketches: np.ndarray
+
+    @property
+    def empty(self) -> bool:
+        return self.frame.empty
+
+
+@dataclass
 class StoreOverview:
     """What ``modelvec show`` prints: counts per base and representation, the models, the failures."""
 
@@ -203,22 +216,17 @@ class Store:
         name change in one commit: a crash at any point leaves the old store or the new one whole.
         Not while a writer of this store is running.
         """
-        rows = self.con.execute(
-            'SELECT model, base, base_hash, params, "offset", dim, vector_hash FROM vectors ORDER BY "offset"'
-        ).fetchall()
+        tables = [("vectors", "vector_hash")] + ([("traces", "sketch_hash")] if "traces" in self._tables() else [])
         before = self.vector_file.path.stat().st_size
         new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}")
         try:
-            moved = []
-            for lo in range(0, len(rows), 256):  # 256 vectors in memory at a time
-                part = rows[lo : lo + 256]
-                vectors = [self.vector_file.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
-                moved += [[offset, *r[:4]] for offset, r in zip(new.append(vectors), part)]
+            moved = {table: self._copy_rows(table, digest, new) for table, digest in tables}
             with transaction(self.con):
-                self.con.executemany(
-                    'UPDATE vectors SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
-                    moved,
-                )
+                for table, rows in moved.items():
+                    self.con.executemany(
+                        f'UPDATE {table} SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
+                        rows,
+                    )
                 self.con.execute("INSERT OR REPLACE INTO store_meta VALUES ('vector_file', ?)", [new.path.name])
         except BaseException:
             new.close()
@@ -228,6 +236,19 @@ class Store:
         old.close()
         old.path.unlink(missing_ok=True)
         return before, new.path.stat().st_size
+
+    def _copy_rows(self, table: str, digest: str, new: VectorFile) -> list[list[Any]]:
+        """Copy the bytes ``table``'s rows point at to ``new`` (checksums verified), 256 at a time: their new offsets
+        with their keys."""
+        rows = self.con.execute(
+            f'SELECT model, base, base_hash, params, "offset", dim, {digest} FROM {table} ORDER BY "offset"'
+        ).fetchall()
+        moved = []
+        for lo in range(0, len(rows), 256):
+            part = rows[lo : lo + 256]
+            arrays = [self.vector_file.read([r[4]], r[5], [r[6]], [r[0]])[0] for r in part]
+            moved += [[offset, *r[:4]] for offset, r in zip(new.append(arrays), part)]
+        return moved
 
     # --- writes -------------------------------------------------------------------------------
     def put(self, row: VectorRow) -> None:
@@ -242,17 +263,24 @@ class Store:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
         return StoreWriter(self.con.cursor(), self.vector_file)
 
-    def traces(self, base: str, params: str) -> pd.DataFrame:
-        """The traces stored for ``base`` under the representation key ``params``: model, base_hash, sketch (a
-        float32 array each), levels, scale, parent. Empty in a store older than traces."""
+    def traces(self, base: str, params: str) -> StoredTraces:
+        """The traces stored for ``base`` under the representation key ``params``, in model order: their rows
+        (model, base_hash, levels, scale, parent) and their sketches, one (n, dim) float32 matrix read from the
+        vector file (checksums verified). Empty in a store older than traces."""
         if "traces" not in self._tables():
-            return pd.DataFrame(columns=["model", "base_hash", "sketch", "levels", "scale", "parent"])
+            return StoredTraces(
+                pd.DataFrame(columns=["model", "base_hash", "levels", "scale", "parent"]), np.zeros((0, 0))
+            )
         df = self.con.execute(
-            "SELECT model, base_hash, sketch, levels, scale, parent FROM traces WHERE base = ? AND params = ? ORDER BY model",
+            'SELECT model, base_hash, levels, scale, parent, "offset", dim, sketch_hash FROM traces '
+            "WHERE base = ? AND params = ? ORDER BY model",
             [base, params],
         ).df()
-        df["sketch"] = [np.frombuffer(bytes(b), np.float32) for b in df["sketch"]]
-        return df
+        dim = int(df["dim"].max()) if len(df) else 0
+        if len(df) and (df["dim"] != dim).any():
+            raise StoreError(base, f"its stored traces under {params} differ in size: re-embed them with --force")
+        sketches = self.vector_file.read(list(df["offset"]), dim, list(df["sketch_hash"]), list(df["model"]))
+        return StoredTraces(df.drop(columns=["offset", "dim", "sketch_hash"]), sketches)
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}

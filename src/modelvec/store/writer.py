@@ -15,19 +15,21 @@ from .vectorfile import VectorFile, checksum, vector_bytes
 
 
 def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
-    """Write vectors and failures: the bytes first (fsynced), then every row in one transaction."""
+    """Write vectors (and their traces) and failures: the bytes first (fsynced), then every row in one transaction."""
     vectors = [vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
-    offsets = iter(vector_file.append(vectors))
-    hashes = iter([checksum(v) for v in vectors])
+    sketches = [vector_bytes(row.trace.sketch) for row in rows if isinstance(row, VectorRow) and row.trace is not None]
+    written = vector_file.append(vectors + sketches)  # one fsync for both
+    offsets, sketch_offsets = iter(written[: len(vectors)]), iter(written[len(vectors) :])
+    hashes, sketch_hashes = iter([checksum(v) for v in vectors]), iter([checksum(s) for s in sketches])
     with transaction(con):
         for row in rows:
             record = row.record() if isinstance(row, Failure) else row.record(next(offsets), next(hashes))
             table = FAILURES if isinstance(row, Failure) else VECTORS
             con.execute(table.insert(list(record)), list(record.values()))
+            if isinstance(row, VectorRow) and row.trace is not None:
+                traced = row.trace_record(next(sketch_offsets), next(sketch_hashes))
+                con.execute(TRACES.insert(list(traced)), list(traced.values()))
             if isinstance(row, VectorRow):  # a vector replaces its model's failure
-                traced = row.trace_record()
-                if traced is not None:
-                    con.execute(TRACES.insert(list(traced)), list(traced.values()))
                 con.execute(
                     "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?",
                     [record["model"], record["base"], record["params"]],
