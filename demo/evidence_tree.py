@@ -22,7 +22,7 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
-from modelvec import embed
+from modelvec import DeltaEmbedder, embed
 from modelvec.analyse.tree import Tree, TreeRule, infer_tree
 from modelvec.represent import Representation
 from modelvec.store import Store
@@ -30,24 +30,38 @@ from modelvec.store import Store
 ZOOS = {"encoder": ".cache/tree-encoder", "decoder": ".cache/tree-decoder"}
 
 
-def traces_of(folder: Path) -> tuple[dict, dict]:
+def traces_of(folder: Path, representation: Representation) -> tuple[dict, dict]:
     """The zoo's truth and its stored traces (embedded here first, cached in the zoo's store)."""
     truth = json.loads((folder / "tree.json").read_text())
     store = folder.with_suffix(".duckdb")
     paths = [m["path"] for m in truth["models"]]
-    result = embed(truth["base"], paths, store=store, load=False)
+    result = embed(truth["base"], paths, store=store, load=False, representation=representation)
     if result.failed:
         print(f"{folder.name}: failed {result.failed}")
     with Store(store, read_only=True) as db:
-        base, key = db.con.execute("SELECT base, params FROM vectors LIMIT 1").fetchone()
-        traces = db.traces(base, key)
+        base = db.con.execute("SELECT base FROM vectors LIMIT 1").fetchone()[0]
+        traces = db.traces(base, representation.key())
         adapters = set(db.con.execute("SELECT model FROM vectors WHERE adapter").df()["model"])
-    key_of = Representation().key()
-    assert key == key_of, (key, key_of)
-    return truth, {"traces": traces.frame, "sketches": traces.sketches, "adapters": adapters}
+    return truth, {
+        "traces": traces.frame,
+        "sketches": traces.sketches,
+        "adapters": adapters,
+        "read": read_share(truth["base"], representation),
+    }
 
 
-def infer(data: dict, rule: TreeRule) -> Tree:
+def read_share(base: str, representation: Representation) -> float:
+    """The share of the base's weight files' bytes that the representation (so the trace) reads of a model."""
+    embedder = DeltaEmbedder(representation).fit(base)
+    ck = embedder.base_
+    read = sum(
+        p.n_selected * p.n_cols * ck.get_stored(p.tensor, whole=False).element_size() for p in embedder.plans_.values()
+    )
+    files = sum(f.stat().st_size for f in Path(base).glob("*.safetensors"))
+    return read / files
+
+
+def infer(data: dict, rule: TreeRule, truth: dict | None = None) -> Tree:
     traces = data["traces"]
     levels = [None if lv != lv else float(lv) for lv in traces["levels"]]
     adapters = {
@@ -57,7 +71,36 @@ def infer(data: dict, rule: TreeRule) -> Tree:
     }
     sketches = data["sketches"]
     return infer_tree(
-        "base", list(traces["model"]), sketches, float(traces["scale"].iloc[0]), levels, adapters=adapters, rule=rule
+        "base",
+        list(traces["model"]),
+        sketches,
+        float(traces["scale"].iloc[0]),
+        levels,
+        adapters=adapters,
+        rule=rule,
+        declared=declared_of(truth) if truth is not None else None,
+    )
+
+
+def declared_of(truth: dict) -> dict[str, tuple[str | None, list[str]]]:
+    """What each member's card declares, its parents named as the store names them (paths; the base: "base")."""
+    path = {m["model"]: m["path"] for m in truth["models"]}
+    return {
+        m["path"]: (m["declared"]["relation"], [path.get(p, p) for p in m["declared"]["parents"]])
+        for m in truth["models"]
+    }
+
+
+def flags(truth: dict, tree: Tree) -> str:
+    """Which declared edges the weights contradict, against the two the zoo declares wrong."""
+    wrong = {m["path"] for m in truth["models"] if m.get("declared_wrong")}
+    flagged = {n.model for n in tree.nodes if not n.agrees}
+    name = {m["path"]: m["model"] for m in truth["models"]}
+    return (
+        f"cards the weights contradict: {len(flagged & wrong)} of the {len(wrong)} declared wrong flagged "
+        f"({', '.join(sorted(name[m] for m in flagged & wrong)) or 'none'}); "
+        f"{len(flagged - wrong)} of the {len(name) - len(wrong)} declared right flagged "
+        f"({', '.join(sorted(name[m] for m in flagged - wrong)) or 'none'})"
     )
 
 
@@ -114,13 +157,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoos", default="encoder,decoder")
     parser.add_argument("--choose", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path(".cache/evidence-out/tree.md"))
+    parser.add_argument("--rows", default="auto", help="the representation's share of rows (auto: the default)")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    zoos = {z: traces_of(Path(ZOOS[z])) for z in args.zoos.split(",") if (Path(ZOOS[z]) / "tree.json").exists()}
+    representation = Representation(rows=args.rows if args.rows == "auto" else float(args.rows))
+    zoos = {
+        z: traces_of(Path(ZOOS[z]), representation)
+        for z in args.zoos.split(",")
+        if (Path(ZOOS[z]) / "tree.json").exists()
+    }
     rule = choose(zoos) if args.choose else TreeRule()
-    lines = [f"rule: {rule}", ""]
+    lines = [f"rule: {rule}", f"representation: {representation.key()}", ""]
     for name, (truth, data) in zoos.items():
-        tree = infer(data, rule)
+        tree = infer(data, rule, truth)
+        lines += [flags(truth, tree), ""]
+        lines += [f"{name}: the traces read {data['read']:.1%} of the weight files' bytes", ""]
         for half in ("selection", "report"):
             rows = outcomes(truth, tree, half)
             lines += [
@@ -132,8 +183,9 @@ def main() -> None:
             lines += [f"| {k} | {n} | {p} | {q} |" for k, n, p, q in summary(rows)]
             wrong = [r for r in rows if not (r["parent"] and r["kind_ok"])]
             lines += ["", f"wrong: {wrong}" if wrong else "wrong: none", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    out = args.out or Path(f".cache/evidence-out/tree-rows-{args.rows}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

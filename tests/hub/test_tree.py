@@ -115,6 +115,7 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
         )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("a cycle of declared bases") == 1
+    assert "1 quantization recorded, not mapped (--rejected lists them)" in out.stdout
     names = [line.split("│")[1].rstrip()[1:] for line in out.stdout.splitlines() if line.count("│") > 2]
     assert names == [
         "u/a",

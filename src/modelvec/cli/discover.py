@@ -75,4 +75,8 @@ def discover(
         console.print(rejected)
     for note in found.notes:
         say(console, note)
+    quantized = [e for e in found.rejected if e.relation == "quantized" and "recorded, not mapped" in e.reason]
+    if quantized and not show_rejected:
+        what = "quantization" if len(quantized) == 1 else "quantizations"
+        say(console, f"{len(quantized)} {what} recorded, not mapped (--rejected lists them)")
     say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {db.path}")
