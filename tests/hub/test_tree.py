@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -128,3 +129,40 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
         "u/lora",
         "u/merged",
     ]
+
+
+def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_path):
+    """base -> u/ft (a fine-tune) -> u/lora-on-ft (a real peft adapter trained on it): embedded from the Hub as the
+    fine-tune's delta plus its own, the parent named in its trace."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertModel
+
+    from modelvec import DeltaEmbedder
+    from modelvec.run import embed_discovered
+
+    ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3, scale=0.01)
+    peft_model = get_peft_model(
+        BertModel.from_pretrained(ft), LoraConfig(init_lora_weights=False, r=2, target_modules=["query", "value"])
+    )
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.01)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish(BASE, files(tiny_bert, {"license": "apache-2.0"}))
+    hub.publish("u/ft", files(ft, {"base_model": BASE}))
+    hub.publish("u/lora-on-ft", files(tmp_path / "adapter", {"base_model": "u/ft"}))
+    store = tmp_path / "s.duckdb"
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        result = embed_discovered(BASE, store=store, settings=settings)
+    assert result.failed == {} and sorted(result.embedded) == ["u/ft", "u/lora-on-ft"]
+    expected = DeltaEmbedder().fit(tiny_bert).embed_traced(tmp_path / "adapter", parent=ft)
+    got = result.vectors[list(result.metadata["model"]).index("u/lora-on-ft")]
+    np.testing.assert_allclose(got, expected.vector, atol=1e-6 * np.abs(expected.vector).max())
+    with Store(store, read_only=True) as db:
+        key = db.con.execute("SELECT params FROM vectors LIMIT 1").fetchone()[0]
+        traces = db.traces(BASE, key).frame.set_index("model")
+    assert traces.loc["u/lora-on-ft", "parent"] == "u/ft"

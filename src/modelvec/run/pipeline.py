@@ -184,10 +184,11 @@ def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str
     for row in frame.to_dict("records"):
         row.pop("discovered_at", None)
         labels = json.loads(row.pop("labels_json") or "[]")
-        for key in ("tags", "files", "formats", "datasets"):
+        for key in ("tags", "files", "formats", "datasets", "parents"):
             row[key] = list(row[key]) if row[key] is not None else []
         for key in ("downloads", "likes"):
             row[key] = None if pd.isna(row[key]) else int(row[key])
+        row["depth"] = 1 if row["depth"] is None or pd.isna(row["depth"]) else int(row["depth"])
         entries.append(CatalogueEntry(**row, labels=labels))
     return entries
 
