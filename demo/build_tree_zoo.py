@@ -469,6 +469,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="zoo folder (created if missing)")
     ap.add_argument("--base", choices=("encoder", "decoder"), required=True)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 while another CPU job runs)")
+    ap.add_argument(
+        "--full-lr",
+        type=float,
+        default=None,
+        help="full fine-tunes' learning rate (default 5e-5; the decoder's deltas then sit at bf16's resolution)",
+    )
     args = ap.parse_args()
     if args.threads < 1:
         ap.error("--threads must be positive")
@@ -482,6 +488,8 @@ def main() -> None:
         be: Backend = EncoderBackend(base_model_dir().resolve())
     else:
         be = DecoderBackend(decoder_base(out).resolve())
+    if args.full_lr is not None:
+        be.full_lr = args.full_lr
     members = trained_members(be.datasets) + derived_members(be.datasets)
     for m in members:
         if (out / m.name).is_dir():

@@ -40,7 +40,8 @@ def main() -> None:
     for name in args.zoos.split(","):
         folder, store, selection = ZOOS[name]
         zoo = json.loads((Path(folder) / "zoo.json").read_text())
-        variants = {Representation().label(): Representation()}
+        unbounded = Representation(size="none")  # the default before the size budget: what the budget is held to
+        variants = {unbounded.label(): unbounded}
         for size in (int(x) for x in args.sizes.split(",")):
             bounded = Representation(size=size)
             variants[bounded.label()] = bounded

@@ -27,7 +27,11 @@ from modelvec.analyse.tree import Tree, TreeRule, infer_tree
 from modelvec.represent import Representation
 from modelvec.store import Store
 
-ZOOS = {"encoder": ".cache/tree-encoder", "decoder": ".cache/tree-decoder"}
+ZOOS = {
+    "encoder": ".cache/tree-encoder",
+    "decoder": ".cache/tree-decoder",
+    "decoder-long": ".cache/tree-decoder-long",  # full fine-tunes at 10x the learning rate: deltas beyond bf16's step
+}
 
 
 def traces_of(folder: Path, representation: Representation) -> tuple[dict, dict]:
