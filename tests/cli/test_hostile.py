@@ -222,7 +222,7 @@ def out_full(w: World, tmp: Path, m: Mounts) -> Place:
 
 def store_full(w: World, tmp: Path, m: Mounts) -> Place:
     """The store on a disk with no byte left: a new vector cannot be written."""
-    disk = m.small(tmp / "disk", "2m")
+    disk = m.small(tmp / "disk", "4m")
     store = w.copy_store(disk)
     filler = fill(disk)
     return Place(store, tmp / "out", notes={"filler": filler})
@@ -234,9 +234,11 @@ def store_full_but_one_vector(w: World, tmp: Path, m: Mounts) -> Place:
     place = store_full(w, tmp, m)
     with Store(w.store, read_only=True) as db:
         dim = db.con.execute("SELECT max(dim) FROM vectors").fetchone()[0]
+        trace = db.con.execute("SELECT max(dim) FROM traces").fetchone()[0]  # its trace's bytes follow the vector's
     page = os.sysconf("SC_PAGE_SIZE")
     size = (place.store.parent / f"{place.store.name}.vectors").stat().st_size
     end = size + (-size % 64) + 4 * dim
+    end += -end % 64 + 4 * trace
     pages = -(-end // page) - -(-size // page)
     filler = place.notes["filler"]
     assert isinstance(filler, Path)

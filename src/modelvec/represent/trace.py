@@ -55,10 +55,12 @@ class Tracer:
     def __init__(self, sizes: Mapping[Key, int], seed: int) -> None:
         import torch
 
+        #: buckets: TRACE_FLOATS, or the raw blocks' floats where they are fewer (more would add no precision)
+        self.floats = min(TRACE_FLOATS, sum(sizes.values()))
         self.tables: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
         for key, size in sizes.items():
             gen = torch.Generator().manual_seed(zlib.crc32(repr((seed, "trace", *key)).encode()))
-            where = torch.randint(0, TRACE_FLOATS, (size,), generator=gen)
+            where = torch.randint(0, self.floats, (size,), generator=gen)
             sign = (torch.randint(0, 2, (size,), generator=gen) * 2 - 1).double()
             self.tables[key] = (where, sign)
 
@@ -66,7 +68,7 @@ class Tracer:
         """The trace's sketch of the raw blocks given (a block not given is a zero delta)."""
         import torch
 
-        out = torch.zeros(TRACE_FLOATS, dtype=torch.float64)
+        out = torch.zeros(self.floats, dtype=torch.float64)
         for key, block in raw.items():
             where, sign = self.tables[key]
             out.index_add_(0, where, block.reshape(-1).to("cpu", torch.float64) * sign)

@@ -125,6 +125,10 @@ def options_of(settings_json: str) -> str:
     return " ".join(flags(stored)) or "(the defaults)"
 
 
+#: DuckDB's file headers before its first block (one main and two database headers of 4 KiB).
+_DUCKDB_HEADERS = 3 * 4096
+
+
 class Store:
     """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``.
 
@@ -172,6 +176,7 @@ class Store:
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
+            self._check_whole()
             if read_only:
                 self._check_readable()
             else:
@@ -222,7 +227,7 @@ class Store:
         try:
             moved = {table: self._copy_rows(table, digest, new) for table, digest in tables}
             with transaction(self.con):
-                for table, rows in moved.items():
+                for table, rows in ((t, r) for t, r in moved.items() if r):
                     self.con.executemany(
                         f'UPDATE {table} SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
                         rows,
@@ -281,6 +286,14 @@ class Store:
             raise StoreError(base, f"its stored traces under {params} differ in size: re-embed them with --force")
         sketches = self.vector_file.read(list(df["offset"]), dim, list(df["sketch_hash"]), list(df["model"]))
         return StoredTraces(df.drop(columns=["offset", "dim", "sketch_hash"]), sketches)
+
+    def _check_whole(self) -> None:
+        """Refuse a DuckDB file cut short inside a block (by a copy, a download, a full disk): DuckDB writes its
+        headers and whole blocks only, and opens such a file, and writes into it, until it reads a missing block."""
+        row = self.con.execute("SELECT block_size FROM pragma_database_size()").fetchone()
+        size = self.path.stat().st_size
+        if row is not None and size > _DUCKDB_HEADERS and (size - _DUCKDB_HEADERS) % int(row[0]):
+            raise StoreError(str(self.path), "damaged: the file is truncated")
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
