@@ -35,12 +35,12 @@ DECLARED_KIND = {"finetune": "fine-tune", "adapter": "adapter", "merge": "merge"
 
 @dataclass(frozen=True)
 class TreeRule:
-    """The thresholds of the inference (see the module docstring); the defaults were chosen on the selection half
-    of the tree evidence zoo."""
+    """The thresholds of the inference (see the module docstring); the defaults were chosen on the selection halves
+    of the tree evidence zoos (docs/tree.md)."""
 
-    unrelated_size: float = 0.7  # |delta| / |base weights| above which weights are unrelated (random: ~1.41)
+    unrelated_size: float = 0.5  # |delta| / |base weights| above which weights are unrelated (random: 1.06-1.41)
     quantized_levels: float = 0.75  # distinct values a row, against the base's, below which a model is rounded
-    merge_ratio: float = 0.3  # a merge's residual against its best single model's, at most
+    merge_ratio: float = 0.5  # a merge's residual against its best single model's, at most (bf16 rounding: ~0.3)
     merge_weight: float = 0.05  # the least weight of a merge's parent
     merge_candidates: int = 24  # the models nearest in direction a merge is fitted on
     beyond: tuple[float, float] = (0.8, 1.6)  # the share of a parent's delta a child holds
