@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -82,7 +83,8 @@ def zoo(tmp_path_factory):
     peft_model.save_pretrained(root / "lora-on-c")
     config = root / "lora-on-c" / "adapter_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(root / "c")}))
-    models = [root / m for m in ("a", "b", "c", "merge", "a-int8", "unrelated", "lora-on-c")]
+    shutil.copytree(root / "b", root / "b-copy")  # a re-upload of b's very weights
+    models = [root / m for m in ("a", "b", "c", "merge", "a-int8", "unrelated", "lora-on-c", "b-copy")]
     store = root / "s.duckdb"
     result = embed(root / "base", models, store=store, load=False)
     assert result.failed == {}
@@ -103,9 +105,12 @@ def test_each_model_is_placed_and_named_by_its_weights(zoo):
         "a-int8": ("quantization", ["a"]),
         "unrelated": ("unrelated", []),
         "lora-on-c": ("adapter", ["c"]),
+        "b-copy": ("fine-tune", ["b"]),
     }
+    assert by["b-copy"].copy_of == str(root / "b") and by["b"].copy_of is None
     assert by["merge"].weights == pytest.approx([0.5, 0.5], abs=0.02)
-    assert [m for m, n in by.items() if not n.agrees] == ["c"]  # its card names the base; its weights go beyond a
+    # c's card names the base, its weights go beyond a; b-copy's card says a fine-tune of the base, it is b's weights
+    assert sorted(m for m, n in by.items() if not n.agrees) == ["b-copy", "c"]
     assert by["c"].declared_relation == "finetune" and by["c"].declared_parents == [str(root / "base")]
     only = model_tree(root / "base", store=store, only=[str(root / "c")])
     assert [n.model for n in only.nodes] == [str(root / "c")] and only.nodes[0].parent == str(root / "a")
@@ -117,7 +122,7 @@ def test_the_command_prints_the_tree_draws_it_and_answers_json(zoo, tmp_path):
     out = subprocess.run([*env_cli, "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    assert answer["base"] == str(root / "base") and len(answer["models"]) == 7
+    assert answer["base"] == str(root / "base") and len(answer["models"]) == 8
     for m in answer["models"]:
         assert set(m) >= {"model", "parent", "parents", "kind", "confidence", "declared", "agrees"}
         assert m["parents"] == ([m["parent"]] if m["kind"] not in ("merge", "unrelated") else m["parents"])
@@ -131,8 +136,9 @@ def test_the_command_prints_the_tree_draws_it_and_answers_json(zoo, tmp_path):
     )
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
+    assert any(f"b-copy: a copy of {root / 'b'} (identical weights)" in line for line in lines)
     assert any(line.endswith("/c: fine-tune (0.71); its card says finetune of " + str(root / "base")) for line in lines)
-    assert "1 unrelated, 1 whose card the weights contradict" in text.stdout
+    assert "1 unrelated, 2 whose card the weights contradict" in text.stdout
     assert (tmp_path / "tree.png").stat().st_size > 10_000
 
 
@@ -157,5 +163,5 @@ def test_the_html_map_draws_the_tree_behind_a_toggle(zoo, tmp_path):
     assert "tree edges on" in page and "tree edges off" in page
     start = page.index('"name":"model tree"')
     trace = page[page.rindex("{", 0, start) : page.index("}", start)]
-    # between mapped models: c-a, a-int8-a, merge-a, merge-b, lora-on-c-c (the base is not a point of the map)
-    assert trace.count("null") == 2 * 5 and report.files["html"].endswith("clusters-pca.html")
+    # between mapped models: c-a, a-int8-a, merge-a, merge-b, lora-on-c-c, b-copy-b (the base is not on the map)
+    assert trace.count("null") == 2 * 6 and report.files["html"].endswith("clusters-pca.html")

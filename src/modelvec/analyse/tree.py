@@ -62,6 +62,7 @@ class Node:
     agrees: bool = True
     size: float = 0.0  # |delta| / |base weights|
     levels: float | None = None
+    copy_of: str | None = None  # the model whose weights (its trace, bit for bit) this one repeats
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -75,6 +76,8 @@ class Node:
         }
         if self.weights is not None:
             out["weights"] = [round(w, 3) for w in self.weights]
+        if self.copy_of is not None:
+            out["copy_of"] = self.copy_of
         return out
 
 
@@ -177,6 +180,10 @@ class _Inference:
                 )
         self._merges: dict[int, tuple[list[int], np.ndarray, float] | None] = {}
         self._gram: np.ndarray | None = None
+        first: dict[bytes, int] = {}
+        #: each model whose trace repeats an earlier one's bit for bit (identical weights): the first's index
+        self.copy_of = {i: first.setdefault(t[i].tobytes(), i) for i in range(len(self.models))}
+        self.copy_of = {i: j for i, j in self.copy_of.items() if j != i}
 
     def dots(self, i: int) -> np.ndarray:
         """Every trace's inner product with ``i``'s: from the Gram matrix, made once where every node is asked for
@@ -187,7 +194,10 @@ class _Inference:
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]
-        if kind == "unrelated":
+        if i in self.copy_of:  # identical weights: placed under the model it repeats, of its kind
+            original = self.models[self.copy_of[i]]
+            node = Node(m, kind, original, [original], 1.0, copy_of=original)
+        elif kind == "unrelated":
             node = Node(m, "unrelated", None, [], float(self.confidence[i]))
         elif (merge := self.merge(i)) is not None:
             parents, weights, conf = merge
@@ -217,6 +227,7 @@ class _Inference:
         rule, t, norms = self.rule, self.t, self.norms
         usable = np.array([k == "fine-tune" for k in self.kind]) & (norms > 0)
         usable[i] = False
+        usable[list(self.copy_of)] = False  # a copy would share its original's weight
         if norms[i] == 0 or usable.sum() < 2:
             return None
         cos = self.dots(i) / np.maximum(norms * norms[i], 1e-300)
@@ -249,6 +260,7 @@ class _Inference:
         share = dots / np.maximum(norms**2, 1e-300)
         distance = np.sqrt(np.maximum(norms[i] ** 2 + norms**2 - 2 * dots, 0))
         can = np.array([k in ("fine-tune", "merge") for k in self.kind]) & (norms > 0)
+        can[list(self.copy_of)] = False  # its original stands for it
         if self.kind[i] != "quantization":
             can &= (norms < norms[i]) & (share >= lo) & (share <= hi)
         can[i] = False

@@ -42,6 +42,8 @@ def tree(
             else "merge of " + " + ".join(f"{short_name(p)} {w:.2f}" for p, w in zip(node.parents, node.weights or []))
         )
         line = f"{'  ' * depth}{short_name(node.model)}: {what} ({node.confidence:.2f})"
+        if node.copy_of is not None:
+            line = f"{'  ' * depth}{short_name(node.model)}: a copy of {short_name(node.copy_of)} (identical weights)"
         if not node.agrees:
             declared = ", ".join(short_name(p) for p in node.declared_parents) or "nothing"
             line += f"; its card says {node.declared_relation} of {declared}"
