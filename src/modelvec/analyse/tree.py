@@ -222,9 +222,7 @@ class _Inference:
         return self._merges[i]
 
     def _fit_merge(self, i: int) -> tuple[list[int], np.ndarray, float] | None:
-        from scipy.optimize import nnls
-
-        rule, t, norms = self.rule, self.t, self.norms
+        rule, norms = self.rule, self.norms
         usable = np.array([k == "fine-tune" for k in self.kind]) & (norms > 0)
         usable[i] = False
         usable[list(self.copy_of)] = False  # a copy would share its original's weight
@@ -235,9 +233,8 @@ class _Inference:
         near = [int(j) for j in np.argsort(cos)[::-1][: rule.merge_candidates] if cos[j] > 0]
         if not near:
             return None
-        target, fitted = t[i].astype(np.float64), t[near].astype(np.float64)
-        weights, residual = nnls(fitted.T, target)
-        ratio = residual / max(min(_residual(target, row) for row in fitted), 1e-300)
+        weights, residual, single = _nnls_from_products(self._products(near), self.dots(i)[near], norms[i] ** 2)
+        ratio = residual / max(single, 1e-300)
         kept = [(near[k], float(w)) for k, w in enumerate(weights) if w >= rule.merge_weight]
         if ratio >= rule.merge_ratio or not kept:
             return None
@@ -247,6 +244,13 @@ class _Inference:
         if len(kept) < 2:
             return None
         return [j for j, _ in kept], np.array([w for _, w in kept]), _margin(ratio, rule.merge_ratio)
+
+    def _products(self, rows: list[int]) -> np.ndarray:
+        """The inner products among ``rows``' traces (float64), from the Gram matrix where it was made."""
+        if self._gram is not None:
+            return self._gram[np.ix_(rows, rows)].astype(np.float64)
+        part = self.t[rows]
+        return (part @ part.T).astype(np.float64)
 
     def parent(self, i: int) -> tuple[int, float]:
         """The nearest model that ``i`` goes beyond (-1: the base), and how clearly it is nearer than the next.
@@ -276,13 +280,23 @@ class _Inference:
         return best[0][1], _margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0
 
 
-def _residual(target: np.ndarray, other: np.ndarray) -> float:
-    """What is left of ``target`` after the best non-negative multiple of ``other``."""
-    denom = float(other @ other)
-    if denom == 0:
-        return float(np.linalg.norm(target))
-    c = max(0.0, float(target @ other) / denom)
-    return float(np.linalg.norm(target - c * other))
+def _nnls_from_products(gram: np.ndarray, dots: np.ndarray, target_sq: float) -> tuple[np.ndarray, float, float]:
+    """The non-negative least-squares fit of a target on k traces from their inner products alone (k x k, not k x
+    16,384): (weights, residual, the least residual of one non-negative multiple of a single trace).
+
+    With G = V diag(s) V^T (s > 0 kept: G may be singular, two traces alike), A w lies in the span of V, so
+    |A w - b|^2 = |diag(sqrt s) V^T w - c|^2 + |b|^2 - |c|^2 with c = diag(1/sqrt s) V^T A^T b: a k x k NNLS."""
+    from scipy.optimize import nnls
+
+    values, vectors = np.linalg.eigh(gram)
+    keep = values > 1e-10 * max(float(values.max()), 1e-300)
+    root = np.sqrt(values[keep])
+    c = (vectors[:, keep].T @ dots) / root
+    weights, rnorm = nnls(root[:, None] * vectors[:, keep].T, c)
+    residual = float(np.sqrt(max(rnorm**2 + target_sq - float(c @ c), 0.0)))
+    diag = np.maximum(np.diag(gram), 1e-300)
+    single = float(np.sqrt(max(float(np.min(target_sq - np.maximum(dots, 0) ** 2 / diag)), 0.0)))
+    return weights, residual, single
 
 
 def _compare(

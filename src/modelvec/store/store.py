@@ -268,6 +268,13 @@ class Store:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
         return StoreWriter(self.con.cursor(), self.vector_file)
 
+    def count_traces(self, base: str, params: str) -> int:
+        """How many traces are stored for ``base`` under ``params`` (0 in a store older than traces)."""
+        if "traces" not in self._tables():
+            return 0
+        row = self.con.execute("SELECT count(*) FROM traces WHERE base = ? AND params = ?", [base, params]).fetchone()
+        return int(row[0]) if row else 0
+
     def traces(self, base: str, params: str) -> StoredTraces:
         """The traces stored for ``base`` under the representation key ``params``, in model order: their rows
         (model, base_hash, levels, scale, parent) and their sketches, one (n, dim) float32 matrix read from the
