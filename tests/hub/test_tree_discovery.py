@@ -131,25 +131,31 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
     ]
 
 
-def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_path):
-    """base -> u/ft (a fine-tune) -> u/lora-on-ft (a real peft adapter trained on it): embedded from the Hub as the
-    fine-tune's delta plus its own, the parent named in its trace."""
+def real_adapter(parent: Path, out: Path) -> Path:
+    """A peft LoRA adapter of the model in ``parent`` (its B scaled to a trained adapter's size), saved at ``out``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import BertModel
 
-    from modelvec import DeltaEmbedder
-    from modelvec.run import embed_discovered
-
-    ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3, scale=0.01)
     peft_model = get_peft_model(
-        BertModel.from_pretrained(ft), LoraConfig(init_lora_weights=False, r=2, target_modules=["query", "value"])
+        BertModel.from_pretrained(parent), LoraConfig(init_lora_weights=False, r=2, target_modules=["query", "value"])
     )
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.mul_(0.01)
-    peft_model.save_pretrained(tmp_path / "adapter")
+    peft_model.save_pretrained(out)
+    return out
+
+
+def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_path):
+    """base -> u/ft (a fine-tune) -> u/lora-on-ft (a real peft adapter trained on it): embedded from the Hub as the
+    fine-tune's delta plus its own, the parent named in its trace."""
+    from modelvec import DeltaEmbedder
+    from modelvec.run import embed_discovered
+
+    ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3, scale=0.01)
+    real_adapter(ft, tmp_path / "adapter")
     hub = LocalHub(tmp_path / "hub")
     hub.publish(BASE, files(tiny_bert, {"license": "apache-2.0"}))
     hub.publish("u/ft", files(ft, {"base_model": BASE}))
@@ -166,3 +172,28 @@ def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_p
         key = db.con.execute("SELECT params FROM vectors LIMIT 1").fetchone()[0]
         traces = db.traces(BASE, key).frame.set_index("model")
     assert traces.loc["u/lora-on-ft", "parent"] == "u/ft"
+
+
+def test_an_adapter_whose_parent_is_gone_is_one_line_and_the_rest_goes_on(tiny_bert, tmp_path):
+    """base -> u/ft -> u/lora-on-ft, and u/other; u/ft deleted after discovery: the adapter's failure names its
+    parent, u/other is embedded."""
+    from modelvec.run import discover as find
+    from modelvec.run import embed_discovered
+
+    ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3)
+    other = planted_finetune(tiny_bert, tmp_path / "other", seed=4)
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish(BASE, files(tiny_bert, {"license": "apache-2.0"}))
+    hub.publish("u/ft", files(ft, {"base_model": BASE}))
+    hub.publish("u/other", files(other, {"base_model": BASE}))
+    hub.publish("u/lora-on-ft", files(real_adapter(ft, tmp_path / "adapter"), {"base_model": "u/ft"}))
+    store = tmp_path / "s.duckdb"
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        found = find(BASE, settings=settings, search=False, store=store)
+        assert {e.model for e in found.kept} == {"u/ft", "u/other", "u/lora-on-ft"}
+        hub.delete("u/ft")
+        result = embed_discovered(BASE, store=store, settings=settings)
+    assert result.embedded == ["u/other"]
+    assert result.failed["u/lora-on-ft"].startswith("u/lora-on-ft: its parent u/ft: ")
+    assert all("\n" not in why for why in result.failed.values()) and "u/ft" in result.failed

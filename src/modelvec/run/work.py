@@ -264,5 +264,6 @@ def _open_parent(task: Task, embedder: DeltaEmbedder, settings: HubSettings | No
         return None
     try:
         return task.parent.open(settings or HubSettings(), embedder.representation)
-    except ModelvecError as exc:
-        raise ModelvecError(task.name, f"its parent {task.parent.name}: {exc.cause}", kind=exc.kind) from exc
+    except Exception as exc:  # the parent's fault, said as the parent's, of its kind (gone, gated, a bad file)
+        err = error_of(exc, task.parent.name)
+        raise ModelvecError(task.name, f"its parent {task.parent.name}: {err.cause}", kind=err.kind) from exc
