@@ -109,7 +109,7 @@ def evaluate(
         mutual_proximity=mutual_proximity,
     )
     if markdown is not None:
-        from ..plots.maps import write_atomically  # a full disk names the file; never half a table
+        from ..core.output import write_atomically  # a full disk names the file; never half a table
 
         text = table.to_markdown(index=False, floatfmt=".3f") + "\n"
         write_atomically(markdown, lambda tmp: Path(tmp).write_text(text))

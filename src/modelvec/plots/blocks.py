@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.output import write_atomically
 from .depth import FAMILY_NAMES, FAMILY_ORDER
-from .maps import write_atomically
 
 
 def plot_block_scores(blocks: pd.DataFrame, path: str | os.PathLike, *, title: str = "") -> Path:

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.laws import MIN_ADJ_R2, shown_law
-from .maps import PALETTE, write_atomically
+from ..core.output import write_atomically
+from .maps import PALETTE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -33,14 +33,15 @@ from __future__ import annotations
 import html
 import math
 import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+from ..core.output import write_atomically
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -718,26 +719,3 @@ def _summary(g: Grouping, n: int) -> str:
     what = {"dataset": "labelled", "author": "with an author", "label_source": "with a label source"}[g.by]
     plural = _PLURALS[g.by] if g.n_groups != 1 else _TITLES[g.by]
     return f"{n} models · {with_value} {what} · {g.n_groups} {plural}"
-
-
-def write_atomically(path: Path, write: Callable[[str], Any]) -> Path:
-    """Write through a temporary file beside ``path`` and rename it into place: a reader never sees half a file.
-
-    An ``OSError`` (a read-only folder, a full disk) names ``path``: not the temporary file, and a write that
-    fails on a full disk names none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-        raise
-    return path

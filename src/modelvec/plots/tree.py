@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..analyse.tree import KINDS, Tree
 from ..core.names import display_name
-from .maps import PALETTE, write_atomically
+from ..core.output import write_atomically
+from .maps import PALETTE
 
 #: Models up to which each is named in the figure (beyond, the tree's shape and colours; ``tree --json`` and the
 #: indented list name them all).

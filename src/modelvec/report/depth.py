@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from ..analyse.laws import MIN_ADJ_R2, Fit, shown_law
 from ..core.lazy import warm
 from ..core.names import display_name, is_hub_id
+from ..core.output import write_atomically
 from ..plots.depth import plot_rank
-from ..plots.maps import write_atomically
 from ..read.checkpoint import QuantizationWarning
 from ..spectra import DEFAULT_THRESHOLDS
 from ..studies.depth import DepthStudy, depth_study, over_stored
