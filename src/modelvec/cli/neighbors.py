@@ -74,15 +74,7 @@ def neighbors(
             "not stored",
         )
     if found.tree is not None:
-        node = found.tree
-        parents = " + ".join(short_name(p) for p in node["parents"]) or "none"
-        line = f"{short_name(found.query)}: {node['kind']} of {parents} (confidence {node['confidence']:.2f})"
-        if node["kind"] == "unrelated":
-            line = f"{short_name(found.query)}: unrelated weights, no parent (confidence {node['confidence']:.2f})"
-        said = node["declared"]
-        if not node["agrees"]:
-            line += f"; its card says {said['relation']} of {' + '.join(short_name(p) for p in said['parents'])}"
-        say(console, line)
+        say(console, _place_line(found.query, found.tree))
     if found.warning:
         say(err, f"warning: {found.warning}")
     if found.scaling_note:
@@ -132,3 +124,15 @@ def neighbors(
             line += f"; top blocks {top}"
         say(console, line)
     left_out(found.damaged)
+
+
+def _place_line(query: str, node: dict) -> str:
+    """The query's place in the model tree, one line: its kind, parent(s), confidence, and a card that disagrees."""
+    parents = " + ".join(short_name(p) for p in node["parents"]) or "none"
+    line = f"{short_name(query)}: {node['kind']} of {parents} (confidence {node['confidence']:.2f})"
+    if node["kind"] == "unrelated":
+        line = f"{short_name(query)}: unrelated weights, no parent (confidence {node['confidence']:.2f})"
+    said = node["declared"]
+    if not node["agrees"]:
+        line += f"; its card says {said['relation']} of {' + '.join(short_name(p) for p in said['parents'])}"
+    return line

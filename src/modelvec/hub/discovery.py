@@ -19,7 +19,7 @@ pinned revision sha, author, counts, tags, weight formats and dataset labels wit
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -232,24 +232,11 @@ def search_finetunes(
         # Lazy: pages are fetched as consumed (huggingface_hub retries each page on 429/5xx itself).
         return api.list_models(sort=sort, expand=EXPAND, **query)  # type: ignore[arg-type]
 
-    parents = [(list(base_id.names), base_id.canonical)]  # one level of the tree: (its ids, how it is named)
     walk = _Walk(seen)
-    for level in range(1, depth + 1):
-        declared = walk.children(listing, parents, limit)
-        parents = []
-        for tag, relation, info in sorted(declared, key=lambda item: _sort_key(item[2], sort), reverse=True):
-            if full():
-                break
-            seen.add(info.id.lower())
-            entry = describe(info, base_id.canonical, True, f"declares {tag}")
-            entry.relation, entry.depth = relation, level
-            _check_relation(entry, base_id, {e.model.lower(): e for e in entries})
-            entries.append(entry)
-            kept += entry.kept
-            report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
-            parents.append(([entry.model], entry.model))
-        if not parents:
-            break
+    for entry in walk.tree(listing, base_id, depth, limit, sort, full):
+        entries.append(entry)
+        kept += entry.kept
+        report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
 
     if search and not full():
         for info in listing(search=base_id.search_term):
@@ -276,6 +263,35 @@ class _Walk:
         self.seen = seen
         self.under: dict[str, str] = {}  # model (lower case) -> the parent it was first found under
         self.notes: list[str] = []
+
+    def tree(
+        self,
+        listing: Callable[..., Iterable[Any]],
+        base_id: BaseId,
+        depth: int,
+        limit: int | None,
+        sort: str,
+        full: Callable[[], bool],
+    ) -> Iterator[CatalogueEntry]:
+        """The declared tree below the base, level by level (each level most ``sort`` first), each model described
+        and judged by its relation (:func:`_check_relation`), until ``full()`` or ``depth`` levels."""
+        parents = [(list(base_id.names), base_id.canonical)]  # one level of the tree: (its ids, how it is named)
+        found: dict[str, CatalogueEntry] = {}
+        for level in range(1, depth + 1):
+            declared = self.children(listing, parents, limit)
+            parents = []
+            for tag, relation, info in sorted(declared, key=lambda item: _sort_key(item[2], sort), reverse=True):
+                if full():
+                    return
+                self.seen.add(info.id.lower())
+                entry = describe(info, base_id.canonical, True, f"declares {tag}")
+                entry.relation, entry.depth = relation, level
+                _check_relation(entry, base_id, found)
+                found[entry.model.lower()] = entry
+                parents.append(([entry.model], entry.model))
+                yield entry
+            if not parents:
+                return
 
     def children(
         self, listing: Callable[..., Iterable[Any]], parents: list[tuple[list[str], str]], limit: int | None

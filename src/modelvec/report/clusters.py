@@ -229,15 +229,13 @@ def cluster(
     neighbour-based scores: ``"auto"``, the default, ranks by mutual proximity where the stored models mix LoRA
     adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduce`` is the map's
     reduction (umap, tsne, pca; auto: t-SNE below :data:`AUTO_UMAP_FROM` models, UMAP from there).
-    ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``,
-    ``name``, or ``declared`` / ``guessed`` / ``none``): other models count as unlabelled.
-    The report also gives the kNN score with same-author neighbours excluded, to tell an author
-    effect (one uploader's near-identical runs) from a dataset effect. A Hub base's per-block scores need its
-    headers from the Hub cache (``settings``: where it is; nothing is fetched).
+    ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``, ``name``, or
+    ``declared`` / ``guessed`` / ``none``): other models count as unlabelled. The report also gives the kNN score
+    with same-author neighbours excluded (an author effect is not a dataset effect). A Hub base's per-block scores
+    need its headers from the Hub cache (``settings``; nothing is fetched); the map draws the model tree's edges.
 
-    The vectors are never held: their inner products are read from the vector file in blocks and kept beside
-    the store (a later run computes only those of new vectors; ``progress(done, total)`` as rows are computed).
-    A vector that fails its checksum is left out and named in ``report.damaged``.
+    The vectors are never held: their inner products are read from the vector file in blocks and kept beside the
+    store (a later run computes only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``.
     """
     if reduce not in REDUCERS:
         raise ValueError(f"reduce must be one of {', '.join(REDUCERS)}, not {reduce!r}")

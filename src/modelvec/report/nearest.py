@@ -122,13 +122,11 @@ def neighbors(
 ) -> Neighbors:
     """The ``scoring.k`` stored models nearest to ``model``, and the dataset they suggest for it.
 
-    ``model`` is a stored model, or any local folder or Hub id: one not in the store is embedded
-    on the fly with ``representation`` against the stored base (``base``, or the only one stored) and
-    compared, without being stored. The prediction is the majority dataset among the ``k``
-    nearest labelled models (the rule of ``cluster``'s predictions), with its vote share.
-
-    ``explain`` adds, per neighbour, which layers and families carry the similarity: each block's
-    share of the cosine (they sum to it; :func:`~modelvec.analyse.scores.cosine_contributions`).
+    ``model`` is a stored model, or any local folder or Hub id: one not in the store is embedded on the fly with
+    ``representation`` against the stored base (``base``, or the only one stored) and compared, not stored. The
+    prediction is the majority dataset of the ``k`` nearest labelled models (as ``cluster`` predicts), with its vote
+    share; a stored model's place in the model tree is ``tree``. ``explain`` adds, per neighbour, which layers and
+    families carry the similarity: each block's share of the cosine (:func:`~modelvec.analyse.scores.cosine_contributions`).
     ``scoring`` (default :data:`NEIGHBORS_SCORING`): its ``metric``, and its ``scaling``: ``"mutual-proximity"``
     ranks the stored models by mutual proximity (distance: -log MP), ``"auto"`` (the default) does so where they
     and the query mix LoRA adapters and full fine-tunes.
