@@ -45,11 +45,22 @@ console = _console()
 err = _console(stderr=True)
 
 
-def say(console_: Console, text: str) -> None:
-    """One message as written: in a terminal wrapped at spaces (never inside a name), in a pipe or log whole."""
+def say(console_: Console, text: str, hang: str = "") -> None:
+    """One message as written: in a terminal wrapped at spaces (never inside a name; continued lines start with
+    ``hang``, e.g. an indented list's indent), in a pipe or log whole."""
     if console_.is_terminal:
         text = "\n".join(
-            "\n".join(textwrap.wrap(part, console_.width, break_on_hyphens=False, break_long_words=True)) or part
+            "\n".join(
+                textwrap.wrap(
+                    part,
+                    console_.width,
+                    break_on_hyphens=False,
+                    break_long_words=True,
+                    subsequent_indent=hang,
+                    drop_whitespace=True,
+                )
+            )
+            or part
             for part in text.split("\n")
         )
     console_.print(text, soft_wrap=True, markup=False, highlight=False)

@@ -47,7 +47,7 @@ def tree(
         if not node.agrees:
             declared = ", ".join(short_name(p) for p in node.declared_parents) or "nothing"
             line += f"; its card says {node.declared_relation} of {declared}"
-        say(console, line)
+        say(console, line, hang="  " * depth + "    ")
     flagged = sum(not n.agrees for n in found.nodes)
     unrelated = sum(n.kind == "unrelated" for n in found.nodes)
     say(
