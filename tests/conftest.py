@@ -37,6 +37,26 @@ def save_state(folder: Path, state: dict[str, torch.Tensor], config: dict | None
     return folder
 
 
+def perturb_layers(model, seed: int, scale: float) -> None:
+    """A seeded Gaussian step on every 2-D matrix of ``model``'s layers, in place: a stand-in for training."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and ".layer." in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def int8_round_trip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every layer matrix rounded to 127 levels a row (symmetric absmax) and back, as re-uploaded."""
+    out = {}
+    for key, w in state.items():
+        if w.ndim == 2 and ".layer." in key:
+            step = w.abs().amax(dim=1, keepdim=True) / 127
+            w = torch.round(w / step) * step
+        out[key] = w
+    return out
+
+
 def planted_finetune(
     base: Path,
     out: Path,

@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import tiny_bert_config
+from conftest import int8_round_trip, perturb_layers, save_state, tiny_bert_config
 from modelvec import embed
 from modelvec.report.tree import model_tree
 
@@ -28,23 +28,9 @@ def _bert():
     )
 
 
-def _step(model, seed: int, scale: float) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and ".layer." in name:
-                p.add_(scale * torch.randn(p.shape, generator=g))
-
-
 def _card(folder, base_model, relation=None) -> None:
     extra = f"base_model_relation: {relation}\n" if relation else ""
     (folder / "README.md").write_text(f"---\nbase_model: {json.dumps(base_model)}\n{extra}---\n")
-
-
-def _save(source, out, state) -> None:
-    out.mkdir()
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text((source / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +42,11 @@ def zoo(tmp_path_factory):
     for name, seed in (("a", 1), ("b", 2)):
         torch.manual_seed(0)
         ft = _bert()
-        _step(ft, seed, 0.002)
+        perturb_layers(ft, seed, 0.002)
         ft.save_pretrained(root / name)
         _card(root / name, "base", "finetune")
         if name == "a":
-            _step(ft, 3, 0.001)  # trained further: a's child
+            perturb_layers(ft, 3, 0.001)  # trained further: a's child
             ft.save_pretrained(root / "c")
             _card(root / "c", "base", "finetune")  # a wrong card: it names the base, not a
             peft_model = get_peft_model(ft, LoraConfig(init_lora_weights=False, r=4, target_modules=["query", "value"]))
@@ -69,15 +55,10 @@ def zoo(tmp_path_factory):
                     if "lora_B" in n:
                         p.mul_(0.01)
     a, b = load_file(str(root / "a" / "model.safetensors")), load_file(str(root / "b" / "model.safetensors"))
-    _save(root / "a", root / "merge", {k: 0.5 * a[k] + 0.5 * b[k] for k in a})
+    a_config = json.loads((root / "a" / "config.json").read_text())
+    save_state(root / "merge", {k: 0.5 * a[k] + 0.5 * b[k] for k in a}, a_config)
     _card(root / "merge", ["a", "b"], "merge")
-    int8 = {}
-    for k, w in a.items():
-        if w.ndim == 2 and ".layer." in k:
-            step = w.abs().amax(dim=1, keepdim=True) / 127
-            w = torch.round(w / step) * step
-        int8[k] = w
-    _save(root / "a", root / "a-int8", int8)
+    save_state(root / "a-int8", int8_round_trip(a), a_config)
     torch.manual_seed(9)
     _bert().save_pretrained(root / "unrelated")
     peft_model.save_pretrained(root / "lora-on-c")

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import tiny_bert_config
+from conftest import int8_round_trip, perturb_layers, save_state, tiny_bert_config
 from modelvec import DeltaEmbedder, embed
 from modelvec.core.errors import CheckpointError
 from modelvec.store import Store
@@ -31,23 +31,8 @@ def _bert():
     )
 
 
-def _perturbed(model, seed: int, scale: float) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and ".layer." in name:
-                p.add_(scale * torch.randn(p.shape, generator=g))
-
-
 def _state(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
-
-
-def _save_like(source: Path, out: Path, state: dict[str, torch.Tensor]) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text((source / "config.json").read_text())
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +44,7 @@ def family(tmp_path_factory):
     torch.manual_seed(0)
     model = _bert()
     model.save_pretrained(root / "base")
-    _perturbed(model, 1, 0.002)
+    perturb_layers(model, 1, 0.002)
     model.save_pretrained(root / "a")
     peft_model = get_peft_model(model, LoraConfig(init_lora_weights=False, r=4, target_modules=["query", "value"]))
     peft_model.save_pretrained(root / "adapter-on-a")
@@ -68,17 +53,12 @@ def family(tmp_path_factory):
     peft_model.merge_and_unload().save_pretrained(root / "merged-on-a")
     torch.manual_seed(0)
     other = _bert()
-    _perturbed(other, 2, 0.002)
+    perturb_layers(other, 2, 0.002)
     other.save_pretrained(root / "b")
     a, b = _state(root / "a"), _state(root / "b")
-    _save_like(root / "a", root / "merge", {k: 0.7 * a[k] + 0.3 * b[k] for k in a})
-    int8 = {}
-    for k, w in a.items():
-        if w.ndim == 2 and ".layer." in k:
-            step = w.abs().amax(dim=1, keepdim=True) / 127
-            w = torch.round(w / step) * step
-        int8[k] = w
-    _save_like(root / "a", root / "a-int8", int8)
+    a_config = json.loads((root / "a" / "config.json").read_text())
+    save_state(root / "merge", {k: 0.7 * a[k] + 0.3 * b[k] for k in a}, a_config)
+    save_state(root / "a-int8", int8_round_trip(a), a_config)
     torch.manual_seed(7)
     _bert().save_pretrained(root / "unrelated")
     return root
