@@ -497,41 +497,13 @@ def _layout_html(
                 args=[{"visible": [i in shown for i in points]}, {"legend.title.text": legend_titles[by]}, points],
             )
         )
-    menus = [
-        dict(
-            type="buttons",
-            direction="right",
-            buttons=buttons,
-            active=0,
-            showactive=True,
-            x=0.0,
-            xanchor="left",
-            y=1.01,
-            yanchor="bottom",
-            pad=dict(r=4, b=4),
-            font=dict(size=11),
-        )
-    ]
+    menus = [_button_row(buttons, left=True)]
     if tree is not None:
         toggle = [
             dict(label="tree edges off", method="restyle", args=[{"visible": False}, [tree]]),
             dict(label="tree edges on", method="restyle", args=[{"visible": True}, [tree]]),
         ]
-        menus.append(
-            dict(
-                type="buttons",
-                direction="right",
-                buttons=toggle,
-                active=0,
-                showactive=True,
-                x=1.0,
-                xanchor="right",
-                y=1.01,
-                yanchor="bottom",
-                pad=dict(r=4, b=4),
-                font=dict(size=11),
-            )
-        )
+        menus.append(_button_row(toggle, left=False))
     fig.update_layout(
         title=dict(
             text=f"{heading}<br><sup>{n} models · hover a point for its model, or find one by name above; click "
@@ -549,6 +521,23 @@ def _layout_html(
         xaxis=dict(title=dict(text=f"{axis} 1"), zeroline=False),
         yaxis=dict(title=dict(text=f"{axis} 2"), zeroline=False, scaleanchor="x", scaleratio=1),
         updatemenus=menus,
+    )
+
+
+def _button_row(buttons: list[dict], *, left: bool) -> dict[str, Any]:
+    """A row of buttons above the map, at its left or right edge, the first one active."""
+    return dict(
+        type="buttons",
+        direction="right",
+        buttons=buttons,
+        active=0,
+        showactive=True,
+        x=0.0 if left else 1.0,
+        xanchor="left" if left else "right",
+        y=1.01,
+        yanchor="bottom",
+        pad=dict(r=4, b=4),
+        font=dict(size=11),
     )
 
 
