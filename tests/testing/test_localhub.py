@@ -654,3 +654,15 @@ def test_body_faults_work_on_range_answers(payload_repo):
     hub.fail("*/model.safetensors", kind="slow", after_bytes=10, delay=0.1, times=1)
     assert _get(url, Range="bytes=100-199")[2] == payload[100:200]
     assert server.requests[-1]["fault"] == "slow" and server.requests[-1]["bytes"] == 100
+
+
+def test_a_malformed_request_line_is_answered_400_without_a_traceback(server, capfd):
+    """A client that sends garbage gets the standard library's 400 page; the server logs it and prints nothing."""
+    import socket
+
+    host, port = server.endpoint.split("://", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(b"GARBAGE\r\n\r\n")
+        answer = conn.recv(200)
+    assert b"400" in answer or b"Bad request" in answer
+    assert "Traceback" not in capfd.readouterr().err

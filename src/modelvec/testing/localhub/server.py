@@ -103,12 +103,13 @@ class _Handler(BaseHTTPRequestHandler):
         super().send_response(code, message)
 
     def _log(self, code: int | None) -> None:
+        headers = getattr(self, "headers", None)  # none yet when the request line itself was malformed
         record = {
             "method": self.command,
             "path": self._path,
             "query": self._query,
             "status": code,
-            "range": self.headers.get("Range"),
+            "range": headers.get("Range") if headers is not None else None,
             "auth": self._token is not None,
             "fault": self._fault.kind,
             "time": time.monotonic(),
