@@ -167,6 +167,15 @@ def planted_dataset_finetune(base: Path, out: Path, dataset: int, model_seed: in
     return out
 
 
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    """Tiny random models of every family and their fine-tunes with planted deltas (:class:`tiny_families.Zoo`, each
+    case built when first asked for), for the architecture tables' tests and the solver's."""
+    from tiny_families import Zoo
+
+    return Zoo(tmp_path_factory.mktemp("zoo"))
+
+
 TIMINGS = {"seconds_per_model"}  # measured each run: not part of the answer being compared
 
 

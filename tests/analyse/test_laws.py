@@ -475,5 +475,14 @@ def test_the_same_rank_at_every_layer_has_no_law_to_show():
 
 
 def test_a_nan_adjusted_r2_is_never_shown():
-    nan_fit = Fit("linear", {"a": 1.0, "b": 2.0}, "r(x) = 1 + 2·x", math.nan, math.nan, 3.0, 12, 2)
+    nan_fit = Fit(
+        name="linear",
+        params={"a": 1.0, "b": 2.0},
+        equation="r(x) = 1 + 2·x",
+        r2=math.nan,
+        adj_r2=math.nan,
+        aic=3.0,
+        n=12,
+        k=2,
+    )
     assert shown_law([nan_fit]) == (None, "the same rank at every layer")

@@ -1,4 +1,5 @@
-"""The representation variants the clustering evidence compares: singular values, sketch, block normalisation."""
+"""The representation variants the clustering evidence compares: singular values, sketch, block normalisation; and
+the values a stored representation takes for the settings added after it was stored."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import torch
 
 from conftest import planted_finetune
 from modelvec import Checkpoint, DeltaEmbedder, Representation
+from modelvec.core.settings import settings_of
 from modelvec.represent import sketch_matrix
+from modelvec.represent.representation import UNTIL_ADDED
 
 
 def _delta(base, ft, ref):
@@ -72,6 +75,15 @@ def test_keys_name_what_changes_the_vector():
     assert len(keys) == 8
     assert Representation(factor="sketch").key() == Representation(factor="sketch", solver="exact", sign="none").key()
     assert "bn" in Representation(block_norm=True).key()
+
+
+def test_settings_added_later_take_the_value_their_declaration_leaves_out_of_the_key():
+    """``UNTIL_ADDED`` (what ``from_stored`` fills in for a setting a store lacks) is each field's one ``omit`` value:
+    the value that computes what was computed before the setting existed."""
+    omitted = {field.name: meta.omit for field, meta in settings_of(Representation) if meta.omit}
+    assert omitted == {"projection": ("shared",), "rows": (1.0,), "size": ("none",), "head": ("none",)}
+    assert UNTIL_ADDED == {"projection": "shared", "rows": 1.0, "head": "none", "size": "none"}
+    assert type(UNTIL_ADDED["rows"]) is float
 
 
 def test_a_bounded_vector_fits_its_size_and_its_inner_products_are_unbiased(tiny_bert, tiny_finetunes):

@@ -57,7 +57,17 @@ def test_row_blocks_are_sized_for_reads(n_rows, row_elems, share):
 
 
 def _ref(family, orientation=Orientation.LINEAR, part=0, n_parts=1, fused=None, weights=None):
-    return MatrixRef("decoder", 2, family, f"layers.2.{family}.weight", orientation, part, n_parts, fused, weights)
+    return MatrixRef(
+        stack="decoder",
+        layer=2,
+        family=family,
+        tensor=f"layers.2.{family}.weight",
+        orientation=orientation,
+        part=part,
+        n_parts=n_parts,
+        fused=fused,
+        weights=weights,
+    )
 
 
 def test_fused_linear_parts_choose_rows_as_unfused_matrices_of_their_family():
@@ -348,7 +358,9 @@ def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones
     assert auto.share(rep_module.AUTO_FROM - 1) == 1.0 and auto.share(rep_module.AUTO_FROM) == rep_module.AUTO_SHARE
     assert Representation(rows=0.1).share(10**12) == 0.1 and Representation(rows=1).share(1) == 1.0
     with pytest.raises(ValueError, match="share=representation.share"):
-        plan_matrix(MatrixRef("decoder", 0, "q", "w", Orientation.LINEAR), (64, 32), auto)
+        plan_matrix(
+            MatrixRef(stack="decoder", layer=0, family="q", tensor="w", orientation=Orientation.LINEAR), (64, 32), auto
+        )
 
     base, ft = llama_pair(tmp_path, 64, 192, 2, torch.bfloat16)
     small = DeltaEmbedder(auto).fit(base)

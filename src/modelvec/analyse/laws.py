@@ -83,7 +83,7 @@ rank changes with depth: a report says which law came closest and how close, and
 0.5: the law explains at least half of the variance, after the penalty for its parameters."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fit:
     """One fitted law and its scores; nan params and scores when the fit is undefined or failed."""
 
@@ -301,12 +301,24 @@ def _scored(name: str, params: dict[str, float], x: np.ndarray, y: np.ndarray, L
     scale = float(np.max(np.abs(y))) or 1.0
     floor = n * (_RSS_FLOOR_REL * scale) ** 2
     aic = n * math.log(max(rss, floor) / n) + 2 * k
-    return Fit(name, params, _equation(name, params, L, x), r2, adj, aic, n, k, L)
+    return Fit(
+        name=name, params=params, equation=_equation(name, params, L, x), r2=r2, adj_r2=adj, aic=aic, n=n, k=k, _depth=L
+    )
 
 
 def _failed(name: str, n: int, k: int, why: str, L: float | None = None) -> Fit:
     params = {p: math.nan for p in _PARAMS[name]}
-    return Fit(name, params, f"{_TEMPLATES[name]} (not fitted: {why})", math.nan, math.nan, math.nan, n, k, L)
+    return Fit(
+        name=name,
+        params=params,
+        equation=f"{_TEMPLATES[name]} (not fitted: {why})",
+        r2=math.nan,
+        adj_r2=math.nan,
+        aic=math.nan,
+        n=n,
+        k=k,
+        _depth=L,
+    )
 
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")

@@ -33,7 +33,7 @@ KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated")
 DECLARED_KIND = {"finetune": "fine-tune", "adapter": "adapter", "merge": "merge", "quantized": "quantization"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TreeRule:
     """The thresholds of the inference (see the module docstring); the defaults were chosen on the selection halves
     of the tree evidence zoos (docs/tree.md)."""
@@ -46,7 +46,7 @@ class TreeRule:
     beyond: tuple[float, float] = (0.8, 1.6)  # the share of a parent's delta a child holds
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Node:
     """One model of the inferred tree; ``parent`` None for unrelated weights, ``base`` for the base (the caller's
     name for it), ``parents`` every parent (a merge's, with ``weights``)."""
@@ -196,21 +196,30 @@ class _Inference:
         m, kind = self.models[i], self.kind[i]
         if i in self.copy_of:  # identical weights: placed under the model it repeats, of its kind
             original = self.models[self.copy_of[i]]
-            node = Node(m, kind, original, [original], 1.0, copy_of=original)
+            node = Node(model=m, kind=kind, parent=original, parents=[original], confidence=1.0, copy_of=original)
         elif kind == "unrelated":
-            node = Node(m, "unrelated", None, [], float(self.confidence[i]))
+            node = Node(model=m, kind="unrelated", parent=None, parents=[], confidence=float(self.confidence[i]))
         elif (merge := self.merge(i)) is not None:
             parents, weights, conf = merge
             order = np.argsort(weights)[::-1]
             names = [base if parents[j] < 0 else self.models[parents[j]] for j in order]
-            node = Node(m, "merge", names[0], names, conf, [float(weights[j]) for j in order])
+            node = Node(
+                model=m,
+                kind="merge",
+                parent=names[0],
+                parents=names,
+                confidence=conf,
+                weights=[float(weights[j]) for j in order],
+            )
         else:
             if embedded_on is not None and embedded_on in self.index:
                 parent, conf = embedded_on, 1.0
             else:
                 j, conf = self.parent(i)
                 parent = base if j < 0 else self.models[j]
-            node = Node(m, kind, parent, [parent], float(min(self.confidence[i], conf)))
+            node = Node(
+                model=m, kind=kind, parent=parent, parents=[parent], confidence=float(min(self.confidence[i], conf))
+            )
         node.size, node.levels = float(self.size[i]), self.levels[i]
         return node
 

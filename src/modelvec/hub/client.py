@@ -32,7 +32,7 @@ T = TypeVar("T")
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HubSettings:
     """Where and how to reach the Hub; every field defaults to what huggingface_hub itself would use.
 

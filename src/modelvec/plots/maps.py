@@ -88,7 +88,7 @@ HOVER = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Grouping:
     """Which group each model is drawn in, and the groups' colours, for one ``color_by``.
 

@@ -78,7 +78,7 @@ def _listing(names: Iterable[str], limit: int = 3) -> str:
 # --- the config, as PEFT resolves it ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoraSettings:
     """What ``adapter_config.json`` says about each module's delta; the matching rules are PEFT's.
 
@@ -103,85 +103,32 @@ class LoraSettings:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], model: str) -> LoraSettings:
         """Validated settings; a one-line CheckpointError for anything that leaves the delta undefined."""
-
-        def fail(cause: str) -> CheckpointError:
-            return CheckpointError(model, f"{ADAPTER_CONFIG}: {cause}")
-
-        missing = [k for k in REQUIRED_KEYS if k not in config]
-        if "peft_type" in config and str(config["peft_type"]).upper() != "LORA":
-            kind = str(config["peft_type"]).upper()
-            why = _OTHER_TYPES.get(kind, "not implemented")
-            raise fail(
-                f"peft_type {kind} is not supported: only LoRA adapters are ({kind} learns {why})"
-                if kind in _OTHER_TYPES
-                else f"peft_type {kind} is not supported: only LoRA adapters are"
-            )
-        if missing:
-            raise fail(f"lacks {', '.join(missing)}")
-        for key, what in _VARIANTS.items():
-            if config.get(key) not in (None, False, [], {}):
-                raise fail(f"{what} is not supported: its merged weights are not base + scaling * B A")
-        init = config.get("init_lora_weights")
-        if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
-            raise fail(
-                f"init_lora_weights {init!r} changes the base weights themselves, so the adapter alone is not "
-                "the delta (save it with PEFT's path_initial_model_for_weight_conversion)"
-            )
-
-        def number(key: str, value: Any, integer: bool) -> Any:
-            ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
-            if isinstance(value, bool) or not ok or (integer and value < 1):
-                raise fail(f"{key} must be {'a positive integer' if integer else 'a number'}, not {value!r}")
-            return value
-
-        def patterns(key: str, integer: bool) -> dict[str, Any]:
-            value = config.get(key) or {}
-            if not isinstance(value, dict):
-                raise fail(f"{key} must be a map of module patterns, not {value!r}")
-            return {str(k): number(f"{key}[{k!r}]", v, integer) for k, v in value.items()}
-
-        def names(key: str, allow_str: bool = True) -> str | tuple[str, ...] | None:
-            value = config.get(key)
-            if value is None or (allow_str and isinstance(value, str)):
-                return value
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return tuple(value)
-            raise fail(f"{key} must be {'a string or ' if allow_str else ''}a list of module names, not {value!r}")
-
-        targets = names("target_modules")
+        read = _ConfigReader(config, model)
+        read.check_supported()
+        targets = read.names("target_modules")
         if targets is None:
-            raise fail("target_modules is null, so no module is adapted")
-        layers = config.get("layers_to_transform")
-        if not (
-            layers is None
-            or (isinstance(layers, int) and not isinstance(layers, bool))
-            or (isinstance(layers, list) and all(isinstance(i, int) for i in layers))
-        ):
-            raise fail(f"layers_to_transform must be a layer index or a list of them, not {layers!r}")
-        flags = {}
-        for key in ("use_rslora", "fan_in_fan_out"):
-            flags[key] = config.get(key) or False
-            if not isinstance(flags[key], bool):
-                raise fail(f"{key} must be true or false, not {flags[key]!r}")
+            raise read.fail("target_modules is null, so no module is adapted")
+        layers = read.layers()
+        flags = read.flags()
         base = config.get("base_model_name_or_path")
         settings = cls(
-            r=number("r", config["r"], True),
-            lora_alpha=number("lora_alpha", config["lora_alpha"], False),
+            r=read.number("r", config["r"], True),
+            lora_alpha=read.number("lora_alpha", config["lora_alpha"], False),
             target_modules=targets,
-            rank_pattern=patterns("rank_pattern", True),
-            alpha_pattern=patterns("alpha_pattern", False),
+            rank_pattern=read.patterns("rank_pattern", True),
+            alpha_pattern=read.patterns("alpha_pattern", False),
             **flags,
-            exclude_modules=names("exclude_modules"),
-            modules_to_save=names("modules_to_save", allow_str=False),  # type: ignore[arg-type]  # never a str here
-            layers_to_transform=tuple(layers) if isinstance(layers, list) else layers,
-            layers_pattern=names("layers_pattern"),
+            exclude_modules=read.names("exclude_modules"),
+            modules_to_save=read.names("modules_to_save", allow_str=False),  # type: ignore[arg-type]  # no str here
+            layers_to_transform=layers,
+            layers_pattern=read.names("layers_pattern"),
             base_model=str(base) if base else None,
         )
         for key, value in settings._regexes():
             try:
                 re.compile(value)
             except re.error as exc:
-                raise fail(f"{key} holds {value!r}, not a valid regular expression ({exc})") from None
+                raise read.fail(f"{key} holds {value!r}, not a valid regular expression ({exc})") from None
         return settings
 
     def _regexes(self) -> Iterator[tuple[str, str]]:
@@ -242,6 +189,81 @@ class LoraSettings:
     def scaling(self, key: str) -> float:
         r, alpha = self.rank_alpha(key)
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
+
+
+class _ConfigReader:
+    """``adapter_config.json``'s values for :meth:`LoraSettings.from_config`, each checked as it is read: a value
+    that leaves the delta undefined is a one-line CheckpointError naming the key."""
+
+    def __init__(self, config: Mapping[str, Any], model: str) -> None:
+        self.config = config
+        self.model = model
+
+    def fail(self, cause: str) -> CheckpointError:
+        return CheckpointError(self.model, f"{ADAPTER_CONFIG}: {cause}")
+
+    def check_supported(self) -> None:
+        """A LoRA adapter whose merged weights are base + scaling * B A, with every key that defines it."""
+        config = self.config
+        missing = [k for k in REQUIRED_KEYS if k not in config]
+        if "peft_type" in config and str(config["peft_type"]).upper() != "LORA":
+            kind = str(config["peft_type"]).upper()
+            why = _OTHER_TYPES.get(kind, "not implemented")
+            raise self.fail(
+                f"peft_type {kind} is not supported: only LoRA adapters are ({kind} learns {why})"
+                if kind in _OTHER_TYPES
+                else f"peft_type {kind} is not supported: only LoRA adapters are"
+            )
+        if missing:
+            raise self.fail(f"lacks {', '.join(missing)}")
+        for key, what in _VARIANTS.items():
+            if config.get(key) not in (None, False, [], {}):
+                raise self.fail(f"{what} is not supported: its merged weights are not base + scaling * B A")
+        init = config.get("init_lora_weights")
+        if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+            raise self.fail(
+                f"init_lora_weights {init!r} changes the base weights themselves, so the adapter alone is not "
+                "the delta (save it with PEFT's path_initial_model_for_weight_conversion)"
+            )
+
+    def number(self, key: str, value: Any, integer: bool) -> Any:
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+        if isinstance(value, bool) or not ok or (integer and value < 1):
+            raise self.fail(f"{key} must be {'a positive integer' if integer else 'a number'}, not {value!r}")
+        return value
+
+    def patterns(self, key: str, integer: bool) -> dict[str, Any]:
+        value = self.config.get(key) or {}
+        if not isinstance(value, dict):
+            raise self.fail(f"{key} must be a map of module patterns, not {value!r}")
+        return {str(k): self.number(f"{key}[{k!r}]", v, integer) for k, v in value.items()}
+
+    def names(self, key: str, allow_str: bool = True) -> str | tuple[str, ...] | None:
+        value = self.config.get(key)
+        if value is None or (allow_str and isinstance(value, str)):
+            return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise self.fail(f"{key} must be {'a string or ' if allow_str else ''}a list of module names, not {value!r}")
+
+    def layers(self) -> int | tuple[int, ...] | None:
+        """``layers_to_transform``: a layer index, or a tuple of them."""
+        layers = self.config.get("layers_to_transform")
+        if not (
+            layers is None
+            or (isinstance(layers, int) and not isinstance(layers, bool))
+            or (isinstance(layers, list) and all(isinstance(i, int) for i in layers))
+        ):
+            raise self.fail(f"layers_to_transform must be a layer index or a list of them, not {layers!r}")
+        return tuple(layers) if isinstance(layers, list) else layers
+
+    def flags(self) -> dict[str, bool]:
+        flags = {}
+        for key in ("use_rslora", "fan_in_fan_out"):
+            flags[key] = self.config.get(key) or False
+            if not isinstance(flags[key], bool):
+                raise self.fail(f"{key} must be true or false, not {flags[key]!r}")
+        return flags
 
 
 # --- the checkpoint ------------------------------------------------------------------------------------
@@ -352,14 +374,14 @@ class AdapterCheckpoint(Checkpoint):
                 tensor = stack.tensors[hit.tensor]
                 refs += [
                     MatrixRef(
-                        stack.name,
-                        hit.layer,
-                        family,
-                        tensor.name(hit.layer),
-                        tensor.orientation,
-                        part,
-                        len(tensor.families),
-                        tensor.fused,
+                        stack=stack.name,
+                        layer=hit.layer,
+                        family=family,
+                        tensor=tensor.name(hit.layer),
+                        orientation=tensor.orientation,
+                        part=part,
+                        n_parts=len(tensor.families),
+                        fused=tensor.fused,
                     )
                     for part, family in enumerate(tensor.families)
                 ]

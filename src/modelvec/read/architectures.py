@@ -7,7 +7,8 @@ of fused tensors. Names are written without the prefixes that task heads add (``
 ``roberta.``, ``transformer.``, ``model.``...); each table lists the prefixes it accepts.
 
 Adding a family is adding an entry to :data:`ARCHITECTURES`; nothing else in modelvec branches on
-the family.
+the family. Reading it from GGUF files is one more entry, of data too: how the file's metadata and
+tensors give the table's config (:data:`modelvec.read.gguf.FAMILIES`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class When:
         return fnmatch.fnmatchcase(str(config.get(self.key, self.default)), self.pattern)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tensor:
     """One stored weight: its name template and the families it holds.
 
@@ -116,7 +117,7 @@ class VocabularyHead:
     default: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Architecture:
     """A model family: how to recognise it in config.json and where its matrices live."""
 
@@ -178,7 +179,7 @@ class Architecture:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MatrixRef:
     """One matrix of the representation: where it is stored and what role it plays."""
 
@@ -208,19 +209,19 @@ class MatrixRef:
 
 
 def _attention(template: str, names: tuple[str, str, str, str], families=ATTENTION) -> tuple[Tensor, ...]:
-    return tuple(Tensor(template.replace("{}", n), (f,)) for n, f in zip(names, families))
+    return tuple(Tensor(template=template.replace("{}", n), families=(f,)) for n, f in zip(names, families))
 
 
 _BERT_LIKE_STACK = Stack(
     "encoder",
     ("num_hidden_layers",),
     (
-        Tensor("encoder.layer.${layer}.attention.self.query.weight", ("q",)),
-        Tensor("encoder.layer.${layer}.attention.self.key.weight", ("k",)),
-        Tensor("encoder.layer.${layer}.attention.self.value.weight", ("v",)),
-        Tensor("encoder.layer.${layer}.attention.output.dense.weight", ("o",)),
-        Tensor("encoder.layer.${layer}.intermediate.dense.weight", ("ff1",)),
-        Tensor("encoder.layer.${layer}.output.dense.weight", ("ff2",)),
+        Tensor(template="encoder.layer.${layer}.attention.self.query.weight", families=("q",)),
+        Tensor(template="encoder.layer.${layer}.attention.self.key.weight", families=("k",)),
+        Tensor(template="encoder.layer.${layer}.attention.self.value.weight", families=("v",)),
+        Tensor(template="encoder.layer.${layer}.attention.output.dense.weight", families=("o",)),
+        Tensor(template="encoder.layer.${layer}.intermediate.dense.weight", families=("ff1",)),
+        Tensor(template="encoder.layer.${layer}.output.dense.weight", families=("ff2",)),
     ),
 )
 
@@ -234,10 +235,10 @@ def _t5_stack(name: str, layers_keys: tuple[str, ...], cross: bool) -> Stack:
     if cross:
         tensors += _attention(block + ".1.EncDecAttention.{}.weight", ("q", "k", "v", "o"), CROSS_ATTENTION)
     tensors += [
-        Tensor(f"{block}.{ff}.DenseReluDense.wi.weight", ("ff1",), unless=_T5_FFN_GATED),
-        Tensor(f"{block}.{ff}.DenseReluDense.wi_0.weight", ("ff_gate",), when=_T5_FFN_GATED),
-        Tensor(f"{block}.{ff}.DenseReluDense.wi_1.weight", ("ff1",), when=_T5_FFN_GATED),
-        Tensor(f"{block}.{ff}.DenseReluDense.wo.weight", ("ff2",)),
+        Tensor(template=f"{block}.{ff}.DenseReluDense.wi.weight", families=("ff1",), unless=_T5_FFN_GATED),
+        Tensor(template=f"{block}.{ff}.DenseReluDense.wi_0.weight", families=("ff_gate",), when=_T5_FFN_GATED),
+        Tensor(template=f"{block}.{ff}.DenseReluDense.wi_1.weight", families=("ff1",), when=_T5_FFN_GATED),
+        Tensor(template=f"{block}.{ff}.DenseReluDense.wo.weight", families=("ff2",)),
     ]
     return Stack(name, layers_keys, tuple(tensors))
 
@@ -273,8 +274,8 @@ DISTILBERT = Architecture(
             ("n_layers", "num_hidden_layers"),
             (
                 *_attention("transformer.layer.${layer}.attention.{}.weight", ("q_lin", "k_lin", "v_lin", "out_lin")),
-                Tensor("transformer.layer.${layer}.ffn.lin1.weight", ("ff1",)),
-                Tensor("transformer.layer.${layer}.ffn.lin2.weight", ("ff2",)),
+                Tensor(template="transformer.layer.${layer}.ffn.lin1.weight", families=("ff1",)),
+                Tensor(template="transformer.layer.${layer}.ffn.lin2.weight", families=("ff2",)),
             ),
         ),
     ),
@@ -319,10 +320,15 @@ GPT2 = Architecture(
             "decoder",
             ("n_layer", "num_hidden_layers"),
             (
-                Tensor("h.${layer}.attn.c_attn.weight", ATTENTION[:3], Orientation.CONV1D, fused="qkv"),
-                Tensor("h.${layer}.attn.c_proj.weight", ("o",), Orientation.CONV1D),
-                Tensor("h.${layer}.mlp.c_fc.weight", ("ff1",), Orientation.CONV1D),
-                Tensor("h.${layer}.mlp.c_proj.weight", ("ff2",), Orientation.CONV1D),
+                Tensor(
+                    template="h.${layer}.attn.c_attn.weight",
+                    families=ATTENTION[:3],
+                    orientation=Orientation.CONV1D,
+                    fused="qkv",
+                ),
+                Tensor(template="h.${layer}.attn.c_proj.weight", families=("o",), orientation=Orientation.CONV1D),
+                Tensor(template="h.${layer}.mlp.c_fc.weight", families=("ff1",), orientation=Orientation.CONV1D),
+                Tensor(template="h.${layer}.mlp.c_proj.weight", families=("ff2",), orientation=Orientation.CONV1D),
             ),
         ),
     ),
@@ -347,9 +353,9 @@ _LLAMA_SHAPE = (
 
 _LLAMA_LAYER = (
     *_attention("layers.${layer}.self_attn.{}.weight", ("q_proj", "k_proj", "v_proj", "o_proj")),
-    Tensor("layers.${layer}.mlp.gate_proj.weight", ("ff_gate",)),
-    Tensor("layers.${layer}.mlp.up_proj.weight", ("ff1",)),
-    Tensor("layers.${layer}.mlp.down_proj.weight", ("ff2",)),
+    Tensor(template="layers.${layer}.mlp.gate_proj.weight", families=("ff_gate",)),
+    Tensor(template="layers.${layer}.mlp.up_proj.weight", families=("ff1",)),
+    Tensor(template="layers.${layer}.mlp.down_proj.weight", families=("ff2",)),
 )
 
 LLAMA = Architecture(
@@ -383,8 +389,8 @@ PHI3 = Architecture(
             ("num_hidden_layers",),
             (
                 Tensor(
-                    "layers.${layer}.self_attn.qkv_proj.weight",
-                    ATTENTION[:3],
+                    template="layers.${layer}.self_attn.qkv_proj.weight",
+                    families=ATTENTION[:3],
                     fused="qkv",
                     split=(
                         ("num_attention_heads",),
@@ -392,9 +398,11 @@ PHI3 = Architecture(
                         ("num_key_value_heads", "num_attention_heads"),
                     ),
                 ),
-                Tensor("layers.${layer}.self_attn.o_proj.weight", ("o",)),
-                Tensor("layers.${layer}.mlp.gate_up_proj.weight", ("ff_gate", "ff1"), fused="gate_up"),
-                Tensor("layers.${layer}.mlp.down_proj.weight", ("ff2",)),
+                Tensor(template="layers.${layer}.self_attn.o_proj.weight", families=("o",)),
+                Tensor(
+                    template="layers.${layer}.mlp.gate_up_proj.weight", families=("ff_gate", "ff1"), fused="gate_up"
+                ),
+                Tensor(template="layers.${layer}.mlp.down_proj.weight", families=("ff2",)),
             ),
         ),
     ),

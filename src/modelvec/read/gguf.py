@@ -7,7 +7,8 @@ Tensors are named as in the Hugging Face checkpoint the file was converted from,
 architecture tables apply unchanged: the GGUF names (``blk.N.attn_q.weight``, ``blk.N.ffn_down.weight``,
 ``blk.N.attn_qkv.weight``...) are found by running each table's Hugging Face names through gguf's own
 ``TensorNameMap`` for the file's ``general.architecture``, the map llama.cpp's converter uses.
-The config comes from the metadata (``<arch>.block_count``, ``<arch>.embedding_length``...).
+The config comes from the metadata (``<arch>.block_count``, ``<arch>.embedding_length``...), and where
+that is silent from the tensors the file stores (T5's gated feed-forward), as :data:`FAMILIES` declares.
 
 Each ``get`` dequantizes one tensor (``gguf.quants.dequantize``), so memory stays bounded by the
 largest matrix. Quantization noise raises the measured rank: the rank study warns
@@ -35,11 +36,23 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 
 
 @dataclass(frozen=True)
+class _Stored:
+    """A config.json value that the GGUF metadata does not hold, read off whether ``tensor`` is stored: ``value``
+    when it is, ``otherwise`` when not."""
+
+    key: str
+    tensor: str
+    value: str
+    otherwise: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class _Family:
     """How one GGUF ``general.architecture`` maps onto a modelvec architecture table.
 
     ``config`` maps the Hugging Face config.json keys the table needs to GGUF metadata keys
-    (``{arch}`` is the GGUF architecture name); ``defaults`` gives a key's fallback key.
+    (``{arch}`` is the GGUF architecture name); ``defaults`` gives a key's fallback key; ``stored``, the
+    config values read off the tensors the file stores (T5's gated feed-forward: ffn_gate tensors or none).
     """
 
     table: str
@@ -47,6 +60,7 @@ class _Family:
     config: dict[str, str]
     defaults: dict[str, str] = field(default_factory=dict)
     permuted_qk: bool = False
+    stored: tuple[_Stored, ...] = ()
 
 
 _LLM = {
@@ -58,40 +72,44 @@ _LLM = {
 FAMILIES: dict[str, _Family] = {
     # llama.cpp's LlamaModel converter permutes the rows of q_proj and k_proj (see GGUFCheckpoint).
     "llama": _Family(
-        "llama",
-        "llama",
-        {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
-        {"num_key_value_heads": "num_attention_heads"},
+        table="llama",
+        model_type="llama",
+        config={**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
+        defaults={"num_key_value_heads": "num_attention_heads"},
         permuted_qk=True,
     ),
     "qwen2": _Family(
-        "llama",
-        "qwen2",
-        {**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
-        {"num_key_value_heads": "num_attention_heads"},
+        table="llama",
+        model_type="qwen2",
+        config={**_LLM, "num_key_value_heads": "{arch}.attention.head_count_kv"},
+        defaults={"num_key_value_heads": "num_attention_heads"},
     ),
     "gpt2": _Family(
-        "gpt2",
-        "gpt2",
-        {
+        table="gpt2",
+        model_type="gpt2",
+        config={
             "n_layer": "{arch}.block_count",
             "n_embd": "{arch}.embedding_length",
             "n_inner": "{arch}.feed_forward_length",
             "n_head": "{arch}.attention.head_count",
         },
     ),
-    "bert": _Family("bert", "bert", dict(_LLM)),
+    "bert": _Family(table="bert", model_type="bert", config=dict(_LLM)),
     "t5": _Family(
-        "t5",
-        "t5",
-        {
+        table="t5",
+        model_type="t5",
+        config={
             "num_layers": "{arch}.block_count",
             "num_decoder_layers": "{arch}.decoder_block_count",
             "d_model": "{arch}.embedding_length",
             "d_ff": "{arch}.feed_forward_length",
             "num_heads": "{arch}.attention.head_count",
         },
-        {"num_decoder_layers": "num_layers"},
+        defaults={"num_decoder_layers": "num_layers"},
+        # gated (v1.1, Flan-T5) or not (t5-base): the metadata does not say, the encoder's ffn_gate tensors do
+        stored=(
+            _Stored(key="feed_forward_proj", tensor="enc.blk.0.ffn_gate.weight", value="gated-gelu", otherwise="relu"),
+        ),
     ),
 }
 
@@ -212,8 +230,8 @@ class GGUFCheckpoint(Checkpoint):
                     f"bad GGUF metadata {template.format(arch=self.gguf_arch)}: "
                     f"{shown(repr(value), 60)} is not a count",
                 ) from None
-        if self.gguf_arch == "t5":  # gated (v1.1, Flan) or not: the GGUF has ffn_gate tensors or not
-            config["feed_forward_proj"] = "gated-gelu" if "enc.blk.0.ffn_gate.weight" in self._infos else "relu"
+        for stored in self.family.stored:
+            config[stored.key] = stored.value if stored.tensor in self._infos else stored.otherwise
         return config
 
     def _map_names(self) -> tuple[dict[str, str], set[str], dict[str, int]]:

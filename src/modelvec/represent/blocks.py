@@ -12,7 +12,7 @@ from .representation import Representation
 from .rows import MatrixPlan, plan_matrix, within_size
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Block:
     """Where one matrix's factor sits in the vector: [start, stop). ``layer`` is None when pooled."""
 
@@ -42,11 +42,18 @@ def vector_blocks(
             n = plans[ref.key].kept
             size = representation.plan_floats(plans[ref.key])
             blocks.append(
-                Block(stack, layer if representation.pooling == "concat" else None, ref.family, n, pos, pos + size)
+                Block(
+                    stack=stack,
+                    layer=layer if representation.pooling == "concat" else None,
+                    family=ref.family,
+                    n=n,
+                    start=pos,
+                    stop=pos + size,
+                )
             )
             pos += size
     if vocab:
-        blocks.append(Block("head", None, "vocabulary", vocab, pos, pos + vocab))
+        blocks.append(Block(stack="head", layer=None, family="vocabulary", n=vocab, start=pos, stop=pos + vocab))
     return blocks
 
 

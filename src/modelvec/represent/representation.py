@@ -69,7 +69,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..core.settings import key_of, setting, validate
+from ..core.settings import key_of, setting, settings_of, validate
 from ..read import VocabularyHead
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _randomized(r: Any) -> bool:
     return r.factor != "sketch" and r.solver == "randomized"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Representation:
     """The parameters of a representation, each declared once with its help, allowed values and place in the
     key (the CLI's options are made from them), validated once; ``key()`` names it in the store."""
@@ -251,9 +251,10 @@ class Representation:
         return key_of(self)
 
     def label(self) -> str:
-        """A readable name for tables, made from the parameters (so distinct parameters, distinct names):
-        the factor, then what differs from the plain method (projection, rows, sign, pooling, block norm,
-        rank, solver)."""
+        """A readable name for tables, made from the parameters that tell the compared representations apart:
+        the factor, then what differs from the plain method (projection, rows, sign, exact solver, pooling, rank,
+        size budget, block norm, head). It leaves out the seed and the randomized solver's iterations and
+        oversamples, so representations that differ only in those share a label; :meth:`key` names them apart."""
         name = {"U": "U", "US": "U·Σ", "S": "singular values", "sketch": "sketch ΔW·Ω"}[self.factor]
         if self.factor == "sketch" and self.projection != "shared":
             name = {"gaussian": "sketch ΔW·Ω, Ω per block", "countsketch": "CountSketch"}[self.projection]
@@ -288,5 +289,6 @@ class Representation:
         return cls(**{**UNTIL_ADDED, **fields})  # type: ignore[arg-type]
 
 
-#: Settings added after vectors were first stored, at the value that computes what was computed before them.
-UNTIL_ADDED: dict[str, object] = {"projection": "shared", "rows": 1.0, "head": "none", "size": "none"}
+#: Settings added after vectors were first stored, at the value that computes what was computed before them: the
+#: value each such field's declaration leaves out of the key (its ``omit``).
+UNTIL_ADDED: dict[str, object] = {field.name: meta.omit[0] for field, meta in settings_of(Representation) if meta.omit}

@@ -75,7 +75,7 @@ def select_rows(n_rows: int, row_elems: int, share: float, seed: int, place: tup
     return tuple((a, b) for a, b in ranges)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MatrixPlan:
     """What one matrix of the representation reads of its stored tensor, and the shape of its block.
 
@@ -141,7 +141,9 @@ def plan_matrix(
         share = representation.rows
     local = select_rows(n_rows, n_cols, share, representation.seed, place)
     rows = tuple((row_start + a, row_start + b) for a, b in local)
-    return MatrixPlan(prefix + ref.tensor, rows, row_start, n_rows, cols, contract_rows=linear)
+    return MatrixPlan(
+        tensor=prefix + ref.tensor, rows=rows, row_start=row_start, n_rows=n_rows, cols=cols, contract_rows=linear
+    )
 
 
 def byte_share(plans: list[MatrixPlan], stored_shapes: dict[str, tuple[int, int]]) -> float:

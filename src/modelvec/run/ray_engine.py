@@ -353,7 +353,7 @@ class _Run:
         except _rayx.RayError as exc:  # e.g. the task could not be unpickled there: this model's failure
             slot.inflight.remove((ref, task))
             err = error_of(exc, task.name)
-            yield Outcome(task, error=f"{task.name}: Ray: {err.cause}", kind=err.kind)
+            yield Outcome(task=task, error=f"{task.name}: Ray: {err.cause}", kind=err.kind)
             return
         slot.inflight.remove((ref, task))
         yield self._outcome(result)
@@ -373,7 +373,7 @@ class _Run:
             except _rayx.RayError as exc:
                 blamed = True
                 err = error_of(exc, task.name)
-                yield Outcome(task, error=f"{task.name}: the Ray worker died: {err.cause}", kind=err.kind)
+                yield Outcome(task=task, error=f"{task.name}: the Ray worker died: {err.cause}", kind=err.kind)
                 continue
             yield self._outcome(result)
         slot.inflight.clear()

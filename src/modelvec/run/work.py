@@ -146,7 +146,7 @@ def _has_weights(folder: Path | None) -> bool:
     return True
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Outcome:
     """What became of one task: a vector, or the reason it failed.
 
@@ -242,15 +242,15 @@ def compute(
         err = error_of(exc, task.name)
         if err.model == embedder.base_.name and err.kind is Kind.CONTENT:  # the base is broken: nothing can be embedded
             raise err from exc
-        return Outcome(task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start, fetched=fetched)
+        return Outcome(task=task, error=str(err), kind=err.kind, seconds=time.perf_counter() - start, fetched=fetched)
     return Outcome(
-        task,
-        embedded.vector,
-        embedder.layout_.arch.name,
-        datasets,
-        label_source,
-        author,
-        time.perf_counter() - start,
+        task=task,
+        vector=embedded.vector,
+        architecture=embedder.layout_.arch.name,
+        datasets=datasets,
+        label_source=label_source,
+        author=author,
+        seconds=time.perf_counter() - start,
         adapter=adapter,
         note=note,
         fetched=fetched,

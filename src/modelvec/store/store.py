@@ -352,7 +352,11 @@ class Store:
         kind: Kind | str = Kind.CONTENT,
     ) -> None:
         """Record why a model failed; a ``content`` failure with ``model_hash`` is skipped while the weights are unchanged."""
-        write_rows(self.con, self.vector_file, [Failure(model, base, representation, error, model_hash, kind)])
+        write_rows(
+            self.con,
+            self.vector_file,
+            [Failure(model=model, base=base, params=representation, error=error, model_hash=model_hash, kind=kind)],
+        )
 
     def known_failure(self, model: str, model_hash: str, base: str, representation: Representation) -> str | None:
         """The recorded error when these very weights already failed, by their content, with this base and representation.

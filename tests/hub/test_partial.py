@@ -1,5 +1,6 @@
-"""Hub models read by byte ranges: a representation that reads a share of rows fetches only those bytes, through the
-real huggingface_hub client against a local Hub that counts what it sends, and gets the local copy's vector."""
+"""Partial downloads (modelvec.hub.partial), Hub models read by byte ranges: a representation that reads a share of
+rows fetches only those bytes, through the real huggingface_hub client against a local Hub that counts what it sends,
+and gets the local copy's vector."""
 
 from __future__ import annotations
 
