@@ -10,12 +10,19 @@ import textwrap
 
 import pytest
 
+from modelvec.analyse.reduction import Reduction
 from modelvec.analyse.scores import Scoring
 from modelvec.core.settings import flags, key_of, settings_of
+from modelvec.hub.discovery import Scope
 from modelvec.represent.representation import Representation
+from modelvec.run.engines import Execution
+from modelvec.spectra.energy import Ranks
+
+#: Every command's settings: each command's options are made from one or more of these.
+SETTINGS = [Representation, Scoring, Scope, Execution, Reduction, Ranks]
 
 
-@pytest.mark.parametrize("cls", [Representation, Scoring])
+@pytest.mark.parametrize("cls", SETTINGS)
 def test_every_setting_has_help_and_the_representations_a_place_in_the_key(cls):
     for field, meta in settings_of(cls):
         assert meta.help.strip(), field.name
@@ -118,3 +125,61 @@ def test_a_field_added_to_the_representation_is_an_option_of_every_command_and_p
     assert out["neighbors-json"]["params"].endswith("-fancy3")
     code, said = out["bad"]
     assert code == 2 and "Invalid value for '--fancy'" in said  # refused as it is parsed
+
+
+def test_settings_of_no_limit_many_values_and_a_registry_are_checked_as_declared():
+    """``None`` where the default is ``None`` (no limit), tuples each checked (thresholds), and choices read from a
+    registry when asked (engines): each refused with a line that says what it allows."""
+    assert Scope().limit is None and Scope(limit=3).limit == 3
+    with pytest.raises(ValueError, match="limit must be an integer >= 1, not 0"):
+        Scope(limit=0)
+    assert Ranks(thresholds=[0.5, 1]).thresholds == (0.5, 1.0)  # a list is a tuple, an int a float
+    for bad in ((), 0.5, "0.5", (0.5, 0.0), (0.5, 1.5)):
+        with pytest.raises(ValueError, match="thresholds"):
+            Ranks(thresholds=bad)
+    with pytest.raises(ValueError, match="engine must be one of local, ray, not 'spark'"):
+        Execution(engine="spark")
+    assert flags(Ranks(thresholds=(0.9, 0.99))) == ["--threshold", "0.9,0.99"]
+    assert flags(Scope(limit=5, search=False)) == ["--limit", "5", "--no-search"]
+
+
+def test_api_functions_take_the_settings_whole_or_one_by_one():
+    """``discover(base, limit=2)`` is ``discover(base, Scope(limit=2))``; a name that is no setting is refused as a
+    wrong keyword is."""
+    from modelvec.core.settings import with_options
+
+    assert with_options(Scope, None, {"limit": 2}) == Scope(limit=2)
+    assert with_options(Scope, Scope(sort="likes"), {"limit": 2}) == Scope(sort="likes", limit=2)
+    assert with_options(Scope, Scope(depth=2), {}) == Scope(depth=2)
+    with pytest.raises(TypeError, match="discover\\(\\) got an unexpected keyword argument 'limt'"):
+        with_options(Scope, None, {"limt": 2}, "discover")
+
+
+@pytest.mark.parametrize(
+    "command,cls,only",
+    [
+        ("discover", Scope, None),
+        ("embed", Execution, None),
+        ("embed", Scope, ("limit", "sort")),
+        ("cluster", Reduction, None),
+        ("cluster", Scoring, None),
+        ("rank", Ranks, None),
+    ],
+)
+def test_every_commands_options_are_its_settings_with_their_defaults(command, cls, only):
+    """Each declared field is an option of the command with the declaration's flag and the API's default: one
+    default per setting, the same in API and CLI."""
+    import typer
+
+    from modelvec.cli import app
+    from modelvec.core.settings import flag_of, value_text
+
+    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    options = {opt: p for p in click_command.params for opt in p.opts}
+    for field, meta in settings_of(cls):
+        if only is not None and field.name not in only:
+            continue
+        option = options[flag_of(field, meta)]
+        default = field.default
+        expected = [value_text(default)] if meta.many else default
+        assert option.default == expected, (command, field.name)

@@ -23,7 +23,7 @@ from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from ..core.errors import ModelvecError
-from ..core.settings import check_field, flag_of, kind_of, parse_value, settings_of
+from ..core.settings import Setting, check_field, choices_of, flag_of, kind_of, parse_value, settings_of, value_text
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -270,14 +270,6 @@ def setting_values(cls: type, name: str, values: list[str] | None) -> list[Any]:
     return out
 
 
-def check_device(value: str) -> str:
-    """A device option checked as it is parsed (before any progress is drawn): CUDA asked for without a GPU."""
-    from ..represent import resolve_device
-
-    resolve_device(value)  # a ValueError: one line, exit 2 (see _OneLineErrors)
-    return value
-
-
 def whole_column(header: str) -> Column:
     """A column whose cells are read or copied whole (names, representation keys, equations): wrapped, never cut."""
     return Column(header, overflow="fold", min_width=max(len(word) for word in header.split()))
@@ -365,66 +357,56 @@ def with_settings(
     name: str,
     *,
     only: tuple[str, ...] | None = None,
-    defaults: dict[str, Any] | None = None,
+    defaults: object | None = None,
     helps: dict[str, str] | None = None,
 ) -> Any:
     """Give a command one option per field of the settings class ``cls`` (their help, choices and bounds
     come from the declaration: :mod:`modelvec.core.settings`); the command receives them built and
     validated, as ``name=cls(...)``. Adding a field to ``cls`` adds its option to every such command.
 
-    ``only``: the fields the command uses (the others keep their defaults); ``defaults`` and ``helps``: where a
-    command's default or meaning differs (``neighbors --k`` lists 10 neighbours)."""
-    defaults, helps = defaults or {}, helps or {}
+    ``only``: the fields the command uses (the others keep their defaults); ``defaults``: an instance of ``cls``
+    whose values are the command's defaults where the API's function has its own (``neighbors --k`` lists 10
+    neighbours: :data:`~modelvec.analyse.scores.NEIGHBORS_SCORING`); ``helps``: where a command's meaning of a
+    setting is narrower than the declaration's."""
+    defaults, helps = defaults if defaults is not None else cls(), helps or {}
 
     def fields() -> list[tuple[Any, Any]]:
         return [(f, m) for f, m in settings_of(cls) if only is None or f.name in only]
 
+    def build(values: dict[str, Any]) -> Any:
+        try:
+            for f, meta in fields():
+                if (meta.words or meta.many) and values[f.name] is not None:
+                    values[f.name] = parse_value(f, meta, ",".join(values[f.name]) if meta.many else values[f.name])
+            return cls(**values)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    options = {
+        field.name: _option_of(field, meta, getattr(defaults, field.name), helps.get(field.name, meta.help))
+        for field, meta in fields()
+    }
+    return options_as(name, options, build)
+
+
+def options_as(name: str, options: dict[str, dict[str, Any]], build: Callable[[dict[str, Any]], Any]) -> Any:
+    """A decorator that gives a command the typer ``options`` (field -> ``default``/``annotation``) in place of its
+    parameter ``name``, and calls it with ``name=build({field: value given})``: how :func:`with_settings` and
+    :func:`~modelvec.cli.sweeps.with_sweeps` make a command's options from declarations."""
+
     def decorate(func: Any) -> Any:
         signature = inspect.signature(func)
-        added = []
-        for field, meta in fields():
-            flag = flag_of(field, meta)
-            kind = kind_of(field, meta)
-            default = defaults.get(field.name, field.default)
-            if meta.words:  # a number or a word (--rows auto): text, parsed as the declaration says
-                kind, default = str, default if isinstance(default, str) else f"{default:g}"
-            if kind is bool:
-                decls = [f"{flag}/{meta.negation or '--no-' + flag[2:]}"]
-            else:
-                decls = [flag]
-            option = typer.Option(
-                default,
-                *decls,
-                help=helps.get(field.name, meta.help),
-                metavar=meta.metavar
-                or (None if meta.choices or kind is bool else {int: "N", float: "X"}.get(kind, "VALUE")),
-                min=None if meta.words else meta.minimum,
-                max=None if meta.words else meta.maximum,
-                show_default=True,
-            )
-            annotation = Literal[meta.choices] if meta.choices else kind  # typer lists a Literal's choices
-            added.append(
-                inspect.Parameter(
-                    f"{name}__{field.name}",
-                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                    default=option,
-                    annotation=annotation,
-                )
-            )
+        added = [
+            inspect.Parameter(f"{name}__{field}", inspect.Parameter.POSITIONAL_OR_KEYWORD, **option)
+            for field, option in options.items()
+        ]
         before = list(signature.parameters.values())
         at = [p.name for p in before].index(name)  # the options stand where the command declares them
         parameters = [*before[:at], *added, *before[at + 1 :]]
 
         @functools.wraps(func)
         def command(*args: Any, **kwargs: Any) -> Any:
-            values = {f.name: kwargs.pop(f"{name}__{f.name}") for f, _ in fields()}
-            try:
-                for f, meta in fields():
-                    if meta.words:
-                        values[f.name] = parse_value(f, meta, values[f.name])
-                kwargs[name] = cls(**values)
-            except ValueError as exc:
-                raise typer.BadParameter(str(exc)) from None
+            kwargs[name] = build({field: kwargs.pop(f"{name}__{field}") for field in options})
             return func(*args, **kwargs)
 
         command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
@@ -433,3 +415,29 @@ def with_settings(
         return command
 
     return decorate
+
+
+def _option_of(field: Any, meta: Setting, default: Any, help: str) -> dict[str, Any]:
+    """A declared setting as a typer option: the parameter's ``default`` (the option) and ``annotation``.
+
+    A number that also takes words (``--rows auto``) and a setting of many values (``--threshold 0.5,0.9``,
+    repeated or comma-separated) arrive as text, parsed as the declaration says; choices are a ``Literal``, which
+    typer lists in the help."""
+    flag, kind, choices = flag_of(field, meta), kind_of(field, meta), choices_of(meta)
+    if meta.many:
+        kind, default = list[str], [value_text(default)]
+    elif meta.words:
+        kind, default = str, default if isinstance(default, str) else value_text(default)
+    decls = [f"{flag}/{meta.negation or '--no-' + flag[2:]}"] if kind is bool else [flag]
+    metavar = meta.metavar or (None if choices or kind is bool else {int: "N", float: "X"}.get(kind, "VALUE"))
+    option = typer.Option(
+        default,
+        *decls,
+        help=help,
+        metavar=metavar,
+        min=None if meta.words or meta.many else meta.minimum,
+        max=None if meta.words or meta.many else meta.maximum,
+        show_default=default is not None,
+    )
+    annotation: Any = Literal[choices] if choices and not meta.many else kind  # typer lists a Literal's choices
+    return {"default": option, "annotation": annotation if field.default is not None else annotation | None}

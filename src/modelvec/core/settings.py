@@ -11,19 +11,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 _KEY = "modelvec.setting"
+_WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}  # a kind in words
 
 
 @dataclass(frozen=True)
 class Setting:
     """What a field means to a user: its help, the values it allows, and its command-line flag.
 
-    ``choices``: the allowed strings. ``minimum`` / ``maximum``: inclusive bounds of a number;
+    ``choices``: the allowed strings, or a function that lists them when asked (a registry that grows after the
+    class is declared: the run's engines). ``minimum`` / ``maximum``: inclusive bounds of a number;
     ``above``: an exclusive lower bound. ``words``: strings a number also takes in its place (``"auto"``), and
-    ``kind``: that number's type where the default is one of them. ``flag``: the option's name (default
-    ``--field-name``); ``negation``: for a bool, the flag that turns it off (default ``--no-field-name``).
+    ``kind``: that number's type where the default is one of them or ``None`` (a field whose default is ``None``
+    also takes ``None``: "no limit"). ``many``: the value is a tuple of such values, each checked (the command line
+    takes them repeated or comma-separated). ``flag``: the option's name (default ``--field-name``); ``negation``:
+    for a bool, the flag that turns it off (default ``--no-field-name``).
 
     For settings whose object is named by a key (:func:`key_of`, e.g. a stored representation): ``key``, how
     the value reads in it (a format, ``"r{}"``; for a bool, the tag it adds when true), ``order``, its place,
@@ -32,12 +36,13 @@ class Setting:
     """
 
     help: str
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
     minimum: float | None = None
     maximum: float | None = None
     above: float | None = None
     words: tuple[str, ...] = ()
     kind: type | None = None
+    many: bool = False
     flag: str | None = None
     negation: str | None = None
     metavar: str | None = None
@@ -59,19 +64,36 @@ def settings_of(cls: Any) -> list[tuple[dataclasses.Field, Setting]]:
 
 
 def kind_of(field: dataclasses.Field, meta: Setting) -> type:
-    """The type of a field's values (a number field whose default is a word: its declared ``kind``)."""
-    return meta.kind or type(field.default)
+    """The type of a field's values (each value's, for ``many``; where the default is a word or ``None``: its
+    declared ``kind``)."""
+    if meta.kind is not None:
+        return meta.kind
+    default: Any = field.default
+    return type(default[0]) if meta.many else type(default)
+
+
+def choices_of(meta: Setting) -> tuple[str, ...]:
+    """The allowed strings of a setting, as they are now (a registry's: its names at this moment)."""
+    return meta.choices() if callable(meta.choices) else meta.choices
 
 
 def parse_value(field: dataclasses.Field, meta: Setting, text: str) -> Any:
     """A command line's text as the value of a field: one of its words (``--rows auto``) or its kind's
-    (``--rows 0.1``); raises ``ValueError`` saying what it allows."""
+    (``--rows 0.1``); for ``many``, the tuple of its comma-separated values; raises ``ValueError`` saying what it
+    allows."""
+    if meta.many:
+        single = dataclasses.replace(meta, many=False)
+        return tuple(parse_value(field, single, part.strip()) for part in text.split(",") if part.strip())
     if text in meta.words:
         return text
+    kind = kind_of(field, meta)
     try:
-        return kind_of(field, meta)(text)
+        return kind(text)
     except ValueError:
-        raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {text!r}") from None
+        allowed = bounds_text(meta)
+        if not meta.words and kind in (int, float):  # "a number in (0, 1]", not just "in (0, 1]"
+            allowed = f"{_WHAT[kind]} {allowed}".strip()
+        raise ValueError(f"{field.name} must be {allowed}, not {text!r}") from None
 
 
 def flag_of(field: dataclasses.Field, meta: Setting) -> str:
@@ -80,8 +102,10 @@ def flag_of(field: dataclasses.Field, meta: Setting) -> str:
 
 def bounds_text(meta: Setting) -> str:
     """The allowed values in words: ``one of a, b``, ``>= 1``, ``in (0, 1]``."""
+    if meta.many:
+        return "values each " + bounds_text(dataclasses.replace(meta, many=False))
     if meta.choices:
-        return "one of " + ", ".join(meta.choices)
+        return "one of " + ", ".join(choices_of(meta))
     if meta.words:  # "a number in (0, 1] or auto"
         number = bounds_text(dataclasses.replace(meta, words=()))
         return " ".join(filter(None, ("a number", number, "or", " or ".join(meta.words))))
@@ -115,6 +139,13 @@ def validate(obj: Any) -> None:
 
 
 def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
+    if value is None and field.default is None:  # "none": no limit, the cluster's own, ...
+        return value
+    if meta.many:  # a tuple, each value checked as one
+        single = dataclasses.replace(meta, many=False)
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value:
+            raise ValueError(f"{field.name} must be one or more values, each {bounds_text(single)}, not {value!r}")
+        return tuple(_checked(field, single, v) for v in value)
     kind = kind_of(field, meta)
     if meta.words and isinstance(value, str):
         if value in meta.words:
@@ -127,10 +158,10 @@ def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
     if type(value) is not kind:
         if meta.words:
             raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {value!r}")
-        what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, kind.__name__)
+        what = _WHAT.get(kind, kind.__name__)
         raise ValueError(f"{field.name} must be {what}, not {value!r}")
     allowed = bounds_text(meta)
-    if meta.choices and value not in meta.choices:
+    if meta.choices and value not in choices_of(meta):
         raise ValueError(f"{field.name} must be {allowed}, not {value!r}")
     if kind in (int, float):
         number = float(value) if isinstance(value, (int, float)) else float("nan")
@@ -140,7 +171,7 @@ def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
             and (meta.above is None or number > meta.above)
             and number == number  # NaN is in no range
         ):
-            what = {int: "an integer", float: "a number"}[kind]
+            what = _WHAT[kind]
             allowed = allowed if meta.words else f"{what} {allowed}"
             raise ValueError(f"{field.name} must be {allowed}, not {value!r}")
     return value
@@ -175,6 +206,28 @@ def flags(obj: Any, reference: Any = None) -> list[str]:
         flag = flag_of(field, meta)
         if isinstance(value, bool):
             out.append(flag if value else meta.negation or "--no-" + flag[2:])
-        else:
-            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        elif value is not None:
+            out += [flag, ",".join(map(value_text, value)) if meta.many else value_text(value)]
     return out
+
+
+def value_text(value: Any) -> str:
+    """A setting's value as a command line writes it (``0.5``, not ``0.5000``; a tuple comma-separated)."""
+    if isinstance(value, tuple):
+        return ",".join(map(value_text, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+T = TypeVar("T")
+
+
+def with_options(cls: type[T], given: T | None, options: dict[str, Any], owner: str = "") -> T:
+    """``given`` (default: ``cls()``) with the keyword ``options`` an API function was called with set on it:
+    ``discover(base, limit=2)`` is ``discover(base, Scope(limit=2))``. A name that is not a setting of ``cls`` is
+    a ``TypeError`` naming ``owner``, as a wrong keyword is."""
+    known = {f.name for f, _ in settings_of(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"{owner or cls.__name__}() got an unexpected keyword argument {unknown[0]!r}")
+    base = given if given is not None else cls()
+    return dataclasses.replace(base, **options) if options else base  # type: ignore[type-var]
