@@ -98,7 +98,7 @@ def test_a_tree_deeper_than_asked_stops_at_the_depth(tree, tmp_path):
         settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
         found = discover(BASE, settings=settings, search=False, depth=2)
     assert max(e.depth for e in found.entries) == 2 and "u/c" not in {e.model for e in found.entries}
-    with pytest.raises(ValueError, match="depth must be at least 1"):
+    with pytest.raises(ValueError, match="depth must be an integer >= 1"):
         discover(BASE, settings=settings, search=False, depth=0)
 
 
@@ -197,3 +197,18 @@ def test_an_adapter_whose_parent_is_gone_is_one_line_and_the_rest_goes_on(tiny_b
     assert result.embedded == ["u/other"]
     assert result.failed["u/lora-on-ft"].startswith("u/lora-on-ft: its parent u/ft: ")
     assert all("\n" not in why for why in result.failed.values()) and "u/ft" in result.failed
+
+
+def test_a_stored_catalogue_is_put_in_the_order_asked_and_cut_at_the_limit():
+    """``embed BASE --sort likes --limit 2`` reads the stored catalogue: by likes (or creation), most first; by
+    downloads or last modification it keeps discovery's own order (declared fine-tunes first)."""
+    from modelvec.hub.discovery import CatalogueEntry, Scope
+
+    entries = [
+        CatalogueEntry(model=m, base="b", kept=True, reason="", likes=likes, created_at=created)
+        for m, likes, created in (("a", 1, "2024-01"), ("b", None, "2025-01"), ("c", 9, None))
+    ]
+    assert [e.model for e in Scope(sort="likes").ordered(entries)] == ["c", "a", "b"]
+    assert [e.model for e in Scope(sort="created_at", limit=2).ordered(entries)] == ["b", "a"]
+    for kept_order in ("downloads", "last_modified"):
+        assert [e.model for e in Scope(sort=kept_order).ordered(entries)] == ["a", "b", "c"]

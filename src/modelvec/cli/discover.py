@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import typer
 from rich.table import Table
 
-from ..core.tree import DEPTH
+from ..hub.discovery import Scope
 from .common import (
     JsonOpt,
     StoreOpt,
@@ -19,24 +18,17 @@ from .common import (
     print_table,
     say,
     whole_column,
+    with_settings,
 )
 
 
 @command()
+@with_settings(Scope, "scope")
 def discover(
     base: str = typer.Argument(
         ..., metavar="BASE", help="The base model on the Hub: bert-base-uncased, google-bert/bert-base-uncased, ..."
     ),
-    limit: int | None = typer.Option(None, "--limit", min=1, metavar="N", help="Keep at most this many fine-tunes."),
-    sort: Literal["downloads", "likes", "created_at", "last_modified"] = typer.Option(
-        "downloads", "--sort", help="Listing order."
-    ),
-    search: bool = typer.Option(
-        True, "--search/--no-search", help="Also search by name and keep candidates whose config matches the base."
-    ),
-    depth: int = typer.Option(
-        DEPTH, "--depth", min=1, metavar="N", help="Levels of the Hub's model tree followed below the base."
-    ),
+    scope: Scope = None,  # type: ignore[assignment]  # its options: with_settings
     show_rejected: bool = typer.Option(False, "--rejected", help="Also list the rejected candidates and why."),
     as_json: bool = JsonOpt,
     store: Path | None = StoreOpt,
@@ -45,7 +37,7 @@ def discover(
     from ..run import discover as find
 
     with open_store(store) as db:
-        found = find(base, limit=limit, sort=sort, search=search, store=db, depth=depth)
+        found = find(base, scope, store=db)
     if as_json:
         print_json(found.as_json())
         return

@@ -22,18 +22,45 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from huggingface_hub import hf_hub_download
 
 from ..core.errors import ModelvecError
 from ..core.files import adapter_files, formats, weight_format
+from ..core.settings import setting, validate
 from ..core.tree import DEPTH, RELATIONS
 from .client import HubSettings, describe_error, with_retries
 from .ids import BaseId, resolve_base
 from .labels import dataset_labels, guess_from_name
 
 SORTS = ("downloads", "likes", "created_at", "last_modified")
+#: The orders a stored catalogue is put in again (its own order is discovery's: declared fine-tunes first, most
+#: downloaded first, then name-search matches; it keeps no modification dates).
+RESORTED = ("likes", "created_at")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which fine-tunes discovery keeps, each setting declared once (``discover``'s options and ``embed BASE``'s are
+    made from them): validated once, passed whole."""
+
+    limit: int | None = setting(None, "Keep at most this many fine-tunes.", kind=int, minimum=1, metavar="N")
+    sort: str = setting("downloads", "Listing order: which first.", choices=SORTS)
+    search: bool = setting(True, "Also search by name and keep candidates whose config matches the base.")
+    depth: int = setting(DEPTH, "Levels of the Hub's model tree followed below the base.", minimum=1, metavar="N")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def ordered(self, entries: list[CatalogueEntry]) -> list[CatalogueEntry]:
+        """A stored catalogue's kept entries in this order, at most ``limit``: by likes or creation, most first;
+        else in discovery's order (:data:`RESORTED`)."""
+        if self.sort in RESORTED:
+            empty = 0 if self.sort == "likes" else ""
+            entries = sorted(entries, key=lambda e: getattr(e, self.sort) or empty, reverse=True)
+        return entries[: self.limit] if self.limit else entries
+
 
 #: What one listing call asks for, so no per-model call is needed for declared fine-tunes.
 EXPAND = [
@@ -179,34 +206,28 @@ def describe(info: Any, base: str, kept: bool, reason: str) -> CatalogueEntry:
 
 def search_finetunes(
     base: str,
+    scope: Scope | None = None,
     *,
-    limit: int | None = None,
-    sort: Literal["downloads", "likes", "created_at", "last_modified"] = "downloads",
-    search: bool = True,
     settings: HubSettings | None = None,
     progress: Progress | None = None,
     matcher: Matcher,
-    depth: int = DEPTH,
 ) -> Discovery:
-    """Find the fine-tunes of ``base`` on the Hub (see the module docstring for the two routes).
+    """Find the fine-tunes of ``base`` on the Hub (see the module docstring for the two routes), as far as
+    ``scope`` says (:class:`Scope`; default: its defaults).
 
-    The declared route follows the Hub's model tree ``depth`` levels down: the base's children by every relation
-    (:data:`RELATIONS`), their children, and so on; a model is listed once, at its first level (a cycle in declared
-    bases ends there, and a model that names itself is skipped).
+    The declared route follows the Hub's model tree ``scope.depth`` levels down: the base's children by every
+    relation (:data:`RELATIONS`), their children, and so on; a model is listed once, at its first level (a cycle in
+    declared bases ends there, and a model that names itself is skipped).
 
     ``matcher`` judges the base and the name-search candidates (see :class:`Matcher`).
 
-    ``limit`` keeps at most that many models: declared fine-tunes first (both listings merged
-    in ``sort`` order, most downloaded first by default), then matching name-search candidates
+    ``scope.limit`` keeps at most that many models: declared fine-tunes first (both listings merged
+    in ``scope.sort`` order, most downloaded first by default), then matching name-search candidates
     in the listing's order.
     Rejected candidates are returned too, with their reason; the base itself is never a candidate.
     """
-    if sort not in SORTS:
-        raise ValueError(f"sort must be one of {', '.join(SORTS)}, not {sort!r}")
-    if limit is not None and limit < 1:
-        raise ValueError("limit must be at least 1")
-    if depth < 1:
-        raise ValueError("depth must be at least 1")
+    scope = scope or Scope()
+    limit, sort, depth = scope.limit, scope.sort, scope.depth
     settings = settings or HubSettings()
     report = progress or (lambda *_: None)
     base_id = resolve_base(base)
@@ -238,7 +259,7 @@ def search_finetunes(
         kept += entry.kept
         report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
 
-    if search and not full():
+    if scope.search and not full():
         for info in listing(search=base_id.search_term):
             if full():
                 break
