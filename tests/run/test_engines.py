@@ -13,9 +13,10 @@ import pytest
 
 from conftest import planted_finetune
 from modelvec import Representation, Store, embed
+from modelvec.core.settings import choices_of, settings_of
 from modelvec.hub.client import HubSettings
 from modelvec.read import Checkpoint
-from modelvec.run.engines import make_engine
+from modelvec.run.engines import Execution, make_engine
 from modelvec.run.local import LocalEngine
 from modelvec.run.work import BaseSpec, Task
 from modelvec.store import Failure, VectorRow
@@ -90,10 +91,24 @@ def test_engine_parameters_are_validated_once():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="workers"):
             LocalEngine(workers=bad)
-    with pytest.raises(ValueError, match="engine must be local or ray"):
-        make_engine("spark", None, "cpu")
+    with pytest.raises(ValueError, match="engine must be one of local, ray, not 'spark'"):
+        Execution(engine="spark")
     with pytest.raises(ValueError, match="--address is for --engine ray"):
-        make_engine("local", None, "cpu", "127.0.0.1:6379")
+        make_engine(Execution(engine="local", address="127.0.0.1:6379"))
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        Execution(workers=0)
+
+
+def test_a_registered_engine_is_a_choice_of_the_settings_and_the_command(monkeypatch):
+    """The engines' registry is where ``--engine``'s choices come from: one registered later is accepted by the
+    settings (and the API), and the command line offers the engines known when it is built."""
+    from modelvec.run import engines
+
+    monkeypatch.setitem(engines.ENGINES, "here", "modelvec.run.local:LocalEngine")
+    assert Execution(engine="here").engine == "here"
+    assert isinstance(make_engine(Execution(engine="here", workers=1)), LocalEngine)
+    engine = next(meta for field, meta in settings_of(Execution) if field.name == "engine")
+    assert set(choices_of(engine)) == {"local", "ray", "here"}
 
 
 def _row(i: int) -> VectorRow:

@@ -6,17 +6,18 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..hub.discovery import Scope
 from ..represent.representation import Representation
+from ..run.engines import Execution
 from .common import (
     EXIT_SOME_FAILED,
     JsonOpt,
     StoreOpt,
     WaitOpt,
-    check_device,
     command,
     console,
     err,
@@ -41,55 +42,26 @@ TargetsArg = typer.Argument(
 BaseOpt = typer.Option(
     None, "--base", metavar="BASE", help="The base model the fine-tunes start from (path or Hub id)."
 )
-DeviceOpt = typer.Option(
-    "auto",
-    "--device",
-    metavar="DEVICE",
-    callback=check_device,
-    help="torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N.",
-)
 ForceOpt = typer.Option(False, "--force", help="Recompute models already stored.")
-LimitOpt = typer.Option(None, "--limit", min=1, metavar="N", help="BASE mode: at most this many fine-tunes.")
-SortOpt = typer.Option("downloads", "--sort", help="BASE mode: which first.")
 RefreshOpt = typer.Option(False, "--refresh", help="BASE mode: run discovery again before embedding.")
-KeepOpt = typer.Option(
-    True,
-    "--keep-weights/--no-keep-weights",
-    help="Keep Hub fine-tunes' files in the cache after embedding (the base always stays).",
-)
-WorkersOpt = typer.Option(
-    None,
-    "--workers",
-    min=1,
-    metavar="N",
-    help="local: I/O threads fetching the next models (default 2); ray: actors (default one per CPU of the cluster).",
-)
-EngineOpt = typer.Option(
-    "local", "--engine", help="local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]')."
-)
+#: discovery's settings as embed BASE uses them
+SCOPE_HELPS = {"limit": "BASE mode: at most this many fine-tunes.", "sort": "BASE mode: which first."}
 _clock = time.monotonic  # the progress line's clock (a test sets its own)
-
-AddressOpt = typer.Option(
-    None, "--address", metavar="HOST:PORT", help="--engine ray: the cluster (HEAD:6379 or auto); default a local one."
-)
 
 
 @command()
 @with_settings(Representation, "representation")
+@with_settings(Execution, "execution")
+@with_settings(Scope, "scope", only=("limit", "sort"), helps=SCOPE_HELPS)
 def embed(
     targets: list[str] = TargetsArg,
     base: str | None = BaseOpt,
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
-    device: str = DeviceOpt,
+    execution: Execution = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     force: bool = ForceOpt,
-    limit: int | None = LimitOpt,
-    sort: Literal["downloads", "likes", "created_at"] = SortOpt,
+    scope: Scope = None,  # type: ignore[assignment]  # its options: with_settings
     refresh: bool = RefreshOpt,
-    keep_weights: bool = KeepOpt,
-    workers: int | None = WorkersOpt,
-    engine: Literal["local", "ray"] = EngineOpt,
-    address: str | None = AddressOpt,
     wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -107,21 +79,20 @@ def embed(
         raise typer.BadParameter(
             "give --base BASE with the models, or a single BASE to embed its discovered fine-tunes"
         )
+    from ..represent import resolve_device
+
+    resolve_device(execution.device)  # torch loaded before the store is taken: another process waits less
     with open_store(store, wait) as db, ProgressLine(discovering=base is None, quiet=as_json) as on_step:
         common: dict[str, Any] = dict(
             representation=representation,
-            device=device,
+            execution=execution,
             store=db,
             force=force,
             on_step=on_step,
-            keep_weights=keep_weights,
-            workers=workers,
-            engine=engine,
-            address=address,
             load=False,
         )
         if base is None:
-            result = embed_discovered(targets[0], refresh=refresh, limit=limit, sort=sort, **common)
+            result = embed_discovered(targets[0], scope, refresh=refresh, **common)
         else:
             result = embed_models(base, targets, **common)
     _report(result, str(db.path), as_json)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
+from ..core.errors import ResourceError
+from ..core.settings import setting, validate
 from ..hub.client import HubSettings
 from ..represent.representation import Representation
 from .work import BaseSpec, Outcome, Task
@@ -45,10 +48,55 @@ def register_engine(name: str, target: str) -> None:
     ENGINES[name] = target
 
 
-def make_engine(engine: str, workers: int | None, device: str, address: str | None = None) -> Engine:
-    """The engine named on the command line: ``local`` (threads here) or ``ray`` (a Ray cluster)."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be {' or '.join(ENGINES)}, not {engine!r}")
-    module, _, cls = ENGINES[engine].partition(":")
-    built: Engine = getattr(importlib.import_module(module), cls).from_options(workers, device, address)
+@dataclass(frozen=True)
+class Execution:
+    """Where and how a run computes, each setting declared once (``embed``'s options are made from them): validated
+    once, passed whole."""
+
+    engine: str = setting(
+        "local",
+        "Where the models are computed: local (threads here) or ray (a Ray cluster; pip install 'modelvec[ray]'); "
+        "or an engine registered by register_engine.",
+        choices=lambda: tuple(ENGINES),
+    )
+    workers: int | None = setting(
+        None,
+        "local: I/O threads fetching the next models (default 2); ray: actors (default one per CPU of the cluster).",
+        kind=int,
+        minimum=1,
+        metavar="N",
+    )
+    address: str | None = setting(
+        None, "--engine ray: the cluster (HEAD:6379 or auto); default a local one.", kind=str, metavar="HOST:PORT"
+    )
+    device: str = setting(
+        "auto", "torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N.", metavar="DEVICE"
+    )
+    keep_weights: bool = setting(
+        True, "Keep Hub fine-tunes' files in the cache after embedding (the base always stays)."
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if self.device not in ("auto", "cpu"):  # CUDA asked for without a GPU: said before any work starts
+            from ..represent import resolve_device
+
+            try:
+                resolve_device(self.device)
+            except ValueError as exc:
+                if not self.device.startswith("cuda"):  # not a device: a bad value
+                    raise
+                # the machine has no such GPU, not a bad value: one line, whatever asked
+                raise ResourceError(
+                    f"device {self.device!r}", str(exc).removeprefix(f"device {self.device!r}: ")
+                ) from None
+
+
+def make_engine(execution: Execution) -> Engine:
+    """The engine ``execution`` names, built with its workers, device and address (a registered class's
+    ``from_options``)."""
+    module, _, cls = ENGINES[execution.engine].partition(":")
+    built: Engine = getattr(importlib.import_module(module), cls).from_options(
+        execution.workers, execution.device, execution.address
+    )
     return built

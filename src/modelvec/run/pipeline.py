@@ -25,18 +25,23 @@ import pandas as pd
 
 from ..core.errors import CheckpointError, FetchError, Kind, error_of
 from ..core.names import is_hub_id, model_id
+from ..core.settings import settings_of, with_options
 from ..hub.client import HubSettings, describe_error, with_retries
-from ..hub.discovery import CatalogueEntry, describe
+from ..hub.discovery import CatalogueEntry, Scope, describe
 from ..hub.download import fetch, resolve_revision
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
 from .discover import discover
-from .engines import Engine, make_engine
+from .engines import Engine, Execution, make_engine
 from .work import BaseSpec, Outcome, Task
 
 PathLike = str | os.PathLike[str]
+
+#: The names of the run's and discovery's settings, given one by one to :func:`embed` and :func:`embed_discovered`.
+EXECUTION_FIELDS = tuple(f.name for f, _ in settings_of(Execution))
+SCOPE_FIELDS = tuple(f.name for f, _ in settings_of(Scope))
 
 
 @dataclass
@@ -100,15 +105,11 @@ def embed(
     models: Iterable[Model],
     *,
     representation: Representation | None = None,
-    device: str = "auto",
+    execution: Execution | None = None,
     store: Store | PathLike | None = None,
     force: bool = False,
     progress: Progress | None = None,
     settings: HubSettings | None = None,
-    keep_weights: bool = True,
-    workers: int | None = None,
-    engine: str | Engine = "local",
-    address: str | None = None,
     load: bool = True,
     on_step: OnStep | None = None,
     **fields: Any,
@@ -118,9 +119,10 @@ def embed(
     ``base`` and each model are a local folder or weights file, or a Hub id (models may also be
     :class:`CatalogueEntry` from :func:`discover`). The representation is ``representation`` or
     built from keyword parameters (``rank=8, factor="sketch", pooling="mean", ...``; see
-    :class:`Representation`). Models already stored with the same weights (files unchanged, or
-    commit sha for Hub models), base and representation are skipped unless ``force``. A model
-    that fails is recorded (``result.failed``: model -> reason) and the run goes on. Hub models
+    :class:`Representation`); where and how it runs is ``execution`` (:class:`~modelvec.run.engines.Execution`),
+    whose settings may also be given one by one (``workers=4, device="cpu"``). Models already stored with the same
+    weights (files unchanged, or commit sha for Hub models), base and representation are skipped unless ``force``. A
+    model that fails is recorded (``result.failed``: model -> reason) and the run goes on. Hub models
     are fetched through the huggingface_hub cache; ``keep_weights=False`` deletes each one's
     files once embedded (the base stays). ``store=None`` uses ``$MODELVEC_STORE`` or
     ``./modelvec.duckdb``.
@@ -133,9 +135,11 @@ def embed(
     ``progress(model, status, detail)`` is called as each model ends; ``on_step`` gets a :class:`Step` for the
     same events, with the number of models first and the bytes each one cost (what a progress bar shows).
     """
+    running = {name: fields.pop(name) for name in EXECUTION_FIELDS if name in fields}
+    execution = with_options(Execution, execution, running, "embed")
     chosen = representation or Representation(**fields)
     settings = settings or HubSettings()
-    runner = engine if not isinstance(engine, str) else make_engine(engine, workers, device, address)
+    runner = make_engine(execution)
     said = progress or (lambda *_: None)
     steps = on_step or (lambda _: None)
 
@@ -145,36 +149,34 @@ def embed(
         steps(step)
 
     with opened(store) as db:
-        return _run(base, models, chosen, db, force, report, settings, keep_weights, runner, load)
+        return _run(base, models, chosen, db, force, report, settings, execution.keep_weights, runner, load)
 
 
 def embed_discovered(
     base: str,
+    scope: Scope | None = None,
     *,
     refresh: bool = False,
-    limit: int | None = None,
-    sort: str = "downloads",
     store: Store | PathLike | None = None,
     settings: HubSettings | None = None,
     **kwargs: Any,
 ) -> EmbedResult:
-    """Embed every discovered fine-tune of the Hub model ``base`` (at most ``limit``, most downloaded first).
+    """Embed every discovered fine-tune of the Hub model ``base``, as far as ``scope`` says (at most ``limit``, most
+    downloaded first; its settings may also be given one by one: ``limit=10``).
 
     The catalogue stored by an earlier discovery is used; with ``refresh`` or when there is none,
     :func:`discover` runs first and its catalogue is stored. Other keyword arguments go to
     :func:`embed`.
     """
+    scope = with_options(Scope, scope, {k: kwargs.pop(k) for k in SCOPE_FIELDS if k in kwargs}, "embed_discovered")
     settings = settings or HubSettings()
     canonical = resolve_base(base).canonical
     with opened(store) as db:
         if refresh or db.catalogue(canonical).empty:
-            found = discover(base, limit=limit, sort=sort, settings=settings)
+            found = discover(base, scope, settings=settings)
             db.put_catalogue(found.base, found.base_sha, found.entries)
-        entries = catalogue_entries(db, canonical, kept=True)
-        if sort in ("likes", "created_at"):
-            key = {"likes": lambda e: e.likes or 0, "created_at": lambda e: e.created_at or ""}[sort]
-            entries.sort(key=key, reverse=True)
-        return embed(canonical, entries[:limit] if limit else entries, store=db, settings=settings, **kwargs)
+        entries = scope.ordered(catalogue_entries(db, canonical, kept=True))
+        return embed(canonical, entries, store=db, settings=settings, **kwargs)
 
 
 def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
