@@ -318,28 +318,28 @@ def test_evaluate_scores_each_variant_over_seeds_with_their_spread(planted, tmp_
 
 
 def test_the_grid_of_rows_and_projections(planted, tmp_path):
-    from modelvec.studies.compare import variants
+    from modelvec.studies.compare import Sweep, variants
 
-    grid = variants(rows=(1, 0.1), projections=("shared", "countsketch"), svd=False)
+    grid = variants(Sweep(rows=(1, 0.1), projection=("shared", "countsketch")), svd=False)
     assert all(p.factor == "sketch" for p in grid.values())
     # per projection and share, mean and concat (block-normed), and the shared whole-matrix sketch without it,
     # the deltas alone; and the default, marked
     assert len(grid) == 2 * 2 * 2 + 2 + 1
     assert [name for name, p in grid.items() if p == Representation()] == [f"{Representation().label()} (default)"]
     assert all(p.head == "none" for p in grid.values() if p != Representation())
-    same = variants(rows=("auto",), projections=("countsketch",), svd=False, default=False)
+    same = variants(Sweep(rows="auto", projection="countsketch"), svd=False, default=False)
     assert Representation(head="none") in same.values() and Representation() not in same.values()
     assert len({p.key() for p in grid.values()}) == len(grid)
 
 
 def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):
-    from modelvec.studies.compare import VARIANTS, variants
+    from modelvec.studies.compare import VARIANTS, Sweep, variants
 
-    for table in (VARIANTS, variants(ranks=(8, 16, 32))):
+    for table in (VARIANTS, variants(Sweep(rank=(8, 16, 32)))):
         keys = [p.key() for p in table.values()]
         assert len(set(keys)) == len(keys) == len(table)  # distinct labels mean distinct computations
         assert all(name.removesuffix(" (default)") == p.label() for name, p in table.items())
-    assert len(variants(ranks=(8, 16, 32))) - 1 == 3 * (len(VARIANTS) - 1)  # the default once
+    assert len(variants(Sweep(rank=(8, 16, 32)))) - 1 == 3 * (len(VARIANTS) - 1)  # the default once
     base, models, _, store = planted
     twice = {"sketch": Representation(rank=4), "U": Representation(rank=4, factor="sketch")}
     with pytest.raises(ValueError, match="'sketch' and 'U' have the same parameters"):
@@ -432,13 +432,14 @@ def test_per_block_knn_score_finds_the_planted_block_and_draws_the_heat_map(tiny
 def test_the_map_is_chosen_by_size_and_says_so(planted, tmp_path):
     """reduce='auto' draws t-SNE for a hundred models or fewer (UMAP compiles for seconds on every run) and UMAP from
     there; the report names what it drew and why."""
-    from modelvec.report.clusters import AUTO_UMAP_FROM, choose_reducer
+    from modelvec.analyse.reduction import AUTO_UMAP_FROM, Reduction
 
     base, _, _, store = planted
     report = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path)
     assert report.reduce == "tsne" and "t-SNE for 13 models" in report.reduce_note
     assert (tmp_path / "clusters-tsne.png").exists() and not (tmp_path / "clusters-umap.png").exists()
-    assert choose_reducer(AUTO_UMAP_FROM)[0] == "umap" and choose_reducer(AUTO_UMAP_FROM - 1)[0] == "tsne"
+    auto = Reduction()
+    assert auto.method_for(AUTO_UMAP_FROM)[0] == "umap" and auto.method_for(AUTO_UMAP_FROM - 1)[0] == "tsne"
     chosen = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path, reduce="pca")
     assert chosen.reduce == "pca" and chosen.reduce_note is None
 

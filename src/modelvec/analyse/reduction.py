@@ -35,14 +35,43 @@ Small n (documented behaviour, never a crash):
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.settings import setting, validate
+
 METHODS = ("pca", "tsne", "umap")
+#: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
+#: every run, while the map of a hundred models is as readable with t-SNE, in under a second).
+AUTO_UMAP_FROM = 101
 MIN_NEIGHBOUR_N = 4  # below this t-SNE and UMAP have no neighbourhoods; see the module docstring
 TSNE_EXACT_MAX_N = 200  # t-SNE's exact gradient up to here, Barnes-Hut above
 UMAP_NEIGHBOURS = 15
 UMAP_KNOWN_FROM = 2000  # from here UMAP takes the nearest neighbours given (they cost it most of its time)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How ``cluster`` draws its 2-D map, each setting declared once (the CLI's options are made from them)."""
+
+    reduce: str = setting(
+        "auto",
+        f"The 2-D map: auto (t-SNE below {AUTO_UMAP_FROM} models, UMAP from there), umap, tsne or pca.",
+        choices=("auto", *METHODS),
+    )
+    standardize: bool = setting(False, "Standardise features before the map.", negation="--no-standardize")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def method_for(self, n_models: int) -> tuple[str, str | None]:
+        """The method drawn for ``n_models``, and the line that says why where ``auto`` chose it."""
+        if self.reduce != "auto":
+            return self.reduce, None
+        if n_models >= AUTO_UMAP_FROM:
+            return "umap", f"umap: {n_models} models"
+        return "tsne", f"t-SNE for {n_models} models (UMAP compiles for ~15 s on every run; --reduce umap draws it)"
 
 
 def reduce(

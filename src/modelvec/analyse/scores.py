@@ -91,11 +91,14 @@ class Scoring:
         return "none", None
 
 
+#: How ``neighbors`` finds them unless told: 10 listed (and voting), by cosine distance.
+NEIGHBORS_SCORING = Scoring(k=10)
+
 _BLOCK_ELEMENTS = 1 << 22  # distances held at once (32 MiB of float64), whatever n_models is
 _SCALED_MAX_N = 16384  # up to here mutual-proximity distances are computed once for all pairs (2 GiB at most) and kept
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class KnnScore:
     """The k-NN dataset score: ``score`` is the mean of ``per_model`` over the scored models."""
 
@@ -108,7 +111,7 @@ class KnnScore:
     scaling: str = "none"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Predictions:
     """Majority-vote datasets for the unlabelled models, and the same rule's leave-one-out accuracy."""
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
+from ..analyse.reduction import Reduction
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
 from .common import (
@@ -28,6 +29,9 @@ from .common import (
     with_settings,
 )
 
+if TYPE_CHECKING:
+    from ..report.clusters import ClusterReport
+
 #: The clustering scores as a table says them (keys of ``ClusterReport.clustering``).
 _CLUSTERING_WORDS = {
     "silhouette": "silhouette of the datasets (-1 to 1: how far apart)",
@@ -41,14 +45,12 @@ _CLUSTERING_WORDS = {
 @command()
 @with_settings(Representation, "representation")
 @with_settings(Scoring, "scoring")
+@with_settings(Reduction, "reduction")
 def cluster(
     base: str = typer.Argument(
         ..., metavar="BASE", help="The base whose stored fine-tunes to cluster (path or stored id)."
     ),
-    reduce: Literal["auto", "umap", "tsne", "pca"] = typer.Option(
-        "auto", "--reduce", help="The 2-D map: auto (t-SNE below 101 models, UMAP from there), umap, tsne or pca."
-    ),
-    standardize: bool = typer.Option(False, "--standardize", help="Standardise features before the map."),
+    reduction: Reduction = None,  # type: ignore[assignment]  # its options: with_settings
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     out: Path = typer.Option(Path("modelvec-out"), "--out", metavar="DIR", help="Folder for the PNG and HTML maps."),
     as_json: bool = JsonOpt,
@@ -73,8 +75,7 @@ def cluster(
             scoring=scoring,
             store=db,
             out=out,
-            reduce=reduce,
-            standardize=standardize,
+            reduction=reduction,
             label_sources=split_values(label_source) or None,
             progress=progress,
         )
@@ -82,6 +83,12 @@ def cluster(
         print_json(report.as_json())
         left_out(report.damaged)
         return
+    _show(report)
+    left_out(report.damaged)
+
+
+def _show(report: ClusterReport) -> None:
+    """The report as tables and lines: the kNN score per dataset, the other scores, then what the scores mean."""
     table = Table(
         whole_column("dataset"),
         "models scored",
@@ -124,6 +131,11 @@ def cluster(
         )
     else:
         say(console, "no clustering scores: they need two datasets with two or more models tuned on one dataset only")
+    _show_more(report)
+
+
+def _show_more(report: ClusterReport) -> None:
+    """The predictions for unlabelled models, the blocks that separate the datasets best, and the files written."""
     if report.predictions:
         preds = Table(
             whole_column("unlabelled model"), whole_column("predicted dataset"), "votes", "closeness", "confidence"
@@ -153,4 +165,3 @@ def cluster(
         say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
     if report.reduce_note:
         say(console, f"map: {report.reduce_note}")
-    left_out(report.damaged)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from ..analyse.scores import Scoring
+from ..analyse.scores import NEIGHBORS_SCORING, Scoring
 from ..represent.representation import Representation
 from .common import (
     JsonOpt,
@@ -28,6 +29,9 @@ from .common import (
     with_settings,
 )
 
+if TYPE_CHECKING:
+    from ..report.nearest import Neighbors
+
 
 @command()
 @with_settings(Representation, "representation")
@@ -35,7 +39,7 @@ from .common import (
     Scoring,
     "scoring",
     only=("metric", "scaling", "k"),
-    defaults={"k": 10},
+    defaults=NEIGHBORS_SCORING,
     helps={"k": "How many nearest stored models are listed (and vote for the predicted dataset)."},
 )
 def neighbors(
@@ -79,6 +83,13 @@ def neighbors(
         say(err, f"warning: {found.warning}")
     if found.scaling_note:
         say(err, found.scaling_note)
+    _show_nearest(found, scoring.metric)
+    _show_explanation(found)
+    left_out(found.damaged)
+
+
+def _show_nearest(found: Neighbors, metric: str) -> None:
+    """The nearest stored models as a table, and the dataset they predict."""
     rows = [
         [
             str(i),
@@ -98,7 +109,7 @@ def neighbors(
         "distance",
         datasets,
         *(["author"] if authors else []),
-        title=f"nearest to {short_name(found.query)} ({scoring.metric} distance)",
+        title=f"nearest to {short_name(found.query)} ({metric} distance)",
     )
     for row in rows:
         table.add_row(*(row if authors else row[:4]))
@@ -113,6 +124,10 @@ def neighbors(
             f"{found.vote_share:.2f} x closeness {fmt(found.closeness)}; votes of the {found.voters} nearest labelled "
             f"model{'s' if found.voters != 1 else ''}: {votes}; {how_near(found.closeness)})",
         )
+
+
+def _show_explanation(found: Neighbors) -> None:
+    """Per neighbour, the families (and the top blocks) that carry its cosine to the query (``--explain``)."""
     for item in found.explanation or []:
         families = ", ".join(f"{f} {v:+.3f}" for f, v in sorted(item["by_family"].items(), key=lambda kv: -kv[1]))
         line = f"{short_name(item['model'])}: cosine {item['cosine']:.3f} = families {families}"
@@ -123,7 +138,6 @@ def neighbors(
             )
             line += f"; top blocks {top}"
         say(console, line)
-    left_out(found.damaged)
 
 
 def _place_line(query: str, node: dict) -> str:

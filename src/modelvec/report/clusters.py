@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.reduction import METHODS, UMAP_KNOWN_FROM, UMAP_NEIGHBOURS
+from ..analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS, Reduction
 from ..analyse.reduction import reduce as reduce_to_2d
 from ..analyse.scores import (
     Geometry,
@@ -30,6 +30,7 @@ from ..analyse.scores import (
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.files import weight_format
 from ..core.names import display_name, is_hub_id, model_id
+from ..core.settings import with_options
 from ..hub.client import HubSettings
 from ..hub.download import snapshot_folder
 from ..hub.ids import resolve_base
@@ -195,40 +196,28 @@ def load_base(
     return store.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models), meta, name
 
 
-#: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
-#: every run, while the map of a hundred models is as readable with t-SNE, in under a second).
-AUTO_UMAP_FROM = 101
-REDUCERS = ("auto", *METHODS)
-
-
-def choose_reducer(n_models: int) -> tuple[str, str]:
-    """The reduction ``auto`` draws for ``n_models``, and the line that says why."""
-    if n_models >= AUTO_UMAP_FROM:
-        return "umap", f"umap: {n_models} models"
-    return "tsne", f"t-SNE for {n_models} models (UMAP compiles for ~15 s on every run; --reduce umap draws it)"
-
-
 def cluster(
     base: PathLike | str,
     *,
     representation: Representation | None = None,
     scoring: Scoring | None = None,
     store: Store | PathLike | None = None,
+    reduction: Reduction | None = None,
     out: PathLike = "modelvec-out",
-    reduce: str = "auto",
-    standardize: bool = False,
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
     settings: HubSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> ClusterReport:
     """Score and map the stored vectors of ``base``; writes ``out/clusters-<reduce>.png`` and ``.html``.
 
     ``representation`` says which stored vectors (default: today's defaults); ``scoring`` how neighbours are
     found and counted (:class:`~modelvec.analyse.scores.Scoring`: its ``scaling`` ranks neighbours for the
     neighbour-based scores: ``"auto"``, the default, ranks by mutual proximity where the stored models mix LoRA
-    adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduce`` is the map's
-    reduction (umap, tsne, pca; auto: t-SNE below :data:`AUTO_UMAP_FROM` models, UMAP from there).
+    adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduction`` how the map
+    is drawn (:class:`~modelvec.analyse.reduction.Reduction`; its settings may also be given one by one:
+    ``reduce="pca"``).
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``, ``name``, or
     ``declared`` / ``guessed`` / ``none``): other models count as unlabelled. The report also gives the kNN score
     with same-author neighbours excluded (an author effect is not a dataset effect). A Hub base's per-block scores
@@ -237,8 +226,7 @@ def cluster(
     The vectors are never held: their inner products are read from the vector file in blocks and kept beside the
     store (a later run computes only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``.
     """
-    if reduce not in REDUCERS:
-        raise ValueError(f"reduce must be one of {', '.join(REDUCERS)}, not {reduce!r}")
+    reduction = with_options(Reduction, reduction, options, "cluster")
     representation = representation or Representation()
     scoring = scoring or Scoring()
     with opened(store, read_only=True) as db:
@@ -252,7 +240,7 @@ def cluster(
         kept_spread(db, [selection.hashes[i] for i in products.kept], key, geo, scaling)
         standardized = (
             db.products(selection, cache=products_key(base_name, representation, "standardized"), standardize=True)
-            if standardize and len(meta) >= 3
+            if reduction.standardize and len(meta) >= 3
             else None
         )
         edges = _tree_edges(db, base_name, representation, meta)
@@ -263,9 +251,7 @@ def cluster(
             for lab, src in zip(labels, meta["label_source"])
         ]
         meta = meta.assign(datasets=labels)
-    note = None
-    if reduce == "auto":
-        reduce, note = choose_reducer(len(meta))
+    reduce, note = reduction.method_for(len(meta))
     if standardized is not None:
         coordinates = coordinates_of(standardized.gram)
     elif reduce != "umap":  # PCA (and t-SNE's PCA start) of the vectors as they are, not of unit vectors

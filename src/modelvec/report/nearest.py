@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.scores import (
+    NEIGHBORS_SCORING,
     Geometry,
     Scoring,
     cosine_contributions,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike[str]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Neighbors:
     """The stored models nearest to a query model, and the dataset their labels suggest for it."""
 
@@ -106,10 +107,6 @@ def _embed_query(
     return result.vectors[0], warning, None if pd.isna(kind) else bool(kind)
 
 
-#: How ``neighbors`` finds them unless told: 10 listed (and voting), by cosine distance.
-NEIGHBORS_SCORING = Scoring(k=10)
-
-
 def neighbors(
     model: PathLike | str,
     *,
@@ -127,7 +124,7 @@ def neighbors(
     prediction is the majority dataset of the ``k`` nearest labelled models (as ``cluster`` predicts), with its vote
     share; a stored model's place in the model tree is ``tree``. ``explain`` adds, per neighbour, which layers and
     families carry the similarity: each block's share of the cosine (:func:`~modelvec.analyse.scores.cosine_contributions`).
-    ``scoring`` (default :data:`NEIGHBORS_SCORING`): its ``metric``, and its ``scaling``: ``"mutual-proximity"``
+    ``scoring`` (default :data:`~modelvec.analyse.scores.NEIGHBORS_SCORING`): its ``metric``, and its ``scaling``: ``"mutual-proximity"``
     ranks the stored models by mutual proximity (distance: -log MP), ``"auto"`` (the default) does so where they
     and the query mix LoRA adapters and full fine-tunes.
     """
