@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from ..spectra.energy import Ranks
 from .common import (
     JsonOpt,
     StoreOpt,
     command,
     console,
     err,
-    numbers,
     print_json,
     say,
     short_name,
     whole_column,
+    with_settings,
 )
 
 if TYPE_CHECKING:
@@ -30,20 +31,13 @@ _LAW_WIDTH = 18
 
 
 @command()
+@with_settings(Ranks, "ranks")
 def rank(
     model: str | None = typer.Argument(
         None, metavar="MODEL", help="The model whose matrices to study (folder, weights file or .gguf)."
     ),
     base: Path | None = typer.Option(None, "--base", metavar="BASE", help="The base, for --of delta."),
-    of: Literal["weights", "delta"] = typer.Option(
-        "weights", "--of", help="Study the weights W, or the delta W - W_base (needs --base)."
-    ),
-    threshold: list[str] = typer.Option(
-        ["0.5,0.9,0.99"],
-        "--threshold",
-        metavar="SHARES",
-        help="Energy thresholds, repeated or comma-separated: --threshold 0.5,0.9,0.99.",
-    ),
+    ranks: Ranks = None,  # type: ignore[assignment]  # its options: with_settings
     over_finetunes: str | None = typer.Option(
         None, "--over-finetunes", metavar="BASE", help="Study the deltas of every stored fine-tune of BASE."
     ),
@@ -56,9 +50,7 @@ def rank(
     """How the rank of every matrix changes with depth: the ranks per threshold, laws where they fit, figures."""
     from ..report import depth_report
 
-    study = depth_report(
-        model, base=base, of=of, thresholds=numbers(threshold), over_finetunes=over_finetunes, store=store, out=out
-    )
+    study = depth_report(model, ranks, base=base, over_finetunes=over_finetunes, store=store, out=out)
     for reason in study.failed.values():
         say(err, f"failed: {reason}")
     for warning in study.warnings:

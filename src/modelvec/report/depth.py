@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..analyse.laws import MIN_ADJ_R2, Fit, shown_law
 from ..core.lazy import warm
 from ..core.names import display_name, is_hub_id
 from ..core.output import write_atomically
+from ..core.settings import with_options
 from ..plots.depth import plot_rank
 from ..read.checkpoint import QuantizationWarning
-from ..spectra import DEFAULT_THRESHOLDS
+from ..spectra.energy import Ranks
 from ..studies.depth import DepthStudy, depth_study, over_stored
 
 if TYPE_CHECKING:
@@ -77,20 +77,23 @@ def _laws_entry(key: tuple[str, str, float], fits: list[Fit]) -> dict:
 
 def depth_report(
     model: PathLike | None = None,
+    ranks: Ranks | None = None,
     *,
     base: PathLike | None = None,
-    of: str = "weights",
-    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
     over_finetunes: str | None = None,
     store: Store | PathLike | None = None,
     out: PathLike | None = None,
     device: str = "auto",
+    **options: Any,
 ) -> DepthStudy:
     """The depth study of ``model`` (its weights, or with ``of="delta"`` its delta to ``base``), or of the
-    deltas of every stored fine-tune of ``over_finetunes``; written to ``out`` when given.
+    deltas of every stored fine-tune of ``over_finetunes``; written to ``out`` when given. ``ranks`` says which
+    (:class:`~modelvec.spectra.energy.Ranks`; its settings may also be given one by one: ``thresholds=(0.9,)``).
 
     A quantized GGUF's warning is kept in ``study.warnings`` (the ranks include quantization noise).
     """
+    ranks = with_options(Ranks, ranks, options, "depth_report")
+    of, thresholds = ranks.of, ranks.thresholds
     if over_finetunes is not None and model is not None:
         raise ValueError(f"give a MODEL ({model}) or --over-finetunes BASE ({over_finetunes}), not both")
     if out is not None:  # what the figures and laws import, loaded while the spectra are computed

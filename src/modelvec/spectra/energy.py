@@ -15,9 +15,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+from ..core.settings import setting, validate
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +29,28 @@ T = TypeVar("T")
 R = TypeVar("R")
 DEFAULT_THRESHOLDS = (0.5, 0.9, 0.99)
 _REACHED = 1e-9  # a threshold counts as reached within this relative margin (see modelvec.studies.depth)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Which energy ranks ``rank`` computes, each setting declared once (the CLI's options are made from them)."""
+
+    of: str = setting(
+        "weights", "Study the weights W, or the delta W - W_base (needs --base).", choices=("weights", "delta")
+    )
+    thresholds: tuple[float, ...] = setting(
+        DEFAULT_THRESHOLDS,
+        "Energy thresholds, repeated or comma-separated: --threshold 0.5,0.9,0.99.",
+        kind=float,
+        many=True,
+        above=0,
+        maximum=1,
+        flag="--threshold",
+        metavar="SHARES",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 def energy_rank(singular_values: np.ndarray, threshold: float) -> int:
