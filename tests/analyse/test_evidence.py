@@ -243,18 +243,18 @@ def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
 
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
     from conftest import TIMINGS, as_printed, cli_json
-    from modelvec.studies.compare import variants
+    from modelvec.studies.compare import Sweep, variants
 
     base, models = mixed_zoo
     store = tmp_path / "s.duckdb"
     table = evaluate(
-        base, models, variants=variants((4,)), store=store, selection=["planted-0", "planted-3"], center=True
+        base, models, variants=variants(Sweep(rank=4)), store=store, selection=["planted-0", "planted-3"], center=True
     )
     args = ["--base", str(base), "--store", str(store), "--selection", "planted-0", "--selection", "planted-3"]
     rows = cli_json("evaluate", *map(str, models), *args, "--ranks", "4", "--center")
     drop = lambda rs: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rs]
     assert drop(rows) == drop(as_printed(table.to_dict(orient="records")))
-    assert len(rows) == 2 * 2 * (len(variants((4,))) + 2)  # (variants + 2 references) x centred or not x 2 halves
-    rows = cli_json("evaluate", *map(str, models), *args, "--ranks", "4", "--mutual-proximity")
-    assert len(rows) == 2 * 2 * (len(variants((4,))) + 2)  # x scaled or not, instead
+    assert len(rows) == 2 * 2 * (len(variants(Sweep(rank=4))) + 2)  # (variants + 2 references) x centred? x halves
+    rows = cli_json("evaluate", *map(str, models), *args, "--rank", "4", "--mutual-proximity")
+    assert len(rows) == 2 * 2 * (len(variants(Sweep(rank=4))) + 2)  # x scaled or not, instead
     assert sum(r["method"].endswith(" + mutual proximity") for r in rows) == len(rows) // 2

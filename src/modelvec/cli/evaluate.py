@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
-from .common import (
-    JsonOpt,
-    StoreOpt,
-    command,
-    console,
-    err,
-    fmt,
-    numbers,
-    print_json,
-    say,
-    setting_values,
-    split_values,
-    with_settings,
-)
+from .common import JsonOpt, StoreOpt, command, console, err, fmt, print_json, say, split_values, with_settings
+from .sweeps import with_sweeps
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: The fields of the representation that evaluate sweeps (:data:`modelvec.studies.compare.SWEPT`), and the
+#: plural flags they had before their options were made from the declarations (kept for existing scripts).
+SWEPT = ("rank", "rows", "projection", "seed")
+ALIASES = {"rank": ("--ranks",), "projection": ("--projections",), "seed": ("--seeds",)}
 
 
 @command()
 @with_settings(Scoring, "scoring", only=("metric", "k"))
+@with_sweeps(
+    Representation, "sweep", only=SWEPT, aliases=ALIASES, notes={"seed": "the scores are their mean and spread"}
+)
 def evaluate(
     models: list[Path] = typer.Argument(
         ..., metavar="MODEL", help="Fine-tuned models (or LoRA adapters) with dataset labels in their cards."
@@ -45,12 +45,7 @@ def evaluate(
     split: bool | None = typer.Option(
         None, "--split/--no-split", help="Score a selection and a report half (default: with 4 or more datasets)."
     ),
-    ranks: list[str] = typer.Option(
-        [str(Representation.rank)],
-        "--ranks",
-        metavar="R,...",
-        help="Ranks of the variants, repeated or comma-separated: --ranks 8,16,32.",
-    ),
+    sweep: dict[str, tuple[Any, ...]] | None = None,  # its options: with_sweeps
     center: bool = typer.Option(False, "--center", help="Also score every variant centred on the models' mean."),
     mutual_proximity: bool = typer.Option(
         False,
@@ -58,28 +53,12 @@ def evaluate(
         help="Also score every variant with neighbours ranked by mutual proximity (for adapters beside full fine-tunes).",
     ),
     vocabulary_head: bool = typer.Option(
-        False, "--vocabulary-head", help="Also score the sketches with the head's vocabulary prior appended (--head)."
-    ),
-    rows: list[str] = typer.Option(
-        ["1"],
-        "--rows",
-        metavar="SHARES",
-        help="Shares of rows the sketches read (or auto: see embed --rows), repeated or comma-separated: "
-        "--rows auto,1,0.05.",
-    ),
-    projections: list[str] = typer.Option(
-        ["shared"],
-        "--projections",
-        metavar="NAMES",
-        help="The sketches' projections, repeated or comma-separated: --projections shared,gaussian,countsketch.",
+        False,
+        "--vocabulary-head",
+        help="Also score the sketches of the first projection and rows with the head's vocabulary prior appended "
+        "(--head).",
     ),
     svd: bool = typer.Option(True, "--svd/--no-svd", help="Also score the SVD factors (U, U·Σ, singular values)."),
-    seeds: list[str] = typer.Option(
-        ["0"],
-        "--seeds",
-        metavar="SEEDS",
-        help="Seeds of every variant, repeated or comma-separated; scores are their mean and spread.",
-    ),
 ) -> None:
     """Embed MODELS with every representation and print their scores side by side.
 
@@ -88,18 +67,14 @@ def evaluate(
     """
     from ..studies import evaluate as run_evaluate
     from ..studies import variants
+    from ..studies.compare import Sweep
 
+    swept = Sweep(**(sweep or {}))
     table = run_evaluate(
         base,
         models,
-        variants=variants(
-            tuple(int(r) for r in split_values(ranks)),
-            vocabulary_head=vocabulary_head,
-            rows=tuple(setting_values(Representation, "rows", rows)),
-            projections=tuple(split_values(projections)),
-            svd=svd,
-        ),
-        seeds=tuple(int(x) for x in numbers(seeds)),
+        variants=variants(swept, vocabulary_head, svd=svd),
+        seeds=swept["seed"],
         store=store,
         scoring=scoring,
         progress=lambda msg: say(err, msg),
@@ -116,6 +91,12 @@ def evaluate(
     if as_json:
         print_json(table.to_dict(orient="records"))
         return
+    _print(table, len(models))
+
+
+def _print(table: pd.DataFrame, n_models: int) -> None:
+    """The table's main columns (a Markdown table where the output is not a terminal), then the method picked and
+    its kNN score on each half."""
     extra = [c for c in ("knn_full", "knn_adapters", "adapter_to_full") if c in table.columns]
     if table["knn_spread"].any():
         extra.append("knn_spread")
@@ -125,7 +106,7 @@ def evaluate(
     if not console.is_terminal:  # a log or a pipe: a Markdown table stays readable at any width
         print(table[shown].to_markdown(index=False, floatfmt=".3f"))
     else:
-        out = Table(*[c.replace("_", " ") for c in shown], title=f"representations compared on {len(models)} models")
+        out = Table(*[c.replace("_", " ") for c in shown], title=f"representations compared on {n_models} models")
         for row in table[shown].itertuples(index=False):
             out.add_row(*(fmt(v) for v in row))
         console.print(out)

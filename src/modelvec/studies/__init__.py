@@ -1,9 +1,10 @@
 """Studies over models: the orchestration above the pure analysis.
 
 ``compare`` (``evaluate``) embeds models every way (through :mod:`modelvec.run` and the store) and forms their exact task
-vectors from their checkpoints, then scores them with :mod:`modelvec.analyse.evaluation`; ``depth`` reads
-the matrices of checkpoints (local, stored or from the Hub) for the depth study, whose mathematics is
-:mod:`modelvec.spectra`'s. Both import torch, so they are loaded when first used.
+vectors from their checkpoints, then scores them with :mod:`modelvec.analyse.evaluation`; ``spectra`` reads every
+matrix's squared singular values from a checkpoint, and ``depth`` turns them into the depth study, whose
+mathematics is :mod:`modelvec.spectra`'s. Each is loaded when first used: ``compare`` imports torch, ``spectra``
+and ``depth`` on the CPU only numpy (torch for a GPU, ``.bin`` and GGUF files).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .compare import VARIANTS, evaluate, task_vector_gram, variants
+    from .compare import VARIANTS, Sweep, evaluate, task_vector_gram, variants
     from .depth import DepthStudy, depth_study, over_finetunes, over_stored
     from .spectra import spectra_of
 
@@ -22,6 +23,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
     {
         "depth": ("DepthStudy", "depth_study", "over_finetunes", "over_stored"),
         "spectra": ("spectra_of",),
-        "compare": ("VARIANTS", "evaluate", "task_vector_gram", "variants"),
+        "compare": ("VARIANTS", "Sweep", "evaluate", "task_vector_gram", "variants"),
     },
 )

@@ -2,18 +2,19 @@
 
 Every variant goes through the store (so a re-run only scores), and is compared with two exact
 references: the cosine between whole flattened deltas (task vectors) over the same matrices, and the
-same with every matrix's delta unit-normed, computed streaming, one tensor of all models at a time,
+same with every matrix's delta unit-normed, computed streaming, one matrix of all models at a time,
 never holding all deltas in memory. The scores themselves are :mod:`modelvec.analyse.evaluation`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -32,8 +33,9 @@ from ..analyse.evaluation import (
 from ..analyse.scores import Scoring, clustering_scores, coordinates_of
 from ..core.errors import StoreError
 from ..core.names import model_id
+from ..core.settings import check_field
 from ..read import open_checkpoint
-from ..represent.representation import Representation
+from ..represent.representation import POOLINGS, Representation
 from ..run import embed
 from ..store import Store, opened
 
@@ -42,50 +44,76 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike[str]
 
+#: The fields of :class:`Representation` a comparison sweeps: :func:`variants` takes the rank, rows and
+#: projection, :func:`evaluate` the seed (its scores are the mean over seeds).
+SWEPT = ("rank", "rows", "projection", "seed")
+
+#: The study's SVD factors: as the original study ran them (U, raw signs), with canonical signs, scaled by Σ,
+#: and the singular values alone, pooled by mean, and U·Σ concatenated over layers.
+SVD_GRID: tuple[dict[str, str], ...] = (
+    dict(factor="U", sign="none"),
+    dict(factor="U"),
+    dict(factor="US", sign="none"),
+    dict(factor="US"),
+    dict(factor="US", pooling="concat"),
+    dict(factor="S"),
+)
+
+
+@dataclass(frozen=True, init=False)
+class Sweep:
+    """The values of :class:`Representation`'s fields that a comparison sweeps (:data:`SWEPT`), each in order:
+    ``Sweep(rank=(8, 16, 32), rows=("auto", 1))``, read as ``sweep["rank"]``.
+
+    A field not given has one value, its declared default (the one ``embed`` uses), so the API and ``evaluate``'s
+    options (made from the same declarations: :func:`modelvec.cli.sweeps.with_sweeps`) share it. Every value is
+    checked as its field's declaration says (an int for a float field is a float: ``rows=1`` is ``1.0``)."""
+
+    values: tuple[tuple[str, tuple[Any, ...]], ...]  # every field of SWEPT, in its order, with its values
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - set(SWEPT))
+        if unknown:
+            raise ValueError(f"a sweep takes {', '.join(SWEPT)}, not {', '.join(unknown)}")
+        defaults = {f.name: f.default for f in dataclasses.fields(Representation)}
+        swept = []
+        for name in SWEPT:
+            value = values.get(name, defaults[name])
+            several = (value,) if isinstance(value, str) or not isinstance(value, Iterable) else tuple(value)
+            if not several:
+                raise ValueError(f"{name}: a sweep needs at least one value")
+            swept.append((name, tuple(check_field(Representation, name, v) for v in several)))
+        object.__setattr__(self, "values", tuple(swept))
+
+    def __getitem__(self, name: str) -> tuple[Any, ...]:
+        return dict(self.values)[name]
+
 
 def variants(
-    ranks: Sequence[int] = (Representation.rank,),
-    vocabulary_head: bool = False,
-    *,
-    rows: Sequence[float | str] = (1.0,),
-    projections: Sequence[str] = ("shared",),
-    svd: bool = True,
-    default: bool = True,
+    sweep: Sweep | None = None, vocabulary_head: bool = False, *, svd: bool = True, default: bool = True
 ) -> dict[str, Representation]:
     """The representations compared, named by their parameters (:meth:`Representation.label`).
 
-    With ``svd``, the description's factors as the original study ran them (U, raw signs), with
-    canonical signs, scaled by Σ, and the singular values alone, each pooled by mean and (U·Σ)
-    concatenated over layers, with and without block normalisation. The sketch with each of
-    ``projections``, reading each share of ``rows``, pooled by mean and concatenated, block-normalised
-    (and without block normalisation for the shared projection of whole matrices, as first compared).
-    Every one at every rank in ``ranks``, of the deltas alone (no head). ``vocabulary_head``: also the
+    The study's design, at every rank of ``sweep``: with ``svd``, the SVD factors (:data:`SVD_GRID`), with and
+    without block normalisation; the sketch with each projection of ``sweep``, reading each share of its rows,
+    pooled by mean and concatenated, block-normalised (and without block normalisation for the shared projection
+    of whole matrices, as first compared); all of the deltas alone (no head). ``vocabulary_head``: also the
     block-normalised sketches (mean and concat) of the first projection and share with the head's vocabulary
-    prior appended. ``default``: also the default representation (:class:`Representation`'s defaults).
+    prior appended. ``default``: also the default representation (:class:`Representation`'s defaults), marked.
+    ``sweep``'s seeds are :func:`evaluate`'s, not a variant's.
     """
-    svd_grid = [
-        dict(factor="U", sign="none"),
-        dict(factor="U"),
-        dict(factor="US", sign="none"),
-        dict(factor="US"),
-        dict(factor="US", pooling="concat"),
-        dict(factor="S"),
-    ]
+    sweep = sweep or Sweep()
     out: dict[str, Representation] = {}
-
-    def add(representation: Representation) -> None:
-        out[representation.label()] = representation
-
     for block_norm in (False, True):
-        for rank in ranks:
-            for fields in svd_grid if svd else []:
-                add(Representation(rank=rank, block_norm=block_norm, head="none", **fields))  # type: ignore[arg-type]
-            for projection in projections:
-                for share in rows:
-                    if not block_norm and (projection, share) != ("shared", 1.0):
-                        continue
-                    for pooling in ("mean", "concat"):
-                        add(
+        for rank in sweep["rank"]:
+            grid = [
+                Representation(rank=rank, block_norm=block_norm, head="none", **fields)  # type: ignore[arg-type]
+                for fields in (SVD_GRID if svd else ())
+            ]
+            for projection in sweep["projection"]:
+                for share in sweep["rows"]:
+                    if block_norm or (projection, share) == ("shared", 1.0):
+                        grid += [
                             Representation(
                                 rank=rank,
                                 projection=projection,
@@ -94,15 +122,15 @@ def variants(
                                 block_norm=block_norm,
                                 head="none",
                             )
-                        )
+                            for pooling in POOLINGS
+                        ]
+            out.update((r.label(), r) for r in grid)
     if vocabulary_head:
-        for rank in ranks:
-            for pooling in ("mean", "concat"):
-                add(
-                    Representation(
-                        rank=rank, projection=projections[0], rows=rows[0], pooling=pooling, head="vocabulary"
-                    )
-                )
+        projection, share = sweep["projection"][0], sweep["rows"][0]
+        for rank in sweep["rank"]:
+            for pooling in POOLINGS:
+                r = Representation(rank=rank, projection=projection, rows=share, pooling=pooling, head="vocabulary")
+                out[r.label()] = r
     if default:  # marked in its name; where the grid has it already, that row is renamed
         chosen = Representation()
         out = {f"{name} (default)" if r == chosen else name: r for name, r in out.items()}
@@ -111,7 +139,9 @@ def variants(
     return out
 
 
-#: The default comparison: every variant at the default rank (16 distinct parameter sets).
+#: The default comparison, every field at its default (rank 32, CountSketch, auto rows): the SVD factors with and
+#: without block normalisation (12), the block-normed CountSketch of auto rows, mean and concatenated (2), and the
+#: default representation (15 distinct parameter sets).
 VARIANTS: dict[str, Representation] = variants()
 
 
@@ -140,7 +170,8 @@ def task_deltas(
 
 
 def task_vector_gram(base: PathLike, models: Sequence[PathLike]) -> TaskVectors:
-    """G[i, j] = <dW_i, dW_j> over all representation matrices, one tensor of all models at a time.
+    """G[i, j] = <dW_i, dW_j> over all representation matrices, one matrix of all models at a time, and the same
+    with every matrix's delta unit-normed (``gram_bn``; a zero delta stays zero).
 
     A LoRA adapter's delta is its factors' product (zero for the matrices it leaves alone), formed
     one matrix at a time like a full fine-tune's (:func:`task_deltas`).
@@ -176,7 +207,7 @@ def evaluate(
     center: bool = False,
     mutual_proximity: bool = False,
     n_boot: int = 2000,
-    seeds: Sequence[int] = (0,),
+    seeds: Sequence[int] = (Representation.seed,),
 ) -> pd.DataFrame:
     """Embed ``models`` with every variant (through the store) and score each; rows per method and half.
 
@@ -184,131 +215,190 @@ def evaluate(
     (:func:`~modelvec.analyse.evidence.split_datasets`): every method is scored on the selection
     half and on the report half separately, and ``selected`` marks the method with the best kNN
     score on the selection half (ties: higher ``ref_corr``, then the smaller vector). Otherwise
-    one half, ``"all"``. ``center``: every variant is also scored after subtracting the half's mean
-    vector ("NAME + centred"). ``mutual_proximity``: every variant is also scored with neighbours
-    ranked by mutual proximity ("NAME + mutual proximity", :mod:`~modelvec.analyse.scores`), which
-    puts adapters and full fine-tunes on one scale. ``scoring``: its ``metric`` and ``k`` (the voters of the
-    leave-one-out predictions). ``seeds``: every variant is embedded with each
-    seed (its projection, rows and solver), its scores are their mean and ``knn_spread`` their range.
+    one half, ``"all"``. ``variants``: name -> representation (default: :data:`VARIANTS`). ``center``: every
+    variant is also scored after subtracting the half's mean vector ("NAME + centred"). ``mutual_proximity``:
+    every variant is also scored with neighbours ranked by mutual proximity ("NAME + mutual proximity",
+    :mod:`~modelvec.analyse.scores`), which puts adapters and full fine-tunes on one scale. ``scoring``: its
+    ``metric`` and ``k`` (the voters of the leave-one-out predictions). ``seeds``: every variant is embedded
+    with each seed (its projection, rows and solver), its scores are their mean and ``knn_spread`` their range.
     Two exact references are scored beside the variants: the task vectors (the flattened deltas) and
     the same with every matrix's delta unit-normed (what block normalisation approximates). Models
     that fail in any variant are left out of all rows, so every row scores the same set. Columns:
-    method, half, representation, dim, seconds_per_model, knn_score, knn_lo, knn_hi (95 % bootstrap interval
-    over models), knn_spread, n_scored, loo_accuracy, silhouette, kmeans_nmi, kmeans_ari, hdbscan_nmi,
-    hdbscan_ari, n_clustered, ref_corr, selected; with adapters among the models also knn_full,
-    knn_adapters, adapter_to_full and their spreads.
+    method, half, params (the representation's key at the first seed; the reference's description), dim,
+    seconds_per_model, knn_score, knn_lo, knn_hi (95 % bootstrap interval over models), knn_spread, n_scored,
+    loo_accuracy, silhouette, kmeans_nmi, kmeans_ari, hdbscan_nmi, hdbscan_ari, n_clustered, ref_corr, selected;
+    with adapters among the models also knn_full, knn_adapters, adapter_to_full and their spreads.
     """
     variants = variants or VARIANTS
-    seeds = tuple(seeds) or (0,)
-    scoring = scoring or Scoring()
-    metric, k = scoring.metric, scoring.k
-    same: dict[str, str] = {}
-    for name, representation in variants.items():
-        if representation.key() in same:
-            raise ValueError(
-                f"variants {same[representation.key()]!r} and {name!r} have the same parameters ({representation.key()})"
-            )
-        same[representation.key()] = name
+    seeds = tuple(seeds) or (Representation.seed,)
+    _refuse_equal_parameters(variants)
     say = progress or (lambda _msg: None)
     with opened(store) as db:
-        embedded: list[set[str]] = []
-        for name, representation in variants.items():
-            for seed in seeds:
-                say(f"embedding: {name}" + (f" (seed {seed})" if len(seeds) > 1 else ""))
-                done = embed(base, models, representation=replace(representation, seed=seed), store=db, load=False)
-                embedded.append(set(done.embedded) | set(done.skipped))
-        ok = set.intersection(*embedded)
-        paths = {model_id(m): m for m in models}
-        order = [model_id(m) for m in models if model_id(m) in ok]
-        if len(order) < 3:
-            raise ValueError(f"only {len(order)} models embedded in every variant; need at least 3 to score")
+        order = _embed_every_variant(db, base, models, variants, seeds, say)
         say("reference: task vectors")
+        paths = {model_id(m): m for m in models}
         tv = task_vector_gram(base, [paths[m] for m in order])
         base_name = model_id(base) if Path(str(base)).exists() else None
-        first = next(iter(variants.values()))
-        meta = db.metadata(base=base_name, representation=replace(first, seed=seeds[0]), models=order)
+        first = replace(next(iter(variants.values())), seed=seeds[0])
+        meta = db.metadata(base=base_name, representation=first, models=order)
         labels = [list(d) for d in meta.drop_duplicates("model").set_index("model").loc[order, "datasets"]]
-        split_halves = halves(labels, split, selection)
-        scalings = ("none", "mutual-proximity") if mutual_proximity else ("none",)
-        references = [(REFERENCE, tv.gram, "full deltas")]
-        if tv.gram_bn is not None:
-            references.append((REFERENCE_BN, tv.gram_bn, "full deltas, block-normed"))
-
-        def score(name: str, key: str, Xs: list[np.ndarray], secs: float, dim: int) -> list[dict[str, object]]:
-            out = []
-            for half, idx in split_halves.items():
-                sub_labels = [labels[i] for i in idx]
-                reference = cosine_similarities(gram_embedding(tv.gram[np.ix_(idx, idx)]))
-                for is_centred in (False, True) if center else (False,):
-                    vectors = [centred(X[idx]) if is_centred else X[idx] for X in Xs]
-                    clusters = clustering_scores(vectors[0], sub_labels, metric=metric)  # blind to the scaling
-                    for scaling in scalings:
-                        row = score_row(
-                            name
-                            + (" + centred" if is_centred else "")
-                            + (" + mutual proximity" if scaling != "none" else ""),
-                            vectors,
-                            sub_labels,
-                            reference,
-                            metric=metric,
-                            k=k,
-                            is_adapter=tv.is_adapter[idx],
-                            n_boot=n_boot,
-                            scaling=scaling,
-                            clustering=clusters,
-                        )
-                        row.update(half=half, params=key, dim=dim, seconds_per_model=secs)
-                        out.append(row)
-            return out
-
+        scorer = _Scorer(
+            labels,
+            halves(labels, split, selection),
+            tv,
+            scoring or Scoring(),
+            center,
+            ("none", "mutual-proximity") if mutual_proximity else ("none",),
+            n_boot,
+        )
         rows: list[dict[str, object]] = []
         for name, representation in variants.items():  # one variant's vectors in memory at a time
             say(f"scoring: {name}")
-            Xs, seconds = [], []
-            for seed in seeds:
-                Z, vmeta, dim = _coordinates(db, base_name, replace(representation, seed=seed), order)
-                index = {m: i for i, m in enumerate(vmeta["model"])}
-                Xs.append(Z[[index[m] for m in order]])
-                seconds.append(float(vmeta.set_index("model").loc[order]["seconds"].median()))
             key = replace(representation, seed=seeds[0]).key()
-            rows += score(name, key, Xs, float(np.median(seconds)), dim)
-            del Xs
-        for name, gram, key in references:
+            rows += scorer.rows(name, key, *_seeded_vectors(db, base_name, representation, seeds, order))
+        for name, gram, key in _references(tv):
             say(f"scoring: {name}")
-            rows += score(name, key, [gram_embedding(gram)], tv.seconds_per_model, tv.dim)
+            rows += scorer.rows(name, key, [gram_embedding(gram)], tv.seconds_per_model, tv.dim)
+    return _table(rows, list(scorer.halves))
+
+
+def _refuse_equal_parameters(variants: dict[str, Representation]) -> None:
+    """Two names for one computation would score it twice under different names: refused, naming both."""
+    same: dict[str, str] = {}
+    for name, representation in variants.items():
+        key = representation.key()
+        if key in same:
+            raise ValueError(f"variants {same[key]!r} and {name!r} have the same parameters ({key})")
+        same[key] = name
+
+
+def _embed_every_variant(
+    db: Store,
+    base: PathLike,
+    models: Sequence[PathLike],
+    variants: dict[str, Representation],
+    seeds: Sequence[int],
+    say: Callable[[str], None],
+) -> list[str]:
+    """Embeds ``models`` with every variant at every seed (what the store holds is read, not recomputed); the ids
+    of the models embedded in every one, in the order of ``models``. Fewer than 3 is an error."""
+    embedded: list[set[str]] = []
+    for name, representation in variants.items():
+        for seed in seeds:
+            say(f"embedding: {name}" + (f" (seed {seed})" if len(seeds) > 1 else ""))
+            done = embed(base, models, representation=replace(representation, seed=seed), store=db, load=False)
+            embedded.append(set(done.embedded) | set(done.skipped))
+    ok = set.intersection(*embedded)
+    order = [model_id(m) for m in models if model_id(m) in ok]
+    if len(order) < 3:
+        raise ValueError(f"only {len(order)} models embedded in every variant; need at least 3 to score")
+    return order
+
+
+def _references(tv: TaskVectors) -> list[tuple[str, np.ndarray, str]]:
+    """The exact references scored beside the variants: name, Gram matrix and what stands in the params column."""
+    references = [(REFERENCE, tv.gram, "full deltas")]
+    if tv.gram_bn is not None:
+        references.append((REFERENCE_BN, tv.gram_bn, "full deltas, block-normed"))
+    return references
+
+
+@dataclass(frozen=True)
+class _Scorer:
+    """How every method is scored, the same for each: the models' labels, the halves (half -> model indices), the
+    exact task vectors (each half's reference geometry, which models are adapters) and the options."""
+
+    labels: list[list[str]]
+    halves: dict[str, np.ndarray]
+    tv: TaskVectors
+    scoring: Scoring
+    center: bool
+    scalings: tuple[str, ...]
+    n_boot: int
+
+    def rows(self, name: str, key: str, Xs: list[np.ndarray], seconds: float, dim: int) -> list[dict[str, object]]:
+        """One method's rows: per half, centred or not (``center``) and per scaling; ``Xs``: its vectors of
+        every model, one matrix per seed."""
+        out = []
+        for half, idx in self.halves.items():
+            labels = [self.labels[i] for i in idx]
+            reference = cosine_similarities(gram_embedding(self.tv.gram[np.ix_(idx, idx)]))
+            for is_centred in (False, True) if self.center else (False,):
+                vectors = [centred(X[idx]) if is_centred else X[idx] for X in Xs]
+                clusters = clustering_scores(vectors[0], labels, metric=self.scoring.metric)  # blind to the scaling
+                for scaling in self.scalings:
+                    row = score_row(
+                        name
+                        + (" + centred" if is_centred else "")
+                        + (" + mutual proximity" if scaling != "none" else ""),
+                        vectors,
+                        labels,
+                        reference,
+                        metric=self.scoring.metric,
+                        k=self.scoring.k,
+                        is_adapter=self.tv.is_adapter[idx],
+                        n_boot=self.n_boot,
+                        scaling=scaling,
+                        clustering=clusters,
+                    )
+                    row.update(half=half, params=key, dim=dim, seconds_per_model=seconds)
+                    out.append(row)
+        return out
+
+
+def _seeded_vectors(
+    db: Store, base: str | None, representation: Representation, seeds: Sequence[int], order: Sequence[str]
+) -> tuple[list[np.ndarray], float, int]:
+    """A variant's stored vectors of the models in ``order``, as coordinates, one matrix per seed; the median over
+    seeds of the models' median seconds; the vectors' dimension."""
+    Xs, seconds, dim = [], [], 0
+    for seed in seeds:
+        Z, meta, dim = _coordinates(db, base, replace(representation, seed=seed), order)
+        index = {m: i for i, m in enumerate(meta["model"])}
+        Xs.append(Z[[index[m] for m in order]])
+        seconds.append(float(meta.set_index("model").loc[order]["seconds"].median()))
+    return Xs, float(np.median(seconds)), dim
+
+
+#: The table's columns, in order (those of adapters only where adapters are among the models).
+COLUMNS = (
+    "method",
+    "half",
+    "params",
+    "dim",
+    "seconds_per_model",
+    "knn_score",
+    "knn_lo",
+    "knn_hi",
+    "knn_spread",
+    "n_scored",
+    "loo_accuracy",
+    "silhouette",
+    "kmeans_nmi",
+    "kmeans_ari",
+    "hdbscan_nmi",
+    "hdbscan_ari",
+    "n_clustered",
+    "ref_corr",
+    "knn_full",
+    "knn_adapters",
+    "adapter_to_full",
+    "knn_full_spread",
+    "knn_adapters_spread",
+    "selected",
+)
+
+
+def _table(rows: list[dict[str, object]], halves: list[str]) -> pd.DataFrame:
+    """The rows as a table, each half's together (in the order of ``halves``), with ``selected`` marking the
+    method (not a reference) with the best kNN score on the first half: ties, higher ``ref_corr``, then smaller."""
     frame = pd.DataFrame(rows)
-    order_of = {half: i for i, half in enumerate(split_halves)}  # each half's rows together, as printed
+    order_of = {half: i for i, half in enumerate(halves)}
     frame = frame.sort_values("half", key=lambda h: h.map(order_of), kind="stable").reset_index(drop=True)
-    pick = frame[(frame["half"] == next(iter(split_halves))) & ~frame["method"].str.startswith("task vectors")]
+    pick = frame[(frame["half"] == halves[0]) & ~frame["method"].str.startswith("task vectors")]
     pick = pick.sort_values(["knn_score", "ref_corr", "dim"], ascending=[False, False, True], kind="stable")
     frame["selected"] = frame["method"] == pick["method"].iloc[0]
-    columns = [
-        "method",
-        "half",
-        "params",
-        "dim",
-        "seconds_per_model",
-        "knn_score",
-        "knn_lo",
-        "knn_hi",
-        "knn_spread",
-        "n_scored",
-        "loo_accuracy",
-        "silhouette",
-        "kmeans_nmi",
-        "kmeans_ari",
-        "hdbscan_nmi",
-        "hdbscan_ari",
-        "n_clustered",
-        "ref_corr",
-        "knn_full",
-        "knn_adapters",
-        "adapter_to_full",
-        "knn_full_spread",
-        "knn_adapters_spread",
-        "selected",
-    ]
-    return frame[[c for c in columns if c in frame.columns]]
+    return frame[[c for c in COLUMNS if c in frame.columns]]
 
 
 def _coordinates(
