@@ -23,7 +23,7 @@ from modelvec import Checkpoint, DeltaEmbedder, ModelvecError
 from modelvec.core.errors import CheckpointError
 from modelvec.core.files import adapter_files, is_adapter
 from modelvec.read import open_checkpoint
-from modelvec.read.adapters import AdapterCheckpoint, LoraSettings
+from modelvec.read.adapters import AdapterCheckpoint, AdapterConfig
 from modelvec.represent import low_rank_svd
 
 TINY = dict(vocab_size=64, max_position_embeddings=32)
@@ -226,7 +226,7 @@ def test_matching_follows_peft():
     for kwargs in configs:
         peft_config = LoraConfig(r=8, lora_alpha=16, **kwargs)
         saved = json.loads(json.dumps(peft_config.to_dict(), default=sorted))  # as save_pretrained writes it
-        ours = LoraSettings.from_config(saved | {"peft_type": "LORA"}, "x")
+        ours = AdapterConfig.from_config(saved | {"peft_type": "LORA"}, "x")
         for key in keys:
             assert ours.targets(key) == bool(check_target_module_exists(peft_config, key)), (kwargs, key)
             r = peft_config.rank_pattern.get(get_pattern_key(peft_config.rank_pattern.keys(), key), peft_config.r)
@@ -373,10 +373,14 @@ def test_discovery_keeps_declared_adapters(tiny_bert, bert_case, tmp_path):
         "yan/bert-lora-config-only", {"adapter_config.json": adapter / "adapter_config.json", "README.md": card}
     )
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, backoff=0.01)
-        found = {e.model: e for e in discover(base_name, search=False, settings=settings).entries}
+        hub_settings = HubSettings(
+            endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, backoff=0.01
+        )
+        found = {e.model: e for e in discover(base_name, search=False, hub_settings=hub_settings).entries}
         # fetched from the Hub (its two files only) and embedded: the vector of the local adapter
-        result = modelvec.embed(base_name, [found["zoe/bert-lora"]], store=tmp_path / "s.duckdb", settings=settings)
+        result = modelvec.embed(
+            base_name, [found["zoe/bert-lora"]], store=tmp_path / "s.duckdb", hub_settings=hub_settings
+        )
     assert result.embedded == ["zoe/bert-lora"], result.failed
     assert_same_vector(result.vectors[0], DeltaEmbedder().fit(tiny_bert).embed_one(adapter))
     fetched = {r["path"].rsplit("/", 1)[-1] for r in server.requests if "/zoe/bert-lora/resolve/" in r["path"]}

@@ -79,7 +79,7 @@ def _listing(names: Iterable[str], limit: int = 3) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoraSettings:
+class AdapterConfig:
     """What ``adapter_config.json`` says about each module's delta; the matching rules are PEFT's.
 
     ``targets`` mirrors ``peft.tuners.tuners_utils.check_target_module_exists`` and
@@ -101,8 +101,8 @@ class LoraSettings:
     base_model: str | None = None
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], model: str) -> LoraSettings:
-        """Validated settings; a one-line CheckpointError for anything that leaves the delta undefined."""
+    def from_config(cls, config: Mapping[str, Any], model: str) -> AdapterConfig:
+        """The validated config; a one-line CheckpointError for anything that leaves the delta undefined."""
         read = _ConfigReader(config, model)
         read.check_supported()
         targets = read.names("target_modules")
@@ -111,7 +111,7 @@ class LoraSettings:
         layers = read.layers()
         flags = read.flags()
         base = config.get("base_model_name_or_path")
-        settings = cls(
+        lora = cls(
             r=read.number("r", config["r"], True),
             lora_alpha=read.number("lora_alpha", config["lora_alpha"], False),
             target_modules=targets,
@@ -124,12 +124,12 @@ class LoraSettings:
             layers_pattern=read.names("layers_pattern"),
             base_model=str(base) if base else None,
         )
-        for key, value in settings._regexes():
+        for key, value in lora._regexes():
             try:
                 re.compile(value)
             except re.error as exc:
                 raise read.fail(f"{key} holds {value!r}, not a valid regular expression ({exc})") from None
-        return settings
+        return lora
 
     def _regexes(self) -> Iterator[tuple[str, str]]:
         """What PEFT matches as regular expressions, with the key each comes from (checked once, on reading)."""
@@ -186,13 +186,13 @@ class LoraSettings:
 
         return lookup(self.rank_pattern, self.r), lookup(self.alpha_pattern, self.lora_alpha)
 
-    def scaling(self, key: str) -> float:
+    def scale(self, key: str) -> float:
         r, alpha = self.rank_alpha(key)
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
 
 
 class _ConfigReader:
-    """``adapter_config.json``'s values for :meth:`LoraSettings.from_config`, each checked as it is read: a value
+    """``adapter_config.json``'s values for :meth:`AdapterConfig.from_config`, each checked as it is read: a value
     that leaves the delta undefined is a one-line CheckpointError naming the key."""
 
     def __init__(self, config: Mapping[str, Any], model: str) -> None:
@@ -312,7 +312,7 @@ class AdapterCheckpoint(Checkpoint):
             raise CheckpointError(name or str(path), f"not an adapter folder: no {ADAPTER_CONFIG} in {path}")
         super().__init__(path, name)
         config_file = self.folder / ADAPTER_CONFIG
-        self.settings = LoraSettings.from_config(read_json(config_file, self.name), self.name)
+        self.lora = AdapterConfig.from_config(read_json(config_file, self.name), self.name)
         self._config_bytes = config_file.read_bytes()
         self._modules: dict[str, tuple[str, str]] | None = None
 
@@ -402,7 +402,7 @@ class AdapterCheckpoint(Checkpoint):
         for ref in base.refs:
             by_tensor.setdefault(ref.tensor, []).append(ref)
         stored = self.modules()
-        adapted = {m: keys for m, keys in stored.items() if self.settings.targets(m)}  # PEFT loads only these
+        adapted = {m: keys for m, keys in stored.items() if self.lora.targets(m)}  # PEFT loads only these
         for key in sorted(self.keys()):  # modules_to_save: whole copies, not a LoRA
             if key.endswith(".weight") and _match(base.arch, key.removeprefix(_PREFIX).removesuffix(".weight")):
                 raise CheckpointError(
@@ -429,7 +429,7 @@ class AdapterCheckpoint(Checkpoint):
         for prefix in sorted(prefixes):  # PEFT puts a LoRA on these; without weights it would keep its initial ones
             for tensor in by_tensor:
                 module = prefix + tensor.removesuffix(".weight")
-                if self.settings.targets(module) and module not in adapted:
+                if self.lora.targets(module) and module not in adapted:
                     raise CheckpointError(
                         self.name, f"target_modules selects {module}, but the adapter has no lora_A/lora_B for it"
                     )
@@ -443,7 +443,7 @@ class AdapterCheckpoint(Checkpoint):
         a, b = self.get(a_key), self.get(b_key)
         n = shapes[refs[0].key][0]
         whole = sum(shapes[ref.key][1] for ref in refs) if len(refs) == refs[0].n_parts else -1
-        r, _ = self.settings.rank_alpha(module)
+        r, _ = self.lora.rank_alpha(module)
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[1] != n or b.shape[0] != whole:
             raise IncompatibleError(
                 self.name,
@@ -455,7 +455,7 @@ class AdapterCheckpoint(Checkpoint):
         for key, tensor in ((a_key, a), (b_key, b)):
             if not torch.isfinite(tensor).all():
                 raise CheckpointError(self.name, f"tensor {key} has NaN or Inf values")
-        left = a.T.double() * self.settings.scaling(module)
+        left = a.T.double() * self.lora.scale(module)
         right = b.double()
         spans = {ref.key: ref.span(whole) for ref in refs}
         return {ref.key: LowRankDelta(left, right[s[0] : s[1]]) for ref in refs if (s := spans[ref.key]) is not None}
@@ -466,12 +466,12 @@ class AdapterCheckpoint(Checkpoint):
             own = self.layout().arch
         except CheckpointError:
             own = None
-        of = f" (base_model_name_or_path: {self.settings.base_model})" if self.settings.base_model else ""
+        of = f" (base_model_name_or_path: {self.lora.base_model})" if self.lora.base_model else ""
         if own is not None and own is not base.arch:
             return IncompatibleError(
                 self.name, f"is an adapter of a {own.name} model{of}, the base is {base.arch.name}"
             )
-        targets = self.settings.target_modules
+        targets = self.lora.target_modules
         shown = targets if isinstance(targets, str) else _listing(targets)
         return IncompatibleError(
             self.name,

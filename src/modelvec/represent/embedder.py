@@ -17,9 +17,9 @@ from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible,
 from .blocks import Block, has_head, head_floats, plans_of, vector_blocks
 from .device import resolve_device
 from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
+from .plans import MatrixPlan, derived_seed
 from .projection import Projection
 from .representation import Representation
-from .rows import MatrixPlan, derived_seed
 from .trace import LEVEL_ROWS, Trace, Tracer, distinct_values
 
 BATCHINGS = ("auto", "layer", "family")
@@ -142,12 +142,12 @@ class DeltaEmbedder:
         *,
         device: str = "auto",
         batching: str = "auto",
-        **settings: Any,
+        **fields: Any,
     ) -> None:
         """``representation``, or its fields as keywords (``DeltaEmbedder(rank=16, pooling="concat")``)."""
-        if representation is not None and settings:
+        if representation is not None and fields:
             raise ValueError("give a Representation or its settings as keywords, not both")
-        self.representation = representation if representation is not None else Representation(**settings)
+        self.representation = representation if representation is not None else Representation(**fields)
         self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
@@ -198,7 +198,7 @@ class DeltaEmbedder:
                 )
                 for ref in layout.refs
             }
-            ck.require_rows({p.tensor: p.rows for p in self.plans_.values()})
+            ck.require_rows({p.tensor: p.row_ranges for p in self.plans_.values()})
             sketches = self._map(lambda ref: self._project(ck, layout, ref), layout.refs)
             for ref, sk in zip(layout.refs, sketches):
                 if not bool(torch.isfinite(sk).all()):
@@ -328,7 +328,7 @@ class DeltaEmbedder:
             return self._adapter_raw(ck), None
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
-        ck.require_rows({p.tensor: p.rows for p in self._plans_in(layout)})
+        ck.require_rows({p.tensor: p.row_ranges for p in self._plans_in(layout)})
         failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
         def sketch(ref: MatrixRef) -> tuple[torch.Tensor, int] | None:
@@ -551,7 +551,7 @@ class DeltaEmbedder:
         step = max(1, _CHUNK_BYTES // (8 * (c1 - c0)))
         acc = projection.start()
         first = 0
-        for a, b in plan.rows:
+        for a, b in plan.row_ranges:
             for start in range(a, b, step):
                 stop = min(b, start + step)
                 part = stored[start:stop, c0:c1]
@@ -579,7 +579,7 @@ class DeltaEmbedder:
         """Distinct values in groups of ``ck``'s first stored rows read of one matrix (see :mod:`.trace`)."""
         plan = self.plans_[ref.key]
         stored = ck.get_stored(layout.prefix + ref.tensor, whole=False)
-        a, b = plan.rows[0]
+        a, b = plan.row_ranges[0]
         c0, c1 = plan.cols
         return distinct_values(stored[a : min(b, a + LEVEL_ROWS), c0:c1])
 
