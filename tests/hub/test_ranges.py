@@ -20,7 +20,7 @@ from safetensors.numpy import save
 from modelvec.core.errors import CheckpointError, FetchError, Kind, error_of
 from modelvec.core.spans import merge, missing
 from modelvec.hub.client import HubSettings
-from modelvec.hub.ranges import HEAD_PROBE, RemoteFile, coalesce_ranges, fetch_ranges, fetch_safetensors_head
+from modelvec.hub.ranges import HEADER_PROBE, RemoteFile, coalesce_ranges, fetch_ranges, fetch_safetensors_header
 from modelvec.testing.localhub import LocalHub
 
 REPO = "org/weights"
@@ -47,7 +47,7 @@ def server(hub):
 
 
 @pytest.fixture()
-def settings(server, tmp_path):
+def hub_settings(server, tmp_path):
     return HubSettings(
         endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, retries=2, backoff=0.01
     )
@@ -73,38 +73,40 @@ def remote(data: bytes, sha: str) -> RemoteFile:
 # --- the header --------------------------------------------------------------------------------------------------
 
 
-def test_the_head_is_the_files_first_bytes_and_its_parsed_header(server, settings, weights):
+def test_the_head_is_the_files_first_bytes_and_its_parsed_header(server, hub_settings, weights):
     data, sha = weights
-    head = fetch_safetensors_head(REPO, sha, FILE, settings)
+    head = fetch_safetensors_header(REPO, sha, FILE, hub_settings)
     length = int.from_bytes(data[:8], "little")
     assert head.file == RemoteFile(REPO, sha, FILE, len(data))
     assert head.raw == data[: 8 + length] and head.data_start == 8 + length
     assert head.header == json.loads(data[8 : 8 + length])
     assert head.header["__metadata__"] == {"format": "pt"}
     assert head.header["layer.4.weight"]["shape"] == [64, 1024]
-    assert gets(server) == [(f"bytes=0-{HEAD_PROBE - 1}", 206)]
-    assert server.bytes_sent() == HEAD_PROBE
+    assert gets(server) == [(f"bytes=0-{HEADER_PROBE - 1}", 206)]
+    assert server.bytes_sent() == HEADER_PROBE
 
 
-def test_a_header_longer_than_the_first_request_takes_a_second(hub, server, settings):
+def test_a_header_longer_than_the_first_request_takes_a_second(hub, server, hub_settings):
     header = {"__metadata__": {"pad": "x" * 1_500_000}, "t": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}}
     data = raw_safetensors(header, bytes(range(16)))
     sha = hub.publish(REPO, {FILE: data})
-    head = fetch_safetensors_head(REPO, sha, FILE, settings)
+    head = fetch_safetensors_header(REPO, sha, FILE, hub_settings)
     assert head.raw == data[:-16] and head.header == header and head.file.size == len(data)
-    assert gets(server) == [(f"bytes=0-{HEAD_PROBE - 1}", 206), (f"bytes={HEAD_PROBE}-{len(data) - 17}", 206)]
+    assert gets(server) == [(f"bytes=0-{HEADER_PROBE - 1}", 206), (f"bytes={HEADER_PROBE}-{len(data) - 17}", 206)]
     assert server.bytes_sent() == len(data) - 16
 
 
-def test_a_small_file_head_and_a_server_ignoring_range(hub, server, settings):
+def test_a_small_file_head_and_a_server_ignoring_range(hub, server, hub_settings):
     header = {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
     data = raw_safetensors(header, b"\0" * 8)
     sha = hub.publish(REPO, {FILE: data})
-    assert fetch_safetensors_head(REPO, sha, FILE, settings).file.size == len(data)  # 206 of the whole (small) file
+    assert fetch_safetensors_header(REPO, sha, FILE, hub_settings).file.size == len(
+        data
+    )  # 206 of the whole (small) file
     hub.fail(f"*/{FILE}", kind="ignore-range", times=1)
-    head = fetch_safetensors_head(REPO, sha, FILE, settings)
+    head = fetch_safetensors_header(REPO, sha, FILE, hub_settings)
     assert (head.raw, head.header, head.file.size) == (data[:-8], header, len(data))  # size from Content-Length
-    assert gets(server)[-1] == (f"bytes=0-{HEAD_PROBE - 1}", 200)
+    assert gets(server)[-1] == (f"bytes=0-{HEADER_PROBE - 1}", 200)
 
 
 def test_a_server_ignoring_range_is_hung_up_on_once_the_header_is_read(tmp_path):
@@ -113,9 +115,9 @@ def test_a_server_ignoring_range_is_hung_up_on_once_the_header_is_read(tmp_path)
     data = raw_safetensors(header, os.urandom(16_000_000))
     sha = hub.publish(REPO, {FILE: data})
     with hub.serve(bandwidth="10MB") as server:  # the whole file would take 1.6 s
-        settings = HubSettings(endpoint=server.endpoint, token=False, retries=0, backoff=0.01)
+        hub_settings = HubSettings(endpoint=server.endpoint, token=False, retries=0, backoff=0.01)
         hub.fail(f"*/{FILE}", kind="ignore-range", times=1)
-        head = fetch_safetensors_head(REPO, sha, FILE, settings)
+        head = fetch_safetensors_header(REPO, sha, FILE, hub_settings)
         assert head.header == header and head.file.size == len(data)
         time.sleep(0.3)  # the server notices the closed connection at its next write
         assert server.requests[-1]["status"] == 200 and server.requests[-1]["bytes"] < len(data) // 2
@@ -137,19 +139,19 @@ def test_a_server_ignoring_range_is_hung_up_on_once_the_header_is_read(tmp_path)
     ],
     ids=["claims-more-than-the-file", "bad-json", "not-an-object", "huge-length", "short-header", "tiny", "empty"],
 )
-def test_a_bad_header_is_the_files_fault(hub, server, settings, data, cause):
+def test_a_bad_header_is_the_files_fault(hub, server, hub_settings, data, cause):
     sha = hub.publish(REPO, {FILE: data})
     with pytest.raises(CheckpointError) as err:
-        fetch_safetensors_head(REPO, sha, FILE, settings)
+        fetch_safetensors_header(REPO, sha, FILE, hub_settings)
     assert cause in str(err.value) and str(err.value).startswith(f"{REPO}: ")
     assert error_of(err.value, REPO).kind is Kind.CONTENT and "\n" not in str(err.value)
     assert len(gets(server)) == 1  # nothing retried: the file is bad, not the link
 
 
-def test_a_missing_file_fails_at_once_in_one_line(hub, server, settings, weights):
+def test_a_missing_file_fails_at_once_in_one_line(hub, server, hub_settings, weights):
     _, sha = weights
     with pytest.raises(FetchError, match=r"^org/weights: nope\.safetensors: .*file not found") as err:
-        fetch_safetensors_head(REPO, sha, "nope.safetensors", settings)
+        fetch_safetensors_header(REPO, sha, "nope.safetensors", hub_settings)
     assert error_of(err.value, REPO).kind is Kind.TRANSIENT and len(gets(server)) == 1
 
 
@@ -175,11 +177,11 @@ def test_coalescing():
         assert not missing(asked, got)  # and all of it
 
 
-def test_ranges_land_at_their_offsets_and_the_hub_sees_the_coalesced_ranges(server, settings, weights, tmp_path):
+def test_ranges_land_at_their_offsets_and_the_hub_sees_the_coalesced_ranges(server, hub_settings, weights, tmp_path):
     data, sha = weights
     out = tmp_path / "local.safetensors"
     ranges = [(900_000, 950_000), (100, 200), (300, 400), (5_000, 6_000), (1_200_000, len(data))]
-    stats = fetch_ranges(remote(data, sha), ranges, out, settings, gap=1_000)
+    stats = fetch_ranges(remote(data, sha), ranges, out, hub_settings, gap=1_000)
     local = out.read_bytes()
     assert len(local) == len(data)  # created and sized to the remote file
     for start, stop in ranges:
@@ -195,32 +197,32 @@ def test_ranges_land_at_their_offsets_and_the_hub_sees_the_coalesced_ranges(serv
     assert (stats.requests, stats.bytes, stats.whole_file) == (4, total, False) and stats.seconds > 0
 
 
-def test_an_existing_local_file_keeps_its_other_bytes(server, settings, weights, tmp_path):
+def test_an_existing_local_file_keeps_its_other_bytes(server, hub_settings, weights, tmp_path):
     data, sha = weights
     out = tmp_path / "local.safetensors"
     out.write_bytes(b"\xaa" * len(data))
-    fetch_ranges(remote(data, sha), [(10, 20)], out, settings)
+    fetch_ranges(remote(data, sha), [(10, 20)], out, hub_settings)
     local = out.read_bytes()
     assert local[10:20] == data[10:20] and local[:10] == b"\xaa" * 10 and local[20:] == b"\xaa" * (len(data) - 20)
-    assert fetch_ranges(remote(data, sha), [], out, settings).requests == 0
+    assert fetch_ranges(remote(data, sha), [], out, hub_settings).requests == 0
 
 
-def test_requests_are_in_flight_together(hub, server, settings, weights, tmp_path):
+def test_requests_are_in_flight_together(hub, server, hub_settings, weights, tmp_path):
     data, sha = weights
     # the first request to arrive stalls; with two in flight, the other is answered meanwhile
     hub.fail(f"*/{FILE}", kind="slow", delay=0.6, times=1)
-    fetch_ranges(remote(data, sha), [(0, 1_000), (500_000, 501_000)], tmp_path / "out", settings, max_in_flight=2)
+    fetch_ranges(remote(data, sha), [(0, 1_000), (500_000, 501_000)], tmp_path / "out", hub_settings, max_in_flight=2)
     answered = [(r["fault"], r["status"]) for r in server.requests if r["method"] == "GET"]
     assert answered == [(None, 206), ("slow", 206)]  # one at a time would log the stalled one first
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
-def test_a_server_ignoring_range_gives_the_whole_file_once(hub, server, settings, weights, tmp_path, times):
+def test_a_server_ignoring_range_gives_the_whole_file_once(hub, server, hub_settings, weights, tmp_path, times):
     data, sha = weights
     hub.fail(f"*/{FILE}", kind="ignore-range", times=times)
     out = tmp_path / "out"
     ranges = [(0, 1_000), (300_000, 301_000), (600_000, 601_000), (900_000, 901_000)]
-    stats = fetch_ranges(remote(data, sha), ranges, out, settings, gap=0, max_in_flight=4)
+    stats = fetch_ranges(remote(data, sha), ranges, out, hub_settings, gap=0, max_in_flight=4)
     assert out.read_bytes() == data  # every byte at its offset
     assert stats.whole_file
     if times is None:  # every answer is the whole file: one is written, the others hung up on
@@ -228,31 +230,31 @@ def test_a_server_ignoring_range_gives_the_whole_file_once(hub, server, settings
     assert any(status == 200 for _, status in gets(server))
 
 
-def test_a_wrong_content_range_is_retried(hub, server, settings, weights, tmp_path):
+def test_a_wrong_content_range_is_retried(hub, server, hub_settings, weights, tmp_path):
     data, sha = weights
     hub.fail(f"*/{FILE}", kind="bad-content-range", times=1)
-    stats = fetch_ranges(remote(data, sha), [(1_000, 2_000)], tmp_path / "out", settings)
+    stats = fetch_ranges(remote(data, sha), [(1_000, 2_000)], tmp_path / "out", hub_settings)
     assert (tmp_path / "out").read_bytes()[1_000:2_000] == data[1_000:2_000]
     assert gets(server) == [("bytes=1000-1999", 206)] * 2 and stats.requests == 2 and stats.bytes == 1_000
 
 
-def test_a_persistent_wrong_content_range_fails_in_one_transient_line(hub, server, settings, weights, tmp_path):
+def test_a_persistent_wrong_content_range_fails_in_one_transient_line(hub, server, hub_settings, weights, tmp_path):
     data, sha = weights
     hub.fail(f"*/{FILE}", kind="bad-content-range", times=None)
     with pytest.raises(FetchError) as err:
-        fetch_ranges(remote(data, sha), [(1_000, 2_000)], tmp_path / "out", settings)
+        fetch_ranges(remote(data, sha), [(1_000, 2_000)], tmp_path / "out", hub_settings)
     message = str(err.value)
     assert message.startswith(f"{REPO}: {FILE}: ") and "after 3 tries" in message and "\n" not in message
     assert "bytes 1000-1999" in message and "1001-2000" in message
     assert error_of(err.value, REPO).kind is Kind.TRANSIENT
-    assert len(gets(server)) == settings.retries + 1
+    assert len(gets(server)) == hub_settings.retries + 1
 
 
 @pytest.mark.parametrize("kind", ["short", "reset"])
-def test_a_body_cut_short_is_resumed(hub, server, settings, weights, tmp_path, kind):
+def test_a_body_cut_short_is_resumed(hub, server, hub_settings, weights, tmp_path, kind):
     data, sha = weights
     hub.fail(f"*/{FILE}", kind=kind, after_bytes=100_000, times=1)
-    stats = fetch_ranges(remote(data, sha), [(50_000, 450_000)], tmp_path / "out", settings)
+    stats = fetch_ranges(remote(data, sha), [(50_000, 450_000)], tmp_path / "out", hub_settings)
     assert (tmp_path / "out").read_bytes()[50_000:450_000] == data[50_000:450_000]
     (first, _), (second, status) = gets(server)
     resumed = int(second.split("=")[1].split("-")[0])
@@ -261,32 +263,32 @@ def test_a_body_cut_short_is_resumed(hub, server, settings, weights, tmp_path, k
     assert stats.requests == 2 and stats.bytes == 400_000
 
 
-def test_server_errors_are_retried_and_a_missing_file_is_not(hub, server, settings, weights, tmp_path):
+def test_server_errors_are_retried_and_a_missing_file_is_not(hub, server, hub_settings, weights, tmp_path):
     data, sha = weights
     hub.fail(f"*/{FILE}", status=503, times=2)
-    fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", settings)
+    fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", hub_settings)
     assert [s for _, s in gets(server)] == [503, 503, 206]
     gone = RemoteFile(REPO, sha, "gone.safetensors", 100)
     with pytest.raises(FetchError, match="gone.safetensors: .*file not found"):
-        fetch_ranges(gone, [(0, 10)], tmp_path / "out2", settings)
+        fetch_ranges(gone, [(0, 10)], tmp_path / "out2", hub_settings)
     assert len(gets(server)) == 4
 
 
-def test_ranges_outside_the_file_are_refused(settings, weights, tmp_path):
+def test_ranges_outside_the_file_are_refused(hub_settings, weights, tmp_path):
     data, sha = weights
     with pytest.raises(ValueError, match="not inside"):
-        fetch_ranges(remote(data, sha), [(0, len(data) + 1)], tmp_path / "out", settings)
+        fetch_ranges(remote(data, sha), [(0, len(data) + 1)], tmp_path / "out", hub_settings)
 
 
-def test_offline_fails_at_once_without_a_request(server, settings, weights, tmp_path, monkeypatch):
+def test_offline_fails_at_once_without_a_request(server, hub_settings, weights, tmp_path, monkeypatch):
     data, sha = weights
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     before = len(server.requests)
     with pytest.raises(FetchError, match=r"offline \(HF_HUB_OFFLINE=1\)") as err:
-        fetch_safetensors_head(REPO, sha, FILE, settings)
+        fetch_safetensors_header(REPO, sha, FILE, hub_settings)
     assert error_of(err.value, REPO).kind is Kind.TRANSIENT
     with pytest.raises(FetchError, match=r"^org/weights: model.safetensors: offline \(HF_HUB_OFFLINE=1\)"):
-        fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", settings)
+        fetch_ranges(remote(data, sha), [(0, 10)], tmp_path / "out", hub_settings)
     assert len(server.requests) == before and not Path(tmp_path / "out").exists()
 
 
@@ -296,13 +298,13 @@ def _open_and_fill(args: tuple[str, str, dict, list[tuple[int, int]]]) -> None:
 
     sha, endpoint_cache, _, spans = args
     endpoint, cache = endpoint_cache.split("|")
-    settings = HubSettings(endpoint=endpoint, cache_dir=cache, token=False, retries=2, backoff=0.01)
-    folder = open_partial(REPO, sha, None, settings)
+    hub_settings = HubSettings(endpoint=endpoint, cache_dir=cache, token=False, retries=2, backoff=0.01)
+    folder = open_partial(REPO, sha, None, hub_settings)
     assert folder is not None
-    fill_partial(folder, REPO, sha, {FILE: spans}, settings)
+    fill_partial(folder, REPO, sha, {FILE: spans}, hub_settings)
 
 
-def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server, settings, weights):
+def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server, hub_settings, weights):
     """Several processes (Ray workers, two runs) open and fill one partial download at once: none truncates what
     another fetched, and the marker lists every range fetched, each holding the file's own bytes."""
     import multiprocessing
@@ -312,10 +314,10 @@ def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server,
     data, sha = weights
     start = len(data) // 3  # past the header
     parts = [[(start + i * 40_000, start + i * 40_000 + 30_000)] for i in range(6)]
-    job = f"{server.endpoint}|{settings.cache_dir}"
+    job = f"{server.endpoint}|{hub_settings.cache_dir}"
     with multiprocessing.get_context("spawn").Pool(6) as pool:
         pool.map(_open_and_fill, [(sha, job, {}, spans) for spans in parts])
-    folder = partial_folder(REPO, sha, settings)
+    folder = partial_folder(REPO, sha, hub_settings)
     held = _read_marker(folder)
     assert held is not None
     got = (folder / FILE).read_bytes()
@@ -324,7 +326,7 @@ def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server,
         assert got[a:b] == data[a:b]
 
 
-def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fails(hub, server, settings):
+def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fails(hub, server, hub_settings):
     """A sharded checkpoint's ranges go out together (the last range of one shard does not hold up the next), and a
     shard whose ranges all arrived is recorded as held even when another shard fails for good."""
     from modelvec.hub.partial import _read_marker, fill_partial, open_partial
@@ -340,7 +342,7 @@ def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fai
     sha = hub.publish(
         REPO, {**shards, "model.safetensors.index.json": json.dumps(index).encode(), "config.json": b"{}"}
     )
-    folder = open_partial(REPO, sha, None, settings)
+    folder = open_partial(REPO, sha, None, hub_settings)
     assert folder is not None
     first, second = sorted(shards)
     wanted = {
@@ -349,7 +351,7 @@ def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fai
     }
     hub.fail(f"*/{first}", kind="slow", delay=0.5, times=1)  # the first shard's first range stalls
     before = len(server.requests)
-    fill_partial(folder, REPO, sha, wanted, settings)
+    fill_partial(folder, REPO, sha, wanted, hub_settings)
     order = [r["path"].rsplit("/", 1)[-1] for r in server.requests[before:] if r["method"] == "GET"]
     assert order == [second, first]  # one request a shard (coalesced): the second answered while the first stalled
     for name, data in shards.items():
@@ -358,7 +360,7 @@ def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fai
     more = {name: [(a + 10_000, b + 10_000) for a, b in spans] for name, spans in wanted.items()}
     hub.fail(f"*/{first}", kind="bad-content-range", times=None)
     with pytest.raises(FetchError, match=first):
-        fill_partial(folder, REPO, sha, more, settings)
+        fill_partial(folder, REPO, sha, more, hub_settings)
     held = _read_marker(folder)
     assert all(any(lo <= a and b <= hi for lo, hi in held[second]) for a, b in more[second])  # kept
     assert not any(any(lo <= a and b <= hi for lo, hi in held[first]) for a, b in more[first])

@@ -3,7 +3,7 @@
 When a representation reads a share of each matrix's rows, a fine-tune's multi-GB safetensors shards need not
 come whole. :func:`open_partial` makes a folder that stands for the model at a commit: ``config.json`` and the
 shard index downloaded whole (small, through the huggingface_hub cache), and each weight file as a *sparse* file of
-its real size holding only its header (fetched by a range request: :func:`~modelvec.hub.ranges.fetch_safetensors_head`).
+its real size holding only its header (fetched by a range request: :func:`~modelvec.hub.ranges.fetch_safetensors_header`).
 The reader opens it as any checkpoint and says which byte ranges the vector needs; :func:`fill_partial` fetches
 those (and only those not already there) into the sparse files at their own offsets. A marker file
 (:data:`~modelvec.core.files.PARTIAL`) lists the byte ranges each file holds, so the reader refuses to read
@@ -48,7 +48,7 @@ from .download import (
     write_atomic,
 )
 from .ids import is_commit_sha
-from .ranges import RangeJob, RangeStats, RemoteFile, fetch_many, fetch_safetensors_head
+from .ranges import RangeJob, RangeStats, RemoteFile, fetch_many, fetch_safetensors_header
 
 _LOCK = threading.Lock()  # guards _LOCKS
 _LOCKS: dict[Path, threading.Lock] = {}  # per folder: one process's threads fill one folder's marker in turn
@@ -82,12 +82,12 @@ class Fetched:
     whole_files: tuple[str, ...] = ()
 
 
-def partial_folder(repo_id: str, revision: str, settings: HubSettings) -> Path:
+def partial_folder(repo_id: str, revision: str, hub_settings: HubSettings) -> Path:
     """Where the partial download of ``repo_id`` at commit ``revision`` lives (inside its cache folder)."""
-    return repo_folder(repo_id, settings) / ".modelvec" / "partial" / revision
+    return repo_folder(repo_id, hub_settings) / ".modelvec" / "partial" / revision
 
 
-def open_partial(repo_id: str, revision: str, files: Sequence[str] | None, settings: HubSettings) -> Path | None:
+def open_partial(repo_id: str, revision: str, files: Sequence[str] | None, hub_settings: HubSettings) -> Path | None:
     """The partial folder of ``repo_id`` at ``revision`` (a commit sha, or a branch pinned here), headers in place.
 
     None when its weights are not safetensors (a ``.bin``, an adapter): those are downloaded whole.
@@ -96,27 +96,27 @@ def open_partial(repo_id: str, revision: str, files: Sequence[str] | None, setti
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
     if not is_commit_sha(revision):
-        revision = pin(repo_id, revision, settings)
-    folder = partial_folder(repo_id, revision, settings)
+        revision = pin(repo_id, revision, hub_settings)
+    folder = partial_folder(repo_id, revision, hub_settings)
     with _locked(folder):
-        return _make_partial(folder, repo_id, revision, files, settings)
+        return _make_partial(folder, repo_id, revision, files, hub_settings)
 
 
 def _make_partial(
-    folder: Path, repo_id: str, revision: str, files: Sequence[str] | None, settings: HubSettings
+    folder: Path, repo_id: str, revision: str, files: Sequence[str] | None, hub_settings: HubSettings
 ) -> Path | None:
     held = _read_marker(folder)
     if held and all((folder / name).is_file() for name in held):
         return folder  # made before: its headers, and what was fetched since, are there
-    files = list(files) if files is not None else list_files(repo_id, revision, settings)
+    files = list(files) if files is not None else list_files(repo_id, revision, hub_settings)
     fmt = weight_format(files)
     if fmt not in ("safetensors", "safetensors-sharded"):
         return None
     folder.mkdir(parents=True, exist_ok=True)
     if CONFIG in files:
-        shutil.copyfile(download_file(repo_id, CONFIG, revision, settings), folder / CONFIG)
+        shutil.copyfile(download_file(repo_id, CONFIG, revision, hub_settings), folder / CONFIG)
     if fmt == "safetensors-sharded":
-        index_path = download_file(repo_id, SAFETENSORS_INDEX, revision, settings)
+        index_path = download_file(repo_id, SAFETENSORS_INDEX, revision, hub_settings)
         try:
             index = json.loads(Path(index_path).read_text())
         except (ValueError, UnicodeDecodeError) as exc:
@@ -130,17 +130,21 @@ def _make_partial(
         check_filename(repo_id, name)
         if name in held and (folder / name).is_file():
             continue
-        head = fetch_safetensors_head(repo_id, revision, name, settings)
+        header = fetch_safetensors_header(repo_id, revision, name, hub_settings)
         with open(folder / name, "wb") as f:  # sparse: only the header takes disk
-            f.truncate(head.file.size)
-            f.write(head.raw)
-        held[name] = [(0, head.data_start)]
+            f.truncate(header.file.size)
+            f.write(header.raw)
+        held[name] = [(0, header.data_start)]
     _write_marker(folder, held)
     return folder
 
 
 def fill_partial(
-    folder: Path, repo_id: str, revision: str, wanted: Mapping[str, Sequence[tuple[int, int]]], settings: HubSettings
+    folder: Path,
+    repo_id: str,
+    revision: str,
+    wanted: Mapping[str, Sequence[tuple[int, int]]],
+    hub_settings: HubSettings,
 ) -> Fetched:
     """Fetch the byte ranges ``wanted`` (per weight file of ``folder``) that it does not hold yet; the marker then
     lists them. A file a server sent whole (it ignored ``Range``) is held whole from then on."""
@@ -164,7 +168,7 @@ def fill_partial(
             _write_marker(folder, held)
 
     # every file's ranges in one pool: the link stays busy from one shard to the next
-    for job, stats in zip(jobs, fetch_many(jobs, settings, max_in_flight=16, gap=GAP, on_done=record)):
+    for job, stats in zip(jobs, fetch_many(jobs, hub_settings, max_in_flight=16, gap=GAP, on_done=record)):
         done.bytes += stats.bytes
         done.requests += stats.requests
         if stats.whole_file:
@@ -173,7 +177,7 @@ def fill_partial(
     return done
 
 
-def release_partial(repo_id: str, revision: str, settings: HubSettings) -> int:
+def release_partial(repo_id: str, revision: str, hub_settings: HubSettings) -> int:
     """Delete the partial download of one revision; the bytes it held on disk (0 when there was none)."""
     try:
         check_repo_id(repo_id)
@@ -182,7 +186,7 @@ def release_partial(repo_id: str, revision: str, settings: HubSettings) -> int:
         return 0
     if not is_commit_sha(revision):
         return 0
-    folder = partial_folder(repo_id, revision, settings)
+    folder = partial_folder(repo_id, revision, hub_settings)
     if folder.is_symlink() or not folder.is_dir():
         return 0
     freed = sum(f.stat().st_blocks * 512 for f in folder.iterdir() if f.is_file() and not f.is_symlink())

@@ -1,7 +1,7 @@
 """Reading a few byte ranges of a Hub file instead of downloading all of it.
 
 A vector needs a few percent of each weight matrix's rows, which are contiguous row blocks of a safetensors file,
-so a multi-GB shard need not come whole: :func:`fetch_safetensors_head` reads its header (the first MiB, and the
+so a multi-GB shard need not come whole: :func:`fetch_safetensors_header` reads its header (the first MiB, and the
 rest of the header if it is longer) and learns the file's size, and :func:`fetch_ranges` writes the wanted byte
 ranges into a local (sparse) file at their own offsets, several requests in flight, neighbouring ranges coalesced.
 
@@ -49,17 +49,17 @@ __all__ = [
     "RangeJob",
     "RangeStats",
     "RemoteFile",
-    "SafetensorsHead",
+    "SafetensorsHeader",
     "coalesce_ranges",
     "fetch_many",
     "fetch_ranges",
-    "fetch_safetensors_head",
+    "fetch_safetensors_header",
 ]
 
 #: Bytes asked for by the first request of a header: most safetensors headers are far smaller (a shard of an 8B
 #: Llama: ~30 KB), so one request; and small beside what a small model's share of rows costs (3 shards of SmolLM2
 #: at 1 MiB each were 1.4 % of its matrices' bytes).
-HEAD_PROBE = 1 << 17
+HEADER_PROBE = 1 << 17
 #: safetensors' own limit on a header's length; a larger length is corruption, never fetched.
 MAX_HEADER = 100_000_000
 #: Bytes per read of a body (bodies are streamed, never held whole).
@@ -83,8 +83,8 @@ class RemoteFile:
 
 
 @dataclass(frozen=True)
-class SafetensorsHead:
-    """The head of a remote safetensors file: ``raw`` is its first ``data_start`` bytes verbatim (the 8-byte length
+class SafetensorsHeader:
+    """The header of a remote safetensors file: ``raw`` is its first ``data_start`` bytes verbatim (the 8-byte length
     prefix and the JSON header, to write at offset 0 of the local file), ``header`` the parsed JSON (tensor name ->
     {dtype, shape, data_offsets}, and ``__metadata__`` if any); a tensor's bytes are at ``data_start + offset``."""
 
@@ -112,32 +112,34 @@ class _Cancelled(Exception):
 # --------------------------------------------------------------------------------------------- HTTP
 
 
-def _refuse_offline(repo_id: str, filename: str, settings: HubSettings) -> None:
-    if settings.offline:
+def _refuse_offline(repo_id: str, filename: str, hub_settings: HubSettings) -> None:
+    if hub_settings.offline:
         raise FetchError(
             repo_id, f"{shown(filename)}: offline (HF_HUB_OFFLINE=1): byte ranges of a Hub file cannot be read"
         ) from OfflineModeIsEnabled("HF_HUB_OFFLINE=1")
 
 
-def _url(file: RemoteFile, settings: HubSettings) -> str:
-    return hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=settings.endpoint)
+def _url(file: RemoteFile, hub_settings: HubSettings) -> str:
+    return hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=hub_settings.endpoint)
 
 
-def _headers(settings: HubSettings, start: int, stop: int) -> dict[str, str]:
+def _headers(hub_settings: HubSettings, start: int, stop: int) -> dict[str, str]:
     """The Hub's headers (token, user agent), one range ``[start, stop)``, and no compression (a range is of the
     file's own bytes)."""
     return {
-        **build_hf_headers(token=settings.token),
+        **build_hf_headers(token=hub_settings.token),
         "Accept-Encoding": "identity",
         "Range": f"bytes={start}-{stop - 1}",
     }
 
 
 @contextmanager
-def _get(url: str, headers: dict[str, str], settings: HubSettings) -> Iterator[httpx2.Response]:
+def _get(url: str, headers: dict[str, str], hub_settings: HubSettings) -> Iterator[httpx2.Response]:
     """A streamed GET through huggingface_hub's shared client (redirects followed, as to the Hub's CDN); an error
     status raises huggingface_hub's own error (its body is read for the message only when it is small)."""
-    with get_session().stream("GET", url, headers=headers, timeout=settings.timeout, follow_redirects=True) as response:
+    with get_session().stream(
+        "GET", url, headers=headers, timeout=hub_settings.timeout, follow_redirects=True
+    ) as response:
         if response.status_code >= 400:
             try:
                 small = int(response.headers.get("Content-Length", "")) <= _ERROR_BODY_LIMIT
@@ -199,7 +201,7 @@ def _read_until(response: httpx2.Response, need: Callable[[bytearray], int]) -> 
 # --------------------------------------------------------------------------------------------- the header
 
 
-def _head_need(buffer: bytearray | bytes) -> int:
+def _header_need(buffer: bytearray | bytes) -> int:
     """How many bytes from the start of a safetensors file hold its header: 8, then 8 + the length they give
     (only 8 when that length is over safetensors' limit: refused, never read)."""
     if len(buffer) < 8:
@@ -208,11 +210,11 @@ def _head_need(buffer: bytearray | bytes) -> int:
     return 8 if length > MAX_HEADER else 8 + length
 
 
-def _read_first(url: str, settings: HubSettings) -> tuple[bytes, int]:
+def _read_first(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
     """The first bytes of the file (its first MiB, or to the header's end if the server sends the whole file) and
     the file's size."""
     try:
-        return _read_first_answer(url, settings)
+        return _read_first_answer(url, hub_settings)
     except HfHubHTTPError as exc:  # 416 to bytes=0-...: the file is empty; its size is in Content-Range
         m = _UNSATISFIED.fullmatch(exc.response.headers.get("Content-Range") or "")
         if exc.response.status_code == 416 and m is not None and int(m.group(1)) == 0:
@@ -220,21 +222,21 @@ def _read_first(url: str, settings: HubSettings) -> tuple[bytes, int]:
         raise
 
 
-def _read_first_answer(url: str, settings: HubSettings) -> tuple[bytes, int]:
-    with _get(url, _headers(settings, 0, HEAD_PROBE), settings) as response:
+def _read_first_answer(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
+    with _get(url, _headers(hub_settings, 0, HEADER_PROBE), hub_settings) as response:
         if response.status_code == 200:  # Range ignored: read what the header needs and hang up
             announced = _content_length(response)
             if announced is None:
                 raise BadRangeAnswer("the server ignored Range and did not say the file's size")
             size: int = announced
-            data = _read_until(response, lambda got: min(_head_need(got), size))
-            if len(data) < min(_head_need(data), size):
+            data = _read_until(response, lambda got: min(_header_need(got), size))
+            if len(data) < min(_header_need(data), size):
                 raise BadRangeAnswer(f"the answer ended after {len(data)} of the file's {size} bytes")
             return data, size
         first, last, total = _content_range(response)
-        if total is None or first != 0 or not (last == min(HEAD_PROBE, total) - 1):
+        if total is None or first != 0 or not (last == min(HEADER_PROBE, total) - 1):
             raise BadRangeAnswer(
-                f"asked for bytes 0-{HEAD_PROBE - 1}, the answer says it has bytes {first}-{last} of {total}"
+                f"asked for bytes 0-{HEADER_PROBE - 1}, the answer says it has bytes {first}-{last} of {total}"
             )
         data = _read_until(response, lambda _: last + 1)
         if len(data) != last + 1:
@@ -242,9 +244,9 @@ def _read_first_answer(url: str, settings: HubSettings) -> tuple[bytes, int]:
         return data, total
 
 
-def _read_span(url: str, settings: HubSettings, start: int, stop: int, size: int) -> bytes:
+def _read_span(url: str, hub_settings: HubSettings, start: int, stop: int, size: int) -> bytes:
     """Bytes ``[start, stop)`` of a file of ``size`` bytes, in memory (for a header: at most 100 MB)."""
-    with _get(url, _headers(settings, start, stop), settings) as response:
+    with _get(url, _headers(hub_settings, start, stop), hub_settings) as response:
         if response.status_code == 200:
             if _content_length(response) not in (None, size):
                 raise BadRangeAnswer(f"the whole file announced {_content_length(response)} bytes, not {size}")
@@ -279,7 +281,9 @@ def _tensor_bytes(repo_id: str, filename: str, header: Any) -> int:
     return end
 
 
-def fetch_safetensors_head(repo_id: str, revision: str, filename: str, settings: HubSettings) -> SafetensorsHead:
+def fetch_safetensors_header(
+    repo_id: str, revision: str, filename: str, hub_settings: HubSettings
+) -> SafetensorsHeader:
     """The header of a safetensors file on the Hub and the file's size, without downloading the file.
 
     One request for the first MiB (and, for a longer header, one for the rest), each retried as the settings say;
@@ -289,11 +293,11 @@ def fetch_safetensors_head(repo_id: str, revision: str, filename: str, settings:
     """
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
-    _refuse_offline(repo_id, filename, settings)
-    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=settings.endpoint)
+    _refuse_offline(repo_id, filename, hub_settings)
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
     what = f"{repo_id}/{filename}"
     try:
-        data, total = with_retries(lambda: _read_first(url, settings), settings, what)
+        data, total = with_retries(lambda: _read_first(url, hub_settings), hub_settings, what)
         if total < 8:
             raise CheckpointError(repo_id, f"{shown(filename)}: truncated ({total} bytes, too short for a header)")
         length = int.from_bytes(data[:8], "little")
@@ -308,7 +312,7 @@ def fetch_safetensors_head(repo_id: str, revision: str, filename: str, settings:
             )
         if len(data) < 8 + length:
             start = len(data)
-            rest = with_retries(lambda: _read_span(url, settings, start, 8 + length, total), settings, what)
+            rest = with_retries(lambda: _read_span(url, hub_settings, start, 8 + length, total), hub_settings, what)
             data += rest
         raw = data[: 8 + length]
     except ModelvecError:
@@ -330,7 +334,7 @@ def fetch_safetensors_head(repo_id: str, revision: str, filename: str, settings:
         raise CheckpointError(
             repo_id, f"{shown(filename)}: its header claims {claimed:,} bytes of tensors, the file has {has:,}"
         )
-    return SafetensorsHead(RemoteFile(repo_id, revision, filename, total), raw, header, 8 + length)
+    return SafetensorsHeader(RemoteFile(repo_id, revision, filename, total), raw, header, 8 + length)
 
 
 # --------------------------------------------------------------------------------------------- ranges
@@ -433,7 +437,7 @@ def _write_whole(response: httpx2.Response, fd: int, file: RemoteFile, progress:
 
 
 def _fetch_span(
-    url: str, fd: int, file: RemoteFile, start: int, stop: int, settings: HubSettings, progress: _Progress
+    url: str, fd: int, file: RemoteFile, start: int, stop: int, hub_settings: HubSettings, progress: _Progress
 ) -> None:
     """Bytes ``[start, stop)`` written at their offsets; a retry asks only for what is still missing."""
     done = start
@@ -445,7 +449,7 @@ def _fetch_span(
         if progress.failed.is_set():
             raise _Cancelled()
         progress.count(requests=1)
-        with _get(url, _headers(settings, done, stop), settings) as response:
+        with _get(url, _headers(hub_settings, done, stop), hub_settings) as response:
             if response.status_code == 200:
                 _write_whole(response, fd, file, progress)
                 return
@@ -459,7 +463,7 @@ def _fetch_span(
             if done < stop:
                 raise BadRangeAnswer(f"the answer ended {stop - done} bytes short of byte {stop - 1}")
 
-    with_retries(attempt, settings, f"{file.repo_id}/{file.filename}")
+    with_retries(attempt, hub_settings, f"{file.repo_id}/{file.filename}")
 
 
 def _cause(exc: BaseException) -> str:
@@ -483,7 +487,7 @@ def fetch_ranges(
     file: RemoteFile,
     ranges: Sequence[tuple[int, int]],
     out: Path,
-    settings: HubSettings,
+    hub_settings: HubSettings,
     *,
     max_in_flight: int = 8,
     gap: int = 256 << 10,
@@ -499,12 +503,12 @@ def fetch_ranges(
     ``Range``) sends the whole file: it is written whole, the other ranges are then not asked for, and the stats say
     ``whole_file``.
     """
-    return fetch_many([RangeJob(file, ranges, out)], settings, max_in_flight=max_in_flight, gap=gap)[0]
+    return fetch_many([RangeJob(file, ranges, out)], hub_settings, max_in_flight=max_in_flight, gap=gap)[0]
 
 
 def fetch_many(
     jobs: Sequence[RangeJob],
-    settings: HubSettings,
+    hub_settings: HubSettings,
     *,
     max_in_flight: int = 8,
     gap: int = 256 << 10,
@@ -524,10 +528,10 @@ def fetch_many(
         plans.append(coalesce_ranges(job.ranges, gap))
     for job, spans in zip(jobs, plans):
         if spans:
-            _refuse_offline(job.file.repo_id, job.file.filename, settings)
+            _refuse_offline(job.file.repo_id, job.file.filename, hub_settings)
     stopped = threading.Event()  # one range failed for good: every job's requests stop
     progress = [_Progress(stopped) for _ in jobs]
-    urls = [_url(job.file, settings) for job in jobs]
+    urls = [_url(job.file, hub_settings) for job in jobs]
     left = [len(spans) for spans in plans]
     left_lock = threading.Lock()
     work: list[tuple[int, int, int, int]] = []  # (job, its local file, start, stop) per request
@@ -545,7 +549,7 @@ def fetch_many(
             work += [(i, fd, start, stop) for start, stop in spans]
 
         def one(i: int, fd: int, start: int, stop: int) -> None:
-            _fetch_span(urls[i], fd, jobs[i].file, start, stop, settings, progress[i])
+            _fetch_span(urls[i], fd, jobs[i].file, start, stop, hub_settings, progress[i])
             with left_lock:
                 left[i] -= 1
                 finished = left[i] == 0
