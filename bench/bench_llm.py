@@ -209,7 +209,7 @@ elif job == "hub-stream":  # several Hub fine-tunes through embed's pipeline: do
     from modelvec.hub.client import HubSettings
     hub = params.pop("_hub")
     settings = HubSettings(endpoint=hub["endpoint"], cache_dir=hub["cache"], token=False)
-    result = modelvec.embed(base, hub["repos"], settings=settings, store=hub["store"], workers=2, load=False, **params)
+    result = modelvec.embed(base, hub["repos"], hub_settings=settings, store=hub["store"], workers=2, load=False, **params)
     assert not result.failed, result.failed
 elif job == "rank":
     from modelvec.studies.spectra import spectra_of

@@ -163,8 +163,8 @@ from modelvec.analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS
 known = lambda m: geo.neighbours(UMAP_NEIGHBOURS + 1) if m == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
 maps = {m: stage(f"reduce: {m}", lambda m=m: reduce(coords, m, metric="cosine", neighbours=known(m))) for m in sys.argv[5].split(",")}
 first = next(iter(maps.values()))
-stage("PNG map", lambda: plot_png(first, meta, out + "/map.png", method="pca", title="t"))
-stage("HTML map", lambda: plot_html(first, meta, out + "/map.html", method="pca", title="t"))
+stage("PNG map", lambda: plot_png(first, meta, out + "/map.png", reducer="pca", title="t"))
+stage("HTML map", lambda: plot_html(first, meta, out + "/map.html", reducer="pca", title="t"))
 stop.set()
 print(json.dumps(stages))
 """

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import pairwise_distances, silhouette_score
 
-from modelvec.analyse.reduction import METHODS, reduce
+from modelvec.analyse.reduction import REDUCERS, reduce
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,10 @@ def planted() -> tuple[np.ndarray, np.ndarray]:
 def reduced(planted) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each method run twice on the same input (the first UMAP call also compiles numba code: ~20 s)."""
     X, _ = planted
-    return {method: (reduce(X, method), reduce(X.copy(), method)) for method in METHODS}
+    return {method: (reduce(X, method), reduce(X.copy(), method)) for method in REDUCERS}
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", REDUCERS)
 def test_reduce_shape_finite_deterministic_and_finds_the_clusters(reduced, planted, method):
     first, second = reduced[method]
     assert first.shape == (30, 2) and first.dtype == np.float64
@@ -61,7 +61,7 @@ def test_standardize_keeps_a_huge_feature_from_deciding_the_map(planted):
 
 def test_reduce_validates_its_parameters(planted):
     X, _ = planted
-    with pytest.raises(ValueError, match="unknown method 'mds'"):
+    with pytest.raises(ValueError, match="unknown reducer 'mds'"):
         reduce(X, "mds")
     with pytest.raises(ValueError, match="n_components"):
         reduce(X, "pca", n_components=0)
@@ -75,7 +75,7 @@ def test_reduce_validates_its_parameters(planted):
         reduce(bad, "pca")
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", REDUCERS)
 def test_reduce_tiny_n(method):
     rng = np.random.default_rng(2)
     assert np.array_equal(reduce(rng.normal(size=(1, 8)), method), np.zeros((1, 2)))

@@ -86,7 +86,7 @@ def test_discover_prints_the_api_answer(tiny_bert, tmp_path):
     hub.publish("alice/bert-imdb", {**{p.name: p for p in ft.iterdir()}, "README.md": card})
     with hub.serve() as server:  # huggingface_hub reads HF_ENDPOINT once, at import: the CLI runs in a fresh process
         env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_CACHE": str(tmp_path / "cache")}
-        api = modelvec.discover("bert-base-uncased", settings=HubSettings(endpoint=server.endpoint), search=False)
+        api = modelvec.discover("bert-base-uncased", hub_settings=HubSettings(endpoint=server.endpoint), search=False)
         out = subprocess.run(
             [
                 sys.executable,

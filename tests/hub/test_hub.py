@@ -264,7 +264,7 @@ def server(world):
 
 
 @pytest.fixture()
-def settings(server, tmp_path):
+def hub_settings(server, tmp_path):
     return HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01)
 
 
@@ -351,8 +351,8 @@ def test_retries_back_off_on_transient_errors_only():
 # --- discovery ------------------------------------------------------------------------------------
 
 
-def test_discovery_keeps_declared_and_config_matched_and_says_why(server, settings):
-    found = discover("bert-base-uncased", settings=settings)
+def test_discovery_keeps_declared_and_config_matched_and_says_why(server, hub_settings):
+    found = discover("bert-base-uncased", hub_settings=hub_settings)
     by = {e.model: e for e in found.entries}
     assert found.base == BASE and len(found.base_sha) == 40
     assert BASE not in by  # the base is never its own fine-tune
@@ -396,20 +396,20 @@ def test_discovery_keeps_declared_and_config_matched_and_says_why(server, settin
     assert declared == sorted(declared, reverse=True)
 
 
-def test_discovery_limit_sort_and_only_small_files(server, settings):
-    found = discover(BASE, limit=2, settings=settings)
+def test_discovery_limit_sort_and_only_small_files(server, hub_settings):
+    found = discover(BASE, limit=2, hub_settings=hub_settings)
     assert [e.model for e in found.kept] == ["alice/bert-finetuned-sst2", "bob/bert-base-uncased-mnli"]
     fetched = [r["path"] for r in server.requests if "/resolve/" in r["path"] and r["method"] == "GET"]
     assert fetched and all(p.endswith("config.json") for p in fetched), fetched  # no weights to discover
 
 
-def test_discovery_refresh_keeps_vectors_and_updates_labels(server, settings, tmp_path):
+def test_discovery_refresh_keeps_vectors_and_updates_labels(server, hub_settings, tmp_path):
     db = Store(tmp_path / "s.duckdb")
-    found = discover(BASE, limit=3, settings=settings)
+    found = discover(BASE, limit=3, hub_settings=hub_settings)
     db.put_catalogue(found.base, found.base_sha, found.entries)
-    result = embed(BASE, found.kept[:1], store=db, settings=settings)
+    result = embed(BASE, found.kept[:1], store=db, hub_settings=hub_settings)
     assert len(result.embedded) == 1
-    again = discover(BASE, settings=settings)
+    again = discover(BASE, hub_settings=hub_settings)
     db.put_catalogue(again.base, again.base_sha, again.entries)
     assert len(db.catalogue(BASE)) == len(again.entries) and db.metadata().shape[0] == 1
     db.close()
@@ -418,13 +418,13 @@ def test_discovery_refresh_keeps_vectors_and_updates_labels(server, settings, tm
 # --- download ---------------------------------------------------------------------------------------
 
 
-def test_fetch_downloads_only_config_and_the_best_weights(server, settings, world):
-    found = {e.model: e for e in discover(BASE, settings=settings).entries}
+def test_fetch_downloads_only_config_and_the_best_weights(server, hub_settings, world):
+    found = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}
     alice = found["alice/bert-finetuned-sst2"]
-    folder = fetch(alice.model, alice.sha, alice.files, settings)
+    folder = fetch(alice.model, alice.sha, alice.files, hub_settings)
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     bob = found["bob/bert-base-uncased-mnli"]
-    shards = sorted(p.name for p in fetch(bob.model, bob.sha, bob.files, settings).iterdir())
+    shards = sorted(p.name for p in fetch(bob.model, bob.sha, bob.files, hub_settings).iterdir())
     assert shards == [
         "config.json",
         "model-00001-of-00002.safetensors",
@@ -438,9 +438,9 @@ def test_fetch_downloads_only_config_and_the_best_weights(server, settings, worl
     for e in (alice, bob):
         mine = [r["path"] for r in server.requests if r["path"].startswith(f"/{e.model}/resolve/")]
         assert mine and all(p.startswith(f"/{e.model}/resolve/{e.sha}/") for p in mine)
-    freed = release(alice.model, alice.sha, settings)
-    assert freed > 0 and snapshot_folder(alice.model, alice.sha, settings) is None
-    assert snapshot_folder(bob.model, bob.sha, settings) is not None  # other repos untouched
+    freed = release(alice.model, alice.sha, hub_settings)
+    assert freed > 0 and snapshot_folder(alice.model, alice.sha, hub_settings) is None
+    assert snapshot_folder(bob.model, bob.sha, hub_settings) is not None  # other repos untouched
 
 
 def test_revision_pinning_uses_the_discovered_sha(tmp_path, tiny_bert):
@@ -451,25 +451,25 @@ def test_revision_pinning_uses_the_discovered_sha(tmp_path, tiny_bert):
     second = planted_finetune(tiny_bert, tmp_path / "v2", seed=22)
     sha1 = hub.publish(repo, {**folder_files(first), "README.md": card({"base_model": BASE, "datasets": ["imdb"]})})
     with hub.serve() as server:
-        settings = HubSettings(
+        hub_settings = HubSettings(
             endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01
         )
-        found = {e.model: e for e in discover(BASE, settings=settings).entries}
+        found = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}
         assert found[repo].sha == sha1
         sha2 = hub.publish(
             repo, {**folder_files(second), "README.md": card({"base_model": BASE, "datasets": ["imdb"]})}
         )
         assert sha2 != sha1
         db = Store(tmp_path / "s.duckdb")
-        pinned = embed(BASE, [found[repo]], store=db, settings=settings)
+        pinned = embed(BASE, [found[repo]], store=db, hub_settings=hub_settings)
         local = embed(tiny_bert, [first, second], store=db)
         assert np.array_equal(pinned.vectors[0], local.vectors[0])
         assert not np.array_equal(pinned.vectors[0], local.vectors[1])
         fetched = [r["path"] for r in server.requests if "/resolve/" in r["path"] and repo in r["path"]]
         assert fetched and all(f"/resolve/{sha1}/" in p for p in fetched)
         # a refreshed discovery moves to the new revision and the vector is recomputed, not skipped
-        latest = {e.model: e for e in discover(BASE, settings=settings).entries}[repo]
-        moved = embed(BASE, [latest], store=db, settings=settings)
+        latest = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}[repo]
+        moved = embed(BASE, [latest], store=db, hub_settings=hub_settings)
         assert latest.sha == sha2 and moved.embedded == [repo]
         assert np.array_equal(moved.vectors[0], local.vectors[1])
         db.close()
@@ -478,14 +478,14 @@ def test_revision_pinning_uses_the_discovered_sha(tmp_path, tiny_bert):
 # --- the whole pipeline ------------------------------------------------------------------------------
 
 
-def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, tiny_bert):
+def test_discover_embed_cluster_end_to_end(server, hub_settings, world, tmp_path, tiny_bert):
     from modelvec.report import cluster
 
     hub, made = world
     hub.fail("/ivan/bert-base-uncased-flaky-cola/resolve/*", status=500, times=2)
     hub.fail("/ivan/bert-base-uncased-flaky-cola/resolve/*/model.safetensors", status=429, times=1, retry_after=0)
     db = Store(tmp_path / "s.duckdb")
-    result = embed_discovered("bert-base-uncased", store=db, settings=settings, keep_weights=False)
+    result = embed_discovered("bert-base-uncased", store=db, hub_settings=hub_settings, keep_weights=False)
     failed = result.failed
     assert set(failed) == {
         "erin/bert-mismatched",
@@ -507,8 +507,8 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
         assert np.allclose(result.vectors[row], embedder.embed_one(Checkpoint(made[name])), atol=1e-6), name
     # --no-keep-weights: fine-tunes are gone from the cache, the base stays
     for name in result.embedded:
-        assert not list(Path(settings.cache_dir).glob(f"models--{name.replace('/', '--')}/snapshots/*/model*"))
-    base_repo = Path(settings.cache_dir) / f"models--{BASE.replace('/', '--')}"
+        assert not list(Path(hub_settings.cache_dir).glob(f"models--{name.replace('/', '--')}/snapshots/*/model*"))
+    base_repo = Path(hub_settings.cache_dir) / f"models--{BASE.replace('/', '--')}"
     assert list(base_repo.glob(".modelvec/partial/*/model.safetensors"))  # the default reads a share of rows
     # labels, sources and authors reach the store
     meta = result.metadata.set_index("model")
@@ -517,7 +517,7 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     assert meta.loc["alice/bert-finetuned-sst2", "author"] == "alice"
     # a second run downloads nothing and recomputes nothing
     before = len(server.requests)
-    again = embed_discovered("bert-base-uncased", store=db, settings=settings)
+    again = embed_discovered("bert-base-uncased", store=db, hub_settings=hub_settings)
     assert sorted(again.skipped) == sorted(result.embedded)
     # content failures of the same revisions are not fetched again; the gated one (access may change) is
     assert again.failed["erin/bert-mismatched"] == failed["erin/bert-mismatched"]
@@ -531,12 +531,12 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
         and BASE not in r["path"]
     ]
     # and the analysis runs on it
-    report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", reduce="pca", settings=settings)
+    report = cluster("bert-base-uncased", store=db, out=tmp_path / "out", reduce="pca", hub_settings=hub_settings)
     assert report.n_models == len(result.embedded) and report.n_authors == len(result.embedded)
     # the blocks laid out from the headers of the base's rows in the Hub cache, offline
     assert report.per_block and report.per_block_note is None and Path(report.files["blocks"]).is_file()
-    elsewhere = HubSettings(endpoint=settings.endpoint, cache_dir=str(tmp_path / "empty-cache"), token=False)
-    bare = cluster("bert-base-uncased", store=db, out=tmp_path / "bare", reduce="pca", settings=elsewhere)
+    elsewhere = HubSettings(endpoint=hub_settings.endpoint, cache_dir=str(tmp_path / "empty-cache"), token=False)
+    bare = cluster("bert-base-uncased", store=db, out=tmp_path / "bare", reduce="pca", hub_settings=elsewhere)
     assert bare.per_block is None and "not on this machine" in bare.per_block_note
     # glue/sst2 is the only dataset with two models (textattack's, guessed from its name, and alice's)
     assert report.n_scored == 2
@@ -547,64 +547,64 @@ def test_discover_embed_cluster_end_to_end(server, settings, world, tmp_path, ti
     db.close()
 
 
-def test_gated_and_private_models_need_the_token(server, settings, tmp_path):
+def test_gated_and_private_models_need_the_token(server, hub_settings, tmp_path):
     from dataclasses import replace
 
-    found = {e.model: e for e in discover(BASE, settings=settings).entries}
+    found = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}
     assert "lena/bert-private-qnli" not in found
     gated = found["gina/bert-base-uncased-gated-rte"]
     db = Store(tmp_path / "s.duckdb")
-    assert "gated" in embed(BASE, [gated], store=db, settings=settings).failed[gated.model]
+    assert "gated" in embed(BASE, [gated], store=db, hub_settings=hub_settings).failed[gated.model]
     assert (
         "not found"
-        in embed(BASE, ["lena/bert-private-qnli"], store=db, settings=settings).failed["lena/bert-private-qnli"]
+        in embed(BASE, ["lena/bert-private-qnli"], store=db, hub_settings=hub_settings).failed["lena/bert-private-qnli"]
     )
-    logged_in = replace(settings, token=TOKEN)
-    found = {e.model: e for e in discover(BASE, settings=logged_in).entries}
+    logged_in = replace(hub_settings, token=TOKEN)
+    found = {e.model: e for e in discover(BASE, hub_settings=logged_in).entries}
     assert found["lena/bert-private-qnli"].kept and found["lena/bert-private-qnli"].datasets == ["glue/qnli"]
-    ok = embed(BASE, [gated, found["lena/bert-private-qnli"]], store=db, settings=logged_in)
+    ok = embed(BASE, [gated, found["lena/bert-private-qnli"]], store=db, hub_settings=logged_in)
     assert sorted(ok.embedded) == ["gina/bert-base-uncased-gated-rte", "lena/bert-private-qnli"] and not ok.failed
     db.close()
 
 
-def test_truncated_transfer_is_resumed(world, server, settings, tmp_path):
+def test_truncated_transfer_is_resumed(world, server, hub_settings, tmp_path):
     hub, made = world
     hub.truncate("/alice/bert-finetuned-sst2/resolve/*/model.safetensors", keep=200, times=1)
-    found = {e.model: e for e in discover(BASE, settings=settings).entries}
+    found = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}
     db = Store(tmp_path / "s.duckdb")
-    result = embed(BASE, [found["alice/bert-finetuned-sst2"]], store=db, settings=settings)
+    result = embed(BASE, [found["alice/bert-finetuned-sst2"]], store=db, hub_settings=hub_settings)
     assert result.embedded == ["alice/bert-finetuned-sst2"], result.failed
     db.close()
 
 
-def test_neighbors_of_a_hub_model_not_in_the_store(world, server, settings, tmp_path):
+def test_neighbors_of_a_hub_model_not_in_the_store(world, server, hub_settings, tmp_path):
     """A Hub id that is not stored is fetched, embedded on the fly against the stored base revision,
     compared and not stored; its vector is the one of the local folder its repo was made from."""
     from modelvec.report import neighbors
 
     hub, made = world
-    found = {e.model: e for e in discover(BASE, settings=settings).entries}
+    found = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}
     db = Store(tmp_path / "s.duckdb")
     stored = [
         found["textattack/bert-base-uncased-SST-2"],
         found["carol/bert-base-uncased-imdb"],
         made["alice/bert-finetuned-sst2"],
     ]
-    assert not embed(BASE, stored, store=db, settings=settings).failed
+    assert not embed(BASE, stored, store=db, hub_settings=hub_settings).failed
     before = len(db.metadata())
-    result = neighbors("alice/bert-finetuned-sst2", store=db, settings=settings, scoring=Scoring(k=2))
+    result = neighbors("alice/bert-finetuned-sst2", store=db, hub_settings=hub_settings, scoring=Scoring(k=2))
     assert result.on_the_fly and result.base == BASE and len(db.metadata()) == before
     assert result.nearest["model"][0] == str(made["alice/bert-finetuned-sst2"].resolve())
     assert result.nearest["distance"][0] < 1e-6
     db.close()
 
 
-def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
+def test_offline_mode_works_from_the_cache(server, hub_settings, tmp_path):
     store = tmp_path / "s.duckdb"
     env = {
         **os.environ,
         "HF_ENDPOINT": server.endpoint,
-        "HF_HUB_CACHE": settings.cache_dir,
+        "HF_HUB_CACHE": hub_settings.cache_dir,
         "MODELVEC_HUB_BACKOFF": "0.01",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "COLUMNS": "250",
@@ -638,7 +638,7 @@ def test_offline_mode_works_from_the_cache(server, settings, tmp_path):
     # a cache that holds the base but not the fine-tunes: offline, the study says why it has nothing to study
     bare = tmp_path / "bare-cache"
     shutil.copytree(
-        Path(settings.cache_dir) / "models--google-bert--bert-base-uncased",
+        Path(hub_settings.cache_dir) / "models--google-bert--bert-base-uncased",
         bare / "models--google-bert--bert-base-uncased",
     )
     env["HF_HUB_CACHE"] = str(bare)
@@ -659,10 +659,10 @@ def test_candidates_without_config_are_checked_from_the_safetensors_header(tmp_p
     save_file(state, str(tmp_path / "odd.safetensors"))
     hub.publish("nocfg/bert-base-uncased-odd-headers", {"model.safetensors": tmp_path / "odd.safetensors"})
     with hub.serve() as server:
-        settings = HubSettings(
+        hub_settings = HubSettings(
             endpoint=server.endpoint, cache_dir=str(tmp_path / "hf-cache"), token=False, backoff=0.01
         )
-        found = {e.model: e for e in discover(BASE, settings=settings).entries}
+        found = {e.model: e for e in discover(BASE, hub_settings=hub_settings).entries}
         assert found["nocfg/bert-base-uncased-headers-only"].kept
         assert (
             "safetensors header matches the base (12 matrices)" in found["nocfg/bert-base-uncased-headers-only"].reason
@@ -677,7 +677,7 @@ def test_candidates_without_config_are_checked_from_the_safetensors_header(tmp_p
         ]
         assert weight_gets and all(r["range"] for r in weight_gets)
         db = Store(tmp_path / "s.duckdb")
-        result = embed(BASE, [found["nocfg/bert-base-uncased-headers-only"]], store=db, settings=settings)
+        result = embed(BASE, [found["nocfg/bert-base-uncased-headers-only"]], store=db, hub_settings=hub_settings)
         local = embed(tiny_bert, [good], store=db)
         assert np.array_equal(result.vectors[0], local.vectors[0])
         db.close()

@@ -62,7 +62,7 @@ def server(hub):
 
 
 @pytest.fixture()
-def settings(server, tmp_path):
+def hub_settings(server, tmp_path):
     return HubSettings(
         endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False, retries=1, backoff=0.01, timeout=10
     )
@@ -84,12 +84,12 @@ def matrix_bytes(folder):
     return sum(t.numel() * t.element_size() for f in files for k, t in load_file(str(f)).items() if ".layers." in k)
 
 
-def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, settings, tmp_path):
+def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, hub_settings, tmp_path):
     result = embed(
         "org/base",
         ["org/ft-sharded", "org/ft-single"],
         representation=ROWS,
-        settings=settings,
+        hub_settings=hub_settings,
         store=tmp_path / "s.duckdb",
     )
     assert sorted(result.embedded) == ["org/ft-sharded", "org/ft-single"] and not result.failed and not result.notes
@@ -103,19 +103,21 @@ def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, sett
         asked = sum(b - a for a, b in spans(gets))
         assert sent == asked  # the bytes sent are the ranges asked for
         assert sent <= 0.08 * matrix_bytes(models[key])  # 5 % of rows: the headers and coalesced gaps cost the rest
-    folder = partial_folder("org/ft-sharded", server.hub._state("org/ft-sharded")["refs"]["main"], settings)
+    folder = partial_folder("org/ft-sharded", server.hub._state("org/ft-sharded")["refs"]["main"], hub_settings)
     assert sum(f.stat().st_blocks * 512 for f in folder.glob("*.safetensors")) < 0.2 * matrix_bytes(models["sharded"])
 
 
 def test_the_default_reads_every_row_of_a_small_model_and_a_share_of_a_large_one_by_ranges(
-    models, server, settings, tmp_path, monkeypatch
+    models, server, hub_settings, tmp_path, monkeypatch
 ):
     """``rows="auto"`` through the Hub: below the size threshold every row of the matrices, by byte ranges (no
     whole file); from it, the share. Either way the local copy's vector."""
     from modelvec.represent import representation as rep_module
 
     auto = Representation(rows="auto")
-    small = embed("org/base", ["org/ft-single"], representation=auto, settings=settings, store=tmp_path / "a.duckdb")
+    small = embed(
+        "org/base", ["org/ft-single"], representation=auto, hub_settings=hub_settings, store=tmp_path / "a.duckdb"
+    )
     local = DeltaEmbedder(auto).fit(models["base"])
     assert all(p.n_selected == p.n_rows for p in local.plans_.values())  # 2 layers of width 1024: under 50M values
     np.testing.assert_allclose(small.vectors[0], local.embed_one(models["single"]), rtol=1e-6, atol=1e-6)
@@ -124,9 +126,9 @@ def test_the_default_reads_every_row_of_a_small_model_and_a_share_of_a_large_one
     assert matrix_bytes(models["single"]) <= sum(r["bytes"] for r in gets) < 1.05 * matrix_bytes(models["single"])
 
     monkeypatch.setattr(rep_module, "AUTO_FROM", 1)  # every model is large: the share
-    fresh = HubSettings(**{**settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
+    fresh = HubSettings(**{**hub_settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
     start = server.bytes_sent("/org/ft-single/*")
-    large = embed("org/base", ["org/ft-single"], representation=auto, settings=fresh, store=tmp_path / "b.duckdb")
+    large = embed("org/base", ["org/ft-single"], representation=auto, hub_settings=fresh, store=tmp_path / "b.duckdb")
     share = DeltaEmbedder(Representation(rows=rep_module.AUTO_SHARE)).fit(models["base"])
     np.testing.assert_allclose(large.vectors[0], share.embed_one(models["single"]), rtol=1e-6, atol=1e-6)
     assert server.bytes_sent("/org/ft-single/*") - start <= 0.12 * matrix_bytes(models["single"])
@@ -140,8 +142,10 @@ def test_narrow_rows_cost_their_share_not_the_gaps_between_them(tmp_path):
     hub.publish("org/base", base, link=True)
     hub.publish("org/ft", ft, link=True)
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
-        result = embed("org/base", ["org/ft"], representation=ROWS, settings=settings, store=tmp_path / "s.duckdb")
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
+        result = embed(
+            "org/base", ["org/ft"], representation=ROWS, hub_settings=hub_settings, store=tmp_path / "s.duckdb"
+        )
         assert result.embedded == ["org/ft"]
         np.testing.assert_allclose(result.vectors[0], DeltaEmbedder(ROWS).fit(base).embed_one(ft), rtol=1e-6, atol=1e-6)
         gets = weight_gets(server, "org/ft")
@@ -149,33 +153,37 @@ def test_narrow_rows_cost_their_share_not_the_gaps_between_them(tmp_path):
     assert asked <= 0.10 * matrix_bytes(ft)  # headers included (at 64 KiB coalescing alone: the whole k and v)
 
 
-def test_another_share_fetches_only_what_is_missing_and_no_keep_weights_deletes_it(models, server, settings, tmp_path):
+def test_another_share_fetches_only_what_is_missing_and_no_keep_weights_deletes_it(
+    models, server, hub_settings, tmp_path
+):
     store = tmp_path / "s.duckdb"
-    embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=store)
+    embed("org/base", ["org/ft-single"], representation=ROWS, hub_settings=hub_settings, store=store)
     before = server.bytes_sent("/org/ft-single/*")
     first = len(weight_gets(server, "org/ft-single"))
-    again = embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=store, force=True)
+    again = embed(
+        "org/base", ["org/ft-single"], representation=ROWS, hub_settings=hub_settings, store=store, force=True
+    )
     assert again.embedded == ["org/ft-single"] and len(weight_gets(server, "org/ft-single")) == first  # all held
     wider = Representation(rows=0.1, projection="countsketch")
     result = embed(
-        "org/base", ["org/ft-single"], representation=wider, settings=settings, store=store, keep_weights=False
+        "org/base", ["org/ft-single"], representation=wider, hub_settings=hub_settings, store=store, keep_weights=False
     )
     local = DeltaEmbedder(wider).fit(models["base"]).embed_one(models["single"])
     np.testing.assert_allclose(result.vectors[0], local, rtol=1e-6, atol=1e-6)
     fetched_again = server.bytes_sent("/org/ft-single/*") - before
     assert 0 < fetched_again < 0.2 * matrix_bytes(models["single"])  # a share of rows, not the file
-    fresh = HubSettings(**{**settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
+    fresh = HubSettings(**{**hub_settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
     start = server.bytes_sent("/org/ft-single/*")
-    embed("org/base", ["org/ft-single"], representation=wider, settings=fresh, store=tmp_path / "fresh.duckdb")
+    embed("org/base", ["org/ft-single"], representation=wider, hub_settings=fresh, store=tmp_path / "fresh.duckdb")
     assert fetched_again < 0.9 * (server.bytes_sent("/org/ft-single/*") - start)  # what 5 % held was not fetched again
     sha = server.hub._state("org/ft-single")["refs"]["main"]
-    assert not partial_folder("org/ft-single", sha, settings).exists()  # --no-keep-weights
+    assert not partial_folder("org/ft-single", sha, hub_settings).exists()  # --no-keep-weights
     assert partial_folder(
-        "org/base", server.hub._state("org/base")["refs"]["main"], settings
+        "org/base", server.hub._state("org/base")["refs"]["main"], hub_settings
     ).exists()  # the base stays
 
 
-def test_a_bin_checkpoint_is_downloaded_whole_and_said_once(models, hub, server, settings, tmp_path):
+def test_a_bin_checkpoint_is_downloaded_whole_and_said_once(models, hub, server, hub_settings, tmp_path):
     state = load_file(str(models["single"] / "model.safetensors"))
     folder = tmp_path / "bin"
     folder.mkdir()
@@ -183,22 +191,28 @@ def test_a_bin_checkpoint_is_downloaded_whole_and_said_once(models, hub, server,
     (folder / "config.json").write_text((models["single"] / "config.json").read_text())
     hub.publish("org/ft-bin", folder)
     result = embed(
-        "org/base", ["org/ft-bin", "org/ft-single"], representation=ROWS, settings=settings, store=tmp_path / "s.duckdb"
+        "org/base",
+        ["org/ft-bin", "org/ft-single"],
+        representation=ROWS,
+        hub_settings=hub_settings,
+        store=tmp_path / "s.duckdb",
     )
     assert sorted(result.embedded) == ["org/ft-bin", "org/ft-single"]
     assert result.notes == {WHOLE_BIN: ["org/ft-bin"]}
     np.testing.assert_allclose(result.vectors[0], result.vectors[1], rtol=1e-6, atol=1e-6)  # the same weights
 
 
-def test_a_server_that_ignores_range_gives_the_same_vector(models, hub, server, settings, tmp_path):
+def test_a_server_that_ignores_range_gives_the_same_vector(models, hub, server, hub_settings, tmp_path):
     hub.fail("/org/ft-single/resolve/*/model.safetensors", kind="ignore-range", times=None)
-    result = embed("org/base", ["org/ft-single"], representation=ROWS, settings=settings, store=tmp_path / "s.duckdb")
+    result = embed(
+        "org/base", ["org/ft-single"], representation=ROWS, hub_settings=hub_settings, store=tmp_path / "s.duckdb"
+    )
     local = DeltaEmbedder(ROWS).fit(models["base"]).embed_one(models["single"])
     np.testing.assert_allclose(result.vectors[0], local, rtol=1e-6, atol=1e-6)
     assert result.notes == {WHOLE_SERVED: ["org/ft-single"]}
 
 
-def test_bad_answers_are_recorded_with_their_kind_and_the_run_goes_on(models, hub, server, settings, tmp_path):
+def test_bad_answers_are_recorded_with_their_kind_and_the_run_goes_on(models, hub, server, hub_settings, tmp_path):
     """A wrong Content-Range on every try is the network's fault (transient); a header that claims more bytes than
     the file has is the file's (content); the other model is embedded."""
     raw = (models["single"] / "model.safetensors").read_bytes()
@@ -213,7 +227,7 @@ def test_bad_answers_are_recorded_with_their_kind_and_the_run_goes_on(models, hu
         "org/base",
         ["org/ft-sharded", "org/ft-cut", "org/ft-single"],
         representation=ROWS,
-        settings=settings,
+        hub_settings=hub_settings,
         store=store,
     )
     assert result.embedded == ["org/ft-single"]

@@ -59,9 +59,9 @@ def tree(tiny_bert, tmp_path_factory):
 
 def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_path):
     with tree.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
-        found = discover(BASE, settings=settings, search=False, depth=5, store=tmp_path / "s.duckdb")
-        shallow = discover(BASE, settings=settings, search=False, depth=1)
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        found = discover(BASE, hub_settings=hub_settings, search=False, depth=5, store=tmp_path / "s.duckdb")
+        shallow = discover(BASE, hub_settings=hub_settings, search=False, depth=1)
     by = {e.model: e for e in found.entries}
     assert [e.model for e in found.entries].count("u/a") == 1  # each model once, at its first level
     assert {m: (by[m].relation, by[m].depth) for m in ("u/a", "u/b", "u/c", "u/d", "u/lora", "u/merged")} == {
@@ -95,11 +95,11 @@ def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_
 
 def test_a_tree_deeper_than_asked_stops_at_the_depth(tree, tmp_path):
     with tree.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
-        found = discover(BASE, settings=settings, search=False, depth=2)
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        found = discover(BASE, hub_settings=hub_settings, search=False, depth=2)
     assert max(e.depth for e in found.entries) == 2 and "u/c" not in {e.model for e in found.entries}
     with pytest.raises(ValueError, match="depth must be an integer >= 1"):
-        discover(BASE, settings=settings, search=False, depth=0)
+        discover(BASE, hub_settings=hub_settings, search=False, depth=0)
 
 
 def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
@@ -162,8 +162,8 @@ def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_p
     hub.publish("u/lora-on-ft", files(tmp_path / "adapter", {"base_model": "u/ft"}))
     store = tmp_path / "s.duckdb"
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
-        result = embed_discovered(BASE, store=store, settings=settings)
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        result = embed_discovered(BASE, store=store, hub_settings=hub_settings)
     assert result.failed == {} and sorted(result.embedded) == ["u/ft", "u/lora-on-ft"]
     expected = DeltaEmbedder().fit(tiny_bert).embed_traced(tmp_path / "adapter", parent=ft)
     got = result.vectors[list(result.metadata["model"]).index("u/lora-on-ft")]
@@ -189,11 +189,11 @@ def test_an_adapter_whose_parent_is_gone_is_one_line_and_the_rest_goes_on(tiny_b
     hub.publish("u/lora-on-ft", files(real_adapter(ft, tmp_path / "adapter"), {"base_model": "u/ft"}))
     store = tmp_path / "s.duckdb"
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
-        found = find(BASE, settings=settings, search=False, store=store)
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        found = find(BASE, hub_settings=hub_settings, search=False, store=store)
         assert {e.model for e in found.kept} == {"u/ft", "u/other", "u/lora-on-ft"}
         hub.delete("u/ft")
-        result = embed_discovered(BASE, store=store, settings=settings)
+        result = embed_discovered(BASE, store=store, hub_settings=hub_settings)
     assert result.embedded == ["u/other"]
     assert result.failed["u/lora-on-ft"].startswith("u/lora-on-ft: its parent u/ft: ")
     assert all("\n" not in why for why in result.failed.values()) and "u/ft" in result.failed

@@ -90,7 +90,7 @@ def colour_mask(image: np.ndarray, hex_colour: str, alpha: float, tol: float = 0
 
 def test_plot_png_draws_each_dataset_in_its_colour_where_it_lies(picture, tmp_path):
     coords, meta = picture
-    path = plot_png(coords, meta, tmp_path / "sub" / "map.png", method="tsne", title="planted", subtitle="test")
+    path = plot_png(coords, meta, tmp_path / "sub" / "map.png", reducer="tsne", title="planted", subtitle="test")
     assert path == tmp_path / "sub" / "map.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in path.parent.iterdir() if p != path]  # no temporary file left behind
@@ -130,7 +130,7 @@ NETWORK_REF = re.compile(
 
 def test_plot_html_is_self_contained_and_names_every_model(picture, tmp_path):
     coords, meta = picture
-    path = plot_html(coords, meta, tmp_path / "deep" / "map.html", title="planted <map>", method="pca")
+    path = plot_html(coords, meta, tmp_path / "deep" / "map.html", title="planted <map>", reducer="pca")
     page = path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") or page.lower().startswith("<html")
     assert "plotly.js v" in page  # the library itself is in the page
@@ -194,7 +194,7 @@ def chromium():
 def page_of(chromium, picture, tmp_path):
     """Open the map of ``picture`` as a file:// page; returns (page, meta, requested URLs)."""
     coords, meta = picture
-    path = plot_html(coords, meta, tmp_path / "map.html", title="planted", method="tsne")
+    path = plot_html(coords, meta, tmp_path / "map.html", title="planted", reducer="tsne")
     context = chromium.new_context(viewport={"width": 1200, "height": 820}, offline=True)
     page = context.new_page()
     requests: list[str] = []

@@ -439,7 +439,7 @@ def test_the_map_is_chosen_by_size_and_says_so(planted, tmp_path):
     assert report.reduce == "tsne" and "t-SNE for 13 models" in report.reduce_note
     assert (tmp_path / "clusters-tsne.png").exists() and not (tmp_path / "clusters-umap.png").exists()
     auto = Reduction()
-    assert auto.method_for(AUTO_UMAP_FROM)[0] == "umap" and auto.method_for(AUTO_UMAP_FROM - 1)[0] == "tsne"
+    assert auto.reducer_for(AUTO_UMAP_FROM)[0] == "umap" and auto.reducer_for(AUTO_UMAP_FROM - 1)[0] == "tsne"
     chosen = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path, reduce="pca")
     assert chosen.reduce == "pca" and chosen.reduce_note is None
 

@@ -17,8 +17,7 @@ from conftest import llama_pair, save_state
 from modelvec import DeltaEmbedder, Representation
 from modelvec.read import Checkpoint, MatrixRef, Orientation
 from modelvec.read.headers import header_of, row_bytes
-from modelvec.represent.projection import Projection
-from modelvec.represent.rows import (
+from modelvec.represent.plans import (
     MIN_BLOCKS,
     MIN_READ_ELEMS,
     READ_BLOCK_ELEMS,
@@ -26,6 +25,7 @@ from modelvec.represent.rows import (
     plan_matrix,
     select_rows,
 )
+from modelvec.represent.projection import Projection
 
 NAN_BF16 = b"\xc0\x7f"  # bf16 NaN, little-endian
 
@@ -79,7 +79,7 @@ def test_fused_linear_parts_choose_rows_as_unfused_matrices_of_their_family():
     for part, (family, size) in enumerate(zip("qkv", sizes)):
         fused = plan_matrix(_ref(family, part=part, n_parts=3, fused="qkv", weights=(4, 1, 1)), (96, 32), params)
         alone = plan_matrix(_ref(family), (size, 32), params)
-        assert fused.rows == tuple((start + a, start + b) for a, b in alone.rows)
+        assert fused.row_ranges == tuple((start + a, start + b) for a, b in alone.row_ranges)
         assert (fused.row_start, fused.n_rows, fused.cols) == (start, size, (0, 32))
         assert fused.local_rows().tolist() == alone.local_rows().tolist()
         start += size
@@ -92,9 +92,9 @@ def test_fused_conv1d_parts_share_one_choice_of_rows():
         plan_matrix(_ref(f, Orientation.CONV1D, part=i, n_parts=3, fused="qkv"), (64, 192), params)
         for i, f in enumerate("qkv")
     ]
-    assert plans[0].rows == plans[1].rows == plans[2].rows
+    assert plans[0].row_ranges == plans[1].row_ranges == plans[2].row_ranges
     assert [p.cols for p in plans] == [(0, 64), (64, 128), (128, 192)]
-    assert plans[0].rows == select_rows(64, 192, 0.1, 0, ("decoder", 2, "qkv"))
+    assert plans[0].row_ranges == select_rows(64, 192, 0.1, 0, ("decoder", 2, "qkv"))
 
 
 def _poisoned_copy(ck_folder, out, keep: dict[str, list[tuple[int, int]]]):
@@ -122,7 +122,7 @@ def test_a_share_of_rows_reads_only_those_rows(tmp_path, projection):
     expected = whole.embed_one(ft)
     keep: dict[str, list[tuple[int, int]]] = {}
     for plan in whole.plans_.values():
-        keep.setdefault(plan.tensor, []).extend(plan.rows)
+        keep.setdefault(plan.tensor, []).extend(plan.row_ranges)
     assert sum(b - a for a, b in keep["model.layers.0.mlp.up_proj.weight"]) < 192  # a share, not all
     poisoned = DeltaEmbedder(params).fit(_poisoned_copy(base, tmp_path / "pb", keep))
     got = poisoned.embed_one(_poisoned_copy(ft, tmp_path / "pf", keep))
@@ -141,7 +141,7 @@ def test_partial_reads_equal_the_same_rows_of_a_full_read(tmp_path, projection):
     for ref, block in zip(e.layout_.refs, e.blocks_):
         plan = e.plans_[ref.key]
         delta = f[plan.tensor].double() - b[plan.tensor].double()
-        rows = torch.cat([delta[a:c] for a, c in plan.rows])
+        rows = torch.cat([delta[a:c] for a, c in plan.row_ranges])
         fresh = Projection(plan, params, (ref.stack, ref.layer, ref.family), torch.device("cpu"))
         acc = fresh.start()
         fresh.add(acc, rows.clone(), 0)
@@ -274,7 +274,7 @@ def test_gpt2_c_attn_parts_project_the_shared_rows_of_their_columns(tmp_path):
         plan = e.plans_[ref.key]
         name = plan.tensor
         delta = f[name].double() - b[name].double()  # [in, 3 out]
-        rows = torch.cat([delta[a:c, plan.cols[0] : plan.cols[1]] for a, c in plan.rows])
+        rows = torch.cat([delta[a:c, plan.cols[0] : plan.cols[1]] for a, c in plan.row_ranges])
         p = Projection(plan, params, (ref.stack, ref.layer, ref.family), torch.device("cpu"))
         acc = p.start()
         p.add(acc, rows.clone(), 0)
@@ -311,7 +311,7 @@ def test_a_partial_download_refuses_rows_it_does_not_hold(tmp_path):
     e = DeltaEmbedder(params).fit(base)
     expected = e.embed_one(ft)
     ck = Checkpoint(ft)
-    rows = {p.tensor: p.rows for p in e.plans_.values()}
+    rows = {p.tensor: p.row_ranges for p in e.plans_.values()}
     held = ck.byte_ranges(rows)
     (ft / PARTIAL).write_text(json.dumps({"files": {f.name: spans for f, spans in held.items()}}))
     np.testing.assert_array_equal(e.embed_one(ft), expected)
@@ -372,7 +372,7 @@ def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones
     monkeypatch.setattr(rep_module, "AUTO_FROM", values)  # as large as the threshold: the share
     large = DeltaEmbedder(auto).fit(base)
     share = DeltaEmbedder(Representation(rows=rep_module.AUTO_SHARE, pooling="concat")).fit(base)
-    assert {k: p.rows for k, p in large.plans_.items()} == {k: p.rows for k, p in share.plans_.items()}
+    assert {k: p.row_ranges for k, p in large.plans_.items()} == {k: p.row_ranges for k, p in share.plans_.items()}
     assert sum(p.n_selected for p in large.plans_.values()) < sum(p.n_rows for p in large.plans_.values()) / 4
     assert read_plan(Checkpoint(ft), auto, base=False) == read_plan(Checkpoint(base), auto, base=False)
     np.testing.assert_array_equal(large.embed_one(ft), share.embed_one(ft))

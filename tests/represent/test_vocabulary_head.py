@@ -225,8 +225,8 @@ def test_a_hub_model_gets_the_head_through_byte_ranges(tiny_bert, tmp_path):
     hub.publish("org/base", tiny_bert, link=True)
     hub.publish("org/mlm", ft, link=True)
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
-        result = embed("org/base", ["org/mlm"], settings=settings, store=tmp_path / "s.duckdb")
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
+        result = embed("org/base", ["org/mlm"], hub_settings=hub_settings, store=tmp_path / "s.duckdb")
         ranged = [r for r in server.requests if r["path"].endswith(".safetensors") and r["method"] == "GET"]
     assert result.embedded == ["org/mlm"] and not result.notes
     assert ranged and all(r["range"] and r["status"] == 206 for r in ranged)  # no whole file

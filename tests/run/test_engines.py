@@ -30,11 +30,11 @@ class SlowTask(Task):
 
     log: list | None = None
 
-    def open(self, settings: HubSettings, params: Representation | None = None) -> Checkpoint:
+    def open(self, hub_settings: HubSettings, params: Representation | None = None) -> Checkpoint:
         start = time.monotonic()
         time.sleep(OPEN_SECONDS)
         self.log.append((self.name, threading.current_thread().name, start, time.monotonic()))
-        return super().open(settings, params)
+        return super().open(hub_settings, params)
 
 
 @pytest.fixture(scope="module")

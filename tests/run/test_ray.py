@@ -92,8 +92,8 @@ def wait_for_cpus(total: float, seconds: float = 20.0) -> float:
 
 
 def test_settings_and_representation_pickle():
-    settings = HubSettings(endpoint="http://127.0.0.1:1", cache_dir="/tmp/x", token=False, backoff=0.5)
-    assert pickle.loads(pickle.dumps(settings)) == settings
+    hub_settings = HubSettings(endpoint="http://127.0.0.1:1", cache_dir="/tmp/x", token=False, backoff=0.5)
+    assert pickle.loads(pickle.dumps(hub_settings)) == hub_settings
     assert pickle.loads(pickle.dumps(PARAMS)) == PARAMS
     task = Task("m", "stat:1", "m", path="/m", datasets=("imdb",))
     assert pickle.loads(pickle.dumps(task)) == task
@@ -149,7 +149,7 @@ def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster
 
 def test_a_worker_that_dies_fails_only_its_model_and_is_replaced(cluster, tiny_bert, finetunes, tmp_path):
     class ExitsTheWorker(Task):  # local to the test, so Ray pickles it by value for the worker
-        def open(self, settings, representation=None):
+        def open(self, hub_settings, representation=None):
             os._exit(3)  # the worker process ends in the middle of the task
 
     spec, tasks = tasks_for(tiny_bert, finetunes[:3], tmp_path)
@@ -241,7 +241,7 @@ def test_hub_models_are_fetched_by_the_workers_and_released(cluster, tiny_bert, 
         hub.publish(f"someone/ft-{i}", {p.name: p for p in made[f"someone/ft-{i}"].iterdir()})
     cache = tmp_path / "hf-cache"
     with hub.serve() as server:
-        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(cache), token=False, backoff=0.01)
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(cache), token=False, backoff=0.01)
         result = modelvec.embed(
             "org/tiny-base",
             list(made),
@@ -249,7 +249,7 @@ def test_hub_models_are_fetched_by_the_workers_and_released(cluster, tiny_bert, 
             engine="ray",
             workers=2,
             store=tmp_path / "s.duckdb",
-            settings=settings,
+            hub_settings=hub_settings,
             keep_weights=False,
         )
     assert sorted(result.embedded) == sorted(made) and not result.failed

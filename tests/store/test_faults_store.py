@@ -353,7 +353,7 @@ def _write_until_killed(store: str, start: int, seed: int, small_checkpoints: bo
             if mode == "put":
                 for r in rows:
                     db.put(r) if isinstance(r, VectorRow) else db.record_failure(
-                        r.model, r.base, r.params, r.error, r.model_hash
+                        r.model, r.base, r.representation, r.error, r.model_hash
                     )
             elif mode == "writer":
                 with db.writer() as w:

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..core.settings import setting, validate
 
-METHODS = ("pca", "tsne", "umap")
+REDUCERS = ("pca", "tsne", "umap")
 #: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
 #: every run, while the map of a hundred models is as readable with t-SNE, in under a second).
 AUTO_UMAP_FROM = 101
@@ -58,15 +58,15 @@ class Reduction:
     reduce: str = setting(
         "auto",
         f"The 2-D map: auto (t-SNE below {AUTO_UMAP_FROM} models, UMAP from there), umap, tsne or pca.",
-        choices=("auto", *METHODS),
+        choices=("auto", *REDUCERS),
     )
     standardize: bool = setting(False, "Standardise features before the map.", negation="--no-standardize")
 
     def __post_init__(self) -> None:
         validate(self)
 
-    def method_for(self, n_models: int) -> tuple[str, str | None]:
-        """The method drawn for ``n_models``, and the line that says why where ``auto`` chose it."""
+    def reducer_for(self, n_models: int) -> tuple[str, str | None]:
+        """The reducer drawn for ``n_models``, and the line that says why where ``auto`` chose it."""
         if self.reduce != "auto":
             return self.reduce, None
         if n_models >= AUTO_UMAP_FROM:
@@ -76,7 +76,7 @@ class Reduction:
 
 def reduce(
     X: np.ndarray,
-    method: str = "umap",
+    reducer: str = "umap",
     *,
     standardize: bool = False,
     seed: int = 0,
@@ -96,11 +96,11 @@ def reduce(
     rows UMAP takes them instead of searching for them, and runs 200 epochs (its own choice above 10,000 rows),
     a fraction of its time on thousands of models.
 
-    Raises ValueError for an unknown method, bad parameters, or an ``X`` that is not a finite
+    Raises ValueError for an unknown reducer, bad parameters, or an ``X`` that is not a finite
     2-D array with at least one row.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
+    if reducer not in REDUCERS:
+        raise ValueError(f"unknown reducer {reducer!r}: expected one of {', '.join(REDUCERS)}")
     if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
         raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -123,17 +123,17 @@ def reduce(
         return np.zeros((1, n_components))
     if X.shape[1] > n:
         X = row_space(X)
-    if method == "pca":
+    if reducer == "pca":
         return _pca(X, n_components, seed)
     if n < max(MIN_NEIGHBOUR_N, n_components + 2):
         warnings.warn(
-            f"{method}: {n} models are too few for neighbourhoods; using classical MDS of the "
+            f"{reducer}: {n} models are too few for neighbourhoods; using classical MDS of the "
             f"{metric} distances instead (exact for 2-3 points)",
             UserWarning,
             stacklevel=2,
         )
         return _classical_mds(X, n_components, metric)
-    if method == "tsne":
+    if reducer == "tsne":
         return _tsne(X, n_components, seed, metric)
     return _umap(X, n_components, seed, metric, neighbours if n >= UMAP_KNOWN_FROM else None)
 

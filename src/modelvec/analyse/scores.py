@@ -264,8 +264,8 @@ class Geometry:
 
     def __init__(self, X: np.ndarray, metric: str = "cosine") -> None:
         self.metric = check_field(Scoring, "metric", metric)
-        self.rows: np.ndarray | None = _prepare(_as_matrix(X), metric)
-        self._n = len(self.rows)
+        self.vectors: np.ndarray | None = _prepare(_as_matrix(X), metric)
+        self._n = len(self.vectors)
         self._gram: np.ndarray | None = None
         self._scale: np.ndarray | None = None  # per row, what its products are multiplied by (None: 1)
         self._spreads: dict[str, _Stats | None] = {}
@@ -286,7 +286,7 @@ class Geometry:
             norm = np.sqrt(np.clip(np.diagonal(G).astype(np.float64), 0.0, None))
             zero = ~(norm > 0) | ~np.isfinite(norm)
             geo._scale = np.divide(1.0, norm, out=np.zeros_like(norm), where=~zero)
-        geo.rows, geo._n, geo._gram, geo._spreads, geo._scaled = None, len(G), G, {}, {}
+        geo.vectors, geo._n, geo._gram, geo._spreads, geo._scaled = None, len(G), G, {}, {}
         geo._coordinates = None
         return geo
 
@@ -294,8 +294,8 @@ class Geometry:
         return self._n
 
     def _all_products(self) -> np.ndarray | None:
-        if self._gram is None and self.rows is not None and len(self) <= _GRAM_MAX_N:
-            self._gram = self.rows @ self.rows.T
+        if self._gram is None and self.vectors is not None and len(self) <= _GRAM_MAX_N:
+            self._gram = self.vectors @ self.vectors.T
         return self._gram
 
     def _products(self, rows: np.ndarray, columns: np.ndarray, G: np.ndarray) -> np.ndarray:
@@ -314,8 +314,8 @@ class Geometry:
         """(len(rows), len(columns)) distances between the rows at those indices; a new array."""
         G = self._all_products()
         if G is None:
-            assert self.rows is not None
-            return _distances(self.rows[rows], self.rows[columns], self.metric)
+            assert self.vectors is not None
+            return _distances(self.vectors[rows], self.vectors[columns], self.metric)
         return _from_gram(
             self._products(rows, columns, G), self.metric, self._squares(rows, G), self._squares(columns, G)
         )
@@ -324,8 +324,8 @@ class Geometry:
         """The inner products of the prepared rows at ``rows`` (unit rows for cosine)."""
         G = self._all_products()
         if G is None:
-            assert self.rows is not None
-            return self.rows[rows] @ self.rows[rows].T
+            assert self.vectors is not None
+            return self.vectors[rows] @ self.vectors[rows].T
         return self._products(rows, rows, G)
 
     def use_spread(self, scaling: str, stats: _Stats) -> None:
@@ -371,8 +371,8 @@ class Geometry:
         """The inner products of the prepared row ``row`` with every row (unit rows for cosine)."""
         G = self._all_products()
         if G is None:
-            assert self.rows is not None
-            return self.rows @ self.rows[row]
+            assert self.vectors is not None
+            return self.vectors @ self.vectors[row]
         return self._products(np.array([row]), np.arange(self._n), G)[0]
 
     def coordinates(self, rows: np.ndarray | None = None) -> np.ndarray:
@@ -381,8 +381,8 @@ class Geometry:
         (:func:`coordinates_of`) and kept: a subset's are the same rows of them."""
         every = np.arange(self._n)
         rows = every if rows is None else rows
-        if self.rows is not None and self.rows.shape[1] <= self._n:
-            return self.rows[rows]
+        if self.vectors is not None and self.vectors.shape[1] <= self._n:
+            return self.vectors[rows]
         if self._coordinates is None:
             self._coordinates = coordinates_of(self.gram(every))
         return self._coordinates[rows]
@@ -868,13 +868,15 @@ def nearest(
     and the query's over the rows other than ``exclude``.
     """
     geo = _geometry(X, metric)
-    if geo.rows is None:
+    if geo.vectors is None:
         raise ValueError("a Geometry made from products ranks a query by its distances: use nearest_to")
-    dim = geo.rows.shape[1]
+    dim = geo.vectors.shape[1]
     q = _as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
     if q.shape != (1, dim):
         raise ValueError(f"query must be one vector of length {dim}, not shape {np.shape(query)}")
-    return nearest_to(geo, _distances(_prepare(q, metric), geo.rows, metric)[0], k=k, exclude=exclude, scaling=scaling)
+    return nearest_to(
+        geo, _distances(_prepare(q, metric), geo.vectors, metric)[0], k=k, exclude=exclude, scaling=scaling
+    )
 
 
 def nearest_to(

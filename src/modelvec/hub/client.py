@@ -119,7 +119,7 @@ def _retry_after(exc: BaseException) -> float | None:
 
 
 def with_retries(
-    call: Callable[[], T], settings: HubSettings, what: str, sleep: Callable[[float], None] = time.sleep
+    call: Callable[[], T], hub_settings: HubSettings, what: str, sleep: Callable[[float], None] = time.sleep
 ) -> T:
     """``call()``, retried on transient failures with exponential backoff and jitter.
 
@@ -127,21 +127,21 @@ def with_retries(
     the number of tries it came after in its ``modelvec_tries`` attribute (for :func:`describe_error`).
     """
     guard_hub_client()
-    wait = settings.backoff
-    for attempt in range(settings.retries + 1):
+    wait = hub_settings.backoff
+    for attempt in range(hub_settings.retries + 1):
         try:
             return call()
         except Exception as exc:
-            if attempt >= settings.retries or not transient(exc):
+            if attempt >= hub_settings.retries or not transient(exc):
                 try:
                     exc.modelvec_tries = attempt + 1  # type: ignore[attr-defined]
                 except AttributeError:  # pragma: no cover - exceptions with __slots__
                     pass
                 raise
             pause = _retry_after(exc)
-            pause = min(settings.max_wait, pause if pause is not None else wait * (1 + 0.25 * random.random()))
+            pause = min(hub_settings.max_wait, pause if pause is not None else wait * (1 + 0.25 * random.random()))
             sleep(pause)
-            wait = min(settings.max_wait, wait * 2)
+            wait = min(hub_settings.max_wait, wait * 2)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -208,7 +208,7 @@ def search_finetunes(
     base: str,
     scope: Scope | None = None,
     *,
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
     progress: Progress | None = None,
     matcher: Matcher,
 ) -> Discovery:
@@ -228,13 +228,13 @@ def search_finetunes(
     """
     scope = scope or Scope()
     limit, sort, depth = scope.limit, scope.sort, scope.depth
-    settings = settings or HubSettings()
+    hub_settings = hub_settings or HubSettings()
     report = progress or (lambda *_: None)
     base_id = resolve_base(base)
-    api = settings.api()
+    api = hub_settings.api()
     try:
-        base_info = with_retries(lambda: api.model_info(base_id.canonical), settings, base_id.canonical)
-        base_config = _config(base_id.canonical, base_info.sha, settings)
+        base_info = with_retries(lambda: api.model_info(base_id.canonical), hub_settings, base_id.canonical)
+        base_config = _config(base_id.canonical, base_info.sha, hub_settings)
         matcher.check_base(base_id.canonical, base_config)
     except ModelvecError:
         raise
@@ -267,7 +267,7 @@ def search_finetunes(
                 continue
             seen.add(info.id.lower())
             entry = describe(info, base_id.canonical, False, "")
-            entry.kept, entry.reason = _check_candidate(entry, base_config, base_id, base_cache, settings, matcher)
+            entry.kept, entry.reason = _check_candidate(entry, base_config, base_id, base_cache, hub_settings, matcher)
             if entry.kept:
                 _check_weights(entry)
             entries.append(entry)
@@ -437,33 +437,33 @@ def _check_candidate(
     base_config: Mapping[str, Any],
     base_id: BaseId,
     base_cache: dict[str, Any],
-    settings: HubSettings,
+    hub_settings: HubSettings,
     matcher: Matcher,
 ) -> tuple[bool, str]:
     prefix = f"name search '{base_id.search_term}'"
     try:
         if "config.json" in entry.files:
-            ok, why = matcher.config_match(base_config, _config(entry.model, entry.sha, settings))
+            ok, why = matcher.config_match(base_config, _config(entry.model, entry.sha, hub_settings))
             return ok, f"{prefix}; {why}"
         if "model.safetensors" in entry.files:
-            ok, why = _header_match(entry, base_id, base_config, base_cache, settings, matcher)
+            ok, why = _header_match(entry, base_id, base_config, base_cache, hub_settings, matcher)
             return ok, f"{prefix}; {why}"
         return False, f"{prefix}; no config.json or safetensors header to compare with the base"
     except Exception as exc:
         return False, f"{prefix}; could not check the config: {describe_error(exc)}"
 
 
-def _config(repo_id: str, revision: str | None, settings: HubSettings) -> dict[str, Any]:
+def _config(repo_id: str, revision: str | None, hub_settings: HubSettings) -> dict[str, Any]:
     path = with_retries(
         lambda: hf_hub_download(
             repo_id,
             "config.json",
             revision=revision,
-            cache_dir=settings.cache_dir,
-            endpoint=settings.endpoint,
-            token=settings.token,
+            cache_dir=hub_settings.cache_dir,
+            endpoint=hub_settings.endpoint,
+            token=hub_settings.token,
         ),
-        settings,
+        hub_settings,
         f"{repo_id}/config.json",
     )
     config = json.loads(Path(path).read_text())
@@ -477,14 +477,14 @@ def _header_match(
     base_id: BaseId,
     base_config: Mapping[str, Any],
     base_cache: dict[str, Any],
-    settings: HubSettings,
+    hub_settings: HubSettings,
     matcher: Matcher,
 ) -> tuple[bool, str]:
     """Compare the shapes of the base's matrices with the candidate's safetensors header (no weights)."""
-    api = settings.api()
+    api = hub_settings.api()
 
     def shapes(repo: str, revision: str | None) -> dict[str, tuple[int, ...]]:
-        meta = with_retries(lambda: api.get_safetensors_metadata(repo, revision=revision), settings, repo)
+        meta = with_retries(lambda: api.get_safetensors_metadata(repo, revision=revision), hub_settings, repo)
         return {name: tuple(t.shape) for fm in meta.files_metadata.values() for name, t in fm.tensors.items()}
 
     theirs = shapes(entry.model, entry.sha)

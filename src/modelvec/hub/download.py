@@ -98,7 +98,7 @@ def shard_names(repo_id: str, fmt: str, index: Any, marker: str) -> list[str]:
     return shards
 
 
-def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: HubSettings) -> Path:
+def fetch(repo_id: str, revision: str, files: Sequence[str] | None, hub_settings: HubSettings) -> Path:
     """Download ``config.json`` and the best weights of ``repo_id`` at ``revision``; the snapshot folder.
 
     ``files`` is the repository's file list at that revision (from discovery); None asks the Hub,
@@ -108,13 +108,13 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
     check_revision(repo_id, revision)
     try:
         if not is_commit_sha(revision):  # pinned from here on: every file comes from the same commit
-            revision = pin(repo_id, revision, settings)
+            revision = pin(repo_id, revision, hub_settings)
         if files is None:
-            files = list_files(repo_id, revision, settings)
+            files = list_files(repo_id, revision, hub_settings)
         fmt = weight_format(files)
         adapter = adapter_files(files) if fmt is None else None
         if adapter is not None:  # a PEFT adapter: adapter_config.json + adapter_model.safetensors (else .bin)
-            return _snapshot(repo_id, revision, adapter, settings)
+            return _snapshot(repo_id, revision, adapter, hub_settings)
         if fmt is None:
             have = ", ".join(formats(files)) or "no weight files"
             raise CheckpointError(repo_id, f"no PyTorch weights to read (the repository has: {have})")
@@ -123,18 +123,18 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, settings: Hu
         wanted.append(marker)
         if fmt.endswith("-sharded"):  # the index first: it names the shards
             try:
-                index = json.loads(Path(download_file(repo_id, marker, revision, settings)).read_text())
+                index = json.loads(Path(download_file(repo_id, marker, revision, hub_settings)).read_text())
             except (ValueError, UnicodeDecodeError) as exc:
                 raise CheckpointError(repo_id, f"{marker} is not JSON: {str(exc).splitlines()[0]}") from None
             wanted += shard_names(repo_id, fmt, index, marker)
-        return _snapshot(repo_id, revision, wanted, settings)
+        return _snapshot(repo_id, revision, wanted, hub_settings)
     except ModelvecError:
         raise
     except Exception as exc:
         raise FetchError(repo_id, f"could not fetch revision {revision[:12]}: {describe_error(exc)}") from exc
 
 
-def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubSettings) -> Path:
+def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], hub_settings: HubSettings) -> Path:
     """The files ``wanted`` of ``repo_id`` at commit ``revision``, each through :func:`download_file`
     (``MAX_WORKERS`` at once); the snapshot folder.
 
@@ -146,7 +146,7 @@ def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubS
     """
     for name in wanted:
         check_filename(repo_id, name)
-    repo = repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, hub_settings)
     snapshot = repo / "snapshots" / revision
     journal = repo / ".modelvec" / f"{revision}.unverified"
     left = _read_journal(journal)
@@ -164,7 +164,7 @@ def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], settings: HubS
                 return
             except CorruptDownload:  # deleted: fetched again
                 pass
-        download_file(repo_id, name, revision, settings)
+        download_file(repo_id, name, revision, hub_settings)
 
     with ThreadPoolExecutor(max(1, min(MAX_WORKERS, len(fresh))), thread_name_prefix="modelvec-fetch") as pool:
         for future in [pool.submit(one, name) for name in fresh]:
@@ -207,34 +207,34 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def pin(repo_id: str, revision: str, settings: HubSettings) -> str:
+def pin(repo_id: str, revision: str, hub_settings: HubSettings) -> str:
     """The commit sha of a branch or tag (see :func:`resolve_revision`), recorded in the cache's ``refs/`` as
     huggingface_hub does, so that the branch is found offline later."""
-    sha = resolve_revision(repo_id, revision, settings)
-    if not settings.offline:
-        ref = repo_folder(repo_id, settings) / "refs" / revision  # a checked ref name: stays inside refs/
+    sha = resolve_revision(repo_id, revision, hub_settings)
+    if not hub_settings.offline:
+        ref = repo_folder(repo_id, hub_settings) / "refs" / revision  # a checked ref name: stays inside refs/
         with contextlib.suppress(OSError):
             if not (ref.is_file() and ref.read_text() == sha):
                 write_atomic(ref, sha)
     return sha
 
 
-def download_file(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
+def download_file(repo_id: str, filename: str, revision: str, hub_settings: HubSettings) -> str:
     """One file through the cache; a fresh download is checked against its sha256 ETag (see :func:`verify`)."""
     check_filename(repo_id, filename)
-    repo = repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, hub_settings)
     pointer = repo / "snapshots" / revision / filename if is_commit_sha(revision) else None
 
     def attempt() -> str:
         cached = pointer is not None and pointer.is_file()
-        if not cached and is_commit_sha(revision) and not settings.offline:
+        if not cached and is_commit_sha(revision) and not hub_settings.offline:
             drop_unsafe_listing(repo, revision)
-        path = _hub_file(repo_id, filename, revision, settings)
+        path = _hub_file(repo_id, filename, revision, hub_settings)
         if not cached:
             verify(path, filename, repo)
         return path
 
-    return with_retries(attempt, settings, f"{repo_id}/{filename}")
+    return with_retries(attempt, hub_settings, f"{repo_id}/{filename}")
 
 
 def tree_listing(repo: Path, revision: str) -> Path:
@@ -298,27 +298,27 @@ def verify(path: str | os.PathLike[str], filename: str, repo: Path | None = None
         raise CorruptDownload(f"{filename}: sha256 {digest[:12]}... but the Hub announced {blob.name[:12]}...")
 
 
-def repo_folder(repo_id: str, settings: HubSettings) -> Path:
+def repo_folder(repo_id: str, hub_settings: HubSettings) -> Path:
     """The repository's folder in the cache, named as huggingface_hub names it (``~`` expanded, absolute)."""
-    cache = Path(settings.cache_dir or constants.HF_HUB_CACHE).expanduser().resolve()
+    cache = Path(hub_settings.cache_dir or constants.HF_HUB_CACHE).expanduser().resolve()
     return cache / ("models--" + repo_id.replace("/", "--"))
 
 
-def list_files(repo_id: str, revision: str, settings: HubSettings) -> list[str]:
-    if settings.offline:
-        folder = snapshot_folder(repo_id, revision, settings)
+def list_files(repo_id: str, revision: str, hub_settings: HubSettings) -> list[str]:
+    if hub_settings.offline:
+        folder = snapshot_folder(repo_id, revision, hub_settings)
         if folder is None:
             raise FetchError(repo_id, f"offline (HF_HUB_OFFLINE=1) and revision {revision[:12]} is not in the cache")
         return [p.name for p in folder.iterdir()]
-    info = with_retries(lambda: settings.api().model_info(repo_id, revision=revision), settings, repo_id)
+    info = with_retries(lambda: hub_settings.api().model_info(repo_id, revision=revision), hub_settings, repo_id)
     return [s.rfilename for s in info.siblings or []]
 
 
-def snapshot_folder(repo_id: str, revision: str, settings: HubSettings) -> Path | None:
+def snapshot_folder(repo_id: str, revision: str, hub_settings: HubSettings) -> Path | None:
     """The cached snapshot of ``repo_id`` at a commit sha (or branch), if the cache holds one."""
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
-    repo = repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, hub_settings)
     sha = revision
     if not is_commit_sha(revision):
         ref = repo / "refs" / revision
@@ -331,19 +331,19 @@ def snapshot_folder(repo_id: str, revision: str, settings: HubSettings) -> Path 
     return folder if folder.is_dir() else None
 
 
-def resolve_revision(repo_id: str, revision: str, settings: HubSettings) -> str:
+def resolve_revision(repo_id: str, revision: str, hub_settings: HubSettings) -> str:
     """The commit sha of a branch (online: asks the Hub; offline: the cache's ref)."""
     if is_commit_sha(revision):
         return revision
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
-    if settings.offline:
-        folder = snapshot_folder(repo_id, revision, settings)
+    if hub_settings.offline:
+        folder = snapshot_folder(repo_id, revision, hub_settings)
         if folder is None:
             raise FetchError(repo_id, f"offline (HF_HUB_OFFLINE=1) and '{revision}' is not in the cache")
         return folder.name
     try:
-        info = with_retries(lambda: settings.api().model_info(repo_id, revision=revision), settings, repo_id)
+        info = with_retries(lambda: hub_settings.api().model_info(repo_id, revision=revision), hub_settings, repo_id)
     except Exception as exc:
         raise FetchError(repo_id, describe_error(exc)) from exc
     if not is_commit_sha(str(info.sha)):
@@ -351,7 +351,7 @@ def resolve_revision(repo_id: str, revision: str, settings: HubSettings) -> str:
     return str(info.sha)
 
 
-def release(repo_id: str, revision: str, settings: HubSettings) -> int:
+def release(repo_id: str, revision: str, hub_settings: HubSettings) -> int:
     """Delete one cached revision of a repository (its blobs too, unless another revision shares them).
 
     Used with ``--no-keep-weights`` once a fine-tune is embedded; other revisions and other
@@ -367,7 +367,7 @@ def release(repo_id: str, revision: str, settings: HubSettings) -> int:
         return 0
     if not is_commit_sha(revision):
         return 0
-    repo = repo_folder(repo_id, settings)
+    repo = repo_folder(repo_id, hub_settings)
     snapshot = repo / "snapshots" / revision
     if snapshot.is_symlink() or not snapshot.is_dir():
         return 0
@@ -400,14 +400,14 @@ def release(repo_id: str, revision: str, settings: HubSettings) -> int:
     return freed
 
 
-def _hub_file(repo_id: str, filename: str, revision: str, settings: HubSettings) -> str:
+def _hub_file(repo_id: str, filename: str, revision: str, hub_settings: HubSettings) -> str:
     """One file through huggingface_hub's cache, with the settings' endpoint, token and timeout."""
     return hf_hub_download(
         repo_id,
         filename,
         revision=revision,
-        cache_dir=settings.cache_dir,
-        endpoint=settings.endpoint,
-        token=settings.token,
-        etag_timeout=settings.timeout,
+        cache_dir=hub_settings.cache_dir,
+        endpoint=hub_settings.endpoint,
+        token=hub_settings.token,
+        etag_timeout=hub_settings.timeout,
     )

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLOR_BY = ("dataset", "author", "label_source")
-METHOD_AXES = {"umap": "UMAP", "tsne": "t-SNE", "pca": "PC"}
+REDUCER_AXES = {"umap": "UMAP", "tsne": "t-SNE", "pca": "PC"}
 # tab10 then the light half of tab20, without the greys (grey means "no value" / "other" here).
 PALETTE = (
     "#1f77b4",
@@ -154,7 +154,7 @@ def map_figure(
     meta: pd.DataFrame,
     *,
     color_by: str = "dataset",
-    method: str = "umap",
+    reducer: str = "umap",
     title: str = "",
     subtitle: str = "",
 ) -> Figure:
@@ -179,7 +179,7 @@ def map_figure(
         _draw_density(fig, ax, coords)
     _draw_points(ax, coords, g, dense=dense)
     _draw_legend(ax, g)
-    _style_axes(ax, _axis_name(method))
+    _style_axes(ax, _axis_name(reducer))
     summary = _summary(g, len(coords))
     _draw_titles(ax, title, f"{subtitle}  ·  {summary}" if subtitle else summary)
     return fig
@@ -191,19 +191,19 @@ def plot_png(
     path: str | os.PathLike,
     *,
     color_by: str = "dataset",
-    method: str = "umap",
+    reducer: str = "umap",
     title: str = "",
     subtitle: str = "",
 ) -> Path:
     """Write a scatter plot of ``coords`` coloured by ``color_by`` as a PNG (150 dpi) at ``path``.
 
-    ``method`` names the axes ("umap" -> "UMAP 1"/"UMAP 2", "tsne" -> "t-SNE", "pca" -> "PC";
+    ``reducer`` names the axes ("umap" -> "UMAP 1"/"UMAP 2", "tsne" -> "t-SNE", "pca" -> "PC";
     any other string is used as it is). Under the title, a line counts the models, how many
     have a value and how many groups there are (after ``subtitle`` when one is given). The
     axes have equal scales: distances on the picture are comparable in every direction. A map of
     :data:`DENSE_FROM` models or more is shaded by density (:func:`map_figure`).
     """
-    fig = map_figure(coords, meta, color_by=color_by, method=method, title=title, subtitle=subtitle)
+    fig = map_figure(coords, meta, color_by=color_by, reducer=reducer, title=title, subtitle=subtitle)
 
     def write(tmp: str) -> None:
         fig.savefig(tmp, format="png", dpi=150, bbox_inches="tight", pad_inches=0.15, facecolor="white")
@@ -341,7 +341,7 @@ def plot_html(
     path: str | os.PathLike,
     *,
     title: str = "",
-    method: str = "umap",
+    reducer: str = "umap",
     edges: Sequence[tuple[int, int]] = (),
 ) -> Path:
     """Write an interactive, self-contained HTML page of the map at ``path``.
@@ -359,7 +359,7 @@ def plot_html(
     coords = _check(coords, meta)
     import plotly.graph_objects as go
 
-    axis = _axis_name(method)
+    axis = _axis_name(reducer)
     webgl = len(coords) >= WEBGL_FROM
     fig = go.Figure()
     sets, legend_titles = _add_map_traces(fig, coords, meta, webgl=webgl)
@@ -690,8 +690,8 @@ def _values(meta: pd.DataFrame, by: str) -> list[list[str]]:
     return out
 
 
-def _axis_name(method: str) -> str:
-    return METHOD_AXES.get(str(method).lower(), str(method))
+def _axis_name(reducer: str) -> str:
+    return REDUCER_AXES.get(str(reducer).lower(), str(reducer))
 
 
 def _short(name: str, limit: int = 42) -> str:

@@ -86,7 +86,7 @@ class ClusterReport:
         return out
 
 
-def _base_files(base: str, sha: str | None, settings: HubSettings) -> str | None:
+def _base_files(base: str, sha: str | None, hub_settings: HubSettings) -> str | None:
     """The base's files on this machine: its folder, or a Hub base's snapshot in the Hub cache, or the rows of it
     that embed fetched (never fetched here: only the headers are needed, and ``cluster`` works offline)."""
     if os.path.exists(base):
@@ -94,9 +94,9 @@ def _base_files(base: str, sha: str | None, settings: HubSettings) -> str | None
     if not is_hub_id(base):
         return None
     try:
-        folder = snapshot_folder(base, sha or "main", settings)
+        folder = snapshot_folder(base, sha or "main", hub_settings)
         if (folder is None or not weight_format(p.name for p in folder.iterdir())) and sha:
-            folder = partial_folder(base, sha, settings)
+            folder = partial_folder(base, sha, hub_settings)
     except (ModelvecError, OSError):  # an unreadable cache is no heat map, not a failed report
         return None
     return str(folder) if folder is not None and folder.is_dir() else None
@@ -179,7 +179,7 @@ def select_base(
             return selection, meta, name
     stored = store.summary()
     known = "; ".join(
-        f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["settings"])
+        f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["params_json"])
     )
     raise NothingStoredError(
         str(base),
@@ -206,7 +206,7 @@ def cluster(
     out: PathLike = "modelvec-out",
     seed: int = 0,
     label_sources: Sequence[str] | None = None,
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
     **options: Any,
 ) -> ClusterReport:
@@ -221,7 +221,7 @@ def cluster(
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``, ``name``, or
     ``declared`` / ``guessed`` / ``none``): other models count as unlabelled. The report also gives the kNN score
     with same-author neighbours excluded (an author effect is not a dataset effect). A Hub base's per-block scores
-    need its headers from the Hub cache (``settings``; nothing is fetched); the map draws the model tree's edges.
+    need its headers from the Hub cache (``hub_settings``; nothing is fetched); the map draws the model tree's edges.
 
     The vectors are never held: their inner products are read from the vector file in blocks and kept beside the
     store (a later run computes only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``.
@@ -251,7 +251,7 @@ def cluster(
             for lab, src in zip(labels, meta["label_source"])
         ]
         meta = meta.assign(datasets=labels)
-    reduce, note = reduction.method_for(len(meta))
+    reduce, note = reduction.reducer_for(len(meta))
     if standardized is not None:
         coordinates = coordinates_of(standardized.gram)
     elif reduce != "umap":  # PCA (and t-SNE's PCA start) of the vectors as they are, not of unit vectors
@@ -261,7 +261,7 @@ def cluster(
     report = _scores(geo, meta, labels, base_name, representation, scoring, seed, label_sources)
     report.damaged = products.damaged
     folder = Path(out)
-    files = _base_files(base_name, base_sha, settings or HubSettings())
+    files = _base_files(base_name, base_sha, hub_settings or HubSettings())
     resolved = replace(scoring, scaling=report.scaling)
     report.per_block, report.per_block_note = _per_block(sample, labels, files, representation, resolved, len(meta))
     if report.per_block:
@@ -362,10 +362,10 @@ def _draw(
     title = f"{len(meta)} fine-tunes of {display_name(report.base)}"
     subtitle = f"{representation.key()} · {reduce.upper()} · kNN dataset score {report.knn_score:.2f} ({report.n_scored} scored)"
     report.files["png"] = str(
-        plot_png(coords, meta, folder / f"clusters-{reduce}.png", method=reduce, title=title, subtitle=subtitle)
+        plot_png(coords, meta, folder / f"clusters-{reduce}.png", reducer=reduce, title=title, subtitle=subtitle)
     )
     report.files["html"] = str(
         plot_html(
-            coords, meta, folder / f"clusters-{reduce}.html", method=reduce, title=f"{title} — {subtitle}", edges=edges
+            coords, meta, folder / f"clusters-{reduce}.html", reducer=reduce, title=f"{title} — {subtitle}", edges=edges
         )
     )

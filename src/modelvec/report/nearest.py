@@ -74,7 +74,7 @@ class Neighbors:
 
 
 def _embed_query(
-    model: PathLike | str, base: str, representation: Representation, db: Store, settings: HubSettings | None
+    model: PathLike | str, base: str, representation: Representation, db: Store, hub_settings: HubSettings | None
 ) -> tuple[np.ndarray, str | None, bool | None]:
     """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it: its vector, a
     warning when the base changed since, and whether it is an adapter.
@@ -91,7 +91,9 @@ def _embed_query(
             scratch.put_catalogue(
                 base, sha, catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
             )
-        result = embed(base, [model], representation=representation, store=scratch, settings=settings, workers=1)
+        result = embed(
+            base, [model], representation=representation, store=scratch, hub_settings=hub_settings, workers=1
+        )
         if result.failed:
             name, why = next(iter(result.failed.items()))
             raise ModelvecError(name, why.removeprefix(f"{name}: "))
@@ -114,7 +116,7 @@ def neighbors(
     scoring: Scoring | None = None,
     store: Store | PathLike | None = None,
     base: PathLike | str | None = None,
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
     explain: bool = False,
 ) -> Neighbors:
     """The ``scoring.k`` stored models nearest to ``model``, and the dataset they suggest for it.
@@ -142,7 +144,7 @@ def neighbors(
         selection, meta = db.select(base=base_name, representation=representation)
         # kept products are trusted here (cluster reads every vector): a query reads only what it needs
         products, meta = stored_products(db, selection, meta, products_key(base_name, representation), verify=False)
-        query = _Query(name, model, rows.empty, meta, base_name, representation, db, settings, products)
+        query = _Query(name, model, rows.empty, meta, base_name, representation, db, hub_settings, products)
         scaling, scaling_note = scoring.scaling_for(query.kinds)
         geo = Geometry.from_products(products.gram, metric)
         key = products_key(base_name, representation)
@@ -151,7 +153,7 @@ def neighbors(
         order, dist_all = nearest_to(geo, distances, k=len(meta), exclude=query.me, scaling=scaling)
         idx = order[:k]
         neighbours = (query.vector(db, selection), _read(db, selection, products.kept[idx])) if explain else None
-        base_files = _local_files(base_name, db, settings) if explain else None
+        base_files = _local_files(base_name, db, hub_settings) if explain else None
         place = None if query.on_the_fly else _place(db, base_name, name, representation)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist_all[:k])
@@ -221,7 +223,7 @@ class _Query:
         base: str,
         representation: Representation,
         db: Store,
-        settings: HubSettings | None,
+        hub_settings: HubSettings | None,
         products: Products,
     ) -> None:
         self.name, self.on_the_fly, self.warning, self.products = name, on_the_fly, None, products
@@ -230,7 +232,7 @@ class _Query:
         if on_the_fly:
             if not os.path.exists(str(model)) and not is_hub_id(model):
                 raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
-            self._vector, self.warning, kind = _embed_query(model, base, representation, db, settings)
+            self._vector, self.warning, kind = _embed_query(model, base, representation, db, hub_settings)
             self.kinds = [*meta["adapter"], kind]
         else:
             where = np.flatnonzero(meta["model"].to_numpy() == name)
@@ -260,10 +262,10 @@ class _Query:
         return _read(db, selection, self.products.kept[[self.me]])[0]
 
 
-def _local_files(base: str, db: Store, settings: HubSettings | None) -> str:
+def _local_files(base: str, db: Store, hub_settings: HubSettings | None) -> str:
     from ..run import local_files
 
-    return local_files(base, "", db, settings)
+    return local_files(base, "", db, hub_settings)
 
 
 def _read(db: Store, selection: Selection, positions: np.ndarray) -> np.ndarray:

@@ -96,7 +96,7 @@ def stored_base(db: Store, base: str | os.PathLike[str] | None, representation: 
     bases = sorted(set(db.metadata(representation=representation)["base"]))
     if not bases:
         stored = db.summary().drop_duplicates("params")
-        other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["settings"])]
+        other = [f"{p} ({options_of(s)})" for p, s in zip(stored["params"], stored["params_json"])]
         raise NothingStoredError(
             str(db.path),
             f"no vectors stored with representation {representation.key()}"

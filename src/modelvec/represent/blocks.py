@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 
 from ..read import Checkpoint, Layout, open_checkpoint
+from .plans import MatrixPlan, plan_matrix, within_size
 from .representation import Representation
-from .rows import MatrixPlan, plan_matrix, within_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,7 +30,7 @@ def vector_blocks(
     """Where each stack, layer (None when pooled) and family sits in a vector of ``representation``.
 
     A matrix's block has ``representation.plan_floats(plan)`` floats (rank x kept, ``kept`` the side its factor
-    keeps, or less under a size budget: :func:`~modelvec.represent.rows.within_size`). With the head
+    keeps, or less under a size budget: :func:`~modelvec.represent.plans.within_size`). With the head
     (:func:`has_head`), the last block is the head's (stack ``"head"``, family ``"vocabulary"``, ``vocab`` floats,
     the head's as budgeted; 0: no head)."""
     blocks: list[Block] = []
@@ -67,10 +67,10 @@ def has_head(base: Checkpoint, layout: Layout, representation: Representation) -
 
 
 def plans_of(ck: Checkpoint, layout: Layout, representation: Representation) -> dict[tuple[str, int, str], MatrixPlan]:
-    """Each matrix's :class:`~modelvec.represent.rows.MatrixPlan` in ``ck``, from its stored shapes alone.
+    """Each matrix's :class:`~modelvec.represent.plans.MatrixPlan` in ``ck``, from its stored shapes alone.
 
     The share of rows is ``representation.share`` of the values all these matrices hold (for ``rows="auto"``);
-    the blocks' floats fit the vector's size budget (:func:`~modelvec.represent.rows.within_size`). A fused tensor
+    the blocks' floats fit the vector's size budget (:func:`~modelvec.represent.plans.within_size`). A fused tensor
     whose parts do not divide it is refused here, naming it."""
     return _budgeted(ck, layout, representation)[0]
 
@@ -111,7 +111,7 @@ def read_plan(ck: Checkpoint, representation: Representation, *, base: bool) -> 
     layout = ck.layout()
     plan: dict[str, list[tuple[int, int]]] = {}
     for p in plans_of(ck, layout, representation).values():
-        plan.setdefault(p.tensor, []).extend(p.rows)
+        plan.setdefault(p.tensor, []).extend(p.row_ranges)
     head = layout.arch.vocabulary_head
     if representation.uses_head(head) and head is not None:
         for name in (*head.bias, head.embedding) if base else head.bias:

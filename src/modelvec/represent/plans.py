@@ -79,14 +79,14 @@ def select_rows(n_rows: int, row_elems: int, share: float, seed: int, place: tup
 class MatrixPlan:
     """What one matrix of the representation reads of its stored tensor, and the shape of its block.
 
-    ``rows``: stored row ranges of the tensor (absolute, so a fused part's are offset into it);
+    ``row_ranges``: stored row ranges of the tensor (absolute, so a fused part's are offset into it);
     ``row_start``: the part's first stored row (a row's local index is ``row - row_start``);
     ``n_rows``: rows of the part; ``cols``: the stored column span read; ``contract_rows``: the
     sketch contracts the stored rows (``nn.Linear``: W's output side) or the columns (``Conv1D``).
     """
 
     tensor: str
-    rows: tuple[tuple[int, int], ...]
+    row_ranges: tuple[tuple[int, int], ...]
     row_start: int
     n_rows: int
     cols: tuple[int, int]
@@ -96,7 +96,7 @@ class MatrixPlan:
 
     @property
     def n_selected(self) -> int:
-        return sum(b - a for a, b in self.rows)
+        return sum(b - a for a, b in self.row_ranges)
 
     @property
     def n_cols(self) -> int:
@@ -109,7 +109,7 @@ class MatrixPlan:
 
     def local_rows(self) -> np.ndarray:
         """The part-local indices of the selected rows, in reading order."""
-        return np.concatenate([np.arange(a, b) for a, b in self.rows]) - self.row_start
+        return np.concatenate([np.arange(a, b) for a, b in self.row_ranges]) - self.row_start
 
 
 def plan_matrix(
@@ -142,7 +142,7 @@ def plan_matrix(
     local = select_rows(n_rows, n_cols, share, representation.seed, place)
     rows = tuple((row_start + a, row_start + b) for a, b in local)
     return MatrixPlan(
-        tensor=prefix + ref.tensor, rows=rows, row_start=row_start, n_rows=n_rows, cols=cols, contract_rows=linear
+        tensor=prefix + ref.tensor, row_ranges=rows, row_start=row_start, n_rows=n_rows, cols=cols, contract_rows=linear
     )
 
 
@@ -150,7 +150,7 @@ def byte_share(plans: list[MatrixPlan], stored_shapes: dict[str, tuple[int, int]
     """The share of the matrices' stored values the plans read (each tensor's rows counted once)."""
     read: dict[str, set[tuple[int, int]]] = {}
     for plan in plans:
-        read.setdefault(plan.tensor, set()).update(plan.rows)
+        read.setdefault(plan.tensor, set()).update(plan.row_ranges)
     total = sum(r * c for r, c in (stored_shapes[t] for t in read))
     got = sum(sum(b - a for a, b in ranges) * stored_shapes[t][1] for t, ranges in read.items())
     return got / total if total else 0.0

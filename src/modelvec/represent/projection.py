@@ -3,7 +3,7 @@
 Every projection is linear in the matrix, fixed by the seed and the matrix's place, and the same
 for every model, so a fine-tune's block minus its base's block is the block of its delta, and
 blocks of different models live in one space. A block has ``rank x kept`` floats
-(:attr:`~modelvec.represent.rows.MatrixPlan.kept`), whatever the projection:
+(:attr:`~modelvec.represent.plans.MatrixPlan.kept`), whatever the projection:
 
 - ``shared`` and ``gaussian``: (dW_sel Omega)^T with Omega Gaussian, scaled by 1/sqrt(rank),
   contracting W's output side (``nn.Linear``'s stored rows, ``Conv1D``'s stored columns).
@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from .linalg import sketch_matrix
+from .plans import MatrixPlan, derived_seed
 from .representation import Representation
-from .rows import MatrixPlan, derived_seed
 
 
 class Projection:

@@ -21,7 +21,7 @@ Where the description is open, :class:`Representation` makes the choice explicit
   of the whole block, which keeps low-rank deltas (adapters) apart where a one-sided sketch of
   rank r sees only r directions of them.
 - ``rows``: the share of each matrix's rows, as stored, that is read (1: all). The rows are chosen
-  once from the seed, in contiguous blocks (:mod:`modelvec.represent.rows`), the same for every
+  once from the seed, in contiguous blocks (:mod:`modelvec.represent.plans`), the same for every
   model and the base, so a Hub model costs a few range requests and a local one a few pages of its
   mapped file. The sketch needs no more: a fixed random share of rows keeps the task vectors'
   geometry (docs/evidence.md). The SVD factors need whole matrices (a share is ignored for them).
@@ -73,7 +73,7 @@ from ..core.settings import key_of, setting, settings_of, validate
 from ..read import VocabularyHead
 
 if TYPE_CHECKING:
-    from .rows import MatrixPlan
+    from .plans import MatrixPlan
 
 FACTORS = ("U", "US", "S", "sketch")
 PROJECTIONS = ("shared", "gaussian", "countsketch")

@@ -17,7 +17,7 @@ def discover(
     scope: Scope | None = None,
     *,
     store: Store | str | os.PathLike[str] | None = None,
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
     progress: Progress | None = None,
     **options: Any,
 ) -> Discovery:
@@ -30,7 +30,7 @@ def discover(
     With ``store``, the catalogue is stored there (stored vectors are kept; their labels refreshed).
     """
     scope = with_options(Scope, scope, options, "discover")
-    found = search_finetunes(base, scope, settings=settings, progress=progress, matcher=ArchitectureMatcher())
+    found = search_finetunes(base, scope, hub_settings=hub_settings, progress=progress, matcher=ArchitectureMatcher())
     if store is not None:
         with opened(store) as db:
             db.put_catalogue(found.base, found.base_sha, found.entries)

@@ -29,7 +29,7 @@ class Engine(Protocol):
         base: BaseSpec,
         representation: Representation,
         tasks: Iterable[Task],
-        settings: HubSettings,
+        hub_settings: HubSettings,
         keep_weights: bool = True,
     ) -> Iterator[Outcome]:
         """One outcome per task, as they complete; the base is read only when a task arrives."""

@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     from ..represent import DeltaEmbedder
 
 
-def _prepare(task: Task, settings: HubSettings, representation: Representation) -> Opened:
+def _prepare(task: Task, hub_settings: HubSettings, representation: Representation) -> Opened:
     """Off the compute thread: fetch (Hub: only what ``representation`` reads), read the headers, and start reading
     from disk the bytes the vector needs."""
     from ..represent import read_plan
 
-    opened = open_counted(task, settings, representation)
+    opened = open_counted(task, hub_settings, representation)
     ck = opened.checkpoint
     ck.layout()
     ck.prefetch(read_plan(ck, representation, base=False) if representation.reads_share and not ck.factored else None)
@@ -54,7 +54,7 @@ class LocalEngine:
         base: BaseSpec,
         representation: Representation,
         tasks: Iterable[Task],
-        settings: HubSettings,
+        hub_settings: HubSettings,
         keep_weights: bool = True,
     ) -> Iterator[Outcome]:
         """Outcomes in task order. The base is read when the first task arrives, while the next ones download."""
@@ -68,7 +68,7 @@ class LocalEngine:
                 task = next(todo, None)
                 if task is None:
                     return
-                pending.append((task, pool.submit(_prepare, task, settings, representation)))
+                pending.append((task, pool.submit(_prepare, task, hub_settings, representation)))
 
         try:
             fill()
@@ -76,10 +76,10 @@ class LocalEngine:
                 task, opened = pending.popleft()
                 fill()
                 if embedder is None:
-                    embedder = fit_base(base, representation, self.device, settings)
-                outcome = compute(task, embedder, opened.result, settings)
+                    embedder = fit_base(base, representation, self.device, hub_settings)
+                outcome = compute(task, embedder, opened.result, hub_settings)
                 if not keep_weights:
-                    task.release(settings)
+                    task.release(hub_settings)
                 yield outcome
         finally:
             for _, opened in pending:

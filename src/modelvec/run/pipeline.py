@@ -109,7 +109,7 @@ def embed(
     store: Store | PathLike | None = None,
     force: bool = False,
     progress: Progress | None = None,
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
     load: bool = True,
     on_step: OnStep | None = None,
     **fields: Any,
@@ -138,7 +138,7 @@ def embed(
     running = {name: fields.pop(name) for name in EXECUTION_FIELDS if name in fields}
     execution = with_options(Execution, execution, running, "embed")
     chosen = representation or Representation(**fields)
-    settings = settings or HubSettings()
+    hub_settings = hub_settings or HubSettings()
     runner = make_engine(execution)
     said = progress or (lambda *_: None)
     steps = on_step or (lambda _: None)
@@ -149,7 +149,7 @@ def embed(
         steps(step)
 
     with opened(store) as db:
-        return _run(base, models, chosen, db, force, report, settings, execution.keep_weights, runner, load)
+        return _run(base, models, chosen, db, force, report, hub_settings, execution.keep_weights, runner, load)
 
 
 def embed_discovered(
@@ -158,7 +158,7 @@ def embed_discovered(
     *,
     refresh: bool = False,
     store: Store | PathLike | None = None,
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
     **kwargs: Any,
 ) -> EmbedResult:
     """Embed every discovered fine-tune of the Hub model ``base``, as far as ``scope`` says (at most ``limit``, most
@@ -169,14 +169,14 @@ def embed_discovered(
     :func:`embed`.
     """
     scope = with_options(Scope, scope, {k: kwargs.pop(k) for k in SCOPE_FIELDS if k in kwargs}, "embed_discovered")
-    settings = settings or HubSettings()
+    hub_settings = hub_settings or HubSettings()
     canonical = resolve_base(base).canonical
     with opened(store) as db:
         if refresh or db.catalogue(canonical).empty:
-            found = discover(base, scope, settings=settings)
+            found = discover(base, scope, hub_settings=hub_settings)
             db.put_catalogue(found.base, found.base_sha, found.entries)
         entries = scope.ordered(catalogue_entries(db, canonical, kept=True))
-        return embed(canonical, entries, store=db, settings=settings, **kwargs)
+        return embed(canonical, entries, store=db, hub_settings=hub_settings, **kwargs)
 
 
 def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
@@ -202,12 +202,12 @@ def _run(
     db: Store,
     force: bool,
     report: OnStep,
-    settings: HubSettings,
+    hub_settings: HubSettings,
     keep_weights: bool,
     engine: Engine,
     load: bool,
 ) -> EmbedResult:
-    spec = _base(base, db, settings)
+    spec = _base(base, db, hub_settings)
     result = EmbedResult(np.zeros((0, 0), np.float32), pd.DataFrame(), store=str(db.path))
     wanted: list[str] = []
     writer = db.writer()
@@ -224,7 +224,7 @@ def _run(
             name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
             wanted.append(name)
             try:
-                task = _task(model, spec.name, db, settings)
+                task = _task(model, spec.name, db, hub_settings)
             except Exception as exc:
                 err = error_of(exc, name)
                 if err.model == spec.name:
@@ -244,7 +244,7 @@ def _run(
             yield task
 
     with writer:
-        for outcome in engine.run(spec, representation, todo(), settings, keep_weights):
+        for outcome in engine.run(spec, representation, todo(), hub_settings, keep_weights):
             task = outcome.task
             if outcome.error is not None:
                 fail(task.name, outcome.error, task.identity, outcome.kind, outcome.fetched)
@@ -281,21 +281,21 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
     )
 
 
-def _base(base: PathLike | str, db: Store, settings: HubSettings) -> BaseSpec:
+def _base(base: PathLike | str, db: Store, hub_settings: HubSettings) -> BaseSpec:
     """The base's store name and identity, and how to open it (a Hub base is fetched only when needed)."""
     if not is_hub_id(base):
         refuse_adapter_base(base, model_id(base))
         ck = Checkpoint(base, name=model_id(base))
         return BaseSpec(ck.name, ck.fingerprint(), path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
-    sha = db.base_sha(canonical) or resolve_revision(canonical, "main", settings)
+    sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
     return BaseSpec(canonical, f"git:{sha}", repo=canonical, sha=sha)
 
 
-def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
+def _task(model: Model, base: str, db: Store, hub_settings: HubSettings) -> Task:
     """A model as a task: a Hub model is identified by its commit sha, a local one by its files' identity."""
     if isinstance(model, CatalogueEntry) or is_hub_id(model):
-        entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base, db, settings)
+        entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base, db, hub_settings)
         if not entry.sha:
             raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
         return Task(
@@ -308,14 +308,14 @@ def _task(model: Model, base: str, db: Store, settings: HubSettings) -> Task:
             datasets=tuple(entry.datasets),
             label_source=entry.label_source,
             author=entry.author,
-            parent=_hub_parent(entry, base, db, settings),
+            parent=_hub_parent(entry, base, db, hub_settings),
         )
     name = model_id(model)
     ck = open_checkpoint(model, name=name)
     return Task(name, ck.identity(), str(Path(model)), path=str(model), parent=_local_parent(ck, base))
 
 
-def _hub_parent(entry: CatalogueEntry, base: str, db: Store, settings: HubSettings) -> Task | None:
+def _hub_parent(entry: CatalogueEntry, base: str, db: Store, hub_settings: HubSettings) -> Task | None:
     """The fine-tune a Hub adapter was trained on, where its card names one of the tree's models, not the base."""
     if entry.relation != "adapter":
         return None
@@ -324,7 +324,7 @@ def _hub_parent(entry: CatalogueEntry, base: str, db: Store, settings: HubSettin
         if name.lower() not in root:
             found = catalogue_entries(db, base, kept=True, model=name)
             if found:
-                return _task(found[0], base, db, settings)
+                return _task(found[0], base, db, hub_settings)
     return None
 
 
@@ -342,26 +342,26 @@ def _local_parent(ck: Checkpoint, base: str) -> Task | None:
     return Task(parent.name, parent.identity(), str(Path(named)), path=str(named))
 
 
-def local_files(name: str, source: str, db: Store, settings: HubSettings | None = None) -> str:
+def local_files(name: str, source: str, db: Store, hub_settings: HubSettings | None = None) -> str:
     """A stored model's files on this machine: its path, or a Hub model fetched at its stored revision."""
-    settings = settings or HubSettings()
+    hub_settings = hub_settings or HubSettings()
     if source.startswith("hf://") and "@" in source:
         repo, sha = source[len("hf://") :].rsplit("@", 1)
-        return str(fetch(repo, sha, None, settings))
+        return str(fetch(repo, sha, None, hub_settings))
     if is_hub_id(name):  # a Hub base
         canonical = resolve_base(name).canonical
-        sha = db.base_sha(canonical) or resolve_revision(canonical, "main", settings)
-        return str(fetch(canonical, sha, None, settings))
+        sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
+        return str(fetch(canonical, sha, None, hub_settings))
     return name
 
 
-def _hub_entry(repo_id: str, base: str, db: Store, settings: HubSettings) -> CatalogueEntry:
+def _hub_entry(repo_id: str, base: str, db: Store, hub_settings: HubSettings) -> CatalogueEntry:
     """A Hub model named directly: its catalogue entry, or (online) what the Hub says about it now."""
     stored = catalogue_entries(db, base, kept=None, model=repo_id)
-    if stored and (settings.offline or stored[0].sha):
+    if stored and (hub_settings.offline or stored[0].sha):
         return stored[0]
     try:
-        info = with_retries(lambda: settings.api().model_info(repo_id), settings, repo_id)
+        info = with_retries(lambda: hub_settings.api().model_info(repo_id), hub_settings, repo_id)
     except Exception as exc:  # a name given as is: a mistyped local folder reads as a Hub id, so say both
         raise FetchError(
             repo_id, f"no local file or folder of that name, and on the Hub: {describe_error(exc)}"

@@ -107,17 +107,17 @@ class _Worker:
     """A Ray actor: reads the base once, then embeds the models sent to it, one at a time."""
 
     def __init__(
-        self, base: BaseSpec, representation: Representation, device: str, settings: HubSettings, keep_weights: bool
+        self, base: BaseSpec, representation: Representation, device: str, hub_settings: HubSettings, keep_weights: bool
     ) -> None:
         import torch
 
         torch.set_num_threads(1)  # one actor per CPU
-        self.settings = settings
+        self.hub_settings = hub_settings
         self.keep_weights = keep_weights
         self.embedder: DeltaEmbedder | None = None
         self.failure: str | None = None
         try:
-            self.embedder = fit_base(base, representation, device, settings)
+            self.embedder = fit_base(base, representation, device, hub_settings)
         except ModelvecError as exc:  # kept, not raised: the driver tells this from a dead worker
             self.failure = exc.cause if exc.model == base.name else str(exc)
         except Exception as exc:
@@ -136,13 +136,16 @@ class _Worker:
         assert embedder is not None, "run() on a worker whose base failed"
         try:
             return compute(
-                task, embedder, lambda: open_counted(task, self.settings, embedder.representation), self.settings
+                task,
+                embedder,
+                lambda: open_counted(task, self.hub_settings, embedder.representation),
+                self.hub_settings,
             )
         except ModelvecError as exc:  # compute raises only the base's own faults
             return exc
         finally:
             if not self.keep_weights:
-                task.release(self.settings)
+                task.release(self.hub_settings)
 
 
 @dataclass(eq=False)
@@ -188,7 +191,7 @@ class RayEngine:
         base: BaseSpec,
         representation: Representation,
         tasks: Iterable[Task],
-        settings: HubSettings,
+        hub_settings: HubSettings,
         keep_weights: bool = True,
     ) -> Iterator[Outcome]:
         """Outcomes as they complete, in any order. Ray is not touched until the first task arrives."""
@@ -210,7 +213,7 @@ class RayEngine:
                     )
                 raise ValueError(f"cannot start or reach the Ray cluster {where}: {_one_line(exc)}{hint}") from None
         try:
-            yield from _Run(self, base, representation, settings, keep_weights, _chain(first, todo)).outcomes()
+            yield from _Run(self, base, representation, hub_settings, keep_weights, _chain(first, todo)).outcomes()
         finally:
             if started:
                 ray.shutdown()
@@ -241,7 +244,7 @@ class _Run:
         engine: RayEngine,
         base: BaseSpec,
         representation: Representation,
-        settings: HubSettings,
+        hub_settings: HubSettings,
         keep_weights: bool,
         todo: Iterator[Task],
     ) -> None:
@@ -258,7 +261,7 @@ class _Run:
         # Ray sets CUDA_VISIBLE_DEVICES to the actor's one GPU, so it is always "cuda" there.
         device = "cuda" if engine.gpu else engine.device
         self.actor_class = ray.remote(_Worker).options(**options)
-        self.args = (base, representation, device, settings, keep_weights)
+        self.args = (base, representation, device, hub_settings, keep_weights)
         self.asked = "1 CPU and 1 GPU" if engine.gpu else "1 CPU"
         self.slots: list[_Slot] = []
         self.starting: dict[Any, _Slot] = {}  # ready() ref -> slot

@@ -44,13 +44,13 @@ class BaseSpec:
     repo: str | None = None
     sha: str | None = None
 
-    def open(self, settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
+    def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
         """The base's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
         from ..read import Checkpoint
 
         if self.path is not None:
             return Checkpoint(self.path, name=self.name)
-        return open_hub(str(self.repo), str(self.sha), None, self.name, settings, representation, base=True)
+        return open_hub(str(self.repo), str(self.sha), None, self.name, hub_settings, representation, base=True)
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,11 @@ class Task:
     #: the fine-tune a LoRA adapter was trained on, where it is not the base: the adapter is embedded on its delta
     parent: Task | None = None
 
-    def open(self, settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
+    def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
         """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
         if self.repo is not None:
             files = list(self.files) or None
-            return open_hub(self.repo, str(self.sha), files, self.name, settings, representation, base=False)
+            return open_hub(self.repo, str(self.sha), files, self.name, hub_settings, representation, base=False)
         return open_checkpoint(str(self.path), name=self.name)
 
     def labels(self, ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
@@ -84,12 +84,12 @@ class Task:
         found = dataset_labels(Path(self.name).name, card)  # the one path a Hub model's card takes too
         return list(found.datasets), found.source, card_author(card)
 
-    def release(self, settings: HubSettings) -> None:
+    def release(self, hub_settings: HubSettings) -> None:
         """Delete a Hub model's fetched files (a local model is left alone); a failure to delete only warns."""
         if self.repo is not None:
             try:
-                release(self.repo, str(self.sha), settings)
-                release_partial(self.repo, str(self.sha), settings)
+                release(self.repo, str(self.sha), hub_settings)
+                release_partial(self.repo, str(self.sha), hub_settings)
             except OSError as exc:
                 warnings.warn(f"{self.name}: could not delete its cached files: {exc}", stacklevel=2)
 
@@ -104,7 +104,7 @@ def open_hub(
     sha: str,
     files: list[str] | None,
     name: str,
-    settings: HubSettings,
+    hub_settings: HubSettings,
     representation: Representation | None,
     *,
     base: bool,
@@ -119,17 +119,17 @@ def open_hub(
     from ..represent import read_plan
 
     reads_rows = representation is not None and representation.reads_share
-    cached = _has_weights(snapshot_folder(repo, sha, settings))
+    cached = _has_weights(snapshot_folder(repo, sha, hub_settings))
     if reads_rows and not cached:
-        folder = open_partial(repo, sha, files, settings)
+        folder = open_partial(repo, sha, files, hub_settings)
         if folder is not None:
             ck = open_checkpoint(folder, name=name)
             spans = ck.byte_ranges(read_plan(ck, representation, base=base))  # type: ignore[arg-type]  # reads_rows
-            got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, settings)
+            got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, hub_settings)
             ck = open_checkpoint(folder, name=name)
             ck.note = WHOLE_SERVED if got.whole_files else None
             return ck
-    ck = open_checkpoint(fetch(repo, sha, files, settings), name=name)
+    ck = open_checkpoint(fetch(repo, sha, files, hub_settings), name=name)
     if reads_rows and not cached and not ck.factored:
         ck.note = WHOLE_BIN
     return ck
@@ -178,14 +178,14 @@ class Opened:
     fetched: int = 0
 
 
-def open_counted(task: Task, settings: HubSettings, representation: Representation | None) -> Opened:
+def open_counted(task: Task, hub_settings: HubSettings, representation: Representation | None) -> Opened:
     """``task.open``, with the bytes it brought into the Hub cache: what the model cost on the wire, where the
     download happens (an engine's worker), whatever route the files took (whole, or byte ranges)."""
     if task.repo is None:
-        return Opened(task.open(settings, representation))
-    folder = repo_folder(task.repo, settings)
+        return Opened(task.open(hub_settings, representation))
+    folder = repo_folder(task.repo, hub_settings)
     before = _bytes_under(folder)
-    ck = task.open(settings, representation)
+    ck = task.open(hub_settings, representation)
     return Opened(ck, max(0, _bytes_under(folder) - before))
 
 
@@ -204,23 +204,23 @@ def _bytes_under(folder: Path) -> int:
     return total
 
 
-def fit_base(base: BaseSpec, representation: Representation, device: str, settings: HubSettings) -> DeltaEmbedder:
+def fit_base(base: BaseSpec, representation: Representation, device: str, hub_settings: HubSettings) -> DeltaEmbedder:
     """The embedder with the base's matrices read (once per engine worker)."""
     from ..represent import DeltaEmbedder
 
-    return DeltaEmbedder.from_representation(representation, device).fit(base.open(settings, representation))
+    return DeltaEmbedder.from_representation(representation, device).fit(base.open(hub_settings, representation))
 
 
 def compute(
     task: Task,
     embedder: DeltaEmbedder,
     checkpoint: Callable[[], Checkpoint | Opened],
-    settings: HubSettings | None = None,
+    hub_settings: HubSettings | None = None,
 ) -> Outcome:
     """Embed one model. The model's own faults become the outcome's error and kind; a fault of the base raises.
 
     ``checkpoint`` opens the model (fetching it first), giving the checkpoint or an :class:`Opened` that also says
-    what the fetch cost; ``settings`` are how an adapter's parent fine-tune is fetched (``task.parent``)."""
+    what the fetch cost; ``hub_settings`` are how an adapter's parent fine-tune is fetched (``task.parent``)."""
     start = time.perf_counter()
     fetched = 0
     try:
@@ -228,7 +228,7 @@ def compute(
         opened = got if isinstance(got, Opened) else Opened(got)
         ck, fetched = opened.checkpoint, opened.fetched
         try:
-            parent = _open_parent(task, embedder, settings)
+            parent = _open_parent(task, embedder, hub_settings)
             try:
                 embedded = embedder.embed_traced(ck, parent)
             finally:
@@ -258,12 +258,12 @@ def compute(
     )
 
 
-def _open_parent(task: Task, embedder: DeltaEmbedder, settings: HubSettings | None) -> Checkpoint | None:
+def _open_parent(task: Task, embedder: DeltaEmbedder, hub_settings: HubSettings | None) -> Checkpoint | None:
     """The parent fine-tune of an adapter task (its fault is the adapter's, of the same kind, naming the parent)."""
     if task.parent is None:
         return None
     try:
-        return task.parent.open(settings or HubSettings(), embedder.representation)
+        return task.parent.open(hub_settings or HubSettings(), embedder.representation)
     except Exception as exc:  # the parent's fault, said as the parent's, of its kind (gone, gated, a bad file)
         err = error_of(exc, task.parent.name)
         raise ModelvecError(task.name, f"its parent {task.parent.name}: {err.cause}", kind=err.kind) from exc

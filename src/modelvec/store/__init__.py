@@ -8,7 +8,7 @@ store), ``schema`` (tables and migrations), ``lock`` (waiting for another proces
 from ..core.errors import StoreError, StoreLockedError
 from .lock import default_wait
 from .products import Products, Selection
-from .rows import Failure, VectorRow, trace_record
+from .records import Failure, VectorRow, trace_record
 from .store import DEFAULT_STORE, Store, default_store_path, opened, options_of
 from .writer import StoreWriter
 

@@ -1,6 +1,6 @@
-"""What the store holds, as rows: a computed vector with what is known about its model, or a failure.
+"""What the store holds, as records: a computed vector with what is known about its model, or a failure.
 
-Each row type says which column of its table (:mod:`modelvec.store.schema`) holds which of its fields, so the
+Each record type says which column of its table (:mod:`modelvec.store.schema`) holds which of its fields, so the
 writer's INSERT is made from the table and the row, never spelt out.
 """
 
@@ -25,7 +25,7 @@ class VectorRow:
     model_hash: str
     base: str
     base_hash: str
-    params: Representation
+    representation: Representation
     architecture: str
     vector: np.ndarray
     datasets: list[str]
@@ -41,12 +41,12 @@ class VectorRow:
         """The ``traces`` columns of this row, its sketch's bytes at ``offset`` of the vector file."""
         assert self.trace is not None
         return trace_record(
-            self.model, self.base, self.base_hash, self.params, self.trace, offset, sketch_hash, self.parent
+            self.model, self.base, self.base_hash, self.representation, self.trace, offset, sketch_hash, self.parent
         )
 
     def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
         """The ``vectors`` columns of this row, its bytes at ``offset`` of the vector file with checksum ``vector_hash``."""
-        p = self.params
+        p = self.representation
         return {
             "model": self.model,
             "model_hash": self.model_hash,
@@ -76,7 +76,7 @@ def trace_record(
     model: str,
     base: str,
     base_hash: str,
-    params: Representation,
+    representation: Representation,
     trace: Trace,
     offset: int,
     sketch_hash: str,
@@ -87,7 +87,7 @@ def trace_record(
         "model": model,
         "base": base,
         "base_hash": base_hash,
-        "params": params.key(),
+        "params": representation.key(),
         "offset": offset,
         "dim": int(np.size(trace.sketch)),
         "sketch_hash": sketch_hash,
@@ -107,7 +107,7 @@ class Failure:
 
     model: str
     base: str
-    params: Representation
+    representation: Representation
     error: str
     model_hash: str | None = None
     kind: Kind | str = Kind.CONTENT
@@ -117,7 +117,7 @@ class Failure:
         return {
             "model": self.model,
             "base": self.base,
-            "params": self.params.key(),
+            "params": self.representation.key(),
             "error": self.error,
             "model_hash": self.model_hash,
             "kind": Kind(self.kind).value,

@@ -42,7 +42,7 @@ from ..core.errors import Kind, NothingStoredError, StoreError
 from ..represent.representation import Representation
 from .lock import connect, default_wait
 from .products import Products, ProductsCache, Selection, checksum_of, feature_moments, gram, products_with
-from .rows import Failure, VectorRow
+from .records import Failure, VectorRow
 from .schema import (
     CATALOGUE,
     CATALOGUE_COLUMNS,
@@ -113,13 +113,13 @@ class StoreOverview:
         }
 
 
-def options_of(settings_json: str) -> str:
+def options_of(params_json: str) -> str:
     """The command-line options that select a stored representation (its parameters as JSON), against today's
     defaults: what to pass to read vectors stored under another representation (e.g. an older default)."""
     from ..core.settings import flags
 
     try:
-        stored = Representation.from_stored(json.loads(settings_json))
+        stored = Representation.from_stored(json.loads(params_json))
     except (TypeError, ValueError):  # a store written by a version with other settings: its key says enough
         return ""
     return " ".join(flags(stored)) or "(the defaults)"
@@ -355,7 +355,11 @@ class Store:
         write_rows(
             self.con,
             self.vector_file,
-            [Failure(model=model, base=base, params=representation, error=error, model_hash=model_hash, kind=kind)],
+            [
+                Failure(
+                    model=model, base=base, representation=representation, error=error, model_hash=model_hash, kind=kind
+                )
+            ],
         )
 
     def known_failure(self, model: str, model_hash: str, base: str, representation: Representation) -> str | None:
@@ -501,10 +505,10 @@ class Store:
         return StoreOverview(str(self.path), self.summary(), self.metadata(), self.failures())
 
     def summary(self) -> pd.DataFrame:
-        """Counts per base and representation; ``settings``: the representation's parameters (JSON)."""
+        """Counts per base and representation; ``params_json``: the representation's fields (JSON), as the vectors table holds them."""
         return self.con.execute(
             """SELECT base, params, architecture, count(*) AS models, any_value(dim) AS dim,
-                      round(avg(seconds), 3) AS mean_seconds, any_value(params_json) AS settings
+                      round(avg(seconds), 3) AS mean_seconds, any_value(params_json) AS params_json
                FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
         ).df()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import duckdb
 
-from .rows import Failure, VectorRow
+from .records import Failure, VectorRow
 from .schema import FAILURES, TRACES, VECTORS, transaction
 from .vectorfile import VectorFile, checksum, vector_bytes
 
