@@ -26,6 +26,8 @@ from ..core.errors import ModelvecError
 from ..core.settings import Setting, check_field, choices_of, flag_of, kind_of, parse_value, settings_of, value_text
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
     from ..store import Store
 
 #: Width of output that is not a terminal (a pipe, a log): wide enough that no id or table row is folded.
@@ -83,15 +85,20 @@ def products_progress(enabled: bool = True) -> Iterator[Callable[[int, int], Non
 
     columns = (TextColumn("pairwise products"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True, disable=not enabled) as bar:
-        task = None
+        yield _ProductsBar(bar).update
 
-        def update(done: int, total: int) -> None:
-            nonlocal task
-            if task is None:
-                task = bar.add_task("products", total=total)
-            bar.update(task, completed=done)
 
-        yield update
+class _ProductsBar:
+    """The products' bar: its task is added at the first call, when the number of rows is known."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar: Progress = bar
+        self.task: TaskID | None = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.bar.add_task("products", total=total)
+        self.bar.update(self.task, completed=done)
 
 
 #: Exit statuses, for scripts (``modelvec --help`` and docs/commands.md say them).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -58,30 +58,44 @@ class LocalEngine:
         keep_weights: bool = True,
     ) -> Iterator[Outcome]:
         """Outcomes in task order. The base is read when the first task arrives, while the next ones download."""
-        todo = iter(tasks)
-        pending: deque[tuple[Task, Future[Opened]]] = deque()
         embedder: DeltaEmbedder | None = None
-        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="modelvec-io")
-
-        def fill() -> None:
-            while len(pending) < self.workers:
-                task = next(todo, None)
-                if task is None:
-                    return
-                pending.append((task, pool.submit(_prepare, task, hub_settings, representation)))
-
-        try:
-            fill()
-            while pending:
-                task, opened = pending.popleft()
-                fill()
+        with _ReadAhead(tasks, self.workers, lambda task: _prepare(task, hub_settings, representation)) as ahead:
+            for task, opened in ahead:
                 if embedder is None:
                     embedder = fit_base(base, representation, self.device, hub_settings)
                 outcome = compute(task, embedder, opened.result, hub_settings)
                 if not keep_weights:
                     task.release(hub_settings)
                 yield outcome
-        finally:
-            for _, opened in pending:
-                opened.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ReadAhead:
+    """Tasks in order, each with its files being opened by one of ``workers`` threads: while one task is computed,
+    the next ``workers`` are already fetching. Closing it cancels what was not started."""
+
+    def __init__(self, tasks: Iterable[Task], workers: int, prepare: Callable[[Task], Opened]) -> None:
+        self.todo, self.workers, self.prepare = iter(tasks), workers, prepare
+        self.pending: deque[tuple[Task, Future[Opened]]] = deque()
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="modelvec-io")
+
+    def __enter__(self) -> _ReadAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _, opened in self.pending:
+            opened.cancel()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self) -> Iterator[tuple[Task, Future[Opened]]]:
+        self._fill()
+        while self.pending:
+            task, opened = self.pending.popleft()
+            self._fill()
+            yield task, opened
+
+    def _fill(self) -> None:
+        while len(self.pending) < self.workers:
+            task = next(self.todo, None)
+            if task is None:
+                return
+            self.pending.append((task, self.pool.submit(self.prepare, task)))

@@ -208,71 +208,104 @@ def _run(
     load: bool,
 ) -> EmbedResult:
     spec = _base(base, db, hub_settings)
-    result = EmbedResult(np.zeros((0, 0), np.float32), pd.DataFrame(), store=str(db.path))
-    wanted: list[str] = []
-    writer = db.writer()
-    report(Step("begin", total=len(models) if isinstance(models, Sized) else None))
+    run = _Run(spec, representation, db, force, report, hub_settings)
+    report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
+    with run.writer:
+        for outcome in engine.run(spec, representation, run.todo(models), hub_settings, keep_weights):
+            run.record(outcome)
+    if load:
+        run.result.vectors, run.result.metadata = db.load(spec.name, representation, models=run.wanted)
+    return run.result
 
-    def fail(name: str, error: str, model_hash: str | None, kind: Kind, fetched: int = 0) -> None:
-        writer.put(Failure(name, spec.name, representation, error, model_hash, kind))
-        result.failed[name] = error
-        report(Step("failed", name, error, fetched=fetched, kind=Kind(kind).value))
 
-    def todo() -> Iterator[Task]:
+class _Run:
+    """One run's state: the models asked for, what it wrote and said of each (``result``), and the store's writer
+    that commits outcomes as they arrive."""
+
+    def __init__(
+        self,
+        spec: BaseSpec,
+        representation: Representation,
+        db: Store,
+        force: bool,
+        report: OnStep,
+        hub_settings: HubSettings,
+    ) -> None:
+        self.spec, self.representation, self.db, self.force = spec, representation, db, force
+        self.report, self.hub_settings = report, hub_settings
+        self.result = EmbedResult(vectors=np.zeros((0, 0), np.float32), metadata=pd.DataFrame(), store=str(db.path))
+        self.wanted: list[str] = []  # every model asked for, in order (the vectors loaded at the end)
+        self.writer = db.writer()
+
+    def fail(self, name: str, error: str, model_hash: str | None, kind: Kind, fetched: int = 0) -> None:
+        """A model failed now: recorded in the store (with its kind) and in the result."""
+        self.writer.put(
+            Failure(
+                model=name,
+                base=self.spec.name,
+                representation=self.representation,
+                error=error,
+                model_hash=model_hash,
+                kind=kind,
+            )
+        )
+        self.result.failed[name] = error
+        self.report(Step(status="failed", model=name, detail=error, fetched=fetched, kind=Kind(kind).value))
+
+    def todo(self, models: Iterable[Model]) -> Iterator[Task]:
         """The models that need computing; the rest are skipped or known failures (checked lazily)."""
+        spec, representation, db = self.spec, self.representation, self.db
         for model in models:
             name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
-            wanted.append(name)
+            self.wanted.append(name)
             try:
-                task = _task(model, spec.name, db, hub_settings)
+                task = _task(model, spec.name, db, self.hub_settings)
             except Exception as exc:
                 err = error_of(exc, name)
                 if err.model == spec.name:
                     raise err from exc
-                fail(name, str(err), None, err.kind)
+                self.fail(name, str(err), None, err.kind)
                 continue
-            if not force and db.has(name, task.identity, spec.name, spec.identity, representation):
-                result.skipped.append(name)
-                report(Step("skipped", name, "already stored"))
+            if not self.force and db.has(name, task.identity, spec.name, spec.identity, representation):
+                self.result.skipped.append(name)
+                self.report(Step(status="skipped", model=name, detail="already stored"))
                 continue
-            known = None if force else db.known_failure(name, task.identity, spec.name, representation)
+            known = None if self.force else db.known_failure(name, task.identity, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
-                result.failed[name] = known
-                result.recorded.append(name)
-                report(Step("failed", name, known, kind=Kind.CONTENT.value))
+                self.result.failed[name] = known
+                self.result.recorded.append(name)
+                self.report(Step(status="failed", model=name, detail=known, kind=Kind.CONTENT.value))
                 continue
             yield task
 
-    with writer:
-        for outcome in engine.run(spec, representation, todo(), hub_settings, keep_weights):
-            task = outcome.task
-            if outcome.error is not None:
-                fail(task.name, outcome.error, task.identity, outcome.kind, outcome.fetched)
-                continue
-            writer.put(_row(outcome, spec, representation))
-            result.embedded.append(task.name)
-            if outcome.note is not None:
-                result.notes.setdefault(outcome.note, []).append(task.name)
-            report(Step("embedded", task.name, f"{outcome.seconds:.2f}s", fetched=outcome.fetched))
-    if load:
-        result.vectors, result.metadata = db.load(spec.name, representation, models=wanted)
-    return result
+    def record(self, outcome: Outcome) -> None:
+        """An engine's outcome: a failure recorded, or the vector written."""
+        task = outcome.task
+        if outcome.error is not None:
+            self.fail(task.name, outcome.error, task.identity, outcome.kind, outcome.fetched)
+            return
+        self.writer.put(_row(outcome, self.spec, self.representation))
+        self.result.embedded.append(task.name)
+        if outcome.note is not None:
+            self.result.notes.setdefault(outcome.note, []).append(task.name)
+        detail = f"{outcome.seconds:.2f}s"
+        self.report(Step(status="embedded", model=task.name, detail=detail, fetched=outcome.fetched))
 
 
 def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> VectorRow:
     """The store's row of a model's vector."""
     task = outcome.task
     return VectorRow(
-        task.name,
-        task.identity,
-        spec.name,
-        spec.identity,
-        representation,
-        str(outcome.architecture),
-        outcome.vector,  # type: ignore[arg-type]  # no error: a vector
-        outcome.datasets,
-        task.source,
-        outcome.seconds,
+        model=task.name,
+        model_hash=task.identity,
+        base=spec.name,
+        base_hash=spec.identity,
+        representation=representation,
+        architecture=str(outcome.architecture),
+        vector=outcome.vector,  # type: ignore[arg-type]  # no error: a vector
+        datasets=outcome.datasets,
+        source=task.source,
+        seconds=outcome.seconds,
         label_source=outcome.label_source,
         author=outcome.author,
         adapter=outcome.adapter,
@@ -299,9 +332,9 @@ def _task(model: Model, base: str, db: Store, hub_settings: HubSettings) -> Task
         if not entry.sha:
             raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
         return Task(
-            entry.model,
-            f"git:{entry.sha}",
-            f"hf://{entry.model}@{entry.sha}",
+            name=entry.model,
+            identity=f"git:{entry.sha}",
+            source=f"hf://{entry.model}@{entry.sha}",
             repo=entry.model,
             sha=entry.sha,
             files=tuple(entry.files or ()),
@@ -312,7 +345,9 @@ def _task(model: Model, base: str, db: Store, hub_settings: HubSettings) -> Task
         )
     name = model_id(model)
     ck = open_checkpoint(model, name=name)
-    return Task(name, ck.identity(), str(Path(model)), path=str(model), parent=_local_parent(ck, base))
+    return Task(
+        name=name, identity=ck.identity(), source=str(Path(model)), path=str(model), parent=_local_parent(ck, base)
+    )
 
 
 def _hub_parent(entry: CatalogueEntry, base: str, db: Store, hub_settings: HubSettings) -> Task | None:
@@ -339,7 +374,7 @@ def _local_parent(ck: Checkpoint, base: str) -> Task | None:
     parent = open_checkpoint(named, name=model_id(named))
     if parent.factored or is_hub_id(base) or parent.identity() == open_checkpoint(base).identity():
         return None
-    return Task(parent.name, parent.identity(), str(Path(named)), path=str(named))
+    return Task(name=parent.name, identity=parent.identity(), source=str(Path(named)), path=str(named))
 
 
 def local_files(name: str, source: str, db: Store, hub_settings: HubSettings | None = None) -> str:
