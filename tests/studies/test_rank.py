@@ -536,7 +536,7 @@ def test_ranks_and_equations_wrap_at_spaces_in_a_terminal(width):
         for r in [int(900 + 37 * layer + rng.normal(0, noise))]
     ]
     table = pd.DataFrame(rows)
-    study = DepthStudy("org/a-model", "weights", table, [], fit_depth_laws(table))
+    study = DepthStudy(model="org/a-model", of="weights", table=table, spectra=[], fits=fit_depth_laws(table))
     out = io.StringIO()
     show_ranks(study, Console(file=out, width=width, force_terminal=True, color_system=None))
     text = out.getvalue()

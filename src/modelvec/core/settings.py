@@ -17,7 +17,7 @@ _KEY = "modelvec.setting"
 _WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}  # a kind in words
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Setting:
     """What a field means to a user: its help, the values it allows, and its command-line flag.
 
@@ -55,7 +55,7 @@ class Setting:
 
 def setting(default: Any, help: str, **meta: Any) -> Any:
     """A dataclass field with its :class:`Setting` (``setting(8, "Width r ...", minimum=1)``)."""
-    return dataclasses.field(default=default, metadata={_KEY: Setting(help, **meta)})
+    return dataclasses.field(default=default, metadata={_KEY: Setting(help=help, **meta)})
 
 
 def settings_of(cls: Any) -> list[tuple[dataclasses.Field, Setting]]:

@@ -271,10 +271,10 @@ def normalise_dataset(name: str, config: str | None = None) -> str:
     if base is None:
         # "glue/SST-2", "GLUE MNLI", "nyu-mll/glue/cola": a known collection followed by its config
         for match in _COLLECTION_SPLIT.finditer(text):
-            head = _lookup(text[: match.start()])
-            if head is not None and "/" not in head and head in COLLECTION_CONFIGS:
-                inner = normalise_dataset(head, text[match.end() :])
-                if inner != head:
+            collection = _lookup(text[: match.start()])
+            if collection is not None and "/" not in collection and collection in COLLECTION_CONFIGS:
+                inner = normalise_dataset(collection, text[match.end() :])
+                if inner != collection:
                     base = inner
                     break
         else:

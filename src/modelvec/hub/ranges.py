@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -380,36 +381,39 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def _stream_into(
-    response: httpx2.Response, fd: int, at: int, stop: int, progress: _Progress, moved: Callable[[int], None]
-) -> int:
-    """Write a body into the local file from offset ``at`` (never past ``stop``), in writes of about CHUNK bytes;
-    the offset reached. What arrived before the connection broke is written too, and ``moved(offset)`` is told each
-    time, so that a retry asks only for the rest."""
-    buffer = bytearray()
+class _Sink:
+    """Where bodies land in the local file: ``at`` is the next offset to write (never past ``stop``), and it moves
+    with each write, so a retry after a broken connection asks only for the rest."""
 
-    def flush() -> None:
-        nonlocal at
-        if buffer:
-            data = bytes(buffer)
-            buffer.clear()
-            _pwrite_all(fd, data, at)
-            at += len(data)
-            progress.count(nbytes=len(data))
-            moved(at)
+    def __init__(self, fd: int, at: int, stop: int, progress: _Progress) -> None:
+        self.fd = fd
+        self.at = at
+        self.stop = stop
+        self.progress = progress
+        self.buffer = bytearray()
 
-    try:
-        for chunk in response.iter_raw():
-            if progress.failed.is_set():
-                raise _Cancelled()
-            if at + len(buffer) + len(chunk) > stop:
-                raise BadRangeAnswer(f"the answer goes on past byte {stop - 1}")
-            buffer += chunk
-            if len(buffer) >= CHUNK:
-                flush()
-    finally:
-        flush()
-    return at
+    def drain(self, response: httpx2.Response) -> None:
+        """Write a body in writes of about CHUNK bytes; what arrived before the connection broke is written too."""
+        try:
+            for chunk in response.iter_raw():
+                if self.progress.failed.is_set():
+                    raise _Cancelled()
+                if self.at + len(self.buffer) + len(chunk) > self.stop:
+                    raise BadRangeAnswer(f"the answer goes on past byte {self.stop - 1}")
+                self.buffer += chunk
+                if len(self.buffer) >= CHUNK:
+                    self.flush()
+        finally:
+            self.flush()
+
+    def flush(self) -> None:
+        """The buffer is emptied before it is written: a write that fails is not tried again."""
+        if self.buffer:
+            data = bytes(self.buffer)
+            self.buffer.clear()
+            _pwrite_all(self.fd, data, self.at)
+            self.at += len(data)
+            self.progress.count(nbytes=len(data))
 
 
 def _write_whole(response: httpx2.Response, fd: int, file: RemoteFile, progress: _Progress) -> None:
@@ -428,9 +432,10 @@ def _write_whole(response: httpx2.Response, fd: int, file: RemoteFile, progress:
     try:
         if progress.whole.is_set():
             return
-        at = _stream_into(response, fd, 0, file.size, progress, lambda _: None)
-        if at != file.size:
-            raise BadRangeAnswer(f"the whole file the server sent ended after {at} of {file.size} bytes")
+        sink = _Sink(fd, 0, file.size, progress)
+        sink.drain(response)
+        if sink.at != file.size:
+            raise BadRangeAnswer(f"the whole file the server sent ended after {sink.at} of {file.size} bytes")
         progress.whole.set()
     finally:
         progress.whole_lock.release()
@@ -439,31 +444,28 @@ def _write_whole(response: httpx2.Response, fd: int, file: RemoteFile, progress:
 def _fetch_span(
     url: str, fd: int, file: RemoteFile, start: int, stop: int, hub_settings: HubSettings, progress: _Progress
 ) -> None:
-    """Bytes ``[start, stop)`` written at their offsets; a retry asks only for what is still missing."""
-    done = start
+    """Bytes ``[start, stop)`` written at their offsets; one sink for all tries, so a retry asks only for what is
+    still missing."""
+    sink = _Sink(fd, start, stop, progress)
+    with_retries(partial(_attempt, url, file, hub_settings, sink), hub_settings, f"{file.repo_id}/{file.filename}")
 
-    def attempt() -> None:
-        nonlocal done
-        if progress.whole.is_set():
+
+def _attempt(url: str, file: RemoteFile, hub_settings: HubSettings, sink: _Sink) -> None:
+    """One request for the bytes of a span not yet written, ``[sink.at, sink.stop)``."""
+    progress = sink.progress
+    if progress.whole.is_set():
+        return
+    if progress.failed.is_set():
+        raise _Cancelled()
+    progress.count(requests=1)
+    with _get(url, _headers(hub_settings, sink.at, sink.stop), hub_settings) as response:
+        if response.status_code == 200:
+            _write_whole(response, sink.fd, file, progress)
             return
-        if progress.failed.is_set():
-            raise _Cancelled()
-        progress.count(requests=1)
-        with _get(url, _headers(hub_settings, done, stop), hub_settings) as response:
-            if response.status_code == 200:
-                _write_whole(response, fd, file, progress)
-                return
-            _check_range(response, done, stop, file.size)
-
-            def moved(offset: int) -> None:
-                nonlocal done
-                done = offset
-
-            _stream_into(response, fd, done, stop, progress, moved)
-            if done < stop:
-                raise BadRangeAnswer(f"the answer ended {stop - done} bytes short of byte {stop - 1}")
-
-    with_retries(attempt, hub_settings, f"{file.repo_id}/{file.filename}")
+        _check_range(response, sink.at, sink.stop, file.size)
+        sink.drain(response)
+        if sink.at < sink.stop:
+            raise BadRangeAnswer(f"the answer ended {sink.stop - sink.at} bytes short of byte {sink.stop - 1}")
 
 
 def _cause(exc: BaseException) -> str:
@@ -520,66 +522,98 @@ def fetch_many(
     ``i`` is complete (e.g. to record what is held before the other files are done). The first range that fails for
     good stops every job: a :class:`FetchError` naming its file."""
     started = time.monotonic()
-    plans = []
-    for job in jobs:
-        for start, stop in job.ranges:
-            if not 0 <= start <= stop <= job.file.size:
-                raise ValueError(f"range [{start}, {stop}) is not inside {job.file.filename} ({job.file.size} bytes)")
-        plans.append(coalesce_ranges(job.ranges, gap))
+    plans = [_plan(job, gap) for job in jobs]
     for job, spans in zip(jobs, plans):
         if spans:
             _refuse_offline(job.file.repo_id, job.file.filename, hub_settings)
-    stopped = threading.Event()  # one range failed for good: every job's requests stop
-    progress = [_Progress(stopped) for _ in jobs]
-    urls = [_url(job.file, hub_settings) for job in jobs]
-    left = [len(spans) for spans in plans]
-    left_lock = threading.Lock()
+    batch = _Batch(jobs, plans, hub_settings, on_done, started)
     work: list[tuple[int, int, int, int]] = []  # (job, its local file, start, stop) per request
     fds: list[int] = []
     try:
         for i, (job, spans) in enumerate(zip(jobs, plans)):
             if not spans:
-                if on_done is not None:
-                    on_done(i, _stats(progress[i], started))
+                batch.report(i)
                 continue
             fd = os.open(job.out, os.O_RDWR | os.O_CREAT, 0o644)
             fds.append(fd)
             if os.fstat(fd).st_size < job.file.size:
                 os.ftruncate(fd, job.file.size)
             work += [(i, fd, start, stop) for start, stop in spans]
+        batch.run(work, max_in_flight)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [_stats(p, started) for p in batch.progress]
 
-        def one(i: int, fd: int, start: int, stop: int) -> None:
-            _fetch_span(urls[i], fd, jobs[i].file, start, stop, hub_settings, progress[i])
-            with left_lock:
-                left[i] -= 1
-                finished = left[i] == 0
-            if finished and on_done is not None:
-                on_done(i, _stats(progress[i], started))
 
+def _plan(job: RangeJob, gap: int) -> list[tuple[int, int]]:
+    """The requests of one job: its ranges, each checked to lie inside the file, coalesced."""
+    for start, stop in job.ranges:
+        if not 0 <= start <= stop <= job.file.size:
+            raise ValueError(f"range [{start}, {stop}) is not inside {job.file.filename} ({job.file.size} bytes)")
+    return coalesce_ranges(job.ranges, gap)
+
+
+class _Batch:
+    """What the worker threads of one :func:`fetch_many` call share: each job's URL and progress, how many of its
+    spans are left (so the thread that fetches the last one reports the job done), and the stop signal of all."""
+
+    def __init__(
+        self,
+        jobs: Sequence[RangeJob],
+        plans: Sequence[Sequence[tuple[int, int]]],
+        hub_settings: HubSettings,
+        on_done: Callable[[int, RangeStats], None] | None,
+        started: float,
+    ) -> None:
+        self.jobs = jobs
+        self.hub_settings = hub_settings
+        self.on_done = on_done
+        self.started = started
+        self.stopped = threading.Event()  # one range failed for good: every job's requests stop
+        self.progress = [_Progress(self.stopped) for _ in jobs]
+        self.urls = [_url(job.file, hub_settings) for job in jobs]
+        self.left = [len(spans) for spans in plans]
+        self.left_lock = threading.Lock()
+
+    def report(self, i: int) -> None:
+        """Job ``i`` is complete: ``on_done`` hears so at once, before the other jobs are done."""
+        if self.on_done is not None:
+            self.on_done(i, _stats(self.progress[i], self.started))
+
+    def fetch(self, i: int, fd: int, start: int, stop: int) -> None:
+        """One span of job ``i``, from a worker thread; the job is reported when its last span is written."""
+        _fetch_span(self.urls[i], fd, self.jobs[i].file, start, stop, self.hub_settings, self.progress[i])
+        with self.left_lock:
+            self.left[i] -= 1
+            finished = self.left[i] == 0
+        if finished:
+            self.report(i)
+
+    def run(self, work: Sequence[tuple[int, int, int, int]], max_in_flight: int) -> None:
+        """Every span of ``work`` through one pool; the first that fails for good stops the others and is raised
+        as a :class:`FetchError` naming its file."""
         with ThreadPoolExecutor(max_workers=max(1, min(max_in_flight, len(work))), thread_name_prefix="ranges") as pool:
-            futures = [(i, pool.submit(one, i, fd, start, stop)) for i, fd, start, stop in work]
+            futures = [(i, pool.submit(self.fetch, i, fd, start, stop)) for i, fd, start, stop in work]
             try:
                 done, _ = wait([f for _, f in futures], return_when=FIRST_EXCEPTION)
             except BaseException:  # interrupted: the requests in flight stop at their next chunk
-                stopped.set()
+                self.stopped.set()
                 raise
             failed = next(((i, f) for i, f in futures if f in done and f.exception() is not None), None)
             if failed is not None:
-                stopped.set()
+                self.stopped.set()
                 for _, future in futures:
                     future.cancel()
                 wait([f for _, f in futures])
                 i, future = failed
                 exc = future.exception()
                 assert exc is not None
-                raise_if_resource(exc, jobs[i].file.repo_id)  # the disk is full: the machine's fault, not the Hub's
+                file = self.jobs[i].file
+                raise_if_resource(exc, file.repo_id)  # the disk is full: the machine's fault, not the Hub's
                 raise FetchError(
-                    jobs[i].file.repo_id, f"{shown(jobs[i].file.filename)}: could not read byte ranges: {_cause(exc)}"
+                    file.repo_id, f"{shown(file.filename)}: could not read byte ranges: {_cause(exc)}"
                 ) from exc
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [_stats(p, started) for p in progress]
 
 
 def _stats(progress: _Progress, started: float) -> RangeStats:

@@ -243,13 +243,13 @@ def evaluate(
         meta = db.metadata(base=base_name, representation=first, models=order)
         labels = [list(d) for d in meta.drop_duplicates("model").set_index("model").loc[order, "datasets"]]
         scorer = _Scorer(
-            labels,
-            halves(labels, split, selection),
-            tv,
-            scoring or Scoring(),
-            center,
-            ("none", "mutual-proximity") if mutual_proximity else ("none",),
-            n_boot,
+            labels=labels,
+            halves=halves(labels, split, selection),
+            tv=tv,
+            scoring=scoring or Scoring(),
+            center=center,
+            scalings=("none", "mutual-proximity") if mutual_proximity else ("none",),
+            n_boot=n_boot,
         )
         rows: list[dict[str, object]] = []
         for name, representation in variants.items():  # one variant's vectors in memory at a time
@@ -303,7 +303,7 @@ def _references(tv: TaskVectors) -> list[tuple[str, np.ndarray, str]]:
     return references
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Scorer:
     """How every method is scored, the same for each: the models' labels, the halves (half -> model indices), the
     exact task vectors (each half's reference geometry, which models are adapters) and the options."""

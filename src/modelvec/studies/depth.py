@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the store and the Hub only for a study over stored fine-tun
 PathLike = str | os.PathLike[str]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DepthStudy:
     """A depth study's table (every value), fitted laws and written files."""
 
@@ -63,7 +63,7 @@ def depth_study(
     """The depth study of one model's weights, or of its delta to ``base``."""
     items = spectra_of(model, base=base, of=of, device=device)
     table = energy_rank_table(items, thresholds)
-    return DepthStudy(str(model), of, table, items, fit_depth_laws(table))
+    return DepthStudy(model=str(model), of=of, table=table, spectra=items, fits=fit_depth_laws(table))
 
 
 def over_finetunes(
@@ -93,7 +93,13 @@ def over_finetunes(
         raise ValueError(f"{base}: none of the {len(models)} fine-tunes could be read")
     table = aggregate_energy_ranks(tables)
     study = DepthStudy(
-        name or str(base), "delta", table, [], fit_depth_laws(table), n_models=len(tables), failed=failed
+        model=name or str(base),
+        of="delta",
+        table=table,
+        spectra=[],
+        fits=fit_depth_laws(table),
+        n_models=len(tables),
+        failed=failed,
     )
     return study, failed
 

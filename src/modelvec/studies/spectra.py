@@ -46,7 +46,7 @@ KINDS = ("weights", "delta")
 _READ_AHEAD = 6  # tensors read ahead of a GPU (each at most one 8B MLP matrix, 117 MB in bf16)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tensor:
     """One stored tensor and the matrices studied in it: each ref with its columns of the whole (n x m, the
     description's orientation); ``from_parts``: the last ref is the whole, whose Gram is the sum of the parts'."""
@@ -93,7 +93,16 @@ def plan_tensors(ck: Checkpoint, layout: Layout, fused: bool = True) -> tuple[li
         shapes = [(n, b - a) for _, (a, b) in spans[:-1]]
         from_parts = len(group) > 1 and group[-1].n_parts == 1 and fuses_by_gram(shapes)
         linear = group[0].orientation is Orientation.LINEAR
-        tensors.append(Tensor(layout.prefix + tensor, tuple(group), tuple(s for _, s in spans), n, linear, from_parts))
+        tensors.append(
+            Tensor(
+                name=layout.prefix + tensor,
+                refs=tuple(group),
+                spans=tuple(s for _, s in spans),
+                n=n,
+                linear=linear,
+                from_parts=from_parts,
+            )
+        )
     return refs, tensors
 
 
