@@ -386,8 +386,9 @@ def with_settings(
                 if (meta.words or meta.many) and values[f.name] is not None:
                     values[f.name] = parse_value(f, meta, ",".join(values[f.name]) if meta.many else values[f.name])
             return cls(**values)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+        except ValueError as exc:  # "thresholds must be ...": said as the option's ("Invalid value for '--threshold'")
+            named = [flag_of(f, meta) for f, meta in fields() if str(exc).startswith(f"{f.name} ")]
+            raise typer.BadParameter(str(exc), param_hint=f"'{named[0]}'" if named else None) from None
 
     options = {
         field.name: _option_of(field, meta, getattr(defaults, field.name), helps.get(field.name, meta.help))
