@@ -135,16 +135,16 @@ def neighbors(
     k, metric = scoring.k, scoring.metric
     with opened(store, read_only=True) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
-        rows = db.metadata(representation=representation, models=[name])
-        if base is not None or rows.empty:
+        own = db.metadata(representation=representation, models=[name])
+        if base is not None or own.empty:
             base_name = stored_base(db, base, representation)
-            rows = rows[rows["base"] == base_name]
+            own = own[own["base"] == base_name]
         else:
-            base_name = rows["base"].iloc[0]
+            base_name = own["base"].iloc[0]
         selection, meta = db.select(base=base_name, representation=representation)
         # kept products are trusted here (cluster reads every vector): a query reads only what it needs
         products, meta = stored_products(db, selection, meta, products_key(base_name, representation), verify=False)
-        query = _Query(name, model, rows.empty, meta, base_name, representation, db, hub_settings, products)
+        query = _Query(name, model, own.empty, meta, base_name, representation, db, hub_settings, products)
         scaling, scaling_note = scoring.scaling_for(query.kinds)
         geo = Geometry.from_products(products.gram, metric)
         key = products_key(base_name, representation)
