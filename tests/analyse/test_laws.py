@@ -82,9 +82,9 @@ def test_exact_data_recovers_parameters(law, params, L):
     x = layers(L)
     fit = fit_law(law, x, truth(law, params, x, L))
     assert fit.name == law and fit.n == L and fit.k == len(params)
-    assert set(fit.params) == set(params)
+    assert set(fit.coefficients) == set(params)
     for key, value in params.items():
-        assert fit.params[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+        assert fit.coefficients[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
     assert fit.r2 == pytest.approx(1.0, abs=1e-12)
 
 
@@ -97,7 +97,7 @@ def test_noisy_data_recovers_parameters_at_the_least_squares_optimum(law, params
     se = standard_errors(law, params, x, L, noise_sd(clean, 0.005))
     for key, value in params.items():
         # within 4 standard errors of the truth, and those are small: the check has teeth
-        assert abs(fit.params[key] - value) <= 4 * se[key], key
+        assert abs(fit.coefficients[key] - value) <= 4 * se[key], key
         assert 4 * se[key] < 0.2 * abs(value), key
     # a least-squares fit is at least as close to the data as the true law is
     fitted = fit.predict(x)
@@ -105,7 +105,7 @@ def test_noisy_data_recovers_parameters_at_the_least_squares_optimum(law, params
     # and a tiny step in any parameter does not improve it (a local optimum, not just a good start)
     for key in params:
         for step in (1 + 1e-4, 1 - 1e-4):
-            moved = dict(fit.params, **{key: fit.params[key] * step})
+            moved = dict(fit.coefficients, **{key: fit.coefficients[key] * step})
             assert rss(y, truth(law, moved, x, L)) >= rss(y, fitted) * (1 - 1e-12)
 
 
@@ -114,10 +114,10 @@ def test_linear_and_quadratic_match_polyfit_on_noisy_data():
     y = noisy(0.5 * x**2 - 3 * x + 40, 0.05, seed=3)
     b, a = np.polyfit(x, y, 1)
     lin = fit_law("linear", x, y)
-    assert (lin.params["a"], lin.params["b"]) == pytest.approx((a, b), rel=1e-10)
+    assert (lin.coefficients["a"], lin.coefficients["b"]) == pytest.approx((a, b), rel=1e-10)
     c2, b2, a2 = np.polyfit(x, y, 2)
     quad = fit_law("quadratic", x, y)
-    assert (quad.params["a"], quad.params["b"], quad.params["c"]) == pytest.approx((a2, b2, c2), rel=1e-9)
+    assert (quad.coefficients["a"], quad.coefficients["b"], quad.coefficients["c"]) == pytest.approx((a2, b2, c2), rel=1e-9)
 
 
 def test_quadratic_is_accurate_far_from_the_origin():
@@ -145,7 +145,7 @@ def test_quarter_ellipse_with_zero_based_layers_uses_the_depth_given():
     p = {"r_min": 64.0, "r_max": 512.0}
     y = truth("quarter_ellipse", p, x, 12)
     fit = fit_law("quarter_ellipse", x, y, depth=12)
-    assert fit.params == pytest.approx(p)
+    assert fit.coefficients == pytest.approx(p)
     assert fit.predict(np.array([0.0]))[0] == pytest.approx(512.0)
     # the default depth, max(x) = 11, is another law: it does not reproduce these points
     assert fit_law("quarter_ellipse", x, y).r2 < 0.9999
@@ -156,7 +156,7 @@ def test_quarter_ellipse_is_defined_beyond_the_depth():
     p = {"r_min": 10.0, "r_max": 90.0}
     y = truth("quarter_ellipse", p, x, 12)  # layers 12..16 sit on the clipped flat part
     fit = fit_law("quarter_ellipse", x, y, depth=12)
-    assert fit.params == pytest.approx(p)
+    assert fit.coefficients == pytest.approx(p)
     np.testing.assert_allclose(fit.predict(np.array([12.0, 13.0, 40.0])), 10.0)
     assert np.all(np.isfinite(fit.predict(x)))
 
@@ -266,10 +266,10 @@ def test_predict_reproduces_the_fitted_values(law, params, L):
     fit = fit_law(law, x, y)
     pred = fit.predict(x)
     assert pred.shape == x.shape and pred.dtype == np.float64
-    np.testing.assert_allclose(pred, truth(law, fit.params, x, L), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(pred, truth(law, fit.coefficients, x, L), rtol=1e-12, atol=1e-12)
     # between layers too, and from a list
     half = x[:-1] + 0.5
-    np.testing.assert_allclose(fit.predict(list(half)), truth(law, fit.params, half, L), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(fit.predict(list(half)), truth(law, fit.coefficients, half, L), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -310,7 +310,7 @@ def test_power_and_exponential_with_a_zero_rank_are_undefined():
     for law in ("power", "exponential"):
         fit = fit_law(law, x, y)
         assert math.isnan(fit.r2) and math.isnan(fit.adj_r2) and math.isnan(fit.aic)
-        assert all(math.isnan(v) for v in fit.params.values())
+        assert all(math.isnan(v) for v in fit.coefficients.values())
         assert "not fitted" in fit.equation and "y > 0" in fit.equation
         assert np.all(np.isnan(fit.predict(x)))
     assert fit_law("linear", x, y).r2 == pytest.approx(1.0)
@@ -329,7 +329,7 @@ def test_fewer_points_than_parameters():
     assert "2 points for 3 parameters" in fit.equation
     # as many points as parameters: an exact fit, but no degrees of freedom for adjusted R²
     lin = fit_law("linear", [1.0, 2.0], [10.0, 8.0])
-    assert lin.params == pytest.approx({"a": 12.0, "b": -2.0})
+    assert lin.coefficients == pytest.approx({"a": 12.0, "b": -2.0})
     assert lin.r2 == pytest.approx(1.0) and math.isnan(lin.adj_r2)
     assert math.isnan(fit_law("linear", [1.0, 2.0, 3.0], [10.0, 8.0, 7.0]).adj_r2)  # n − k − 1 = 0
     for f in fit_laws([], []):
@@ -370,7 +370,7 @@ def test_equation_of_two_equal_ranks_has_no_rounding_noise():
     # 2 layers of rank 6: the slope lstsq finds is ~1e-16, a rounding error, not a term
     fits = fit_laws([1.0, 2.0], [6.0, 6.0])
     by_name = {f.name: f for f in fits}
-    assert abs(by_name["linear"].params["b"]) < 1e-12  # the noise is there in the parameters...
+    assert abs(by_name["linear"].coefficients["b"]) < 1e-12  # the noise is there in the parameters...
     assert by_name["linear"].equation == "r(x) = 6"  # ...not in the equation
     assert by_name["exponential"].equation == "r(x) = 6·exp(0·x)"
     assert by_name["power"].equation == "r(x) = 6·x^0"
@@ -379,7 +379,7 @@ def test_equation_of_two_equal_ranks_has_no_rounding_noise():
 def test_a_term_hidden_by_rounding_is_dropped_and_a_visible_one_kept():
     x = layers(12)
     quad = fit_law("quadratic", x, 12.3 + 4.56 * x)  # linear data: c is rounding noise
-    assert abs(quad.params["c"]) < 1e-9 and quad.equation == "r(x) = 12.3 + 4.56·x"
+    assert abs(quad.coefficients["c"]) < 1e-9 and quad.equation == "r(x) = 12.3 + 4.56·x"
     kept = fit_law("quadratic", x, 12.3 + 4.56 * x + 0.01 * x**2)  # 0.01·144 = 1.44: visible
     assert kept.equation == "r(x) = 12.3 + 4.56·x + 0.01·x²"
     through_zero = fit_law("linear", x, 0.37 * x)  # the intercept is noise
@@ -417,7 +417,7 @@ def test_printed_equations_agree_with_the_fit_to_their_rounding(seed):
         expr = fit.equation.removeprefix("r(x) = ").replace("−", "-").replace("·x²", "*x**2").replace("·x", "*x")
         printed = eval(expr, {"x": x})  # only numbers, + - * and x
         pred = fit.predict(x)
-        scale = max(abs(v) * (float(np.max(x)) ** i) for i, v in enumerate(fit.params.values()))
+        scale = max(abs(v) * (float(np.max(x)) ** i) for i, v in enumerate(fit.coefficients.values()))
         np.testing.assert_allclose(printed, pred, rtol=0, atol=3e-3 * scale)
 
 
@@ -477,7 +477,7 @@ def test_the_same_rank_at_every_layer_has_no_law_to_show():
 def test_a_nan_adjusted_r2_is_never_shown():
     nan_fit = Fit(
         name="linear",
-        params={"a": 1.0, "b": 2.0},
+        coefficients={"a": 1.0, "b": 2.0},
         equation="r(x) = 1 + 2·x",
         r2=math.nan,
         adj_r2=math.nan,

@@ -529,7 +529,7 @@ def test_rank_figure_never_draws_a_nan_law_nor_one_for_two_layers():
     table = _ranks({"q": np.arange(1, 13)})
     nan_law = Fit(
         name="linear",
-        params={"a": 0.0, "b": 1.0},
+        coefficients={"a": 0.0, "b": 1.0},
         equation="r(x) = 1·x",
         r2=math.nan,
         adj_r2=math.nan,

@@ -28,7 +28,7 @@ Choices, so that two readers never disagree about a number:
   fit of log y: they need every y > 0 (power also every x > 0), otherwise the fit is undefined.
 - **No exceptions from fitting.** An undefined or failed fit (fewer points than parameters, a
   design that cannot identify the parameters, e.g. all x equal, a non-positive y for a positive
-  law, curve_fit not converging) returns a :class:`Fit` with nan params and nan scores; its
+  law, curve_fit not converging) returns a :class:`Fit` with nan coefficients and nan scores; its
   equation says why. Bad *input* (shapes, NaN/Inf, unknown law, depth ≤ 0) raises ValueError.
 - **Scores.** R² = 1 − RSS/SST, nan when SST = 0 (constant y: nothing to explain). Adjusted
   R² = 1 − (1 − R²)(n − 1)/(n − k − 1), nan when n − k − 1 ≤ 0. AIC = n·ln(RSS/n) + 2k with RSS
@@ -85,10 +85,10 @@ rank changes with depth: a report says which law came closest and how close, and
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
-    """One fitted law and its scores; nan params and scores when the fit is undefined or failed."""
+    """One fitted law and its scores; nan coefficients and scores when the fit is undefined or failed."""
 
     name: str
-    params: dict[str, float] = field(hash=False)
+    coefficients: dict[str, float] = field(hash=False)  # the law's parameters by name (a, b, c, ...)
     equation: str
     r2: float
     adj_r2: float
@@ -99,7 +99,7 @@ class Fit:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The law at ``x`` (float64); nan everywhere for a failed fit, numpy's value off its domain."""
-        return _evaluate(self.name, self.params, np.asarray(x, dtype=np.float64), self._depth)
+        return _evaluate(self.name, self.coefficients, np.asarray(x, dtype=np.float64), self._depth)
 
 
 def fit_law(
@@ -302,7 +302,7 @@ def _scored(name: str, params: dict[str, float], x: np.ndarray, y: np.ndarray, L
     floor = n * (_RSS_FLOOR_REL * scale) ** 2
     aic = n * math.log(max(rss, floor) / n) + 2 * k
     return Fit(
-        name=name, params=params, equation=_equation(name, params, L, x), r2=r2, adj_r2=adj, aic=aic, n=n, k=k, _depth=L
+        name=name, coefficients=params, equation=_equation(name, params, L, x), r2=r2, adj_r2=adj, aic=aic, n=n, k=k, _depth=L
     )
 
 
@@ -310,7 +310,7 @@ def _failed(name: str, n: int, k: int, why: str, L: float | None = None) -> Fit:
     params = {p: math.nan for p in _PARAMS[name]}
     return Fit(
         name=name,
-        params=params,
+        coefficients=params,
         equation=f"{_TEMPLATES[name]} (not fitted: {why})",
         r2=math.nan,
         adj_r2=math.nan,
