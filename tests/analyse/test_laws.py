@@ -117,7 +117,9 @@ def test_linear_and_quadratic_match_polyfit_on_noisy_data():
     assert (lin.coefficients["a"], lin.coefficients["b"]) == pytest.approx((a, b), rel=1e-10)
     c2, b2, a2 = np.polyfit(x, y, 2)
     quad = fit_law("quadratic", x, y)
-    assert (quad.coefficients["a"], quad.coefficients["b"], quad.coefficients["c"]) == pytest.approx((a2, b2, c2), rel=1e-9)
+    assert (quad.coefficients["a"], quad.coefficients["b"], quad.coefficients["c"]) == pytest.approx(
+        (a2, b2, c2), rel=1e-9
+    )
 
 
 def test_quadratic_is_accurate_far_from_the_origin():

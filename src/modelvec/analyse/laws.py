@@ -302,7 +302,15 @@ def _scored(name: str, params: dict[str, float], x: np.ndarray, y: np.ndarray, L
     floor = n * (_RSS_FLOOR_REL * scale) ** 2
     aic = n * math.log(max(rss, floor) / n) + 2 * k
     return Fit(
-        name=name, coefficients=params, equation=_equation(name, params, L, x), r2=r2, adj_r2=adj, aic=aic, n=n, k=k, _depth=L
+        name=name,
+        coefficients=params,
+        equation=_equation(name, params, L, x),
+        r2=r2,
+        adj_r2=adj,
+        aic=aic,
+        n=n,
+        k=k,
+        _depth=L,
     )
 
 

@@ -69,7 +69,14 @@ def _laws_entry(key: tuple[str, str, float], fits: list[Fit]) -> dict:
         "shown": law.name if law is not None else None,
         "verdict": verdict,
         "fits": [
-            {"law": f.name, "equation": f.equation, "params": f.coefficients, "r2": f.r2, "adj_r2": f.adj_r2, "aic": f.aic}
+            {
+                "law": f.name,
+                "equation": f.equation,
+                "params": f.coefficients,
+                "r2": f.r2,
+                "adj_r2": f.adj_r2,
+                "aic": f.aic,
+            }
             for f in fits
         ],
     }
