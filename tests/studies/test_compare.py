@@ -11,7 +11,8 @@ import modelvec.studies
 from modelvec.cli import app
 from modelvec.cli import evaluate as evaluate_command
 from modelvec.represent.representation import Representation
-from modelvec.studies.compare import SVD_GRID, SWEPT, VARIANTS, Sweep, variants
+from modelvec.studies.compare import SVD_GRID, VARIANTS, variants
+from modelvec.studies.sweep import SWEPT, Sweep
 
 
 def test_a_sweep_holds_each_fields_default_unless_given_and_checks_every_value():

@@ -254,16 +254,6 @@ def split_values(values: list[str] | None) -> list[str]:
     return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
 
 
-def numbers(values: list[str] | None) -> list[float]:
-    out = []
-    for part in split_values(values):
-        try:
-            out.append(float(part))
-        except ValueError:
-            raise typer.BadParameter(f"{part!r} is not a number") from None
-    return out
-
-
 def setting_values(cls: type, name: str, values: list[str] | None) -> list[Any]:
     """Repeated and comma-separated values of the setting ``name`` of ``cls``, each parsed and checked as its
     declaration says (``evaluate --rows auto,1,0.05``)."""

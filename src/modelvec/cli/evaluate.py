@@ -10,15 +10,14 @@ from rich.table import Table
 
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
+from ..studies.sweep import SWEPT, Sweep
 from .common import JsonOpt, StoreOpt, command, console, err, fmt, print_json, say, split_values, with_settings
 from .sweeps import with_sweeps
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: The fields of the representation that evaluate sweeps (:data:`modelvec.studies.compare.SWEPT`), and the
-#: plural flags they had before their options were made from the declarations (kept for existing scripts).
-SWEPT = ("rank", "rows", "projection", "seed")
+#: The plural flags the swept fields had before their options were made from the declarations (kept for scripts).
 ALIASES = {"rank": ("--ranks",), "projection": ("--projections",), "seed": ("--seeds",)}
 
 
@@ -67,7 +66,6 @@ def evaluate(
     """
     from ..studies import evaluate as run_evaluate
     from ..studies import variants
-    from ..studies.compare import Sweep
 
     swept = Sweep(**(sweep or {}))
     table = run_evaluate(

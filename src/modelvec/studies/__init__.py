@@ -14,15 +14,17 @@ from typing import TYPE_CHECKING
 from ..core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .compare import VARIANTS, Sweep, evaluate, task_vector_gram, variants
+    from .compare import VARIANTS, evaluate, task_vector_gram, variants
     from .depth import DepthStudy, depth_study, over_finetunes, over_stored
     from .spectra import spectra_of
+    from .sweep import Sweep
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         "depth": ("DepthStudy", "depth_study", "over_finetunes", "over_stored"),
         "spectra": ("spectra_of",),
-        "compare": ("VARIANTS", "Sweep", "evaluate", "task_vector_gram", "variants"),
+        "compare": ("VARIANTS", "evaluate", "task_vector_gram", "variants"),
+        "sweep": ("Sweep",),
     },
 )

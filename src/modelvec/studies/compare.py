@@ -8,13 +8,12 @@ never holding all deltas in memory. The scores themselves are :mod:`modelvec.ana
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -33,20 +32,16 @@ from ..analyse.evaluation import (
 from ..analyse.scores import Scoring, clustering_scores, coordinates_of
 from ..core.errors import StoreError
 from ..core.names import model_id
-from ..core.settings import check_field
 from ..read import open_checkpoint
 from ..represent.representation import POOLINGS, Representation
 from ..run import embed
 from ..store import Store, opened
+from .sweep import Sweep
 
 if TYPE_CHECKING:
     from ..read import Checkpoint, MatrixRef
 
 PathLike = str | os.PathLike[str]
-
-#: The fields of :class:`Representation` a comparison sweeps: :func:`variants` takes the rank, rows and
-#: projection, :func:`evaluate` the seed (its scores are the mean over seeds).
-SWEPT = ("rank", "rows", "projection", "seed")
 
 #: The study's SVD factors: as the original study ran them (U, raw signs), with canonical signs, scaled by Σ,
 #: and the singular values alone, pooled by mean, and U·Σ concatenated over layers.
@@ -58,35 +53,6 @@ SVD_GRID: tuple[dict[str, str], ...] = (
     dict(factor="US", pooling="concat"),
     dict(factor="S"),
 )
-
-
-@dataclass(frozen=True, init=False)
-class Sweep:
-    """The values of :class:`Representation`'s fields that a comparison sweeps (:data:`SWEPT`), each in order:
-    ``Sweep(rank=(8, 16, 32), rows=("auto", 1))``, read as ``sweep["rank"]``.
-
-    A field not given has one value, its declared default (the one ``embed`` uses), so the API and ``evaluate``'s
-    options (made from the same declarations: :func:`modelvec.cli.sweeps.with_sweeps`) share it. Every value is
-    checked as its field's declaration says (an int for a float field is a float: ``rows=1`` is ``1.0``)."""
-
-    values: tuple[tuple[str, tuple[Any, ...]], ...]  # every field of SWEPT, in its order, with its values
-
-    def __init__(self, **values: Any) -> None:
-        unknown = sorted(set(values) - set(SWEPT))
-        if unknown:
-            raise ValueError(f"a sweep takes {', '.join(SWEPT)}, not {', '.join(unknown)}")
-        defaults = {f.name: f.default for f in dataclasses.fields(Representation)}
-        swept = []
-        for name in SWEPT:
-            value = values.get(name, defaults[name])
-            several = (value,) if isinstance(value, str) or not isinstance(value, Iterable) else tuple(value)
-            if not several:
-                raise ValueError(f"{name}: a sweep needs at least one value")
-            swept.append((name, tuple(check_field(Representation, name, v) for v in several)))
-        object.__setattr__(self, "values", tuple(swept))
-
-    def __getitem__(self, name: str) -> tuple[Any, ...]:
-        return dict(self.values)[name]
 
 
 def variants(
