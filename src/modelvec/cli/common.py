@@ -376,6 +376,8 @@ def with_settings(
                 if (meta.words or meta.many) and values[f.name] is not None:
                     values[f.name] = parse_value(f, meta, ",".join(values[f.name]) if meta.many else values[f.name])
             return cls(**values)
+        except ModelvecError:  # not a bad value: the machine (a device it lacks), said in one line
+            raise
         except ValueError as exc:  # "thresholds must be ...": said as the option's ("Invalid value for '--threshold'")
             named = [flag_of(f, meta) for f, meta in fields() if str(exc).startswith(f"{f.name} ")]
             raise typer.BadParameter(str(exc), param_hint=f"'{named[0]}'" if named else None) from None

@@ -89,6 +89,11 @@ class ResourceError(ModelvecError):
     default_kind = Kind.RESOURCE
 
 
+class DeviceError(ResourceError, ValueError):
+    """The device asked for is not on this machine (CUDA without a visible GPU): the machine's, said in one line,
+    and a ``ValueError`` to those that check the device as a value."""
+
+
 class AnswerError(Exception):
     """A Hub answer refused inside the HTTP machinery, where the model is not known yet: the world failed
     (``kind`` transient), never the model. Raised as itself so that the call can be retried; the Hub client's

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core.errors import DeviceError
+
 DEVICES = "auto, cpu, cuda, cuda:N"
 
 
@@ -19,9 +21,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         raise ValueError(f"device must be one of {DEVICES}, not {name!r}") from None
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r}: no CUDA GPU is visible to torch here; use --device cpu (or auto)")
+            raise DeviceError(f"device {name!r}", "no CUDA GPU is visible to torch here; use --device cpu (or auto)")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
+            raise DeviceError(f"device {name!r}", f"only {torch.cuda.device_count()} CUDA GPU(s) are visible")
     elif resolved.type != "cpu":
         raise ValueError(f"device must be one of {DEVICES}, not {name!r}")
     return resolved

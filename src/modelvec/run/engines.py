@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..core.errors import ResourceError
 from ..core.settings import setting, validate
 from ..hub.client import HubSettings
 from ..represent.representation import Representation
@@ -81,15 +80,7 @@ class Execution:
         if self.device not in ("auto", "cpu"):  # CUDA asked for without a GPU: said before any work starts
             from ..represent import resolve_device
 
-            try:
-                resolve_device(self.device)
-            except ValueError as exc:
-                if not self.device.startswith("cuda"):  # not a device: a bad value
-                    raise
-                # the machine has no such GPU, not a bad value: one line, whatever asked
-                raise ResourceError(
-                    f"device {self.device!r}", str(exc).removeprefix(f"device {self.device!r}: ")
-                ) from None
+            resolve_device(self.device)
 
 
 def make_engine(execution: Execution) -> Engine:
