@@ -53,6 +53,8 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
 
     found = modelvec.neighbors(str(models[0]), store=api_store, scoring=Scoring(k=3))
     assert cli_json("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == as_printed(found.as_json())
+    one_by_one = modelvec.neighbors(str(models[0]), store=api_store, k=3)  # as the README's example writes it
+    assert as_printed(one_by_one.as_json()) == as_printed(found.as_json())
 
     study = modelvec.depth_report(models[1], base=base, of="delta", thresholds=(0.5, 0.9), out=tmp_path / "r")
     cli_rank = cli_json(

@@ -29,6 +29,7 @@ from ..analyse.scores import (
 )
 from ..core.errors import ModelvecError, NothingStoredError, StoreError
 from ..core.names import is_hub_id, model_id
+from ..core.settings import with_options
 from ..represent.representation import Representation
 from ..store import Products, Selection, Store, opened
 from .stored import kept_spread, products_key, stored_base, stored_products
@@ -118,6 +119,7 @@ def neighbors(
     base: PathLike | str | None = None,
     hub_settings: HubSettings | None = None,
     explain: bool = False,
+    **options: Any,
 ) -> Neighbors:
     """The ``scoring.k`` stored models nearest to ``model``, and the dataset they suggest for it.
 
@@ -128,10 +130,10 @@ def neighbors(
     families carry the similarity: each block's share of the cosine (:func:`~modelvec.analyse.scores.cosine_contributions`).
     ``scoring`` (default :data:`~modelvec.analyse.scores.NEIGHBORS_SCORING`): its ``metric``, and its ``scaling``: ``"mutual-proximity"``
     ranks the stored models by mutual proximity (distance: -log MP), ``"auto"`` (the default) does so where they
-    and the query mix LoRA adapters and full fine-tunes.
+    and the query mix LoRA adapters and full fine-tunes. Its settings may also be given one by one (``k=5``).
     """
     representation = representation or Representation()
-    scoring = scoring or NEIGHBORS_SCORING
+    scoring = with_options(Scoring, scoring or NEIGHBORS_SCORING, options, "neighbors")
     k, metric = scoring.k, scoring.metric
     with opened(store, read_only=True) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
