@@ -50,6 +50,8 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
         "cluster", str(base), "--store", str(api_store), "--out", str(tmp_path / "a"), "--reduce", "pca"
     )
     assert cli_cluster == as_printed(report.as_json())
+    voters = modelvec.cluster(base, store=api_store, out=tmp_path / "k", reduce="pca", k=3)  # Scoring's k, by name
+    assert voters.k == 3 and voters.reduce == "pca" and report.k == 5
 
     found = modelvec.neighbors(str(models[0]), store=api_store, scoring=Scoring(k=3))
     assert cli_json("neighbors", str(models[0]), "--store", str(api_store), "--k", "3") == as_printed(found.as_json())

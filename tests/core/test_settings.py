@@ -155,6 +155,16 @@ def test_api_functions_take_the_settings_whole_or_one_by_one():
         with_options(Scope, None, {"limt": 2}, "discover")
 
 
+def test_keywords_of_several_settings_go_each_to_its_own():
+    """``embed(..., rank=8, workers=4)``: each settings object takes its own fields; what is left is the caller's."""
+    from modelvec.core.settings import taken_from
+
+    options = {"rank": 8, "workers": 4, "device": "cpu", "store": "s.duckdb"}
+    assert taken_from(Execution, options) == {"workers": 4, "device": "cpu"}
+    assert taken_from(Representation, options) == {"rank": 8}
+    assert options == {"store": "s.duckdb"}
+
+
 @pytest.mark.parametrize(
     "command,cls,only",
     [

@@ -221,6 +221,12 @@ def value_text(value: Any) -> str:
 T = TypeVar("T")
 
 
+def taken_from(cls: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword ``options`` that are settings of ``cls``, removed from ``options``: for an API function whose
+    keywords set the fields of several settings objects (``embed(..., rank=8, workers=4)``)."""
+    return {f.name: options.pop(f.name) for f, _ in settings_of(cls) if f.name in options}
+
+
 def with_options(cls: type[T], given: T | None, options: dict[str, Any], owner: str = "") -> T:
     """``given`` (default: ``cls()``) with the keyword ``options`` an API function was called with set on it:
     ``discover(base, limit=2)`` is ``discover(base, Scope(limit=2))``. A name that is not a setting of ``cls`` is

@@ -30,7 +30,7 @@ from ..analyse.scores import (
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.files import weight_format
 from ..core.names import display_name, is_hub_id, model_id
-from ..core.settings import with_options
+from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings
 from ..hub.download import snapshot_folder
 from ..hub.ids import resolve_base
@@ -216,8 +216,8 @@ def cluster(
     found and counted (:class:`~modelvec.analyse.scores.Scoring`: its ``scaling`` ranks neighbours for the
     neighbour-based scores: ``"auto"``, the default, ranks by mutual proximity where the stored models mix LoRA
     adapters and full fine-tunes; the clusterers and the map see the vectors as they are). ``reduction`` how the map
-    is drawn (:class:`~modelvec.analyse.reduction.Reduction`; its settings may also be given one by one:
-    ``reduce="pca"``).
+    is drawn (:class:`~modelvec.analyse.reduction.Reduction`). The settings of both may also be given one by one:
+    ``reduce="pca", k=3``.
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``, ``name``, or
     ``declared`` / ``guessed`` / ``none``): other models count as unlabelled. The report also gives the kNN score
     with same-author neighbours excluded (an author effect is not a dataset effect). A Hub base's per-block scores
@@ -226,9 +226,9 @@ def cluster(
     The vectors are never held: their inner products are read from the vector file in blocks and kept beside the
     store (a later run computes only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``.
     """
+    scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "cluster")
     reduction = with_options(Reduction, reduction, options, "cluster")
     representation = representation or Representation()
-    scoring = scoring or Scoring()
     with opened(store, read_only=True) as db:
         selection, meta, base_name = select_base(db, base, representation)
         base_sha = db.base_sha(base_name) if is_hub_id(base_name) else None

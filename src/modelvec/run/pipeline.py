@@ -25,7 +25,7 @@ import pandas as pd
 
 from ..core.errors import CheckpointError, FetchError, Kind, error_of
 from ..core.names import is_hub_id, model_id
-from ..core.settings import settings_of, with_options
+from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings, describe_error, with_retries
 from ..hub.discovery import CatalogueEntry, Scope, describe
 from ..hub.download import fetch, resolve_revision
@@ -38,10 +38,6 @@ from .engines import Engine, Execution, make_engine
 from .work import BaseSpec, Outcome, Task
 
 PathLike = str | os.PathLike[str]
-
-#: The names of the run's and discovery's settings, given one by one to :func:`embed` and :func:`embed_discovered`.
-EXECUTION_FIELDS = tuple(f.name for f, _ in settings_of(Execution))
-SCOPE_FIELDS = tuple(f.name for f, _ in settings_of(Scope))
 
 
 @dataclass
@@ -135,8 +131,7 @@ def embed(
     ``progress(model, status, detail)`` is called as each model ends; ``on_step`` gets a :class:`Step` for the
     same events, with the number of models first and the bytes each one cost (what a progress bar shows).
     """
-    running = {name: fields.pop(name) for name in EXECUTION_FIELDS if name in fields}
-    execution = with_options(Execution, execution, running, "embed")
+    execution = with_options(Execution, execution, taken_from(Execution, fields), "embed")
     chosen = representation or Representation(**fields)
     hub_settings = hub_settings or HubSettings()
     runner = make_engine(execution)
@@ -168,7 +163,7 @@ def embed_discovered(
     :func:`discover` runs first and its catalogue is stored. Other keyword arguments go to
     :func:`embed`.
     """
-    scope = with_options(Scope, scope, {k: kwargs.pop(k) for k in SCOPE_FIELDS if k in kwargs}, "embed_discovered")
+    scope = with_options(Scope, scope, taken_from(Scope, kwargs), "embed_discovered")
     hub_settings = hub_settings or HubSettings()
     canonical = resolve_base(base).canonical
     with opened(store) as db:
