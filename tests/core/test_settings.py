@@ -155,6 +155,30 @@ def test_api_functions_take_the_settings_whole_or_one_by_one():
         with_options(Scope, None, {"limt": 2}, "discover")
 
 
+def test_a_setting_given_two_ways_is_merged_where_they_agree_and_refused_where_they_conflict():
+    """An object and its fields as keywords: one rule for every settings class and every function that takes both
+    (the pipeline once dropped the keywords without a word)."""
+    from modelvec import DeltaEmbedder
+    from modelvec.analyse.scores import NEIGHBORS_SCORING
+    from modelvec.core.settings import with_options
+
+    # a field the object leaves at its default takes the keyword; the same value twice is no conflict
+    assert with_options(Representation, Representation(rank=8), {"pooling": "concat"}) == Representation(
+        rank=8, pooling="concat"
+    )
+    assert with_options(Representation, Representation(rank=8), {"rank": 8}) == Representation(rank=8)
+    assert with_options(Representation, Representation(rows=1), {"rows": 1.0}) == Representation(rows=1)
+    # a keyword that contradicts what the object sets: one line naming both
+    with pytest.raises(ValueError, match=r"embed: rank=16 conflicts with Representation\(rank=8\) given with it"):
+        with_options(Representation, Representation(rank=8), {"rank": 16}, "embed")
+    # without an object, the keywords set the function's own defaults (neighbors lists 10)
+    assert with_options(Scoring, None, {"metric": "euclidean"}, default=NEIGHBORS_SCORING).k == 10
+    # every API function that takes both follows the rule
+    assert DeltaEmbedder(Representation(rank=8), pooling="concat").representation.pooling == "concat"
+    with pytest.raises(ValueError, match="conflicts"):
+        DeltaEmbedder(Representation(rank=8), rank=4)
+
+
 def test_keywords_of_several_settings_go_each_to_its_own():
     """``embed(..., rank=8, workers=4)``: each settings object takes its own fields; what is left is the caller's."""
     from modelvec.core.settings import taken_from

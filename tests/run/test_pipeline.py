@@ -51,6 +51,18 @@ def test_resume_skips_and_force_recomputes(tiny_bert, tiny_finetunes, tmp_path):
         assert len(db.metadata()) == 6
 
 
+def test_a_representation_and_its_fields_given_together_are_one_setting(tiny_bert, tiny_finetunes, tmp_path):
+    """``embed(representation=..., rank=...)``: a field the object leaves at its default is taken, one it sets and the
+    keyword contradicts is refused in one line (the keywords were dropped without a word)."""
+    store = tmp_path / "s.duckdb"
+    merged = modelvec.embed(
+        tiny_bert, tiny_finetunes[:1], representation=Representation(rank=4), pooling="concat", store=store
+    )
+    assert merged.metadata["params"].tolist() == [Representation(rank=4, pooling="concat").key()]
+    with pytest.raises(ValueError, match=r"embed: rank=16 conflicts with Representation\(rank=4\)"):
+        modelvec.embed(tiny_bert, tiny_finetunes[:1], representation=Representation(rank=4), rank=16, store=store)
+
+
 def test_changed_weights_are_recomputed(tiny_bert, tmp_path):
     store = tmp_path / "s.duckdb"
     ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=1)

@@ -227,13 +227,26 @@ def taken_from(cls: Any, options: dict[str, Any]) -> dict[str, Any]:
     return {f.name: options.pop(f.name) for f, _ in settings_of(cls) if f.name in options}
 
 
-def with_options(cls: type[T], given: T | None, options: dict[str, Any], owner: str = "") -> T:
-    """``given`` (default: ``cls()``) with the keyword ``options`` an API function was called with set on it:
-    ``discover(base, limit=2)`` is ``discover(base, Scope(limit=2))``. A name that is not a setting of ``cls`` is
-    a ``TypeError`` naming ``owner``, as a wrong keyword is."""
-    known = {f.name for f, _ in settings_of(cls)}
-    unknown = sorted(set(options) - known)
+def with_options(cls: type[T], given: T | None, options: dict[str, Any], owner: str = "", default: T | None = None) -> T:
+    """``given`` with the keyword ``options`` an API function was called with set on it: ``discover(base, limit=2)``
+    is ``discover(base, Scope(limit=2))``. Without ``given`` the options set the fields of ``default`` (else
+    ``cls()``: a function's own defaults, such as ``neighbors``' ten neighbours). With both, one rule everywhere: a
+    keyword sets a field the object leaves at the class's default, or repeats the object's value; a keyword that
+    differs from a value the object sets is refused, a ``ValueError`` in one line, never dropped. A name that is not
+    a setting of ``cls`` is a ``TypeError`` naming ``owner``, as a wrong keyword is."""
+    fields = {f.name: f for f, _ in settings_of(cls)}
+    unknown = sorted(set(options) - set(fields))
     if unknown:
         raise TypeError(f"{owner or cls.__name__}() got an unexpected keyword argument {unknown[0]!r}")
-    base = given if given is not None else cls()
-    return dataclasses.replace(base, **options) if options else base  # type: ignore[type-var]
+    if given is None:
+        base = default if default is not None else cls()
+        return dataclasses.replace(base, **options) if options else base  # type: ignore[type-var]
+    blank = cls()
+    for name, value in options.items():
+        mine = getattr(given, name)
+        if mine != getattr(blank, name) and mine != _checked(fields[name], fields[name].metadata[_KEY], value):
+            raise ValueError(
+                f"{owner or cls.__name__}: {name}={value!r} conflicts with {cls.__name__}({name}={mine!r}) given with "
+                "it: give the setting one way"
+            )
+    return dataclasses.replace(given, **options) if options else given  # type: ignore[type-var]

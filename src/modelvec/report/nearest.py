@@ -133,7 +133,7 @@ def neighbors(
     and the query mix LoRA adapters and full fine-tunes. Its settings may also be given one by one (``k=5``).
     """
     representation = representation or Representation()
-    scoring = with_options(Scoring, scoring or NEIGHBORS_SCORING, options, "neighbors")
+    scoring = with_options(Scoring, scoring, options, "neighbors", default=NEIGHBORS_SCORING)
     k, metric = scoring.k, scoring.metric
     with opened(store, read_only=True) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)

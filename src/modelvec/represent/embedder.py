@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError, resource_cause
+from ..core.settings import with_options
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .blocks import Block, has_head, head_floats, plans_of, vector_blocks
 from .device import resolve_device
@@ -144,10 +145,9 @@ class DeltaEmbedder:
         batching: str = "auto",
         **fields: Any,
     ) -> None:
-        """``representation``, or its fields as keywords (``DeltaEmbedder(rank=16, pooling="concat")``)."""
-        if representation is not None and fields:
-            raise ValueError("give a Representation or its settings as keywords, not both")
-        self.representation = representation if representation is not None else Representation(**fields)
+        """``representation``, or its fields as keywords (``DeltaEmbedder(rank=16, pooling="concat")``), or both
+        where they agree (:func:`~modelvec.core.settings.with_options`)."""
+        self.representation = with_options(Representation, representation, fields, "DeltaEmbedder")
         self.device = resolve_device(device)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")

@@ -132,7 +132,7 @@ def embed(
     same events, with the number of models first and the bytes each one cost (what a progress bar shows).
     """
     execution = with_options(Execution, execution, taken_from(Execution, fields), "embed")
-    chosen = representation or Representation(**fields)
+    chosen = with_options(Representation, representation, fields, "embed")
     hub_settings = hub_settings or HubSettings()
     runner = make_engine(execution)
     said = progress or (lambda *_: None)
