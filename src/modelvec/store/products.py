@@ -176,6 +176,9 @@ def gram(
             block = _product(A, B[: len(theirs)], exact)
             G[np.ix_(mine, theirs)] = block
             G[np.ix_(theirs, mine)] = block.T
+        # a pair within one block was written twice, (i, j) then (j, i), whose roundings may differ: one of them
+        for a, i in enumerate(mine[:-1]):  # row by row: memory O(n), not a copy of the block's square
+            G[mine[a + 1 :], i] = G[i, mine[a + 1 :]]
         if progress is not None:
             progress(min(start + rows, len(order)), len(order))
     if not order and verify:  # every product from the cache: the vectors are still read once, to catch damage since
