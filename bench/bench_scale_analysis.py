@@ -82,11 +82,13 @@ def sparse_base(folder: Path) -> Path:
 def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | str) -> None:
     """Vectors ``start`` .. ``stop`` - 1: 6 datasets as directions plus noise; a third low-norm LoRA adapters."""
     from modelvec import Representation, Store
+    from modelvec.read import Checkpoint
     from modelvec.store import VectorRow
 
     params = Representation(size=size)
     centres = np.random.default_rng(0).standard_normal((6, dim)).astype(np.float32)
     with Store(store) as db:
+        db.record_base(str(base), Checkpoint(base).identity(), "bh")  # as embed records the base it embeds against
         for lo in range(start, stop, 200):
             rows = []
             for i in range(lo, min(stop, lo + 200)):
@@ -137,9 +139,11 @@ store, base, size, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 size = int(size) if size.isdigit() else size
 from modelvec import Representation, Store
 from modelvec.analyse.reduction import reduce
-from modelvec.analyse.scores import Geometry, Scoring, clustering_scores, coordinates_of, knn_dataset_score, predict_datasets
+from modelvec.analyse.scores import Scoring, clustering_scores, coordinates_of, knn_dataset_score, predict_datasets
 from modelvec.plots.maps import plot_html, plot_png
-from modelvec.report.clusters import products_key, select_base
+from modelvec.store import Population
+from modelvec.store.kept import read_kept
+from modelvec.store.products import ProductsCache
 stages = {}
 def stage(name, fn):
     peak[0] = rss(); t = time.perf_counter(); value = fn()
@@ -147,12 +151,15 @@ def stage(name, fn):
     return value
 rep = Representation(size=size)
 with Store(store, read_only=True) as db:
-    sel, meta, name = select_base(db, base, rep)
-    products = stage("products (kept beside the store)", lambda: db.products(sel, cache=products_key(name, rep)))
+    pop = stage("population (the base's version, the copies)", lambda: Population(db, base, rep))
+    kept = ProductsCache(db.path, pop.cache_key()).path
+    stage("verification: every kept row's checksum", lambda: read_kept(kept))
+    products, meta = stage("products (kept beside the store, verified)", pop.products)
+    scoring, _ = pop.resolve(Scoring(), list(meta["adapter"]))
+    geo = stage("geometry (spreads kept beside the store, verified)", lambda: pop.geometry(products, scoring))
 labels = [list(d) for d in meta["datasets"]]
-scaling, _ = Scoring().scaling_for(meta["adapter"])
+scaling = scoring.scaling
 coords = stage("coordinates (64 principal above 1,024 models)", lambda: coordinates_of(products.gram))
-geo = Geometry.from_products(products.gram)
 def scores():
     knn_dataset_score(geo, labels, scaling=scaling)
     knn_dataset_score(geo, labels, scaling=scaling, exclude_same=list(meta["author"]))

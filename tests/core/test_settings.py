@@ -93,28 +93,33 @@ mod.Representation = Extended  # before the CLI is built from it
 
 from modelvec.cli import app  # noqa: E402
 
-root, tiny = sys.argv[1], sys.argv[2]
+root, tiny, ft = sys.argv[1], sys.argv[2], sys.argv[3]
 out = {}
 for command in ("embed", "cluster", "neighbors"):
     out[command] = CliRunner().invoke(app, [command, "--help"]).output
 store = f"{root}/s.duckdb"
-args = ["embed", tiny, "--base", tiny, "--store", store, "--fancy", "3", "--json"]
+args = ["embed", ft, "--base", tiny, "--store", store, "--fancy", "3", "--json"]
 out["embed-json"] = json.loads(CliRunner().invoke(app, args).output)
-args = ["neighbors", tiny, "--store", store, "--fancy", "3", "--json"]
+args = ["neighbors", ft, "--store", store, "--fancy", "3", "--json"]
 out["neighbors-json"] = json.loads(CliRunner().invoke(app, args).output)
-bad = CliRunner().invoke(app, ["neighbors", tiny, "--store", store, "--fancy", "-1"])
+bad = CliRunner().invoke(app, ["neighbors", ft, "--store", store, "--fancy", "-1"])
 out["bad"] = [bad.exit_code, " ".join(bad.output.replace("│", " ").split())]
 print(json.dumps(out))
 """
 
 
-def test_a_field_added_to_the_representation_is_an_option_of_every_command_and_part_of_the_key(tiny_bert, tmp_path):
+def test_a_field_added_to_the_representation_is_an_option_of_every_command_and_part_of_the_key(
+    tiny_bert, tiny_finetunes, tmp_path
+):
     """What adding a setting takes: one field (its help, bounds and place in the key). Every representation command
     then offers it, validates it and names the vectors by it, with nothing else edited."""
     script = tmp_path / "added.py"
     script.write_text(textwrap.dedent(ADDED_FIELD))
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), str(tiny_bert)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), str(tmp_path), str(tiny_bert), str(tiny_finetunes[0])],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])

@@ -269,7 +269,7 @@ def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, 
 
 def test_neighbors_without_matching_vectors_says_what_the_store_holds(planted, tmp_path):
     _, models, _, store = planted
-    stored = r"\(stored, with the options that read them: r4-sketch-mean\S+ \(--rank 4\)"
+    stored = r"\(stored, with the options that read them: \S+ \[r4-sketch-mean\S+: --rank 4\]"
     with pytest.raises(modelvec.NothingStoredError, match=r"no vectors stored with representation r7-\S+ " + stored):
         neighbors(models[0], representation=Representation(rank=7), store=store)
     missing = tmp_path / "new.duckdb"  # a mistyped store is refused, never created
@@ -585,7 +585,7 @@ def test_a_store_too_large_for_the_memory_left_is_one_line_saying_what_fits(tmp_
     """Before any product is computed: the memory the products need against what the kernel says is free, in one
     line naming how many models would fit, never a swap storm."""
     from modelvec.core.errors import ResourceError
-    from modelvec.report import stored
+    from modelvec.store import population as stored
 
     store, _ = _made_store(tmp_path / "s.duckdb")
     monkeypatch.setattr(stored, "available_memory", lambda: 100_000)

@@ -77,7 +77,7 @@ def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
         selection, _ = db.select()
         got = db.products(selection)
-        dots, _, damaged = db.products_with(selection, X[0])
+        dots, _, damaged = module.products_with(db.vector_file, selection, X[0])
     assert list(got.damaged) == ["m0005"] and "does not match its checksum" in got.damaged["m0005"]
     keep = [i for i in range(12) if i != 5]
     assert got.kept.tolist() == keep

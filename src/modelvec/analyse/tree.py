@@ -11,7 +11,14 @@ its size beside the base's, and how many distinct values its rows hold. What eac
   share of the parent's delta it holds (T_m . T_p / |T_p|^2) is about 1, and its parent is the nearest model that
   it goes beyond (the base, T = 0, always does): siblings share a direction but hold less than all of each other;
 - an **adapter** is known from its files; its parent is the fine-tune it was embedded on, or else found as a
-  fine-tune's is.
+  fine-tune's is;
+- a **copy** of the base (a re-upload of it, an untrained adapter) has a zero trace: the base is its parent, and it
+  is nobody's; a model that repeats another's trace bit for bit is a copy of that model.
+
+The tree is acyclic by construction, whatever the traces: a parent that would make a model its own ancestor is
+refused and the model placed under the base (:func:`_acyclic`). A model without a trace (stored before traces were
+kept, or its trace damaged) is a node of kind ``untraced`` with the reason and the remedy; a traced model whose
+card names it is placed under it where the weights find no other parent, and the tree says it is partial.
 
 Each threshold is a field of :class:`TreeRule`, chosen on the selection half of the tree evidence zoo
 (docs/tree.md). Numpy and scipy only: the tree of a stored population needs no torch.
@@ -28,7 +35,7 @@ import numpy as np
 
 #: Models up to which the whole tree's inner products are made at once (a 4,000 x 4,000 float32 Gram: 64 MB).
 GRAM_UP_TO = 4000
-KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated")
+KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated", "copy", "untraced")
 #: A declared relation (the Hub's ``base_model_relation``) as the kind it claims.
 DECLARED_KIND = {"finetune": "fine-tune", "adapter": "adapter", "merge": "merge", "quantized": "quantization"}
 
@@ -62,7 +69,9 @@ class Node:
     agrees: bool = True
     size: float = 0.0  # |delta| / |base weights|
     levels: float | None = None
-    copy_of: str | None = None  # the model whose weights (its trace, bit for bit) this one repeats
+    copy_of: str | None = None  # the model whose weights (its trace, bit for bit) this one repeats; the base's name
+    #: why the node is placed as it is where the weights could not place it (no trace; a card's parent; a cycle)
+    note: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -78,18 +87,34 @@ class Node:
             out["weights"] = [round(w, 3) for w in self.weights]
         if self.copy_of is not None:
             out["copy_of"] = self.copy_of
+        if self.note is not None:
+            out["note"] = self.note
         return out
 
 
 @dataclass
 class Tree:
-    """The inferred tree of one base's stored models."""
+    """The inferred tree of one base's stored models; ``damaged``: stored traces whose bytes did not verify (model
+    -> one line; their models are ``untraced`` nodes), ``notes``: what the tree's population left out and why."""
 
     base: str
     nodes: list[Node]
+    damaged: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Whether some models have no trace: they, and their children, are placed by their cards at best."""
+        return any(n.kind == "untraced" for n in self.nodes)
 
     def as_json(self) -> dict[str, Any]:
-        return {"base": self.base, "models": [n.as_json() for n in self.nodes]}
+        return {
+            "base": self.base,
+            "models": [n.as_json() for n in self.nodes],
+            "partial": self.partial,
+            "damaged": dict(self.damaged),
+            "notes": list(self.notes),
+        }
 
     def by_model(self) -> dict[str, Node]:
         return {n.model: n for n in self.nodes}
@@ -104,12 +129,15 @@ class Tree:
             up = n.parent if n.parent in known else (self.base if n.parent is not None else None)
             children.setdefault(up, []).append(n)
         out: list[tuple[Node, int]] = []
+        placed: set[int] = set()  # each node once, whatever its parents say: the walk ends
         stack = [(n, 1) for n in reversed(children.get(self.base, []))]
         while stack:
             node, depth = stack.pop()
+            if id(node) in placed:
+                continue
+            placed.add(id(node))
             out.append((node, depth))
             stack += [(c, depth + 1) for c in reversed(children.get(node.model, []))]
-        placed = {id(n) for n, _ in out}
         return out + [(n, 0) for n in self.nodes if id(n) not in placed]
 
 
@@ -132,18 +160,90 @@ def infer_tree(
     base_names: Sequence[str] = (),
     rule: TreeRule | None = None,
     only: Sequence[str] | None = None,
+    untraced: Mapping[str, str] | None = None,
 ) -> Tree:
     """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
     ``base``. ``adapters``: the adapters, each with the model it was embedded on (None: the base); ``declared``:
     what cards say, (relation, parents); ``base_names``: other names of the base in ``declared``; ``only``: the
-    models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs)."""
-    adapters = dict(adapters or {})
+    models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs); ``untraced``:
+    the models without a trace, each with why (and what to do), placed by their cards where those name a model."""
+    adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
+    t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
     inference = _Inference(models, t, scale, levels, rule or TreeRule(), set(adapters), only is None)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
-    _compare(nodes, base, set(base_names), declared or {})
+    root = {base.lower(), *(a.lower() for a in base_names)}
+    nodes += [_untraced(m, why, base, root, declared) for m, why in untraced.items() if only is None or m in only]
+    _under_untraced(nodes, untraced, declared, base, root)
+    _acyclic(nodes, base)
+    _compare(nodes, base, root, declared)
     return Tree(base, nodes)
+
+
+def _untraced(
+    model: str, why: str, base: str, root: set[str], declared: Mapping[str, tuple[str | None, list[str]]]
+) -> Node:
+    """The node of a model without a trace (``why``: the reason and the remedy): no kind, placed under the parents
+    its card names, if any, at confidence 0."""
+    parents = [base if p.lower() in root else p for p in declared.get(model, (None, []))[1]]
+    return Node(
+        model=model, kind="untraced", parent=parents[0] if parents else None, parents=parents, confidence=0.0, note=why
+    )
+
+
+def _under_untraced(
+    nodes: list[Node],
+    untraced: Mapping[str, str],
+    declared: Mapping[str, tuple[str | None, list[str]]],
+    base: str,
+    root: set[str],
+) -> None:
+    """A traced model placed under the base by its weights whose card names a model without a trace is placed under
+    that model: the weights cannot see it, the card is what is known."""
+    if not untraced:
+        return
+    for node in nodes:
+        if node.kind in ("untraced", "unrelated", "copy", "merge") or node.parent != base:
+            continue
+        named = [p for p in declared.get(node.model, (None, []))[1] if p in untraced and p.lower() not in root]
+        if named:
+            node.parent, node.parents = named[0], [named[0]]
+            node.confidence = min(node.confidence, 0.5)
+            node.note = f"placed under {named[0]} as its card says: {named[0]} has no trace to check it against"
+
+
+def _acyclic(nodes: list[Node], base: str) -> None:
+    """Refuse every parent that would make a model its own ancestor (the tree is acyclic by construction, whatever
+    the traces say): such a model is placed under the base, said so."""
+    parents = {n.model: list(n.parents) for n in nodes}
+    for node in nodes:
+        kept = [p for p in node.parents if p != base and not _reaches(p, node.model, parents)]
+        kept += [p for p in node.parents if p == base]
+        if len(kept) == len(node.parents):
+            continue
+        dropped = [p for p in node.parents if p not in kept]
+        node.parents = kept or [base]
+        node.parent = node.parents[0]
+        if node.weights is not None and len(node.weights) != len(node.parents):
+            node.weights = None
+        node.confidence = min(node.confidence, 0.5)
+        node.note = f"its weights name {', '.join(dropped)} as its parent, which descends from it: placed above it"
+        parents[node.model] = node.parents
+
+
+def _reaches(start: str, target: str, parents: Mapping[str, list[str]]) -> bool:
+    """Whether ``target`` is ``start`` or one of its ancestors (walking every parent, each model once)."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        model = stack.pop()
+        if model == target:
+            return True
+        if model not in seen:
+            seen.add(model)
+            stack += parents.get(model, [])
+    return False
 
 
 class _Inference:
@@ -181,8 +281,9 @@ class _Inference:
         self._merges: dict[int, tuple[list[int], np.ndarray, float] | None] = {}
         self._gram: np.ndarray | None = None
         first: dict[bytes, int] = {}
-        #: each model whose trace repeats an earlier one's bit for bit (identical weights): the first's index
-        self.copy_of = {i: first.setdefault(t[i].tobytes(), i) for i in range(len(self.models))}
+        #: each model whose trace repeats an earlier one's bit for bit (identical weights): the first's index; -1: a
+        #: zero trace, the base's own weights (two re-uploads of the base are copies of the base, not of each other)
+        self.copy_of = {i: -1 if self.norms[i] == 0 else first.setdefault(t[i].tobytes(), i) for i in range(len(t))}
         self.copy_of = {i: j for i, j in self.copy_of.items() if j != i}
 
     def dots(self, i: int) -> np.ndarray:
@@ -194,7 +295,9 @@ class _Inference:
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]
-        if i in self.copy_of:  # identical weights: placed under the model it repeats, of its kind
+        if self.copy_of.get(i) == -1:  # the base's own weights
+            node = Node(model=m, kind="copy", parent=base, parents=[base], confidence=1.0, copy_of=base)
+        elif i in self.copy_of:  # identical weights: placed under the model it repeats, of its kind
             original = self.models[self.copy_of[i]]
             node = Node(model=m, kind=kind, parent=original, parents=[original], confidence=1.0, copy_of=original)
         elif kind == "unrelated":
@@ -309,16 +412,16 @@ def _nnls_from_products(gram: np.ndarray, dots: np.ndarray, target_sq: float) ->
 
 
 def _compare(
-    nodes: list[Node], base: str, aliases: set[str], declared: Mapping[str, tuple[str | None, list[str]]]
+    nodes: list[Node], base: str, root: set[str], declared: Mapping[str, tuple[str | None, list[str]]]
 ) -> None:
     """Each node's declared relation and parents beside what the weights say: ``agrees`` False where they differ
-    (nothing declared contradicts nothing)."""
-    root = {base.lower(), *(a.lower() for a in aliases)}
+    (nothing declared contradicts nothing, and an untraced model has nothing to contradict it); ``root``: the
+    base's names, lower-cased."""
     for node in nodes:
         relation, parents = declared.get(node.model, (None, []))
         node.declared_relation = relation
         node.declared_parents = [base if p.lower() in root else p for p in parents]
-        if relation is None and not parents:
+        if (relation is None and not parents) or node.kind == "untraced":
             node.agrees = True
             continue
         claimed = DECLARED_KIND.get(relation or "finetune", "fine-tune")

@@ -19,6 +19,7 @@ from .common import (
     console,
     fmt,
     left_out,
+    notes,
     open_store,
     print_json,
     products_progress,
@@ -81,9 +82,9 @@ def cluster(
         )
     if as_json:
         print_json(report.as_json())
-        left_out(report.damaged)
-        return
-    _show(report)
+    else:
+        _show(report)
+    notes(report.notes + report.repaired)
     left_out(report.damaged)
 
 

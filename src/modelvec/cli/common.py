@@ -68,6 +68,13 @@ def say(console_: Console, text: str, hang: str = "") -> None:
     console_.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
+def notes(lines: list[str]) -> None:
+    """What a report left out of the stored population and why, and the kept files that did not verify and were
+    computed again: one line each on stderr (the answer on stdout is the same as without them)."""
+    for line in lines:
+        say(err, f"note: {line}")
+
+
 def left_out(damaged: dict[str, str]) -> None:
     """Each stored vector left out because its bytes do not match their checksum, one line each on stderr, and
     exit status 1 (the others were analysed)."""

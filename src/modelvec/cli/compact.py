@@ -10,12 +10,21 @@ from .common import (
     console,
     open_store,
     say,
+    short_name,
 )
 
 
 @command()
 def compact(store: Path | None = StoreOpt) -> None:
-    """Drop the bytes of replaced vectors from the store's vector file (safe to interrupt)."""
+    """Drop the vectors embedded against an earlier version of their base, and the bytes of replaced vectors, from
+    the store (safe to interrupt)."""
     with open_store(store) as db:
-        before, after = db.compact()
+        stale = db.stale()
+        before, after = db.compact(stale)
+    for row in stale.itertuples():
+        say(
+            console,
+            f"dropped {row.vectors} vector{'s' if row.vectors != 1 else ''} of {short_name(row.base)} embedded against "
+            f"an earlier version of the base ({row.base_hash})",
+        )
     say(console, f"{db.vector_file.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

@@ -20,6 +20,7 @@ from .common import (
     fmt,
     how_near,
     left_out,
+    notes,
     open_store,
     print_json,
     print_table,
@@ -69,6 +70,7 @@ def neighbors(
         found = find(model, representation=representation, scoring=scoring, store=db, base=base, explain=explain)
     if as_json:
         print_json(found.as_json())
+        notes(found.notes + found.repaired)
         left_out(found.damaged)
         return
     if found.on_the_fly:
@@ -85,6 +87,7 @@ def neighbors(
         say(err, found.scaling_note)
     _show_nearest(found, scoring.metric)
     _show_explanation(found)
+    notes(found.notes + found.repaired)
     left_out(found.damaged)
 
 

@@ -17,6 +17,7 @@ from .common import (
     open_store,
     print_json,
     print_table,
+    say,
     short_name,
     whole_column,
 )
@@ -52,15 +53,33 @@ def show(
         )
     print_table(console, table)
     if not overview.models.empty:
+        noted = overview.models["state"].notna().any()
         models = Table(
-            whole_column("model"), whole_column("datasets"), "vectors", "s/vector", title="models (s/vector: mean)"
+            whole_column("model"),
+            whole_column("datasets"),
+            "vectors",
+            "s/vector",
+            *([whole_column("note")] if noted else []),
+            title="models (s/vector: mean)",
         )
         for model, rows in overview.models.groupby("model", sort=True):  # one row per model, not per vector
             datasets = sorted({d for ds in rows["datasets"] for d in ds})
-            models.add_row(
-                short_name(str(model)), ", ".join(datasets) or "-", str(len(rows)), f"{rows['seconds'].mean():.2f}"
-            )
+            cells = [
+                short_name(str(model)),
+                ", ".join(datasets) or "-",
+                str(len(rows)),
+                f"{rows['seconds'].mean():.2f}",
+            ]
+            states = sorted({str(s) for s in rows["state"] if isinstance(s, str)})
+            models.add_row(*cells, *([_state_words(states, len(rows))] if noted else []))
         print_table(console, models)
+    for row in overview.stale.itertuples():
+        say(
+            console,
+            f"{row.vectors} vector{'s' if row.vectors != 1 else ''} of {short_name(row.base)} were embedded against an "
+            f"earlier version of the base ({row.base_hash}): the reports leave them out; embed those models again, "
+            "or drop them with `modelvec compact`",
+        )
     if failures and not overview.failures.empty:
         table = Table(
             whole_column("model"),
@@ -72,3 +91,12 @@ def show(
         for row in overview.failures.itertuples():
             table.add_row(short_name(row.model), row.kind, row.error)
         print_table(console, table)
+
+
+def _state_words(states: list[str], vectors: int) -> str:
+    """A model's vectors' states in words: a copy of the base (its weights are the base's), or stale."""
+    words = {"copy of the base": "a copy of the base (its weights are the base's)", "stale": "stale"}
+    said = [words.get(s, s) for s in states]
+    if "stale" in states and vectors > 1:
+        said[states.index("stale")] = "a stale vector (an earlier version of the base)"
+    return "; ".join(said) or "-"

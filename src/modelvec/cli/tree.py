@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..represent.representation import Representation
-from .common import JsonOpt, StoreOpt, WaitOpt, command, console, open_store, print_json, say, short_name, with_settings
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    WaitOpt,
+    command,
+    console,
+    left_out,
+    notes,
+    open_store,
+    print_json,
+    say,
+    short_name,
+    with_settings,
+)
+
+if TYPE_CHECKING:
+    from ..analyse.tree import Node
 
 
 @command()
@@ -21,8 +38,8 @@ def tree(
     out: Path = typer.Option(Path("modelvec-out"), "--out", metavar="DIR", help="Folder for the tree's PNG."),
 ) -> None:
     """The model tree of BASE's stored models: each model's parent (the base, another stored model, or none) and
-    kind (fine-tune, adapter, merge, quantization, unrelated) with a confidence, from the weights alone; a model
-    whose card declares otherwise is flagged.
+    kind (fine-tune, adapter, merge, quantization, unrelated, a copy) with a confidence, from the weights alone; a
+    model whose card declares otherwise is flagged. A model without a trace is named, with what to do.
     """
     from ..report.tree import model_tree
 
@@ -30,24 +47,15 @@ def tree(
         found = model_tree(base, representation=representation, store=db)
     if as_json:
         print_json(found.as_json())
+        notes(found.notes)
+        left_out(found.damaged)
         return
     from ..plots.tree import tree_figure
 
     figure = tree_figure(found, out / "tree.png")
     say(console, f"{short_name(found.base)} (base)")
     for node, depth in found.ordered():
-        what = (
-            node.kind
-            if node.kind != "merge"
-            else "merge of " + " + ".join(f"{short_name(p)} {w:.2f}" for p, w in zip(node.parents, node.weights or []))
-        )
-        line = f"{'  ' * depth}{short_name(node.model)}: {what} ({node.confidence:.2f})"
-        if node.copy_of is not None:
-            line = f"{'  ' * depth}{short_name(node.model)}: a copy of {short_name(node.copy_of)} (identical weights)"
-        if not node.agrees:
-            declared = ", ".join(short_name(p) for p in node.declared_parents) or "nothing"
-            line += f"; its card says {node.declared_relation} of {declared}"
-        say(console, line, hang="  " * depth + "    ")
+        say(console, f"{'  ' * depth}{_line(node, found.base)}", hang="  " * depth + "    ")
     flagged = sum(not n.agrees for n in found.nodes)
     unrelated = sum(n.kind == "unrelated" for n in found.nodes)
     say(
@@ -55,3 +63,34 @@ def tree(
         f"{len(found.nodes)} models: {unrelated} unrelated, {flagged} whose card the weights contradict; "
         f"figure: {short_name(str(figure))}",
     )
+    if found.partial:
+        untraced = sum(n.kind == "untraced" for n in found.nodes)
+        say(
+            console,
+            f"the tree is partial: {untraced} of {len(found.nodes)} models have no trace, so the weights cannot place "
+            "them, and a model placed above them may be their child (embed them again with --force)",
+        )
+    notes(found.notes)
+    left_out(found.damaged)
+
+
+def _line(node: Node, base: str) -> str:
+    """One model of the tree as its line: its name, kind (a merge's parents and weights) and confidence, what is
+    noted of it, and a card the weights contradict."""
+    name = short_name(node.model)
+    if node.kind == "untraced":
+        line = f"{name}: untraced, {node.note}"
+    elif node.copy_of is not None:
+        what = "the base" if node.copy_of == base else short_name(node.copy_of)
+        line = f"{name}: a copy of {what} (identical weights)"
+    elif node.kind == "merge":
+        parts = " + ".join(f"{short_name(p)} {w:.2f}" for p, w in zip(node.parents, node.weights or []))
+        line = f"{name}: merge of {parts or ' + '.join(map(short_name, node.parents))} ({node.confidence:.2f})"
+    else:
+        line = f"{name}: {node.kind} ({node.confidence:.2f})"
+    if node.note is not None and node.kind != "untraced":
+        line += f"; {node.note}"
+    if not node.agrees:
+        declared = ", ".join(short_name(p) for p in node.declared_parents) or "nothing"
+        line += f"; its card says {node.declared_relation} of {declared}"
+    return line

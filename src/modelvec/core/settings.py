@@ -227,7 +227,9 @@ def taken_from(cls: Any, options: dict[str, Any]) -> dict[str, Any]:
     return {f.name: options.pop(f.name) for f, _ in settings_of(cls) if f.name in options}
 
 
-def with_options(cls: type[T], given: T | None, options: dict[str, Any], owner: str = "", default: T | None = None) -> T:
+def with_options(
+    cls: type[T], given: T | None, options: dict[str, Any], owner: str = "", default: T | None = None
+) -> T:
     """``given`` with the keyword ``options`` an API function was called with set on it: ``discover(base, limit=2)``
     is ``discover(base, Scope(limit=2))``. Without ``given`` the options set the fields of ``default`` (else
     ``cls()``: a function's own defaults, such as ``neighbors``' ten neighbours). With both, one rule everywhere: a

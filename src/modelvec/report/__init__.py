@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 from ..core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .clusters import ClusterReport, cluster, load_base
+    from .clusters import ClusterReport, cluster
     from .depth import depth_report, write_outputs
     from .nearest import Neighbors, neighbors
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "clusters": ("ClusterReport", "cluster", "load_base"),
+        "clusters": ("ClusterReport", "cluster"),
         "depth": ("depth_report", "write_outputs"),
         "nearest": ("Neighbors", "neighbors"),
     },

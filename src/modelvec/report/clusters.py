@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,15 @@ from ..analyse.scores import (
     predict_datasets,
 )
 from ..core.errors import ModelvecError, NothingStoredError
-from ..core.files import weight_format
-from ..core.names import display_name, is_hub_id, model_id
+from ..core.names import display_name
 from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings
-from ..hub.download import snapshot_folder
-from ..hub.ids import resolve_base
 from ..hub.labels import matches_source
-from ..hub.partial import partial_folder
 from ..plots.blocks import plot_block_scores
 from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
 from ..represent.representation import Representation
-from ..store import Selection, Store, opened, options_of
-from .stored import kept_spread, products_key, stored_products
+from ..store import Population, Store, opened
 
 PathLike = str | os.PathLike[str]
 
@@ -79,27 +74,18 @@ class ClusterReport:
     k: int = 5  # the voters of the predictions and of ``loo_accuracy``
     #: stored vectors left out because their bytes do not match their checksum: model -> one line
     damaged: dict[str, str] = field(default_factory=dict)
+    #: the population's version of the base (``base_hash``), its vectors embedded against earlier versions
+    #: (``stale``, left out) and its models whose weights are the base's (``copies``, left out)
+    population: dict[str, Any] = field(default_factory=dict)
+    #: what the population left out and why (stale vectors, copies of the base): one line each
+    notes: list[str] = field(default_factory=list)
+    #: kept files that did not verify and were computed again: one line each (said on stderr, not part of the answer)
+    repaired: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "clustering"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("clustering", "repaired")}
         out.update(self.clustering)
         return out
-
-
-def _base_files(base: str, sha: str | None, hub_settings: HubSettings) -> str | None:
-    """The base's files on this machine: its folder, or a Hub base's snapshot in the Hub cache, or the rows of it
-    that embed fetched (never fetched here: only the headers are needed, and ``cluster`` works offline)."""
-    if os.path.exists(base):
-        return base
-    if not is_hub_id(base):
-        return None
-    try:
-        folder = snapshot_folder(base, sha or "main", hub_settings)
-        if (folder is None or not weight_format(p.name for p in folder.iterdir())) and sha:
-            folder = partial_folder(base, sha, hub_settings)
-    except (ModelvecError, OSError):  # an unreadable cache is no heat map, not a failed report
-        return None
-    return str(folder) if folder is not None and folder.is_dir() else None
 
 
 #: The per-block scores are computed on at most this many models (a sample spread over the datasets): each block's
@@ -107,9 +93,7 @@ def _base_files(base: str, sha: str | None, hub_settings: HubSettings) -> str | 
 BLOCK_SAMPLE = 1000
 
 
-def _block_sample(
-    db: Store, selection: Selection, kept: np.ndarray, meta: pd.DataFrame
-) -> tuple[np.ndarray | None, np.ndarray]:
+def _block_sample(pop: Population, kept: np.ndarray, meta: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """The vectors the per-block scores are computed on (all, up to :data:`BLOCK_SAMPLE` models; above, a seeded
     sample taken in turn from each dataset) and their rows of ``meta``."""
     n = len(kept)
@@ -127,73 +111,40 @@ def _block_sample(
                 if q and len(picked) < BLOCK_SAMPLE:
                     picked.append(int(q.pop()))
         rows = np.sort(np.array(picked))
-    at = kept[rows]
-    X = db.vector_file.read(
-        [selection.offsets[i] for i in at],
-        selection.dim,
-        [selection.hashes[i] for i in at],
-        [selection.models[i] for i in at],
-    )
-    return X, rows
+    return pop.rows(kept[rows]), rows
 
 
 def _per_block(
-    sample: tuple[np.ndarray | None, np.ndarray],
-    labels: list[list[str]],
+    pop: Population,
+    kept: np.ndarray,
+    meta: pd.DataFrame,
     files: str | None,
-    representation: Representation,
     scoring: Scoring,
-    n_models: int,
-) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none. Blocks
-    that are zeros in every vector (the head's, where no model has one; a layer no model changed) are left out."""
-    X, rows = sample
-    if files is None or X is None:
+) -> tuple[list[dict[str, Any]] | None, str | None, int]:
+    """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none, and how
+    many models it was computed on. Blocks that are zeros in every vector (the head's, where no model has one; a
+    layer no model changed) are left out."""
+    if files is None:
         return (
             None,
             "no per-block scores: the base's files are not on this machine (nor in the Hub cache, HF_HUB_CACHE)",
+            0,
         )
     try:
-        blocks = blocks_of(files, representation)
+        blocks = blocks_of(files, pop.representation)
     except ModelvecError as exc:
-        return None, f"no per-block scores: the base's files could not be laid out ({exc})"
-    if not blocks or blocks[-1].stop != X.shape[1]:
-        return None, "no per-block scores: the stored vectors do not match the base's layout"
+        return None, f"no per-block scores: the base's files could not be laid out ({exc})", 0
+    if not blocks or blocks[-1].stop != pop.selection.dim:
+        return None, "no per-block scores: the stored vectors do not match the base's layout", 0
+    X, rows = _block_sample(pop, kept, meta)
+    labels = [list(meta["datasets"].iloc[i]) for i in rows]
     blocks = [b for b in blocks if X[:, b.start : b.stop].any()]  # a block no model has (a head) scores nothing
     bounds = [(b.start, b.stop) for b in blocks]
-    scores = block_knn_scores(X, [labels[i] for i in rows], bounds, metric=scoring.metric, scaling=scoring.scaling)
-    return [
+    scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
+    found = [
         {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
-    ], None
-
-
-def select_base(
-    store: Store, base: PathLike | str, representation: Representation
-) -> tuple[Selection, pd.DataFrame, str]:
-    """Where the stored vectors of ``base`` (a path or a stored id) under ``representation`` are, their metadata and
-    the base's stored name (no vector read); a clear error when there are none."""
-    ids = [str(base), model_id(base)] if os.path.exists(str(base)) else [str(base), resolve_base(str(base)).canonical]
-    for name in ids:
-        selection, meta = store.select(base=name, representation=representation)
-        if len(meta):
-            return selection, meta, name
-    stored = store.summary()
-    known = "; ".join(
-        f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["params_json"])
-    )
-    raise NothingStoredError(
-        str(base),
-        f"no vectors stored for this base with representation {representation.key()} "
-        + (f"(stored, with the options that read them: {known}); or embed again" if known else "(nothing stored)"),
-    )
-
-
-def load_base(
-    store: Store, base: PathLike | str, representation: Representation
-) -> tuple[np.ndarray, pd.DataFrame, str]:
-    """The stored vectors of ``base`` as one matrix (for a few hundred; ``cluster`` reads products instead)."""
-    selection, meta, name = select_base(store, base, representation)
-    return store.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models), meta, name
+    ]
+    return found, None, len(X)
 
 
 def cluster(
@@ -223,34 +174,34 @@ def cluster(
     with same-author neighbours excluded (an author effect is not a dataset effect). A Hub base's per-block scores
     need its headers from the Hub cache (``hub_settings``; nothing is fetched); the map draws the model tree's edges.
 
-    The vectors are never held: their inner products are read from the vector file in blocks and kept beside the
-    store (a later run computes only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``.
+    The models are the base's :class:`~modelvec.store.Population`: those embedded against the base as it is now,
+    copies of the base left out (``report.population``, ``report.notes``). The vectors are not held whole: their
+    inner products are read from the vector file in blocks and kept beside the store, verified (a later run computes
+    only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``; the per-block scores read
+    a sample of at most :data:`BLOCK_SAMPLE` vectors.
     """
     scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "cluster")
     reduction = with_options(Reduction, reduction, options, "cluster")
-    representation = representation or Representation()
     with opened(store, read_only=True) as db:
-        selection, meta, base_name = select_base(db, base, representation)
-        base_sha = db.base_sha(base_name) if is_hub_id(base_name) else None
-        key = products_key(base_name, representation)
-        products, meta = stored_products(db, selection, meta, key, progress)
-        sample = _block_sample(db, selection, products.kept, meta)
-        geo = Geometry.from_products(products.gram, scoring.metric)
-        scaling = scoring.scaling_for(meta["adapter"])[0]
-        kept_spread(db, [selection.hashes[i] for i in products.kept], key, geo, scaling)
-        standardized = (
-            db.products(selection, cache=products_key(base_name, representation, "standardized"), standardize=True)
-            if reduction.standardize and len(meta) >= 3
-            else None
-        )
-        edges = _tree_edges(db, base_name, representation, meta)
-    labels = [list(d) for d in meta["datasets"]]
-    if label_sources is not None:
-        labels = [
-            lab if matches_source(src if isinstance(src, str) else None, label_sources) else []
-            for lab, src in zip(labels, meta["label_source"])
-        ]
-        meta = meta.assign(datasets=labels)
+        pop = Population(db, base, representation)
+        products, meta = pop.products(progress)
+        if label_sources is not None:
+            meta = meta.assign(
+                datasets=[
+                    list(lab) if matches_source(src if isinstance(src, str) else None, label_sources) else []
+                    for lab, src in zip(meta["datasets"], meta["label_source"])
+                ]
+            )
+        resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
+        geo = pop.geometry(products, resolved)
+        standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
+        edges = _tree_edges(pop, meta)
+        report = _scores(geo, meta, pop, resolved, seed, label_sources)
+        report.scaling_note = scaling_note
+        files = pop.base_files(hub_settings or HubSettings())
+        report.per_block, report.per_block_note, sampled = _per_block(pop, products.kept, meta, files, resolved)
+    report.damaged, report.population = dict(pop.damaged), pop.describe()
+    report.notes, report.repaired = pop.left_out(), list(pop.repaired)
     reduce, note = reduction.reducer_for(len(meta))
     if standardized is not None:
         coordinates = coordinates_of(standardized.gram)
@@ -258,21 +209,16 @@ def cluster(
         coordinates = coordinates_of(products.gram)
     else:  # UMAP sees cosine distances, the same from unit vectors: the geometry's coordinates, made once for both
         coordinates = None
-    report = _scores(geo, meta, labels, base_name, representation, scoring, seed, label_sources)
-    report.damaged = products.damaged
     folder = Path(out)
-    files = _base_files(base_name, base_sha, hub_settings or HubSettings())
-    resolved = replace(scoring, scaling=report.scaling)
-    report.per_block, report.per_block_note = _per_block(sample, labels, files, representation, resolved, len(meta))
     if report.per_block:
-        title = f"which layers and families separate the datasets ({representation.key()})"
-        if sample[0] is not None and len(sample[0]) < len(meta):
-            title += f"; a sample of {len(sample[0]):,} of {len(meta):,} models"
+        title = f"which layers and families separate the datasets ({pop.representation.key()})"
+        if sampled < len(meta):
+            title += f"; a sample of {sampled:,} of {len(meta):,} models"
         report.files["blocks"] = str(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
     report.reduce, report.reduce_note = reduce, note
-    _draw(report, coordinates, meta, folder, seed, geo, representation, edges)
+    _draw(report, coordinates, meta, folder, seed, geo, pop.representation, edges)
     return report
 
 
@@ -280,15 +226,15 @@ def cluster(
 TREE_EDGES_UP_TO = 4000
 
 
-def _tree_edges(db: Store, base: str, representation: Representation, meta: pd.DataFrame) -> list[tuple[int, int]]:
+def _tree_edges(pop: Population, meta: pd.DataFrame) -> list[tuple[int, int]]:
     """The model tree's edges between mapped models, as (child, parent) rows of ``meta``: none without traces or
     above :data:`TREE_EDGES_UP_TO` models."""
     if len(meta) > TREE_EDGES_UP_TO or len(meta) < 2:
         return []
-    from .tree import model_tree
+    from .tree import tree_of
 
     try:
-        tree = model_tree(base, representation=representation, store=db)
+        tree = tree_of(pop)
     except NothingStoredError:
         return []
     row = {m: i for i, m in enumerate(meta["model"])}
@@ -298,16 +244,14 @@ def _tree_edges(db: Store, base: str, representation: Representation, meta: pd.D
 def _scores(
     geo: Geometry,
     meta: pd.DataFrame,
-    labels: list[list[str]],
-    base_name: str,
-    representation: Representation,
+    pop: Population,
     scoring: Scoring,
     seed: int,
     label_sources: Sequence[str] | None,
 ) -> ClusterReport:
-    """Every score of the report, from the vectors' geometry."""
-    metric, pool = scoring.metric, scoring.pool
-    scaling, scaling_note = scoring.scaling_for(meta["adapter"])
+    """Every score of the report, from the vectors' geometry (``scoring`` resolved: its scaling is not ``auto``)."""
+    labels = [list(d) for d in meta["datasets"]]
+    metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
     knn = knn_dataset_score(geo, labels, metric=metric, pool=pool, scaling=scaling)
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
     by_author = knn_dataset_score(geo, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
@@ -319,8 +263,8 @@ def _scores(
         if p is not None
     ]
     return ClusterReport(
-        base=base_name,
-        params=representation.key(),
+        base=pop.name,
+        params=pop.representation.key(),
         n_models=len(meta),
         metric=metric,
         pool=pool,
@@ -336,7 +280,6 @@ def _scores(
         largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
         label_sources=list(label_sources) if label_sources is not None else None,
         scaling=scaling,
-        scaling_note=scaling_note,
         k=scoring.k,
     )
 

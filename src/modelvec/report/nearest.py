@@ -31,8 +31,7 @@ from ..core.errors import ModelvecError, NothingStoredError, StoreError
 from ..core.names import is_hub_id, model_id
 from ..core.settings import with_options
 from ..represent.representation import Representation
-from ..store import Products, Selection, Store, opened
-from .stored import kept_spread, products_key, stored_base, stored_products
+from ..store import Population, Products, Store, opened
 
 if TYPE_CHECKING:
     from ..hub.client import HubSettings
@@ -66,48 +65,61 @@ class Neighbors:
     #: a stored query's place in the model tree (``modelvec tree``): its kind, parent(s), confidence, declared; None
     #: for a model embedded now or a store without traces
     tree: dict[str, Any] | None = None
+    #: what the stored population left out and why (stale vectors, copies of the base): one line each
+    notes: list[str] = field(default_factory=list)
+    #: kept files that did not verify and were computed again: one line each (said on stderr, not part of the answer)
+    repaired: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        """Everything above, the neighbours as records (nearest first)."""
-        out = {k: v for k, v in self.__dict__.items() if k != "nearest"}
+        """Everything above but ``repaired``, the neighbours as records (nearest first)."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("nearest", "repaired")}
         out["nearest"] = json.loads(self.nearest.to_json(orient="records"))
         return out
 
 
 def _embed_query(
-    model: PathLike | str, base: str, representation: Representation, db: Store, hub_settings: HubSettings | None
+    model: PathLike | str, pop: Population, hub_settings: HubSettings | None
 ) -> tuple[np.ndarray, str | None, bool | None]:
     """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it: its vector, a
-    warning when the base changed since, and whether it is an adapter.
+    warning when the base changed since the stored vectors were embedded against it, and whether it is an adapter.
 
-    The scratch store gets the stored base revision and the model's catalogue entry, so a Hub
-    base resolves to the revision the stored vectors were computed against.
+    The scratch store gets the population's version of the base (a Hub base's revision, a local base's recorded
+    identity) and the model's catalogue entry, so the base resolves to the version the stored vectors were computed
+    against, and a local base unchanged since is not hashed again.
     """
     from ..run import catalogue_entries, embed  # torch, only to embed a model that is not stored
 
-    name = model_id(model)
+    name, base, db = model_id(model), pop.name, pop.db
     with tempfile.TemporaryDirectory(prefix="modelvec-query-") as tmp, Store(Path(tmp) / "query.duckdb") as scratch:
-        sha = db.base_sha(base)
-        if sha is not None:
-            scratch.put_catalogue(
-                base, sha, catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
-            )
+        if pop.base_hash.startswith("git:"):
+            entries = catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
+            scratch.put_catalogue(base, pop.base_hash.removeprefix("git:"), entries)
+        for identity in db.identities(base, pop.base_hash):
+            scratch.record_base(base, identity, pop.base_hash)
         result = embed(
-            base, [model], representation=representation, store=scratch, hub_settings=hub_settings, workers=1
+            base, [model], representation=pop.representation, store=scratch, hub_settings=hub_settings, workers=1
         )
         if result.failed:
             name, why = next(iter(result.failed.items()))
             raise ModelvecError(name, why.removeprefix(f"{name}: "))
-        base_hash = scratch.base_hashes(base, representation)
-    stored = db.base_hashes(base, representation)
+        base_hash = scratch.base_hashes(base, pop.representation)
     warning = None
-    if base_hash and stored and base_hash[0] not in stored:
+    if base_hash and base_hash[0] != pop.base_hash:
         warning = (
             f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
-            f"were computed against {', '.join(stored)}: distances may include the base's change"
+            f"were computed against {pop.base_hash}: distances may include the base's change"
         )
     kind = result.metadata["adapter"].iloc[0]
     return result.vectors[0], warning, None if pd.isna(kind) else bool(kind)
+
+
+def _population(db: Store, name: str, base: PathLike | str | None, representation: Representation | None) -> Population:
+    """The population the query is compared with: of ``base``, else of the base the query is stored with, else of
+    the only stored base."""
+    if base is None:
+        own = db.metadata(representation=representation or Representation(), models=[name])
+        base = own["base"].iloc[0] if len(own) else None
+    return Population(db, base, representation)
 
 
 def neighbors(
@@ -131,51 +143,45 @@ def neighbors(
     ``scoring`` (default :data:`~modelvec.analyse.scores.NEIGHBORS_SCORING`): its ``metric``, and its ``scaling``: ``"mutual-proximity"``
     ranks the stored models by mutual proximity (distance: -log MP), ``"auto"`` (the default) does so where they
     and the query mix LoRA adapters and full fine-tunes. Its settings may also be given one by one (``k=5``).
+
+    The stored models are the base's :class:`~modelvec.store.Population` (embedded against the base as it is now,
+    copies of the base left out). Their kept products are verified; the vectors are read only for those the answer
+    shows (the query's, its nearest and the voters): one whose bytes are damaged is left out (``damaged``).
     """
-    representation = representation or Representation()
     scoring = with_options(Scoring, scoring, options, "neighbors", default=NEIGHBORS_SCORING)
-    k, metric = scoring.k, scoring.metric
+    k = scoring.k
     with opened(store, read_only=True) as db:
         name = model_id(model) if os.path.exists(str(model)) else str(model)
-        own = db.metadata(representation=representation, models=[name])
-        if base is not None or own.empty:
-            base_name = stored_base(db, base, representation)
-            own = own[own["base"] == base_name]
-        else:
-            base_name = own["base"].iloc[0]
-        selection, meta = db.select(base=base_name, representation=representation)
-        # kept products are trusted here (cluster reads every vector): a query reads only what it needs
-        products, meta = stored_products(db, selection, meta, products_key(base_name, representation), verify=False)
-        query = _Query(name, model, own.empty, meta, base_name, representation, db, hub_settings, products)
-        scaling, scaling_note = scoring.scaling_for(query.kinds)
-        geo = Geometry.from_products(products.gram, metric)
-        key = products_key(base_name, representation)
-        kept_spread(db, [selection.hashes[i] for i in products.kept], key, geo, scaling)
-        distances, first_dot = query.distances(db, selection, geo, metric)
-        order, dist_all = nearest_to(geo, distances, k=len(meta), exclude=query.me, scaling=scaling)
+        pop = _population(db, name, base, representation)
+        if name in pop.copies:
+            raise NothingStoredError(
+                name, "its weights are the base's (a copy of the base): it is not on the map and has no neighbours"
+            )
+        products, meta = pop.products(verify=False)
+        query = _Query(name, model, meta, pop, hub_settings, products)
+        resolved, scaling_note = pop.resolve(scoring, query.kinds)
+        geo = pop.geometry(products, resolved)
+        distances, first_dot = query.distances(pop, geo, scoring.metric)
+        order, dist_all = nearest_to(geo, distances, k=len(meta), exclude=query.me, scaling=resolved.scaling)
+        labels = [list(d) for d in meta["datasets"]]
+        order, dist_all = _verified(pop, products.kept, order, dist_all, labels, k)
         idx = order[:k]
-        neighbours = (query.vector(db, selection), _read(db, selection, products.kept[idx])) if explain else None
-        base_files = _local_files(base_name, db, hub_settings) if explain else None
-        place = None if query.on_the_fly else _place(db, base_name, name, representation)
+        neighbours = (query.vector(pop), pop.rows(products.kept[idx])) if explain else None
+        base_files = pop.base_files(hub_settings or _hub_settings(), fetch=True) if explain else None
+        place = None if query.on_the_fly else _place(pop, name)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist_all[:k])
-    labels = [list(d) for d in meta["datasets"]]
     voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
-    predicted, share, near = None, float("nan"), float("nan")
-    votes: dict[str, int] = {}
-    if voters:
-        predicted, share, votes = majority_dataset([labels[i] for i in voters])
-        ruler = yardstick(geo, labels, metric=metric, scaling=scaling, exclude=query.me)  # not its own ruler
-        near = ruler.closeness(float(dist_all[order == voters[0]][0]), shares_direction=first_dot(voters[0]) > 0)
+    predicted, share, votes, near = _predicted(geo, labels, voters, order, dist_all, resolved, query.me, first_dot)
     explanation = (
-        _explain(*neighbours, found["model"], base_files, representation)
+        _explain(*neighbours, found["model"], base_files, pop.representation)
         if base_files is not None and neighbours is not None
         else None
     )
     return Neighbors(
         query=name,
-        base=base_name,
-        params=representation.key(),
+        base=pop.name,
+        params=pop.representation.key(),
         on_the_fly=query.on_the_fly,
         nearest=found,
         predicted=predicted,
@@ -186,11 +192,57 @@ def neighbors(
         warning=query.warning,
         explanation=explanation,
         voters=len(voters),
-        scaling=scaling,
+        scaling=resolved.scaling,
         scaling_note=scaling_note,
-        damaged=products.damaged,
+        damaged=dict(pop.damaged),
         tree=place,
+        notes=pop.left_out(),
+        repaired=list(pop.repaired),
     )
+
+
+def _predicted(
+    geo: Geometry,
+    labels: list[list[str]],
+    voters: list[int],
+    order: np.ndarray,
+    distances: np.ndarray,
+    scoring: Scoring,
+    me: int | None,
+    first_dot: Callable[[int], float],
+) -> tuple[str | None, float, dict[str, int], float]:
+    """The majority dataset of the ``voters`` (None: none labelled), its vote share, the votes, and how near the
+    nearest voter is by the stored models' own yardstick (the query's row ``me`` is not its own ruler)."""
+    if not voters:
+        return None, float("nan"), {}, float("nan")
+    predicted, share, votes = majority_dataset([labels[i] for i in voters])
+    ruler = yardstick(geo, labels, metric=scoring.metric, scaling=scoring.scaling, exclude=me)
+    near = ruler.closeness(float(distances[order == voters[0]][0]), shares_direction=first_dot(voters[0]) > 0)
+    return predicted, share, votes, near
+
+
+def _hub_settings() -> HubSettings:
+    from ..hub.client import HubSettings
+
+    return HubSettings()
+
+
+def _verified(
+    pop: Population, kept: np.ndarray, order: np.ndarray, distances: np.ndarray, labels: list[list[str]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``order`` (and its ``distances``) without the models whose vectors' bytes are damaged, among those the answer
+    shows: the ``k`` nearest and the ``k`` nearest labelled (the voters). The kept products were verified, the
+    vectors were not: a vector damaged since is left out as ``cluster`` leaves it out."""
+    good: list[int] = []
+    voters = min(k, sum(1 for i in order if labels[i]))
+    for start in range(0, len(order), k):
+        chunk = order[start : start + k]
+        sound = set(pop.check(kept[chunk]))
+        good += [start + j for j, i in enumerate(chunk) if kept[i] in sound]
+        if len(good) >= k and sum(1 for j in good if labels[order[j]]) >= voters:
+            good += list(range(start + len(chunk), len(order)))  # beyond what the answer shows: not read
+            break
+    return order[good], distances[good]
 
 
 #: Stored models up to which a neighbour query also names the model's parent and kind (a pass over every stored trace,
@@ -198,15 +250,15 @@ def neighbors(
 PLACE_UP_TO = 2000
 
 
-def _place(db: Store, base: str, model: str, representation: Representation) -> dict[str, Any] | None:
+def _place(pop: Population, model: str) -> dict[str, Any] | None:
     """A stored model's node of the model tree (one pass over the stored traces), None without traces or above
     :data:`PLACE_UP_TO` stored models."""
-    from .tree import model_tree
+    from .tree import tree_of
 
-    if db.count_traces(base, representation.key()) > PLACE_UP_TO:
+    if pop.db.count_traces(pop.name, pop.representation.key(), pop.base_hash) > PLACE_UP_TO:
         return None
     try:
-        tree = model_tree(base, representation=representation, store=db, only=[model])
+        tree = tree_of(pop, only=[model])
     except NothingStoredError:
         return None
     return tree.nodes[0].as_json() if tree.nodes else None
@@ -220,65 +272,43 @@ class _Query:
         self,
         name: str,
         model: PathLike | str,
-        on_the_fly: bool,
         meta: pd.DataFrame,
-        base: str,
-        representation: Representation,
-        db: Store,
+        pop: Population,
         hub_settings: HubSettings | None,
         products: Products,
     ) -> None:
-        self.name, self.on_the_fly, self.warning, self.products = name, on_the_fly, None, products
+        self.name, self.warning, self.products = name, None, products
+        self.on_the_fly = name not in set(pop.meta["model"])
         self.me: int | None = None
         self._vector: np.ndarray | None = None
-        if on_the_fly:
+        if self.on_the_fly:
             if not os.path.exists(str(model)) and not is_hub_id(model):
                 raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
-            self._vector, self.warning, kind = _embed_query(model, base, representation, db, hub_settings)
+            self._vector, self.warning, kind = _embed_query(model, pop, hub_settings)
             self.kinds = [*meta["adapter"], kind]
-        else:
-            where = np.flatnonzero(meta["model"].to_numpy() == name)
-            if not len(where):  # the query's own vector failed its checksum
-                line = products.damaged.get(name, "its stored vector is not readable")
-                raise StoreError(name, line.removeprefix(f"{name}: "))
-            self.me, self.kinds = int(where[0]), list(meta["adapter"])
+            return
+        where = np.flatnonzero(meta["model"].to_numpy() == name)
+        line = products.damaged.get(name, "its stored vector is not readable")
+        if not len(where) or not pop.check([products.kept[where[0]]]):  # its own vector failed its checksum
+            raise StoreError(name, pop.damaged.get(name, line).removeprefix(f"{name}: "))
+        self.me, self.kinds = int(where[0]), list(meta["adapter"])
 
-    def distances(
-        self, db: Store, selection: Selection, geo: Geometry, metric: str
-    ) -> tuple[np.ndarray, Callable[[int], float]]:
+    def distances(self, pop: Population, geo: Geometry, metric: str) -> tuple[np.ndarray, Callable[[int], float]]:
         """Its distances to the stored models, and its inner product with one of them (by row)."""
         if self.me is not None:
             me = self.me
             gram = geo.products_of(me)
             return geo.distances(np.array([me]), np.arange(len(geo)))[0], lambda i: float(gram[i])
         assert self._vector is not None
-        dots, squares, _ = db.products_with(selection, self._vector)
-        dots, squares = dots[self.products.kept], squares[self.products.kept]
+        dots, squares = pop.products_with(self._vector, self.products.kept)
         square = float(np.dot(self._vector.astype(np.float64), self._vector))
         return query_distances(dots, squares, square, metric), lambda i: float(dots[i])
 
-    def vector(self, db: Store, selection: Selection) -> np.ndarray:
+    def vector(self, pop: Population) -> np.ndarray:
         if self._vector is not None:
             return self._vector
         assert self.me is not None
-        return _read(db, selection, self.products.kept[[self.me]])[0]
-
-
-def _local_files(base: str, db: Store, hub_settings: HubSettings | None) -> str:
-    from ..run import local_files
-
-    return local_files(base, "", db, hub_settings)
-
-
-def _read(db: Store, selection: Selection, positions: np.ndarray) -> np.ndarray:
-    """The stored vectors at these positions of the selection (a few: the neighbours explained)."""
-    at = [int(i) for i in positions]
-    return db.vector_file.read(
-        [selection.offsets[i] for i in at],
-        selection.dim,
-        [selection.hashes[i] for i in at],
-        [selection.models[i] for i in at],
-    )
+        return pop.rows(self.products.kept[[self.me]])[0]
 
 
 def _explain(

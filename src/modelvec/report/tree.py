@@ -1,5 +1,6 @@
 """The model tree of a stored base: what the weights say each model is (:mod:`modelvec.analyse.tree`) beside what
-its card declares (the Hub catalogue's relation and parents, or a local folder's README), from the stored traces."""
+its card declares (the Hub catalogue's relation and parents, or a local folder's README), from the stored traces of
+the base's :class:`~modelvec.store.Population`."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from ..core.errors import NothingStoredError
 from ..core.names import model_id
 from ..hub.cards import read_card
 from ..represent.representation import Representation
-from ..store import Store, opened
-from .stored import stored_base
+from ..store import Population, Store, opened
+
+#: Why a model of the population has no trace, and what to do: stored before traces were kept.
+NO_TRACE = "no trace stored (embedded before modelvec kept traces): embed it again with --force to place it"
 
 
 def model_tree(
@@ -29,39 +32,54 @@ def model_tree(
 ) -> Tree:
     """The inferred tree of every model stored for ``base`` (or of ``only`` those), each with what it declares.
 
-    The base is named as given in the tree (a parent ``base`` means the base itself)."""
-    representation = representation or Representation()
+    The base is named as given in the tree (a parent ``base`` means the base itself). Its models are those embedded
+    against the base as it is now; one without a trace is an ``untraced`` node with the reason and the remedy
+    (``tree.partial``); a trace whose bytes are damaged is ``tree.damaged``."""
     with opened(store, read_only=True) as db:
-        stored = stored_base(db, base, representation)
-        stored_traces = db.traces(stored, representation.key())
-        if stored_traces.empty:
-            raise NothingStoredError(
-                stored,
-                f"no traces stored with representation {representation.key()} (vectors stored before traces were "
-                "kept, or not the sketch): embed them again with --force",
-            )
-        meta = db.metadata(base=stored, representation=representation)
-        catalogue = db.catalogue(base=stored)
-    traces = stored_traces.frame
+        return tree_of(Population(db, base, representation), rule=rule, only=only, name=str(base))
+
+
+def tree_of(
+    pop: Population, *, rule: TreeRule | None = None, only: Sequence[str] | None = None, name: str | None = None
+) -> Tree:
+    """The tree of a population's models (its store open), named ``name`` (default: the base as stored)."""
+    stored = pop.traces()
+    if stored.empty:
+        raise NothingStoredError(
+            pop.name,
+            f"no traces stored with representation {pop.representation.key()} (vectors stored before traces were "
+            "kept, or not the sketch): embed them again with --force",
+        )
+    traces, meta = stored.frame, pop.models
+    traced = set(traces["model"])
+    untraced = {
+        m: stored.damaged[m].removeprefix(f"{m}: ") if m in stored.damaged else NO_TRACE
+        for m in meta["model"]
+        if m not in traced
+    }
     adapters = set(meta.loc[meta["adapter"].fillna(False).astype(bool), "model"])
     embedded_on = {
         m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
     }
-    sources = dict(zip(meta["model"], meta["source"]))
-    declared = _declared(list(traces["model"]), sources, catalogue)
+    models = [*traces["model"], *untraced]
+    declared = _declared(models, dict(zip(meta["model"], meta["source"])), pop.catalogue())
     levels = [None if lv != lv else float(lv) for lv in traces["levels"]]
-    return infer_tree(
-        str(base),
+    base = name if name is not None else pop.name
+    tree = infer_tree(
+        base,
         list(traces["model"]),
-        stored_traces.sketches,
+        stored.sketches,
         float(traces["scale"].iloc[0]),
         levels,
         adapters=embedded_on,
         declared=declared,
-        base_names=[stored, model_id(base), "base"],
+        base_names=[pop.name, model_id(base), "base"],
         rule=rule,
         only=only,
+        untraced=untraced,
     )
+    tree.damaged, tree.notes = dict(stored.damaged), pop.left_out(copies=False)
+    return tree
 
 
 def _declared(

@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..core.errors import CheckpointError, FetchError, Kind, error_of
+from ..core.errors import CheckpointError, FetchError, Kind, ModelvecError, error_of
+from ..core.files import ADAPTER_CONFIG
 from ..core.names import is_hub_id, model_id
 from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings, describe_error, with_retries
 from ..hub.discovery import CatalogueEntry, Scope, describe
-from ..hub.download import fetch, resolve_revision
+from ..hub.download import download_file, fetch, resolve_revision
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
@@ -94,6 +95,17 @@ OnStep = Callable[[Step], None]
 
 
 Model = PathLike | str | CatalogueEntry
+
+#: What a run says of the models it embedded again because the base changed since they were stored (once a run).
+BASE_CHANGED = (
+    "the base has changed since these were embedded against it: embedded again against the base as it is now "
+    "(the reports use these; `modelvec compact` drops the vectors of the earlier version)"
+)
+#: What a run says of a model whose weights are the base's (a re-upload of it, an untrained adapter).
+COPY_OF_BASE = (
+    "its weights are the base's in every matrix read (a copy of the base): stored as such, left off the map and "
+    "out of every score"
+)
 
 
 def embed(
@@ -254,7 +266,7 @@ class _Run:
             name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
             self.wanted.append(name)
             try:
-                task = _task(model, spec.name, db, self.hub_settings)
+                task = _task(model, spec, db, self.hub_settings)
             except Exception as exc:
                 err = error_of(exc, name)
                 if err.model == spec.name:
@@ -271,6 +283,8 @@ class _Run:
                 self.result.recorded.append(name)
                 self.report(Step(status="failed", model=name, detail=known, kind=Kind.CONTENT.value))
                 continue
+            if any(h != spec.identity for h in db.model_versions(name, spec.name, representation)):
+                self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
 
     def record(self, outcome: Outcome) -> None:
@@ -281,8 +295,9 @@ class _Run:
             return
         self.writer.put(_row(outcome, self.spec, self.representation))
         self.result.embedded.append(task.name)
-        if outcome.note is not None:
-            self.result.notes.setdefault(outcome.note, []).append(task.name)
+        for note in (outcome.note, COPY_OF_BASE if not np.any(outcome.vector) else None):
+            if note is not None:
+                self.result.notes.setdefault(note, []).append(task.name)
         detail = f"{outcome.seconds:.2f}s"
         self.report(Step(status="embedded", model=task.name, detail=detail, fetched=outcome.fetched))
 
@@ -310,23 +325,33 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
 
 
 def _base(base: PathLike | str, db: Store, hub_settings: HubSettings) -> BaseSpec:
-    """The base's store name and identity, and how to open it (a Hub base is fetched only when needed)."""
+    """The base's store name and version (``base_hash``), recorded with its files' identity so that a report knows
+    the version without hashing the base, and how to open it (a Hub base is fetched only when needed).
+
+    A local base's version is its content's hash, computed once per version of its files: a run whose base files'
+    identity (names, sizes, times, headers) was recorded takes the version recorded with it, as a model's files are
+    recognised by theirs."""
     if not is_hub_id(base):
         refuse_adapter_base(base, model_id(base))
         ck = Checkpoint(base, name=model_id(base))
-        return BaseSpec(ck.name, ck.fingerprint(), path=str(ck.path))
+        identity = ck.identity()
+        version = db.recorded_base(ck.name, identity) or ck.fingerprint()
+        db.record_base(ck.name, identity, version)
+        return BaseSpec(ck.name, version, path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
     sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
+    db.record_base(canonical, f"git:{sha}", f"git:{sha}")
     return BaseSpec(canonical, f"git:{sha}", repo=canonical, sha=sha)
 
 
-def _task(model: Model, base: str, db: Store, hub_settings: HubSettings) -> Task:
-    """A model as a task: a Hub model is identified by its commit sha, a local one by its files' identity."""
+def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) -> Task:
+    """A model as a task: a Hub model is identified by its commit sha, a local one by its files' identity; an adapter
+    carries the model it is embedded on where that is not the base (:func:`_adapter_on`)."""
     if isinstance(model, CatalogueEntry) or is_hub_id(model):
-        entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base, db, hub_settings)
+        entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base.name, db, hub_settings)
         if not entry.sha:
             raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
-        return Task(
+        task = Task(
             name=entry.model,
             identity=f"git:{entry.sha}",
             source=f"hf://{entry.model}@{entry.sha}",
@@ -336,40 +361,105 @@ def _task(model: Model, base: str, db: Store, hub_settings: HubSettings) -> Task
             datasets=tuple(entry.datasets),
             label_source=entry.label_source,
             author=entry.author,
-            parent=_hub_parent(entry, base, db, hub_settings),
         )
+        if ADAPTER_CONFIG not in (entry.files or ()) and entry.relation != "adapter":
+            return task
+        named = _named_in_config(entry, hub_settings)
+        return replace(task, parent=_adapter_on(task.name, named, base, db, hub_settings, entry.parents, hub=True))
     name = model_id(model)
     ck = open_checkpoint(model, name=name)
-    return Task(
-        name=name, identity=ck.identity(), source=str(Path(model)), path=str(model), parent=_local_parent(ck, base)
+    task = Task(name=name, identity=ck.identity(), source=str(Path(model)), path=str(model))
+    if not ck.factored:
+        return task
+    return replace(task, parent=_adapter_on(name, adapter_parent(ck.path), base, db, hub_settings))
+
+
+def _named_in_config(entry: CatalogueEntry, hub_settings: HubSettings) -> str | None:
+    """The model a Hub adapter's ``adapter_config.json`` says it adapts (the file is fetched at the adapter's commit,
+    into the cache its weights come to)."""
+    path = download_file(entry.model, ADAPTER_CONFIG, str(entry.sha), hub_settings)
+    return adapter_parent(Path(path).parent)
+
+
+def _adapter_on(
+    adapter: str,
+    named: str | None,
+    base: BaseSpec,
+    db: Store,
+    hub_settings: HubSettings,
+    declared: Sequence[str] = (),
+    *,
+    hub: bool = False,
+) -> Task | None:
+    """The model an adapter is embedded on: the one its ``adapter_config.json`` names (``base_model_name_or_path``),
+    whichever way the adapter was listed. None: the base (it names the base, or nothing and its card names no other
+    stored model); a full model on this machine; a Hub model, fetched as its parent. A Hub adapter (``hub``) whose
+    config names a folder names one on the machine it was trained on: the fine-tune its card names stands for it
+    (``declared``). An adapter that names a model that cannot be found, or is not the base, is refused in one line:
+    never embedded on another model."""
+    if named is None:
+        return _declared_parent(declared, base, db, hub_settings)
+    if _names_base(named, base, hub=hub):
+        return None
+    if hub and not is_hub_id(named):  # a folder where it was trained: its card says which model that was
+        parent = _declared_parent(declared, base, db, hub_settings)
+        if parent is not None:
+            return parent
+    elif Path(named).is_dir():
+        folder = open_checkpoint(named, name=model_id(named))
+        if folder.factored:
+            raise CheckpointError(adapter, f"its {ADAPTER_CONFIG} names {named}, an adapter too: give the merged model")
+        return Task(name=folder.name, identity=folder.identity(), source=str(Path(named)), path=str(named))
+    catalogued = catalogue_entries(db, base.name, kept=None, model=named) if is_hub_id(named) else []
+    if is_hub_id(named) and (base.repo is not None or catalogued):  # a Hub model: fetched as the adapter's parent
+        try:
+            entry = catalogued[0] if catalogued else _hub_entry(named, base.name, db, hub_settings)
+            parent = _task(entry, base, db, hub_settings)
+        except Exception as exc:  # the parent's fault, said as the adapter's, of its kind
+            err = error_of(exc, named)
+            raise ModelvecError(adapter, f"its parent {named}: {err.cause}", kind=err.kind) from exc
+        if parent.parent is not None or ADAPTER_CONFIG in parent.files:
+            raise CheckpointError(adapter, f"its {ADAPTER_CONFIG} names {named}, an adapter too: give the merged model")
+        return parent
+    where = "on this machine or in the store's catalogue" if base.repo is None else "on this machine or the Hub"
+    raise CheckpointError(
+        adapter,
+        f"its {ADAPTER_CONFIG} names {named} as the model it adapts, which is not the base ({base.name}) nor a model "
+        f"found {where}: embed it with that model as the base, or write the base's folder or id in "
+        "base_model_name_or_path",
     )
 
 
-def _hub_parent(entry: CatalogueEntry, base: str, db: Store, hub_settings: HubSettings) -> Task | None:
-    """The fine-tune a Hub adapter was trained on, where its card names one of the tree's models, not the base."""
-    if entry.relation != "adapter":
-        return None
-    root = {n.lower() for n in resolve_base(base).names} | {base.lower()}
-    for name in entry.parents:
+def _names_base(named: str, base: BaseSpec, *, hub: bool = False) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` names the base: its id or an alias of it, its folder, the
+    Hub repository whose cached snapshot the base's folder is, or a folder elsewhere (the trainer's machine: a Hub
+    adapter's folder is always there) of the base's name."""
+    text = named.strip().rstrip("/")
+    if base.repo is not None:
+        names = {n.lower() for n in resolve_base(base.name).names} | {base.name.lower()}
+        if text.lower() in names:
+            return True
+        short = {n.rsplit("/", 1)[-1] for n in names}
+        elsewhere = hub or not os.path.exists(text)
+        return not is_hub_id(text) and elsewhere and Path(text).name.lower() in short
+    folder = Path(str(base.path)).resolve()
+    if os.path.exists(text) and not hub:
+        return Path(text).resolve() == folder
+    if is_hub_id(text):
+        return f"models--{text.replace('/', '--')}".lower() in (part.lower() for part in folder.parts)
+    return Path(text).name == folder.name
+
+
+def _declared_parent(declared: Sequence[str], base: BaseSpec, db: Store, hub_settings: HubSettings) -> Task | None:
+    """The fine-tune a Hub adapter's card names (``base_model:adapter:<parent>``), where it is one of the tree's
+    models and not the base: for an adapter whose config names nothing."""
+    root = {n.lower() for n in resolve_base(base.name).names} | {base.name.lower()}
+    for name in declared:
         if name.lower() not in root:
-            found = catalogue_entries(db, base, kept=True, model=name)
+            found = catalogue_entries(db, base.name, kept=True, model=name)
             if found:
                 return _task(found[0], base, db, hub_settings)
     return None
-
-
-def _local_parent(ck: Checkpoint, base: str) -> Task | None:
-    """The fine-tune a local adapter was trained on: the folder its ``base_model_name_or_path`` names, where that is
-    a full model on this machine other than the base (an id or a missing folder: the base, as before)."""
-    if not ck.factored:
-        return None
-    named = adapter_parent(ck.path)
-    if named is None or not Path(named).is_dir():
-        return None
-    parent = open_checkpoint(named, name=model_id(named))
-    if parent.factored or is_hub_id(base) or parent.identity() == open_checkpoint(base).identity():
-        return None
-    return Task(name=parent.name, identity=parent.identity(), source=str(Path(named)), path=str(named))
 
 
 def local_files(name: str, source: str, db: Store, hub_settings: HubSettings | None = None) -> str:

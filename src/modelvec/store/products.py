@@ -13,15 +13,13 @@ A vector whose bytes do not match its checksum is left out and named (``damaged`
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .kept import Kept, read_kept, write_kept
 from .vectorfile import VectorFile, checksum
 
 #: Floats of the two blocks of vectors held at once while products are accumulated (1 GiB of float32).
@@ -52,6 +50,8 @@ class Products:
     kept: np.ndarray
     damaged: dict[str, str] = field(default_factory=dict)
     computed_rows: int = 0  # rows computed in this call (the others came from the cache)
+    #: kept products that did not verify and were computed again, one line each
+    notes: list[str] = field(default_factory=list)
 
 
 def checksum_of(hashes: Sequence[str]) -> str:
@@ -187,7 +187,8 @@ def gram(
             _, ok = reader.read(theirs)
             bad.update(p for p, good in zip(theirs, ok) if not good)
     kept = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
-    return Products(G[np.ix_(kept, kept)] if bad else G, kept, dict(reader.damaged), computed_rows=len(order))
+    notes = [known.note] if known is not None and known.note else []
+    return Products(G[np.ix_(kept, kept)] if bad else G, kept, dict(reader.damaged), len(order), notes)
 
 
 def products_with(
@@ -214,91 +215,95 @@ def products_with(
 @dataclass
 class Known:
     """Products kept from an earlier run, laid out for a selection: ``gram`` (n x n; rows and columns of vectors the
-    cache lacks are zeros, to be computed; a read-only memory map where it holds all of them, in order) and
-    ``have``, which vectors it holds."""
+    cache lacks, or whose kept row did not verify, are zeros, to be computed; a read-only memory map where it holds
+    all of them, in order) and ``have``, which vectors it holds. ``note``: what did not verify, one line."""
 
     gram: np.ndarray
     have: np.ndarray
+    note: str | None = None
 
 
 class ProductsCache:
-    """The products of one selection kept beside the store, ``<store>.products/<key>.products``: a header naming
-    the checksums of its vectors, then their n x n products (float64), read through a memory map. Written whole
-    under a temporary name and renamed; a cache that cannot be read or written is no cache (the products are
-    computed again), never an error."""
+    """The products of one selection kept beside the store, ``<store>.products/<key>.products``: a kept file
+    (:mod:`modelvec.store.kept`) naming the checksums of its vectors and holding their n x n products (float64),
+    each row with its own checksum, read through a memory map. A row that does not verify is computed again (one
+    vector's products with every other), a file whose header does not is computed again whole, and either is said
+    in one line (``Known.note``); a cache that cannot be read or written is no cache, never an error. Arrays that
+    reports compute from the products (each model's spread) are kept beside them the same way (:meth:`extra`)."""
 
-    MAGIC = b"modelvec products float64 v1\n"
+    #: the first line of the unchecked files kept before 2026-11-27: read as no cache, and replaced
+    UNCHECKED = b"modelvec products float64 v1\n"
 
     def __init__(self, store_path: Path, key: str) -> None:
         self.folder = store_path.parent / f"{store_path.name}.products"
         self.path = self.folder / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.products"
 
     def known(self, selection: Selection) -> Known | None:
-        """What the cache holds of the selection's products (None: nothing)."""
-        try:
-            with open(self.path, "rb") as fh:
-                if fh.read(len(self.MAGIC)) != self.MAGIC:
-                    return None
-                length = int.from_bytes(fh.read(8), "little")
-                hashes = json.loads(fh.read(length))["hashes"]
-            start = len(self.MAGIC) + 8 + length
-            start += -start % 64
-            cached = np.memmap(self.path, np.float64, "r", offset=start, shape=(len(hashes), len(hashes)))
-        except (OSError, ValueError, KeyError):
+        """What the cache holds of the selection's products, every row verified (None: nothing)."""
+        kept = self._read(self.path)
+        if kept is None:
             return None
-        if hashes == list(selection.hashes):  # the selection it was kept for: read through the map, never copied
+        if kept.problem is not None:
+            return self._none(kept.problem)
+        hashes, cached = kept.meta.get("hashes"), kept.arrays.get("gram")
+        if not isinstance(hashes, list) or cached is None or cached.shape != (len(hashes), len(hashes)):
+            return self._none("its header does not describe its products")
+        bad = {int(i) for i in kept.damaged["gram"]}
+        note = None
+        if bad:
+            note = (
+                f"{self.path}: {len(bad)} of its {len(hashes)} rows of kept products did not match their checksums: "
+                "computed again and kept"
+            )
+        if not bad and hashes == list(selection.hashes):  # the selection it was kept for: read through the map
             return Known(cached, np.ones(len(hashes), dtype=bool))
-        where = {h: i for i, h in enumerate(hashes)}
+        where = {h: i for i, h in enumerate(hashes) if i not in bad}
         cols = np.array([where.get(h, -1) for h in selection.hashes], dtype=np.int64)
         have = cols >= 0
         if not have.any():
-            return None
+            return Known(np.zeros((0, 0)), np.zeros(0, dtype=bool), note) if note else None
         n, mine = len(selection), np.flatnonzero(have)
         G = np.zeros((n, n))
         G[np.ix_(mine, mine)] = cached[np.ix_(cols[mine], cols[mine])]
         del cached
-        return Known(G, have)
+        return Known(G, have, note)
 
-    def extra(self, hashes: Sequence[str], name: str) -> dict[str, np.ndarray] | None:
-        """Arrays kept beside these products under ``name`` for exactly the vectors ``hashes`` (None: none kept)."""
+    def _none(self, problem: str) -> Known:
+        """Nothing of the file can be used: every product is computed again, and the note says why."""
+        return Known(np.zeros((0, 0)), np.zeros(0, dtype=bool), f"{self.path}: {problem}: its products computed again")
+
+    def _read(self, path: Path) -> Kept | None:
+        """The kept file at ``path``; None where there is none, or only an unchecked one of an earlier version."""
         try:
-            with np.load(self._extra(name), allow_pickle=False) as data:
-                if str(data["digest"]) != checksum_of(hashes):
+            with open(path, "rb") as fh:
+                if fh.read(len(self.UNCHECKED)) == self.UNCHECKED:
                     return None
-                return {k: data[k] for k in data.files if k != "digest"}
-        except (OSError, ValueError, KeyError):
-            return None
+        except OSError:
+            pass
+        return read_kept(path)
+
+    def extra(self, hashes: Sequence[str], name: str) -> tuple[dict[str, np.ndarray] | None, str | None]:
+        """Arrays kept beside these products under ``name`` for exactly the vectors ``hashes`` (None: none kept, or
+        they did not verify), and what did not verify, one line."""
+        path = self._extra(name)
+        kept = self._read(path)
+        if kept is None:
+            return None, None
+        if kept.problem is None and any(len(rows) for rows in kept.damaged.values()):
+            kept.problem = "its arrays do not match their checksums"
+        if kept.problem is not None:
+            return None, f"{path}: {kept.problem}: computed again"
+        if kept.meta.get("digest") != checksum_of(hashes):
+            return None, None  # kept for other vectors
+        return {k: np.array(v) for k, v in kept.arrays.items()}, None
 
     def put_extra(self, hashes: Sequence[str], name: str, arrays: dict[str, np.ndarray]) -> None:
         """Keep ``arrays`` for exactly the vectors ``hashes`` (written whole, then renamed; a failure keeps nothing)."""
-        path = self._extra(name)
-        tmp = self.folder / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp.npz"
-        try:
-            self.folder.mkdir(exist_ok=True)
-            np.savez(tmp, digest=np.array(checksum_of(hashes)), **arrays)  # type: ignore[arg-type]
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+        write_kept(self._extra(name), {"digest": checksum_of(hashes)}, arrays)
 
     def _extra(self, name: str) -> Path:
-        return self.path.with_name(f"{self.path.stem}.{name}.npz")
+        return self.path.with_name(f"{self.path.stem}.{name}.kept")
 
     def save(self, selection: Selection, products: Products) -> None:
         hashes = [selection.hashes[i] for i in products.kept]
-        head = json.dumps({"hashes": hashes}).encode()
-        pad = -(len(self.MAGIC) + 8 + len(head)) % 64
-        tmp = self.folder / f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            self.folder.mkdir(exist_ok=True)
-            with open(tmp, "wb") as fh:
-                fh.write(self.MAGIC + len(head).to_bytes(8, "little") + head + b"\0" * pad)
-                np.ascontiguousarray(products.gram, dtype=np.float64).tofile(fh)
-            os.replace(tmp, self.path)
-        except OSError:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+        write_kept(self.path, {"hashes": hashes}, {"gram": products.gram})

@@ -154,9 +154,22 @@ TRACES = Table(
     ),
     ("model", "base", "base_hash", "params"),
 )
-TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES)
+#: Each version of a base that vectors were embedded against: its ``base_hash`` (a local base's content hash, a Hub
+#: base's ``git:<sha>``) and the cheap identity of its files then (names, sizes, times, headers: what a report
+#: checks to know the base is unchanged without hashing its content), each written by the run that embedded.
+BASE_VERSIONS = Table(
+    "base_versions",
+    (
+        ("base", "VARCHAR NOT NULL"),
+        ("identity", "VARCHAR NOT NULL"),
+        ("base_hash", "VARCHAR NOT NULL"),
+        ("recorded_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+    ),
+    ("base", "identity"),
+)
+TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES, BASE_VERSIONS)
 #: Tables added after the first release: a store opened read-only without one is read as if it were empty.
-_TABLES_ADDED_LATER = {"traces"}
+_TABLES_ADDED_LATER = {"traces", "base_versions"}
 SCHEMA = "\n".join(t.create() for t in TABLES)
 # Columns added after the first release: added in place to older store files (MIGRATIONS).
 _ADDED_LATER = {

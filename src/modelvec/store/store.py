@@ -31,7 +31,8 @@ import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,13 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import Kind, NothingStoredError, StoreError
+from ..core.names import is_hub_id
 from ..represent.representation import Representation
 from .lock import connect, default_wait
-from .products import Products, ProductsCache, Selection, checksum_of, feature_moments, gram, products_with
+from .products import BlockReader, Products, ProductsCache, Selection, checksum_of, feature_moments, gram
 from .records import Failure, VectorRow
 from .schema import (
+    BASE_VERSIONS,
     CATALOGUE,
     CATALOGUE_COLUMNS,
     META_COLUMNS,
@@ -53,7 +56,7 @@ from .schema import (
     missing_tables,
     transaction,
 )
-from .vectorfile import VectorFile
+from .vectorfile import VectorFile, zero_checksum
 from .writer import StoreWriter, write_rows
 
 DEFAULT_STORE = "modelvec.duckdb"
@@ -82,10 +85,12 @@ def default_store_path() -> Path:
 @dataclass
 class StoredTraces:
     """One base's stored traces: a row per model (model, base_hash, levels, scale, parent) and their sketches, one
-    row of ``sketches`` each, in the same order."""
+    row of ``sketches`` each, in the same order; ``damaged``: the models whose sketch's bytes do not match their
+    checksum (model -> one line), left out of both."""
 
     frame: pd.DataFrame
     sketches: np.ndarray
+    damaged: dict[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -98,8 +103,9 @@ class StoreOverview:
 
     path: str
     summary: pd.DataFrame
-    models: pd.DataFrame
+    models: pd.DataFrame  # one row per vector; ``state``: "copy of the base", "stale" (see :meth:`Store.stale`) or None
     failures: pd.DataFrame
+    stale: pd.DataFrame = field(default_factory=pd.DataFrame)  # :meth:`Store.stale`
 
     def as_json(self) -> dict[str, Any]:
         def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -110,6 +116,7 @@ class StoreOverview:
             "summary": records(self.summary),
             "models": records(self.models),
             "failures": records(self.failures),
+            "stale": records(self.stale),
         }
 
 
@@ -213,20 +220,27 @@ class Store:
                 other.unlink(missing_ok=True)
         return current
 
-    def compact(self) -> tuple[int, int]:
-        """Rewrite the vector file with only the vectors rows point at; (bytes before, bytes after).
+    def compact(self, stale: pd.DataFrame | None = None) -> tuple[int, int]:
+        """Drop the vectors and traces embedded against an earlier version of their base (``stale``, default
+        :meth:`stale`), then rewrite the vector file with only the bytes rows point at; (bytes before, bytes after).
 
-        Replaced vectors (``--force``, changed weights) leave their old bytes behind. The live ones
+        Replaced vectors (``--force``, changed weights, stale rows) leave their old bytes behind. The live ones
         are copied (checksums verified) to a new file and fsynced, then the offsets and the file's
         name change in one commit: a crash at any point leaves the old store or the new one whole.
         Not while a writer of this store is running.
         """
         tables = [("vectors", "vector_hash")] + ([("traces", "sketch_hash")] if "traces" in self._tables() else [])
+        stale = self.stale() if stale is None else stale
         before = self.vector_file.path.stat().st_size
         new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}")
         try:
-            moved = {table: self._copy_rows(table, digest, new) for table, digest in tables}
             with transaction(self.con):
+                for row in stale.itertuples():
+                    for table, _ in tables:
+                        self.con.execute(
+                            f"DELETE FROM {table} WHERE base = ? AND base_hash = ?", [row.base, row.base_hash]
+                        )
+                moved = {table: self._copy_rows(table, digest, new) for table, digest in tables}
                 for table, rows in ((t, r) for t, r in moved.items() if r):
                     self.con.executemany(
                         f'UPDATE {table} SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
@@ -241,6 +255,19 @@ class Store:
         old.close()
         old.path.unlink(missing_ok=True)
         return before, new.path.stat().st_size
+
+    def stale(self) -> pd.DataFrame:
+        """The stored vectors embedded against another version of their base than the one it is now (:meth:`base_now`),
+        where vectors of the version it is now are stored: (base, base_hash, vectors), one row per base and version.
+        A base whose version now has no vectors (changed since, nothing embedded again yet) has none: nothing
+        says which of its versions the next run will keep."""
+        out = []
+        for base in self.con.execute("SELECT DISTINCT base FROM vectors ORDER BY base").fetchall():
+            versions = self.versions(base[0])
+            now = self.base_now(base[0]) if len(versions) > 1 else None
+            if now is not None and now in set(versions["base_hash"]):
+                out += [(base[0], v.base_hash, int(v.vectors)) for v in versions.itertuples() if v.base_hash != now]
+        return pd.DataFrame(out, columns=["base", "base_hash", "vectors"])
 
     def _copy_rows(self, table: str, digest: str, new: VectorFile) -> list[list[Any]]:
         """Copy the bytes ``table``'s rows point at to ``new`` (checksums verified), 256 at a time: their new offsets
@@ -268,31 +295,38 @@ class Store:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
         return StoreWriter(self.con.cursor(), self.vector_file)
 
-    def count_traces(self, base: str, params: str) -> int:
-        """How many traces are stored for ``base`` under ``params`` (0 in a store older than traces)."""
+    def count_traces(self, base: str, params: str, base_hash: str | None = None) -> int:
+        """How many traces are stored for ``base`` under ``params`` (and ``base_hash``; 0 in a store older than
+        traces)."""
         if "traces" not in self._tables():
             return 0
-        row = self.con.execute("SELECT count(*) FROM traces WHERE base = ? AND params = ?", [base, params]).fetchone()
+        where, args = self._clauses(base=base, params=params, base_hash=base_hash)
+        row = self.con.execute(f"SELECT count(*) FROM traces {where}", args).fetchone()
         return int(row[0]) if row else 0
 
-    def traces(self, base: str, params: str) -> StoredTraces:
-        """The traces stored for ``base`` under the representation key ``params``, in model order: their rows
-        (model, base_hash, levels, scale, parent) and their sketches, one (n, dim) float32 matrix read from the
-        vector file (checksums verified). Empty in a store older than traces."""
+    def traces(self, base: str, params: str, base_hash: str | None = None) -> StoredTraces:
+        """The traces stored for ``base`` under the representation key ``params`` (and ``base_hash``: against that
+        version of the base; None: any), in model order: their rows (model, base_hash, levels, scale, parent) and
+        their sketches, one (n, dim) float32 matrix read from the vector file, each checked against its checksum (a
+        damaged one is named in ``damaged`` and left out). Empty in a store older than traces."""
+        columns = ["model", "base_hash", "levels", "scale", "parent"]
         if "traces" not in self._tables():
-            return StoredTraces(
-                pd.DataFrame(columns=["model", "base_hash", "levels", "scale", "parent"]), np.zeros((0, 0))
-            )
+            return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
+        where, args = self._clauses(base=base, params=params, base_hash=base_hash)
         df = self.con.execute(
-            'SELECT model, base_hash, levels, scale, parent, "offset", dim, sketch_hash FROM traces '
-            "WHERE base = ? AND params = ? ORDER BY model",
-            [base, params],
+            f'SELECT model, base_hash, levels, scale, parent, "offset", dim, sketch_hash FROM traces {where} '
+            "ORDER BY model, base_hash",
+            args,
         ).df()
         dim = int(df["dim"].max()) if len(df) else 0
         if len(df) and (df["dim"] != dim).any():
             raise StoreError(base, f"its stored traces under {params} differ in size: re-embed them with --force")
-        sketches = self.vector_file.read(list(df["offset"]), dim, list(df["sketch_hash"]), list(df["model"]))
-        return StoredTraces(df.drop(columns=["offset", "dim", "sketch_hash"]), sketches)
+        selection = Selection(list(df["model"]), list(df["offset"]), list(df["sketch_hash"]), dim)
+        reader = BlockReader(self.vector_file, selection, len(selection))
+        sketches, sound = reader.read(range(len(selection)))
+        damaged = {m: line.replace("stored vector", "stored trace") for m, line in reader.damaged.items()}
+        frame = df.drop(columns=["offset", "dim", "sketch_hash"])[sound].reset_index(drop=True)
+        return StoredTraces(frame, np.array(sketches[sound]), damaged)
 
     def _check_whole(self) -> None:
         """Refuse a DuckDB file cut short inside a block (by a copy, a download, a full disk): DuckDB writes its
@@ -383,13 +417,76 @@ class Store:
         ).fetchall()
         return bool(hit)
 
+    def model_versions(self, model: str, base: str, representation: Representation) -> list[str]:
+        """The versions of ``base`` (``base_hash``) that ``model`` has vectors embedded against under
+        ``representation``."""
+        rows = self.con.execute(
+            "SELECT base_hash FROM vectors WHERE model = ? AND base = ? AND params = ? ORDER BY base_hash",
+            [model, base, representation.key()],
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def base_hashes(self, base: str, representation: Representation) -> list[str]:
         """The identities of the base weights the stored vectors of ``base`` were computed against."""
+        return list(self.versions(base, representation)["base_hash"])
+
+    def versions(self, base: str, representation: Representation | str | None = None) -> pd.DataFrame:
+        """The versions of ``base`` its stored vectors (under ``representation``; None: any) were computed against:
+        ``base_hash``, ``vectors`` (how many) and ``newest`` (when the last of them was stored), by ``base_hash``."""
+        where, args = self._where(base, representation, None)
+        return self.con.execute(
+            f"SELECT base_hash, count(*) AS vectors, max(created_at) AS newest FROM vectors {where} "
+            "GROUP BY base_hash ORDER BY base_hash",
+            args,
+        ).df()
+
+    # --- the base as it is now ------------------------------------------------------------------------
+    def record_base(self, base: str, identity: str, base_hash: str) -> None:
+        """Record that vectors of ``base`` are embedded against ``base_hash`` while its files' identity is
+        ``identity`` (a Hub base: both its ``git:<sha>``): how a report knows the base's version without hashing it.
+        Nothing is written where that is already what the store says (the last recorded, with these files)."""
+        if self.recorded_base(base, identity) == base_hash and self.recorded_base(base) == base_hash:
+            return
+        with transaction(self.con):
+            self.con.execute(
+                BASE_VERSIONS.insert(("base", "identity", "base_hash", "recorded_at")),
+                [base, identity, base_hash, datetime.now()],
+            )
+
+    def recorded_base(self, base: str, identity: str | None = None) -> str | None:
+        """The version of ``base`` recorded for files of ``identity`` (None: the one recorded last), else None."""
+        if "base_versions" not in self._tables():
+            return None
+        where, args = self._clauses(base=base, identity=identity)
+        row = self.con.execute(
+            f"SELECT base_hash FROM base_versions {where} ORDER BY recorded_at DESC LIMIT 1", args
+        ).fetchone()
+        return str(row[0]) if row else None
+
+    def identities(self, base: str, base_hash: str) -> list[str]:
+        """The identities of ``base``'s files recorded for its version ``base_hash``."""
+        if "base_versions" not in self._tables():
+            return []
         rows = self.con.execute(
-            "SELECT DISTINCT base_hash FROM vectors WHERE base = ? AND params = ? ORDER BY 1",
-            [base, representation.key()],
+            "SELECT identity FROM base_versions WHERE base = ? AND base_hash = ? ORDER BY recorded_at",
+            [base, base_hash],
         ).fetchall()
-        return [r[0] for r in rows]
+        return [str(r[0]) for r in rows]
+
+    def base_now(self, base: str) -> str | None:
+        """The version (``base_hash``) of ``base`` as it is now: a local base's from its files' identity (names,
+        sizes, times and headers) as the run that embedded against it recorded it, else its content hashed; a Hub
+        base's commit at its last discovery, else the one embedded against last; None where nothing says (a local
+        base gone from this machine, stored by a version that did not record it)."""
+        if is_hub_id(base):
+            sha = self.base_sha(base)
+            return f"git:{sha}" if sha else self.recorded_base(base)
+        if not os.path.exists(base):
+            return self.recorded_base(base)
+        from ..read import Checkpoint
+
+        files = Checkpoint(base, name=base)
+        return self.recorded_base(base, files.identity()) or files.fingerprint()
 
     @staticmethod
     def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
@@ -398,22 +495,28 @@ class Store:
         return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
 
     def _where(
-        self, base: str | None, representation: Representation | str | None, models: Sequence[str] | None
+        self,
+        base: str | None,
+        representation: Representation | str | None,
+        models: Sequence[str] | None,
+        base_hash: str | None = None,
     ) -> tuple[str, list[Any]]:
         key = representation.key() if isinstance(representation, Representation) else representation
         extra = [("list_contains(?, model)", list(models))] if models is not None else []
-        return self._clauses(extra, base=base, params=key)
+        return self._clauses(extra, base=base, params=key, base_hash=base_hash)
 
     def metadata(
         self,
         base: str | None = None,
         representation: Representation | str | None = None,
         models: Sequence[str] | None = None,
+        base_hash: str | None = None,
     ) -> pd.DataFrame:
-        """One row per stored vector (no vectors), ordered by model."""
-        where, args = self._where(base, representation, models)
+        """One row per stored vector (no vectors), ordered by model; ``base_hash``: only those embedded against that
+        version of the base."""
+        where, args = self._where(base, representation, models, base_hash)
         return self.con.execute(
-            f"SELECT {meta_select(self.con)} FROM vectors {where} ORDER BY model, base, params", args
+            f"SELECT {meta_select(self.con)} FROM vectors {where} ORDER BY model, base, params, base_hash", args
         ).df()
 
     def select(
@@ -421,14 +524,15 @@ class Store:
         base: str | None = None,
         representation: Representation | str | None = None,
         models: Sequence[str] | None = None,
+        base_hash: str | None = None,
     ) -> tuple[Selection, pd.DataFrame]:
         """Where the selected vectors are (no vector read) and their metadata, rows ordered by model.
 
         All selected vectors must share a dimension: select one base and one representation."""
-        where, args = self._where(base, representation, models)
+        where, args = self._where(base, representation, models, base_hash)
         rows = self.con.execute(
             f"""SELECT "offset", vector_hash, {meta_select(self.con)} FROM vectors {where}
-                ORDER BY model, base, params""",
+                ORDER BY model, base, params, base_hash""",
             args,
         ).df()
         meta = rows[list(META_COLUMNS)].reset_index(drop=True)
@@ -482,18 +586,6 @@ class Store:
             kept.save(selection, result)
         return result
 
-    def products_extra(self, hashes: Sequence[str], cache: str, name: str) -> dict[str, np.ndarray] | None:
-        """Arrays a report kept beside the products named ``cache`` for exactly the vectors ``hashes`` (None: none)."""
-        return ProductsCache(self.path, cache).extra(hashes, name)
-
-    def put_products_extra(self, hashes: Sequence[str], cache: str, name: str, arrays: dict[str, np.ndarray]) -> None:
-        """Keep arrays a report computed from the products named ``cache`` of the vectors ``hashes`` beside them."""
-        ProductsCache(self.path, cache).put_extra(hashes, name, arrays)
-
-    def products_with(self, selection: Selection, query: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
-        """One pass over the selected vectors: their products with ``query``, squared norms and the damaged ones."""
-        return products_with(self.vector_file, selection, query)
-
     def failures(self) -> pd.DataFrame:
         return self.con.execute(
             "SELECT model, base, params, error, coalesce(kind, CASE WHEN model_hash IS NULL THEN 'transient' ELSE 'content' END) "
@@ -501,8 +593,20 @@ class Store:
         ).df()
 
     def overview(self) -> StoreOverview:
-        """What is stored: vectors per base and representation, one row per model, and the failures."""
-        return StoreOverview(str(self.path), self.summary(), self.metadata(), self.failures())
+        """What is stored: vectors per base and representation, one row per vector (with its ``state``: a copy of the
+        base, whose weights are the base's; stale, embedded against an earlier version of its base), the failures,
+        and the stale vectors per base."""
+        models, stale = self.metadata(), self.stale()
+        keys = self.con.execute(
+            "SELECT base, base_hash, vector_hash, dim FROM vectors ORDER BY model, base, params, base_hash"
+        ).fetchall()
+        old = set(zip(stale["base"], stale["base_hash"]))
+        zero = {dim: zero_checksum(dim) for dim in {k[3] for k in keys}}
+        states = [
+            "stale" if (base, base_hash) in old else "copy of the base" if digest == zero[dim] else None
+            for base, base_hash, digest, dim in keys
+        ]
+        return StoreOverview(str(self.path), self.summary(), models.assign(state=states), self.failures(), stale)
 
     def summary(self) -> pd.DataFrame:
         """Counts per base and representation; ``params_json``: the representation's fields (JSON), as the vectors table holds them."""

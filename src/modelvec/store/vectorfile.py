@@ -166,3 +166,8 @@ def vector_bytes(vector: np.ndarray) -> np.ndarray:
 def checksum(raw: np.ndarray) -> str:
     """A vector's checksum as its row stores it: xxh3-64 of its bytes."""
     return xxhash.xxh3_64_hexdigest(raw.data)
+
+
+def zero_checksum(dim: int) -> str:
+    """The checksum of an all-zero vector of ``dim`` floats: a model whose weights are the base's has it."""
+    return checksum(np.zeros(dim, np.float32).view(np.uint8))

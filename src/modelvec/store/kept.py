@@ -1,0 +1,142 @@
+"""Files kept beside the store and read again by later runs (the vectors' products, the mutual-proximity spreads):
+each holds the checksums written with it, so a reader trusts only what verifies.
+
+A kept file is a header, then its arrays. The header says what the file was computed for (``meta``: e.g. the
+checksums of the vectors whose products it holds) and, per array, its type, shape, place and an xxh3 of each row
+(of the whole array, for a 1-D one); the header has an xxh3 of its own. :func:`read_kept` maps the arrays, read
+only, and checks every row against its checksum (27 GB/s: 30 ms for the 800 MB of 10,000 models' products): a
+row that does not verify is named in ``damaged``, so a reader recomputes that row (one vector's products against
+every other), not the whole file. A header that does not verify, a file cut short or one that is not a kept file
+is :attr:`Kept.problem`, one line, and nothing of it is used. Files are written whole under a temporary name,
+then renamed, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+MAGIC = b"modelvec kept file v1\n"
+_ALIGN = 64
+
+
+@dataclass
+class Kept:
+    """What a kept file holds: ``meta`` and its ``arrays`` (read-only memory maps), ``damaged``: per array, the rows
+    (indices along its first axis; ``[0]`` for a 1-D array: all of it) that do not match their checksums. ``problem``
+    (one line) where nothing of the file can be used: then ``meta`` and ``arrays`` are empty."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    damaged: dict[str, np.ndarray] = field(default_factory=dict)
+    problem: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Whether every row of every array verified (and there was a file to read)."""
+        return self.problem is None and bool(self.arrays) and not any(len(d) for d in self.damaged.values())
+
+
+def row_checksums(array: np.ndarray) -> list[str]:
+    """The xxh3 of each row of ``array`` (its first axis), or of the whole of a 0-D or 1-D array."""
+    if array.ndim <= 1:
+        return [xxhash.xxh3_64_hexdigest(np.ascontiguousarray(array).data)]
+    return [xxhash.xxh3_64_hexdigest(np.ascontiguousarray(row).data) for row in array]
+
+
+def write_kept(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bool:
+    """Keep ``arrays`` (made contiguous, little-endian) with ``meta`` at ``path``: written whole under a temporary
+    name, then renamed. False where it could not be written (a cache that cannot be kept is no cache, never an
+    error: the next run computes it again)."""
+    laid: list[tuple[int, np.ndarray]] = []
+    specs = []
+    offset = 0
+    for name, value in arrays.items():
+        array = np.ascontiguousarray(value, dtype=np.asarray(value).dtype.newbyteorder("<"))
+        offset += -offset % _ALIGN
+        specs.append(
+            {
+                "name": name,
+                "dtype": array.dtype.str,
+                "shape": list(array.shape),
+                "offset": offset,
+                "rows": row_checksums(array),
+            }
+        )
+        laid.append((offset, array))
+        offset += array.nbytes
+    header = json.dumps({"meta": dict(meta), "arrays": specs}).encode()
+    head = MAGIC + len(header).to_bytes(8, "little") + xxhash.xxh3_64_digest(header) + header
+    start = len(head) + (-len(head) % _ALIGN)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(head + b"\0" * (start - len(head)))
+            for at, array in laid:
+                fh.seek(start + at)
+                array.tofile(fh)
+        os.replace(tmp, path)
+        return True
+    except (OSError, ValueError):
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return False
+
+
+def read_kept(path: Path) -> Kept | None:
+    """The kept file at ``path``, every row checked (None: there is none; a folder or an unreadable path is one)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if fh.read(len(MAGIC)) != MAGIC:
+                return Kept(problem="not a modelvec kept file (bad header)")
+            length = int.from_bytes(fh.read(8), "little")
+            digest = fh.read(8)
+            if length > size:
+                return Kept(problem="truncated: shorter than its header says")
+            header = fh.read(length)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return Kept(problem=f"cannot be read ({(exc.strerror or str(exc)).lower()})")
+    if len(header) != length or xxhash.xxh3_64_digest(header) != digest:
+        return Kept(problem="its header does not match its checksum")
+    try:
+        spec = json.loads(header)
+        return _mapped(path, spec, size, len(MAGIC) + 16 + length)
+    except (ValueError, KeyError, TypeError) as exc:  # a header that verifies but is not ours: another version
+        return Kept(problem=f"its header is not readable ({type(exc).__name__})")
+
+
+def _mapped(path: Path, spec: dict[str, Any], size: int, head: int) -> Kept:
+    """The arrays of a verified header, mapped read-only, each row checked."""
+    start = head + (-head % _ALIGN)
+    kept = Kept(meta=dict(spec["meta"]))
+    for item in spec["arrays"]:
+        dtype, shape = np.dtype(item["dtype"]), tuple(int(s) for s in item["shape"])
+        at = start + int(item["offset"])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if at + nbytes > size:
+            return Kept(problem="truncated: shorter than its header says")
+        array = (
+            np.memmap(path, dtype, "r", offset=at, shape=shape) if nbytes else np.zeros(shape, dtype)
+        )  # an empty array maps nothing
+        found = row_checksums(array)
+        if len(found) != len(item["rows"]):
+            return Kept(problem="its header is not readable (row checksums)")
+        kept.arrays[item["name"]] = array
+        kept.damaged[item["name"]] = np.array(
+            [i for i, (a, b) in enumerate(zip(found, item["rows"])) if a != b], dtype=np.int64
+        )
+    return kept

@@ -1,0 +1,296 @@
+"""One base's stored vectors under one representation, as every report reads them: the only way from the store to
+``cluster``, ``neighbors`` and ``tree``.
+
+A :class:`Population` looks the base up once and decides once what belongs to it:
+
+- the vectors embedded against the base **as it is now** (:meth:`Store.base_now`): rows embedded against an earlier
+  version of it under the same name are counted (``stale``) and left out, never mixed in;
+- of those, the models whose weights are the base's (an all-zero vector: a re-upload of the base, an untrained
+  adapter) are ``copies``: counted, left off the map and out of every score.
+
+It gives what the reports compute from, each verified before it is trusted (:mod:`modelvec.store.kept`): the
+vectors' inner products kept beside the store (a row that does not verify is computed again), each model's spread
+for mutual proximity (computed again where it does not verify), the traces (a damaged one left out and named), the
+vectors themselves (each checked against its checksum). What it found and redid is ``repaired`` (one line each);
+stored vectors or traces whose bytes are damaged are ``damaged`` (model -> one line). It resolves the scoring once
+(``auto`` from the models' kinds), and says where the base's files are on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from ..analyse.scores import Geometry, Scoring
+from ..core.errors import ModelvecError, NothingStoredError, ResourceError
+from ..core.names import is_hub_id, model_id
+from ..represent.representation import Representation
+from .products import BLOCK_FLOATS, BlockReader, Products, ProductsCache, Selection, products_with
+from .store import Store, StoredTraces, options_of
+from .vectorfile import zero_checksum
+
+if TYPE_CHECKING:
+    from ..hub.client import HubSettings
+
+
+def base_names(base: str | os.PathLike[str]) -> list[str]:
+    """The names a base given as ``base`` may be stored under: a local path's absolute path (and as typed), a Hub
+    id as typed and its canonical id."""
+    from ..hub.ids import resolve_base
+
+    if os.path.exists(str(base)):
+        return list(dict.fromkeys([model_id(base), str(base)]))
+    return list(dict.fromkeys([str(base), resolve_base(str(base)).canonical]))
+
+
+def find_base(db: Store, base: str | os.PathLike[str] | None, representation: Representation) -> str:
+    """The stored name of ``base`` (None: the only base with vectors under ``representation``); one line saying what
+    is stored instead where there is nothing."""
+    if base is not None:
+        for name in base_names(base):
+            if not db.metadata(base=name, representation=representation).empty:
+                return name
+        raise NothingStoredError(
+            str(base), f"no vectors stored for this base with representation {representation.key()}{_stored(db)}"
+        )
+    bases = sorted(set(db.metadata(representation=representation)["base"]))
+    if not bases:
+        raise NothingStoredError(
+            str(db.path),
+            f"no vectors stored with representation {representation.key()}"
+            + (_stored(db) or "; run `modelvec embed` first"),
+        )
+    if len(bases) > 1:
+        raise NothingStoredError(
+            str(db.path),
+            f"holds vectors of {len(bases)} bases with representation {representation.key()} "
+            f"({', '.join(bases)}): name one with --base",
+        )
+    return bases[0]
+
+
+def _stored(db: Store) -> str:
+    """What the store holds instead, with the options that read it (empty: nothing)."""
+    stored = db.summary()
+    known = "; ".join(
+        f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["params_json"])
+    )
+    return f" (stored, with the options that read them: {known}; or embed again)" if known else " (nothing stored)"
+
+
+class Population:
+    """The vectors of ``base`` under ``representation`` that the reports analyse (see the module's docstring).
+
+    ``name``: the base as stored; ``base_hash``: its version now; ``selection`` and ``meta``: its models' vectors
+    (copies of the base left out), rows ordered by model; ``copies``: the models whose weights are the base's;
+    ``stale``: vectors embedded against an earlier version of the base, left out."""
+
+    def __init__(
+        self, db: Store, base: str | os.PathLike[str] | None, representation: Representation | None = None
+    ) -> None:
+        self.db = db
+        self.representation = representation or Representation()
+        self.name = find_base(db, base, self.representation)
+        self.repaired: list[str] = []
+        self.damaged: dict[str, str] = {}
+        self.base_hash, self.stale = self._version()
+        selection, meta = db.select(base=self.name, representation=self.representation, base_hash=self.base_hash)
+        zero = {d: zero_checksum(d) for d in set(meta["dim"])}
+        copy = np.array([zero[d] == h for d, h in zip(meta["dim"], selection.hashes)], dtype=bool)
+        self.copies: list[str] = list(meta["model"][copy])
+        at = np.flatnonzero(~copy)
+        self.selection = Selection(
+            [selection.models[i] for i in at],
+            [selection.offsets[i] for i in at],
+            [selection.hashes[i] for i in at],
+            selection.dim,
+        )
+        self.meta = meta.iloc[at].reset_index(drop=True)
+
+    def _version(self) -> tuple[str, int]:
+        """The base's version the population was embedded against, and how many vectors were embedded against
+        others: its version now, or (where nothing says what it is now) the one embedded against last."""
+        versions = self.db.versions(self.name, self.representation)
+        now = self.db.base_now(self.name)
+        if now is None:
+            now = str(versions.sort_values("newest")["base_hash"].iloc[-1])
+        if now not in set(versions["base_hash"]):
+            raise NothingStoredError(
+                self.name,
+                f"the base has changed since its {int(versions['vectors'].sum())} vectors under "
+                f"{self.representation.key()} were embedded against it: embed its fine-tunes again "
+                "(modelvec embed re-embeds them against the base as it is now)",
+            )
+        return now, int(versions.loc[versions["base_hash"] != now, "vectors"].sum())
+
+    # --- what the reports say of it ------------------------------------------------------------------
+    def left_out(self, *, copies: bool = True) -> list[str]:
+        """What the population leaves out and why, one line each: the stale rows, and the copies of the base (where
+        ``copies``: the tree places them, the map does not)."""
+        out = []
+        if self.stale:
+            out.append(
+                f"{self.stale} stored vector{'s' if self.stale != 1 else ''} of {self.name} were embedded against an "
+                "earlier version of the base and are left out: embed those models again, or drop them "
+                "(modelvec compact)"
+            )
+        if self.copies and copies:
+            n = len(self.copies)
+            out.append(
+                f"{n} model{'s' if n != 1 else ''} whose weights are the base's (a copy of the base) left off the map "
+                f"and out of every score: {', '.join(self.copies[:3])}{', ...' if n > 3 else ''}"
+            )
+        return out
+
+    # --- the vectors' products and geometry ----------------------------------------------------------
+    def cache_key(self, what: str = "") -> str:
+        """The name under which this population's products are kept beside the store."""
+        return f"{self.name}\n{self.representation.key()}\n{what}"
+
+    def products(
+        self, progress: Callable[[int, int], None] | None = None, *, verify: bool = True
+    ) -> tuple[Products, pd.DataFrame]:
+        """The vectors' inner products, kept beside the store and verified (checked to fit in memory first), and the
+        metadata of the vectors they cover (damaged ones left out: ``damaged`` names them). ``verify``: read and
+        check every vector even where all their products are kept (a query reads only those it shows:
+        :meth:`check`)."""
+        check_fits(len(self.selection), self.selection.dim)
+        products = self.db.products(self.selection, cache=self.cache_key(), progress=progress, verify=verify)
+        self.repaired += products.notes
+        self.damaged.update(products.damaged)
+        return products, self.meta.iloc[products.kept].reset_index(drop=True)
+
+    def standardized(self) -> Products:
+        """The products of the vectors with every feature standardised over the population (kept the same way)."""
+        products = self.db.products(self.selection, cache=self.cache_key("standardized"), standardize=True)
+        self.repaired += products.notes
+        return products
+
+    def resolve(self, scoring: Scoring, kinds: Sequence[object] | None = None) -> tuple[Scoring, str | None]:
+        """``scoring`` with ``auto`` resolved, once, from the models' kinds (``kinds``: theirs, default this
+        population's), and why it chose so."""
+        scaling, note = scoring.scaling_for(list(self.meta["adapter"]) if kinds is None else kinds)
+        return replace(scoring, scaling=scaling), note
+
+    def geometry(self, products: Products, scoring: Scoring) -> Geometry:
+        """The geometry of ``products`` for a resolved ``scoring``, each model's spread for mutual proximity taken
+        from beside the store where it was kept for these very vectors and verifies, else computed and kept."""
+        geo = Geometry.from_products(products.gram, scoring.metric)
+        if scoring.scaling == "none":
+            return geo
+        hashes = [self.selection.hashes[i] for i in products.kept]
+        cache, name = ProductsCache(self.db.path, self.cache_key()), f"spread-{geo.metric}-{scoring.scaling}"
+        kept, note = cache.extra(hashes, name)
+        if note is not None:
+            self.repaired.append(note)
+        if kept is not None and len(kept.get("mean", ())) == len(geo) and len(kept.get("sd", ())) == len(geo):
+            geo.use_spread(scoring.scaling, (kept["mean"], kept["sd"]))
+            return geo
+        stats = geo.spread(scoring.scaling)
+        if stats is not None:
+            cache.put_extra(hashes, name, {"mean": stats[0], "sd": stats[1]})
+        return geo
+
+    def products_with(self, vector: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One pass over the vectors: their inner products with ``vector`` and their squared norms, at the positions
+        ``kept`` (a damaged vector's are NaN and it is named in ``damaged``)."""
+        dots, squares, damaged = products_with(self.db.vector_file, self.selection, vector)
+        self.damaged.update(damaged)
+        return dots[kept], squares[kept]
+
+    # --- the vectors themselves ---------------------------------------------------------------------
+    def rows(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The vectors at these positions of ``selection``, each checked against its checksum."""
+        at = [int(i) for i in positions]
+        sel = self.selection
+        return self.db.vector_file.read(
+            [sel.offsets[i] for i in at], sel.dim, [sel.hashes[i] for i in at], [sel.models[i] for i in at]
+        )
+
+    def check(self, positions: Sequence[int] | np.ndarray) -> list[int]:
+        """Which of these positions of ``selection`` hold vectors whose bytes match their checksums (the others are
+        named in ``damaged``): what a query that reads only the kept products checks of what it shows."""
+        reader = BlockReader(self.db.vector_file, self.selection, 1)
+        sound = [int(i) for i in positions if reader.read([int(i)])[1][0]]
+        self.damaged.update(reader.damaged)
+        return sound
+
+    # --- the traces ----------------------------------------------------------------------------------
+    def traces(self) -> StoredTraces:
+        """The traces of the population's models (copies of the base among them), each verified: a damaged one is
+        left out and named in ``damaged``."""
+        stored = self.db.traces(self.name, self.representation.key(), self.base_hash)
+        for model, line in stored.damaged.items():
+            self.damaged[model] = line
+        return stored
+
+    @cached_property
+    def models(self) -> pd.DataFrame:
+        """Every model of the population with its metadata, the copies of the base among them (for the tree)."""
+        return self.db.metadata(base=self.name, representation=self.representation, base_hash=self.base_hash)
+
+    def catalogue(self) -> pd.DataFrame:
+        return self.db.catalogue(base=self.name)
+
+    # --- the base's files ----------------------------------------------------------------------------
+    def base_files(self, hub_settings: HubSettings, *, fetch: bool = False) -> str | None:
+        """The base's files on this machine: its folder, or a Hub base's snapshot in the Hub cache, or the rows of it
+        that embed fetched, at the version the population was embedded against; with ``fetch``, a Hub base not in
+        the cache is fetched (``neighbors --explain``; ``cluster`` works offline: None)."""
+        if os.path.exists(self.name):
+            return self.name
+        if not is_hub_id(self.name):
+            return None
+        from ..core.files import weight_format
+        from ..hub.download import fetch as fetch_files
+        from ..hub.download import snapshot_folder
+        from ..hub.partial import partial_folder
+
+        sha = self.base_hash.removeprefix("git:") if self.base_hash.startswith("git:") else "main"
+        try:
+            folder = snapshot_folder(self.name, sha, hub_settings)
+            if folder is None or not weight_format(p.name for p in folder.iterdir()):
+                folder = partial_folder(self.name, sha, hub_settings) if sha != "main" else folder
+            if (folder is None or not folder.is_dir()) and fetch:
+                folder = fetch_files(self.name, sha, None, hub_settings)
+        except (ModelvecError, OSError):
+            if fetch:
+                raise
+            return None  # an unreadable cache is no heat map, not a failed report
+        return str(folder) if folder is not None and folder.is_dir() else None
+
+    def describe(self) -> dict[str, Any]:
+        """What the population is, for a report's JSON: its base's version, the stale rows and the copies."""
+        return {"base_hash": self.base_hash, "stale": self.stale, "copies": list(self.copies)}
+
+
+def check_fits(n: int, dim: int) -> None:
+    """One line, before any work, when the products of ``n`` vectors would not fit in the memory left (they and a
+    few copies of n x n during the scores, and two blocks of vectors): what would fit instead."""
+    need = 4 * 8 * n * n + 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))
+    free = available_memory()
+    if free is not None and need > free:
+        fits = int(((free - 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))) / 32) ** 0.5)
+        raise ResourceError(
+            f"{n} models",
+            f"their pairwise products need about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free: "
+            f"about {max(fits, 0):,} models fit at once here",
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
