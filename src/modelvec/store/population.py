@@ -31,7 +31,7 @@ from ..analyse.scores import Geometry, Scoring
 from ..core.errors import ModelvecError, NothingStoredError, ResourceError
 from ..core.names import is_hub_id, model_id
 from ..represent.representation import Representation
-from .products import BLOCK_FLOATS, BlockReader, Products, ProductsCache, Selection, products_with
+from .products import BLOCK_FLOATS, BlockReader, Products, ProductsCache, Selection, checksum_of, products_with
 from .store import Store, StoredTraces, options_of
 from .vectorfile import zero_checksum
 
@@ -167,8 +167,11 @@ class Population:
         return products, self.meta.iloc[products.kept].reset_index(drop=True)
 
     def standardized(self) -> Products:
-        """The products of the vectors with every feature standardised over the population (kept the same way)."""
-        products = self.db.products(self.selection, cache=self.cache_key("standardized"), standardize=True)
+        """The products of the vectors with every feature standardised over the population (kept the same way, for
+        exactly these vectors: their means are the population's)."""
+        sel = self.selection
+        key = self.cache_key(f"standardized\n{len(sel)}:{checksum_of(sel.hashes)}")
+        products = self.db.products(sel, cache=key, standardize=True)
         self.repaired += products.notes
         return products
 

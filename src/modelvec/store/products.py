@@ -231,7 +231,7 @@ class ProductsCache:
     in one line (``Known.note``); a cache that cannot be read or written is no cache, never an error. Arrays that
     reports compute from the products (each model's spread) are kept beside them the same way (:meth:`extra`)."""
 
-    #: the first line of the unchecked files kept before 2026-11-27: read as no cache, and replaced
+    #: the first line of the unchecked files kept before 2026-11-26: read as no cache, and replaced
     UNCHECKED = b"modelvec products float64 v1\n"
 
     def __init__(self, store_path: Path, key: str) -> None:

@@ -43,7 +43,7 @@ from ..core.errors import Kind, NothingStoredError, StoreError
 from ..core.names import is_hub_id
 from ..represent.representation import Representation
 from .lock import connect, default_wait
-from .products import BlockReader, Products, ProductsCache, Selection, checksum_of, feature_moments, gram
+from .products import BlockReader, Products, ProductsCache, Selection, feature_moments, gram
 from .records import Failure, VectorRow
 from .schema import (
     BASE_VERSIONS,
@@ -571,14 +571,14 @@ class Store:
         """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.products.gram`);
         with ``cache`` (a name for the selection, e.g. its base and representation) those of vectors seen before
         come from beside the store and the new ones are kept there. ``standardize``: of the vectors with every
-        feature scaled to zero mean and unit variance over the selection (one more pass; never taken from a
-        cache of other vectors, whose means differ). ``verify``: read and check every vector even where all their
-        products are kept (what catches bytes damaged since: a quick query may skip it)."""
+        feature scaled to zero mean and unit variance over the selection (one more pass; their ``cache`` must name
+        exactly these vectors, whose means they depend on: :meth:`Population.standardized`). ``verify``: read and
+        check every vector even where all their products are kept (what catches bytes damaged since: a quick query
+        may skip it)."""
         transform = None
         if standardize:
             mean, sd = feature_moments(self.vector_file, selection)
             transform = lambda A: (A - mean) / sd
-            cache = None if cache is None else f"{cache}\n{len(selection)}:{checksum_of(selection.hashes)}"
         kept = ProductsCache(self.path, cache) if cache is not None else None
         known = kept.known(selection) if kept is not None else None
         result = gram(self.vector_file, selection, known=known, progress=progress, transform=transform, verify=verify)
