@@ -46,6 +46,31 @@ def perturb_layers(model, seed: int, scale: float) -> None:
                 p.add_(scale * torch.randn(p.shape, generator=g))
 
 
+def peft_adapter(
+    parent: Path, out: Path, *, r: int = 2, scale: float = 0.01, seed: int | None = None, names: str | None = None
+) -> Path:
+    """A real peft LoRA adapter of the BERT in ``parent`` on query and value (random factors, B scaled by ``scale`` to a
+    trained adapter's size; ``seed``: torch's, for the same adapter twice), saved at ``out``; its config names
+    ``names`` where given (peft writes the folder it was loaded from)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertModel
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = get_peft_model(
+        BertModel.from_pretrained(parent), LoraConfig(init_lora_weights=False, r=r, target_modules=["query", "value"])
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(scale)
+    model.save_pretrained(out)
+    if names is not None:
+        config = out / "adapter_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": names}))
+    return out
+
+
 def int8_round_trip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` with every layer matrix rounded to 127 levels a row (symmetric absmax) and back, as re-uploaded."""
     out = {}

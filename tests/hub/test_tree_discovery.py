@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import planted_finetune
+from conftest import peft_adapter, planted_finetune
 from modelvec.hub.client import HubSettings
 from modelvec.run import discover
 from modelvec.store import Store
@@ -131,23 +131,6 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
     ]
 
 
-def real_adapter(parent: Path, out: Path) -> Path:
-    """A peft LoRA adapter of the model in ``parent`` (its B scaled to a trained adapter's size), saved at ``out``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import BertModel
-
-    peft_model = get_peft_model(
-        BertModel.from_pretrained(parent), LoraConfig(init_lora_weights=False, r=2, target_modules=["query", "value"])
-    )
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.mul_(0.01)
-    peft_model.save_pretrained(out)
-    return out
-
-
 def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_path):
     """base -> u/ft (a fine-tune) -> u/lora-on-ft (a real peft adapter trained on it): embedded from the Hub as the
     fine-tune's delta plus its own, the parent named in its trace."""
@@ -155,7 +138,7 @@ def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_p
     from modelvec.run import embed_discovered
 
     ft = planted_finetune(tiny_bert, tmp_path / "ft", seed=3, scale=0.01)
-    real_adapter(ft, tmp_path / "adapter")
+    peft_adapter(ft, tmp_path / "adapter")
     hub = LocalHub(tmp_path / "hub")
     hub.publish(BASE, files(tiny_bert, {"license": "apache-2.0"}))
     hub.publish("u/ft", files(ft, {"base_model": BASE}))
@@ -186,7 +169,7 @@ def test_an_adapter_whose_parent_is_gone_is_one_line_and_the_rest_goes_on(tiny_b
     hub.publish(BASE, files(tiny_bert, {"license": "apache-2.0"}))
     hub.publish("u/ft", files(ft, {"base_model": BASE}))
     hub.publish("u/other", files(other, {"base_model": BASE}))
-    hub.publish("u/lora-on-ft", files(real_adapter(ft, tmp_path / "adapter"), {"base_model": "u/ft"}))
+    hub.publish("u/lora-on-ft", files(peft_adapter(ft, tmp_path / "adapter"), {"base_model": "u/ft"}))
     store = tmp_path / "s.duckdb"
     with hub.serve() as server:
         hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import save_state, tiny_bert_config
+from conftest import peft_adapter, save_state, tiny_bert_config
 from modelvec import Store
 from modelvec.analyse.tree import Node, Tree, infer_tree
 from modelvec.cli import app
@@ -56,21 +56,7 @@ def finetune(base: Path, out: Path, dataset: int, seed: int, card: str | None = 
 
 def lora(parent: Path, out: Path, seed: int, names: str | None = None) -> Path:
     """A PEFT LoRA adapter trained (a seeded step) on ``parent``; its config names ``names`` (default: ``parent``)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import BertModel
-
-    torch.manual_seed(seed)
-    model = get_peft_model(
-        BertModel.from_pretrained(parent), LoraConfig(init_lora_weights=False, r=4, target_modules=["query", "value"])
-    )
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.mul_(0.05)
-    model.save_pretrained(out)
-    config = out / "adapter_config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": names or str(parent)}))
-    return out
+    return peft_adapter(parent, out, r=4, scale=0.05, seed=seed, names=names or str(parent))
 
 
 @pytest.fixture(scope="module")
