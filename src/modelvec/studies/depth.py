@@ -15,14 +15,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from ..analyse.laws import Fit
 from ..core.errors import CheckpointError, FetchError, IncompatibleError, ModelvecError, NothingStoredError
-from ..core.names import model_id
 from ..read import open_checkpoint
 from ..spectra.energy import DEFAULT_THRESHOLDS
 from ..spectra.tables import Spectrum, aggregate_energy_ranks, energy_rank_table, fit_depth_laws
@@ -116,16 +114,15 @@ def over_stored(
     ``base`` is a local path or a Hub id as stored; Hub models are fetched at their stored
     revisions. A fine-tune that cannot be fetched or read is in ``study.failed``; the others go on.
     """
-    from ..hub.ids import resolve_base
     from ..run import local_files
     from ..store import opened
+    from ..store.population import base_names
 
     with opened(store, read_only=True) as db:
         meta = db.metadata()
-        local = Path(base).exists()
-        base_id = model_id(base) if local else base
-        if base_id not in set(meta["base"]) and not local:
-            base_id = resolve_base(base).canonical
+        stored = set(meta["base"])
+        names = base_names(base)
+        base_id = next((name for name in names if name in stored), names[0])
         rows = {m: src for m, b, src in zip(meta["model"], meta["base"], meta["source"]) if b == base_id}
         if not rows:
             raise NothingStoredError(str(base), "no stored fine-tunes of this base; embed some first")
