@@ -282,7 +282,7 @@ def whole_column(header: str) -> Column:
 def print_table(out: Console, table: Table, key: int = 1) -> None:
     """``table`` as a table where it fits the width with no cell folded; else one record per row, so that no id is
     split mid-name in a narrow terminal: its first ``key`` cells on a line of their own, then the others as
-    ``header value`` pairs."""
+    ``header value`` pairs (a pair whose cell is empty left out)."""
     if out.measure(table, options=out.options.update_width(100_000)).maximum <= out.width:  # its unfolded width
         out.print(table)
         return
@@ -297,7 +297,8 @@ def print_table(out: Console, table: Table, key: int = 1) -> None:
     cells = [[str(cell) for cell in column.cells] for column in table.columns]
     for i in range(table.row_count):
         line(" ".join(cells[c][i] for c in range(key)))
-        line(" · ".join(f"{headers[c]} {cells[c][i]}" for c in range(key, len(headers))), indent="    ")
+        pairs = [f"{headers[c]} {cells[c][i]}" for c in range(key, len(headers)) if cells[c][i]]  # an empty cell: none
+        line(" · ".join(pairs), indent="    ")
 
 
 def short_name(name: str) -> str:

@@ -99,4 +99,4 @@ def _state_words(states: list[str], vectors: int) -> str:
     said = [words.get(s, s) for s in states]
     if "stale" in states and vectors > 1:
         said[states.index("stale")] = "a stale vector (an earlier version of the base)"
-    return "; ".join(said) or "-"
+    return "; ".join(said)

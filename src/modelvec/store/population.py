@@ -135,10 +135,16 @@ class Population:
         ``copies``: the tree places them, the map does not)."""
         out = []
         if self.stale:
+            stale = self.db.metadata(base=self.name, representation=self.representation)["model"]
+            current = set(self.models["model"])
+            missing = len(set(stale) - current)
+            if missing:
+                what = f"{missing} of their models have no vector of the base as it is now: embed them again, or"
+            else:
+                what = "their models are embedded again since:"
             out.append(
                 f"{self.stale} stored vector{'s' if self.stale != 1 else ''} of {self.name} were embedded against an "
-                "earlier version of the base and are left out: embed those models again, or drop them "
-                "(modelvec compact)"
+                f"earlier version of the base and are left out; {what} drop them with `modelvec compact`"
             )
         if self.copies and copies:
             n = len(self.copies)
