@@ -101,6 +101,10 @@ class Population:
         self.damaged: dict[str, str] = {}
         self.base_hash, self.stale = self._version()
         selection, meta = db.select(base=self.name, representation=self.representation, base_hash=self.base_hash)
+        #: models with stale vectors and none of the base as it is now (not embedded again since)
+        self.stale_only = len(
+            set(db.metadata(base=self.name, representation=self.representation)["model"]) - set(meta["model"])
+        )
         zero = {d: zero_checksum(d) for d in set(meta["dim"])}
         copy = np.array([zero[d] == h for d, h in zip(meta["dim"], selection.hashes)], dtype=bool)
         self.copies: list[str] = list(meta["model"][copy])
@@ -135,11 +139,10 @@ class Population:
         ``copies``: the tree places them, the map does not)."""
         out = []
         if self.stale:
-            stale = self.db.metadata(base=self.name, representation=self.representation)["model"]
-            current = set(self.models["model"])
-            missing = len(set(stale) - current)
-            if missing:
-                what = f"{missing} of their models have no vector of the base as it is now: embed them again, or"
+            if self.stale_only:
+                what = (
+                    f"{self.stale_only} of their models have no vector of the base as it is now: embed them again, or"
+                )
             else:
                 what = "their models are embedded again since:"
             out.append(
