@@ -33,6 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.settings import setting, validate
+from .merges import Merge, MergeFinder, margin
+
 #: Models up to which the whole tree's inner products are made at once (a 4,000 x 4,000 float32 Gram: 64 MB).
 GRAM_UP_TO = 4000
 KINDS = ("fine-tune", "adapter", "merge", "quantization", "unrelated", "copy", "untraced")
@@ -42,15 +45,47 @@ DECLARED_KIND = {"finetune": "fine-tune", "adapter": "adapter", "merge": "merge"
 
 @dataclass(frozen=True, kw_only=True)
 class TreeRule:
-    """The thresholds of the inference (see the module docstring); the defaults were chosen on the selection halves
-    of the tree evidence zoos (docs/tree.md)."""
+    """The thresholds of the inference (see the module docstring and :mod:`modelvec.analyse.merges`), each declared
+    and checked as every setting is; the defaults were chosen on the selection halves of the tree evidence zoos
+    (docs/tree.md)."""
 
-    unrelated_size: float = 0.5  # |delta| / |base weights| above which weights are unrelated (random: 1.06-1.41)
-    quantized_levels: float = 0.75  # distinct values a row, against the base's, below which a model is rounded
-    merge_ratio: float = 0.5  # a merge's residual against its best single model's, at most (bf16 rounding: ~0.3)
-    merge_weight: float = 0.05  # the least weight of a merge's parent
-    merge_candidates: int = 24  # the models nearest in direction a merge is fitted on
-    beyond: tuple[float, float] = (0.8, 1.6)  # the share of a parent's delta a child holds
+    unrelated_size: float = setting(
+        0.5, "|delta| / |base weights| above which weights are unrelated (random: 1.06-1.41).", above=0
+    )
+    quantized_levels: float = setting(
+        0.75, "Distinct values a row, against the base's, below which a model is rounded.", above=0, maximum=1
+    )
+    merge_ratio: float = setting(
+        0.5, "A merge's residual against its best single model's, at most (bf16 rounding: ~0.3).", above=0, maximum=1
+    )
+    merge_weight: float = setting(0.05, "The least weight of a merge's parent.", above=0, maximum=1)
+    merge_candidates: int = setting(24, "The models nearest in direction a merge is fitted on.", minimum=2)
+    beyond: tuple[float, ...] = setting(
+        (0.8, 1.6), "The share of a parent's delta a child holds: (least, most).", many=True, kind=float, above=0
+    )
+    duplicate: float = setting(
+        0.98, "Cosine above which two traces are near-duplicates, never each other's merge parents.", above=0, maximum=1
+    )
+    trimmed_zeros: float = setting(
+        0.08, "Share of entries left as the base's by which a TIES or DARE merge exceeds its parents.", above=0
+    )
+    trimmed_ratio: float = setting(
+        0.9, "A trimmed merge's residual against its best single model's, at most.", above=0, maximum=1
+    )
+    ties_ratio: float = setting(0.75, "Below this residual ratio a trimmed merge is TIES, above DARE.", above=0)
+    slerp_excess: float = setting(
+        1e-4,
+        "The delta's lean along the base's weights beyond its parents' weighted sum above which it is SLERP.",
+        above=0,
+    )
+    weights_sum: float = setting(
+        0.1, "How far a linear merge's weights may sum from one (beyond: task arithmetic).", minimum=0
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if len(self.beyond) != 2 or self.beyond[0] >= self.beyond[1]:
+            raise ValueError(f"beyond must be two numbers, the least below the most, not {self.beyond!r}")
 
 
 @dataclass(kw_only=True)
@@ -72,6 +107,7 @@ class Node:
     copy_of: str | None = None  # the model whose weights (its trace, bit for bit) this one repeats; the base's name
     #: why the node is placed as it is where the weights could not place it (no trace; a card's parent; a cycle)
     note: str | None = None
+    method: str | None = None  # a merge's method as its weights tell it (:data:`~modelvec.analyse.merges.METHODS`)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -85,6 +121,8 @@ class Node:
         }
         if self.weights is not None:
             out["weights"] = [round(w, 3) for w in self.weights]
+        if self.method is not None:
+            out["method"] = self.method
         if self.copy_of is not None:
             out["copy_of"] = self.copy_of
         if self.note is not None:
@@ -141,13 +179,6 @@ class Tree:
         return out + [(n, 0) for n in self.nodes if id(n) not in placed]
 
 
-def _margin(value: float, threshold: float) -> float:
-    """A decision's confidence from how far its statistic is from the threshold: 0.5 on it, 1 at a factor of 2."""
-    if value <= 0 or threshold <= 0:
-        return 1.0
-    return 0.5 + 0.5 * min(1.0, abs(math.log(value / threshold)) / math.log(2))
-
-
 def infer_tree(
     base: str,
     models: Sequence[str],
@@ -161,16 +192,21 @@ def infer_tree(
     rule: TreeRule | None = None,
     only: Sequence[str] | None = None,
     untraced: Mapping[str, str] | None = None,
+    zeros: Sequence[float | None] | None = None,
+    along: Sequence[float | None] | None = None,
 ) -> Tree:
     """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
     ``base``. ``adapters``: the adapters, each with the model it was embedded on (None: the base); ``declared``:
     what cards say, (relation, parents); ``base_names``: other names of the base in ``declared``; ``only``: the
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs); ``untraced``:
-    the models without a trace, each with why (and what to do), placed by their cards where those name a model."""
+    the models without a trace, each with why (and what to do), placed by their cards where those name a model;
+    ``zeros``, ``along``: each trace's row statistics (None: not kept, as before 2026-11-26)."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
-    inference = _Inference(models, t, scale, levels, rule or TreeRule(), set(adapters), only is None)
+    stats = (list(zeros or [None] * len(models)), list(along or [None] * len(models)))
+    inference = _Inference(models, t, scale, levels, stats, rule or TreeRule(), set(adapters), only is None)
+    inference.declared = _declared_merges(declared, inference.index)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
     root = {base.lower(), *(a.lower() for a in base_names)}
@@ -179,6 +215,18 @@ def infer_tree(
     _acyclic(nodes, base)
     _compare(nodes, base, root, declared)
     return Tree(base, nodes)
+
+
+def _declared_merges(
+    declared: Mapping[str, tuple[str | None, list[str]]], index: Mapping[str, int]
+) -> dict[int, list[int]]:
+    """The merges whose cards name two or more stored parents: model -> those parents (indices)."""
+    out = {}
+    for model, (relation, parents) in declared.items():
+        found = [index[p] for p in parents if p in index]
+        if model in index and relation == "merge" and len(found) >= 2:
+            out[index[model]] = found
+    return out
 
 
 def _untraced(
@@ -255,6 +303,7 @@ class _Inference:
         t: np.ndarray,
         scale: float,
         levels: Sequence[float | None],
+        stats: tuple[Sequence[float | None], Sequence[float | None]],
         rule: TreeRule,
         adapters: set[str],
         every: bool = True,
@@ -271,20 +320,24 @@ class _Inference:
             if self.models[i] in adapters:  # known from its files
                 self.kind[i] = "adapter"
             elif self.size[i] > rule.unrelated_size:
-                self.kind[i], self.confidence[i] = "unrelated", _margin(self.size[i], rule.unrelated_size)
+                self.kind[i], self.confidence[i] = "unrelated", margin(self.size[i], rule.unrelated_size)
             elif lv is not None and lv < rule.quantized_levels:
-                self.kind[i], self.confidence[i] = "quantization", _margin(lv, rule.quantized_levels)
+                self.kind[i], self.confidence[i] = "quantization", margin(lv, rule.quantized_levels)
             else:
                 self.confidence[i] = min(
-                    _margin(self.size[i], rule.unrelated_size), _margin(lv or 1.0, rule.quantized_levels)
+                    margin(self.size[i], rule.unrelated_size), margin(lv or 1.0, rule.quantized_levels)
                 )
-        self._merges: dict[int, tuple[list[int], np.ndarray, float] | None] = {}
+        self._merges: dict[int, Merge | None] = {}
         self._gram: np.ndarray | None = None
         first: dict[bytes, int] = {}
         #: each model whose trace repeats an earlier one's bit for bit (identical weights): the first's index; -1: a
         #: zero trace, the base's own weights (two re-uploads of the base are copies of the base, not of each other)
         self.copy_of = {i: -1 if self.norms[i] == 0 else first.setdefault(t[i].tobytes(), i) for i in range(len(t))}
         self.copy_of = {i: j for i, j in self.copy_of.items() if j != i}
+        usable = np.array([k == "fine-tune" for k in self.kind], dtype=bool) & (self.norms > 0)
+        usable[list(self.copy_of)] = False  # a copy would share its original's weight
+        self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats[0], stats[1], rule)
+        self.declared: dict[int, list[int]] = {}  # merges whose cards name stored parents: fitted on them first
 
     def dots(self, i: int) -> np.ndarray:
         """Every trace's inner product with ``i``'s: from the Gram matrix, made once where every node is asked for
@@ -298,64 +351,40 @@ class _Inference:
         if self.copy_of.get(i) == -1:  # the base's own weights
             node = Node(model=m, kind="copy", parent=base, parents=[base], confidence=1.0, copy_of=base)
         elif i in self.copy_of:  # identical weights: placed under the model it repeats, of its kind
-            original = self.models[self.copy_of[i]]
+            j = self.copy_of[i]
+            original, kind = self.models[j], "merge" if self.merge(j) is not None else self.kind[j]
             node = Node(model=m, kind=kind, parent=original, parents=[original], confidence=1.0, copy_of=original)
         elif kind == "unrelated":
             node = Node(model=m, kind="unrelated", parent=None, parents=[], confidence=float(self.confidence[i]))
         elif (merge := self.merge(i)) is not None:
-            parents, weights, conf = merge
-            order = np.argsort(weights)[::-1]
-            names = [base if parents[j] < 0 else self.models[parents[j]] for j in order]
+            order = np.argsort(merge.weights)[::-1]
+            names = [base if merge.parents[j] < 0 else self.models[merge.parents[j]] for j in order]
             node = Node(
                 model=m,
                 kind="merge",
                 parent=names[0],
                 parents=names,
-                confidence=conf,
-                weights=[float(weights[j]) for j in order],
+                confidence=merge.confidence,
+                weights=[float(merge.weights[j]) for j in order],
+                method=merge.method,
             )
+        elif kind == "adapter":  # on the model its config names, as it was embedded: known from its files
+            parent = embedded_on if embedded_on is not None and embedded_on in self.index else base
+            node = Node(model=m, kind=kind, parent=parent, parents=[parent], confidence=1.0)
         else:
-            if embedded_on is not None and embedded_on in self.index:
-                parent, conf = embedded_on, 1.0
-            else:
-                j, conf = self.parent(i)
-                parent = base if j < 0 else self.models[j]
+            j, conf = self.parent(i)
+            parent = base if j < 0 else self.models[j]
             node = Node(
                 model=m, kind=kind, parent=parent, parents=[parent], confidence=float(min(self.confidence[i], conf))
             )
         node.size, node.levels = float(self.size[i]), self.levels[i]
         return node
 
-    def merge(self, i: int) -> tuple[list[int], np.ndarray, float] | None:
-        """Whether ``i``'s trace is a non-negative combination of two or more others' (index -1: the base, for one
-        parent scaled down), far better than of any single one: (parents, weights, confidence), else None."""
+    def merge(self, i: int) -> Merge | None:
+        """Whether ``i`` is a merge of stored models (:mod:`modelvec.analyse.merges`); fitted once, when first asked."""
         if i not in self._merges:
-            self._merges[i] = self._fit_merge(i) if self.kind[i] == "fine-tune" else None
+            self._merges[i] = self.finder.find(i, self.declared.get(i, ())) if self.kind[i] == "fine-tune" else None
         return self._merges[i]
-
-    def _fit_merge(self, i: int) -> tuple[list[int], np.ndarray, float] | None:
-        rule, norms = self.rule, self.norms
-        usable = np.array([k == "fine-tune" for k in self.kind]) & (norms > 0)
-        usable[i] = False
-        usable[list(self.copy_of)] = False  # a copy would share its original's weight
-        if norms[i] == 0 or usable.sum() < 2:
-            return None
-        cos = self.dots(i) / np.maximum(norms * norms[i], 1e-300)
-        cos[~usable] = -np.inf
-        near = [int(j) for j in np.argsort(cos)[::-1][: rule.merge_candidates] if cos[j] > 0]
-        if not near:
-            return None
-        weights, residual, single = _nnls_from_products(self._products(near), self.dots(i)[near], norms[i] ** 2)
-        ratio = residual / max(single, 1e-300)
-        kept = [(near[k], float(w)) for k, w in enumerate(weights) if w >= rule.merge_weight]
-        if ratio >= rule.merge_ratio or not kept:
-            return None
-        total = sum(w for _, w in kept)
-        if len(kept) == 1 and total < 1 - rule.merge_weight:  # one model scaled down: merged with the base
-            kept.append((-1, 1 - total))
-        if len(kept) < 2:
-            return None
-        return [j for j, _ in kept], np.array([w for _, w in kept]), _margin(ratio, rule.merge_ratio)
 
     def _products(self, rows: list[int]) -> np.ndarray:
         """The inner products among ``rows``' traces (float64), from the Gram matrix where it was made."""
@@ -383,32 +412,19 @@ class _Inference:
         best: list[tuple[float, int]] = [(float(norms[i]), -1)]  # the base: T = 0, always gone beyond
         for j in np.flatnonzero(can):
             merge = self.merge(int(j))
-            if merge is not None and i in merge[0]:
-                continue  # a merge holds its parents' deltas in part: never their parent
+            if merge is not None and not self._holds(i, merge, share):
+                continue  # a merge is a parent only of a model that holds each of its parents' deltas in full
             best.append((float(distance[j]), int(j)))
         best.sort()
         if len(best) == 1:
             return -1, 1.0
-        return best[0][1], _margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0
+        return best[0][1], margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0
 
-
-def _nnls_from_products(gram: np.ndarray, dots: np.ndarray, target_sq: float) -> tuple[np.ndarray, float, float]:
-    """The non-negative least-squares fit of a target on k traces from their inner products alone (k x k, not k x
-    16,384): (weights, residual, the least residual of one non-negative multiple of a single trace).
-
-    With G = V diag(s) V^T (s > 0 kept: G may be singular, two traces alike), A w lies in the span of V, so
-    |A w - b|^2 = |diag(sqrt s) V^T w - c|^2 + |b|^2 - |c|^2 with c = diag(1/sqrt s) V^T A^T b: a k x k NNLS."""
-    from scipy.optimize import nnls
-
-    values, vectors = np.linalg.eigh(gram)
-    keep = values > 1e-10 * max(float(values.max()), 1e-300)
-    root = np.sqrt(values[keep])
-    c = (vectors[:, keep].T @ dots) / root
-    weights, rnorm = nnls(root[:, None] * vectors[:, keep].T, c)
-    residual = float(np.sqrt(max(rnorm**2 + target_sq - float(c @ c), 0.0)))
-    diag = np.maximum(np.diag(gram), 1e-300)
-    single = float(np.sqrt(max(float(np.min(target_sq - np.maximum(dots, 0) ** 2 / diag)), 0.0)))
-    return weights, residual, single
+    def _holds(self, i: int, merge: Merge, share: np.ndarray) -> bool:
+        """Whether ``i`` holds each of ``merge``'s parents' deltas at least at its weight in the merge (its child
+        does; a sibling of one parent holds that one's direction and none of the others'); never a parent's own."""
+        lo = self.rule.beyond[0]
+        return i not in merge.parents and all(j < 0 or share[j] >= lo * w for j, w in zip(merge.parents, merge.weights))
 
 
 def _compare(

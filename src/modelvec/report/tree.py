@@ -63,7 +63,7 @@ def tree_of(
     }
     models = [*traces["model"], *untraced]
     declared = _declared(models, dict(zip(meta["model"], meta["source"])), pop.catalogue())
-    levels = [None if lv != lv else float(lv) for lv in traces["levels"]]
+    levels, zeros, along = ([None if v != v else float(v) for v in traces[c]] for c in ("levels", "zeros", "along"))
     base = name if name is not None else pop.name
     tree = infer_tree(
         base,
@@ -77,6 +77,8 @@ def tree_of(
         rule=rule,
         only=only,
         untraced=untraced,
+        zeros=zeros,
+        along=along,
     )
     tree.damaged, tree.notes = dict(stored.damaged), pop.left_out(copies=False)
     return tree

@@ -21,7 +21,7 @@ from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, 
 from .plans import MatrixPlan, derived_seed
 from .projection import Projection
 from .representation import Representation
-from .trace import LEVEL_ROWS, Trace, Tracer, distinct_values
+from .trace import LEVEL_ROWS, RowStats, Trace, Tracer, distinct_values, row_stats
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
@@ -208,7 +208,9 @@ class DeltaEmbedder:
                 {key: int(sk.numel()) for key, sk in self.base_sketches_.items()}, self.representation.seed
             )
             self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_sketches_)))
-            self.base_levels_ = sum(self._map(lambda ref: self._levels(ck, layout, ref)[0], layout.refs))
+            rows = self._map(lambda ref: self._level_rows(ck, layout, ref), layout.refs)
+            self.base_rows_ = dict(zip((r.key for r in layout.refs), rows))  # 16 rows a matrix: views of the base
+            self.base_levels_ = sum(distinct_values(r)[0] for r in rows)
         self.vocabulary_ = (
             VocabularyReadout(ck, layout, head_floats(ck, layout, self.representation), self.representation.seed)
             if has_head(ck, layout, self.representation)
@@ -287,8 +289,14 @@ class DeltaEmbedder:
         if parent is not None:
             vector, trace, head_of = self._on_parent(ck, parent)
         elif not self.representation.uses_svd:
-            raw, levels = self._raw_blocks(ck)
-            vector, trace = self._sketched(raw), Trace(self.tracer_.sketch(raw), levels, self.base_scale_)
+            raw, stats = self._raw_blocks(ck)
+            sketch = self.tracer_.sketch(raw)
+            trace = (
+                stats.trace(sketch, self.base_scale_, self.base_levels_)
+                if stats
+                else Trace(sketch, None, self.base_scale_)
+            )
+            vector = self._sketched(raw)
         else:
             vector, trace = self._delta_vector(ck), None
         if self.vocabulary_ is None:
@@ -315,15 +323,15 @@ class DeltaEmbedder:
             if len(cached) >= 4:
                 cached.pop(next(iter(cached)))
             cached[pk.identity] = self._raw_blocks(pk)
-        parent_raw, levels = cached[pk.identity]
+        parent_raw, _ = cached[pk.identity]  # the parent's row statistics are not the adapter's: it has none
         own = self._adapter_raw(ck)
         raw = {key: block + own[key] if key in own else block for key, block in parent_raw.items()}
         head_of = ck if self.vocabulary_ is not None and self.vocabulary_.bias(ck) is not None else pk
-        return self._sketched(raw), Trace(self.tracer_.sketch(raw), levels, self.base_scale_), head_of
+        return self._sketched(raw), Trace(self.tracer_.sketch(raw), None, self.base_scale_), head_of
 
-    def _raw_blocks(self, ck: Checkpoint) -> tuple[dict[tuple[str, int, str], torch.Tensor], float | None]:
-        """The sketch's raw blocks of ``ck``'s delta (float64, before their norm), and its levels against the base's
-        (None for an adapter: see :mod:`~modelvec.represent.trace`)."""
+    def _raw_blocks(self, ck: Checkpoint) -> tuple[dict[tuple[str, int, str], torch.Tensor], RowStats | None]:
+        """The sketch's raw blocks of ``ck``'s delta (float64, before their norm), and what its first rows read say
+        beside the base's (None for an adapter: see :mod:`~modelvec.represent.trace`)."""
         if ck.factored:  # a LoRA adapter: its delta comes as thin factors
             return self._adapter_raw(ck), None
         layout = ck.layout()
@@ -331,19 +339,19 @@ class DeltaEmbedder:
         ck.require_rows({p.tensor: p.row_ranges for p in self._plans_in(layout)})
         failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
-        def sketch(ref: MatrixRef) -> tuple[torch.Tensor, int] | None:
+        def sketch(ref: MatrixRef) -> tuple[torch.Tensor, RowStats] | None:
             if failed.is_set():
                 return None
             try:
-                return self._raw_sketch(ck, layout, ref), self._levels(ck, layout, ref)[0]
+                rows = self._level_rows(ck, layout, ref)
+                return self._raw_sketch(ck, layout, ref), row_stats(rows, self.base_rows_[ref.key])
             except BaseException:
                 failed.set()
                 raise
 
         done = self._map(sketch, layout.refs)
         raw = {ref.key: d[0] for ref, d in zip(layout.refs, done) if d is not None}
-        distinct = sum(d[1] for d in done if d is not None)
-        return raw, distinct / self.base_levels_ if self.base_levels_ else None
+        return raw, sum((d[1] for d in done if d is not None), RowStats())
 
     def _sketched(self, raw: dict[tuple[str, int, str], torch.Tensor]) -> np.ndarray:
         """The vector of raw blocks: each normalised in float64, rounded once to float32, then pooled."""
@@ -575,13 +583,14 @@ class DeltaEmbedder:
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
         return out.reshape(-1).cpu()
 
-    def _levels(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> tuple[int, int]:
-        """Distinct values in groups of ``ck``'s first stored rows read of one matrix (see :mod:`.trace`)."""
+    def _level_rows(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
+        """``ck``'s first stored rows read of one matrix, as stored: what its trace's row statistics are counted on
+        (see :mod:`.trace`)."""
         plan = self.plans_[ref.key]
         stored = ck.get_stored(layout.prefix + ref.tensor, whole=False)
         a, b = plan.row_ranges[0]
         c0, c1 = plan.cols
-        return distinct_values(stored[a : min(b, a + LEVEL_ROWS), c0:c1])
+        return stored[a : min(b, a + LEVEL_ROWS), c0:c1]
 
     def _family_factors(self, ck: Checkpoint, layout: Layout) -> dict[tuple[str, int, str], torch.Tensor]:
         """Every matrix's factor, each family batched over its layers on the device (see ``batching``).

@@ -14,6 +14,13 @@ trace keeps what the tree needs (:mod:`modelvec.analyse.tree`):
   weights'), far below for a quantization's round trip (at most 255 values a row at 8 bits, 16 a group at 4:
   a row of 384 holds at most 255 or 96), where rows are longer than 255 values, as every real model's are.
   None for an adapter (its factors are not weights).
+- ``zeros``: the share of those rows' entries the model left as the base's (equal in the model's own precision):
+  a few percent for a trained model, a quarter and more for a TIES or DARE merge, which trims or drops entries of
+  each parent's delta (mergekit's ``density``), far more than any of its parents left.
+- ``along``: the component of the delta along the base's own weights on those rows, <W_base, dW> / |W_base|^2,
+  exact in float64. Linear in the weights, so a linear merge's is its parents' weighted sum; a spherical
+  interpolation (SLERP) keeps the weights' norm, which a linear one does not: it adds (1/cos(theta/2) - 1) times
+  the base's weights, a positive excess over the weighted sum.
 """
 
 from __future__ import annotations
@@ -40,12 +47,49 @@ Key = tuple[str, int, str]
 
 @dataclass(frozen=True)
 class Trace:
-    """What one model adds to the tree's evidence: its delta's sketch (float64), its levels (None: an adapter), and
-    ``scale``, the norm of the base's own weights' sketch (the same map): the size an unrelated model's delta has."""
+    """What one model adds to the tree's evidence: its delta's sketch (float64), its levels, zeros and along (None:
+    an adapter), and ``scale``, the norm of the base's own weights' sketch (the same map): the size an unrelated
+    model's delta has."""
 
     sketch: np.ndarray
     levels: float | None = None
     scale: float = 0.0
+    zeros: float | None = None
+    along: float | None = None
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What the first stored rows read of each matrix say of a model beside the base's same rows, summed over the
+    matrices: distinct values (and rows counted), entries equal to the base's (and entries counted), and the sums of
+    W_base . dW and W_base . W_base."""
+
+    distinct: int = 0
+    rows: int = 0
+    same: int = 0
+    entries: int = 0
+    along: float = 0.0
+    base: float = 0.0
+
+    def __add__(self, other: RowStats) -> RowStats:
+        return RowStats(
+            distinct=self.distinct + other.distinct,
+            rows=self.rows + other.rows,
+            same=self.same + other.same,
+            entries=self.entries + other.entries,
+            along=self.along + other.along,
+            base=self.base + other.base,
+        )
+
+    def trace(self, sketch: np.ndarray, scale: float, base_levels: int) -> Trace:
+        """The trace of a model with these row statistics (``base_levels``: the base's own distinct values)."""
+        return Trace(
+            sketch,
+            self.distinct / base_levels if base_levels else None,
+            scale,
+            self.same / self.entries if self.entries else None,
+            self.along / self.base if self.base else None,
+        )
 
 
 class Tracer:
@@ -82,3 +126,12 @@ def distinct_values(rows: torch.Tensor) -> tuple[int, int]:
     ordered = rows.sort(dim=1).values
     changes = (ordered[:, 1:] != ordered[:, :-1]).sum()
     return int(changes) + rows.shape[0], rows.shape[0]
+
+
+def row_stats(rows: torch.Tensor, base: torch.Tensor) -> RowStats:
+    """A model's first stored rows of one matrix beside the base's same rows (as stored, any float dtypes): their
+    :class:`RowStats`. An entry is the base's where it equals the base's rounded to the model's precision."""
+    distinct, count = distinct_values(rows)
+    same = int((rows == base.to(rows.dtype)).sum()) if rows.shape == base.shape else 0
+    b, w = base.double(), rows.double()
+    return RowStats(distinct, count, same, rows.numel(), float((b * (w - b)).sum()), float((b * b).sum()))

@@ -93,6 +93,8 @@ def trace_record(
         "sketch_hash": sketch_hash,
         "levels": trace.levels,
         "scale": float(trace.scale),
+        "zeros": trace.zeros,
+        "along": trace.along,
         "parent": parent,
     }
 

@@ -151,6 +151,8 @@ TRACES = Table(
         ("scale", "DOUBLE NOT NULL"),
         ("parent", "VARCHAR"),
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+        ("zeros", "DOUBLE"),  # the share of entries left as the base's (NULL: an adapter, or kept before 2026-11-26)
+        ("along", "DOUBLE"),  # the delta's component along the base's weights (the same)
     ),
     ("model", "base", "base_hash", "params"),
 )
@@ -181,6 +183,8 @@ _ADDED_LATER = {
     ("catalogue", "relation"),
     ("catalogue", "parents"),
     ("catalogue", "depth"),
+    ("traces", "zeros"),
+    ("traces", "along"),
 }
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")
@@ -228,18 +232,22 @@ def missing_tables(con: duckdb.DuckDBPyConnection, *, readable: bool = False) ->
     return missing
 
 
+def select_list(con: duckdb.DuckDBPyConnection, table: Table, columns: Sequence[str]) -> str:
+    """The SELECT list of ``columns`` of ``table`` for this store: a column added later that an older store (opened
+    read-only, so not brought up to date) lacks reads as NULL of its type."""
+    have = set(_columns(con, table.name))
+    kinds = {name: kind.split()[0] for name, kind in table.columns}
+    return ", ".join(name if name in have else f"NULL::{kinds[name]} AS {name}" for name in columns)
+
+
 def meta_select(con: duckdb.DuckDBPyConnection) -> str:
-    """The SELECT list of :data:`META_COLUMNS` for this store: a column added later that an older store (opened
-    read-only, so not brought up to date) lacks reads as NULL."""
-    have = set(_columns(con, "vectors"))
-    return ", ".join(name if name in have else f"NULL AS {name}" for name in META_COLUMNS)
+    """The SELECT list of :data:`META_COLUMNS` (see :func:`select_list`)."""
+    return select_list(con, VECTORS, META_COLUMNS)
 
 
 def catalogue_select(con: duckdb.DuckDBPyConnection) -> str:
-    """The SELECT list of :data:`CATALOGUE_COLUMNS` for this store: a column added later (the model tree's) that an
-    older store opened read-only lacks reads as NULL."""
-    have = set(_columns(con, "catalogue"))
-    return ", ".join(name if name in have else f"NULL AS {name}" for name in CATALOGUE_COLUMNS)
+    """The SELECT list of :data:`CATALOGUE_COLUMNS` (see :func:`select_list`: the model tree's columns came later)."""
+    return select_list(con, CATALOGUE, CATALOGUE_COLUMNS)
 
 
 def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:

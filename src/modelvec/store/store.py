@@ -50,10 +50,12 @@ from .schema import (
     CATALOGUE,
     CATALOGUE_COLUMNS,
     META_COLUMNS,
+    TRACES,
     catalogue_select,
     meta_select,
     migrate,
     missing_tables,
+    select_list,
     transaction,
 )
 from .vectorfile import VectorFile, zero_checksum
@@ -84,7 +86,8 @@ def default_store_path() -> Path:
 
 @dataclass
 class StoredTraces:
-    """One base's stored traces: a row per model (model, base_hash, levels, scale, parent) and their sketches, one
+    """One base's stored traces: a row per model (model, base_hash, levels, scale, parent, zeros, along) and their
+    sketches, one
     row of ``sketches`` each, in the same order; ``damaged``: the models whose sketch's bytes do not match their
     checksum (model -> one line), left out of both."""
 
@@ -306,17 +309,17 @@ class Store:
 
     def traces(self, base: str, params: str, base_hash: str | None = None) -> StoredTraces:
         """The traces stored for ``base`` under the representation key ``params`` (and ``base_hash``: against that
-        version of the base; None: any), in model order: their rows (model, base_hash, levels, scale, parent) and
+        version of the base; None: any), in model order: their rows (model, base_hash, levels, scale, parent, zeros,
+        along) and
         their sketches, one (n, dim) float32 matrix read from the vector file, each checked against its checksum (a
         damaged one is named in ``damaged`` and left out). Empty in a store older than traces."""
-        columns = ["model", "base_hash", "levels", "scale", "parent"]
+        columns = ["model", "base_hash", "levels", "scale", "parent", "zeros", "along"]
         if "traces" not in self._tables():
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         where, args = self._clauses(base=base, params=params, base_hash=base_hash)
+        listed = select_list(self.con, TRACES, columns)
         df = self.con.execute(
-            f'SELECT model, base_hash, levels, scale, parent, "offset", dim, sketch_hash FROM traces {where} '
-            "ORDER BY model, base_hash",
-            args,
+            f'SELECT {listed}, "offset", dim, sketch_hash FROM traces {where} ORDER BY model, base_hash', args
         ).df()
         dim = int(df["dim"].max()) if len(df) else 0
         if len(df) and (df["dim"] != dim).any():

@@ -1,0 +1,184 @@
+"""Merges found in traces: which stored models a model is a weighted combination of, and by which method.
+
+A merge made by mergekit's linear family (linear, task arithmetic, SLERP between nearby models) is, in its delta,
+a weighted sum of its parents' deltas, and so is its trace (:mod:`modelvec.represent.trace`, linear in the weights):
+a non-negative least-squares fit on its parents leaves only the rounding, far less than the best single model does.
+TIES and DARE trim or drop entries of each parent's delta (``density``) and elect signs: the fit leaves more, but
+the merge leaves a far larger share of its entries as the base's than any parent does (``zeros``).
+
+The fit is made on **primitive** models: those no other stored models explain as a merge. Two merges of the same
+parents (a linear one and a task arithmetic one) are almost the same trace, and a merge explains the other as
+well as the parents do; fitted on primitives, each finds the parents. Near-duplicates of the model itself (cosine
+above ``TreeRule.duplicate``) are never its candidates. Where a model's card names two or more stored parents, they
+are fitted first: the weights check the card. What the weights tell of the method (``method``): ``ties`` or
+``dare`` (trimmed, by how much the fit leaves), ``slerp`` (its delta leans along the base's weights beyond the
+weighted sum: SLERP keeps the weights' norm), ``task_arithmetic`` (weights that do not sum to one), ``linear``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .tree import TreeRule
+
+METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare")
+#: Levels of merges peeled before a model is fitted on the primitives left (see :meth:`MergeFinder.explained`).
+LEVELS = 2
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A model found to be a merge: its ``parents`` (indices of models; -1: the base, for one parent scaled down),
+    their ``weights``, the ``confidence`` and the ``method`` the weights tell."""
+
+    parents: list[int]
+    weights: np.ndarray
+    confidence: float
+    method: str
+
+
+@dataclass(frozen=True)
+class _Fit:
+    candidates: list[int]
+    weights: np.ndarray
+    residual: float
+    singles: np.ndarray  # each candidate's own least residual (one non-negative multiple of it)
+
+    def ratio(self, kept: list[int]) -> float:
+        """The fit's residual against the least of its ``kept`` parents' (positions in ``candidates``) alone: how much
+        better the combination explains the model than any one of its parents does."""
+        return self.residual / max(float(self.singles[kept].min()), 1e-300) if kept else 1.0
+
+
+def margin(value: float, threshold: float) -> float:
+    """A decision's confidence from how far its statistic is from the threshold: 0.5 on it, 1 at a factor of 2."""
+    if value <= 0 or threshold <= 0:
+        return 1.0
+    return 0.5 + 0.5 * min(1.0, abs(math.log(value / threshold)) / math.log(2))
+
+
+class MergeFinder:
+    """Finds merges among one base's traces. ``dots(i)``: every trace's inner product with ``i``'s; ``products(rows)``:
+    the inner products among ``rows``; ``usable``: which models may be a merge's parents (full models, no copies)."""
+
+    def __init__(
+        self,
+        dots: Callable[[int], np.ndarray],
+        products: Callable[[list[int]], np.ndarray],
+        norms: np.ndarray,
+        usable: np.ndarray,
+        zeros: Sequence[float | None],
+        along: Sequence[float | None],
+        rule: TreeRule,
+    ) -> None:
+        self.dots, self.products, self.norms, self.usable, self.rule = dots, products, norms, usable, rule
+        self.zeros = [None if z is None or z != z else float(z) for z in zeros]
+        self.along = [None if a is None or a != a else float(a) for a in along]
+        self._explained: dict[tuple[int, int], bool] = {}
+
+    def find(self, i: int, declared: Sequence[int] = ()) -> Merge | None:
+        """Whether ``i`` is a merge, of which models and how: its declared parents where they fit, else fitted on the
+        primitive models, else on every model (a merge of merges)."""
+        if self.norms[i] == 0:
+            return None
+        if len(declared) >= 2 and all(self.usable[j] for j in declared):
+            found = self._judge(i, list(declared))
+            if found is not None:
+                return found
+        found = self._judge(i, self._near(i, LEVELS))
+        return found if found is not None else self._judge(i, self._near(i, 0))
+
+    def explained(self, j: int, level: int) -> bool:
+        """Whether ``j`` is a merge of models not themselves explained at ``level`` - 1 (level 0: of any models):
+        then it is no primitive, and no merge is fitted on it first. Two levels peel merges of the same parents
+        (each explains the others as well as the parents do) and then trimmed merges (which a linear merge of
+        their parents explains about as well as the parents do)."""
+        if (j, level) not in self._explained:
+            self._explained[(j, level)] = self._judge(j, self._near(j, level)) is not None
+        return self._explained[(j, level)]
+
+    def _near(self, i: int, level: int) -> list[int]:
+        """The models nearest ``i`` in direction that may be its parents: usable, pointing its way, not
+        near-duplicates of it, and (``level`` > 0) not explained at ``level`` - 1 as merges of others."""
+        norms = self.norms
+        cos = self.dots(i) / np.maximum(norms * norms[i], 1e-300)
+        ok = self.usable & (cos > 0) & (cos < self.rule.duplicate)
+        ok[i] = False
+        k = self.rule.merge_candidates
+        order = [int(j) for j in np.argsort(np.where(ok, cos, -np.inf))[::-1][: 2 * k] if ok[j]]
+        if level > 0:  # asked of the 2k nearest only: each answer is a fit of its own
+            order = [j for j in order if not self.explained(j, level - 1)]
+        return order[:k]
+
+    def _fit(self, i: int, candidates: list[int]) -> _Fit:
+        gram, dots, target = self.products(candidates), self.dots(i)[candidates], float(self.norms[i] ** 2)
+        weights, residual, _ = nnls_from_products(gram, dots, target)
+        singles = np.sqrt(np.maximum(target - np.maximum(dots, 0) ** 2 / np.maximum(np.diag(gram), 1e-300), 0.0))
+        return _Fit(candidates, weights, residual, singles)
+
+    def _judge(self, i: int, candidates: list[int]) -> Merge | None:
+        """``i`` as a merge of ``candidates``: a fit that leaves little (``merge_ratio``), a linear merge; else, on
+        the candidates that left far fewer entries as the base's than ``i`` did, a fit that leaves somewhat more
+        (``trimmed_ratio``), a TIES or DARE merge; None where neither holds."""
+        if not candidates:
+            return None
+        found = self._merge(i, self._fit(i, candidates), self.rule.merge_ratio, trimmed=False)
+        mine = self.zeros[i]
+        if found is not None or mine is None:
+            return found
+        fewer = [j for j in candidates if (z := self.zeros[j]) is not None and z <= mine - self.rule.trimmed_zeros]
+        return self._merge(i, self._fit(i, fewer), self.rule.trimmed_ratio, trimmed=True) if fewer else None
+
+    def _merge(self, i: int, fit: _Fit, threshold: float, *, trimmed: bool) -> Merge | None:
+        """A fit as a merge (two or more parents of weight at least ``merge_weight``, or one scaled down with the
+        base) where it leaves less than ``threshold`` of the least residual of one of those parents alone; else
+        None."""
+        rule = self.rule
+        at = [k for k, w in enumerate(fit.weights) if w >= rule.merge_weight]
+        kept = [(fit.candidates[k], float(fit.weights[k])) for k in at]
+        total = sum(w for _, w in kept)
+        if len(kept) == 1 and total < 1 - rule.merge_weight:  # one model scaled down: merged with the base
+            kept.append((-1, 1 - total))
+        ratio = fit.ratio(at)
+        if len(kept) < 2 or ratio >= threshold:
+            return None
+        parents, weights = [j for j, _ in kept], np.array([w for _, w in kept])
+        return Merge(parents, weights, margin(ratio, threshold), self._method(i, parents, weights, ratio, trimmed))
+
+    def _method(self, i: int, parents: list[int], weights: np.ndarray, ratio: float, trimmed: bool) -> str:
+        """What the weights tell of the merge's method (see the module docstring)."""
+        rule = self.rule
+        if trimmed:
+            return "ties" if ratio < rule.ties_ratio else "dare"
+        along = [0.0 if j < 0 else self.along[j] for j in parents]
+        mine = self.along[i]
+        if mine is not None and all(a is not None for a in along):
+            excess = mine - float(sum(w * a for w, a in zip(weights, along) if a is not None))
+            if excess > rule.slerp_excess:
+                return "slerp"
+        return "linear" if abs(float(weights.sum()) - 1) <= rule.weights_sum else "task_arithmetic"
+
+
+def nnls_from_products(gram: np.ndarray, dots: np.ndarray, target_sq: float) -> tuple[np.ndarray, float, float]:
+    """The non-negative least-squares fit of a target on k traces from their inner products alone (k x k, not k x
+    16,384): (weights, residual, the least residual of one non-negative multiple of a single trace).
+
+    With G = V diag(s) V^T (s > 0 kept: G may be singular, two traces alike), A w lies in the span of V, so
+    |A w - b|^2 = |diag(sqrt s) V^T w - c|^2 + |b|^2 - |c|^2 with c = diag(1/sqrt s) V^T A^T b: a k x k NNLS."""
+    from scipy.optimize import nnls
+
+    values, vectors = np.linalg.eigh(gram)
+    keep = values > 1e-10 * max(float(values.max()), 1e-300)
+    root = np.sqrt(values[keep])
+    c = (vectors[:, keep].T @ dots) / root
+    weights, rnorm = nnls(root[:, None] * vectors[:, keep].T, c)
+    residual = float(np.sqrt(max(rnorm**2 + target_sq - float(c @ c), 0.0)))
+    diag = np.maximum(np.diag(gram), 1e-300)
+    single = float(np.sqrt(max(float(np.min(target_sq - np.maximum(dots, 0) ** 2 / diag)), 0.0)))
+    return weights, residual, single

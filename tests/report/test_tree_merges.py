@@ -1,0 +1,163 @@
+"""Merges as the Hub makes them: real mergekit merges (linear, task arithmetic, TIES, DARE-TIES, SLERP, a three-way
+linear) of fine-tunes of a tiny Llama, saved in bf16 as merges are published, each named a merge with exactly its
+parents and, where the weights tell it, its method; beside them direct fine-tunes are never merges, a fine-tune
+whose sibling was merged keeps its own parent, and a fine-tune of a merge is placed under it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import modelvec
+from modelvec.report.tree import model_tree
+
+LLAMA = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
+
+
+def trained(base: Path, out: Path, directions: list[int], seed: int, size: float = 0.05, shared: float = 1.5) -> Path:
+    """A fine-tune of ``base``: every layer matrix moved along the dataset ``directions`` given (each a seeded delta
+    shared by the models tuned on it, ``shared`` times its own), plus its own, by ``size`` of the matrix's mean weight
+    per entry (a long fine-tune: many bf16 steps); saved in bf16. Siblings (one dataset) are then 0.7 alike."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and ".layers." in name:
+                step = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed))
+                for d in directions:
+                    step += shared * torch.randn(p.shape, generator=torch.Generator().manual_seed(1000 + d))
+                p.add_(size * p.abs().mean() * step / (1 + shared**2 * len(directions)) ** 0.5)
+    model.to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def mergekit(out: Path, method: str, models: list[tuple[Path, dict]], base: Path | None, **parameters) -> Path:
+    """A merge made by mergekit itself, in bf16."""
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import MergeOptions, run_merge
+
+    config: dict = {
+        "merge_method": method,
+        "dtype": "bfloat16",
+        "models": [{"model": str(m), **({"parameters": p} if p else {})} for m, p in models],
+    }
+    if base is not None:
+        config["base_model"] = str(base)
+    if parameters:
+        config["parameters"] = parameters
+    run_merge(MergeConfiguration.model_validate(config), str(out), MergeOptions(copy_tokenizer=False, quiet=True))
+    return out
+
+
+def lora(parent: Path, out: Path) -> Path:
+    """A peft LoRA adapter of the Llama in ``parent`` on q_proj and v_proj (its config names ``parent``)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(7)
+    model = get_peft_model(
+        LlamaForCausalLM.from_pretrained(parent, dtype=torch.float32),
+        LoraConfig(init_lora_weights=False, r=4, target_modules=["q_proj", "v_proj"]),
+    )
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("merges")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).save_pretrained(root / "base")
+    base = root / "base"
+    a, b, c = (trained(base, root / name, [d], seed) for name, d, seed in (("a", 1, 11), ("b", 2, 12), ("c", 3, 13)))
+    sibling = trained(base, root / "a-sibling", [1], 14)  # a's dataset, its own seed
+    half = {"weight": 0.5, "density": 0.5}
+    merges = {
+        "linear": mergekit(root / "linear", "linear", [(a, {"weight": 0.5}), (b, {"weight": 0.5})], None),
+        # mostly a: nearer a's sibling than the base is, and holding 0.8 of a's direction, as a child would
+        "linear82": mergekit(root / "linear82", "linear", [(a, {"weight": 0.8}), (b, {"weight": 0.2})], None),
+        "linear3": mergekit(root / "linear3", "linear", [(m, {"weight": 1.0}) for m in (a, b, c)], None),
+        "task_arithmetic": mergekit(
+            root / "task_arithmetic", "task_arithmetic", [(a, {"weight": 0.6}), (b, {"weight": 0.6})], base
+        ),
+        "ties": mergekit(root / "ties", "ties", [(a, half), (b, half)], base, normalize=True),
+        "dare_ties": mergekit(root / "dare_ties", "dare_ties", [(a, half), (b, half)], base, normalize=True),
+        "slerp": mergekit(root / "slerp", "slerp", [(a, {}), (c, {})], a, t=0.5),
+    }
+    child = trained(merges["linear"], root / "linear-child", [4], 15)  # a fine-tune of a merge
+    adapter = lora(base, root / "lora-on-base")
+    models = [a, b, c, sibling, *merges.values(), child, adapter]
+    store = root / "s.duckdb"
+    result = modelvec.embed(base, models, store=store, load=False)
+    assert result.failed == {}
+    found = model_tree(base, store=store)
+    return {Path(n.model).name: n for n in found.nodes}, {Path(n.model).name: n.model for n in found.nodes}
+
+
+@pytest.mark.parametrize(
+    "merge,parents,method",
+    [
+        ("linear", {"a", "b"}, "linear"),
+        ("linear3", {"a", "b", "c"}, "linear"),
+        ("linear82", {"a", "b"}, "linear"),
+        ("task_arithmetic", {"a", "b"}, "task_arithmetic"),
+        ("ties", {"a", "b"}, "ties"),
+        ("dare_ties", {"a", "b"}, "dare"),
+        ("slerp", {"a", "c"}, "slerp"),
+    ],
+)
+def test_a_mergekit_merge_is_named_a_merge_of_exactly_its_parents(tree, merge, parents, method):
+    nodes, _ = tree
+    node = nodes[merge]
+    assert node.kind == "merge" and {Path(p).name for p in node.parents} == parents, (node.kind, node.parents)
+    assert node.method == method
+    assert node.as_json()["method"] == method
+
+
+def test_direct_fine_tunes_are_never_merges_and_a_merge_steals_no_parent(tree):
+    nodes, _ = tree
+    for name in ("a", "b", "c", "a-sibling"):  # a-sibling shares a's direction, which two merges hold in part
+        assert nodes[name].kind == "fine-tune" and nodes[name].parents == [nodes[name].parent], name
+        assert Path(nodes[name].parent).name == "base", (name, nodes[name].parent)
+    child = nodes["linear-child"]
+    assert child.kind == "fine-tune" and Path(child.parent).name == "linear"
+    adapter = nodes["lora-on-base"]  # its config names the base: so is its parent, whatever merges stand near
+    assert adapter.kind == "adapter" and Path(adapter.parent).name == "base" and adapter.confidence == 1.0
+
+
+def test_a_card_naming_a_merges_parents_is_checked_by_the_weights(tree, tmp_path):
+    """A merge whose card names its parents is fitted on them first; a card naming the wrong parents is flagged."""
+    nodes, names = tree
+    root = Path(names["a"]).parent
+    store = tmp_path / "s.duckdb"
+    shutil.copytree(root / "linear", tmp_path / "declared")
+    shutil.copytree(root / "linear", tmp_path / "misdeclared")
+    (tmp_path / "declared" / "README.md").write_text(f"---\nbase_model: {json.dumps([names['a'], names['b']])}\n---\n")
+    (tmp_path / "misdeclared" / "README.md").write_text(
+        f"---\nbase_model: {json.dumps([names['a'], names['c']])}\n---\n"
+    )
+    with open(tmp_path / "declared" / "model.safetensors", "r+b") as fh:  # not a copy of linear: one value moved
+        fh.seek(-2, 2)
+        fh.write(b"\x3c\x3c")
+    modelvec.embed(root / "base", [root / m for m in ("a", "b", "c")] + [tmp_path / "declared"], store=store)
+    modelvec.embed(root / "base", [tmp_path / "misdeclared"], store=store)
+    found = {Path(n.model).name: n for n in model_tree(root / "base", store=store).nodes}
+    assert found["declared"].kind == "merge" and found["declared"].agrees
+    assert {Path(p).name for p in found["declared"].parents} == {"a", "b"}
+    assert found["misdeclared"].kind == "merge" and not found["misdeclared"].agrees
