@@ -65,6 +65,40 @@ def test_planted_datasets_cluster_perfectly(planted, tmp_path):
     assert "<html" in Path(report.files["html"]).read_text()[:2000].lower()
 
 
+def test_the_map_is_given_the_model_tree_and_a_store_without_traces_gives_a_map_without_one(
+    planted, tmp_path, monkeypatch
+):
+    import modelvec.report.tree as tree_report
+    from modelvec.analyse.tree import Node, Tree
+    from modelvec.core.errors import NothingStoredError
+
+    base, _, _, store = planted
+    asked: list[int] = []
+
+    def made_up(pop, **_):  # the first model under the base, every other one an adapter on it
+        names = list(pop.models["model"])
+        asked.append(len(names))
+        nodes = [Node(model=names[0], kind="fine-tune", parent=pop.name, parents=[pop.name], confidence=0.9)]
+        nodes += [Node(model=m, kind="adapter", parent=names[0], parents=[names[0]], confidence=0.8) for m in names[1:]]
+        return Tree(pop.name, nodes)
+
+    monkeypatch.setattr(tree_report, "tree_of", made_up)
+    report = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path / "tree", reduce="pca")
+    page = Path(report.files["html"]).read_text()
+    assert asked == [13]  # the tree of every mapped model
+    assert "colour by kind" in page and '"fine-tune (1)"' in page and '"adapter (12)"' in page  # the kinds' legend
+    assert page.count('"adapter (confidence 0.80)"') == 4 * 12  # in the hover of each colouring's traces
+    assert "tree edges on" in page  # 13 models: every edge may be drawn at once
+
+    def untraced(pop, **_):
+        raise NothingStoredError(pop.name, "no traces stored")
+
+    monkeypatch.setattr(tree_report, "tree_of", untraced)
+    report = cluster(base, representation=Representation(rank=4), store=store, out=tmp_path / "plain", reduce="pca")
+    page = Path(report.files["html"]).read_text()
+    assert "colour by kind" not in page and "tree edges" not in page and "colour by author" in page
+
+
 def test_cluster_cli_json(planted, tmp_path):
     base, _, _, store = planted
     result = CliRunner().invoke(

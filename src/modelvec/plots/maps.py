@@ -22,7 +22,9 @@ Colours (the same in both pictures, see :func:`grouping`):
 Many models (thousands of fine-tunes of one base) stay readable: from :data:`DENSE_FROM` models the PNG
 shades the map by how many models lie in each hexagon, under small translucent points (so piles of points
 read as density, not as one blob); from :data:`WEBGL_FROM` the HTML page draws with WebGL. The page has a
-search box that finds a model by part of its id, whatever the map's size.
+search box that finds a model by part of its id, whatever the map's size. Given the model tree, the page also
+colours by kind, shows each model's place in the tree on hover, and draws the edges of the model clicked or found
+(every edge at once only up to :data:`ALL_EDGES_UP_TO` models: beyond, they are a tangle).
 
 Both writers create the parent folders, write to a temporary file beside the target and rename
 it into place (so a reader never sees half a file), and return the path.
@@ -41,10 +43,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..analyse.tree import DECLARED_KIND
 from ..core.output import write_atomically
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from ..analyse.tree import Node, Tree
 
 COLOR_BY = ("dataset", "author", "label_source")
 REDUCER_AXES = {"umap": "UMAP", "tsne": "t-SNE", "pca": "PC"}
@@ -73,7 +78,7 @@ UNLABELLED_COLOR = "#c8c8c8"
 OTHER_COLOR = "#555555"
 _NONE_NAMES = {"dataset": "unlabelled", "author": "no author", "label_source": "no label source"}
 _PLURALS = {"dataset": "datasets", "author": "authors", "label_source": "label sources"}
-_TITLES = {"dataset": "dataset", "author": "author", "label_source": "label source"}
+_TITLES = {"dataset": "dataset", "author": "author", "label_source": "label source", "kind": "kind"}
 #: From this many models the PNG shades the map by density (hexagons) under small, translucent points.
 DENSE_FROM = 2000
 #: From this many models the HTML page draws its points with WebGL (plotly ``scattergl``) rather than SVG.
@@ -81,11 +86,21 @@ WEBGL_FROM = 1000
 #: Hexagons across the longer side of a dense map, and their shades from one model to the most.
 DENSITY_GRID = 60
 DENSITY_COLORS = ("#f3f3f3", "#808080")
-# The HTML page's hover label: plotly's template over the escaped values of _hover_rows.
+# The HTML page's hover label: plotly's template over the escaped values of _hover_rows (column 4 is the model's row,
+# for the page's script; columns 5 to 8, where the tree is known, its kind, parents, children and card, from
+# _tree_hover: the markup is the template's, once a trace, the values plain escaped text).
 HOVER = (
     "<b>%{customdata[0]}</b><br>datasets: %{customdata[1]}<br>label source: %{customdata[2]}"
     "<br>author: %{customdata[3]}<extra></extra>"
 )
+HOVER_TREE = HOVER.replace(
+    "<extra>", "<br>kind: %{customdata[5]}<br>%{customdata[6]}<br>children: %{customdata[7]}<br>%{customdata[8]}<extra>"
+)
+#: Models up to which the HTML page also has a toggle that draws every edge of the model tree at once (beyond, lines
+#: between thousands of points are a tangle: the page draws the edges of the model clicked or found).
+ALL_EDGES_UP_TO = 300
+#: The first children a model's hover names (it counts them all).
+CHILDREN_NAMED = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +357,7 @@ def plot_html(
     *,
     title: str = "",
     reducer: str = "umap",
-    edges: Sequence[tuple[int, int]] = (),
+    tree: Tree | None = None,
 ) -> Path:
     """Write an interactive, self-contained HTML page of the map at ``path``.
 
@@ -353,16 +368,24 @@ def plot_html(
     double-clicking shows it alone). A search box above the map finds the models whose id contains
     what is typed (any case): it rings them, points an arrow at one (Enter: the next) and says how
     many matched. Up to :data:`WEBGL_FROM` models the points are SVG markers (plotly ``scatter``);
-    from there on WebGL (``scattergl``), which stays responsive with tens of thousands. ``edges`` (child, parent
-    rows of the model tree) are drawn as lines behind a toggle, hidden at first.
+    from there on WebGL (``scattergl``), which stays responsive with tens of thousands.
+
+    ``tree`` (the model tree of the mapped models, :func:`modelvec.report.tree.tree_of`), where it is known, adds a
+    colouring by kind (the tree figure's colours, :data:`modelvec.plots.tree.KIND_COLOURS`), the tree in each
+    hover (kind, parents, children, what the card declares and whether the weights agree), and the edges of one
+    model at a time, at any size: clicking a model, or finding it, draws the lines to its parents (dark) and its
+    children (light) and replaces those drawn before; thousands of edges at once would be a tangle. Up to
+    :data:`ALL_EDGES_UP_TO` models a toggle also draws every edge at once.
     """
     coords = _check(coords, meta)
     import plotly.graph_objects as go
 
     axis = _axis_name(reducer)
     webgl = len(coords) >= WEBGL_FROM
+    rows = _tree_rows(tree, meta) if tree is not None else None
+    hover = HOVER if rows is None else HOVER_TREE
     fig = go.Figure()
-    sets, legend_titles = _add_map_traces(fig, coords, meta, webgl=webgl)
+    sets, legend_titles = _add_map_traces(fig, coords, meta, webgl=webgl, rows=rows)
     mark = len(fig.data)  # the search's rings: empty until something is searched
     trace = go.Scattergl if webgl else go.Scatter
     fig.add_trace(
@@ -373,18 +396,91 @@ def plot_html(
             name="search",
             showlegend=False,
             marker=dict(symbol="circle-open", size=16, color="#111111", line=dict(width=2.5)),
-            hovertemplate=HOVER,
+            hovertemplate=hover,
         )
     )
-    tree = _add_edges(fig, coords, edges, webgl=webgl) if len(edges) else None
+    edges = _add_edges(fig, coords, rows, webgl=webgl) if rows is not None else []
     heading = _html_text(title) if title else f"{axis} map"
-    _layout_html(fig, sets, legend_titles, mark=mark, n=len(coords), heading=heading, axis=axis, tree=tree)
-    page = _html_page(fig, sources=sets["dataset"], mark=mark, page_title=title or f"modelvec {axis} map")
+    _layout_html(fig, sets, legend_titles, mark=mark, n=len(coords), heading=heading, axis=axis, edges=edges)
+    script = {"parents": rows.parents, "traces": edges[:2]} if rows is not None else None
+    page = _html_page(fig, sources=sets["dataset"], mark=mark, tree=script, page_title=title or f"modelvec {axis} map")
     return write_atomically(Path(path), lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
 
 
-def _hover_rows(meta: pd.DataFrame) -> np.ndarray:
-    """Per model: its id, datasets, label source and author, escaped for plotly (which reads a little HTML)."""
+@dataclass(frozen=True)
+class _TreeRows:
+    """The model tree as the map's rows: per row of ``meta``, its kind (None: not in the tree), the rows of its
+    parents on the map (the base is not on it), and its values of the hover, escaped (:func:`_tree_hover`)."""
+
+    kinds: list[str | None]
+    parents: list[list[int]]
+    hover: list[tuple[str, str, str, str]]
+
+
+def _tree_rows(tree: Tree, meta: pd.DataFrame) -> _TreeRows:
+    """The tree's nodes as rows of ``meta``: one pass over the nodes, so 10,000 models take milliseconds."""
+    by_model = tree.by_model()
+    row = {m: i for i, m in enumerate(meta["model"].astype(str))}
+    children: dict[str, list[str]] = {}
+    for each in tree.nodes:
+        for parent in dict.fromkeys(each.parents):
+            children.setdefault(parent, []).append(each.model)
+    kinds: list[str | None] = []
+    parents: list[list[int]] = []
+    hover: list[tuple[str, str, str, str]] = []
+    for model in meta["model"].astype(str):
+        node = by_model.get(model)
+        if node is None:
+            kinds.append(None)
+            parents.append([])
+            hover.append(("not in the model tree", "parent: —", "—", "card: —"))
+            continue
+        kinds.append(node.kind)
+        parents.append([row[p] for p in dict.fromkeys(node.parents) if p in row])
+        hover.append(_tree_hover(node, children.get(model, []), tree.base))
+    return _TreeRows(kinds=kinds, parents=parents, hover=hover)
+
+
+def _tree_hover(node: Node, children: list[str], base: str) -> tuple[str, str, str, str]:
+    """A model's values of the hover: its kind, parents (a merge's with their weights), children (how many, the first
+    :data:`CHILDREN_NAMED` by name) and its card's claim beside the weights'. Plain text, names escaped: the line
+    breaks and labels are :data:`HOVER_TREE`'s, once a trace rather than once a model (a page of 10,000 models)."""
+
+    def name(model: str) -> str:
+        return "the base" if model == base else _html_text(model)
+
+    kind = node.kind if node.kind == "untraced" else f"{node.kind} (confidence {node.confidence:.2f})"
+    if node.copy_of is not None:
+        kind += f", a copy of {name(node.copy_of)}"
+    weights = node.weights if node.weights is not None and len(node.weights) == len(node.parents) else None
+    named = (
+        [f"{name(p)} ({w:.2f})" for p, w in zip(node.parents, weights)] if weights else [name(p) for p in node.parents]
+    )
+    if not named:
+        up = "parent: none" + (" (unrelated weights)" if node.kind == "unrelated" else "")
+    else:
+        up = ("parent: " if len(named) == 1 else "parents: ") + ", ".join(named)
+    first = sorted(children)[:CHILDREN_NAMED]
+    down = "none"
+    if children:
+        more = ", …" if len(children) > len(first) else ""
+        down = f"{len(children)} ({', '.join(_html_text(c) for c in first)}{more})"
+    declared = ", ".join(name(p) for p in node.declared_parents)
+    if node.declared_relation is None and not declared:
+        card = "card: declares no parent"
+    else:
+        if node.declared_relation is None:
+            card = f"card: derived from {declared}"
+        else:
+            claim = _html_text(DECLARED_KIND.get(node.declared_relation, node.declared_relation))
+            card = f"card: {claim} of {declared}" if declared else f"card: {claim}, no parent named"
+        card += " — ⚠ the weights disagree" if not node.agrees else " — the weights agree"
+    return kind, up, down, card
+
+
+def _hover_rows(meta: pd.DataFrame, tree_hover: list[tuple[str, str, str, str]] | None = None) -> np.ndarray:
+    """Per model: its id, datasets, label source and author, escaped for plotly (which reads a little HTML), its
+    row (the page's script finds a model's tree by it) and, given, its values of the tree."""
     values = {by: _values(meta, by) for by in COLOR_BY}
     rows = [
         [
@@ -392,71 +488,123 @@ def _hover_rows(meta: pd.DataFrame) -> np.ndarray:
             _html_text(", ".join(d)) or "—",
             _html_text(", ".join(s)) or "—",
             _html_text(", ".join(a)) or "—",
+            i,
         ]
-        for m, d, s, a in zip(meta["model"].astype(str), values["dataset"], values["label_source"], values["author"])
+        for i, (m, d, s, a) in enumerate(
+            zip(meta["model"].astype(str), values["dataset"], values["label_source"], values["author"])
+        )
     ]
-    return np.array(rows, dtype=object).reshape(len(meta), 4)
+    if tree_hover is not None:
+        for row, lines in zip(rows, tree_hover):
+            row.extend(lines)
+    return np.array(rows, dtype=object).reshape(len(meta), 5 if tree_hover is None else 9)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One trace of a colouring: its models, legend entry, marker and legend rank."""
+
+    mask: np.ndarray
+    name: str
+    marker: dict[str, Any]
+    rank: int
+
+
+def _groups(meta: pd.DataFrame, by: str, *, size: float, webgl: bool) -> tuple[str, list[_Group]]:
+    """One colouring by dataset, author or label source (:func:`grouping`): its legend title and its groups, the
+    models without a value first (drawn behind the others), then the largest group first."""
+    g = grouping(meta, by)
+    labels = np.array([label if label is not None else "" for label in g.labels], dtype=object)
+    groups: list[_Group] = []
+    none = np.array([label is None for label in g.labels], dtype=bool)
+    if none.any():
+        marker = dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55)
+        groups.append(_Group(none, f"{g.none_name} ({g.n_none})", marker, 10_000))
+    for rank, (name, color) in enumerate(g.colors.items()):
+        mask = labels == name
+        marker = _marker(color, size, int(mask.sum()), webgl=webgl)
+        groups.append(_Group(mask, f"{_html_text(name)} ({g.counts[name]})", marker, rank + 1))
+    return _TITLES[by] + (" (first listed)" if g.multi else ""), groups
+
+
+def _kind_groups(kinds: list[str | None], *, size: float, webgl: bool) -> tuple[str, list[_Group]]:
+    """The colouring by the tree's kind, in the tree figure's colours: the largest kind drawn first (under the
+    rarer ones), the legend in the order of :data:`~modelvec.analyse.tree.KINDS`, models not in the tree grey."""
+    from .tree import KIND_COLOURS  # plots.tree imports this module's palette: imported when drawn
+
+    labels = np.array([k if k is not None else "" for k in kinds], dtype=object)
+    groups: list[_Group] = []
+    none = labels == ""
+    if none.any():
+        marker = dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55)
+        groups.append(_Group(none, f"not in the tree ({int(none.sum())})", marker, 10_000))
+    counts = {k: int((labels == k).sum()) for k in KIND_COLOURS}
+    for kind in sorted((k for k in KIND_COLOURS if counts[k]), key=lambda k: -counts[k]):
+        marker = _marker(KIND_COLOURS[kind], size, counts[kind], webgl=webgl)
+        groups.append(_Group(labels == kind, f"{kind} ({counts[kind]})", marker, list(KIND_COLOURS).index(kind) + 1))
+    return "kind (from the weights)", groups
+
+
+def _marker(color: str, size: float, count: int, *, webgl: bool) -> dict[str, Any]:
+    """A group's marker: with WebGL (many models) no edge and translucent by size (:func:`_group_alpha`), so that
+    piles of points show as such."""
+    opacity = _group_alpha(count) if webgl else 0.9
+    return dict(color=color, size=size, opacity=opacity, line=dict(color="white", width=0 if webgl else 0.5))
 
 
 def _add_map_traces(
-    fig: Any, coords: np.ndarray, meta: pd.DataFrame, *, webgl: bool
+    fig: Any, coords: np.ndarray, meta: pd.DataFrame, *, webgl: bool, rows: _TreeRows | None = None
 ) -> tuple[dict[str, list[int]], dict[str, str]]:
-    """One set of traces per colouring (only the dataset's visible), one trace per group, unlabelled first.
-
-    Returns each colouring's trace indices and its legend title. With WebGL (many models) markers have no
-    edges and a large group is translucent (:func:`_group_alpha`), so that piles of points show as such.
-    """
+    """One set of traces per colouring (only the dataset's visible; by kind where the tree is known), one trace per
+    group. Returns each colouring's trace indices and its legend title."""
     import plotly.graph_objects as go
 
     trace = go.Scattergl if webgl else go.Scatter
-    custom = _hover_rows(meta)
-    n = len(coords)
-    size = float(np.clip(11.0 * math.sqrt(100.0 / max(n, 1)), 4.0, 11.0))
-    edge = dict(color="white", width=0 if webgl else 0.5)
+    custom = _hover_rows(meta, rows.hover if rows is not None else None)
+    size = float(np.clip(11.0 * math.sqrt(100.0 / max(len(coords), 1)), 4.0, 11.0))
+    colourings = {by: _groups(meta, by, size=size, webgl=webgl) for by in COLOR_BY}
+    if rows is not None:
+        colourings["kind"] = _kind_groups(rows.kinds, size=size, webgl=webgl)
     sets: dict[str, list[int]] = {}
     legend_titles: dict[str, str] = {}
-    for by in COLOR_BY:
-        g = grouping(meta, by)
-        legend_titles[by] = _TITLES[by] + (" (first listed)" if g.multi else "")
-        labels = np.array([label if label is not None else "" for label in g.labels], dtype=object)
-        groups: list[tuple[np.ndarray, str, dict[str, Any], int]] = []
-        none = np.array([label is None for label in g.labels], dtype=bool)
-        if none.any():  # first: drawn behind the others
-            marker = dict(color=UNLABELLED_COLOR, size=size * 0.7, opacity=0.55)
-            groups.append((none, f"{g.none_name} ({g.n_none})", marker, 10_000))
-        for rank, (name, color) in enumerate(g.colors.items()):
-            mask = labels == name
-            opacity = _group_alpha(int(mask.sum())) if webgl else 0.9
-            marker = dict(color=color, size=size, opacity=opacity, line=edge)
-            groups.append((mask, f"{_html_text(name)} ({g.counts[name]})", marker, rank + 1))
+    for by, (legend_title, groups) in colourings.items():
+        legend_titles[by] = legend_title
         sets[by] = list(range(len(fig.data), len(fig.data) + len(groups)))
-        for mask, name, marker, rank in groups:
+        for g in groups:
             fig.add_trace(
                 trace(
-                    x=coords[mask, 0],
-                    y=coords[mask, 1],
+                    x=coords[g.mask, 0],
+                    y=coords[g.mask, 1],
                     mode="markers",
-                    name=name,
-                    marker=marker,
-                    customdata=custom[mask],
-                    hovertemplate=HOVER,
-                    legendrank=rank,
+                    name=g.name,
+                    marker=g.marker,
+                    customdata=custom[g.mask],
+                    hovertemplate=HOVER if rows is None else HOVER_TREE,
+                    legendrank=g.rank,
                     visible=by == "dataset",
                 )
             )
     return sets, legend_titles
 
 
-def _add_edges(fig: Any, coords: np.ndarray, edges: Sequence[tuple[int, int]], *, webgl: bool) -> int:
-    """The model tree's edges between mapped models, one line trace (hidden until toggled): its index."""
+def _add_edges(fig: Any, coords: np.ndarray, rows: _TreeRows, *, webgl: bool) -> list[int]:
+    """The traces of the model tree's edges: the clicked or found model's lines to its parents and to its children
+    (empty until the page's script fills them) and, up to :data:`ALL_EDGES_UP_TO` models, every edge between mapped
+    models in one trace, hidden until toggled. Returns their indices (the toggled one last)."""
     import plotly.graph_objects as go
 
+    trace = go.Scattergl if webgl else go.Scatter
+    common: dict[str, Any] = dict(x=[], y=[], mode="lines", showlegend=False, hoverinfo="skip")
+    fig.add_trace(trace(name="parent edges", line=dict(color="#111111", width=2.5), **common))
+    fig.add_trace(trace(name="child edges", line=dict(color="rgba(60,60,60,0.6)", width=1.2), **common))
+    if len(coords) > ALL_EDGES_UP_TO:
+        return [len(fig.data) - 2, len(fig.data) - 1]
     xs: list[float | None] = []
     ys: list[float | None] = []
-    for child, parent in edges:
-        xs += [float(coords[child, 0]), float(coords[parent, 0]), None]
-        ys += [float(coords[child, 1]), float(coords[parent, 1]), None]
-    trace = go.Scattergl if webgl else go.Scatter
+    for child, parents in enumerate(rows.parents):
+        for parent in parents:
+            xs += [float(coords[child, 0]), float(coords[parent, 0]), None]
+            ys += [float(coords[child, 1]), float(coords[parent, 1]), None]
     fig.add_trace(
         trace(
             x=xs,
@@ -469,7 +617,7 @@ def _add_edges(fig: Any, coords: np.ndarray, edges: Sequence[tuple[int, int]], *
             line=dict(color="rgba(60,60,60,0.55)", width=1),
         )
     )
-    return len(fig.data) - 1
+    return [len(fig.data) - 3, len(fig.data) - 2, len(fig.data) - 1]
 
 
 def _layout_html(
@@ -481,14 +629,14 @@ def _layout_html(
     n: int,
     heading: str,
     axis: str,
-    tree: int | None = None,
+    edges: Sequence[int] = (),
 ) -> None:
     """Title, equal-scaled axes, the legend, and the buttons that switch colourings (the search's rings
-    stay visible under each), and where the model tree is drawn, the toggle of its edges (left as it is by the
-    colourings)."""
+    stay visible under each), and where the model tree is drawn, the toggle of all its edges (the colourings leave
+    the edges as they are)."""
     buttons = []
-    points = [i for i in range(len(fig.data)) if i != tree]
-    for by in COLOR_BY:
+    points = [i for i in range(len(fig.data)) if i not in edges]
+    for by in sets:
         shown = {*sets[by], mark}
         buttons.append(
             dict(
@@ -498,15 +646,16 @@ def _layout_html(
             )
         )
     menus = [_button_row(buttons, left=True)]
-    if tree is not None:
+    if len(edges) > 2:
         toggle = [
-            dict(label="tree edges off", method="restyle", args=[{"visible": False}, [tree]]),
-            dict(label="tree edges on", method="restyle", args=[{"visible": True}, [tree]]),
+            dict(label="tree edges off", method="restyle", args=[{"visible": False}, [edges[2]]]),
+            dict(label="tree edges on", method="restyle", args=[{"visible": True}, [edges[2]]]),
         ]
         menus.append(_button_row(toggle, left=False))
+    how = "click a model, or find it by name above, for its edges in the model tree; " if edges else ""
     fig.update_layout(
         title=dict(
-            text=f"{heading}<br><sup>{n} models · hover a point for its model, or find one by name above; click "
+            text=f"{heading}<br><sup>{n} models · hover a point for its model, or find one by name above; {how}click "
             "a legend entry to hide it, double-click to show it alone</sup>",
             x=0.01,
             xanchor="left",
@@ -541,17 +690,22 @@ def _button_row(buttons: list[dict], *, left: bool) -> dict[str, Any]:
     )
 
 
-def _html_page(fig: Any, *, sources: list[int], mark: int, page_title: str) -> str:
+def _html_page(fig: Any, *, sources: list[int], mark: int, page_title: str, tree: dict[str, Any] | None = None) -> str:
     """The whole page: plotly.js inline, the search box over the map and its script run once the map is drawn.
 
     Nothing from the models reaches the page as markup: names travel as JSON data (plotly escapes ``<``,
-    ``>`` and ``/``), the script writes them as text, and the annotation shows plotly's escaped copy.
+    ``>`` and ``/``), the script writes them as text, and the annotation shows plotly's escaped copy. ``tree``
+    (rows and trace indices only, no names): each row's parents' rows and the traces of one model's edges.
     """
     import json
 
     import plotly.io as pio
 
-    script = SEARCH_JS.replace("__SOURCES__", json.dumps([int(i) for i in sources])).replace("__MARK__", str(mark))
+    script = (
+        SEARCH_JS.replace("__SOURCES__", json.dumps([int(i) for i in sources]))
+        .replace("__MARK__", str(mark))
+        .replace("__TREE__", json.dumps(tree, separators=(",", ":")))
+    )
     page = pio.to_html(
         fig,
         include_plotlyjs=True,
@@ -569,35 +723,64 @@ def _html_page(fig: Any, *, sources: list[int], mark: int, page_title: str) -> s
     return page.replace("<body>", f"<body>\n{SEARCH_HTML}", 1)
 
 
-# The search box: disabled until its script (below) has indexed the map's models.
+# The search box: disabled until its script (below) has indexed the map's models. Under it, where the tree is known,
+# a line that names the model whose edges are drawn.
 SEARCH_HTML = """\
 <div id="modelvec-search" style="font: 13px system-ui, sans-serif; padding: 8px 12px 0; color: #333;">
   <label for="modelvec-search-input">find a model</label>
   <input id="modelvec-search-input" type="search" size="40" placeholder="part of its id, e.g. org/name"
          autocomplete="off" spellcheck="false" disabled>
   <span id="modelvec-search-status" role="status" aria-live="polite" style="margin-left: 8px;"></span>
+  <div id="modelvec-tree-status" role="status" aria-live="polite" style="margin-top: 4px; min-height: 1em;"></div>
 </div>"""
 # Run by plotly once the map is drawn ({plot_id}: the map's div). Reads plotly's _fullData (where x and y are
 # decoded arrays; the page carries them base64-encoded). Indexes the models of one colouring's traces
 # (__SOURCES__; every colouring holds every model), matches a case-insensitive substring of the id, rings the
 # matches in the trace __MARK__ and points an arrow at one of them (an exact id first, then in order of id; Enter:
-# the next). Names are only ever written as text.
+# the next). __TREE__ (null without a tree): each row's parents' rows, and the two traces that draw the edges of the
+# model clicked or found, to its parents and to its children (found from the parents once, when the page opens).
+# Names are only ever written as text.
 SEARCH_JS = """
 (function () {
   var gd = document.getElementById('{plot_id}');
   var box = document.getElementById('modelvec-search-input');
   var status = document.getElementById('modelvec-search-status');
-  var SOURCES = __SOURCES__, MARK = __MARK__;
+  var treeStatus = document.getElementById('modelvec-tree-status');
+  var SOURCES = __SOURCES__, MARK = __MARK__, TREE = __TREE__;
   var plain = function (s) {
     return String(s).replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&');
   };
-  var models = [];
+  var models = [], byRow = [], children = [];
   SOURCES.forEach(function (t) {
     var full = gd._fullData.filter(function (d) { return d.index === t; })[0];
     for (var k = 0; k < full.x.length; k++) {
       var row = full.customdata[k], name = plain(row[0]);
-      models.push({name: name, lower: name.toLowerCase(), x: full.x[k], y: full.y[k], row: row});
+      var model = {name: name, lower: name.toLowerCase(), x: full.x[k], y: full.y[k], row: row};
+      models.push(model);
+      byRow[row[4]] = model;
     }
+  });
+  if (TREE) TREE.parents.forEach(function (up, r) {
+    up.forEach(function (p) { (children[p] = children[p] || []).push(r); });
+  });
+  function lines(m, rows) {
+    var x = [], y = [];
+    rows.forEach(function (r) { var o = byRow[r]; if (o) { x.push(m.x, o.x, null); y.push(m.y, o.y, null); } });
+    return [x, y];
+  }
+  function showTree(m) {  // m: a model of the index, or null to clear
+    if (!TREE) return;
+    var up = m ? TREE.parents[m.row[4]] : [], down = m ? children[m.row[4]] || [] : [];
+    var a = m ? lines(m, up) : [[], []], b = m ? lines(m, down) : [[], []];
+    Plotly.restyle(gd, {x: [a[0], b[0]], y: [a[1], b[1]]}, TREE.traces);
+    treeStatus.textContent = m ? 'edges of ' + m.name + ': ' + up.length + (up.length === 1 ? ' parent' : ' parents')
+      + ' (dark) and ' + down.length + (down.length === 1 ? ' child' : ' children') + ' (light) on the map' : '';
+    treeStatus.setAttribute('data-row', m ? String(m.row[4]) : '');
+  }
+  if (TREE) gd.on('plotly_click', function (event) {
+    var p = event && event.points && event.points[0];
+    var row = p && (p.customdata || (p.data && p.data.customdata ? p.data.customdata[p.pointNumber] : null));
+    if (row && byRow[row[4]]) showTree(byRow[row[4]]);
   });
   var found = [], current = 0;
   function say(query) {
@@ -618,6 +801,7 @@ SEARCH_JS = """
       x: hit.x, y: hit.y, text: '<b>' + hit.row[0] + '</b>', showarrow: true, arrowhead: 2, ax: 40, ay: -40,
       bgcolor: 'rgba(255,255,255,0.9)', bordercolor: '#111111', font: {size: 12}
     }] : []});
+    showTree(hit || null);
   }
   function search() {
     var query = box.value.trim(), lower = query.toLowerCase();

@@ -27,6 +27,7 @@ from ..analyse.scores import (
     knn_dataset_score,
     predict_datasets,
 )
+from ..analyse.tree import Tree
 from ..core.errors import ModelvecError, NothingStoredError
 from ..core.names import display_name
 from ..core.settings import taken_from, with_options
@@ -172,7 +173,8 @@ def cluster(
     ``label_sources`` keeps only labels from those sources (``card``, ``model-index``, ``tag``, ``name``, or
     ``declared`` / ``guessed`` / ``none``): other models count as unlabelled. The report also gives the kNN score
     with same-author neighbours excluded (an author effect is not a dataset effect). A Hub base's per-block scores
-    need its headers from the Hub cache (``hub_settings``; nothing is fetched); the map draws the model tree's edges.
+    need its headers from the Hub cache (``hub_settings``; nothing is fetched); the HTML map shows the model tree
+    (kinds, parents and children) where traces are stored.
 
     The models are the base's :class:`~modelvec.store.Population`: those embedded against the base as it is now,
     copies of the base left out (``report.population``, ``report.notes``). The vectors are not held whole: their
@@ -195,7 +197,7 @@ def cluster(
         resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
         geo = pop.geometry(products, resolved)
         standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
-        edges = _tree_edges(pop, meta)
+        tree = _map_tree(pop, meta)
         report = _scores(geo, meta, pop, resolved, seed, label_sources)
         report.scaling_note = scaling_note
         files = pop.base_files(hub_settings or HubSettings())
@@ -218,27 +220,21 @@ def cluster(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
     report.reduce, report.reduce_note = reduce, note
-    _draw(report, coordinates, meta, folder, seed, geo, pop.representation, edges)
+    _draw(report, coordinates, meta, folder, seed, geo, pop.representation, tree)
     return report
 
 
-#: Models up to which the map draws the model tree's edges (the tree is a pass over every pair of traces).
-TREE_EDGES_UP_TO = 4000
-
-
-def _tree_edges(pop: Population, meta: pd.DataFrame) -> list[tuple[int, int]]:
-    """The model tree's edges between mapped models, as (child, parent) rows of ``meta``: none without traces or
-    above :data:`TREE_EDGES_UP_TO` models."""
-    if len(meta) > TREE_EDGES_UP_TO or len(meta) < 2:
-        return []
+def _map_tree(pop: Population, meta: pd.DataFrame) -> Tree | None:
+    """The model tree the HTML map shows (its kinds, each model's parents and children, what the cards declare), at
+    any size: None for fewer than two models, or where the store holds no traces (a map without a tree, no error)."""
+    if len(meta) < 2:
+        return None
     from .tree import tree_of
 
     try:
-        tree = tree_of(pop)
+        return tree_of(pop)
     except NothingStoredError:
-        return []
-    row = {m: i for i, m in enumerate(meta["model"])}
-    return [(row[n.model], row[p]) for n in tree.nodes for p in n.parents if n.model in row and p in row]
+        return None
 
 
 def _scores(
@@ -292,7 +288,7 @@ def _draw(
     seed: int,
     geo: Geometry,
     representation: Representation,
-    edges: list[tuple[int, int]],
+    tree: Tree | None,
 ) -> None:
     """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors (and UMAP's
     nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
@@ -309,6 +305,6 @@ def _draw(
     )
     report.files["html"] = str(
         plot_html(
-            coords, meta, folder / f"clusters-{reduce}.html", reducer=reduce, title=f"{title} — {subtitle}", edges=edges
+            coords, meta, folder / f"clusters-{reduce}.html", reducer=reduce, title=f"{title} — {subtitle}", tree=tree
         )
     )
