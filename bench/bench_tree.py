@@ -3,7 +3,8 @@ part of ``modelvec neighbors``, and how right the inferred tree is on the made p
 
 A store is filled with N made models of one base, each a trace of the default's size (16,384 floats, linear in the
 weights as a real one is) and a small vector: 40 % fine-tunes of the base, 20 % fine-tunes of earlier fine-tunes
-(their delta plus their own, smaller), 10 % merges of two earlier ones (weights 0.5/0.5 or 0.7/0.3), 10 % LoRA
+(their delta plus their own, smaller), 10 % merges of two earlier ones (weights 0.5/0.5 or 0.7/0.3; their cards name
+their parents, as mergekit writes them), 10 % LoRA
 adapters (on the base or embedded on a fine-tune), 10 % quantizations (a fine-tune plus rounding 5 x its delta, few
 distinct values), 5 % unrelated weights (a delta the size of the base's weights) and 5 % copies. Each command runs in
 a fresh process (peak RSS from ``/usr/bin/time``).
@@ -25,6 +26,7 @@ import numpy as np
 
 BIN = Path(sys.executable).parent
 BASE = "bench-base"
+SHA = "0" * 40
 
 
 def population(n: int, dim: int, seed: int = 0) -> tuple[list[dict], np.ndarray]:
@@ -62,9 +64,9 @@ def population(n: int, dim: int, seed: int = 0) -> tuple[list[dict], np.ndarray]
             traces[i], row = traces[p] + 5 * own, {"kind": "quantization", "parents": [p]}
         elif kind == "unrelated":
             traces[i], row = rng.standard_normal(dim) * scale * 1.2, {"kind": "unrelated", "parents": []}
-        else:  # a copy: the same weights again
+        else:  # a copy: the same weights again, of its original's kind
             p = int(rng.choice(full))
-            traces[i], row = traces[p], {"kind": "fine-tune", "parents": [p], "copy": p}
+            traces[i], row = traces[p], {"kind": truth[p]["kind"], "parents": [p], "copy": p}
         if row["kind"] in ("fine-tune", "merge") and "copy" not in row:
             full.append(i)
         truth.append(row)
@@ -87,7 +89,7 @@ def fill(store: Path, truth: list[dict], traces: np.ndarray, scale: float) -> No
                 names[i],
                 f"h{i}",
                 BASE,
-                "bench",
+                f"git:{SHA}",  # the base's commit, as the catalogue records it
                 Representation(),
                 "llama",
                 rng.standard_normal(256).astype(np.float32),
@@ -99,7 +101,17 @@ def fill(store: Path, truth: list[dict], traces: np.ndarray, scale: float) -> No
                 parent=names[on] if on is not None else None,
             )
         )
+    from modelvec.hub.discovery import CatalogueEntry
+
+    cards = [  # a merge's card names its parents, as mergekit writes it
+        CatalogueEntry(
+            model=names[i], base=BASE, kept=True, reason="", relation="merge", parents=[names[p] for p in row["parents"]]
+        )
+        for i, row in enumerate(truth)
+        if row["kind"] == "merge" and "copy" not in row
+    ]
     with Store(store) as db:
+        db.put_catalogue(BASE, SHA, cards)
         for lo in range(0, len(rows), 200):
             db.put_many(rows[lo : lo + 200])
 

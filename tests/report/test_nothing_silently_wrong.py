@@ -155,6 +155,7 @@ def test_every_kept_file_is_there_and_verified_on_the_next_run(kept, base):
     root, store, first = kept
     names = set(kept_files(store, base))
     assert {"store", "vectors", "products"} <= names and any(".spread-" in n for n in names), names
+    assert any(".tree." in n for n in names), names
     assert json.loads(first["cluster"][1])["scaling"] == "mutual-proximity"
 
 
@@ -409,7 +410,7 @@ def test_an_adapter_on_a_fine_tune_named_by_hub_id_beside_it_is_embedded_on_it(b
 
 # --- the fault harness ----------------------------------------------------------------------------------------
 
-FILES = ("store", "vectors", "products", "spread")
+FILES = ("store", "vectors", "products", "spread", "tree")
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -424,7 +425,8 @@ def test_any_byte_range_damaged_in_any_kept_file_is_the_same_answer_or_one_line(
     here = tmp_path_factory.mktemp("damaged")
     store = copy_store(root, here)
     files = kept_files(store, base)
-    path = files[which] if which in files else next(p for name, p in files.items() if ".spread-" in name)
+    mark = {"spread": ".spread-", "tree": ".tree."}
+    path = files[which] if which in files else next(p for name, p in files.items() if mark[which] in name)
     size = path.stat().st_size
     offset = min(int(where * size), size - 1)
     with open(path, "r+b") as fh:
@@ -439,3 +441,30 @@ def test_any_byte_range_damaged_in_any_kept_file_is_the_same_answer_or_one_line(
         assert lines and all(line.startswith(("error:", "left out:", "note:")) for line in lines), (command, err)
         named = [line for line in lines if not line.startswith("note:")]
         assert named and all(path.name in line for line in named), (which, command, err)
+
+
+def test_the_tree_is_kept_beside_the_store_and_inferred_again_when_what_it_came_from_changes(kept, base, zoo, tmp_path):
+    """A later tree (or a neighbour query's place, at any size) reads the tree kept for exactly these traces and
+    cards; a model added, or the kept file damaged, and it is inferred again."""
+    from unittest import mock
+
+    from modelvec.report import tree as report_tree
+
+    root, _, first = kept
+    store = copy_store(root, tmp_path)
+    with mock.patch.object(report_tree, "infer_tree", side_effect=AssertionError("inferred again")):
+        code, out, err = invoke("tree", str(base), "--store", str(store), "--json")
+        assert code == 0 and answer(out) == answer(first["tree"][1]), err
+        near = modelvec.neighbors(zoo[0], store=store)
+        assert near.tree is not None and near.tree["model"] == str(zoo[0].resolve())
+    path = next(p for name, p in kept_files(store, base).items() if ".tree." in name)
+    with open(path, "r+b") as fh:
+        fh.seek(60)
+        fh.write(b"##")
+    code, out, err = invoke("tree", str(base), "--store", str(store), "--json")
+    assert code == 0 and answer(out) == answer(first["tree"][1])
+    assert err.startswith(f"note: {path}") and "inferred again" in err
+    modelvec.embed(base, [finetune(base, tmp_path / "added", 2, 99)], store=store, load=False)
+    with mock.patch.object(report_tree, "infer_tree", side_effect=AssertionError("inferred again")):
+        code, _, err = invoke("tree", str(base), "--store", str(store), "--json")
+    assert code == 3 and "inferred again" in err  # the added model's trace is not in the kept tree: inferred again

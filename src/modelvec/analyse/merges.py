@@ -111,7 +111,10 @@ class MergeFinder:
         ok = self.usable & (cos > 0) & (cos < self.rule.duplicate)
         ok[i] = False
         k = self.rule.merge_candidates
-        order = [int(j) for j in np.argsort(np.where(ok, cos, -np.inf))[::-1][: 2 * k] if ok[j]]
+        found = np.flatnonzero(ok)
+        if len(found) > 2 * k:  # the 2k nearest, without sorting every model
+            found = found[np.argpartition(-cos[found], 2 * k - 1)[: 2 * k]]
+        order = [int(j) for j in found[np.argsort(-cos[found], kind="stable")]]
         if level > 0:  # asked of the 2k nearest only: each answer is a fit of its own
             order = [j for j in order if not self.explained(j, level - 1)]
         return order[:k]

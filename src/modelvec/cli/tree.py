@@ -47,7 +47,7 @@ def tree(
         found = model_tree(base, representation=representation, store=db)
     if as_json:
         print_json(found.as_json())
-        notes(found.notes)
+        notes(found.notes + found.repaired)
         left_out(found.damaged)
         return
     from ..plots.tree import tree_figure
@@ -70,7 +70,7 @@ def tree(
             f"the tree is partial: {untraced} of {len(found.nodes)} models have no trace, so the weights cannot place "
             "them, and a model placed above them may be their child (embed them again with --force)",
         )
-    notes(found.notes)
+    notes(found.notes + found.repaired)
     left_out(found.damaged)
 
 

@@ -245,23 +245,17 @@ def _verified(
     return order[good], distances[good]
 
 
-#: Stored models up to which a neighbour query also names the model's parent and kind (a pass over every stored trace,
-#: 64 KB each: 1.3 s of a 3.3 s query at 4,000 models); above, ``modelvec tree`` does.
-PLACE_UP_TO = 2000
-
-
 def _place(pop: Population, model: str) -> dict[str, Any] | None:
-    """A stored model's node of the model tree (one pass over the stored traces), None without traces or above
-    :data:`PLACE_UP_TO` stored models."""
+    """A stored model's node of the model tree, None without traces: from the tree kept beside the store where the
+    traces' rows name it (at any size: no trace is read), else the whole tree inferred and kept."""
     from .tree import tree_of
 
-    if pop.db.count_traces(pop.name, pop.representation.key(), pop.base_hash) > PLACE_UP_TO:
-        return None
     try:
-        tree = tree_of(pop, only=[model])
+        tree = tree_of(pop, verify=False)
     except NothingStoredError:
         return None
-    return tree.nodes[0].as_json() if tree.nodes else None
+    node = tree.by_model().get(model)
+    return node.as_json() if node is not None else None
 
 
 class _Query:

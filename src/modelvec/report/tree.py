@@ -4,6 +4,8 @@ the base's :class:`~modelvec.store.Population`."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +19,7 @@ from ..core.names import model_id
 from ..hub.cards import read_card
 from ..represent.representation import Representation
 from ..store import Population, Store, opened
+from ..store.store import StoredTraces
 
 #: Why a model of the population has no trace, and what to do: stored before traces were kept.
 NO_TRACE = "no trace stored (embedded before modelvec kept traces): embed it again with --force to place it"
@@ -40,48 +43,94 @@ def model_tree(
 
 
 def tree_of(
-    pop: Population, *, rule: TreeRule | None = None, only: Sequence[str] | None = None, name: str | None = None
+    pop: Population,
+    *,
+    rule: TreeRule | None = None,
+    only: Sequence[str] | None = None,
+    name: str | None = None,
+    verify: bool = True,
 ) -> Tree:
-    """The tree of a population's models (its store open), named ``name`` (default: the base as stored)."""
-    stored = pop.traces()
-    if stored.empty:
+    """The tree of a population's models (its store open), named ``name`` (default: the base as stored).
+
+    The whole tree is kept beside the store for what it was inferred from (every trace's checksum and row
+    statistics, the cards, the rule): a later call reads it instead of inferring it again. ``verify`` (the
+    default): every trace is read and checked first, as ``cluster`` reads every vector (a damaged one makes its
+    model untraced, so the tree is inferred again); ``verify=False`` (a neighbour query) trusts the kept tree where
+    the traces' rows name it, and reads the traces only to infer it."""
+    rule = rule or TreeRule()
+    stored = pop.traces(read=verify)
+    if stored.frame.empty:
         raise NothingStoredError(
             pop.name,
             f"no traces stored with representation {pop.representation.key()} (vectors stored before traces were "
             "kept, or not the sketch): embed them again with --force",
         )
-    traces, meta = stored.frame, pop.models
-    traced = set(traces["model"])
-    untraced = {
-        m: stored.damaged[m].removeprefix(f"{m}: ") if m in stored.damaged else NO_TRACE
-        for m in meta["model"]
-        if m not in traced
-    }
-    adapters = set(meta.loc[meta["adapter"].fillna(False).astype(bool), "model"])
-    embedded_on = {
-        m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
-    }
-    models = [*traces["model"], *untraced]
-    declared = _declared(models, dict(zip(meta["model"], meta["source"])), pop.catalogue())
-    levels, zeros, along = ([None if v != v else float(v) for v in traces[c]] for c in ("levels", "zeros", "along"))
-    base = name if name is not None else pop.name
-    tree = infer_tree(
-        base,
-        list(traces["model"]),
-        stored.sketches,
-        float(traces["scale"].iloc[0]),
-        levels,
-        adapters=embedded_on,
-        declared=declared,
-        base_names=[pop.name, model_id(base), "base"],
-        rule=rule,
-        only=only,
-        untraced=untraced,
-        zeros=zeros,
-        along=along,
-    )
-    tree.damaged, tree.notes = dict(stored.damaged), pop.left_out(copies=False)
+    inputs = _Inputs(pop, stored, rule, name)
+    kept = pop.kept_tree(inputs.key) if only is None else None
+    if kept is not None:
+        tree = Tree.from_json(kept)
+    else:
+        if not verify:
+            return tree_of(pop, rule=rule, only=only, name=name, verify=True)
+        tree = inputs.infer(stored, only)
+        if only is None:
+            pop.keep_tree(inputs.key, tree.as_json())
+    tree.damaged, tree.notes, tree.repaired = dict(stored.damaged), pop.left_out(copies=False), list(pop.repaired)
     return tree
+
+
+class _Inputs:
+    """What a population's tree is inferred from, besides the sketches: each trace's row, the untraced models and
+    why, the adapters and what they were embedded on, the cards; and ``key``, a digest of all of it (and the
+    traces' checksums, the rule and the base's names): the kept tree holds for exactly that."""
+
+    def __init__(self, pop: Population, stored: StoredTraces, rule: TreeRule, name: str | None) -> None:
+        traces, meta = stored.frame, pop.models
+        traced = set(traces["model"])
+        self.untraced = {
+            m: stored.damaged[m].removeprefix(f"{m}: ") if m in stored.damaged else NO_TRACE
+            for m in meta["model"]
+            if m not in traced
+        }
+        adapters = set(meta.loc[meta["adapter"].fillna(False).astype(bool), "model"])
+        self.embedded_on = {
+            m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
+        }
+        models = [*traces["model"], *self.untraced]
+        self.declared = _declared(models, dict(zip(meta["model"], meta["source"])), pop.catalogue())
+        self.base = name if name is not None else pop.name
+        self.names = [pop.name, model_id(self.base), "base"]
+        self.rule = rule
+        rows = traces[["model", "sketch_hash", "levels", "scale", "zeros", "along", "parent"]].astype(str)
+        said = [
+            self.base,
+            self.names,
+            repr(rule),
+            rows.values.tolist(),
+            sorted(self.untraced.items()),
+            sorted((m, list(d)) for m, d in self.declared.items()),
+            sorted(self.embedded_on.items(), key=str),
+        ]
+        self.key = hashlib.sha1(json.dumps(said, default=str).encode()).hexdigest()
+
+    def infer(self, stored: StoredTraces, only: Sequence[str] | None) -> Tree:
+        traces = stored.frame
+        levels, zeros, along = ([None if v != v else float(v) for v in traces[c]] for c in ("levels", "zeros", "along"))
+        return infer_tree(
+            self.base,
+            list(traces["model"]),
+            stored.sketches,
+            float(traces["scale"].iloc[0]),
+            levels,
+            adapters=self.embedded_on,
+            declared=self.declared,
+            base_names=self.names,
+            rule=self.rule,
+            only=only,
+            untraced=self.untraced,
+            zeros=zeros,
+            along=along,
+        )
 
 
 def _declared(

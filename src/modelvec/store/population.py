@@ -18,10 +18,12 @@ stored vectors or traces whose bytes are damaged are ``damaged`` (model -> one l
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from ..analyse.scores import Geometry, Scoring
 from ..core.errors import ModelvecError, NothingStoredError, ResourceError
 from ..core.names import is_hub_id, model_id
 from ..represent.representation import Representation
+from .kept import read_kept, write_kept
 from .products import BLOCK_FLOATS, BlockReader, Products, ProductsCache, Selection, checksum_of, products_with
 from .store import Store, StoredTraces, options_of
 from .vectorfile import zero_checksum
@@ -234,13 +237,34 @@ class Population:
         return sound
 
     # --- the traces ----------------------------------------------------------------------------------
-    def traces(self) -> StoredTraces:
+    def traces(self, *, read: bool = True) -> StoredTraces:
         """The traces of the population's models (copies of the base among them), each verified: a damaged one is
-        left out and named in ``damaged``."""
-        stored = self.db.traces(self.name, self.representation.key(), self.base_hash)
+        left out and named in ``damaged``; ``read=False``: their rows alone, no sketch read."""
+        stored = self.db.traces(self.name, self.representation.key(), self.base_hash, read=read)
         for model, line in stored.damaged.items():
             self.damaged[model] = line
         return stored
+
+    def kept_tree(self, key: str) -> dict[str, Any] | None:
+        """The model tree kept beside the store for exactly ``key`` (what it was inferred from), verified; None where
+        there is none (or it does not verify: said in ``repaired``, and computed again)."""
+        kept = read_kept(self._tree_path())
+        if kept is None:
+            return None
+        if kept.problem is not None:
+            self.repaired.append(f"{self._tree_path()}: {kept.problem}: the tree inferred again")
+            return None
+        tree = kept.meta.get("tree")
+        return tree if kept.meta.get("key") == key and isinstance(tree, dict) else None
+
+    def keep_tree(self, key: str, tree: dict[str, Any]) -> None:
+        """Keep the model tree (its JSON) inferred from ``key`` beside the store: a later query reads it, not every
+        trace."""
+        write_kept(self._tree_path(), {"key": key, "tree": tree}, {})
+
+    def _tree_path(self) -> Path:
+        folder = self.db.path.parent / f"{self.db.path.name}.products"
+        return folder / f"{hashlib.sha1(self.cache_key('tree').encode()).hexdigest()[:16]}.tree.kept"
 
     @cached_property
     def models(self) -> pd.DataFrame:

@@ -307,29 +307,31 @@ class Store:
         row = self.con.execute(f"SELECT count(*) FROM traces {where}", args).fetchone()
         return int(row[0]) if row else 0
 
-    def traces(self, base: str, params: str, base_hash: str | None = None) -> StoredTraces:
+    def traces(self, base: str, params: str, base_hash: str | None = None, *, read: bool = True) -> StoredTraces:
         """The traces stored for ``base`` under the representation key ``params`` (and ``base_hash``: against that
         version of the base; None: any), in model order: their rows (model, base_hash, levels, scale, parent, zeros,
-        along) and
-        their sketches, one (n, dim) float32 matrix read from the vector file, each checked against its checksum (a
-        damaged one is named in ``damaged`` and left out). Empty in a store older than traces."""
-        columns = ["model", "base_hash", "levels", "scale", "parent", "zeros", "along"]
+        along, sketch_hash) and their sketches, one (n, dim) float32 matrix read from the vector file, each checked
+        against its checksum (a damaged one is named in ``damaged`` and left out). ``read=False``: the rows alone
+        (no sketch read). Empty in a store older than traces."""
+        columns = ["model", "base_hash", "levels", "scale", "parent", "zeros", "along", "sketch_hash"]
         if "traces" not in self._tables():
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         where, args = self._clauses(base=base, params=params, base_hash=base_hash)
         listed = select_list(self.con, TRACES, columns)
         df = self.con.execute(
-            f'SELECT {listed}, "offset", dim, sketch_hash FROM traces {where} ORDER BY model, base_hash', args
+            f'SELECT {listed}, "offset", dim FROM traces {where} ORDER BY model, base_hash', args
         ).df()
         dim = int(df["dim"].max()) if len(df) else 0
         if len(df) and (df["dim"] != dim).any():
             raise StoreError(base, f"its stored traces under {params} differ in size: re-embed them with --force")
+        if not read:
+            return StoredTraces(df.drop(columns=["offset", "dim"]), np.zeros((0, dim), np.float32))
         selection = Selection(list(df["model"]), list(df["offset"]), list(df["sketch_hash"]), dim)
         reader = BlockReader(self.vector_file, selection, len(selection))
         sketches, sound = reader.read(range(len(selection)))
         damaged = {m: line.replace("stored vector", "stored trace") for m, line in reader.damaged.items()}
-        frame = df.drop(columns=["offset", "dim", "sketch_hash"])[sound].reset_index(drop=True)
-        return StoredTraces(frame, np.array(sketches[sound]), damaged)
+        frame = df.drop(columns=["offset", "dim"])[sound].reset_index(drop=True)
+        return StoredTraces(frame, sketches if sound.all() else sketches[sound], damaged)  # read once, not copied
 
     def _check_whole(self) -> None:
         """Refuse a DuckDB file cut short inside a block (by a copy, a download, a full disk): DuckDB writes its
