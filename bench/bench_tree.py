@@ -105,7 +105,12 @@ def fill(store: Path, truth: list[dict], traces: np.ndarray, scale: float) -> No
 
     cards = [  # a merge's card names its parents, as mergekit writes it
         CatalogueEntry(
-            model=names[i], base=BASE, kept=True, reason="", relation="merge", parents=[names[p] for p in row["parents"]]
+            model=names[i],
+            base=BASE,
+            kept=True,
+            reason="",
+            relation="merge",
+            parents=[names[p] for p in row["parents"]],
         )
         for i, row in enumerate(truth)
         if row["kind"] == "merge" and "copy" not in row
