@@ -195,3 +195,20 @@ def test_a_stored_catalogue_is_put_in_the_order_asked_and_cut_at_the_limit():
     assert [e.model for e in Scope(sort="created_at", limit=2).ordered(entries)] == ["b", "a"]
     for kept_order in ("downloads", "last_modified"):
         assert [e.model for e in Scope(sort=kept_order).ordered(entries)] == ["a", "b", "c"]
+
+
+def test_a_quantization_nobody_read_is_placed_where_its_card_says_and_marked_not_read(tree, tmp_path):
+    """u/a-gguf (a GGUF repository on the Hub, recorded by discovery, not read) stands in the tree under the parent
+    its card declares, marked as not read; the models that were read are placed by their weights."""
+    from modelvec.report.tree import model_tree
+    from modelvec.run import embed_discovered
+
+    store = tmp_path / "s.duckdb"
+    with tree.serve() as server:
+        hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        embed_discovered(BASE, store=store, hub_settings=hub_settings, depth=2, search=False, limit=None)
+    nodes = {n.model: n for n in model_tree(BASE, store=store).nodes}
+    gguf = nodes["u/a-gguf"]
+    assert gguf.kind == "quantization" and gguf.parents == ["u/a"] and gguf.confidence == 0.0
+    assert gguf.note is not None and gguf.note.startswith("not read (a quantization of u/a (GGUF)")
+    assert "u/a" in nodes and nodes["u/a"].note is None  # read: placed by its weights

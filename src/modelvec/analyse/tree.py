@@ -27,7 +27,7 @@ Each threshold is a field of :class:`TreeRule`, chosen on the selection half of 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,18 +223,21 @@ def infer_tree(
     untraced: Mapping[str, str] | None = None,
     zeros: Sequence[float | None] | None = None,
     along: Sequence[float | None] | None = None,
+    quantized: Collection[str] = (),
 ) -> Tree:
     """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
     ``base``. ``adapters``: the adapters, each with the model it was embedded on (None: the base); ``declared``:
     what cards say, (relation, parents); ``base_names``: other names of the base in ``declared``; ``only``: the
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs); ``untraced``:
     the models without a trace, each with why (and what to do), placed by their cards where those name a model;
-    ``zeros``, ``along``: each trace's row statistics (None: not kept, as before 2026-11-26)."""
+    ``zeros``, ``along``: each trace's row statistics (None: not kept, as before 2026-11-26); ``quantized``: the
+    models known from their files to be quantizations (GGUF)."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
     stats = (list(zeros or [None] * len(models)), list(along or [None] * len(models)))
-    inference = _Inference(models, t, scale, levels, stats, rule or TreeRule(), set(adapters), only is None)
+    known = {**{m: "quantization" for m in quantized}, **{m: "adapter" for m in adapters}}
+    inference = _Inference(models, t, scale, levels, stats, rule or TreeRule(), known, only is None)
     inference.declared = _declared_merges(declared, inference.index)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
@@ -349,7 +352,7 @@ class _Inference:
         levels: Sequence[float | None],
         stats: tuple[Sequence[float | None], Sequence[float | None]],
         rule: TreeRule,
-        adapters: set[str],
+        known: Mapping[str, str],
         every: bool = True,
     ) -> None:
         self.models, self.t, self.rule, self.all = list(models), t, rule, every
@@ -361,8 +364,8 @@ class _Inference:
         self.confidence = np.ones(len(models))
         for i in range(len(models)):
             lv = self.levels[i]
-            if self.models[i] in adapters:  # known from its files
-                self.kind[i] = "adapter"
+            if self.models[i] in known:  # known from its files: an adapter, a quantization (GGUF)
+                self.kind[i] = known[self.models[i]]
             elif self.size[i] > rule.unrelated_size:
                 self.kind[i], self.confidence[i] = "unrelated", margin(self.size[i], rule.unrelated_size)
             elif lv is not None and lv < rule.quantized_levels:

@@ -19,6 +19,7 @@ checkpoints, whose noise is as large as a fine-tuning delta.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -305,9 +306,60 @@ class GGUFCheckpoint(Checkpoint):
         """No safetensors bytes to read: a GGUF's tensors are dequantized through :meth:`get_stored`."""
         return None
 
-    def get_stored(self, key: str, *, whole: bool = True) -> torch.Tensor:
-        """GGUF's blocks are dequantized on read: float32 is as stored as they get."""
-        return self.get(key)
+    def get_stored(self, key: str, *, whole: bool = True) -> Any:
+        """GGUF's blocks are dequantized on read: float32 is as stored as they get. ``whole=False``: a view that
+        dequantizes only the rows sliced from it (:class:`GGUFRows`: a few percent of the blocks, where the
+        representation reads a few percent of the rows), where the rows are stored as rows (not Conv1D's)."""
+        if whole or key in self._transposed:
+            return self.get(key)
+        return GGUFRows(self, key)
+
+    def rows(self, key: str, rows: np.ndarray) -> np.ndarray:
+        """The GGUF rows ``rows`` of ``key``'s stored tensor, dequantized (float32, [len(rows), in])."""
+        name = self.gguf_name(key)
+        qtype, _ = self._infos[name]
+        tensor = self._tensors[name] if self._reader is not None else self._reopen(name)
+        try:
+            data = np.asarray(tensor.data)[rows]
+            values = data.astype(np.float32) if qtype.name in FLOAT_TYPES else self._gguf.quants.dequantize(data, qtype)
+        except Exception as exc:  # unknown quant type, truncated data
+            raise CheckpointError(
+                self.name, f"cannot dequantize tensor {name} ({qtype.name}): {first_line(exc)}"
+            ) from None
+        return np.require(values, np.float32, ["C", "W"])
+
+    def row_of(self, key: str, rows: np.ndarray) -> np.ndarray:
+        """The GGUF rows holding the Hugging Face rows ``rows`` of ``key``: the same, but for Llama's Q and K, whose
+        rows the converter permuted within each head (interleaved from half-split: :func:`_unpermute`)."""
+        if key not in self._heads:
+            return rows
+        head = self.shape(key)[0] // self._heads[key]
+        h, within = np.divmod(rows, head)
+        half, i = np.divmod(within, head // 2)
+        return h * head + 2 * i + half
+
+    def byte_ranges(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> dict[Path, list[tuple[int, int]]] | None:
+        """Where the given rows' blocks lie in the file, sorted and merged where they touch (what a prefetch asks the
+        kernel to read)."""
+        spans: list[tuple[int, int]] = []
+        for key, ranges in rows.items():
+            name = self.gguf_name(key)
+            tensor = self._tensors[name] if self._reader is not None else self._reopen(name)
+            data = np.asarray(tensor.data)
+            per_row = data.nbytes // max(1, data.shape[0])
+            start = int(tensor.data_offset)
+            wanted = self.row_of(key, np.concatenate([np.arange(a, b) for a, b in ranges] or [np.zeros(0, int)]))
+            spans += [(start + int(r) * per_row, start + (int(r) + 1) * per_row) for r in np.sort(wanted)]
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(spans):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+            else:
+                merged.append((a, b))
+        return {self.path: merged}
+
+    def require_rows(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> None:
+        """A local GGUF file holds every row."""
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor, dequantized to float32, in the Hugging Face checkpoint's storage layout."""
@@ -353,3 +405,23 @@ def _unpermute(w: torch.Tensor, n_head: int, model: str, key: str) -> torch.Tens
     if n_head <= 0 or rows % (2 * n_head):
         raise CheckpointError(model, f"tensor {key} has {rows} rows, not a multiple of 2 x {n_head} heads")
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape).contiguous()
+
+
+class GGUFRows:
+    """A GGUF matrix read a few rows at a time: slicing rows (and columns) dequantizes only the blocks of those rows,
+    in the Hugging Face checkpoint's row order, as a float32 tensor; what the embedder's row plans read."""
+
+    ndim = 2
+
+    def __init__(self, ck: GGUFCheckpoint, key: str) -> None:
+        self.ck, self.key = ck, key
+        self.shape = torch.Size(ck.shape(key))
+        self.dtype = torch.float32
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        rows, cols = index if isinstance(index, tuple) else (index, slice(None))
+        if not isinstance(rows, slice):
+            raise TypeError("GGUF rows are read by slices of rows")
+        wanted = np.arange(self.shape[0])[rows]
+        values = self.ck.rows(self.key, self.ck.row_of(self.key, wanted))
+        return torch.from_numpy(values)[:, cols]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analyse.tree import Tree, TreeRule, infer_tree
+from ..analyse.tree import Node, Tree, TreeRule, infer_tree
 from ..core.errors import NothingStoredError
 from ..core.names import model_id
 from ..hub.cards import read_card
@@ -73,9 +73,10 @@ def tree_of(
         if not verify:
             return tree_of(pop, rule=rule, only=only, name=name, verify=True)
         tree = inputs.infer(stored, only)
+        tree.nodes += [n for n in inputs.not_read() if only is None or n.model in only]
         if only is None:
             pop.keep_tree(inputs.key, tree.as_json())
-    tree.damaged, tree.notes, tree.repaired = dict(stored.damaged), pop.left_out(copies=False), list(pop.repaired)
+    tree.damaged, tree.notes, tree.repaired = dict(stored.damaged), pop.left_out(off_map=False), list(pop.repaired)
     return tree
 
 
@@ -93,11 +94,18 @@ class _Inputs:
             if m not in traced
         }
         adapters = set(meta.loc[meta["adapter"].fillna(False).astype(bool), "model"])
+        self.quantized = set(meta.loc[meta["quantized"].notna(), "model"])
         self.embedded_on = {
             m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
         }
         models = [*traces["model"], *self.untraced]
-        self.declared = _declared(models, dict(zip(meta["model"], meta["source"])), pop.catalogue())
+        catalogue = pop.catalogue()
+        self.declared = _declared(models, dict(zip(meta["model"], meta["source"])), catalogue)
+        self.unread = (
+            catalogue[(catalogue["relation"] == "quantized") & ~catalogue["model"].isin(set(meta["model"]))]
+            if not catalogue.empty
+            else catalogue
+        )
         self.base = name if name is not None else pop.name
         self.names = [pop.name, model_id(self.base), "base"]
         self.rule = rule
@@ -110,8 +118,31 @@ class _Inputs:
             sorted(self.untraced.items()),
             sorted((m, list(d)) for m, d in self.declared.items()),
             sorted(self.embedded_on.items(), key=str),
+            sorted(self.quantized),
+            self.unread[["model", "reason"]].astype(str).values.tolist() if not self.unread.empty else [],
         ]
         self.key = hashlib.sha1(json.dumps(said, default=str).encode()).hexdigest()
+
+    def not_read(self) -> list[Node]:
+        """The quantizations the catalogue records and nobody read (GPTQ and AWQ repositories, GGUF ones on the Hub):
+        placed under the parent their card declares, marked not read."""
+        root = {n.lower() for n in self.names}
+        out = []
+        for row in self.unread.itertuples():
+            parents = [self.base if p.lower() in root else p for p in (row.parents if row.parents is not None else [])]
+            out.append(
+                Node(
+                    model=row.model,
+                    kind="quantization",
+                    parent=parents[0] if parents else self.base,
+                    parents=parents or [self.base],
+                    confidence=0.0,
+                    declared_relation="quantized",
+                    declared_parents=parents,
+                    note=f"not read ({row.reason}): placed as its card declares",
+                )
+            )
+        return out
 
     def infer(self, stored: StoredTraces, only: Sequence[str] | None) -> Tree:
         traces = stored.frame
@@ -130,14 +161,16 @@ class _Inputs:
             untraced=self.untraced,
             zeros=zeros,
             along=along,
+            quantized=self.quantized,
         )
 
 
 def _declared(
     models: list[str], sources: dict[str, str], catalogue: pd.DataFrame
 ) -> dict[str, tuple[str | None, list[str]]]:
-    """What each model's card declares: the Hub catalogue's relation and parents, else a local folder's README
-    (``base_model``, ``base_model_relation``), its parents named as the stored models they name."""
+    """What each model's card declares: the Hub catalogue's relation and parents, else a local folder's README (a
+    weights file's: the folder's it lies in) (``base_model``, ``base_model_relation``), its parents named as the
+    stored models they name."""
     by_folder = {Path(m).name: m for m in models if os.path.isdir(m)}
     out: dict[str, tuple[str | None, list[str]]] = {}
     hub: dict[str, Any] = {r.model: r for r in catalogue.itertuples()} if not catalogue.empty else {}
@@ -147,7 +180,8 @@ def _declared(
             out[m] = (hub[m].relation, list(parents) if parents is not None else [])
             continue
         folder = sources.get(m, m)
-        card = read_card(folder) if os.path.isdir(folder) else {}
+        folder = folder if os.path.isdir(folder) else str(Path(folder).parent) if os.path.isfile(folder) else ""
+        card = read_card(folder) if folder else {}
         said = card.get("base_model")
         if not said:
             continue

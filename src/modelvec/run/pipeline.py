@@ -101,6 +101,8 @@ BASE_CHANGED = (
     "the base has changed since these were embedded against it: embedded again against the base as it is now "
     "(the reports use these; `modelvec compact` drops the vectors of the earlier version)"
 )
+#: What a run says of a quantization (a GGUF file): its trace is taken, it is no point on the map.
+QUANTIZED = "a quantization ({}): its trace places it in the model tree; it is left off the map and out of every score"
 #: What a run says of a model whose weights are the base's (a re-upload of it, an untrained adapter).
 COPY_OF_BASE = (
     "its weights are the base's in every matrix read (a copy of the base): stored as such, left off the map and "
@@ -295,7 +297,8 @@ class _Run:
             return
         self.writer.put(_row(outcome, self.spec, self.representation))
         self.result.embedded.append(task.name)
-        for note in (outcome.note, COPY_OF_BASE if not np.any(outcome.vector) else None):
+        quantized = QUANTIZED.format(outcome.quantized) if outcome.quantized else None
+        for note in (outcome.note, COPY_OF_BASE if not np.any(outcome.vector) else None, quantized):
             if note is not None:
                 self.result.notes.setdefault(note, []).append(task.name)
         detail = f"{outcome.seconds:.2f}s"
@@ -319,6 +322,7 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
         label_source=outcome.label_source,
         author=outcome.author,
         adapter=outcome.adapter,
+        quantized=outcome.quantized,
         trace=outcome.trace,
         parent=task.parent.name if task.parent is not None else None,
     )

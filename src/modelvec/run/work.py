@@ -163,6 +163,7 @@ class Outcome:
     author: str | None = None
     seconds: float = 0.0
     adapter: bool | None = None  # the model is a LoRA adapter (its delta in factored form), not a full fine-tune
+    quantized: str | None = None  # the block-quantized types its weights are stored in (a GGUF's Q4_K...), if any
     error: str | None = None
     kind: Kind = Kind.CONTENT
     note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
@@ -236,6 +237,7 @@ def compute(
                     parent.close()
             datasets, label_source, author = task.labels(ck)
             note, adapter = ck.note, bool(ck.factored)
+            quantized = ",".join(ck.quantized_types()) or None
         finally:
             ck.close()
     except Exception as exc:  # a run over many models goes on; the reason is kept
@@ -252,6 +254,7 @@ def compute(
         author=author,
         seconds=time.perf_counter() - start,
         adapter=adapter,
+        quantized=quantized,
         note=note,
         fetched=fetched,
         trace=embedded.trace,

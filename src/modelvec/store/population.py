@@ -91,8 +91,9 @@ class Population:
     """The vectors of ``base`` under ``representation`` that the reports analyse (see the module's docstring).
 
     ``name``: the base as stored; ``base_hash``: its version now; ``selection`` and ``meta``: its models' vectors
-    (copies of the base left out), rows ordered by model; ``copies``: the models whose weights are the base's;
-    ``stale``: vectors embedded against an earlier version of the base, left out."""
+    (copies of the base and quantizations left out), rows ordered by model; ``copies``: the models whose weights
+    are the base's; ``quantized``: the quantizations (GGUF files); ``stale``: vectors embedded against an earlier
+    version of the base, left out."""
 
     def __init__(
         self, db: Store, base: str | os.PathLike[str] | None, representation: Representation | None = None
@@ -110,8 +111,11 @@ class Population:
         )
         zero = {d: zero_checksum(d) for d in set(meta["dim"])}
         copy = np.array([zero[d] == h for d, h in zip(meta["dim"], selection.hashes)], dtype=bool)
+        rounded = meta["quantized"].notna().to_numpy(dtype=bool) & ~copy
         self.copies: list[str] = list(meta["model"][copy])
-        at = np.flatnonzero(~copy)
+        #: quantizations (a GGUF's weights): placed in the tree by their traces, no points on the map
+        self.quantized: list[str] = list(meta["model"][rounded])
+        at = np.flatnonzero(~copy & ~rounded)
         self.selection = Selection(
             [selection.models[i] for i in at],
             [selection.offsets[i] for i in at],
@@ -137,9 +141,9 @@ class Population:
         return now, int(versions.loc[versions["base_hash"] != now, "vectors"].sum())
 
     # --- what the reports say of it ------------------------------------------------------------------
-    def left_out(self, *, copies: bool = True) -> list[str]:
-        """What the population leaves out and why, one line each: the stale rows, and the copies of the base (where
-        ``copies``: the tree places them, the map does not)."""
+    def left_out(self, *, off_map: bool = True) -> list[str]:
+        """What the population leaves out and why, one line each: the stale rows, and (``off_map``) the models the
+        map leaves off, the copies of the base and the quantizations (the tree places them)."""
         out = []
         if self.stale:
             if self.stale_only:
@@ -152,7 +156,13 @@ class Population:
                 f"{self.stale} stored vector{'s' if self.stale != 1 else ''} of {self.name} were embedded against an "
                 f"earlier version of the base and are left out; {what} drop them with `modelvec compact`"
             )
-        if self.copies and copies:
+        if self.quantized and off_map:
+            n = len(self.quantized)
+            out.append(
+                f"{n} quantization{'s' if n != 1 else ''} (GGUF) left off the map and out of every score; `modelvec "
+                f"tree` places {'them' if n != 1 else 'it'}: {', '.join(self.quantized[:3])}{', ...' if n > 3 else ''}"
+            )
+        if self.copies and off_map:
             n = len(self.copies)
             out.append(
                 f"{n} model{'s' if n != 1 else ''} whose weights are the base's (a copy of the base) left off the map "
@@ -303,7 +313,12 @@ class Population:
 
     def describe(self) -> dict[str, Any]:
         """What the population is, for a report's JSON: its base's version, the stale rows and the copies."""
-        return {"base_hash": self.base_hash, "stale": self.stale, "copies": list(self.copies)}
+        return {
+            "base_hash": self.base_hash,
+            "stale": self.stale,
+            "copies": list(self.copies),
+            "quantized": list(self.quantized),
+        }
 
 
 def check_fits(n: int, dim: int) -> None:

@@ -34,6 +34,7 @@ class VectorRow:
     label_source: str | None = None  # where the dataset labels came from, e.g. "card"
     author: str | None = None
     adapter: bool | None = None  # a LoRA adapter rather than a full fine-tune (None: not known)
+    quantized: str | None = None  # the block-quantized types of its weights (a GGUF's Q4_K...): no point on the map
     trace: Trace | None = None  # what the model tree is inferred from (None: not the sketch)
     parent: str | None = None  # the fine-tune an adapter was embedded on (None: the base)
 
@@ -69,6 +70,7 @@ class VectorRow:
             "source": self.source,
             "seconds": float(self.seconds),
             "adapter": self.adapter,
+            "quantized": self.quantized,
         }
 
 

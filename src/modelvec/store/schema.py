@@ -83,6 +83,7 @@ VECTORS = Table(
         ("source", "VARCHAR NOT NULL"),
         ("seconds", "DOUBLE NOT NULL"),
         ("adapter", "BOOLEAN"),  # a LoRA adapter (True) or a full fine-tune (False); NULL: stored before it was kept
+        ("quantized", "VARCHAR"),  # the block-quantized types of a GGUF's weights (Q4_K, ...); NULL: float weights
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
     ),
     ("model", "base", "base_hash", "params"),
@@ -178,6 +179,7 @@ _ADDED_LATER = {
     ("vectors", "label_source"),
     ("vectors", "author"),
     ("vectors", "adapter"),
+    ("vectors", "quantized"),
     ("failures", "model_hash"),
     ("failures", "kind"),
     ("catalogue", "relation"),
@@ -202,6 +204,7 @@ META_COLUMNS = (
     "model_hash",
     "seconds",
     "adapter",
+    "quantized",
     "created_at",
 )
 # Columns added after the first release: added in place to older store files.
