@@ -13,36 +13,8 @@ import pytest
 import torch
 
 import modelvec
+from conftest import LLAMA, trained
 from modelvec.report.tree import model_tree
-
-LLAMA = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-)
-
-
-def trained(base: Path, out: Path, directions: list[int], seed: int, size: float = 0.05, shared: float = 1.5) -> Path:
-    """A fine-tune of ``base``: every layer matrix moved along the dataset ``directions`` given (each a seeded delta
-    shared by the models tuned on it, ``shared`` times its own), plus its own, by ``size`` of the matrix's mean weight
-    per entry (a long fine-tune: many bf16 steps); saved in bf16. Siblings (one dataset) are then 0.7 alike."""
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and ".layers." in name:
-                step = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed))
-                for d in directions:
-                    step += shared * torch.randn(p.shape, generator=torch.Generator().manual_seed(1000 + d))
-                p.add_(size * p.abs().mean() * step / (1 + shared**2 * len(directions)) ** 0.5)
-    model.to(torch.bfloat16).save_pretrained(out)
-    return out
 
 
 def mergekit(out: Path, method: str, models: list[tuple[Path, dict]], base: Path | None, **parameters) -> Path:

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import modelvec
+from conftest import LLAMA, trained
 from modelvec.read import open_checkpoint
 from modelvec.report.tree import model_tree
 from modelvec.testing.gguf import Q, write_gguf
-from test_tree_merges import LLAMA, trained
 
 
 @pytest.fixture(scope="module")
