@@ -12,16 +12,20 @@ them on CPU from a packaged base, reusing the training code of the evidence zoos
 
 Members (folder names in OUT): 6 direct full fine-tunes (2 seeds x 3 datasets), 3 LoRA adapters of
 the base, 2 chains base -> c1 -> c2 -> c3 of fine-tunes, 3 LoRA adapters trained on fine-tunes,
-5 linear merges (mergekit-style weighted averages), 3 int8 and 3 NF4 quantization round trips
-(saved dequantized), and 2 randomly initialised models of the base's architecture. Full models are
-saved as the base's architecture class (an encoder's masked-LM head is dropped) in its dtype.
+13 merges made by mergekit itself and saved in bf16 as the Hub's are (linear of two and of three, task
+arithmetic, TIES, DARE-TIES, SLERP; two or more of each, several of them merging one of a pair of siblings, whose
+other sibling they must not adopt), 3 int8 and 3 NF4 quantization round trips (saved dequantized), GGUF
+quantizations (Q8_0 and Q4_0 by the gguf package's own quantizers, written as llama.cpp's converter writes them;
+Q4_K_M by llama.cpp itself through llama-cpp-python, where ``--llama-cpp`` names a Python that has it), and 2
+randomly initialised models of the base's architecture. Full models are saved as the base's architecture class
+(an encoder's masked-LM head is dropped) in its dtype.
 
 OUT/tree.json records every model's kind, true parent(s), merge weights, dataset, what an honest
 Hub card would declare (2 models deliberately declare something wrong) and its half (selection or
 report, alternating within each kind). Each folder's README.md carries that declaration as
 base_model / base_model_relation front matter.
 
-    python demo/build_tree_zoo.py --out DIR --base encoder|decoder [--threads 1]
+    python demo/build_tree_zoo.py --out DIR --base encoder|decoder [--threads 1] [--full-lr 5e-4] [--llama-cpp PY]
 
 Cached like the other zoos: a folder is built in a temporary folder and renamed into place once
 complete, then trusted, so a re-run resumes; members are built after their parents.
@@ -45,6 +49,7 @@ import json
 import random
 import re
 import shutil
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -114,6 +119,13 @@ class Member:
     steps: int = 0
     r: int = 0
     wrong: tuple[str, tuple[str, ...]] | None = None  # a deliberately wrong declaration (relation, parents)
+    method: str = ""  # a merge's mergekit method, or a GGUF quantization's type (Q8_0, Q4_0, Q4_K_M)
+    density: float | None = None  # TIES and DARE: the share of each parent's delta kept
+
+    @property
+    def file(self) -> str | None:
+        """The file the member is read from, where it is not its folder (a GGUF)."""
+        return f"{self.name}.gguf" if self.op == "gguf" else None
 
     @property
     def parent(self) -> str | None:
@@ -256,21 +268,35 @@ def trained_members(datasets: tuple[Any, ...]) -> list[Member]:
 
 
 def derived_members(datasets: tuple[Any, ...]) -> list[Member]:
-    """Merges, quantization round trips and unrelated models: no training, parents built first."""
+    """Merges, quantization round trips, GGUF quantizations and unrelated models: no training, parents built first."""
     ft = [[f"ft-{d.name}-{j}" for j in (1, 2)] for d in datasets]
-    merges = (
-        ("merge-2eq-a", (ft[0][0], ft[1][0]), (0.5, 0.5)),
-        ("merge-2eq-b", (ft[2][1], "chain1-c2"), (0.5, 0.5)),
-        ("merge-2w-73", (ft[0][1], "chain2-c1"), (0.7, 0.3)),
-        ("merge-3eq", (ft[1][1], ft[2][0], "chain1-c1"), (1 / 3, 1 / 3, 1 / 3)),
-        ("merge-3w-532", ("chain2-c3", ft[0][0], ft[1][1]), (0.5, 0.3, 0.2)),
+    merges = (  # (name, method, parents, weights, density); ft[i][0] and ft[i][1] are siblings (one dataset)
+        ("merge-linear-a", "linear", (ft[0][0], ft[1][0]), (0.5, 0.5), None),
+        ("merge-linear-b", "linear", (ft[2][1], "chain1-c2"), (0.5, 0.5), None),
+        ("merge-linear-73", "linear", (ft[0][1], "chain2-c1"), (0.7, 0.3), None),
+        ("merge-linear3-a", "linear", (ft[1][1], ft[2][0], "chain1-c1"), (1 / 3, 1 / 3, 1 / 3), None),
+        ("merge-linear3-b", "linear", ("chain2-c3", ft[0][0], ft[1][1]), (0.5, 0.3, 0.2), None),
+        ("merge-ta-a", "task_arithmetic", (ft[0][0], ft[2][0]), (0.6, 0.6), None),
+        ("merge-ta-b", "task_arithmetic", (ft[1][0], "chain1-c3"), (0.5, 0.7), None),
+        ("merge-ties-a", "ties", (ft[0][1], ft[1][1]), (0.5, 0.5), 0.5),
+        ("merge-ties-b", "ties", (ft[2][1], "chain2-c2"), (0.5, 0.5), 0.6),
+        ("merge-dare-a", "dare_ties", (ft[1][0], ft[2][1]), (0.5, 0.5), 0.5),
+        ("merge-dare-b", "dare_ties", (ft[0][0], "chain2-c1"), (0.5, 0.5), 0.6),
+        ("merge-slerp-a", "slerp", (ft[0][0], ft[1][1]), (0.5, 0.5), None),
+        ("merge-slerp-b", "slerp", (ft[2][0], "chain1-c2"), (0.7, 0.3), None),
     )
-    out = [Member(name, "merge", "merge", parents, weights) for name, parents, weights in merges]
+    out = [
+        Member(name, "merge", "merge", parents, weights, method=method, density=density)
+        for name, method, parents, weights, density in merges
+    ]
     quants = ((ft[0][0], "int8"), (ft[1][1], "int8"), (ft[2][0], "int8"))
     quants += ((ft[0][1], "nf4"), (ft[1][0], "nf4"), (ft[2][1], "nf4"))
     for parent, op in quants:
         wrong = ("finetune", (parent,)) if parent == ft[1][1] else None  # declared a fine-tune
         out.append(Member(f"{parent}-{op}", "quantization", op, (parent,), wrong=wrong))
+    ggufs = ((ft[0][1], "Q8_0"), (ft[2][0], "Q8_0"), (ft[1][0], "Q4_0"), ("chain1-c2", "Q4_0"))
+    ggufs += ((ft[2][1], "Q4_K_M"), ("chain2-c3", "Q4_K_M"))
+    out += [Member(f"{parent}-{q}", "quantization", "gguf", (parent,), method=q) for parent, q in ggufs]
     out += [Member(f"random-{s}", "unrelated", "random", seed=500 + s) for s in (1, 2)]
     return out
 
@@ -348,20 +374,6 @@ def build_trained(out: Path, be: Backend, m: Member) -> str:
     return f"{ds.name}, probe loss {start:.4g} -> {end:.4g}"
 
 
-def merge_tensors(parents: list[dict[str, torch.Tensor]], weights: tuple[float, ...]) -> dict[str, torch.Tensor]:
-    """mergekit's linear merge: sum of w_i x tensor_i in float32, cast back; non-float tensors copied."""
-    merged = {}
-    for key, first in parents[0].items():
-        if not first.is_floating_point():
-            merged[key] = first
-            continue
-        acc = torch.zeros(first.shape, dtype=torch.float32)
-        for w, tensors in zip(weights, parents):
-            acc += w * tensors[key].float()
-        merged[key] = acc.to(first.dtype)
-    return merged
-
-
 def int8_roundtrip(w: torch.Tensor) -> torch.Tensor:
     """Symmetric per-output-row absmax int8 (127 levels each side), dequantized to float32."""
     x = w.float()
@@ -385,7 +397,8 @@ def nf4_roundtrip(w: torch.Tensor) -> torch.Tensor:
 
 
 def build_derived(out: Path, be: Backend, m: Member) -> str:
-    """A merge or quantization round trip of full models' tensors, or a fresh random model."""
+    """A merge (:func:`build_merge`), a GGUF (:func:`build_gguf`), a quantization round trip of a full model's
+    tensors, or a fresh random model."""
     if m.op == "random":
         torch.manual_seed(m.seed)
         model = be.fresh().to(be.dtype)
@@ -397,20 +410,17 @@ def build_derived(out: Path, be: Backend, m: Member) -> str:
 
         write_folder(out, m, fill_random)
         return f"random init, seed {m.seed}"
-    parents = [load_file(path_of(out, be, p) / WEIGHTS) for p in m.parents]
     if m.op == "merge":
-        assert m.weights is not None
-        tensors = merge_tensors(parents, m.weights)
-        note = "Linear merge (weighted average of every tensor): " + ", ".join(
-            f"{w:.4g} x `{p}`" for p, w in zip(m.parents, m.weights)
-        )
-    else:
-        roundtrip = int8_roundtrip if m.op == "int8" else nf4_roundtrip
-        tensors = {
-            k: roundtrip(t).to(t.dtype) if t.ndim == 2 and LAYER_WEIGHT.search(k) else t for k, t in parents[0].items()
-        }
-        how = "int8 per-row absmax" if m.op == "int8" else f"NF4 in groups of {NF4_GROUP}"
-        note = f"`{m.parents[0]}` quantized ({how}, every 2-D weight of the layers) and saved dequantized."
+        return build_merge(out, be, m)
+    if m.op == "gguf":
+        return build_gguf(out, be, m)
+    parents = [load_file(path_of(out, be, p) / WEIGHTS) for p in m.parents]
+    roundtrip = int8_roundtrip if m.op == "int8" else nf4_roundtrip
+    tensors = {
+        k: roundtrip(t).to(t.dtype) if t.ndim == 2 and LAYER_WEIGHT.search(k) else t for k, t in parents[0].items()
+    }
+    how = "int8 per-row absmax" if m.op == "int8" else f"NF4 in groups of {NF4_GROUP}"
+    note = f"`{m.parents[0]}` quantized ({how}, every 2-D weight of the layers) and saved dequantized."
 
     def fill(tmp: Path) -> str:
         copy_support(path_of(out, be, m.parent or "base"), tmp)
@@ -421,12 +431,107 @@ def build_derived(out: Path, be: Backend, m: Member) -> str:
     return m.op
 
 
+def _mergekit_plans_bert() -> None:
+    """mergekit 0.1.5 joins a list and an optional weight's tuple of aliases (BERT's pooler) and fails: the aliases
+    given as a list, nothing else changed."""
+    import mergekit.plan as plan
+
+    original = plan.MergePlanner.plan_tensor
+    if getattr(original, "modelvec_patched", False):
+        return
+
+    def plan_tensor(self: Any, weight: Any, weights_in: list[Any], models: Any, cfg_reader: Any) -> Any:
+        weights_in = [w.model_copy(update={"aliases": list(w.aliases) if w.aliases else None}) for w in weights_in]
+        return original(self, weight, weights_in, models, cfg_reader)
+
+    plan_tensor.modelvec_patched = True  # type: ignore[attr-defined]
+    plan.MergePlanner.plan_tensor = plan_tensor
+
+
+def build_merge(out: Path, be: Backend, m: Member) -> str:
+    """A merge made by mergekit itself (``run_merge``), in bf16 as merges are published; TIES and DARE with their
+    density, SLERP from its first parent towards the second by the second's weight."""
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import MergeOptions, run_merge
+
+    _mergekit_plans_bert()
+    assert m.weights is not None
+    paths = [str(path_of(out, be, p)) for p in m.parents]
+    if m.method == "slerp":
+        config: dict[str, Any] = {
+            "merge_method": "slerp",
+            "base_model": paths[0],
+            "models": [{"model": p} for p in paths],
+            "parameters": {"t": m.weights[1]},
+        }
+    else:
+        params = [{"weight": w, **({"density": m.density} if m.density is not None else {})} for w in m.weights]
+        config = {"merge_method": m.method, "models": [{"model": p, "parameters": q} for p, q in zip(paths, params)]}
+        if m.method != "linear":
+            config["base_model"] = str(be.base)
+            config["parameters"] = {"normalize": True} if m.method in ("ties", "dare_ties") else {}
+    config["dtype"] = "bfloat16"
+
+    def fill(tmp: Path) -> str:
+        options = MergeOptions(copy_tokenizer=False, quiet=True, random_seed=m.seed)
+        run_merge(MergeConfiguration.model_validate(config), str(tmp), options)
+        be.tok.save_pretrained(tmp)
+        return f"Merged by mergekit ({m.method}, bf16): " + ", ".join(
+            f"`{p}` {w:.4g}" for p, w in zip(m.parents, m.weights or ())
+        )
+
+    write_folder(out, m, fill)
+    return f"mergekit {m.method}"
+
+
+#: The Python of a llama-cpp-python install (``--llama-cpp``): llama.cpp's own converter and quantizer, for Q4_K_M.
+LLAMA_CPP: list[str | None] = [None]
+
+
+def build_gguf(out: Path, be: Backend, m: Member) -> str:
+    """A GGUF quantization of a full model: Q8_0 and Q4_0 by the gguf package's own quantizers (written as llama.cpp's
+    converter writes them: :mod:`modelvec.testing.gguf`), Q4_K_M by llama.cpp itself (``--llama-cpp``)."""
+    from modelvec.testing.gguf import Q, write_gguf
+
+    parent, arch = path_of(out, be, m.parents[0]), "bert" if be.kind == "encoder" else "llama"
+
+    def fill(tmp: Path) -> str:
+        target = tmp / f"{m.name}.gguf"
+        if m.method == "Q4_K_M":
+            quantize_with_llama_cpp(parent, target)
+            return f"`{m.parents[0]}` converted by llama.cpp's convert_hf_to_gguf.py and quantized by it to Q4_K_M."
+        write_gguf(parent, target, arch, getattr(Q, m.method))
+        return f"`{m.parents[0]}` written as GGUF, its 2-D weights quantized to {m.method} by the gguf package."
+
+    write_folder(out, m, fill)
+    return f"GGUF {m.method}"
+
+
+def quantize_with_llama_cpp(parent: Path, target: Path) -> None:
+    """llama.cpp's converter (``convert_hf_to_gguf.py``, to F16) and quantizer (``llama_model_quantize``, to Q4_K_M),
+    run by the Python of a llama-cpp-python install."""
+    python = LLAMA_CPP[0]
+    if python is None:
+        raise SystemExit("Q4_K_M needs llama.cpp: give --llama-cpp PYTHON (a Python with llama-cpp-python)")
+    converter = Path(python).parents[1] / "convert_hf_to_gguf.py"
+    f16 = target.with_suffix(".f16.gguf")
+    subprocess.run([python, str(converter), str(parent), "--outfile", str(f16), "--outtype", "f16"], check=True)
+    script = (
+        "import sys, ctypes, llama_cpp as l\n"
+        "p = l.llama_model_quantize_default_params(); p.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_K_M\n"
+        "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))\n"
+    )
+    subprocess.run([python, "-c", script, str(f16), str(target)], check=True)
+    f16.unlink()
+
+
 def halves(members: list[Member]) -> dict[str, str]:
-    """Within each kind, a seeded shuffle alternating selection / report: both halves hold every kind."""
+    """Within each kind (and each merge method, each GGUF type), a seeded shuffle alternating selection / report:
+    both halves hold every kind and every method."""
     half: dict[str, str] = {}
-    for kind in sorted({m.kind for m in members}):
-        names = [m.name for m in members if m.kind == kind]
-        random.Random(f"tree-zoo-{kind}").shuffle(names)
+    for group in sorted({(m.kind, m.method) for m in members}):
+        names = [m.name for m in members if (m.kind, m.method) == group]
+        random.Random(f"tree-zoo-{group[0]}{'-' + group[1] if group[1] else ''}").shuffle(names)
         half.update({name: ("selection", "report")[i % 2] for i, name in enumerate(names)})
     return half
 
@@ -437,8 +542,9 @@ def write_tree(out: Path, be: Backend, members: list[Member]) -> Path:
     for m in members:
         entry = {
             "model": m.name,
-            "path": str(out / m.name),
+            "path": str(out / m.name / m.file) if m.file else str(out / m.name),
             "kind": m.kind,
+            "method": m.method or (m.op if m.kind == "quantization" else None),
             "parent": m.parent,
             "parents": list(m.parents),
             "weights": list(m.weights) if m.weights is not None else None,
@@ -470,6 +576,9 @@ def main() -> None:
     ap.add_argument("--base", choices=("encoder", "decoder"), required=True)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 while another CPU job runs)")
     ap.add_argument(
+        "--llama-cpp", default=None, help="a Python with llama-cpp-python: llama.cpp makes the Q4_K_M quantizations"
+    )
+    ap.add_argument(
         "--full-lr",
         type=float,
         default=None,
@@ -490,6 +599,7 @@ def main() -> None:
         be = DecoderBackend(decoder_base(out).resolve())
     if args.full_lr is not None:
         be.full_lr = args.full_lr
+    LLAMA_CPP[0] = args.llama_cpp
     members = trained_members(be.datasets) + derived_members(be.datasets)
     for m in members:
         if (out / m.name).is_dir():

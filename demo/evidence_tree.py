@@ -29,6 +29,7 @@ from modelvec.store import Store
 
 ZOOS = {
     "encoder": ".cache/tree-encoder",
+    "encoder-long": ".cache/tree-encoder-long",  # full fine-tunes at 10x the learning rate: a long fine-tune's size
     "decoder": ".cache/tree-decoder",
     "decoder-long": ".cache/tree-decoder-long",  # full fine-tunes at 10x the learning rate: deltas beyond bf16's step
 }
@@ -46,10 +47,12 @@ def traces_of(folder: Path, representation: Representation) -> tuple[dict, dict]
         base = db.con.execute("SELECT base FROM vectors LIMIT 1").fetchone()[0]
         traces = db.traces(base, representation.key())
         adapters = set(db.con.execute("SELECT model FROM vectors WHERE adapter").df()["model"])
+        quantized = set(db.con.execute("SELECT model FROM vectors WHERE quantized IS NOT NULL").df()["model"])
     return truth, {
         "traces": traces.frame,
         "sketches": traces.sketches,
         "adapters": adapters,
+        "quantized": quantized,
         "read": read_share(truth["base"], representation),
     }
 
@@ -66,8 +69,10 @@ def read_share(base: str, representation: Representation) -> float:
 
 
 def infer(data: dict, rule: TreeRule, truth: dict | None = None) -> Tree:
+    """The tree from the traces alone, or (``truth``) with what the cards declare (a merge's named parents are
+    fitted first, and every card is checked)."""
     traces = data["traces"]
-    levels = [None if lv != lv else float(lv) for lv in traces["levels"]]
+    levels, zeros, along = ([None if v != v else float(v) for v in traces[c]] for c in ("levels", "zeros", "along"))
     adapters = {
         m: (p if isinstance(p, str) else None)
         for m, p in zip(traces["model"], traces["parent"])
@@ -83,6 +88,9 @@ def infer(data: dict, rule: TreeRule, truth: dict | None = None) -> Tree:
         adapters=adapters,
         rule=rule,
         declared=declared_of(truth) if truth is not None else None,
+        zeros=zeros,
+        along=along,
+        quantized=data["quantized"],
     )
 
 
@@ -124,10 +132,32 @@ def outcomes(truth: dict, tree: Tree, half: str | None) -> list[dict]:
             right_parent = node.parent is None
         else:
             right_parent = name_of.get(node.parent, node.parent) == true["parent"]
+        said = node.method if true["kind"] == "merge" and node.kind == "merge" else node.kind
         rows.append(
-            {"kind": true["kind"], "parent": right_parent, "kind_ok": node.kind == true["kind"], "said": node.kind}
+            {
+                "kind": f"{true['kind']} ({true['method']})" if true.get("method") else true["kind"],
+                "parent": right_parent,
+                "kind_ok": node.kind == true["kind"],
+                "method": true.get("method"),
+                "said": said,
+                "model": true["model"],
+            }
         )
     return rows
+
+
+#: mergekit's method as the tree names it (what the weights can tell).
+TOLD = {"linear": "linear", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_ties": "dare", "slerp": "slerp"}
+
+
+def methods(rows: list[dict]) -> str:
+    """How often a found merge's method is named right, per mergekit method."""
+    out = []
+    for method in sorted({r["method"] for r in rows if r["kind"].startswith("merge")}):
+        sel = [r for r in rows if r["kind"].startswith("merge") and r["method"] == method]
+        right = sum(r["said"] == TOLD.get(method, method) for r in sel)
+        out.append(f"{method} {right}/{len(sel)}")
+    return "merge methods named right: " + (", ".join(out) or "none")
 
 
 def summary(rows: list[dict]) -> list[tuple[str, int, str, str]]:
@@ -173,8 +203,8 @@ def main() -> None:
     rule = choose(zoos) if args.choose else TreeRule()
     lines = [f"rule: {rule}", f"representation: {representation.key()}", ""]
     for name, (truth, data) in zoos.items():
-        tree = infer(data, rule, truth)
-        lines += [flags(truth, tree), ""]
+        tree, carded = infer(data, rule), infer(data, rule, truth)  # the weights alone; with the cards: their flags
+        lines += [flags(truth, carded), ""]
         lines += [f"{name}: the traces read {data['read']:.1%} of the weight files' bytes", ""]
         for half in ("selection", "report"):
             rows = outcomes(truth, tree, half)
@@ -185,6 +215,7 @@ def main() -> None:
                 "|---|---|---|---|",
             ]
             lines += [f"| {k} | {n} | {p} | {q} |" for k, n, p, q in summary(rows)]
+            lines += ["", methods(rows)]
             wrong = [r for r in rows if not (r["parent"] and r["kind_ok"])]
             lines += ["", f"wrong: {wrong}" if wrong else "wrong: none", ""]
     out = args.out or Path(f".cache/evidence-out/tree-rows-{args.rows}.md")

@@ -85,7 +85,8 @@ def _line(node: Node, base: str) -> str:
         line = f"{name}: a copy of {what} (identical weights)"
     elif node.kind == "merge":
         parts = " + ".join(f"{short_name(p)} {w:.2f}" for p, w in zip(node.parents, node.weights or []))
-        line = f"{name}: merge of {parts or ' + '.join(map(short_name, node.parents))} ({node.confidence:.2f})"
+        how = f" ({node.method})" if node.method else ""
+        line = f"{name}: merge{how} of {parts or ' + '.join(map(short_name, node.parents))} ({node.confidence:.2f})"
     else:
         line = f"{name}: {node.kind} ({node.confidence:.2f})"
     if node.note is not None and node.kind != "untraced":
