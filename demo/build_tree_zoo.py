@@ -484,8 +484,10 @@ def build_merge(out: Path, be: Backend, m: Member) -> str:
     return f"mergekit {m.method}"
 
 
-#: The Python of a llama-cpp-python install (``--llama-cpp``): llama.cpp's own converter and quantizer, for Q4_K_M.
-LLAMA_CPP: list[str | None] = [None]
+#: llama.cpp for Q4_K_M: the Python of a llama-cpp-python install (its quantizer, ``--llama-cpp``) and llama.cpp's
+#: source folder (its converter convert_hf_to_gguf.py and gguf-py, ``--llama-cpp-src``: vendor/llama.cpp of the
+#: llama-cpp-python sdist).
+LLAMA_CPP: dict[str, str | None] = {"python": None, "src": None}
 
 
 def build_gguf(out: Path, be: Backend, m: Member) -> str:
@@ -510,18 +512,19 @@ def build_gguf(out: Path, be: Backend, m: Member) -> str:
 def quantize_with_llama_cpp(parent: Path, target: Path) -> None:
     """llama.cpp's converter (``convert_hf_to_gguf.py``, to F16) and quantizer (``llama_model_quantize``, to Q4_K_M),
     run by the Python of a llama-cpp-python install."""
-    python = LLAMA_CPP[0]
-    if python is None:
-        raise SystemExit("Q4_K_M needs llama.cpp: give --llama-cpp PYTHON (a Python with llama-cpp-python)")
-    converter = Path(python).parents[1] / "convert_hf_to_gguf.py"
+    python, src = LLAMA_CPP["python"], LLAMA_CPP["src"]
+    if python is None or src is None:
+        raise SystemExit("Q4_K_M needs llama.cpp: give --llama-cpp PYTHON and --llama-cpp-src DIR")
     f16 = target.with_suffix(".f16.gguf")
-    subprocess.run([python, str(converter), str(parent), "--outfile", str(f16), "--outtype", "f16"], check=True)
+    convert = [sys.executable, str(Path(src) / "convert_hf_to_gguf.py"), str(parent), "--outfile", str(f16)]
+    env = {**os.environ, "PYTHONPATH": str(Path(src) / "gguf-py")}
+    subprocess.run([*convert, "--outtype", "f16"], check=True, env=env, capture_output=True)
     script = (
         "import sys, ctypes, llama_cpp as l\n"
         "p = l.llama_model_quantize_default_params(); p.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_K_M\n"
         "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))\n"
     )
-    subprocess.run([python, "-c", script, str(f16), str(target)], check=True)
+    subprocess.run([python, "-c", script, str(f16), str(target)], check=True, capture_output=True)
     f16.unlink()
 
 
@@ -578,6 +581,7 @@ def main() -> None:
     ap.add_argument(
         "--llama-cpp", default=None, help="a Python with llama-cpp-python: llama.cpp makes the Q4_K_M quantizations"
     )
+    ap.add_argument("--llama-cpp-src", default=None, help="llama.cpp's source folder: its convert_hf_to_gguf.py")
     ap.add_argument(
         "--full-lr",
         type=float,
@@ -599,7 +603,7 @@ def main() -> None:
         be = DecoderBackend(decoder_base(out).resolve())
     if args.full_lr is not None:
         be.full_lr = args.full_lr
-    LLAMA_CPP[0] = args.llama_cpp
+    LLAMA_CPP.update(python=args.llama_cpp, src=args.llama_cpp_src)
     members = trained_members(be.datasets) + derived_members(be.datasets)
     for m in members:
         if (out / m.name).is_dir():
