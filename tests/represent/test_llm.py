@@ -49,7 +49,7 @@ PEAK = textwrap.dedent("""
     from modelvec import DeltaEmbedder
     torch.set_num_threads(1)
     base, ft, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    e = DeltaEmbedder(**params)
+    e = DeltaEmbedder(**params, device="cpu")  # the CPU's memory (on a GPU machine "auto" would be CUDA's)
     e.embed_one  # warm imports and allocator before the baseline
     idle, peak, done = anon(), [0], threading.Event()
     def sample():
@@ -92,7 +92,7 @@ def test_the_sketch_of_the_base_made_once_is_exact_to_float64(tmp_path):
     from modelvec.represent.linalg import sketch_matrix
 
     base, ft = _llama_pair(tmp_path, 64, 256, 2, torch.bfloat16)
-    e = DeltaEmbedder(rank=8, block_norm=False, pooling="concat", projection="shared", rows=1).fit(base)
+    e = DeltaEmbedder(rank=8, block_norm=False, pooling="concat", projection="shared", rows=1, device="cpu").fit(base)
     vec = e.embed_one(ft)
     b, f = load_file(str(base / "model.safetensors")), load_file(str(ft / "model.safetensors"))
     for ref, block in zip(e.layout_.refs, e.blocks_):
