@@ -288,6 +288,11 @@ def test_the_tree_is_acyclic_whatever_it_is_given():
     parents = {n.model: n.parents for n in tree.nodes}
     assert not (parents["a"] == ["b"] and parents["b"] == ["a"])
     assert any(n.note and "descends from it" in n.note for n in tree.nodes)
+    selfish = infer_tree(  # a card naming the model itself among its parents
+        "base", ["t"], np.ones((1, 8)), 10.0, [1.0], declared={"s": ("finetune", ["s"])}, untraced={"s": "no trace"}
+    )
+    node = next(n for n in selfish.nodes if n.model == "s")
+    assert node.parents == ["base"] and [m for m, _ in selfish.ordered()].count(node) == 1
 
 
 # --- 5: models without a trace ------------------------------------------------------------------------------
