@@ -24,6 +24,7 @@ from scipy.stats import binomtest
 
 from modelvec import DeltaEmbedder, embed
 from modelvec.analyse.tree import Tree, TreeRule, infer_tree
+from modelvec.report.tree import STATISTICS
 from modelvec.represent import Representation
 from modelvec.store import Store
 
@@ -72,7 +73,7 @@ def infer(data: dict, rule: TreeRule, truth: dict | None = None) -> Tree:
     """The tree from the traces alone, or (``truth``) with what the cards declare (a merge's named parents are
     fitted first, and every card is checked)."""
     traces = data["traces"]
-    levels, zeros, along = ([None if v != v else float(v) for v in traces[c]] for c in ("levels", "zeros", "along"))
+    levels = [None if v != v else float(v) for v in traces["levels"]]
     adapters = {
         m: (p if isinstance(p, str) else None)
         for m, p in zip(traces["model"], traces["parent"])
@@ -88,8 +89,7 @@ def infer(data: dict, rule: TreeRule, truth: dict | None = None) -> Tree:
         adapters=adapters,
         rule=rule,
         declared=declared_of(truth) if truth is not None else None,
-        zeros=zeros,
-        along=along,
+        statistics={name: list(traces[name]) for name in STATISTICS},
         quantized=data["quantized"],
     )
 

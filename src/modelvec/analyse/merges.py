@@ -4,7 +4,10 @@ A merge made by mergekit's linear family (linear, task arithmetic, SLERP between
 a weighted sum of its parents' deltas, and so is its trace (:mod:`modelvec.represent.trace`, linear in the weights):
 a non-negative least-squares fit on its parents leaves only the rounding, far less than the best single model does.
 TIES and DARE trim or drop entries of each parent's delta (``density``) and elect signs: the fit leaves more, but
-the merge leaves a far larger share of its entries as the base's than any parent does (``zeros``).
+the merge leaves a far larger share of its entries as the base's than any parent does (``zeros``, compared in the
+merge's own precision). A merge saved in bf16 of parents whose deltas are a few bf16 steps leaves the rounding to
+bf16 besides: a fit that leaves no more than that rounding (``rounding``: its expected size) is a merge too, where
+it explains the model somewhat better than any one parent does.
 
 The fit is made on **primitive** models: those no other stored models explain as a merge. Two merges of the same
 parents (a linear one and a task arithmetic one) are almost the same trace, and a merge explains the other as
@@ -18,9 +21,9 @@ weighted sum: SLERP keeps the weights' norm), ``task_arithmetic`` (weights that 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,13 +76,22 @@ class MergeFinder:
         products: Callable[[list[int]], np.ndarray],
         norms: np.ndarray,
         usable: np.ndarray,
-        zeros: Sequence[float | None],
-        along: Sequence[float | None],
+        statistics: Mapping[str, Sequence[Any]],
         rule: TreeRule,
+        scale: float = 0.0,
     ) -> None:
+        """``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``,
+        ``rounding``; a missing one: none kept); ``scale``: the base's weights' size in the traces' map."""
+        self.scale = scale
         self.dots, self.products, self.norms, self.usable, self.rule = dots, products, norms, usable, rule
-        self.zeros = [None if z is None or z != z else float(z) for z in zeros]
-        self.along = [None if a is None or a != a else float(a) for a in along]
+        n = len(norms)
+
+        def numbers(name: str) -> list[float | None]:
+            return [None if v is None or v != v else float(v) for v in statistics.get(name) or [None] * n]
+
+        self.zeros, self.zeros_bf16, self.along = numbers("zeros"), numbers("zeros_bf16"), numbers("along")
+        self.rounding = numbers("rounding")
+        self.precision = [p if isinstance(p, str) else None for p in statistics.get("precision") or [None] * n]
         self._explained: dict[tuple[int, int], bool] = {}
 
     def find(self, i: int, declared: Sequence[int] = ()) -> Merge | None:
@@ -135,7 +147,8 @@ class MergeFinder:
         mine = self.zeros[i]
         if found is not None or mine is None:
             return found
-        fewer = [j for j in candidates if (z := self.zeros[j]) is not None and z <= mine - self.rule.trimmed_zeros]
+        theirs = self.zeros_bf16 if self.precision[i] == "bfloat16" else self.zeros  # in the merge's own precision
+        fewer = [j for j in candidates if (z := theirs[j]) is not None and z <= mine - self.rule.trimmed_zeros]
         return self._merge(i, self._fit(i, fewer), self.rule.trimmed_ratio, trimmed=True) if fewer else None
 
     def _merge(self, i: int, fit: _Fit, threshold: float, *, trimmed: bool) -> Merge | None:
@@ -149,10 +162,17 @@ class MergeFinder:
         if len(kept) == 1 and total < 1 - rule.merge_weight:  # one model scaled down: merged with the base
             kept.append((-1, 1 - total))
         ratio = fit.ratio(at)
-        if len(kept) < 2 or ratio >= threshold:
+        rounding = rule.rounding * (self.rounding[i] or 0.0) * self.scale  # what the merge's own precision leaves
+        if len(kept) < 2:
+            return None
+        if ratio < threshold:
+            confidence = margin(ratio, threshold)
+        elif rounding > 0 and fit.residual <= rounding and ratio < rule.trimmed_ratio:
+            confidence = margin(fit.residual, rounding)  # a merge saved in bf16 of parents whose deltas are small
+        else:
             return None
         parents, weights = [j for j, _ in kept], np.array([w for _, w in kept])
-        return Merge(parents, weights, margin(ratio, threshold), self._method(i, parents, weights, ratio, trimmed))
+        return Merge(parents, weights, confidence, self._method(i, parents, weights, ratio, trimmed))
 
     def _method(self, i: int, parents: list[int], weights: np.ndarray, ratio: float, trimmed: bool) -> str:
         """What the weights tell of the merge's method (see the module docstring)."""

@@ -79,6 +79,9 @@ class TreeRule:
         "The delta's lean along the base's weights beyond its parents' weighted sum above which it is SLERP.",
         above=0,
     )
+    rounding: float = setting(
+        1.5, "A merge's residual may be this many times the rounding to its precision (bf16) expected of it.", above=0
+    )
     weights_sum: float = setting(
         0.1, "How far a linear merge's weights may sum from one (beyond: task arithmetic).", minimum=0
     )
@@ -221,8 +224,7 @@ def infer_tree(
     rule: TreeRule | None = None,
     only: Sequence[str] | None = None,
     untraced: Mapping[str, str] | None = None,
-    zeros: Sequence[float | None] | None = None,
-    along: Sequence[float | None] | None = None,
+    statistics: Mapping[str, Sequence[Any]] | None = None,
     quantized: Collection[str] = (),
 ) -> Tree:
     """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
@@ -230,12 +232,13 @@ def infer_tree(
     what cards say, (relation, parents); ``base_names``: other names of the base in ``declared``; ``only``: the
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs); ``untraced``:
     the models without a trace, each with why (and what to do), placed by their cards where those name a model;
-    ``zeros``, ``along``: each trace's row statistics (None: not kept, as before 2026-11-26); ``quantized``: the
+    ``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``: see
+    :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as before 2026-11-26); ``quantized``: the
     models known from their files to be quantizations (GGUF)."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
-    stats = (list(zeros or [None] * len(models)), list(along or [None] * len(models)))
+    stats = {k: list(v) for k, v in (statistics or {}).items()}
     known = {**{m: "quantization" for m in quantized}, **{m: "adapter" for m in adapters}}
     inference = _Inference(models, t, scale, levels, stats, rule or TreeRule(), known, only is None)
     inference.declared = _declared_merges(declared, inference.index)
@@ -350,7 +353,7 @@ class _Inference:
         t: np.ndarray,
         scale: float,
         levels: Sequence[float | None],
-        stats: tuple[Sequence[float | None], Sequence[float | None]],
+        stats: Mapping[str, Sequence[Any]],
         rule: TreeRule,
         known: Mapping[str, str],
         every: bool = True,
@@ -384,7 +387,7 @@ class _Inference:
         usable = np.array([k == "fine-tune" for k in self.kind], dtype=bool) & (self.norms > 0)
         usable[list(self.copy_of)] = False  # a copy would share its original's weight; its original stands for it
         self.parentable = usable  # full models (merges among them) that may be a model's parent
-        self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats[0], stats[1], rule)
+        self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats, rule, scale)
         self.declared: dict[int, list[int]] = {}  # merges whose cards name stored parents: fitted on them first
 
     def dots(self, i: int) -> np.ndarray:

@@ -21,6 +21,8 @@ from ..represent.representation import Representation
 from ..store import Population, Store, opened
 from ..store.store import StoredTraces
 
+#: The row statistics of a trace the tree reads (:class:`~modelvec.represent.trace.Trace`).
+STATISTICS = ("zeros", "zeros_bf16", "along", "precision", "rounding")
 #: Why a model of the population has no trace, and what to do: stored before traces were kept.
 NO_TRACE = "no trace stored (embedded before modelvec kept traces): embed it again with --force to place it"
 
@@ -109,7 +111,7 @@ class _Inputs:
         self.base = name if name is not None else pop.name
         self.names = [pop.name, model_id(self.base), "base"]
         self.rule = rule
-        rows = traces[["model", "sketch_hash", "levels", "scale", "zeros", "along", "parent"]].astype(str)
+        rows = traces[["model", "sketch_hash", "levels", "scale", *STATISTICS, "parent"]].astype(str)
         said = [
             self.base,
             self.names,
@@ -146,7 +148,7 @@ class _Inputs:
 
     def infer(self, stored: StoredTraces, only: Sequence[str] | None) -> Tree:
         traces = stored.frame
-        levels, zeros, along = ([None if v != v else float(v) for v in traces[c]] for c in ("levels", "zeros", "along"))
+        levels = [None if v != v else float(v) for v in traces["levels"]]
         return infer_tree(
             self.base,
             list(traces["model"]),
@@ -159,8 +161,7 @@ class _Inputs:
             rule=self.rule,
             only=only,
             untraced=self.untraced,
-            zeros=zeros,
-            along=along,
+            statistics={name: list(traces[name]) for name in STATISTICS},
             quantized=self.quantized,
         )
 

@@ -21,7 +21,7 @@ from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, 
 from .plans import MatrixPlan, derived_seed
 from .projection import Projection
 from .representation import Representation
-from .trace import LEVEL_ROWS, RowStats, Trace, Tracer, distinct_values, row_stats
+from .trace import LEVEL_ROWS, RowStats, Trace, Tracer, row_stats
 
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
@@ -210,7 +210,6 @@ class DeltaEmbedder:
             self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_sketches_)))
             rows = self._map(lambda ref: self._level_rows(ck, layout, ref), layout.refs)
             self.base_rows_ = dict(zip((r.key for r in layout.refs), rows))  # 16 rows a matrix: views of the base
-            self.base_levels_ = sum(distinct_values(r)[0] for r in rows)
         self.vocabulary_ = (
             VocabularyReadout(ck, layout, head_floats(ck, layout, self.representation), self.representation.seed)
             if has_head(ck, layout, self.representation)
@@ -291,11 +290,7 @@ class DeltaEmbedder:
         elif not self.representation.uses_svd:
             raw, stats = self._raw_blocks(ck)
             sketch = self.tracer_.sketch(raw)
-            trace = (
-                stats.trace(sketch, self.base_scale_, self.base_levels_)
-                if stats
-                else Trace(sketch, None, self.base_scale_)
-            )
+            trace = stats.trace(sketch, self.base_scale_) if stats else Trace(sketch, None, self.base_scale_)
             vector = self._sketched(raw)
         else:
             vector, trace = self._delta_vector(ck), None

@@ -10,13 +10,19 @@ trace keeps what the tree needs (:mod:`modelvec.analyse.tree`):
 - ``scale``: the size of the base's weights in the same map, against which a delta is small (a derivative) or as
   large as the weights themselves (unrelated weights with the base's shapes: about sqrt(2) times).
 - ``levels``: how many distinct values the model's stored rows hold (the first rows read of each matrix, each
-  row counted on its own), against the base's same rows: about 1 for a trained model (a fine-tune's or random
-  weights'), far below for a quantization's round trip (at most 255 values a row at 8 bits, 16 a group at 4:
-  a row of 384 holds at most 255 or 96), where rows are longer than 255 values, as every real model's are.
+  row counted on its own), against the base's same rows rounded to the model's precision: about 1 for a trained
+  model (a fine-tune's or random weights', in fp32 or bf16), far below for a quantization's round trip (at most
+  255 values a row at 8 bits, 16 a group at 4: a row of 384 holds at most 255 or 96), where rows are longer than
+  255 values, as every real model's are.
   None for an adapter (its factors are not weights).
 - ``zeros``: the share of those rows' entries the model left as the base's (equal in the model's own precision):
   a few percent for a trained model, a quarter and more for a TIES or DARE merge, which trims or drops entries of
-  each parent's delta (mergekit's ``density``), far more than any of its parents left.
+  each parent's delta (mergekit's ``density``), far more than any of its parents left; ``zeros_bf16``, the same
+  with both rounded to bf16 (what a merge published in bf16 is compared with: a short fp32 delta rounds to the
+  base's value in bf16), and ``precision``, the model's stored dtype.
+- ``rounding``: how large rounding to the model's own precision is against the weights, sqrt(sum ulp(w)^2 / 12 /
+  sum w^2) on the base's same rows: the residual that a merge saved in that precision leaves of its parents' sum
+  (bf16: about 0.16 % of the weights, a short fine-tune's whole delta; float32: nothing).
 - ``along``: the component of the delta along the base's own weights on those rows, <W_base, dW> / |W_base|^2,
   exact in float64. Linear in the weights, so a linear merge's is its parents' weighted sum; a spherical
   interpolation (SLERP) keeps the weights' norm, which a linear one does not: it adds (1/cos(theta/2) - 1) times
@@ -56,6 +62,9 @@ class Trace:
     scale: float = 0.0
     zeros: float | None = None
     along: float | None = None
+    zeros_bf16: float | None = None
+    precision: str | None = None
+    rounding: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,29 +75,40 @@ class RowStats:
 
     distinct: int = 0
     rows: int = 0
+    base_distinct: int = 0  # the base's same rows', rounded to the model's precision
     same: int = 0
+    same_bf16: int = 0  # entries equal to the base's with both rounded to bf16
     entries: int = 0
     along: float = 0.0
     base: float = 0.0
+    ulps: float = 0.0  # sum of ulp(w)^2 / 12 over the base's same rows, ulp in the model's precision
+    precision: str | None = None  # the model's stored dtype (its first matrix's)
 
     def __add__(self, other: RowStats) -> RowStats:
         return RowStats(
             distinct=self.distinct + other.distinct,
             rows=self.rows + other.rows,
+            base_distinct=self.base_distinct + other.base_distinct,
             same=self.same + other.same,
+            same_bf16=self.same_bf16 + other.same_bf16,
             entries=self.entries + other.entries,
             along=self.along + other.along,
             base=self.base + other.base,
+            ulps=self.ulps + other.ulps,
+            precision=self.precision or other.precision,
         )
 
-    def trace(self, sketch: np.ndarray, scale: float, base_levels: int) -> Trace:
-        """The trace of a model with these row statistics (``base_levels``: the base's own distinct values)."""
+    def trace(self, sketch: np.ndarray, scale: float) -> Trace:
+        """The trace of a model with these row statistics."""
         return Trace(
             sketch,
-            self.distinct / base_levels if base_levels else None,
+            self.distinct / self.base_distinct if self.base_distinct else None,
             scale,
             self.same / self.entries if self.entries else None,
             self.along / self.base if self.base else None,
+            self.same_bf16 / self.entries if self.entries else None,
+            self.precision,
+            (self.ulps / self.base) ** 0.5 if self.base else None,
         )
 
 
@@ -130,8 +150,35 @@ def distinct_values(rows: torch.Tensor) -> tuple[int, int]:
 
 def row_stats(rows: torch.Tensor, base: torch.Tensor) -> RowStats:
     """A model's first stored rows of one matrix beside the base's same rows (as stored, any float dtypes): their
-    :class:`RowStats`. An entry is the base's where it equals the base's rounded to the model's precision."""
+    :class:`RowStats`. Everything is counted in the model's own precision: the base's distinct values rounded to
+    it (a bf16 merge of an fp32 base is not a quantization), an entry the base's where it equals the base's
+    rounded to it."""
+    import torch
+
     distinct, count = distinct_values(rows)
-    same = int((rows == base.to(rows.dtype)).sum()) if rows.shape == base.shape else 0
+    rounded = base.to(rows.dtype)
+    base_distinct = distinct_values(rounded)[0] if rows.shape == base.shape else 0
+    same = int((rows == rounded).sum()) if rows.shape == base.shape else 0
+    same_bf16 = int((rows.to(torch.bfloat16) == base.to(torch.bfloat16)).sum()) if rows.shape == base.shape else 0
     b, w = base.double(), rows.double()
-    return RowStats(distinct, count, same, rows.numel(), float((b * (w - b)).sum()), float((b * b).sum()))
+    return RowStats(
+        distinct=distinct,
+        rows=count,
+        base_distinct=base_distinct,
+        same=same,
+        same_bf16=same_bf16,
+        entries=rows.numel(),
+        along=float((b * (w - b)).sum()),
+        base=float((b * b).sum()),
+        ulps=float((ulp_of(b, rows.dtype) ** 2).sum() / 12),
+        precision=str(rows.dtype).removeprefix("torch."),
+    )
+
+
+def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s numbers at each of ``values`` (float64): what rounding to it moves a value by, at
+    most twice over."""
+    import torch
+
+    _, exponent = torch.frexp(values)
+    return torch.finfo(dtype).eps * torch.pow(2.0, exponent.double() - 1) * (values != 0)

@@ -97,6 +97,9 @@ def trace_record(
         "scale": float(trace.scale),
         "zeros": trace.zeros,
         "along": trace.along,
+        "zeros_bf16": trace.zeros_bf16,
+        "precision": trace.precision,
+        "rounding": trace.rounding,
         "parent": parent,
     }
 

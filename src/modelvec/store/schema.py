@@ -154,6 +154,9 @@ TRACES = Table(
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
         ("zeros", "DOUBLE"),  # the share of entries left as the base's (NULL: an adapter, or kept before 2026-11-26)
         ("along", "DOUBLE"),  # the delta's component along the base's weights (the same)
+        ("zeros_bf16", "DOUBLE"),  # the share left as the base's, both rounded to bf16 (the same)
+        ("precision", "VARCHAR"),  # the model's stored dtype (the same)
+        ("rounding", "DOUBLE"),  # rounding to that dtype against the base's weights (the same)
     ),
     ("model", "base", "base_hash", "params"),
 )
@@ -187,6 +190,9 @@ _ADDED_LATER = {
     ("catalogue", "depth"),
     ("traces", "zeros"),
     ("traces", "along"),
+    ("traces", "zeros_bf16"),
+    ("traces", "precision"),
+    ("traces", "rounding"),
 }
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")

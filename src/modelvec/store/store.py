@@ -313,7 +313,19 @@ class Store:
         along, sketch_hash) and their sketches, one (n, dim) float32 matrix read from the vector file, each checked
         against its checksum (a damaged one is named in ``damaged`` and left out). ``read=False``: the rows alone
         (no sketch read). Empty in a store older than traces."""
-        columns = ["model", "base_hash", "levels", "scale", "parent", "zeros", "along", "sketch_hash"]
+        columns = [
+            "model",
+            "base_hash",
+            "levels",
+            "scale",
+            "parent",
+            "zeros",
+            "along",
+            "zeros_bf16",
+            "precision",
+            "rounding",
+            "sketch_hash",
+        ]
         if "traces" not in self._tables():
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         where, args = self._clauses(base=base, params=params, base_hash=base_hash)
