@@ -174,6 +174,20 @@ def trained(base: Path, out: Path, directions: list[int], seed: int, size: float
 
 
 @pytest.fixture(scope="session")
+def llama_family(tmp_path_factory) -> tuple[Path, Path, Path, Path]:
+    """A tiny bf16 Llama base and three long fine-tunes of it, a, b and c, on three datasets: the tree's merges and
+    quantizations are made of them."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("llama-family")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).save_pretrained(root / "base")
+    base = root / "base"
+    a, b, c = (trained(base, root / n, [d], s) for n, d, s in (("a", 1, 11), ("b", 2, 12), ("c", 3, 13)))
+    return base, a, b, c
+
+
+@pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A tiny random BertModel saved as a Hugging Face folder (safetensors)."""
     from transformers import BertModel

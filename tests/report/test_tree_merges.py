@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import modelvec
-from conftest import LLAMA, trained
+from conftest import trained
 from modelvec.report.tree import model_tree
 
 
@@ -50,14 +50,9 @@ def lora(parent: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def tree(llama_family, tmp_path_factory):
+    base, a, b, c = llama_family
     root = tmp_path_factory.mktemp("merges")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).save_pretrained(root / "base")
-    base = root / "base"
-    a, b, c = (trained(base, root / name, [d], seed) for name, d, seed in (("a", 1, 11), ("b", 2, 12), ("c", 3, 13)))
     sibling = trained(base, root / "a-sibling", [1], 14)  # a's dataset, its own seed
     half = {"weight": 0.5, "density": 0.5}
     merges = {
@@ -116,10 +111,10 @@ def test_direct_fine_tunes_are_never_merges_and_a_merge_steals_no_parent(tree):
 def test_a_card_naming_a_merges_parents_is_checked_by_the_weights(tree, tmp_path):
     """A merge whose card names its parents is fitted on them first; a card naming the wrong parents is flagged."""
     nodes, names = tree
-    root = Path(names["a"]).parent
+    root, linear = Path(names["a"]).parent, Path(names["linear"])
     store = tmp_path / "s.duckdb"
-    shutil.copytree(root / "linear", tmp_path / "declared")
-    shutil.copytree(root / "linear", tmp_path / "misdeclared")
+    shutil.copytree(linear, tmp_path / "declared")
+    shutil.copytree(linear, tmp_path / "misdeclared")
     (tmp_path / "declared" / "README.md").write_text(f"---\nbase_model: {json.dumps([names['a'], names['b']])}\n---\n")
     (tmp_path / "misdeclared" / "README.md").write_text(
         f"---\nbase_model: {json.dumps([names['a'], names['c']])}\n---\n"

@@ -12,21 +12,15 @@ import pytest
 import torch
 
 import modelvec
-from conftest import LLAMA, trained
 from modelvec.read import open_checkpoint
 from modelvec.report.tree import model_tree
 from modelvec.testing.gguf import Q, write_gguf
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def zoo(llama_family, tmp_path_factory):
+    base, a, b, c = llama_family
     root = tmp_path_factory.mktemp("quantized")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).save_pretrained(root / "base")
-    base = root / "base"
-    a, b, c = (trained(base, root / n, [d], s) for n, d, s in (("a", 1, 11), ("b", 2, 12), ("c", 3, 13)))
     files = {}
     for parent, qtype in ((a, Q.Q8_0), (a, Q.Q4_0), (b, Q.Q4_0), (c, Q.Q8_0)):
         folder = root / f"{parent.name}-{qtype.name}"
@@ -38,11 +32,11 @@ def zoo(tmp_path_factory):
     store = root / "s.duckdb"
     result = modelvec.embed(base, [a, b, *files.values()], store=store, load=False)  # c is not stored
     assert result.failed == {}
-    return root, store, files, result
+    return base, store, files, result
 
 
 def test_a_gguf_is_read_a_few_rows_at_a_time_in_the_hugging_face_rows_order(zoo):
-    root, _, files, _ = zoo
+    _, _, files, _ = zoo
     ck = open_checkpoint(files["a-Q4_0"])
     assert ck.quantized_types() == ["Q4_0"]
     for key in (
@@ -56,10 +50,10 @@ def test_a_gguf_is_read_a_few_rows_at_a_time_in_the_hugging_face_rows_order(zoo)
 
 
 def test_each_quantization_is_placed_under_what_it_rounds_and_checked_against_its_card(zoo):
-    root, store, files, result = zoo
+    base, store, files, result = zoo
     nodes = {
         Path(n.model).parent.name if n.model.endswith(".gguf") else Path(n.model).name: n
-        for n in model_tree(root / "base", store=store).nodes
+        for n in model_tree(base, store=store).nodes
     }
     for name, parent in (("a-Q8_0", "a"), ("a-Q4_0", "a"), ("b-Q4_0", "b"), ("c-Q8_0", "base")):
         node = nodes[name]
@@ -70,9 +64,9 @@ def test_each_quantization_is_placed_under_what_it_rounds_and_checked_against_it
 
 
 def test_a_quantization_is_no_point_on_the_map(zoo, tmp_path):
-    root, store, files, _ = zoo
-    report = modelvec.cluster(root / "base", store=store, out=tmp_path, reduce="pca")
+    base, store, files, _ = zoo
+    report = modelvec.cluster(base, store=store, out=tmp_path, reduce="pca")
     assert report.n_models == 2 and len(report.population["quantized"]) == 4
     assert any("4 quantizations (GGUF) left off the map" in line for line in report.notes)
-    near = modelvec.neighbors(root / "a", store=store, k=5)
+    near = modelvec.neighbors(base.parent / "a", store=store, k=5)
     assert not {str(p) for p in files.values()} & set(near.nearest["model"])
