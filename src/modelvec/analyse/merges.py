@@ -5,9 +5,10 @@ a weighted sum of its parents' deltas, and so is its trace (:mod:`modelvec.repre
 a non-negative least-squares fit on its parents leaves only the rounding, far less than the best single model does.
 TIES and DARE trim or drop entries of each parent's delta (``density``) and elect signs: the fit leaves more, but
 the merge leaves a far larger share of its entries as the base's than any parent does (``zeros``, compared in the
-merge's own precision). A merge saved in bf16 of parents whose deltas are a few bf16 steps leaves the rounding to
-bf16 besides: a fit that leaves no more than that rounding (``rounding``: its expected size) is a merge too, where
-it explains the model somewhat better than any one parent does.
+merge's own precision). A merge saved in bf16 of float32 parents whose deltas are a few bf16 steps leaves the
+rounding to bf16 besides: a fit that leaves no more than that rounding (``rounding``: its expected size) is a merge
+too, where it explains the model somewhat better than any one parent does (among models of one precision, a
+direct fine-tune is rounded as much, and such a fit tells nothing).
 
 The fit is made on **primitive** models: those no other stored models explain as a merge. Two merges of the same
 parents (a linear one and a task arithmetic one) are almost the same trace, and a merge explains the other as
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from .tree import TreeRule
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare")
+#: Significand bits of each float type (a precision's fineness).
+_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 #: Levels of merges peeled before a model is fitted on the primitives left (see :meth:`MergeFinder.explained`).
 LEVELS = 2
 
@@ -139,22 +142,30 @@ class MergeFinder:
 
     def _judge(self, i: int, candidates: list[int]) -> Merge | None:
         """``i`` as a merge of ``candidates``: a fit that leaves little (``merge_ratio``), a linear merge; else, on
-        the candidates that left far fewer entries as the base's than ``i`` did, a fit that leaves somewhat more
-        (``trimmed_ratio``), a TIES or DARE merge; None where neither holds."""
+        the candidates stored finer than ``i`` (a bf16 merge of float32 models), a fit that leaves no more than the
+        rounding to ``i``'s precision; else, on the candidates that left far fewer entries as the base's than ``i``
+        did, a fit that leaves somewhat more (``trimmed_ratio``), a TIES or DARE merge; None where none holds."""
         if not candidates:
             return None
-        found = self._merge(i, self._fit(i, candidates), self.rule.merge_ratio, trimmed=False)
+        rule = self.rule
+        found = self._merge(i, self._fit(i, candidates), rule.merge_ratio, trimmed=False)
+        finer = [j for j in candidates if self._finer(j, i)]
+        if found is None and finer and self.rounding[i]:
+            allowed = rule.rounding * float(self.rounding[i] or 0.0) * self.scale
+            found = self._merge(i, self._fit(i, finer), rule.trimmed_ratio, trimmed=False, within=allowed)
         mine = self.zeros[i]
         if found is not None or mine is None:
             return found
         theirs = self.zeros_bf16 if self.precision[i] == "bfloat16" else self.zeros  # in the merge's own precision
-        fewer = [j for j in candidates if (z := theirs[j]) is not None and z <= mine - self.rule.trimmed_zeros]
-        return self._merge(i, self._fit(i, fewer), self.rule.trimmed_ratio, trimmed=True) if fewer else None
+        fewer = [j for j in candidates if (z := theirs[j]) is not None and z <= mine - rule.trimmed_zeros]
+        return self._merge(i, self._fit(i, fewer), rule.trimmed_ratio, trimmed=True) if fewer else None
 
-    def _merge(self, i: int, fit: _Fit, threshold: float, *, trimmed: bool) -> Merge | None:
+    def _merge(
+        self, i: int, fit: _Fit, threshold: float, *, trimmed: bool, within: float | None = None
+    ) -> Merge | None:
         """A fit as a merge (two or more parents of weight at least ``merge_weight``, or one scaled down with the
-        base) where it leaves less than ``threshold`` of the least residual of one of those parents alone; else
-        None."""
+        base) where it leaves less than ``threshold`` of the least residual of one of those parents alone (and,
+        ``within``, no more than that: the rounding expected of it); else None."""
         rule = self.rule
         at = [k for k, w in enumerate(fit.weights) if w >= rule.merge_weight]
         kept = [(fit.candidates[k], float(fit.weights[k])) for k in at]
@@ -162,17 +173,18 @@ class MergeFinder:
         if len(kept) == 1 and total < 1 - rule.merge_weight:  # one model scaled down: merged with the base
             kept.append((-1, 1 - total))
         ratio = fit.ratio(at)
-        rounding = rule.rounding * (self.rounding[i] or 0.0) * self.scale  # what the merge's own precision leaves
-        if len(kept) < 2:
+        if len(kept) < 2 or ratio >= threshold or (within is not None and fit.residual > within):
             return None
-        if ratio < threshold:
-            confidence = margin(ratio, threshold)
-        elif rounding > 0 and fit.residual <= rounding and ratio < rule.trimmed_ratio:
-            confidence = margin(fit.residual, rounding)  # a merge saved in bf16 of parents whose deltas are small
-        else:
-            return None
+        confidence = margin(ratio, threshold) if within is None else margin(fit.residual, within)
         parents, weights = [j for j, _ in kept], np.array([w for _, w in kept])
         return Merge(parents, weights, confidence, self._method(i, parents, weights, ratio, trimmed))
+
+    def _finer(self, j: int, i: int) -> bool:
+        """Whether ``j`` is stored in a finer precision than ``i`` (float32 beside a bf16 merge): only then is ``i``'s
+        rounding what ``j`` does not have; among models of one precision a direct fine-tune is rounded as much as a
+        merge, and a fit that leaves only that much tells them apart from nothing."""
+        mine = _BITS.get(self.precision[i] or "", 0)
+        return bool(mine) and _BITS.get(self.precision[j] or "", 0) > mine
 
     def _method(self, i: int, parents: list[int], weights: np.ndarray, ratio: float, trimmed: bool) -> str:
         """What the weights tell of the merge's method (see the module docstring)."""
