@@ -22,6 +22,11 @@ from modelvec import Representation, Store
 from modelvec.store import VectorRow
 
 
+def _row(i: int, params: Representation, vector: np.ndarray) -> VectorRow:
+    """One made row, as the pipeline would write it."""
+    return VectorRow(f"model-{i:06d}", "h", "base", "bh", params, "bert", vector, ["ds"], "src", 0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000)
@@ -35,43 +40,14 @@ def main() -> None:
         with Store(path) as db:
             start = time.perf_counter()
             for i in range(args.put_rows):
-                db.put(
-                    VectorRow(
-                        f"model-{i:06d}",
-                        "h",
-                        "base",
-                        "bh",
-                        params,
-                        "bert",
-                        rng.standard_normal(args.dim, dtype=np.float32),
-                        ["ds"],
-                        "src",
-                        0.1,
-                    )
-                )
+                db.put(_row(i, params, rng.standard_normal(args.dim, dtype=np.float32)))
             put_s = (time.perf_counter() - start) / args.put_rows
             rest = args.rows - args.put_rows
             chunk = 500
             for lo in range(0, rest, chunk):
                 n = min(chunk, rest - lo)
                 flat = rng.standard_normal((n, args.dim), dtype=np.float32)
-                db.put_many(
-                    [
-                        VectorRow(
-                            f"model-{args.put_rows + lo + i:06d}",
-                            "h",
-                            "base",
-                            "bh",
-                            params,
-                            "bert",
-                            flat[i],
-                            ["ds"],
-                            "src",
-                            0.1,
-                        )
-                        for i in range(n)
-                    ]
-                )
+                db.put_many([_row(args.put_rows + lo + i, params, flat[i]) for i in range(n)])
         size_gb = (path.stat().st_size + Path(f"{path}.vectors").stat().st_size) / 1e9
         load_s = []
         for _ in range(2):  # the first read after writing is slower here (page cache state), the second is warm
