@@ -68,7 +68,7 @@ class TreeRule:
         0.98, "Cosine above which two traces are near-duplicates, never each other's merge parents.", above=0, maximum=1
     )
     trimmed_zeros: float = setting(
-        0.08, "Share of entries left as the base's by which a TIES or DARE merge exceeds its parents.", above=0
+        0.04, "Share of entries left as the base's by which a TIES or DARE merge exceeds its parents.", above=0
     )
     trimmed_ratio: float = setting(
         0.9, "A trimmed merge's residual against its best single model's, at most.", above=0, maximum=1
