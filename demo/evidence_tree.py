@@ -156,7 +156,8 @@ def methods(rows: list[dict]) -> str:
     for method in sorted({r["method"] for r in rows if r["kind"].startswith("merge")}):
         sel = [r for r in rows if r["kind"].startswith("merge") and r["method"] == method]
         right = sum(r["said"] == TOLD.get(method, method) for r in sel)
-        out.append(f"{method} {right}/{len(sel)}")
+        untold = sum(r["said"] is None for r in sel)
+        out.append(f"{method} {right}/{len(sel)}" + (f" ({untold} found, method not told)" if untold else ""))
     return "merge methods named right: " + (", ".join(out) or "none")
 
 

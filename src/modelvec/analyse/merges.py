@@ -16,7 +16,9 @@ well as the parents do; fitted on primitives, each finds the parents. Near-dupli
 above ``TreeRule.duplicate``) are never its candidates. Where a model's card names two or more stored parents, they
 are fitted first: the weights check the card. What the weights tell of the method (``method``): ``ties`` or
 ``dare`` (trimmed, by how much the fit leaves), ``slerp`` (its delta leans along the base's weights beyond the
-weighted sum: SLERP keeps the weights' norm), ``task_arithmetic`` (weights that do not sum to one), ``linear``.
+weighted sum: SLERP keeps the weights' norm), ``task_arithmetic`` (weights that do not sum to one), ``linear``;
+None where a trimmed fit leaves no more than the rounding (a linear merge of deltas a bf16 step from the base, its
+rounding putting entries back to the base's, looks trimmed).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Merge:
     parents: list[int]
     weights: np.ndarray
     confidence: float
-    method: str
+    method: str | None
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,8 @@ class MergeFinder:
             return None
         confidence = margin(ratio, threshold) if within is None else margin(fit.residual, within)
         parents, weights = [j for j, _ in kept], np.array([w for _, w in kept])
-        return Merge(parents, weights, confidence, self._method(i, parents, weights, ratio, trimmed))
+        method = self._method(i, parents, weights, ratio, trimmed=trimmed, residual=fit.residual)
+        return Merge(parents, weights, confidence, method)
 
     def _finer(self, j: int, i: int) -> bool:
         """Whether ``j`` is stored in a finer precision than ``i`` (float32 beside a bf16 merge): only then is ``i``'s
@@ -186,10 +189,16 @@ class MergeFinder:
         mine = _BITS.get(self.precision[i] or "", 0)
         return bool(mine) and _BITS.get(self.precision[j] or "", 0) > mine
 
-    def _method(self, i: int, parents: list[int], weights: np.ndarray, ratio: float, trimmed: bool) -> str:
-        """What the weights tell of the merge's method (see the module docstring)."""
+    def _method(
+        self, i: int, parents: list[int], weights: np.ndarray, ratio: float, *, trimmed: bool, residual: float
+    ) -> str | None:
+        """What the weights tell of the merge's method (see the module docstring); None where they cannot tell: a
+        trimmed fit that leaves no more than the rounding to the merge's precision may be a linear merge whose
+        rounding put entries back to the base's (parents a bf16 step or so from the base), not a trimmed one."""
         rule = self.rule
         if trimmed:
+            if residual <= rule.rounding * float(self.rounding[i] or 0.0) * self.scale:
+                return None
             return "ties" if ratio < rule.ties_ratio else "dare"
         along = [0.0 if j < 0 else self.along[j] for j in parents]
         mine = self.along[i]
