@@ -206,9 +206,13 @@ def main() -> None:
     parser.add_argument("--zoos", default="encoder,decoder")
     parser.add_argument("--choose", action="store_true")
     parser.add_argument("--rows", default="auto", help="the representation's share of rows (auto: the default)")
+    parser.add_argument(
+        "--auto-rows", default=str(Representation.auto_rows), help="rows of each large matrix read (share: 5 %%)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    representation = Representation(rows=args.rows if args.rows == "auto" else float(args.rows))
+    auto_rows = args.auto_rows if args.auto_rows == "share" else int(args.auto_rows)
+    representation = Representation(rows=args.rows if args.rows == "auto" else float(args.rows), auto_rows=auto_rows)
     zoos = {
         z: traces_of(Path(ZOOS[z]), representation)
         for z in args.zoos.split(",")

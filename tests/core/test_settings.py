@@ -37,10 +37,14 @@ def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
     is unchanged."""
     assert Representation(rank=8, projection="shared", rows=1, head="none").key() == "r8-sketch-mean-seed0-bn"
     assert Representation.from_stored(dict(rank=8)).key() == "r8-sketch-mean-seed0-bn"
-    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000"
-    before_size = dict(Representation(size="none").as_dict(), size=None)
-    del before_size["size"]  # the default of 2026-11-25, stored before size existed: its key as then
+    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000"
+    before_size = Representation(size="none").as_dict()
+    del before_size["size"], before_size["auto_rows"]  # the default of 2026-11-25, stored before size existed
     assert Representation.from_stored(before_size).key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto"
+    before_count = Representation().as_dict()
+    del before_count["auto_rows"]  # the default of 2026-11-26 (5 % of a large model's rows): its key as then
+    assert Representation.from_stored(before_count).key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000"
+    assert Representation.from_stored(before_count).row_budget(10**9) == 0.05
     assert (
         Representation(factor="U", rank=4, seed=3, head="none").key() == "r4-U-mean-randomized-max-abs-it4-os8-seed3-bn"
     )

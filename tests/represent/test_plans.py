@@ -354,10 +354,12 @@ def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones
     from modelvec.represent import read_plan
     from modelvec.represent import representation as rep_module
 
-    auto = Representation(rows="auto", pooling="concat")
-    assert auto.share(rep_module.AUTO_FROM - 1) == 1.0 and auto.share(rep_module.AUTO_FROM) == rep_module.AUTO_SHARE
-    assert Representation(rows=0.1).share(10**12) == 0.1 and Representation(rows=1).share(1) == 1.0
-    with pytest.raises(ValueError, match="share=representation.share"):
+    auto = Representation(rows="auto", auto_rows="share", pooling="concat")
+    assert auto.row_budget(rep_module.AUTO_FROM - 1) == 1.0
+    assert auto.row_budget(rep_module.AUTO_FROM) == rep_module.AUTO_SHARE
+    assert Representation().row_budget(rep_module.AUTO_FROM) == rep_module.AUTO_ROWS  # a number of rows
+    assert Representation(rows=0.1).row_budget(10**12) == 0.1 and Representation(rows=1).row_budget(1) == 1.0
+    with pytest.raises(ValueError, match="share=representation.row_budget"):
         plan_matrix(
             MatrixRef(stack="decoder", layer=0, family="q", tensor="w", orientation=Orientation.LINEAR), (64, 32), auto
         )
@@ -398,3 +400,40 @@ def test_the_command_line_takes_a_share_or_auto(tmp_path):
         said = " ".join(bad.output.replace("│", " ").split())
         assert bad.exit_code == 2 and "rows must be a number in (0, 1] or auto, not 'half'" in said, said
     assert "Traceback" not in bad.output
+
+
+def test_a_row_budget_reads_that_many_rows_of_each_matrix_and_its_products_are_unbiased(tmp_path, monkeypatch):
+    """``auto_rows``: a number of rows of each matrix of a large checkpoint (every row of a matrix that has fewer),
+    the same rows for the base and its fine-tunes. Each row is read with probability budget / rows over seeds, so
+    the sketched inner product of two fine-tunes is, in expectation over seeds, the exact one with each matrix's
+    term weighted by that probability: the mean over 300 seeds is within four standard errors of it."""
+    from modelvec.represent import read_plan
+    from modelvec.represent import representation as rep_module
+
+    monkeypatch.setattr(rep_module, "AUTO_FROM", 1)  # every checkpoint is large: the budget
+    base, ft = llama_pair(tmp_path, 64, 128, 1, torch.float32)
+    noise = torch.Generator().manual_seed(7)
+    other = {
+        k: v + torch.randn(v.shape, generator=noise) * 1e-3
+        for k, v in load_file(str(base / "model.safetensors")).items()
+    }
+    ft2 = save_state(tmp_path / "ft2", other, json.loads((ft / "config.json").read_text()))
+    budget, plain = 8, dict(auto_rows=8, pooling="concat", block_norm=False, head="none", size="none")
+    fitted = DeltaEmbedder(**plain).fit(base)
+    assert all(p.n_selected == min(budget, p.n_rows) for p in fitted.plans_.values())
+    assert read_plan(Checkpoint(ft), Representation(**plain), base=False) == read_plan(
+        Checkpoint(base), Representation(**plain), base=False
+    )
+    exact, prefix = 0.0, fitted.layout_.prefix
+    for ref in fitted.layout_.refs:
+        rows = fitted.plans_[ref.key].n_rows
+        a = Checkpoint(ft).matrix(ref, prefix) - Checkpoint(base).matrix(ref, prefix)
+        b = Checkpoint(ft2).matrix(ref, prefix) - Checkpoint(base).matrix(ref, prefix)
+        exact += min(budget, rows) / rows * float((a.double() * b.double()).sum())
+    products = []
+    for seed in range(300):
+        e = DeltaEmbedder(**plain, seed=seed).fit(base)
+        products.append(float(e.embed_one(ft).astype(np.float64) @ e.embed_one(ft2).astype(np.float64)))
+    mean, stderr = np.mean(products), np.std(products) / np.sqrt(len(products))
+    assert abs(mean - exact) < 4 * stderr, (mean, exact, stderr)
+    assert np.std(products) > 0  # the seeds do draw different rows and sketches

@@ -81,8 +81,14 @@ def test_settings_added_later_take_the_value_their_declaration_leaves_out_of_the
     """``UNTIL_ADDED`` (what ``from_stored`` fills in for a setting a store lacks) is each field's one ``omit`` value:
     the value that computes what was computed before the setting existed."""
     omitted = {field.name: meta.omit for field, meta in settings_of(Representation) if meta.omit}
-    assert omitted == {"projection": ("shared",), "rows": (1.0,), "size": ("none",), "head": ("none",)}
-    assert UNTIL_ADDED == {"projection": "shared", "rows": 1.0, "head": "none", "size": "none"}
+    assert omitted == {
+        "projection": ("shared",),
+        "rows": (1.0,),
+        "auto_rows": ("share",),
+        "size": ("none",),
+        "head": ("none",),
+    }
+    assert UNTIL_ADDED == {"projection": "shared", "rows": 1.0, "auto_rows": "share", "head": "none", "size": "none"}
     assert type(UNTIL_ADDED["rows"]) is float
 
 

@@ -17,16 +17,21 @@ from modelvec.studies.sweep import SWEPT, Sweep
 
 def test_a_sweep_holds_each_fields_default_unless_given_and_checks_every_value():
     default = Sweep()
-    assert [default[name] for name in SWEPT] == [(32,), ("auto",), ("countsketch",), (0,)]
+    assert [default[name] for name in SWEPT] == [(32,), ("auto",), (64,), ("countsketch",), (0,)]
     assert [default[name] for name in SWEPT] == [(getattr(Representation(), name),) for name in SWEPT]
     given = Sweep(rank=(8, 16), rows=("auto", 1, 0.05), projection="shared")
     assert given["rank"] == (8, 16) and given["rows"] == ("auto", 1.0, 0.05) and given["projection"] == ("shared",)
     assert given["seed"] == (0,) and Sweep(rank=range(8, 17, 8)) == Sweep(rank=(8, 16), seed=0)
     with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\] or auto, not 'half'"):
         Sweep(rows=(1, "half"))
+    budgets = variants(
+        Sweep(rows=("auto", 0.05), auto_rows=(16, "share"), projection="countsketch"), svd=False, default=False
+    )
+    reads = {(p.rows, p.auto_rows if p.rows == "auto" else None) for p in budgets.values()}
+    assert reads == {("auto", 16), ("auto", "share"), (0.05, None)}  # auto with each budget, a share once
     with pytest.raises(ValueError, match="projection must be one of shared, gaussian, countsketch, not 'nope'"):
         Sweep(projection="nope")
-    with pytest.raises(ValueError, match="a sweep takes rank, rows, projection, seed, not pooling"):
+    with pytest.raises(ValueError, match="a sweep takes rank, rows, auto_rows, projection, seed, not pooling"):
         Sweep(pooling=("mean",))
     with pytest.raises(ValueError, match="at least one value"):
         Sweep(rank=())

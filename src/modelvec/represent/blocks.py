@@ -95,7 +95,7 @@ def _budgeted(
     ck: Checkpoint, layout: Layout, representation: Representation
 ) -> tuple[dict[tuple[str, int, str], MatrixPlan], int]:
     shapes = [ck.matrix_shape(ref, layout.prefix) for ref in layout.refs]  # checked: matrices, parts that divide
-    share = representation.share(sum(int(n) * int(m) for n, m in shapes))
+    share = representation.row_budget(sum(int(n) * int(m) for n, m in shapes))
     plans = {}
     for ref in layout.refs:
         stored = ck.shape(layout.prefix + ref.tensor)

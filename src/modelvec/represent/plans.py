@@ -45,18 +45,22 @@ def derived_seed(seed: int, *place: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
-def select_rows(n_rows: int, row_elems: int, share: float, seed: int, place: tuple) -> tuple[tuple[int, int], ...]:
+def select_rows(
+    n_rows: int, row_elems: int, share: float | int, seed: int, place: tuple
+) -> tuple[tuple[int, int], ...]:
     """Row ranges [start, stop) of a matrix of ``n_rows`` stored rows of ``row_elems`` values each.
 
-    All rows when ``share`` is 1. Otherwise ceil(share * n_rows) rows, in blocks of equal size: as many as
+    ``share``: a share of the rows (a float) or a number of them (an int: a row budget,
+    :meth:`~modelvec.represent.representation.Representation.row_budget`). All rows when the share is 1 or the
+    number at least ``n_rows``. Otherwise ceil(share * n_rows) rows (or the number), in blocks of equal size: as many as
     ``MIN_BLOCKS`` where each still holds ``MIN_READ_ELEMS`` values, fewer where the share is smaller (a share
     under that size is one block), never more than ``READ_BLOCK_ELEMS`` values each. The blocks are cells of
     a grid of that size over the rows, drawn without replacement from a generator seeded by ``seed`` and
     ``place`` (adjacent cells merged into one range).
     """
-    if share >= 1 or n_rows <= 1:
+    want = share if isinstance(share, int) else max(1, math.ceil(share * n_rows))
+    if want >= n_rows or n_rows <= 1:
         return ((0, n_rows),)
-    want = max(1, math.ceil(share * n_rows))
     row_elems = max(row_elems, 1)
     least, most = math.ceil(MIN_READ_ELEMS / row_elems), max(1, READ_BLOCK_ELEMS // row_elems)
     block = min(want, max(least, min(most, want // MIN_BLOCKS)))
@@ -117,10 +121,11 @@ def plan_matrix(
     stored_shape: tuple[int, int],
     representation: Representation,
     prefix: str = "",
-    share: float | None = None,
+    share: float | int | None = None,
 ) -> MatrixPlan:
     """The rows and columns of its stored tensor that ``ref``'s block needs under ``representation``, reading
-    ``share`` of its rows (default: ``representation.rows``, which must then be a number).
+    ``share`` of its rows (a float) or that many of them (an int; default: ``representation.rows``, which must then
+    be a number).
 
     ``stored_shape`` is the whole stored tensor's (fused parts included); a fused part whose
     parts do not divide it is left whole here (the reader refuses it with its own message).
@@ -137,7 +142,7 @@ def plan_matrix(
         place = (ref.stack, ref.layer, ref.fused or ref.family)
     if share is None:
         if not isinstance(representation.rows, float):
-            raise ValueError("rows='auto' needs the matrices' size: pass share=representation.share(values)")
+            raise ValueError("rows='auto' needs the matrices' size: pass share=representation.row_budget(values)")
         share = representation.rows
     local = select_rows(n_rows, n_cols, share, representation.seed, place)
     rows = tuple((row_start + a, row_start + b) for a, b in local)

@@ -25,11 +25,12 @@ Where the description is open, :class:`Representation` makes the choice explicit
   model and the base, so a Hub model costs a few range requests and a local one a few pages of its
   mapped file. The sketch needs no more: a fixed random share of rows keeps the task vectors'
   geometry (docs/evidence.md). The SVD factors need whole matrices (a share is ignored for them).
-  ``"auto"`` (the default) reads 5% of the rows where the vector's matrices hold 50M values or more
-  (bert-base's 85M, an 8B model's 7.0G) and every row below (all-MiniLM-L6-v2's 10.6M): a share saves bytes
-  where bytes matter, and a small model's 5% (20 rows of 384) is too few rows for a stable vector (on the
-  evidence zoo its score moves by 0.040 over four seeds, every row's by 0.013). Decided from the shapes alone,
-  so a base and its fine-tunes read the same rows.
+  ``"auto"`` (the default) reads ``auto_rows`` rows of each matrix (64) where the vector's matrices hold 50M
+  values or more (bert-base's 85M, an 8B model's 7.0G: about 1 % of its bytes) and every row below
+  (all-MiniLM-L6-v2's 10.6M): a number of rows, not a share, because a sketch's error follows how many rows
+  it reads (a small model's 5%, 20 rows of 384, moved the evidence zoo's score by 0.040 over four seeds, every
+  row's by 0.013), while an 8B model's 5% is 0.71 GB a fine-tune. Decided from the shapes alone, so a base and
+  its fine-tunes read the same rows. ``auto_rows="share"`` is the rule before 2026-11-27 (5% of the rows).
   The default (CountSketch, auto rows, rank 32, mean, block-normed) was chosen by ``modelvec evaluate`` on the
   evidence zoo (docs/evidence.md).
 - ``block_norm``: each layer-and-family block scaled to unit norm before pooling, so the large
@@ -81,9 +82,11 @@ POOLINGS = ("mean", "concat")
 SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
 HEADS = ("auto", "none", "vocabulary")
-#: ``rows="auto"``: the share read where the vector's matrices hold at least ``AUTO_FROM`` values (all rows below).
+#: ``rows="auto"``: where the vector's matrices hold at least ``AUTO_FROM`` values, ``AUTO_ROWS`` rows of each matrix
+#: (``auto_rows``; ``"share"``: ``AUTO_SHARE`` of them, the rule before 2026-11-27); every row below.
 AUTO_SHARE = 0.05
 AUTO_FROM = 50_000_000
+AUTO_ROWS = 64
 
 
 def _sketch(r: Any) -> bool:
@@ -129,8 +132,8 @@ class Representation:
         "auto",
         "Share of each matrix's rows (as stored) that is read, in contiguous blocks chosen from the seed: a Hub "
         "model costs only those bytes (the SVD factors read whole matrices). "
-        f"auto: {AUTO_SHARE:.0%} where the matrices hold {AUTO_FROM / 1e6:g}M values or more (bert-base and up), "
-        "every row of smaller models.",
+        f"auto: where the matrices hold {AUTO_FROM / 1e6:g}M values or more (bert-base and up), the rows "
+        "--auto-rows says; every row of smaller models.",
         above=0,
         maximum=1,
         words=("auto",),
@@ -141,6 +144,20 @@ class Representation:
         order=10,
         omit=(1.0,),
         applies=_sketch,
+    )
+    auto_rows: int | str = setting(
+        AUTO_ROWS,
+        "With rows auto, the rows read of each matrix of a checkpoint whose matrices hold "
+        f"{AUTO_FROM / 1e6:g}M values or more: a number ({AUTO_ROWS}: about 1 % of an 8B model's bytes), or share: "
+        f"{AUTO_SHARE:.0%} of them (the rule before 2026-11-27).",
+        minimum=1,
+        words=("share",),
+        kind=int,
+        metavar="N",
+        key="n{}",
+        order=11,
+        omit=("share",),
+        applies=lambda r: _sketch(r) and r.rows == "auto",
     )
     pooling: str = setting("mean", "How layers are pooled.", choices=POOLINGS, key="{}", order=3)
     solver: str = setting("randomized", "SVD solver (U, US, S).", choices=SOLVERS, key="{}", order=4, applies=_svd)
@@ -182,12 +199,12 @@ class Representation:
         kind=int,
         metavar="FLOATS",
         key="d{}",
-        order=13,
+        order=14,
         omit=("none",),
         applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
     )
     block_norm: bool = setting(
-        True, "Scale each layer-and-family block to unit norm before pooling.", key="bn", order=11
+        True, "Scale each layer-and-family block to unit norm before pooling.", key="bn", order=12
     )
     head: str = setting(
         "auto",
@@ -196,7 +213,7 @@ class Representation:
         "where the family's head is a masked-LM head (bert, roberta, distilbert), none elsewhere.",
         choices=HEADS,
         key="head-{}",
-        order=12,
+        order=13,
         omit=("none",),
     )
 
@@ -214,13 +231,17 @@ class Representation:
         """Whether vectors over a family whose vocabulary head is ``head`` (None: it has none) append its block."""
         return self.head == "vocabulary" or (self.head == "auto" and head is not None and head.default)
 
-    def share(self, values: int) -> float:
-        """The share of rows read from a checkpoint whose matrices (the vector's) hold ``values`` values: ``rows``,
-        or for ``auto`` :data:`AUTO_SHARE` from :data:`AUTO_FROM` values up and 1 below. The same for a base and
-        all its fine-tunes, whose matrices have the same shapes."""
+    def row_budget(self, values: int) -> float | int:
+        """What is read of each matrix of a checkpoint whose matrices (the vector's) hold ``values`` values: a share
+        of its rows (a float: ``rows``; for ``auto``, 1 below :data:`AUTO_FROM` values) or a number of them (an int:
+        ``auto_rows`` from :data:`AUTO_FROM` up; its ``"share"``, :data:`AUTO_SHARE`). The same for a base and all its
+        fine-tunes, whose matrices have the same shapes. A number, not a share: a sketch's error follows how many
+        rows it reads, not what share of the matrix they are (docs/scale.md)."""
         if isinstance(self.rows, float):
             return self.rows
-        return AUTO_SHARE if values >= AUTO_FROM else 1.0
+        if values < AUTO_FROM:
+            return 1.0
+        return AUTO_SHARE if self.auto_rows == "share" else int(self.auto_rows)
 
     @property
     def size_limit(self) -> int | None:
@@ -260,7 +281,7 @@ class Representation:
             name = {"gaussian": "sketch ΔW·Ω, Ω per block", "countsketch": "CountSketch"}[self.projection]
         parts = [name]
         if not self.uses_svd and self.rows == "auto":
-            parts.append("auto rows")
+            parts.append("auto rows" if self.auto_rows == "share" else f"auto rows ({self.auto_rows} a matrix)")
         elif not self.uses_svd and isinstance(self.rows, float) and self.rows < 1:
             parts.append(
                 f"{self.rows:.0%} of rows" if self.rows * 100 == round(self.rows * 100) else f"rows {self.rows:g}"

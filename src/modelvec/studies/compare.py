@@ -8,6 +8,7 @@ never holding all deltas in memory. The scores themselves are :mod:`modelvec.ana
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -76,26 +77,33 @@ def variants(
                 Representation(rank=rank, block_norm=block_norm, head="none", **fields)  # type: ignore[arg-type]
                 for fields in (SVD_GRID if svd else ())
             ]
-            for projection in sweep["projection"]:
-                for share in sweep["rows"]:
-                    if block_norm or (projection, share) == ("shared", 1.0):
-                        grid += [
-                            Representation(
-                                rank=rank,
-                                projection=projection,
-                                rows=share,
-                                pooling=pooling,
-                                block_norm=block_norm,
-                                head="none",
-                            )
-                            for pooling in POOLINGS
-                        ]
+            for projection, (share, auto_rows) in itertools.product(sweep["projection"], _rows(sweep)):
+                if block_norm or (projection, share) == ("shared", 1.0):
+                    grid += [
+                        Representation(
+                            rank=rank,
+                            projection=projection,
+                            rows=share,
+                            auto_rows=auto_rows,
+                            pooling=pooling,
+                            block_norm=block_norm,
+                            head="none",
+                        )
+                        for pooling in POOLINGS
+                    ]
             out.update((r.label(), r) for r in grid)
     if vocabulary_head:
-        projection, share = sweep["projection"][0], sweep["rows"][0]
+        projection, share, auto_rows = sweep["projection"][0], sweep["rows"][0], sweep["auto_rows"][0]
         for rank in sweep["rank"]:
             for pooling in POOLINGS:
-                r = Representation(rank=rank, projection=projection, rows=share, pooling=pooling, head="vocabulary")
+                r = Representation(
+                    rank=rank,
+                    projection=projection,
+                    rows=share,
+                    auto_rows=auto_rows,
+                    pooling=pooling,
+                    head="vocabulary",
+                )
                 out[r.label()] = r
     if default:  # marked in its name; where the grid has it already, that row is renamed
         chosen = Representation()
@@ -103,6 +111,12 @@ def variants(
         if chosen not in out.values():
             out[f"{chosen.label()} (default)"] = chosen
     return out
+
+
+def _rows(sweep: Sweep) -> list[tuple[float | str, int | str]]:
+    """The rows each variant reads: every share of the sweep, and ``auto`` with each of its ``auto_rows``."""
+    default = Representation().auto_rows
+    return [(share, n) for share in sweep["rows"] for n in (sweep["auto_rows"] if share == "auto" else (default,))]
 
 
 #: The default comparison, every field at its default (rank 32, CountSketch, auto rows): the SVD factors with and

@@ -14,9 +14,9 @@ from typing import Any
 from ..core.settings import check_field
 from ..represent.representation import Representation
 
-#: The fields of :class:`Representation` a comparison sweeps: :func:`~modelvec.studies.compare.variants` takes the rank, rows and
-#: projection, :func:`~modelvec.studies.compare.evaluate` the seed (its scores are the mean over seeds).
-SWEPT = ("rank", "rows", "projection", "seed")
+#: The fields of :class:`Representation` a comparison sweeps: :func:`~modelvec.studies.compare.variants` takes the rank, rows
+#: (with ``auto_rows`` for ``rows="auto"``) and projection, :func:`~modelvec.studies.compare.evaluate` the seed (its scores are the mean over seeds).
+SWEPT = ("rank", "rows", "auto_rows", "projection", "seed")
 
 
 @dataclass(frozen=True, init=False)
