@@ -209,10 +209,13 @@ def main() -> None:
     parser.add_argument(
         "--auto-rows", default=str(Representation.auto_rows), help="rows of each large matrix read (share: 5 %%)"
     )
+    parser.add_argument("--seed", type=int, default=0, help="the representation's seed (which rows are read)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     auto_rows = args.auto_rows if args.auto_rows == "share" else int(args.auto_rows)
-    representation = Representation(rows=args.rows if args.rows == "auto" else float(args.rows), auto_rows=auto_rows)
+    representation = Representation(
+        rows=args.rows if args.rows == "auto" else float(args.rows), auto_rows=auto_rows, seed=args.seed
+    )
     zoos = {
         z: traces_of(Path(ZOOS[z]), representation)
         for z in args.zoos.split(",")
