@@ -356,40 +356,58 @@ class _Crawl:
 
     def pages(self) -> Iterator[Page]:
         while not self.full():
-            listing = next((x for x in self.listings if not x.done and x.key.startswith("tree:")), None)
-            listing = listing or next((x for x in self.listings if not x.done), None)
-            if listing is None:
+            group = self._group()
+            if not group:
                 break
-            for items, cursor in _pages(listing, self.scope, self.hub_settings):
-                listing.cursor, listing.done = cursor, cursor is None
-                new = self._judge(listing, items)
-                yield Page(self.base_id.canonical, self.base_sha, new, self._copy())
-                if self.full():
+            feeds = [_Feed(x, self.scope, self.hub_settings) for x in group]
+            new: list[CatalogueEntry] = []
+            while not self.full():
+                for feed in feeds:
+                    feed.advance()
+                    if feed.wants_page():  # a request: what was judged since the last one is stored first
+                        if new:
+                            yield Page(self.base_id.canonical, self.base_sha, new, self._copy())
+                            new = []
+                        feed.fetch()
+                ready = [f for f in feeds if f.items]
+                if not ready:
+                    for feed in feeds:
+                        feed.advance()
+                    if any(f.wants_page() for f in feeds):
+                        continue  # an empty page that is not the last
                     break
+                feed = max(ready, key=lambda f: _sort_key(f.items[0], self.scope.sort))  # the first of the best
+                entry = self._judge(feed.listing, feed.items.pop(0))
+                new += [entry] if entry is not None else []
+            yield Page(self.base_id.canonical, self.base_sha, new, self._copy())
         _guess_from_siblings(self.entries)
         yield Page(self.base_id.canonical, self.base_sha, list(self.entries), self._copy(), True, self.notes)
+
+    def _group(self) -> list[Listing]:
+        """The listings read together, merged in ``sort`` order: the open ones of the tree's highest open level (the
+        base's names, or every parent of one level), else the name search."""
+        tree = [x for x in self.listings if not x.done and x.level]
+        if tree:
+            level = min(x.level for x in tree)
+            return [x for x in tree if x.level == level]
+        return [x for x in self.listings if not x.done][:1]
 
     def _copy(self) -> list[Listing]:
         return [Listing(x.key, dict(x.query), x.cursor, x.done) for x in self.listings]
 
-    def _judge(self, listing: Listing, items: list[Any]) -> list[CatalogueEntry]:
-        """The entries of one page (models met before are skipped; a cycle is said once), children queued."""
-        new = []
-        for info in items:
-            if self.full():
-                break
-            key = info.id.lower()
-            if key in self.seen:
-                if listing.level:
-                    self._cycle(info.id, listing.parent)
-                continue
-            self.seen.add(key)
-            entry = self._tree_entry(listing, info) if listing.level else self._candidate(info)
-            self.entries.append(entry)
-            self.found[key] = entry
-            new.append(entry)
-            self.report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
-        return new
+    def _judge(self, listing: Listing, info: Any) -> CatalogueEntry | None:
+        """A listed model's entry (None: met before; a cycle is said once), its children's listing queued."""
+        key = info.id.lower()
+        if key in self.seen:
+            if listing.level:
+                self._cycle(info.id, listing.parent)
+            return None
+        self.seen.add(key)
+        entry = self._tree_entry(listing, info) if listing.level else self._candidate(info)
+        self.entries.append(entry)
+        self.found[key] = entry
+        self.report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
+        return entry
 
     def _tree_entry(self, listing: Listing, info: Any) -> CatalogueEntry:
         names = self.base_id.names if listing.level == 1 else [listing.parent]
@@ -435,14 +453,52 @@ class _Crawl:
 _SORT_PARAM = {"created_at": "createdAt", "last_modified": "lastModified"}
 
 
-def _pages(listing: Listing, scope: Scope, hub_settings: HubSettings) -> Iterator[tuple[list[Any], str | None]]:
-    """A listing's pages from its cursor on: (the models of a page, the next page's path and query, None after the
-    last), each page asked for when the one before has been taken (huggingface_hub's own paging, kept resumable)."""
+class _Feed:
+    """One listing read page by page: the models of the page in hand, and where the listing stands. Its stored
+    ``cursor`` is the page in hand (models of it already judged are skipped again on resume, as met before), or,
+    once that page is used up, the next one: a stopped run asks again for at most the pages it held."""
+
+    def __init__(self, listing: Listing, scope: Scope, hub_settings: HubSettings) -> None:
+        self.listing, self.scope, self.hub_settings = listing, scope, hub_settings
+        self.items: list[Any] = []
+        self.next: str | None = None
+        self.started = False
+
+    def advance(self) -> None:
+        """The page in hand used up: the listing stands at the next page, or is done after its last."""
+        if self.started and not self.items:
+            self.listing.cursor, self.listing.done = self.next, self.next is None
+            self.started = False
+
+    def wants_page(self) -> bool:
+        return not self.items and not self.listing.done
+
+    def fetch(self) -> None:
+        """The page the listing stands at, in hand (the listing's cursor stays on it until it is used up)."""
+        self.items, self.next = _page(self.listing, self.scope, self.hub_settings)
+        self.started = True
+
+
+def _sort_key(info: Any, sort: str) -> Any:
+    """The listing's order, to merge listings read together (the base's names; the parents of one level)."""
+    attr = {"downloads": "downloads", "likes": "likes", "created_at": "created_at", "last_modified": "last_modified"}
+    value = getattr(info, attr[sort], None)
+    if value is None:
+        return (0, 0) if sort in ("downloads", "likes") else (0, "")
+    return (1, value if sort in ("downloads", "likes") else value.isoformat())
+
+
+_SORT_PARAM = {"created_at": "createdAt", "last_modified": "lastModified"}
+
+
+def _page(listing: Listing, scope: Scope, hub_settings: HubSettings) -> tuple[list[Any], str | None]:
+    """One page of a listing from its cursor (its first page without one): its models, and the next page's path
+    and query (None after the last), as the Hub's ``Link`` header gives it (huggingface_hub's own paging, made
+    resumable)."""
     from huggingface_hub import ModelInfo, constants, get_session
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
     endpoint = (hub_settings.endpoint or constants.ENDPOINT).rstrip("/")
-    headers = build_hf_headers(token=hub_settings.token)
     params: list[tuple[str, Any]] | None = [
         *listing.query.items(),
         ("sort", _SORT_PARAM.get(scope.sort, scope.sort)),
@@ -457,22 +513,18 @@ def _pages(listing: Listing, scope: Scope, hub_settings: HubSettings) -> Iterato
 
     def get() -> Any:
         guard_hub_client()
+        headers = build_hf_headers(token=hub_settings.token)
         response = get_session().get(url, params=params, headers=headers, timeout=hub_settings.timeout)
         hf_raise_for_status(response)
         return response
 
-    while True:
-        response = with_retries(get, hub_settings, f"the listing {listing.key}")
-        items = [ModelInfo(**{"siblings": None, **item}) for item in response.json()]
-        nxt = response.links.get("next", {}).get("url")
-        cursor = None
-        if nxt:
-            split = urlsplit(nxt)
-            cursor = split.path + (f"?{split.query}" if split.query else "")
-        yield items, cursor
-        if cursor is None:
-            return
-        url, params = endpoint + cursor, None
+    response = with_retries(get, hub_settings, f"the listing {listing.key}")
+    items = [ModelInfo(**{"siblings": None, **item}) for item in response.json()]
+    nxt = response.links.get("next", {}).get("url")
+    if not nxt:
+        return items, None
+    split = urlsplit(nxt)
+    return items, split.path + (f"?{split.query}" if split.query else "")
 
 
 def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, CatalogueEntry]) -> None:
@@ -563,7 +615,7 @@ def _check_candidate(
     prefix = f"name search '{base_id.search_term}'"
     listed_type, base_type = (listed or {}).get("model_type"), base_config.get("model_type")
     if listed_type and base_type and str(listed_type).lower() != str(base_type).lower():
-        return False, f"{prefix}; model type {listed_type}, not the base's {base_type} (as the listing says)"
+        return False, f"{prefix}; model_type '{listed_type}' is not the base's '{base_type}' (the listing's config)"
     try:
         if "config.json" in entry.files:
             ok, why = matcher.config_match(base_config, _config(entry.model, entry.sha or "main", hub_settings))

@@ -58,14 +58,13 @@ def discover(
 
 
 def discovered(db: Store, base: str, scope: Scope) -> bool:
-    """Whether the store holds a finished discovery of ``base`` (a catalogue stored whole by an earlier version, or
-    page by page to its end) for this ``scope``."""
+    """Whether the store holds a finished discovery of ``base``: a catalogue stored whole by an earlier version, or
+    page by page to its end (of any scope, as a stored catalogue always was; a stopped one is not finished)."""
     canonical = resolve_base(base).canonical
     progress = db.discovery(canonical)
     if progress.empty:
         return not db.catalogue(canonical).empty
-    head = progress.iloc[0]
-    return bool(head["done"]) and head["query"] == _scope_key(scope)
+    return bool(progress.iloc[0]["done"])
 
 
 def discover_pages(
