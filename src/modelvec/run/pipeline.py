@@ -29,7 +29,7 @@ from ..core.errors import CheckpointError, FetchError, Kind, ModelvecError, erro
 from ..core.files import ADAPTER_CONFIG
 from ..core.names import is_hub_id, model_id
 from ..core.settings import taken_from, with_options
-from ..hub.client import HubSettings, describe_error, with_retries
+from ..hub.client import HUB_REFUSED, HubSettings, describe_error, with_retries
 from ..hub.discovery import CatalogueEntry, Resume, Scope, describe
 from ..hub.download import download_file, fetch, resolve_revision
 from ..hub.ids import resolve_base
@@ -255,7 +255,19 @@ def _run(
     engine: Engine,
     load: bool,
 ) -> EmbedResult:
-    spec = _base(base, db, hub_settings)
+    try:
+        spec = _base(base, db, hub_settings)
+    except ModelvecError as exc:
+        if HUB_REFUSED not in str(exc):
+            raise
+        spec = BaseSpec(resolve_base(str(base)).canonical, "", repo=str(base))  # never opened: nothing is tried
+        down = _Run(spec, representation, db, force, report, hub_settings)
+        down.hub_down = describe_error(exc)
+        report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
+        with down.writer:
+            for _ in down.todo(models):
+                pass
+        return down.result
     run = _Run(spec, representation, db, force, report, hub_settings)
     report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
     with run.writer:
@@ -284,6 +296,7 @@ class _Run:
         self.result = EmbedResult(vectors=np.zeros((0, 0), np.float32), metadata=pd.DataFrame(), store=str(db.path))
         self.wanted: list[str] = []  # every model asked for, in order (the vectors loaded at the end)
         self.writer = db.writer()
+        self.hub_down: str | None = None  # the line said once the Hub refused connections: nothing more is tried
 
     def fail(self, name: str, error: str, model_hash: str | None, kind: Kind, fetched: int = 0) -> None:
         """A model failed now: recorded in the store (with its kind) and in the result."""
@@ -299,6 +312,15 @@ class _Run:
         )
         self.result.failed[name] = error
         self.report(Step(status="failed", model=name, detail=error, fetched=fetched, kind=Kind(kind).value))
+        if HUB_REFUSED in error and self.hub_down is None:
+            self.hub_down = error.split(": ", 1)[-1] if error.startswith(f"{name}: ") else error
+
+    def not_tried(self, name: str) -> None:
+        """A model left when the Hub refused connections: recorded as a transient failure (tried next run), said
+        once in the run's notes."""
+        line = f"{self.hub_down}: the models left were not tried, recorded as transient failures (tried next run)"
+        self.result.notes.setdefault(line, []).append(name)
+        self.fail(name, f"{name}: not tried: {self.hub_down}", None, Kind.TRANSIENT)
 
     def todo(self, models: Iterable[Model]) -> Iterator[Task]:
         """The models that need computing; the rest are skipped or known failures (checked lazily)."""
@@ -306,6 +328,9 @@ class _Run:
         for model in models:
             name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
             self.wanted.append(name)
+            if self.hub_down is not None:
+                self.not_tried(name)
+                continue
             try:
                 task = _task(model, spec, db, self.hub_settings)
             except Exception as exc:
