@@ -141,9 +141,7 @@ def _refuse(hub_settings: HubSettings) -> HubRefused:
     endpoint = _endpoint(hub_settings)
     host = endpoint.split("://", 1)[-1].split("/", 1)[0]
     with _DOWN_LOCK:
-        line = _DOWN.setdefault(
-            endpoint, f"{HUB_REFUSED} ({host}: connection refused, twice): is it down, or is HF_ENDPOINT wrong?"
-        )
+        line = _DOWN.setdefault(endpoint, f"{HUB_REFUSED} at {host} (refused twice: down, or HF_ENDPOINT wrong)")
     return HubRefused(line)
 
 

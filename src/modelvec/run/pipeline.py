@@ -331,6 +331,8 @@ class _Run:
             if self.hub_down is not None:
                 self.not_tried(name)
                 continue
+            if self._stored(model, name):  # known by its catalogued commit: nothing is asked of the Hub for it
+                continue
             try:
                 task = _task(model, spec, db, self.hub_settings)
             except Exception as exc:
@@ -352,6 +354,18 @@ class _Run:
             if any(h != spec.identity for h in db.model_versions(name, spec.name, representation)):
                 self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
+
+    def _stored(self, model: Model, name: str) -> bool:
+        """A catalogued Hub model stored at its commit: skipped before its task is made (an adapter's task fetches
+        its adapter_config.json, which a stored one need not cost)."""
+        if self.force or not isinstance(model, CatalogueEntry) or not model.sha:
+            return False
+        spec = self.spec
+        if not self.db.has(name, f"git:{model.sha}", spec.name, spec.identity, self.representation):
+            return False
+        self.result.skipped.append(name)
+        self.report(Step(status="skipped", model=name, detail="already stored"))
+        return True
 
     def record(self, outcome: Outcome) -> None:
         """An engine's outcome: a failure recorded, or the vector written."""
