@@ -73,9 +73,10 @@ class World:
     doomed: str  # the repository deleted mid-run
     doomed_files: dict[str, Path] = field(default_factory=dict)
     doomed_meta: dict[str, Any] = field(default_factory=dict)
+    page_size: int = 1000  # the Hub's own page size for model listings
 
     def hub(self) -> LocalHub:
-        return LocalHub(self.root / "hub", page_size=1000)  # the Hub's own page size for model listings
+        return LocalHub(self.root / "hub", page_size=self.page_size)
 
 
 def _card(dataset: str, adapter: bool) -> bytes:
@@ -218,6 +219,7 @@ class Crawl:
     sent: int  # file bytes the Hub sent while it ran
     stderr: str = ""
     faults: dict[str, int] = field(default_factory=dict)  # the Hub's misbehaviour while it ran, by kind
+    log: list[dict[str, Any]] = field(default_factory=list)  # the Hub's log of the requests it answered meanwhile
 
 
 def crawl_env(endpoint: str, cache: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -280,7 +282,43 @@ def crawl(
         server.bytes_sent() - start_sent,
         stderr[-4000:],
         dict(sorted(faults.items())),
+        list(answered),
     )
+
+
+def endpoint(record: dict[str, Any]) -> str:
+    """What a request asked for: a listing, a model's info, a file's HEAD, a whole file, or a byte range."""
+    path = record["path"]
+    if path.startswith("/api/models"):
+        return "listing" if path.rstrip("/") == "/api/models" else "model info"
+    if "/resolve/" in path:
+        if record["method"] == "HEAD":
+            return "file HEAD"
+        return "byte range" if record["range"] else "whole file"
+    return "other"
+
+
+def requests_by_endpoint(log: list[dict[str, Any]]) -> dict[str, int]:
+    return dict(sorted(Counter(endpoint(r) for r in log).items()))
+
+
+def requests_per_repo(log: list[dict[str, Any]], repos: list[str]) -> dict[str, float]:
+    """Requests naming each repo (its files, its info) by kind of repo, averaged; the rest (listings, the base) are
+    shared by every model."""
+    per = Counter()
+    for r in log:
+        path = r["path"]
+        repo = path.split("/resolve/")[0].strip("/") if "/resolve/" in path else "/".join(path.split("/")[3:5])
+        per[repo] += 1
+    full = [r for r in repos if "-ft-" in r]
+    lora = [r for r in repos if "-lora-" in r]
+    own = sum(per[r] for r in repos)
+    return {
+        "full_finetune_own": round(sum(per[r] for r in full) / max(1, len(full)), 2),
+        "adapter_own": round(sum(per[r] for r in lora) / max(1, len(lora)), 2),
+        "shared_per_model": round((len(log) - own) / max(1, len(repos)), 2),
+        "all_per_model": round(len(log) / max(1, len(repos)), 2),
+    }
 
 
 def _fault_name(record: dict[str, Any]) -> str:
@@ -381,15 +419,38 @@ def killed_and_resumed(
     second = crawl(server, store, env, engine)
     answer = second.answer or {}
     after = written_at(store)
+    done = Counter(_ask(r) for r in first.log if r["status"] in (200, 206))
+    repeated = Counter()
+    for r in second.log:
+        if done[_ask(r)] > 0:
+            done[_ask(r)] -= 1
+            repeated[endpoint(r)] += 1
     return {
         "first": first,
         "killed": killed,
         "second": second,
         "stored_when_killed": len(before),
+        "catalogue_when_killed": len(killed["catalogue"]),
+        "kept_after_resume": _kept(killed, contents(store)),
+        "repeated_after_kill": dict(sorted(repeated.items())),
         "computed_twice": sorted(set(before) & set(answer.get("embedded", []))),
         "rewritten": sorted(m for m, when in before.items() if after.get(m) != when),
         "skipped_on_resume": len(answer.get("skipped", [])),
     }
+
+
+def _ask(record: dict[str, Any]) -> tuple:
+    """A request as asked (method, path, query, range): the same ask answered before the kill and again after it
+    is work the kill lost."""
+    query = tuple(sorted((k, tuple(v)) for k, v in record["query"].items()))
+    return record["method"], record["path"], query, record["range"]
+
+
+def _kept(killed: dict[str, Any], final: dict[str, Any]) -> bool:
+    """Whether every vector and catalogue row stored before the kill is in the final store as it was."""
+    return all(set(map(repr, killed[t])) <= set(map(repr, final[t])) for t in ("vectors",)) and {
+        row[1] for row in killed["catalogue"]
+    } <= {row[1] for row in final["catalogue"]}
 
 
 @contextlib.contextmanager
@@ -453,10 +514,21 @@ def _summary(name: str, run: Crawl, found: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def kill_points(whole: Crawl, rng: random.Random) -> dict[str, int]:
+    """Where to kill a crawl (after this many Hub requests), from the uninterrupted run's log: during discovery (just
+    after the middle one of its listing pages) and during embedding (a seeded random point after
+    discovery's first page)."""
+    listings = [i for i, r in enumerate(whole.log) if endpoint(r) == "listing" and r["status"] == 200]
+    discovery = listings[len(listings) // 2] + 1 if listings else 1
+    first = (listings[0] + 1) if listings else 1
+    return {"discovery": discovery, "embedding": int(first + (whole.requests - first) * rng.uniform(0.1, 0.9))}
+
+
 def bench_engine(world: World, rate: float, seed: int, engine: str, workers: int, work: Path) -> dict[str, Any]:
-    """One engine: an uninterrupted crawl, then a crawl killed at a random point and resumed."""
+    """One engine: an uninterrupted crawl, then crawls killed during discovery and during embedding, each resumed."""
     hub = world.hub()
     rng = random.Random(seed)
+    out: dict[str, Any] = {"engine": engine, "runs": []}
     with hub.serve() as server, ray_cluster() if engine == "ray" else contextlib.nullcontext({}) as ray_env:
         flags = ["--engine", engine, "--workers", str(workers)]
         if engine == "ray":
@@ -464,34 +536,35 @@ def bench_engine(world: World, rate: float, seed: int, engine: str, workers: int
         extra = {k: v for k, v in ray_env.items() if k != "RAY_ADDRESS"}
         delete_after = len(world.repos)  # file requests: about a third of the way through the crawl
         misbehave(world, hub, rate, seed, delete_after)
-        whole = crawl(
-            server, work / f"{engine}-whole.duckdb", crawl_env(server.endpoint, work / f"{engine}-hf1", extra), flags
-        )
-        kill_at = int(whole.requests * rng.uniform(0.1, 0.9))
-        misbehave(world, hub, rate, seed + 1, delete_after)
-        resumed = killed_and_resumed(
-            server,
-            work / f"{engine}-resumed.duckdb",
-            crawl_env(server.endpoint, work / f"{engine}-hf2", extra),
-            flags,
-            kill_at,
-        )
-    store, reference = work / f"{engine}-resumed.duckdb", work / "local-whole.duckdb"
-    return {
-        "engine": engine,
-        "runs": [
-            _summary("uninterrupted", whole, contents(work / f"{engine}-whole.duckdb")),
-            _summary(f"killed after {kill_at} requests", resumed["first"], resumed["killed"]),
-            _summary("resumed", resumed["second"], contents(store)),
-        ],
-        "stored_when_killed": resumed["stored_when_killed"],
-        "skipped_on_resume": resumed["skipped_on_resume"],
-        "computed_twice": resumed["computed_twice"],
-        "rewritten": resumed["rewritten"],
-        "outcomes_wrong": check_outcomes(world, work / f"{engine}-whole.duckdb") + check_outcomes(world, store),
-        "resumed_vs_uninterrupted": differences(contents(store), contents(work / f"{engine}-whole.duckdb")),
-        "resumed_vs_local_uninterrupted": differences(contents(store), contents(reference)),
-    }
+        whole_store = work / f"{engine}-whole.duckdb"
+        whole = crawl(server, whole_store, crawl_env(server.endpoint, work / f"{engine}-hf1", extra), flags)
+        out["runs"].append(_summary("uninterrupted", whole, contents(whole_store)))
+        out["requests_by_endpoint"] = requests_by_endpoint(whole.log)
+        out["requests_per_model"] = requests_per_repo(whole.log, world.repos)
+        for n, (during, kill_at) in enumerate(kill_points(whole, rng).items()):
+            misbehave(world, hub, rate, seed + 1 + n, delete_after)
+            store = work / f"{engine}-killed-{during}.duckdb"
+            env = crawl_env(server.endpoint, work / f"{engine}-hf-{during}", extra)
+            resumed = killed_and_resumed(server, store, env, flags, kill_at)
+            out["runs"] += [
+                _summary(f"killed during {during} after {kill_at} requests", resumed["first"], resumed["killed"]),
+                _summary(f"resumed after the {during} kill", resumed["second"], contents(store)),
+            ]
+            out[f"killed_during_{during}"] = {
+                "kill_at": kill_at,
+                "stored_when_killed": resumed["stored_when_killed"],
+                "catalogue_when_killed": resumed["catalogue_when_killed"],
+                "kept_after_resume": resumed["kept_after_resume"],
+                "repeated_after_kill": resumed["repeated_after_kill"],
+                "skipped_on_resume": resumed["skipped_on_resume"],
+                "computed_twice": resumed["computed_twice"],
+                "rewritten": resumed["rewritten"],
+                "outcomes_wrong": check_outcomes(world, store),
+                "resumed_vs_uninterrupted": differences(contents(store), contents(whole_store)),
+                "resumed_vs_local_uninterrupted": differences(contents(store), contents(work / "local-whole.duckdb")),
+            }
+    out["outcomes_wrong"] = check_outcomes(world, whole_store)
+    return out
 
 
 def main() -> None:
@@ -502,9 +575,11 @@ def main() -> None:
     parser.add_argument("--engines", default="local,ray")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=CACHE)
+    parser.add_argument("--page-size", type=int, default=1000, help="models per listing page (the Hub's: 1000)")
     args = parser.parse_args()
     start = time.monotonic()
     world = make_world(args.out / "world", args.repos, args.seed)
+    world.page_size = args.page_size
     print(f"world: {args.repos} repos published in {time.monotonic() - start:.1f} s", flush=True)
     results = []
     work = args.out / "runs"
@@ -532,14 +607,21 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 f"{run['stored']} | {kinds} | {run['hub_requests']} | {faults} | {run['hub_file_bytes']:,} |"
             )
     for result in results:
-        same = not result["resumed_vs_uninterrupted"] and not result["resumed_vs_local_uninterrupted"]
         print(
-            f"{result['engine']}: killed with {result['stored_when_killed']} stored, resumed skipping "
-            f"{result['skipped_on_resume']}; computed twice {len(result['computed_twice'])}, rows rewritten "
-            f"{len(result['rewritten'])}; every model embedded or recorded with its kind: "
-            f"{not result['outcomes_wrong']}; final store equals the uninterrupted runs' (this engine's and the "
-            f"local engine's): {same}"
+            f"{result['engine']}: requests by endpoint {result['requests_by_endpoint']}; {result['requests_per_model']}"
         )
+        for during in ("discovery", "embedding"):
+            k = result[f"killed_during_{during}"]
+            same = not k["resumed_vs_uninterrupted"] and not k["resumed_vs_local_uninterrupted"]
+            print(
+                f"{result['engine']}, killed during {during} after {k['kill_at']} requests: {k['stored_when_killed']} "
+                f"vectors and {k['catalogue_when_killed']} catalogue rows stored, kept after resume: "
+                f"{k['kept_after_resume']}; requests asked again {k['repeated_after_kill']}; resumed skipping "
+                f"{k['skipped_on_resume']}; computed twice {len(k['computed_twice'])}, rows rewritten "
+                f"{len(k['rewritten'])}; every model embedded or recorded with its kind: "
+                f"{not k['outcomes_wrong'] and not result['outcomes_wrong']}; final store equals the uninterrupted "
+                f"runs' (this engine's and the local engine's): {same}"
+            )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,8 +93,8 @@ def unresolved(exc: BaseException) -> bool:
 
 def transient(exc: BaseException) -> bool:
     """Whether retrying may help: rate limits, server errors, timeouts, dropped or short transfers (not a host name
-    that does not resolve: that fails at once)."""
-    if unresolved(exc):
+    that does not resolve, nor a Hub that refuses connections: those fail at once)."""
+    if unresolved(exc) or any(isinstance(e, HubRefused) for e in chain(exc)):
         return False
     for e in chain(exc):
         if isinstance(e, OfflineModeIsEnabled):
@@ -105,6 +106,43 @@ def transient(exc: BaseException) -> bool:
         if isinstance(e, OSError) and "Consistency check failed" in str(e):
             return True
     return False
+
+
+#: What a call says once the Hub has refused a connection twice in a row: a run stops asking it (see :func:`refused`).
+HUB_REFUSED = "the Hub refuses connections"
+_DOWN: dict[str, str] = {}  # endpoint -> the line said of it, once its connections were refused
+_DOWN_LOCK = threading.Lock()
+
+
+class HubRefused(ConnectionError):
+    """The Hub's endpoint refused connections (nothing listens there): said in one line, never retried with backoff;
+    every later call of this process to that endpoint raises it at once."""
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection the Hub's host refused (no server listening: down, or the wrong port)."""
+    return any(
+        isinstance(e, ConnectionRefusedError) or (isinstance(e, httpx2.ConnectError) and "refused" in str(e).lower())
+        for e in chain(exc)
+    )
+
+
+def _endpoint(hub_settings: HubSettings) -> str:
+    return (hub_settings.endpoint or constants.ENDPOINT).rstrip("/")
+
+
+def hub_down(hub_settings: HubSettings) -> str | None:
+    """The line said of the settings' endpoint if it refused connections in this process, else None."""
+    with _DOWN_LOCK:
+        return _DOWN.get(_endpoint(hub_settings))
+
+
+def _refuse(hub_settings: HubSettings) -> HubRefused:
+    endpoint = _endpoint(hub_settings)
+    host = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    with _DOWN_LOCK:
+        line = _DOWN.setdefault(endpoint, f"{HUB_REFUSED} at {host} (refused twice: down, or HF_ENDPOINT wrong)")
+    return HubRefused(line)
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -128,10 +166,17 @@ def with_retries(
     """
     guard_hub_client()
     wait = hub_settings.backoff
+    if hub_down(hub_settings) is not None:
+        raise _refuse(hub_settings)
     for attempt in range(hub_settings.retries + 1):
         try:
             return call()
         except Exception as exc:
+            if refused(exc):  # nothing listens: asked once more after a moment (a restart), then said once a run
+                if attempt == 0:
+                    sleep(min(hub_settings.backoff, 1.0))
+                    continue
+                raise _refuse(hub_settings) from exc
             if attempt >= hub_settings.retries or not transient(exc):
                 try:
                     exc.modelvec_tries = attempt + 1  # type: ignore[attr-defined]
@@ -165,6 +210,8 @@ def describe_error(exc: BaseException) -> str:
     tries = next((n for n in counts if isinstance(n, int)), 1)
     after = f" after {tries} tries" if tries > 1 else ""
     for e in chain(exc):
+        if isinstance(e, HubRefused):
+            return str(e)
         if isinstance(e, GatedRepoError):
             return "gated repository: request access on the Hub and log in (hf auth login or HF_TOKEN)"
         if isinstance(e, RepositoryNotFoundError):
@@ -201,7 +248,7 @@ def describe_error(exc: BaseException) -> str:
 
 def _explain(exc: BaseException) -> tuple[Kind, str] | None:
     """For :func:`modelvec.core.errors.error_of`: a failed Hub call is the world's failure, said in one line."""
-    hub_error = (HfHubHTTPError, OfflineModeIsEnabled, UnsafeHubName, CorruptDownload, httpx2.HTTPError)
+    hub_error = (HfHubHTTPError, OfflineModeIsEnabled, UnsafeHubName, CorruptDownload, httpx2.HTTPError, HubRefused)
     if any(isinstance(e, hub_error) for e in chain(exc)):
         return Kind.TRANSIENT, describe_error(exc)
     return None

@@ -19,18 +19,19 @@ pinned revision sha, author, counts, tags, weight formats and dataset labels wit
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-from huggingface_hub import hf_hub_download
+from urllib.parse import urlsplit
 
 from ..core.errors import ModelvecError
 from ..core.files import adapter_files, formats, weight_format
 from ..core.settings import setting, validate
 from ..core.tree import DEPTH, RELATIONS
 from .client import HubSettings, describe_error, with_retries
+from .download import download_file
+from .guard import guard_hub_client
 from .ids import BaseId, resolve_base
 from .labels import dataset_labels, guess_from_name
 
@@ -62,19 +63,28 @@ class Scope:
         return entries[: self.limit] if self.limit else entries
 
 
-#: What one listing call asks for, so no per-model call is needed for declared fine-tunes.
+#: What one listing call asks for, so no per-model call is needed: the card, the files, the revision, the parents
+#: (``baseModels``), how many models name this one as their base (``childrenModelCount``: a model without children
+#: costs no listing of its own), and ``config`` (``model_type`` and ``architectures``: a name-search candidate of
+#: another family is rejected without fetching its config.json); ``safetensors`` (parameter counts) and ``gguf``
+#: are asked for as the catalogue's (the reader still needs a file's own header for its shapes).
 EXPAND = [
     "author",
+    "baseModels",
     "cardData",
+    "childrenModelCount",
+    "config",
     "createdAt",
     "downloads",
     "gated",
+    "gguf",
     "lastModified",
     "library_name",
     "likes",
     "model-index",
     "pipeline_tag",
     "private",
+    "safetensors",
     "sha",
     "siblings",
     "tags",
@@ -204,6 +214,49 @@ def describe(info: Any, base: str, kept: bool, reason: str) -> CatalogueEntry:
     )
 
 
+@dataclass
+class Listing:
+    """One listing of discovery and how far it went: its key (``tree:<level>:<parent>`` or ``search``), the Hub query,
+    the next page's address (``cursor``: the path and query the Hub's ``Link`` header gave; None: from the start) and
+    whether it is done. Stored after each page (with the page's entries), so a run that stops goes on from there."""
+
+    key: str
+    query: dict[str, Any]
+    cursor: str | None = None
+    done: bool = False
+
+    @property
+    def level(self) -> int:
+        return int(self.key.split(":")[1]) if self.key.startswith("tree:") else 0
+
+    @property
+    def parent(self) -> str:
+        return self.key.split(":", 2)[2] if self.key.startswith("tree:") else ""
+
+
+@dataclass
+class Page:
+    """What one listing page added: its entries (judged), and every listing as it stands after it (new ones queued
+    for models with children). ``done``: discovery ended with this page (its entries then hold every entry, with
+    the labels guessed from their siblings)."""
+
+    base: str
+    base_sha: str
+    entries: list[CatalogueEntry]
+    listings: list[Listing]
+    done: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Resume:
+    """What a stopped discovery left: the base's revision, the entries stored, and its listings."""
+
+    base_sha: str
+    entries: list[CatalogueEntry]
+    listings: list[Listing]
+
+
 def search_finetunes(
     base: str,
     scope: Scope | None = None,
@@ -213,136 +266,265 @@ def search_finetunes(
     matcher: Matcher,
 ) -> Discovery:
     """Find the fine-tunes of ``base`` on the Hub (see the module docstring for the two routes), as far as
-    ``scope`` says (:class:`Scope`; default: its defaults).
+    ``scope`` says (:class:`Scope`; default: its defaults): :func:`stream_finetunes` run to its end."""
+    pages = list(stream_finetunes(base, scope, hub_settings=hub_settings, progress=progress, matcher=matcher))
+    last = pages[-1]
+    return Discovery(last.base, last.base_sha, last.entries, last.notes)
 
-    The declared route follows the Hub's model tree ``scope.depth`` levels down: the base's children by every
-    relation (:data:`RELATIONS`), their children, and so on; a model is listed once, at its first level (a cycle in
-    declared bases ends there, and a model that names itself is skipped).
 
-    ``matcher`` judges the base and the name-search candidates (see :class:`Matcher`).
+def stream_finetunes(
+    base: str,
+    scope: Scope | None = None,
+    *,
+    hub_settings: HubSettings | None = None,
+    progress: Progress | None = None,
+    matcher: Matcher,
+    resume: Resume | None = None,
+) -> Iterator[Page]:
+    """The fine-tunes of ``base`` page by page, as the Hub lists them: each listing page judged and yielded before
+    the next one is asked for, so a caller that stores each page loses at most the page in flight when stopped, and
+    ``resume`` (what it stored) goes on from there. The last page is ``done`` and holds every entry.
 
-    ``scope.limit`` keeps at most that many models: declared fine-tunes first (both listings merged
-    in ``scope.sort`` order, most downloaded first by default), then matching name-search candidates
-    in the listing's order.
-    Rejected candidates are returned too, with their reason; the base itself is never a candidate.
+    The declared route follows the Hub's model tree ``scope.depth`` levels down: one listing of the models that
+    name a parent as their base (``base_model:<id>``: every relation at once, told apart by their tags), asked only
+    for parents the Hub counts children of (``childrenModelCount``); a model is listed once, at its first level (a
+    cycle in declared bases ends there, and a model that names itself is skipped). Each listing asks for everything
+    the catalogue needs (:data:`EXPAND`), so no model costs a request of its own here.
+
+    ``matcher`` judges the base and the name-search candidates (see :class:`Matcher`). ``scope.limit`` keeps at
+    most that many models: declared ones first, each listing in ``scope.sort`` order, then matching name-search
+    candidates. Rejected candidates are returned too, with their reason; the base itself is never a candidate.
     """
     scope = scope or Scope()
-    limit, sort, depth = scope.limit, scope.sort, scope.depth
     hub_settings = hub_settings or HubSettings()
-    report = progress or (lambda *_: None)
     base_id = resolve_base(base)
-    api = hub_settings.api()
     try:
-        base_info = with_retries(lambda: api.model_info(base_id.canonical), hub_settings, base_id.canonical)
-        base_config = _config(base_id.canonical, base_info.sha, hub_settings)
+        if resume is not None and resume.base_sha:
+            base_sha = resume.base_sha
+        else:
+            api = hub_settings.api()
+            base_sha = str(with_retries(lambda: api.model_info(base_id.canonical), hub_settings, base_id.canonical).sha)
+        base_config = _config(base_id.canonical, base_sha, hub_settings)
         matcher.check_base(base_id.canonical, base_config)
     except ModelvecError:
         raise
     except Exception as exc:
         raise ModelvecError(base_id.canonical, f"cannot read the base on the Hub: {describe_error(exc)}") from exc
-
-    seen: set[str] = {base_id.canonical.lower(), *(n.lower() for n in base_id.names)}
-    base_cache: dict[str, Any] = {"sha": base_info.sha}
-    entries: list[CatalogueEntry] = []
-    kept = 0
-
-    def full() -> bool:
-        return limit is not None and kept >= limit
-
-    def listing(**query: Any) -> Iterable[Any]:
-        # Lazy: pages are fetched as consumed (huggingface_hub retries each page on 429/5xx itself).
-        return api.list_models(sort=sort, expand=EXPAND, **query)  # type: ignore[arg-type]
-
-    walk = _Walk(seen)
-    for entry in walk.tree(listing, base_id, depth, limit, sort, full):
-        entries.append(entry)
-        kept += entry.kept
-        report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
-
-    if scope.search and not full():
-        for info in listing(search=base_id.search_term):
-            if full():
-                break
-            if info.id.lower() in seen:
-                continue
-            seen.add(info.id.lower())
-            entry = describe(info, base_id.canonical, False, "")
-            entry.kept, entry.reason = _check_candidate(entry, base_config, base_id, base_cache, hub_settings, matcher)
-            if entry.kept:
-                _check_weights(entry)
-            entries.append(entry)
-            kept += entry.kept
-            report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
-    _guess_from_siblings(entries)
-    return Discovery(base_id.canonical, str(base_info.sha), entries, walk.notes)
+    crawl = _Crawl(base_id, base_sha, base_config, scope, hub_settings, matcher, progress, resume)
+    yield from crawl.pages()
 
 
-class _Walk:
-    """The walk down the declared tree: which model each was first found under, and the cycles met on the way."""
+class _Crawl:
+    """One discovery's state: the entries found, the listings left, and how each page is judged."""
 
-    def __init__(self, seen: set[str]) -> None:
-        self.seen = seen
-        self.under: dict[str, str] = {}  # model (lower case) -> the parent it was first found under
-        self.notes: list[str] = []
-
-    def tree(
+    def __init__(
         self,
-        listing: Callable[..., Iterable[Any]],
         base_id: BaseId,
-        depth: int,
-        limit: int | None,
-        sort: str,
-        full: Callable[[], bool],
-    ) -> Iterator[CatalogueEntry]:
-        """The declared tree below the base, level by level (each level most ``sort`` first), each model described
-        and judged by its relation (:func:`_check_relation`), until ``full()`` or ``depth`` levels."""
-        parents = [(list(base_id.names), base_id.canonical)]  # one level of the tree: (its ids, how it is named)
-        found: dict[str, CatalogueEntry] = {}
-        for level in range(1, depth + 1):
-            declared = self.children(listing, parents, limit)
-            parents = []
-            for tag, relation, info in sorted(declared, key=lambda item: _sort_key(item[2], sort), reverse=True):
-                if full():
-                    return
-                self.seen.add(info.id.lower())
-                entry = describe(info, base_id.canonical, True, f"declares {tag}")
-                entry.relation, entry.depth = relation, level
-                _check_relation(entry, base_id, found)
-                found[entry.model.lower()] = entry
-                parents.append(([entry.model], entry.model))
-                yield entry
-            if not parents:
-                return
+        base_sha: str,
+        base_config: Mapping[str, Any],
+        scope: Scope,
+        hub_settings: HubSettings,
+        matcher: Matcher,
+        progress: Progress | None,
+        resume: Resume | None,
+    ) -> None:
+        self.base_id, self.base_sha, self.base_config, self.scope = base_id, base_sha, base_config, scope
+        self.hub_settings, self.matcher = hub_settings, matcher
+        self.report = progress or (lambda *_: None)
+        self.entries: list[CatalogueEntry] = list(resume.entries) if resume else []
+        self.found = {e.model.lower(): e for e in self.entries}
+        self.seen: set[str] = {base_id.canonical.lower(), *(n.lower() for n in base_id.names), *self.found}
+        self.base_cache: dict[str, Any] = {"sha": base_sha}
+        self.under: dict[str, str] = {}  # model (lower case) -> the parent it was first found under
+        for e in self.entries:
+            up = next((p for p in e.parents if (self.found.get(p.lower()) or e).depth == e.depth - 1), None)
+            self.under[e.model.lower()] = up or base_id.canonical
+        self.notes: list[str] = []
+        self.listings = list(resume.listings) if resume and resume.listings else self._first_listings()
 
-    def children(
-        self, listing: Callable[..., Iterable[Any]], parents: list[tuple[list[str], str]], limit: int | None
-    ) -> list[tuple[str, str, Any]]:
-        """The models that declare a parent of this level, by any relation: (tag, relation, info), each model once;
-        a model met again below its own descendant closes a cycle of declared bases, said once and not followed."""
-        found: dict[str, tuple[str, str, Any]] = {}
-        for names, parent in parents:
-            for relation in RELATIONS:
-                for name in names:
-                    for info in listing(filter=f"base_model:{relation}:{name}", limit=limit):
-                        key = info.id.lower()
-                        if key not in self.seen and key not in found:
-                            found[key] = (f"base_model:{relation}:{name}", relation, info)
-                            self.under[key] = parent
-                        elif key in self.seen:
-                            self._cycle(info.id, parent)
-        return list(found.values())
+    def _first_listings(self) -> list[Listing]:
+        tree = [Listing(f"tree:1:{name}", {"filter": f"base_model:{name}"}) for name in self.base_id.names]
+        search = [Listing("search", {"search": self.base_id.search_term})] if self.scope.search else []
+        return tree + search
+
+    @property
+    def kept(self) -> int:
+        return sum(e.kept for e in self.entries)
+
+    def full(self) -> bool:
+        return self.scope.limit is not None and self.kept >= self.scope.limit
+
+    def pages(self) -> Iterator[Page]:
+        while not self.full():
+            group = self._group()
+            if not group:
+                break
+            feeds = [_Feed(x, self.scope, self.hub_settings) for x in group]
+            new: list[CatalogueEntry] = []
+            while not self.full():
+                for feed in feeds:
+                    feed.advance()
+                    if feed.wants_page():  # a request: what was judged since the last one is stored first
+                        if new:
+                            yield Page(self.base_id.canonical, self.base_sha, new, self._copy())
+                            new = []
+                        feed.fetch()
+                ready = [f for f in feeds if f.items]
+                if not ready:
+                    for feed in feeds:
+                        feed.advance()
+                    if any(f.wants_page() for f in feeds):
+                        continue  # an empty page that is not the last
+                    break
+                feed = max(ready, key=lambda f: _sort_key(f.items[0], self.scope.sort))  # the first of the best
+                entry = self._judge(feed.listing, feed.items.pop(0))
+                new += [entry] if entry is not None else []
+            yield Page(self.base_id.canonical, self.base_sha, new, self._copy())
+        _guess_from_siblings(self.entries)
+        yield Page(self.base_id.canonical, self.base_sha, list(self.entries), self._copy(), True, self.notes)
+
+    def _group(self) -> list[Listing]:
+        """The listings read together, merged in ``sort`` order: the open ones of the tree's highest open level (the
+        base's names, or every parent of one level), else the name search."""
+        tree = [x for x in self.listings if not x.done and x.level]
+        if tree:
+            level = min(x.level for x in tree)
+            return [x for x in tree if x.level == level]
+        return [x for x in self.listings if not x.done][:1]
+
+    def _copy(self) -> list[Listing]:
+        return [Listing(x.key, dict(x.query), x.cursor, x.done) for x in self.listings]
+
+    def _judge(self, listing: Listing, info: Any) -> CatalogueEntry | None:
+        """A listed model's entry (None: met before; a cycle is said once), its children's listing queued."""
+        key = info.id.lower()
+        if key in self.seen:
+            if listing.level:
+                self._cycle(info.id, listing.parent)
+            return None
+        self.seen.add(key)
+        entry = self._tree_entry(listing, info) if listing.level else self._candidate(info)
+        self.entries.append(entry)
+        self.found[key] = entry
+        self.report(entry.model, "kept" if entry.kept else f"rejected: {entry.reason}")
+        return entry
+
+    def _tree_entry(self, listing: Listing, info: Any) -> CatalogueEntry:
+        names = self.base_id.names if listing.level == 1 else [listing.parent]
+        tags = {t.lower() for t in info.tags or []}
+        relation, name = next(
+            ((r, n) for r in RELATIONS for n in names if f"base_model:{r}:{n}".lower() in tags),
+            ("finetune", listing.parent),
+        )
+        entry = describe(info, self.base_id.canonical, True, f"declares base_model:{relation}:{name}")
+        entry.relation, entry.depth = relation, listing.level
+        _check_relation(entry, self.base_id, self.found)
+        self.under[entry.model.lower()] = listing.parent
+        children = getattr(info, "children_model_count", None)
+        if listing.level < self.scope.depth and (children is None or children > 0):
+            self.listings.append(
+                Listing(f"tree:{listing.level + 1}:{entry.model}", {"filter": f"base_model:{entry.model}"})
+            )
+        return entry
+
+    def _candidate(self, info: Any) -> CatalogueEntry:
+        entry = describe(info, self.base_id.canonical, False, "")
+        entry.kept, entry.reason = _check_candidate(
+            entry, getattr(info, "config", None), self.base_config, self.base_id, self.base_cache, self.hub_settings,
+            self.matcher,
+        )  # fmt: skip
+        if entry.kept:
+            _check_weights(entry)
+        return entry
 
     def _cycle(self, model: str, parent: str) -> None:
         if model.lower() == parent.lower():
             return  # a model naming itself: its entry says so
         chain = [parent]
-        while chain[-1].lower() in self.under and chain[-1].lower() != model.lower():
+        while chain[-1].lower() in self.under and chain[-1].lower() != model.lower() and len(chain) <= len(self.under):
             chain.append(self.under[chain[-1].lower()])
         if chain[-1].lower() == model.lower():
             path = " -> ".join([model, *reversed(chain[:-1]), model])
             note = f"{model}: a cycle of declared bases ({path}); followed once, stopped there"
             if note not in self.notes:
                 self.notes.append(note)
+
+
+_SORT_PARAM = {"created_at": "createdAt", "last_modified": "lastModified"}
+
+
+class _Feed:
+    """One listing read page by page: the models of the page in hand, and where the listing stands. Its stored
+    ``cursor`` is the page in hand (models of it already judged are skipped again on resume, as met before), or,
+    once that page is used up, the next one: a stopped run asks again for at most the pages it held."""
+
+    def __init__(self, listing: Listing, scope: Scope, hub_settings: HubSettings) -> None:
+        self.listing, self.scope, self.hub_settings = listing, scope, hub_settings
+        self.items: list[Any] = []
+        self.next: str | None = None
+        self.started = False
+
+    def advance(self) -> None:
+        """The page in hand used up: the listing stands at the next page, or is done after its last."""
+        if self.started and not self.items:
+            self.listing.cursor, self.listing.done = self.next, self.next is None
+            self.started = False
+
+    def wants_page(self) -> bool:
+        return not self.items and not self.listing.done
+
+    def fetch(self) -> None:
+        """The page the listing stands at, in hand (the listing's cursor stays on it until it is used up)."""
+        self.items, self.next = _page(self.listing, self.scope, self.hub_settings)
+        self.started = True
+
+
+def _sort_key(info: Any, sort: str) -> Any:
+    """The listing's order, to merge listings read together (the base's names; the parents of one level)."""
+    attr = {"downloads": "downloads", "likes": "likes", "created_at": "created_at", "last_modified": "last_modified"}
+    value = getattr(info, attr[sort], None)
+    if value is None:
+        return (0, 0) if sort in ("downloads", "likes") else (0, "")
+    return (1, value if sort in ("downloads", "likes") else value.isoformat())
+
+
+_SORT_PARAM = {"created_at": "createdAt", "last_modified": "lastModified"}
+
+
+def _page(listing: Listing, scope: Scope, hub_settings: HubSettings) -> tuple[list[Any], str | None]:
+    """One page of a listing from its cursor (its first page without one): its models, and the next page's path
+    and query (None after the last), as the Hub's ``Link`` header gives it (huggingface_hub's own paging, made
+    resumable)."""
+    from huggingface_hub import ModelInfo, constants, get_session
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    endpoint = (hub_settings.endpoint or constants.ENDPOINT).rstrip("/")
+    params: list[tuple[str, Any]] | None = [
+        *listing.query.items(),
+        ("sort", _SORT_PARAM.get(scope.sort, scope.sort)),
+        ("direction", "-1"),
+        *(("expand", e) for e in EXPAND),
+    ]
+    if listing.level and scope.limit is not None:
+        params.append(("limit", str(scope.limit)))  # type: ignore[union-attr]
+    url = f"{endpoint}/api/models"
+    if listing.cursor is not None:
+        url, params = endpoint + listing.cursor, None
+
+    def get() -> Any:
+        guard_hub_client()
+        headers = build_hf_headers(token=hub_settings.token)
+        response = get_session().get(url, params=params, headers=headers, timeout=hub_settings.timeout)
+        hf_raise_for_status(response)
+        return response
+
+    response = with_retries(get, hub_settings, f"the listing {listing.key}")
+    items = [ModelInfo(**{"siblings": None, **item}) for item in response.json()]
+    nxt = response.links.get("next", {}).get("url")
+    if not nxt:
+        return items, None
+    split = urlsplit(nxt)
+    return items, split.path + (f"?{split.query}" if split.query else "")
 
 
 def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, CatalogueEntry]) -> None:
@@ -411,17 +593,6 @@ def _guess_from_siblings(entries: list[CatalogueEntry]) -> None:
                 e.labels = [{"dataset": d, "source": "name", "raw": e.model} for d in guessed]
 
 
-def _sort_key(info: Any, sort: str) -> Any:
-    """The listing's order, to merge the two declared listings (by canonical and by short id)."""
-    attr = {"downloads": "downloads", "likes": "likes", "created_at": "created_at", "last_modified": "last_modified"}[
-        sort
-    ]
-    value = getattr(info, attr, None)
-    if value is None:
-        return (0, 0) if attr in ("downloads", "likes") else (0, "")
-    return (1, value if attr in ("downloads", "likes") else value.isoformat())
-
-
 def _check_weights(entry: CatalogueEntry) -> None:
     """A model modelvec cannot read is rejected at discovery, with what it has instead.
 
@@ -434,6 +605,7 @@ def _check_weights(entry: CatalogueEntry) -> None:
 
 def _check_candidate(
     entry: CatalogueEntry,
+    listed: Mapping[str, Any] | None,
     base_config: Mapping[str, Any],
     base_id: BaseId,
     base_cache: dict[str, Any],
@@ -441,9 +613,12 @@ def _check_candidate(
     matcher: Matcher,
 ) -> tuple[bool, str]:
     prefix = f"name search '{base_id.search_term}'"
+    listed_type, base_type = (listed or {}).get("model_type"), base_config.get("model_type")
+    if listed_type and base_type and str(listed_type).lower() != str(base_type).lower():
+        return False, f"{prefix}; model_type '{listed_type}' is not the base's '{base_type}' (the listing's config)"
     try:
         if "config.json" in entry.files:
-            ok, why = matcher.config_match(base_config, _config(entry.model, entry.sha, hub_settings))
+            ok, why = matcher.config_match(base_config, _config(entry.model, entry.sha or "main", hub_settings))
             return ok, f"{prefix}; {why}"
         if "model.safetensors" in entry.files:
             ok, why = _header_match(entry, base_id, base_config, base_cache, hub_settings, matcher)
@@ -453,20 +628,8 @@ def _check_candidate(
         return False, f"{prefix}; could not check the config: {describe_error(exc)}"
 
 
-def _config(repo_id: str, revision: str | None, hub_settings: HubSettings) -> dict[str, Any]:
-    path = with_retries(
-        lambda: hf_hub_download(
-            repo_id,
-            "config.json",
-            revision=revision,
-            cache_dir=hub_settings.cache_dir,
-            endpoint=hub_settings.endpoint,
-            token=hub_settings.token,
-        ),
-        hub_settings,
-        f"{repo_id}/config.json",
-    )
-    config = json.loads(Path(path).read_text())
+def _config(repo_id: str, revision: str, hub_settings: HubSettings) -> dict[str, Any]:
+    config = json.loads(Path(download_file(repo_id, "config.json", revision, hub_settings)).read_text())
     if not isinstance(config, dict):
         raise ValueError("config.json is not a JSON object")
     return config

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +44,7 @@ from huggingface_hub.utils import validate_repo_id
 from ..core.errors import CheckpointError, CorruptDownload, FetchError, ModelvecError, UnsafeHubName
 from ..core.files import SHARD_SUFFIX, WEIGHT_FORMATS, adapter_files, formats, weight_format
 from .client import HubSettings, describe_error, with_retries
+from .guard import guard_hub_client
 from .ids import is_commit_sha
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -219,14 +221,26 @@ def pin(repo_id: str, revision: str, hub_settings: HubSettings) -> str:
     return sha
 
 
+#: The most bytes a small JSON file (config.json, adapter_config.json, a shard index) may have when it comes by one
+#: GET (:func:`_get_small`): far above any real one.
+SMALL_MAX = 16 << 20
+
+
 def download_file(repo_id: str, filename: str, revision: str, hub_settings: HubSettings) -> str:
-    """One file through the cache; a fresh download is checked against its sha256 ETag (see :func:`verify`)."""
+    """One file through the cache; a fresh download is checked against its sha256 ETag (see :func:`verify`).
+
+    A JSON file at a commit sha (config.json, adapter_config.json, a shard index: small, never LFS) comes by one GET
+    (:func:`_get_small`) instead of huggingface_hub's HEAD then GET: one request a model fewer."""
     check_filename(repo_id, filename)
     repo = repo_folder(repo_id, hub_settings)
     pointer = repo / "snapshots" / revision / filename if is_commit_sha(revision) else None
 
     def attempt() -> str:
         cached = pointer is not None and pointer.is_file()
+        if cached:
+            return str(pointer)
+        if pointer is not None and filename.endswith(".json") and not hub_settings.offline:
+            return _get_small(repo_id, filename, revision, hub_settings, repo)
         if not cached and is_commit_sha(revision) and not hub_settings.offline:
             drop_unsafe_listing(repo, revision)
         path = _hub_file(repo_id, filename, revision, hub_settings)
@@ -235,6 +249,45 @@ def download_file(repo_id: str, filename: str, revision: str, hub_settings: HubS
         return path
 
     return with_retries(attempt, hub_settings, f"{repo_id}/{filename}")
+
+
+def _get_small(repo_id: str, filename: str, revision: str, hub_settings: HubSettings, repo: Path) -> str:
+    """A small file at commit ``revision`` by one GET, into the cache as huggingface_hub lays it out: the blob named
+    by its own sha256 (nothing the Hub says becomes a path), the snapshot's link to it."""
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    guard_hub_client()
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
+    headers = build_hf_headers(token=hub_settings.token)
+    with get_session().stream(
+        "GET", url, headers=headers, follow_redirects=True, timeout=hub_settings.timeout
+    ) as response:
+        hf_raise_for_status(response)
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) > SMALL_MAX:
+                raise CheckpointError(repo_id, f"{filename} is over {SMALL_MAX >> 20} MiB: not a small JSON file")
+        announced = response.headers.get("Content-Length")
+    if announced is not None and announced.isdigit() and int(announced) != len(data):
+        raise OSError(f"Consistency check failed: {filename} announced {announced} bytes, got {len(data)}")
+    digest = hashlib.sha256(data).hexdigest()
+    blob = repo / "blobs" / digest
+    if not blob.is_file():
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=blob.parent, prefix=f".{digest[:12]}.", suffix=".incomplete")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, blob)
+    link = repo / "snapshots" / revision / filename
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob, link.parent)
+    tmp_link = link.parent / f".{link.name}.{os.getpid()}.{threading.get_ident()}.link"
+    tmp_link.unlink(missing_ok=True)
+    os.symlink(target, tmp_link)
+    os.replace(tmp_link, link)
+    return str(link)
 
 
 def tree_listing(repo: Path, revision: str) -> Path:

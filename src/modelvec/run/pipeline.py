@@ -13,10 +13,12 @@ one-line reason and the run goes on.
 
 from __future__ import annotations
 
-import json
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,14 @@ from ..core.errors import CheckpointError, FetchError, Kind, ModelvecError, erro
 from ..core.files import ADAPTER_CONFIG
 from ..core.names import is_hub_id, model_id
 from ..core.settings import taken_from, with_options
-from ..hub.client import HubSettings, describe_error, with_retries
-from ..hub.discovery import CatalogueEntry, Scope, describe
+from ..hub.client import HUB_REFUSED, HubSettings, describe_error, with_retries
+from ..hub.discovery import CatalogueEntry, Resume, Scope, describe
 from ..hub.download import download_file, fetch, resolve_revision
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
-from .discover import discover
+from .discover import catalogue_entries, discovered, resumable, stored_pages
 from .engines import Engine, Execution, make_engine
 from .work import BaseSpec, Outcome, Task
 
@@ -173,35 +175,72 @@ def embed_discovered(
     """Embed every discovered fine-tune of the Hub model ``base``, as far as ``scope`` says (at most ``limit``, most
     downloaded first; its settings may also be given one by one: ``limit=10``).
 
-    The catalogue stored by an earlier discovery is used; with ``refresh`` or when there is none,
-    :func:`discover` runs first and its catalogue is stored. Other keyword arguments go to
+    The catalogue stored by an earlier discovery is used when that discovery ended. Otherwise (``refresh``, none, or
+    one that was stopped) discovery runs in a thread beside the embedding: each listing page is stored as it comes
+    (:func:`~modelvec.run.discover.discover_pages`), from where a stopped one left off, and each model found is
+    embedded as soon as it is found (the models a stopped run had found come first). Other keyword arguments go to
     :func:`embed`.
     """
     scope = with_options(Scope, scope, taken_from(Scope, kwargs), "embed_discovered")
     hub_settings = hub_settings or HubSettings()
     canonical = resolve_base(base).canonical
     with opened(store) as db:
-        if refresh or db.catalogue(canonical).empty:
-            found = discover(base, scope, hub_settings=hub_settings)
-            db.put_catalogue(found.base, found.base_sha, found.entries)
-        entries = scope.ordered(catalogue_entries(db, canonical, kept=True))
-        return embed(canonical, entries, store=db, hub_settings=hub_settings, **kwargs)
+        if not refresh and discovered(db, base, scope):
+            entries = scope.ordered(catalogue_entries(db, canonical, kept=True))
+            return embed(canonical, entries, store=db, hub_settings=hub_settings, **kwargs)
+        resume = resumable(db, base, scope, refresh)
+        found = [e for e in resume.entries if e.kept] if resume is not None else []
+        with _Discovering(base, scope, db, resume, hub_settings) as stream:
+            return embed(canonical, chain(found, stream), store=db, hub_settings=hub_settings, **kwargs)
 
 
-def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
-    """The stored catalogue of ``base`` (or one ``model`` of it) as entries, most downloaded first."""
-    frame = db.catalogue(base, kept=kept, model=model)
-    entries = []
-    for row in frame.to_dict("records"):
-        row.pop("discovered_at", None)
-        labels = json.loads(row.pop("labels_json") or "[]")
-        for key in ("tags", "files", "formats", "datasets", "parents"):
-            row[key] = list(row[key]) if row[key] is not None else []
-        for key in ("downloads", "likes"):
-            row[key] = None if pd.isna(row[key]) else int(row[key])
-        row["depth"] = 1 if row["depth"] is None or pd.isna(row["depth"]) else int(row["depth"])
-        entries.append(CatalogueEntry(**row, labels=labels))
-    return entries
+class _Discovering:
+    """Discovery in a thread of its own, its kept models handed over as they are found (a producer and its
+    consumer): iterating gives them, then ends when discovery does (its error, if any, is raised there). Entering
+    waits for the first page to be stored, so the run finds the base's revision in the store."""
+
+    _END = object()
+
+    def __init__(self, base: str, scope: Scope, db: Store, resume: Resume | None, hub_settings: HubSettings) -> None:
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.stop = threading.Event()
+        self.first = threading.Event()
+        self.thread = threading.Thread(
+            target=self._produce, args=(base, scope, db, resume, hub_settings), name="modelvec-discovery", daemon=True
+        )
+
+    def _produce(self, base: str, scope: Scope, db: Store, resume: Resume | None, hub_settings: HubSettings) -> None:
+        try:
+            for page in stored_pages(base, scope, db, resume, hub_settings=hub_settings):
+                self.first.set()
+                if page.done or self.stop.is_set():
+                    break
+                for entry in page.entries:
+                    if entry.kept:
+                        self.queue.put(entry)
+        except BaseException as exc:  # handed to the consumer, raised where it iterates
+            self.queue.put(exc)
+        finally:
+            self.first.set()
+            self.queue.put(self._END)
+
+    def __iter__(self) -> Iterator[CatalogueEntry]:
+        while True:
+            item = self.queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def __enter__(self) -> _Discovering:
+        self.thread.start()
+        self.first.wait()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def _run(
@@ -216,7 +255,19 @@ def _run(
     engine: Engine,
     load: bool,
 ) -> EmbedResult:
-    spec = _base(base, db, hub_settings)
+    try:
+        spec = _base(base, db, hub_settings)
+    except ModelvecError as exc:
+        if HUB_REFUSED not in str(exc):
+            raise
+        spec = BaseSpec(resolve_base(str(base)).canonical, "", repo=str(base))  # never opened: nothing is tried
+        down = _Run(spec, representation, db, force, report, hub_settings)
+        down.hub_down = describe_error(exc)
+        report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
+        with down.writer:
+            for _ in down.todo(models):
+                pass
+        return down.result
     run = _Run(spec, representation, db, force, report, hub_settings)
     report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
     with run.writer:
@@ -245,6 +296,7 @@ class _Run:
         self.result = EmbedResult(vectors=np.zeros((0, 0), np.float32), metadata=pd.DataFrame(), store=str(db.path))
         self.wanted: list[str] = []  # every model asked for, in order (the vectors loaded at the end)
         self.writer = db.writer()
+        self.hub_down: str | None = None  # the line said once the Hub refused connections: nothing more is tried
 
     def fail(self, name: str, error: str, model_hash: str | None, kind: Kind, fetched: int = 0) -> None:
         """A model failed now: recorded in the store (with its kind) and in the result."""
@@ -260,6 +312,15 @@ class _Run:
         )
         self.result.failed[name] = error
         self.report(Step(status="failed", model=name, detail=error, fetched=fetched, kind=Kind(kind).value))
+        if HUB_REFUSED in error and self.hub_down is None:
+            self.hub_down = error.split(": ", 1)[-1] if error.startswith(f"{name}: ") else error
+
+    def not_tried(self, name: str) -> None:
+        """A model left when the Hub refused connections: recorded as a transient failure (tried next run), said
+        once in the run's notes."""
+        line = f"{self.hub_down}: the models left were not tried, recorded as transient failures (tried next run)"
+        self.result.notes.setdefault(line, []).append(name)
+        self.fail(name, f"{name}: not tried: {self.hub_down}", None, Kind.TRANSIENT)
 
     def todo(self, models: Iterable[Model]) -> Iterator[Task]:
         """The models that need computing; the rest are skipped or known failures (checked lazily)."""
@@ -267,6 +328,11 @@ class _Run:
         for model in models:
             name = model.model if isinstance(model, CatalogueEntry) else model_id(model)
             self.wanted.append(name)
+            if self.hub_down is not None:
+                self.not_tried(name)
+                continue
+            if self._stored(model, name):  # known by its catalogued commit: nothing is asked of the Hub for it
+                continue
             try:
                 task = _task(model, spec, db, self.hub_settings)
             except Exception as exc:
@@ -288,6 +354,18 @@ class _Run:
             if any(h != spec.identity for h in db.model_versions(name, spec.name, representation)):
                 self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
+
+    def _stored(self, model: Model, name: str) -> bool:
+        """A catalogued Hub model stored at its commit: skipped before its task is made (an adapter's task fetches
+        its adapter_config.json, which a stored one need not cost)."""
+        if self.force or not isinstance(model, CatalogueEntry) or not model.sha:
+            return False
+        spec = self.spec
+        if not self.db.has(name, f"git:{model.sha}", spec.name, spec.identity, self.representation):
+            return False
+        self.result.skipped.append(name)
+        self.report(Step(status="skipped", model=name, detail="already stored"))
+        return True
 
     def record(self, outcome: Outcome) -> None:
         """An engine's outcome: a failure recorded, or the vector written."""

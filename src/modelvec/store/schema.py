@@ -173,9 +173,24 @@ BASE_VERSIONS = Table(
     ),
     ("base", "identity"),
 )
-TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES, BASE_VERSIONS)
+#: How far a base's discovery went (:class:`modelvec.hub.discovery.Listing`): each listing's Hub query, the next
+#: page's address and whether it is done, written with each page's catalogue entries, so a stopped discovery goes on
+#: from there; row ``seq`` 0 is the whole discovery (its scope in ``query``, ``done`` once it ended).
+DISCOVERY = Table(
+    "discovery",
+    (
+        ("base", "VARCHAR NOT NULL"),
+        ("seq", "INTEGER NOT NULL"),
+        ("listing", "VARCHAR NOT NULL"),
+        ("query", "VARCHAR"),
+        ("cursor", "VARCHAR"),
+        ("done", "BOOLEAN NOT NULL"),
+    ),
+    ("base", "seq"),
+)
+TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES, BASE_VERSIONS, DISCOVERY)
 #: Tables added after the first release: a store opened read-only without one is read as if it were empty.
-_TABLES_ADDED_LATER = {"traces", "base_versions"}
+_TABLES_ADDED_LATER = {"traces", "base_versions", "discovery"}
 SCHEMA = "\n".join(t.create() for t in TABLES)
 # Columns added after the first release: added in place to older store files (MIGRATIONS).
 _ADDED_LATER = {

@@ -36,6 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pandas as pd
 
@@ -49,6 +50,7 @@ from .schema import (
     BASE_VERSIONS,
     CATALOGUE,
     CATALOGUE_COLUMNS,
+    DISCOVERY,
     META_COLUMNS,
     TRACES,
     catalogue_select,
@@ -362,22 +364,47 @@ class Store:
         Vectors are kept; their labels and author are refreshed from the new entries, so a
         re-discovery that learns better labels improves the analysis without re-embedding.
         """
-        rows = []
-        for e in entries:
-            d = e.as_dict() if hasattr(e, "as_dict") else dict(e)
-            d["labels_json"] = json.dumps(d.pop("labels", []), sort_keys=True)
-            rows.append({c: d.get(c) for c in CATALOGUE_COLUMNS})
+        rows = _catalogue_rows(entries)
         with transaction(self.con):
-            self.con.execute("INSERT OR REPLACE INTO bases (base, sha) VALUES (?, ?)", [base, base_sha])
-            if rows:
-                self.con.executemany(
-                    CATALOGUE.insert(CATALOGUE_COLUMNS), [[r[c] for c in CATALOGUE_COLUMNS] for r in rows]
-                )
-                self.con.execute(
-                    """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author
-                       FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
-                    [base],
-                )
+            _put_catalogue_rows(self.con, base, base_sha, rows)
+
+    def put_discovery_page(
+        self,
+        base: str,
+        base_sha: str,
+        entries: Sequence[Any],
+        listings: Sequence[tuple[str, str, str | None, bool]],
+        *,
+        scope: str,
+        done: bool,
+    ) -> None:
+        """One page of a discovery, in one transaction: its entries into the catalogue (as :meth:`put_catalogue`) and
+        how far it went (``listings``: key, query JSON, next page's address, done; ``scope``: the discovery's settings;
+        ``done``: it ended). Safe from another thread than the store's (a connection of its own)."""
+        rows = _catalogue_rows(entries)
+        progress = [[base, 0, "", scope, None, done]]
+        progress += [
+            [base, i + 1, key, query, cursor, finished] for i, (key, query, cursor, finished) in enumerate(listings)
+        ]
+        con = self.con.cursor()
+        try:
+            with transaction(con):
+                _put_catalogue_rows(con, base, base_sha, rows)
+                con.execute("DELETE FROM discovery WHERE base = ?", [base])
+                con.executemany(DISCOVERY.insert([c for c, _ in DISCOVERY.columns]), progress)
+        finally:
+            con.close()
+
+    def discovery(self, base: str) -> pd.DataFrame:
+        """How far the discovery of ``base`` went (see :data:`~modelvec.store.schema.DISCOVERY`): no rows when none was
+        stored page by page (a catalogue stored whole, or none)."""
+        if "discovery" not in self._tables():
+            return pd.DataFrame(columns=[c for c, _ in DISCOVERY.columns])
+        return self.con.execute("SELECT * FROM discovery WHERE base = ? ORDER BY seq", [base]).df()
+
+    def forget_discovery(self, base: str) -> None:
+        """Start the discovery of ``base`` afresh next time (its catalogue is kept until refreshed)."""
+        self.con.execute("DELETE FROM discovery WHERE base = ?", [base])
 
     def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
         """Discovered models (one row per base and model), most downloaded first."""
@@ -649,3 +676,24 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _catalogue_rows(entries: Sequence[Any]) -> list[dict[str, Any]]:
+    rows = []
+    for e in entries:
+        d = e.as_dict() if hasattr(e, "as_dict") else dict(e)
+        d["labels_json"] = json.dumps(d.pop("labels", []), sort_keys=True)
+        rows.append({c: d.get(c) for c in CATALOGUE_COLUMNS})
+    return rows
+
+
+def _put_catalogue_rows(con: duckdb.DuckDBPyConnection, base: str, base_sha: str, rows: list[dict[str, Any]]) -> None:
+    """Within a transaction: the base's revision, the rows, and the labels of stored vectors refreshed from them."""
+    con.execute("INSERT OR REPLACE INTO bases (base, sha) VALUES (?, ?)", [base, base_sha])
+    if rows:
+        con.executemany(CATALOGUE.insert(CATALOGUE_COLUMNS), [[r[c] for c in CATALOGUE_COLUMNS] for r in rows])
+        con.execute(
+            """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author
+               FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
+            [base],
+        )

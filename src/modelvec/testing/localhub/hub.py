@@ -166,6 +166,7 @@ class LocalHub:
                 "files": tree,
                 "card": card,
                 "config": config,
+                "safetensors": store.safetensors_info(blobs, tree),
             }
             state["refs"]["main"] = sha
             state["meta"].update(meta)

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from .faults import NO_FAULT, Fault
 from .store import CHUNK
-from .views import EXPANDABLE, INFO_FIELDS, LIST_DEFAULT, LIST_FULL, SORT_KEYS, TREE_PAGE_EXPANDED
+from .views import EXPANDABLE, INFO_FIELDS, LIST_DEFAULT, LIST_FULL, SORT_KEYS, TREE_PAGE_EXPANDED, children_counts
 
 if TYPE_CHECKING:
     from .hub import LocalHub
@@ -320,6 +320,10 @@ class _Handler(BaseHTTPRequestHandler):
                 keys.append("cardData")
             if _truthy(q.get("config")):
                 keys.append("config")
+        if "childrenModelCount" in keys:
+            children = children_counts(states)
+            for fields in page:
+                fields["childrenModelCount"] = children.get(fields["id"].lower(), 0)
         out = []
         for fields in page:
             item = {k: fields[k] for k in keys if k in fields}
@@ -341,6 +345,11 @@ class _Handler(BaseHTTPRequestHandler):
         fields = self.server.hub._fields(state, sha, blobs=_truthy(self._query.get("blobs")))
         expand = self._expand()
         keys = ["_id", "id", *expand] if expand is not None else list(INFO_FIELDS)
+        if "childrenModelCount" in keys:
+            with self.server.hub._lock:
+                self.server.hub._refresh()
+                states = [s for _, s in self.server.hub._repos.values()]
+            fields["childrenModelCount"] = children_counts(states).get(fields["id"].lower(), 0)
         self._send_json(200, {k: fields[k] for k in keys if k in fields})
 
     def _list_tree(self, repo_id: str, revision: str, path: str) -> None:

@@ -198,6 +198,34 @@ def store_blob(blobs: Path, source: bytes | Path, link: bool = False) -> dict:
     return {"sha256": digest, "size": size, "blob_id": blob_sha1}
 
 
+_DTYPES = {"F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16", "I64": "I64", "I32": "I32", "I8": "I8", "U8": "U8"}
+
+
+def safetensors_info(blobs: Path, tree: dict) -> dict | None:
+    """A commit's ``safetensors`` as the Hub gives it: the parameters per dtype of its safetensors files and their
+    total (read from each file's header), or None when it has none or one does not parse."""
+    counts: dict[str, int] = {}
+    for path, info in tree.items():
+        if not path.endswith(".safetensors"):
+            continue
+        try:
+            with open(blobs / info["sha256"], "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(header, dict):
+            return None
+        for name, tensor in header.items():
+            if name != "__metadata__" and isinstance(tensor, dict):
+                size = 1
+                for d in tensor.get("shape") or []:
+                    size *= int(d)
+                dtype = _DTYPES.get(str(tensor.get("dtype")), str(tensor.get("dtype")))
+                counts[dtype] = counts.get(dtype, 0) + size
+    return {"parameters": counts, "total": sum(counts.values())} if counts else None
+
+
 def card_and_config(blobs: Path, tree: dict) -> tuple[dict | None, dict | None]:
     """A commit's ``card`` (the README's front matter) and ``config`` (config.json's model_type and architectures),
     each None when the commit has no such file (or it does not parse)."""

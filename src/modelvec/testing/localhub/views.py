@@ -15,7 +15,9 @@ LFS_THRESHOLD = 10 * 1024 * 1024  # files at least this large are reported as LF
 TREE_PAGE_EXPANDED = 50  # the Hub's page size of a tree listing with expand=true (1000 without)
 EXPANDABLE = (
     "author",
+    "baseModels",
     "cardData",
+    "childrenModelCount",
     "config",
     "createdAt",
     "disabled",
@@ -26,6 +28,7 @@ EXPANDABLE = (
     "likes",
     "pipeline_tag",
     "private",
+    "safetensors",
     "sha",
     "siblings",
     "tags",
@@ -111,6 +114,30 @@ def _pipeline_tag(state: dict, commit: dict) -> str | None:
     return state["meta"].get("pipeline_tag") or card.get("pipeline_tag") or None
 
 
+def base_models(state: dict) -> dict | None:
+    """``baseModels`` as the Hub gives it: the relation to the bases the card of ``main`` names, and their ids."""
+    main = state["commits"][state["refs"]["main"]]
+    card = main.get("card") or {}
+    bases = as_list(card.get("base_model"))
+    if not bases:
+        return None
+    files, config = main["files"], main.get("config") or {}
+    relation = str(card.get("base_model_relation") or _relation(files, config, len(bases)))
+    return {"relation": relation, "models": [{"id": str(b)} for b in bases]}
+
+
+def children_counts(states: list[dict]) -> dict[str, int]:
+    """``childrenModelCount`` of every repository (lower-case id): how many models name it as a base on ``main``."""
+    counts: dict[str, int] = {}
+    for state in states:
+        if not state["refs"].get("main"):
+            continue
+        card = state["commits"][state["refs"]["main"]].get("card") or {}
+        for base in {str(b).lower() for b in as_list(card.get("base_model"))}:
+            counts[base] = counts.get(base, 0) + 1
+    return counts
+
+
 def fields(state: dict, sha: str, *, blobs: bool = False) -> dict:
     """Every property of the repo at commit ``sha`` (tags and counters from main), as the Hub names them."""
     main = state["commits"][state["refs"]["main"]]
@@ -149,6 +176,11 @@ def fields(state: dict, sha: str, *, blobs: bool = False) -> dict:
             out["model-index"] = commit["card"]["model-index"]
     if commit.get("config") is not None:
         out["config"] = commit["config"]
+    if commit.get("safetensors") is not None:
+        out["safetensors"] = commit["safetensors"]
+    bases = base_models(state)
+    if bases is not None:
+        out["baseModels"] = bases
     if out["pipeline_tag"] is None:
         del out["pipeline_tag"]
     return out
