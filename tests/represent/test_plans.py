@@ -370,6 +370,8 @@ def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones
     assert all(p.n_selected == p.n_rows for p in small.plans_.values())  # below the threshold: every row
     whole = DeltaEmbedder(Representation(rows=1, pooling="concat")).fit(base)
     np.testing.assert_array_equal(small.embed_one(ft), whole.embed_one(ft))
+    counted = DeltaEmbedder(Representation(pooling="concat")).fit(base)  # the row budget: every row, as before
+    np.testing.assert_array_equal(small.embed_one(ft), counted.embed_one(ft))
 
     monkeypatch.setattr(rep_module, "AUTO_FROM", values)  # as large as the threshold: the share
     large = DeltaEmbedder(auto).fit(base)
