@@ -280,7 +280,8 @@ class _Pass:
 
 def _within(work: _Pass, mult: Multiplier, mine: list[int], H: np.ndarray, chunk: int, check: bool) -> None:
     """The products of the held block with itself, the upper triangle a chunk of columns at a time (``H[:c1]``
-    against ``H[c0:c1]``): each pair computed once; the diagonal, each vector's squared norm, in float64."""
+    against ``H[c0:c1]``): each pair computed once. With ``check`` (float32 products) the diagonal is each vector's
+    squared norm in float64; float64 products keep their own (the bits they had before)."""
     sq = work.norms(mine, H)
     for c0 in range(0, len(mine), chunk):
         c1 = min(c0 + chunk, len(mine))
@@ -288,9 +289,10 @@ def _within(work: _Pass, mult: Multiplier, mine: list[int], H: np.ndarray, chunk
         if check:
             work.rechecked += _recheck(P, H[:c1], H[c0:c1], sq[:c1], sq[c0:c1], diagonal=c0)
         square = P[c0:c1]  # the chunk against itself: its upper triangle mirrored, so G is exactly symmetric
+        diagonal = sq[c0:c1] if check else np.diagonal(square).copy()
         upper = np.triu(square, 1)
         square[...] = upper + upper.T
-        square[np.diag_indices(c1 - c0)] = sq[c0:c1]
+        square[np.diag_indices(c1 - c0)] = diagonal
         work.put(mine[:c1], mine[c0:c1], P)
 
 
