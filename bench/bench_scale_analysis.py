@@ -16,7 +16,12 @@ At each N, each in a fresh process (peak RSS from ``/usr/bin/time``):
   the PNG and the HTML map.
 Then the growth law of each (seconds = a N^b, fitted on log-log) and what 100,000 models would need.
 
-Run: ``python bench/bench_scale_analysis.py [--sizes 1000,2000,5000,10000] [--size 100000] [--json FILE]``.
+The first run's products are also timed alone (``products, first run``), beside a plain float32 ``X @ X.T`` of up
+to 2,000 vectors of the same dimension in the same process, just before and after: the machine's matrix-product
+speed, and what a symmetric product of N would take at it (the ratio says how near the products run to it).
+
+Run: ``python bench/bench_scale_analysis.py [--sizes 1000,2000,5000,10000] [--size 100000] [--json FILE]
+[--first-only] [--cache DIR]``.
 """
 
 from __future__ import annotations
@@ -177,14 +182,60 @@ print(json.dumps(stages))
 """
 
 
-def one_size(n: int, store: Path, base: Path, size: int | str, reducers: str, env: dict[str, str]) -> dict:
-    """Every command and stage at ``n`` stored vectors."""
+FLOOR = r"""
+import json, sys, time
+import numpy as np
+from modelvec import Representation, Store
+from modelvec.store import Population
+store, base, size, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+size = int(size) if size.isdigit() else size
+with Store(store, read_only=True) as db:
+    pop = Population(db, base, Representation(size=size))
+    dim = pop.selection.dim
+    m = min(n, 2000)
+    X = np.random.default_rng(0).standard_normal((m, dim), dtype=np.float32)
+    def floor():
+        t = time.perf_counter(); X @ X.T; return 2 * m * m * dim / (time.perf_counter() - t)
+    before = max(floor(), floor())
+    t = time.perf_counter(); pop.products(device="cpu"); seconds = time.perf_counter() - t
+    after = max(floor(), floor())
+rate = max(before, after)
+print(json.dumps({"seconds": seconds, "floor_gflops": rate / 1e9, "floor_gflops_before": before / 1e9,
+                  "floor_gflops_after": after / 1e9, "symmetric_floor_s": n * n * dim / rate,
+                  "general_floor_s": 2 * n * n * dim / rate}))
+"""
+
+
+def products_floor(n: int, store: Path, base: Path, size: int | str, env: dict[str, str]) -> dict:
+    """The first run's products alone (every pair computed; peak RSS of the process) beside the machine's float32
+    matrix-product speed, measured in the same process just before and after (a plain ``X @ X.T`` of up to 2,000
+    vectors of the same dimension, best of two): what a symmetric product of ``n`` would take at that speed."""
+    shutil.rmtree(Path(f"{store}.products"), ignore_errors=True)
+    command = [sys.executable, "-c", FLOOR, str(store), str(base), str(size), str(n)]
+    done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        return {"seconds": float("nan"), "error": done.stderr[-500:]}
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row["peak_rss_gib"] = int(done.stderr.strip().splitlines()[-1].split()[1]) / 2**20
+    row["ratio_to_symmetric_floor"] = row["seconds"] / row["symmetric_floor_s"]
+    shutil.rmtree(Path(f"{store}.products"), ignore_errors=True)
+    return row
+
+
+def one_size(
+    n: int, store: Path, base: Path, size: int | str, reducers: str, env: dict[str, str], first_only: bool = False
+) -> dict:
+    """Every command and stage at ``n`` stored vectors (``first_only``: the products and the first ``cluster``)."""
     products = Path(f"{store}.products")
+    row: dict = {"n": n, "products, first run": products_floor(n, store, base, size, env)}
     shutil.rmtree(products, ignore_errors=True)
     with tempfile.TemporaryDirectory() as out:
         option = [] if size == "none" else ["--size", str(size)]
         cluster = [str(BIN / "modelvec"), "cluster", str(base), "--store", str(store), "--out", out, *option]
-        row = {"n": n, "cluster first run": timed(cluster, env), "cluster again": timed(cluster, env)}
+        row["cluster first run"] = timed(cluster, env)
+        if first_only:
+            return row
+        row["cluster again"] = timed(cluster, env)
         row["neighbors"] = timed(
             [str(BIN / "modelvec"), "neighbors", "model-00007", "--store", str(store), *option], env
         )
@@ -229,6 +280,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--reducers", default="pca,umap,tsne", help="the reductions timed as stages")
     parser.add_argument("--cache", type=Path, default=Path(".cache/bench-scale"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--first-only", action="store_true", help="only the products and the first cluster")
     args = parser.parse_args(argv)
     from modelvec import Representation
     from modelvec.represent import blocks_of
@@ -250,12 +302,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(
             f"\n== {n:,} models ({dim:,} floats each; store filled in {time.perf_counter() - start:.0f} s)", flush=True
         )
-        row = one_size(n, store, base, size, args.reducers, env)
+        row = one_size(n, store, base, size, args.reducers, env, args.first_only)
         rows.append({"dim": dim, **row})
         for name, value in row.items():
-            if isinstance(value, dict) and "seconds" in value:
+            if isinstance(value, dict) and "peak_rss_gib" in value:
                 print(f"  {name:26} {value['seconds']:8.1f} s  peak RSS {value['peak_rss_gib']:.2f} GiB", flush=True)
-        for name, value in row["stages"].items():
+        first = row["products, first run"]
+        if "floor_gflops" in first:
+            print(
+                f"  float32 product here {first['floor_gflops']:.0f} GFLOP/s (before {first['floor_gflops_before']:.0f}"
+                f", after {first['floor_gflops_after']:.0f}): a symmetric product of {n:,} at that speed "
+                f"{first['symmetric_floor_s']:.1f} s, a general one {first['general_floor_s']:.1f} s; the products "
+                f"took {first['ratio_to_symmetric_floor']:.2f}x the symmetric one",
+                flush=True,
+            )
+        for name, value in row.get("stages", {}).items():
             if isinstance(value, dict):
                 print(f"  stage {name:40} {value['seconds']:8.1f} s  peak RSS {value['peak_rss_gib']:.2f} GiB")
     laws = growth(rows)

@@ -630,3 +630,34 @@ def test_a_store_too_large_for_the_memory_left_is_one_line_saying_what_fits(tmp_
     assert not Path(f"{store}.products").exists()  # nothing was computed
     monkeypatch.setattr(stored, "available_memory", lambda: None)  # a kernel that does not say: no check
     assert cluster("base", store=store, out=tmp_path / "out", reduce="pca").n_models == 36
+
+
+def test_float32_products_leave_the_report_and_the_neighbour_orders_as_float64_has_them(tmp_path, monkeypatch):
+    """``cluster`` over products computed in float32 (as above a few seconds of work) gives the report of float64
+    products: the kNN scores, the predictions, the clusterers, and every model's neighbours in the same order."""
+    from modelvec.analyse.scores import Geometry
+    from modelvec.store import products as module
+
+    reports, orders = [], []
+    for exact_up_to in (module.EXACT_UP_TO, 0):
+        monkeypatch.setattr(module, "EXACT_UP_TO", exact_up_to)
+        store, _ = _made_store(tmp_path / f"s{exact_up_to}.duckdb")
+        report = cluster("base", store=store, out=tmp_path / f"o{exact_up_to}", reduce="pca", device="cpu")
+        reports.append({k: v for k, v in report.as_json().items() if k != "files"})
+        with Store(store, read_only=True) as db:
+            G = module.gram(db.vector_file, db.select()[0]).gram
+        orders.append(Geometry.from_products(G).neighbours(36)[0])
+    assert reports[0]["knn_score"] == reports[1]["knn_score"] and reports[0]["per_dataset"] == reports[1]["per_dataset"]
+    assert _alike(reports[0], reports[1])  # what is counted exactly equal; continuous scores within float32 rounding
+    np.testing.assert_array_equal(orders[0], orders[1])
+
+
+def _alike(a: object, b: object) -> bool:
+    """Equal, numbers within 1e-6 of each other (NaN equal to NaN), through dicts and lists."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_alike(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-6, abs=1e-9, nan_ok=True)
+    return a == b

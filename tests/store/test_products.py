@@ -101,3 +101,90 @@ def test_a_query_reads_each_vector_once(tmp_path, monkeypatch):
     np.testing.assert_allclose(dots, X.astype(np.float64) @ q, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(squares, (X.astype(np.float64) ** 2).sum(1), rtol=1e-5)
     assert damaged == {}
+
+
+#: The float32 products' stated tolerance, relative to the two vectors' norms: 8 sqrt(dim) units of a float32's
+#: rounding (2^-24), the statistical bound of a float32 sum of dim terms (the blocked sums of BLAS do better).
+def tolerance(dim: int) -> float:
+    return 8 * np.sqrt(dim) * 2.0**-24
+
+
+def near_duplicates(n: int, dim: int, seed: int) -> np.ndarray:
+    """Random vectors, every third a near copy of the one before (cosine ~1 - 1e-8: its distance cancels)."""
+    X = vectors(n, dim, seed)
+    rng = np.random.default_rng(seed + 1)
+    for i in range(2, n, 3):
+        X[i] = X[i - 1] * rng.uniform(0.5, 2) + 1e-4 * rng.standard_normal(dim).astype(np.float32)
+    return X
+
+
+def check_float32_products(got: np.ndarray, X: np.ndarray) -> None:
+    """Within :func:`tolerance` of float64 everywhere; float64's (to 1e-12 of the norms) where a distance cancels
+    (cosine above ``RECHECK_COSINE``) and on the diagonal; exactly symmetric."""
+    whole = X.astype(np.float64) @ X.astype(np.float64).T
+    norms = np.sqrt(np.outer(np.diag(whole), np.diag(whole)))
+    error = np.abs(got - whole)
+    assert (error <= tolerance(X.shape[1]) * norms + 1e-30).all()
+    near = whole > module.RECHECK_COSINE * norms
+    assert (error[near] <= 1e-12 * norms[near]).all()
+    np.testing.assert_array_equal(got, got.T)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 60), dim=st.integers(1, 400), block=st.integers(1, 20000), seed=st.integers(0, 2**16))
+def test_blocked_float32_products_equal_float64_within_their_tolerance(tmp_path_factory, n, dim, block, seed):
+    """The float32 path (forced: ``exact_up_to=0``) over random sizes and blocks, the held block's own upper
+    triangle and the chunks streamed past it: float64 within the stated tolerance, near copies recomputed."""
+    X = near_duplicates(n, dim, seed)
+    path = tmp_path_factory.mktemp("s") / "s.duckdb"
+    with Store(path) as db:
+        db.put_many(rows(X))
+        selection, _ = db.select()
+        got = module.gram(db.vector_file, selection, block_floats=block, exact_up_to=0)
+    assert got.kept.tolist() == list(range(n))
+    check_float32_products(got.gram, X)
+
+
+def test_the_torch_path_equals_numpys_within_float32_rounding(tmp_path, monkeypatch):
+    """The torch product (what runs on a GPU), here on the CPU, against numpy's: both within the tolerance of float64
+    and of each other, and new rows added to kept products the same way."""
+    import functools
+
+    X = near_duplicates(50, 300, 7)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many(rows(X[:40]))
+        selection, _ = db.select()
+        numpy_path = module.gram(db.vector_file, selection, block_floats=12 * 300, exact_up_to=0)
+        monkeypatch.setattr(module, "Multiplier", functools.partial(module.Multiplier, torch_on_cpu=True))
+        torch_path = module.gram(db.vector_file, selection, block_floats=12 * 300, exact_up_to=0)
+        db.put_many(rows(X[40:], prefix="n"))
+        more, _ = db.select()
+        known = module.Known(np.zeros((50, 50)), np.zeros(50, dtype=bool))
+        known.gram[:40, :40], known.have[:40] = torch_path.gram, True
+        extended = module.gram(db.vector_file, more, known=known, block_floats=12 * 300, exact_up_to=0)
+    check_float32_products(torch_path.gram, X[:40])
+    whole = X[:40].astype(np.float64) @ X[:40].astype(np.float64).T
+    scale = np.sqrt(np.outer(np.diag(whole), np.diag(whole)))
+    assert (np.abs(torch_path.gram - numpy_path.gram) <= 2 * tolerance(300) * scale).all()
+    assert extended.computed_rows == 10
+    check_float32_products(extended.gram, X)
+
+
+def test_on_a_gpu_the_products_equal_the_cpus_within_float32_rounding(tmp_path):
+    """``device="cuda"``: the same products as the CPU's float32 ones, within float32 rounding (skipped without a
+    GPU)."""
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible")
+    X = near_duplicates(300, 2000, 11)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many(rows(X))
+        selection, _ = db.select()
+        cpu = module.gram(db.vector_file, selection, block_floats=100 * 2000, exact_up_to=0, device="cpu")
+        gpu = module.gram(db.vector_file, selection, block_floats=100 * 2000, exact_up_to=0, device="cuda")
+    check_float32_products(gpu.gram, X)
+    whole = X.astype(np.float64) @ X.astype(np.float64).T
+    scale = np.sqrt(np.outer(np.diag(whole), np.diag(whole)))
+    assert (np.abs(gpu.gram - cpu.gram) <= 2 * tolerance(2000) * scale).all()

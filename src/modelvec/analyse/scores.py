@@ -806,6 +806,8 @@ def clustering_scores(
     kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
     if len(rows) <= EXACT_COORDINATES:
         D = geo.distances(rows, rows)
+        D += D.T  # each pair's two roundings (its products scaled in two orders) made one: precomputed metrics
+        D /= 2.0  # check symmetry, which a near copy's sqrt(2 D) near 0 would fail by 1e-8 (a symmetric D: unchanged)
         np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
         chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
         hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)

@@ -11,6 +11,7 @@ from rich.table import Table
 from ..analyse.reduction import Reduction
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
+from ..store.products import Compute
 from .common import (
     JsonOpt,
     StoreOpt,
@@ -47,6 +48,7 @@ _CLUSTERING_WORDS = {
 @with_settings(Representation, "representation")
 @with_settings(Scoring, "scoring")
 @with_settings(Reduction, "reduction")
+@with_settings(Compute, "compute")
 def cluster(
     base: str = typer.Argument(
         ..., metavar="BASE", help="The base whose stored fine-tunes to cluster (path or stored id)."
@@ -63,6 +65,7 @@ def cluster(
         "(repeated or comma-separated).",
     ),
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    compute: Compute = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     wait: float | None = WaitOpt,
 ) -> None:
@@ -79,6 +82,7 @@ def cluster(
             reduction=reduction,
             label_sources=split_values(label_source) or None,
             progress=progress,
+            compute=compute,
         )
     if as_json:
         print_json(report.as_json())

@@ -38,6 +38,7 @@ from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
 from ..represent.representation import Representation
 from ..store import Population, Store, opened
+from ..store.products import Compute
 
 PathLike = str | os.PathLike[str]
 
@@ -160,6 +161,7 @@ def cluster(
     label_sources: Sequence[str] | None = None,
     hub_settings: HubSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
+    compute: Compute | None = None,
     **options: Any,
 ) -> ClusterReport:
     """Score and map the stored vectors of ``base``; writes ``out/clusters-<reduce>.png`` and ``.html``.
@@ -180,13 +182,15 @@ def cluster(
     copies of the base left out (``report.population``, ``report.notes``). The vectors are not held whole: their
     inner products are read from the vector file in blocks and kept beside the store, verified (a later run computes
     only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``; the per-block scores read
-    a sample of at most :data:`BLOCK_SAMPLE` vectors.
+    a sample of at most :data:`BLOCK_SAMPLE` vectors. ``compute`` says where their float32 products run
+    (:class:`~modelvec.store.products.Compute`: ``device="auto"``, a GPU where one is visible).
     """
     scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "cluster")
+    compute = with_options(Compute, compute, taken_from(Compute, options), "cluster")
     reduction = with_options(Reduction, reduction, options, "cluster")
     with opened(store, read_only=True) as db:
         pop = Population(db, base, representation)
-        products, meta = pop.products(progress)
+        products, meta = pop.products(progress, device=compute.device)
         if label_sources is not None:
             meta = meta.assign(
                 datasets=[

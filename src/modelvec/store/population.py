@@ -34,7 +34,7 @@ from ..core.errors import ModelvecError, NothingStoredError, ResourceError
 from ..core.names import is_hub_id, model_id
 from ..represent.representation import Representation
 from .kept import read_kept, write_kept
-from .products import BLOCK_FLOATS, BlockReader, Products, ProductsCache, Selection, checksum_of, products_with
+from .products import BlockReader, Products, ProductsCache, Selection, checksum_of, products_with, vector_bytes
 from .store import Store, StoredTraces, options_of
 from .vectorfile import zero_checksum
 
@@ -176,14 +176,16 @@ class Population:
         return f"{self.name}\n{self.representation.key()}\n{what}"
 
     def products(
-        self, progress: Callable[[int, int], None] | None = None, *, verify: bool = True
+        self, progress: Callable[[int, int], None] | None = None, *, verify: bool = True, device: str = "auto"
     ) -> tuple[Products, pd.DataFrame]:
         """The vectors' inner products, kept beside the store and verified (checked to fit in memory first), and the
         metadata of the vectors they cover (damaged ones left out: ``damaged`` names them). ``verify``: read and
         check every vector even where all their products are kept (a query reads only those it shows:
-        :meth:`check`)."""
+        :meth:`check`). ``device``: the torch device of its float32 products (:class:`~modelvec.store.products.Compute`)."""
         check_fits(len(self.selection), self.selection.dim)
-        products = self.db.products(self.selection, cache=self.cache_key(), progress=progress, verify=verify)
+        products = self.db.products(
+            self.selection, cache=self.cache_key(), progress=progress, verify=verify, device=device
+        )
         self.repaired += products.notes
         self.damaged.update(products.damaged)
         return products, self.meta.iloc[products.kept].reset_index(drop=True)
@@ -324,10 +326,10 @@ class Population:
 def check_fits(n: int, dim: int) -> None:
     """One line, before any work, when the products of ``n`` vectors would not fit in the memory left (they and a
     few copies of n x n during the scores, and two blocks of vectors): what would fit instead."""
-    need = 4 * 8 * n * n + 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))
+    need = 4 * 8 * n * n + vector_bytes(n, dim)
     free = available_memory()
     if free is not None and need > free:
-        fits = int(((free - 4 * min(BLOCK_FLOATS, 2 * n * max(dim, 1))) / 32) ** 0.5)
+        fits = int(((free - vector_bytes(n, dim)) / 32) ** 0.5)
         raise ResourceError(
             f"{n} models",
             f"their pairwise products need about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free: "

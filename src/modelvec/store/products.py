@@ -13,16 +13,20 @@ A vector whose bytes do not match its checksum is left out and named (``damaged`
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..core.settings import setting, validate
 from .kept import Kept, read_kept, write_kept
 from .vectorfile import VectorFile, checksum
 
-#: Floats of the two blocks of vectors held at once while products are accumulated (1 GiB of float32).
+#: Floats of the block of vectors held while its products are accumulated (1 GiB of float32; two chunks of
+#: :data:`CHUNK_ROWS` vectors are streamed past it).
 BLOCK_FLOATS = 1 << 28
 #: Up to this many multiply-adds products are taken in float64 (a few seconds); above, in float32 (twice as fast).
 EXACT_UP_TO = 1 << 33
@@ -123,16 +127,194 @@ def feature_moments(
     return mean, sd
 
 
-def _product(A: np.ndarray, B: np.ndarray, exact: bool) -> np.ndarray:
-    """A B^T in float64: from float64 copies where that is cheap (the same bits whatever the blocks), else a float32
-    product (half the time; each product within ~1e-6 of the float64 one, relative to the vectors' norms)."""
-    if exact:
-        return A.astype(np.float64) @ B.astype(np.float64).T
-    return (A @ B.T).astype(np.float64)
-
-
 def _block_rows(dim: int, block_floats: int) -> int:
     return max(1, block_floats // (2 * max(1, dim)))
+
+
+#: Rows of the vectors multiplied against the held block at once: a float32 product runs at this machine's full
+#: speed from about 512 columns (2 cores, OpenBLAS: 240 GFLOP/s at 512, 125 at 256).
+CHUNK_ROWS = 512
+#: Above this cosine a pair's float32 product is computed again in float64: its distance (1 - cos, or the euclidean
+#: |a|^2 + |b|^2 - 2 a.b) cancels to a few units of the product's rounding (~1e-7 of the norms), which would then
+#: be a share of it; below, the distance is at least this, and float32 rounding at most ~1e-5 of it.
+RECHECK_COSINE = 0.99
+DEVICE_HELP = (
+    "torch device for the vectors' pairwise products (float32): auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
+)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Where the vectors' pairwise products are computed, declared once (the CLI's ``--device`` is made from it):
+    ``device`` has the meaning it has for ``embed`` (:func:`modelvec.represent.resolve_device`)."""
+
+    device: str = setting("auto", DEVICE_HELP, metavar="DEVICE")
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if self.device not in ("auto", "cpu"):  # CUDA asked for without a GPU: said before any work starts
+            from ..represent import resolve_device
+
+            resolve_device(self.device)
+
+
+class Multiplier:
+    """Products of a held block of vectors with chunks of others, ``H C^T``: float64 from float64 copies where
+    ``exact`` (the same bits whatever the blocks), else float32 (a block given in float64, as standardised
+    features are, multiplied as it is). On the CPU numpy's BLAS (both cores), on a torch device with torch there."""
+
+    def __init__(self, exact: bool, device: str = "cpu", *, torch_on_cpu: bool = False) -> None:
+        """``torch_on_cpu``: torch's product on the CPU as well (what tests the torch path without a GPU)."""
+        self.exact, self.device, self.torch = exact, device, device != "cpu" or torch_on_cpu
+        self.H: np.ndarray = np.zeros((0, 0), np.float32)
+        self._held: Any = None  # the held block on the torch device
+
+    def hold(self, H: np.ndarray) -> None:
+        self.H = H.astype(np.float64) if self.exact else H
+        if self.torch and self.H.dtype == np.float32:
+            import torch
+
+            try:
+                self._held = torch.from_numpy(np.ascontiguousarray(self.H)).to(self.device)
+            except torch.cuda.OutOfMemoryError:  # a GPU too small for the block (1 GiB): numpy's product instead
+                self._held, self.torch = None, False
+        else:
+            self._held = None
+
+    def times(self, C: np.ndarray | None, upto: int = -1, within: tuple[int, int] = (0, 0)) -> np.ndarray:
+        """``H[:upto] C^T`` (``upto`` -1: every held row); with ``C`` None, of the held rows ``within`` instead."""
+        rows = slice(None) if upto < 0 else slice(0, upto)
+        if self._held is not None:
+            return self._torch(C, rows, within)
+        B = self.H[within[0] : within[1]] if C is None else (C.astype(np.float64) if self.exact else C)
+        return np.asarray(self.H[rows] @ B.T)
+
+    def _torch(self, C: np.ndarray | None, rows: slice, within: tuple[int, int]) -> np.ndarray:
+        import torch
+
+        held = self._held
+        if C is None:
+            B = held[within[0] : within[1]]
+        else:
+            B = torch.from_numpy(np.ascontiguousarray(C, dtype=np.float32)).to(self.device)
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")  # never TF32: float32 products, as on the CPU
+        try:
+            return np.asarray((held[rows] @ B.T).cpu().numpy())
+        finally:
+            torch.set_float32_matmul_precision(previous)
+
+
+def resolved_device(device: str) -> str:
+    """The torch device the products run on: ``cpu`` (numpy) unless a CUDA device is named, or visible for auto."""
+    if device == "cpu":
+        return "cpu"
+    from ..represent import resolve_device
+
+    return str(resolve_device(device))
+
+
+def _recheck(
+    P: np.ndarray, H: np.ndarray, C: np.ndarray, sq_h: np.ndarray, sq_c: np.ndarray, diagonal: int | None = None
+) -> int:
+    """Recompute in float64, in place, the entries of ``P = H C^T`` (float64, from a float32 product) whose cosine is
+    above :data:`RECHECK_COSINE` (where a distance would cancel to its rounding); the entries recomputed.
+    ``diagonal``: where ``C`` is ``H[diagonal:]``, whose own pairs (cosine 1, set from the norms) are not counted."""
+    bound = RECHECK_COSINE * np.sqrt(np.outer(sq_h, sq_c))
+    near = np.greater(P, bound)
+    if diagonal is not None:
+        k = np.arange(min(len(C), len(H) - diagonal))
+        near[diagonal + k, k] = False
+    if not near.any():
+        return 0
+    rows, cols = np.flatnonzero(near.any(axis=1)), np.flatnonzero(near.any(axis=0))
+    exact = H[rows].astype(np.float64) @ C[cols].astype(np.float64).T
+    P[np.ix_(rows, cols)] = exact
+    return int(near.sum())
+
+
+def _squares(block: np.ndarray) -> np.ndarray:
+    """Each row's squared norm in float64 (the diagonal of the products: every cosine is divided by it)."""
+    return np.einsum("ij,ij->i", block, block, dtype=np.float64)
+
+
+def vector_bytes(n: int, dim: int) -> int:
+    """Bytes of the vectors ``gram`` holds at once for ``n`` vectors of ``dim`` floats: the held block and two
+    chunks."""
+    return 4 * min(BLOCK_FLOATS + 2 * CHUNK_ROWS * max(dim, 1), 2 * n * max(dim, 1))
+
+
+def _held_rows(dim: int, block_floats: int) -> int:
+    """Rows of the held block: ``block_floats`` of them (the two chunks streamed past it come on top)."""
+    return max(1, block_floats // max(1, dim))
+
+
+def _chunk_rows(dim: int, block_floats: int) -> int:
+    return max(1, min(CHUNK_ROWS, _held_rows(dim, block_floats)))
+
+
+@dataclass
+class _Pass:
+    """What one computation of products writes to: ``G`` (selection order), each position's squared norm (float64,
+    NaN until read), the positions whose vectors are damaged, and the entries computed again in float64."""
+
+    G: np.ndarray
+    squares: np.ndarray
+    bad: set[int] = field(default_factory=set)
+    rechecked: int = 0
+
+    def norms(self, positions: Sequence[int], block: np.ndarray) -> np.ndarray:
+        at = np.asarray(positions, dtype=np.int64)
+        need = np.isnan(self.squares[at])
+        if need.all():
+            self.squares[at] = _squares(block)
+        elif need.any():
+            self.squares[at[need]] = _squares(block[need])
+        return self.squares[at]
+
+    def put(self, rows: Sequence[int], cols: Sequence[int], P: np.ndarray) -> None:
+        """Write ``P`` at (rows, cols) and its transpose at (cols, rows)."""
+        self.G[np.ix_(rows, cols)] = P
+        self.G[np.ix_(cols, rows)] = P.T
+
+
+def _within(work: _Pass, mult: Multiplier, mine: list[int], H: np.ndarray, chunk: int, check: bool) -> None:
+    """The products of the held block with itself, the upper triangle a chunk of columns at a time (``H[:c1]``
+    against ``H[c0:c1]``): each pair computed once. With ``check`` (float32 products) the diagonal is each vector's
+    squared norm in float64; float64 products keep their own (the bits they had before)."""
+    sq = work.norms(mine, H)
+    for c0 in range(0, len(mine), chunk):
+        c1 = min(c0 + chunk, len(mine))
+        P = np.asarray(mult.times(None, upto=c1, within=(c0, c1)), dtype=np.float64)
+        if check:
+            work.rechecked += _recheck(P, H[:c1], H[c0:c1], sq[:c1], sq[c0:c1], diagonal=c0)
+        square = P[c0:c1]  # the chunk against itself: its upper triangle mirrored, so G is exactly symmetric
+        diagonal = sq[c0:c1] if check else np.diagonal(square).copy()
+        upper = np.triu(square, 1)
+        square[...] = upper + upper.T
+        square[np.diag_indices(c1 - c0)] = diagonal
+        work.put(mine[:c1], mine[c0:c1], P)
+
+
+def _streamed(
+    read: Callable[[BlockReader, Sequence[int], np.ndarray | None], tuple[np.ndarray, np.ndarray]],
+    reader: BlockReader,
+    positions: list[int],
+    buffers: list[np.ndarray],
+) -> Iterator[tuple[list[int], np.ndarray, np.ndarray]]:
+    """The vectors at ``positions`` a chunk at a time (as many rows as a buffer), each chunk read and checked in a
+    second thread while the one before is multiplied (the read's copy and checksum overlap the product)."""
+    chunk = len(buffers[0])
+    pieces = [positions[i : i + chunk] for i in range(0, len(positions), chunk)]
+    if not pieces:
+        return
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(read, reader, pieces[0], buffers[0])
+        for k, piece in enumerate(pieces):
+            block, sound = future.result()
+            if k + 1 < len(pieces):
+                future = pool.submit(read, reader, pieces[k + 1], buffers[(k + 1) % 2])
+            yield piece, block[: len(piece)], sound
 
 
 def gram(
@@ -144,48 +326,53 @@ def gram(
     progress: Callable[[int, int], None] | None = None,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,
     verify: bool = True,
+    device: str = "cpu",
+    exact_up_to: int | None = None,
 ) -> Products:
-    """All inner products of the selection's vectors, accumulated block by block from the vector file.
+    """All inner products of the selection's vectors, from the vector file a block at a time: each pair once.
 
     ``known`` holds the products already computed (the cache's, in the selection's order): only the other rows
-    are read and multiplied, each block of them against every vector (and where there are none, every vector is still read once and checked, so bytes damaged
-    since the products were kept are caught). Rows in file order, so reads are sequential. ``progress(done, total)`` after each block.
-    ``transform`` maps each block of vectors before it is multiplied (e.g. standardised features).
-    """
-    read = _transformed(transform)
-    n = len(selection)
+    are computed (and where there are none, every vector is still read once and checked, so bytes damaged since the
+    products were kept are caught). The vectors to compute are held a block at a time (in file order, so reads are
+    sequential) and multiplied with themselves (the upper triangle) and with every vector after them, streamed past
+    in chunks: the symmetric product, half the work of a general one. ``progress(done, total)`` after each held
+    block. ``transform`` maps each block of vectors before it is multiplied (e.g. standardised features).
+    ``device``: the torch device of the float32 products (``cpu``: numpy's BLAS); up to ``exact_up_to``
+    multiply-adds (default :data:`EXACT_UP_TO`) the products are float64 on the CPU."""
+    read, n, dim = _transformed(transform), len(selection), selection.dim
     if known is not None and len(known.have) == n:
         G, todo = known.gram, [i for i in range(n) if not known.have[i]]  # its rows and columns of new vectors: below
     else:
         G, todo = np.zeros((n, n)), list(range(n))
-    rows = _block_rows(selection.dim, block_floats)
-    exact = len(todo) * n * selection.dim <= EXACT_UP_TO
-    order = sorted(todo, key=lambda i: selection.offsets[i])
-    everyone = sorted(range(n), key=lambda i: selection.offsets[i])
-    reader = BlockReader(vector_file, selection, rows)
-    other = np.empty((rows, selection.dim), np.float32)
-    bad: set[int] = set()
-    for start in range(0, len(order), rows):
-        mine = order[start : start + rows]
-        A, sound = read(reader, mine, None)
-        bad.update(p for p, ok in zip(mine, sound) if not ok)
-        for lo in range(0, n, rows):  # every vector, a block at a time (the new block's own rows among them)
-            theirs = everyone[lo : lo + rows]
-            B, ok = read(reader, theirs, other)
-            bad.update(p for p, good in zip(theirs, ok) if not good)
-            block = _product(A, B[: len(theirs)], exact)
-            G[np.ix_(mine, theirs)] = block
-            G[np.ix_(theirs, mine)] = block.T
-        # a pair within one block was written twice, (i, j) then (j, i), whose roundings may differ: one of them
-        for a, i in enumerate(mine[:-1]):  # row by row: memory O(n), not a copy of the block's square
-            G[mine[a + 1 :], i] = G[i, mine[a + 1 :]]
+    exact = len(todo) * n * dim <= (EXACT_UP_TO if exact_up_to is None else exact_up_to)
+    mult = Multiplier(exact, "cpu" if exact else resolved_device(device))
+    by_offset = lambda positions: sorted(positions, key=lambda i: selection.offsets[i])
+    order, todo_set = by_offset(todo), set(todo)
+    others = by_offset(i for i in range(n) if i not in todo_set)
+    held, chunk = _held_rows(dim, block_floats), _chunk_rows(dim, block_floats)
+    reader = BlockReader(vector_file, selection, held)
+    buffers = [np.empty((chunk, dim), np.float32) for _ in range(2)]
+    work = _Pass(G, np.full(n, np.nan))
+    for start in range(0, len(order), held):
+        mine = order[start : start + held]
+        H, sound = read(reader, mine, None)
+        H = H[: len(mine)]
+        work.bad.update(p for p, ok in zip(mine, sound) if not ok)
+        check = not exact and H.dtype == np.float32
+        mult.hold(H)
+        _within(work, mult, mine, H, chunk, check)
+        for theirs, C, ok in _streamed(read, reader, order[start + held :] + others, buffers):
+            work.bad.update(p for p, good in zip(theirs, ok) if not good)
+            P = np.asarray(mult.times(C), dtype=np.float64)
+            if check:
+                work.rechecked += _recheck(P, H, C, work.norms(mine, H), work.norms(theirs, C))
+            work.put(mine, theirs, P)
         if progress is not None:
-            progress(min(start + rows, len(order)), len(order))
+            progress(min(start + held, len(order)), len(order))
     if not order and verify:  # every product from the cache: the vectors are still read once, to catch damage since
-        for lo in range(0, n, rows):
-            theirs = everyone[lo : lo + rows]
-            _, ok = reader.read(theirs)
-            bad.update(p for p, good in zip(theirs, ok) if not good)
+        for theirs, _, ok in _streamed(lambda r, p, into: r.read(p, into=into), reader, others, buffers):
+            work.bad.update(p for p, good in zip(theirs, ok) if not good)
+    bad = work.bad
     kept = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
     notes = [known.note] if known is not None and known.note else []
     return Products(G[np.ix_(kept, kept)] if bad else G, kept, dict(reader.damaged), len(order), notes)

@@ -611,6 +611,7 @@ class Store:
         progress: Callable[[int, int], None] | None = None,
         standardize: bool = False,
         verify: bool = True,
+        device: str = "auto",
     ) -> Products:
         """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.products.gram`);
         with ``cache`` (a name for the selection, e.g. its base and representation) those of vectors seen before
@@ -618,14 +619,23 @@ class Store:
         feature scaled to zero mean and unit variance over the selection (one more pass; their ``cache`` must name
         exactly these vectors, whose means they depend on: :meth:`Population.standardized`). ``verify``: read and
         check every vector even where all their products are kept (what catches bytes damaged since: a quick query
-        may skip it)."""
+        may skip it). ``device``: the torch device of the float32 products (auto: CUDA where a GPU is visible; the
+        CPU's are numpy's BLAS)."""
         transform = None
         if standardize:
             mean, sd = feature_moments(self.vector_file, selection)
             transform = lambda A: (A - mean) / sd
         kept = ProductsCache(self.path, cache) if cache is not None else None
         known = kept.known(selection) if kept is not None else None
-        result = gram(self.vector_file, selection, known=known, progress=progress, transform=transform, verify=verify)
+        result = gram(
+            self.vector_file,
+            selection,
+            known=known,
+            progress=progress,
+            transform=transform,
+            verify=verify,
+            device=device,
+        )
         if kept is not None and (result.computed_rows or result.damaged):  # a damaged vector's products go too
             kept.save(selection, result)
         return result
