@@ -50,6 +50,7 @@ from .download import (
 )
 from .ids import is_commit_sha
 from .ranges import (
+    REQUEST_CAP,
     RangeJob,
     RangeStats,
     RemoteFile,
@@ -85,6 +86,8 @@ IN_FLIGHT = 16
 #: 1 Gbit/s with 20 ms a request, a gap of 156 kB costs what a request costs with 16 in flight. Gaps are fetched
 #: only where no longer than the ranges beside them, so the share of bytes stays near the share of rows.
 GAP = gap_worth(125e6, 0.02, IN_FLIGHT)
+#: The most bytes one request asks for.
+CAP = REQUEST_CAP
 
 
 @dataclass
@@ -191,7 +194,9 @@ def fill_partial(
             _write_marker(folder, held)
 
     # every file's ranges in one pool: the link stays busy from one shard to the next
-    for job, stats in zip(jobs, fetch_many(jobs, hub_settings, max_in_flight=IN_FLIGHT, gap=GAP, on_done=record)):
+    for job, stats in zip(
+        jobs, fetch_many(jobs, hub_settings, max_in_flight=IN_FLIGHT, gap=GAP, cap=CAP, on_done=record)
+    ):
         done.bytes += stats.bytes
         done.requests += stats.requests
         if stats.whole_file:
