@@ -443,7 +443,8 @@ def fetch_stream(size: str, ft: Path, args: argparse.Namespace) -> list[dict]:
         hub = LocalHub(root / "hub")
         shas = {f"bench/ft-{i}": hub.publish(f"bench/ft-{i}", ft, link=True) for i in range(args.fetch)}
         in_flight = args.fetch_models * IN_FLIGHT
-        print(f"a stream of {args.fetch} fetched, {args.fetch_models} models in flight, {IN_FLIGHT} requests each:")
+        models = f"{args.fetch_models} model{'s' if args.fetch_models > 1 else ''}"
+        print(f"a stream of {args.fetch} fetched, {models} in flight, {IN_FLIGHT} requests each:")
         runs = [(parse_bandwidth(b), latency) for b in args.bandwidth.split(",") for latency in (args.latency, 0.0)]
         for rate, latency in [*runs, (None, 0.0)]:  # last, no link at all: what this machine's two ends can do
             with hub.serve(bandwidth=rate, latency=latency) as server:
