@@ -2,6 +2,7 @@
 
     python bench/bench_llm.py [--sizes 1b,3b,8b] [--reprs sketch,U,US,S,sketch-concat] [--device cpu|cuda]
     python bench/bench_llm.py --sizes 8b --reprs today,default --hub --bandwidth 1gbit [--no-rank]
+    python bench/bench_llm.py --sizes 8b --hollow --fetch 4 --bandwidth 1gbit,10gbit [--fetch-models 2]
 
 Writes Llama-shaped random sharded bf16 pairs itself (Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B
 dimensions, grouped-query attention; a small vocabulary, since embeddings are not read): a base,
