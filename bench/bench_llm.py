@@ -2,6 +2,7 @@
 
     python bench/bench_llm.py [--sizes 1b,3b,8b] [--reprs sketch,U,US,S,sketch-concat] [--device cpu|cuda]
     python bench/bench_llm.py --sizes 8b --reprs today,default --hub --bandwidth 1gbit [--no-rank]
+    python bench/bench_llm.py --sizes 8b --hollow --fetch 4 --bandwidth 1gbit,10gbit [--fetch-models 2]
 
 Writes Llama-shaped random sharded bf16 pairs itself (Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B
 dimensions, grouped-query attention; a small vocabulary, since embeddings are not read): a base,
@@ -211,6 +212,18 @@ elif job == "hub-stream":  # several Hub fine-tunes through embed's pipeline: do
     settings = HubSettings(endpoint=hub["endpoint"], cache_dir=hub["cache"], token=False)
     result = modelvec.embed(base, hub["repos"], hub_settings=settings, store=hub["store"], workers=2, load=False, **params)
     assert not result.failed, result.failed
+elif job == "hub-fetch":  # several Hub fine-tunes fetched as embed's I/O workers fetch them, nothing computed
+    from concurrent.futures import ThreadPoolExecutor
+    from modelvec import Representation
+    from modelvec.hub.client import HubSettings
+    from modelvec.run.work import open_hub
+    hub = params.pop("_hub")
+    settings = HubSettings(endpoint=hub["endpoint"], cache_dir=hub["cache"], token=False)
+    representation = Representation(**params)
+    cpu, fetch_start = time.process_time(), time.perf_counter()  # the imports above are not the fetch's
+    with ThreadPoolExecutor(hub["models"]) as pool:
+        list(pool.map(lambda repo: open_hub(repo, hub["shas"][repo], None, "ft", settings, representation, base=False), hub["repos"]))
+    cpu = time.process_time() - cpu
 elif job == "rank":
     from modelvec.studies.spectra import spectra_of
     spectra_of(ft, device=device, fused=False)
@@ -228,6 +241,8 @@ done.set()
 out = {"seconds": seconds, "peak_anon": max(peak[0], field("RssAnon:")) - idle, "peak_rss": field("VmHWM:")}
 if job == "svdvals":
     out["matrices"], out["of"] = len(refs), len(la.refs)
+if job == "hub-fetch":
+    out["cpu_seconds"], out["fetch_seconds"] = cpu, seconds - (fetch_start - start)
 if job in ("embed", "hub-embed", "hub-whole"):  # a stream's seconds are its whole run, the base fitted once
     out["fit_seconds"] = fit_s
     out["embed_seconds"] = seconds - fit_s
@@ -289,7 +304,7 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
 
     from modelvec.testing.localhub import LocalHub, parse_bandwidth
 
-    rate = parse_bandwidth(args.bandwidth)
+    rate = parse_bandwidth(args.bandwidth.split(",")[0])
     root = Path(tempfile.mkdtemp(prefix="bench-hub-", dir=args.cache))
     out = []
     try:
@@ -360,6 +375,104 @@ def through_hub(size: str, base: Path, ft: Path, args: argparse.Namespace) -> li
     return out
 
 
+def write_hollow(size: str, root: Path) -> Path:
+    """A fine-tune of ``size``'s shape whose tensors are holes (sparse files of their real sizes: they read as zeros
+    and take no disk): what fetching byte ranges from a Hub costs depends on the layout alone, and an 8B pair would
+    take 30 GB of disk. Tensors in shards of ``SHARD_BYTES``, each shard's header as safetensors writes it."""
+    layers, d, ff, heads, kv, hd = SIZES[size]
+    folder = root / f"llama-{size}-hollow"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d, "vocab_size": 256}
+    config |= {"intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads}
+    config |= {"num_key_value_heads": kv, "head_dim": hd, "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(config))
+    shapes = [(heads * hd, d), (kv * hd, d), (kv * hd, d), (d, heads * hd), (ff, d), (ff, d), (d, ff)]
+    names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
+    names += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    tensors = [("model.embed_tokens.weight", (256, d))]
+    tensors += [(f"model.layers.{i}.{n}.weight", s) for i in range(layers) for n, s in zip(names, shapes)]
+    shards: list[list[tuple[str, tuple[int, int]]]] = [[]]
+    for key, shape in tensors:  # a shard is closed once it holds SHARD_BYTES, as write_pair closes them
+        if sum(a * b * 2 for _, (a, b) in shards[-1]) >= SHARD_BYTES:
+            shards.append([])
+        shards[-1].append((key, shape))
+    weight_map = {}
+    for i, part in enumerate(shards):
+        name = f"model-{i + 1:05d}.safetensors"
+        header, at = {}, 0
+        for key, (rows, cols) in sorted(part):
+            header[key] = {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [at, at + rows * cols * 2]}
+            at, weight_map[key] = at + rows * cols * 2, name
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(folder / name, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            f.truncate(8 + len(raw) + at)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def fetch_law(got: dict, rate: float, latency: float, in_flight: int) -> str:
+    """The fetch against its limits: bytes / bandwidth (the link), requests x latency / requests in flight (round
+    trips, if none overlapped a transfer), and the CPU both ends spent over the 2 cores; the share of the time the
+    bytes took, the rest being requests (round trips, their setup, the client's and server's work)."""
+    link, seconds = got["bytes_sent"] / rate, got["fetch_seconds"]
+    trips = got["requests"] * latency / in_flight
+    cpu = (got["cpu_seconds"] + got["server_cpu"]) / 2
+    return (
+        f"{seconds:6.1f} s = {seconds / link:.2f}x bytes/bandwidth ({link:.1f} s); "
+        f"{got['requests']} requests x {latency * 1e3:.0f} ms / {in_flight} in flight = {trips:.1f} s, "
+        f"limit max(link, trips) {max(link, trips):.1f} s, link + trips {link + trips:.1f} s; CPU (client "
+        f"{got['cpu_seconds']:.1f} + server {got['server_cpu']:.1f} s) / 2 cores {cpu:.1f} s; bytes "
+        f"{link / seconds:.0%} of the time, requests and the rest {1 - link / seconds:.0%}"
+    )
+
+
+def fetch_stream(size: str, ft: Path, args: argparse.Namespace) -> list[dict]:
+    """``--fetch N`` copies of the fine-tune fetched from a local Hub as ``embed``'s I/O workers fetch them
+    (``--fetch-models`` models in flight, each with its requests in flight), nothing computed: seconds against the
+    link's floor, at each ``--bandwidth`` with ``--latency`` and side by side without it (what round trips cost)."""
+    import shutil
+    import tempfile
+
+    from modelvec.hub.partial import IN_FLIGHT
+    from modelvec.testing.localhub import LocalHub, parse_bandwidth
+
+    root = Path(tempfile.mkdtemp(prefix="bench-fetch-", dir=args.cache))
+    out = []
+    try:
+        hub = LocalHub(root / "hub")
+        shas = {f"bench/ft-{i}": hub.publish(f"bench/ft-{i}", ft, link=True) for i in range(args.fetch)}
+        in_flight = args.fetch_models * IN_FLIGHT
+        models = f"{args.fetch_models} model{'s' if args.fetch_models > 1 else ''}"
+        print(f"a stream of {args.fetch} fetched, {models} in flight, {IN_FLIGHT} requests each:")
+        runs = [(parse_bandwidth(b), latency) for b in args.bandwidth.split(",") for latency in (args.latency, 0.0)]
+        for rate, latency in [*runs, (None, 0.0)]:  # last, no link at all: what this machine's two ends can do
+            with hub.serve(bandwidth=rate, latency=latency) as server:
+                first, before, cpu = len(server.requests), server.bytes_sent(), time.process_time()
+                hub_args = {"endpoint": server.endpoint, "repos": list(shas), "shas": shas}
+                hub_args |= {"models": args.fetch_models, "cache": str(root / "cache")}
+                got = measure("hub-fetch", ft, ft, {**REPRS["default"], "_hub": hub_args}, args.device)
+                got |= {"server_cpu": time.process_time() - cpu, "requests": len(server.requests) - first}
+                got |= {"bytes_sent": server.bytes_sent() - before}
+            shutil.rmtree(root / "cache", ignore_errors=True)
+            what = f"{'no limit' if rate is None else f'{rate * 8 / 1e9:g} Gbit/s'}, {latency * 1e3:.0f} ms"
+            out.append({"size": size, "job": "hub-fetch", "bandwidth": rate, "latency": latency, **got})
+            if failed(got, what):
+                continue
+            if rate is None:
+                print(
+                    f"{what:>18}: {got['fetch_seconds']:6.1f} s, {got['bytes_sent'] / got['fetch_seconds'] / 1e6:.0f} "
+                    f"MB/s: the local Hub and the client on this machine's cores, the most any link here shows",
+                    flush=True,
+                )
+            else:
+                print(f"{what:>18}: {fetch_law(got, rate, latency, in_flight)}", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``argv`` for a test; else ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -379,7 +492,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--hub", action="store_true", help="also fetch the fine-tune from a local Hub (loopback) with --bandwidth"
     )
-    parser.add_argument("--bandwidth", default="1gbit", help="the local Hub's simulated link (shared by all requests)")
+    parser.add_argument(
+        "--bandwidth", default="1gbit", help="the local Hub's simulated link (shared by all requests); --fetch: a list"
+    )
     parser.add_argument("--latency", type=float, default=0.02, help="the local Hub's time to first byte, seconds")
     parser.add_argument(
         "--stream",
@@ -387,6 +502,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         metavar="N",
         help="with --hub: also embed N Hub copies of the fine-tune in one run",
+    )
+    parser.add_argument(
+        "--fetch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --hub: also fetch N Hub copies of the fine-tune, nothing computed, against the link's floor",
+    )
+    parser.add_argument("--fetch-models", type=int, default=2, help="--fetch: models in flight (embed's workers)")
+    parser.add_argument(
+        "--hollow",
+        action="store_true",
+        help="with --fetch: a fine-tune of holes (no disk, no base), and only the fetch is measured",
     )
     return parser.parse_args(argv)
 
@@ -437,6 +565,8 @@ def one_size(size: str, base: Path, ft: Path, args: argparse.Namespace) -> list[
             print(embed_line(name, got, floor, matrices), flush=True)
     if args.hub:
         results += through_hub(size, base, ft, args)
+    if args.fetch:
+        results += fetch_stream(size, ft, args)
     if args.rank:
         results += rank_jobs(size, base, ft, args.device, args.svdvals_matrices)
     return results
@@ -457,6 +587,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for size in args.sizes.split(","):
         start = time.perf_counter()
+        if args.hollow:  # the fetch alone, of a fine-tune's layout
+            print(f"\n== Llama {size} shape (bf16, sharded, hollow), fetched from a local Hub", flush=True)
+            results += fetch_stream(size, write_hollow(size, args.cache), args)
+            continue
         base, ft = write_pair(size, args.cache, args.device)
         print(
             f"\n== Llama {size} shape (bf16, sharded; written/reused in {time.perf_counter() - start:.0f} s), "

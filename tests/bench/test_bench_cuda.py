@@ -125,3 +125,23 @@ def test_a_failing_method_is_kept_in_its_row(bench_rank, tiny_bert, monkeypatch)
     row = bench_rank.bench("tiny-bert", tiny_bert, 1, False, False)
     assert row["modelvec_error"].startswith("RuntimeError: CUDA error")
     assert row["straightforward_s"] > 0 and "straightforward / modelvec" not in row
+
+
+def test_the_fetch_stream_of_a_hollow_checkpoint_runs_on_the_cpu(bench_llm, monkeypatch, tmp_path, capsys) -> None:
+    """``--hollow --fetch``: a sharded fine-tune of holes, fetched from the local Hub as embed's workers fetch, at a
+    link, with and without latency and without a link, each run sent the same bytes, and the law printed."""
+    monkeypatch.setitem(bench_llm.SIZES, "tiny", (2, 64, 128, 4, 2, 16))
+    monkeypatch.setattr(bench_llm, "SHARD_BYTES", 40_000)
+    ft = bench_llm.write_hollow("tiny", tmp_path)
+    assert len(list(ft.glob("*.safetensors"))) > 1 and sum(f.stat().st_blocks for f in ft.glob("*.safetensors")) < 64
+    args = ["--sizes", "tiny", "--hollow", "--fetch", "2", "--bandwidth", "1gbit", "--latency", "0.01"]
+    results = bench_llm.main([*args, "--cache", str(tmp_path)])
+    assert [(r["job"], r["bandwidth"], r["latency"]) for r in results] == [
+        ("hub-fetch", 125e6, 0.01),
+        ("hub-fetch", 125e6, 0.0),
+        ("hub-fetch", None, 0.0),
+    ]
+    assert all("error" not in r for r in results)
+    assert len({r["bytes_sent"] for r in results}) == 1 and results[0]["bytes_sent"] > 0
+    printed = capsys.readouterr().out
+    assert "1 Gbit/s, 10 ms" in printed and "x bytes/bandwidth" in printed and "MB/s: the local Hub" in printed

@@ -236,3 +236,36 @@ def test_bad_answers_are_recorded_with_their_kind_and_the_run_goes_on(models, hu
     with Store(store) as db:
         kinds = dict(zip(db.overview().failures["model"], db.overview().failures["kind"]))
     assert kinds == {"org/ft-sharded": "transient", "org/ft-cut": "content"}
+
+
+def test_coalesced_ranges_give_the_vectors_of_ranges_fetched_one_by_one(models, server, monkeypatch, tmp_path):
+    """The same model read with every range its own request, with the gaps between its rows fetched and sliced
+    away, and with those requests kept under a cap: identical vectors; coalescing makes fewer requests of more
+    bytes, the cap more requests, none over it."""
+    representation = Representation(rows=0.05, projection="countsketch")
+    got = {}
+    for how, gap, cap in (("one by one", 0, None), ("coalesced", 1 << 20, None), ("capped", 1 << 20, 48 << 10)):
+        monkeypatch.setattr("modelvec.hub.partial.GAP", gap)
+        monkeypatch.setattr("modelvec.hub.partial.CAP", cap)
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / how), token=False, retries=1)
+        first = len(server.requests)
+        result = embed(
+            "org/base",
+            ["org/ft-sharded"],
+            representation=representation,
+            hub_settings=settings,
+            store=tmp_path / f"{how}.duckdb",
+        )
+        assert result.embedded == ["org/ft-sharded"] and not result.failed
+        gets = weight_gets(server, "org/ft-sharded")
+        gets = [r for r in gets if r in server.requests[first:]]
+        got[how] = (
+            result.vectors[0],
+            len(gets),
+            sum(r["bytes"] for r in gets),
+            max(r["bytes"] for r in gets if not r["range"].startswith("bytes=0-")),
+        )  # headers: not capped
+    (alone, requests, sent, _), (merged, fewer, more, longest), (capped, more_requests, _, most) = got.values()
+    assert np.array_equal(alone, merged) and np.array_equal(alone, capped)
+    assert fewer < requests and more > sent, (requests, fewer, sent, more)
+    assert more_requests > fewer and most <= 48 << 10 < longest, (fewer, more_requests, most, longest)

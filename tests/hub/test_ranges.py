@@ -8,6 +8,7 @@ dropped connections.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -16,12 +17,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 from huggingface_hub import constants as hf_constants
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save
 
 from modelvec.core.errors import CheckpointError, FetchError, Kind, error_of
 from modelvec.core.spans import merge, missing
 from modelvec.hub.client import HubSettings
-from modelvec.hub.ranges import HEADER_PROBE, RemoteFile, coalesce_ranges, fetch_ranges, fetch_safetensors_header
+from modelvec.hub.ranges import (
+    HEADER_PROBE,
+    RemoteFile,
+    coalesce_ranges,
+    fetch_ranges,
+    fetch_safetensors_header,
+    gap_worth,
+)
 from modelvec.testing.localhub import LocalHub
 
 REPO = "org/weights"
@@ -176,6 +186,64 @@ def test_coalescing():
         held = sum(b - a for a, b in merge(asked))
         assert sum(b - a for a, b in got) <= 2 * held  # within twice what was asked for
         assert not missing(asked, got)  # and all of it
+
+
+wanted_ranges = st.lists(
+    st.tuples(st.integers(0, 5_000), st.integers(0, 300)).map(lambda t: (t[0], t[0] + t[1])), max_size=40
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(wanted=wanted_ranges, gap=st.integers(0, 2_000), cap=st.one_of(st.none(), st.integers(1, 3_000)))
+def test_coalescing_fetches_every_wanted_byte_once_and_its_answers_slice_back_to_them(wanted, gap, cap):
+    """Against the plan (the ranges wanted, overlapping or empty as they come): the requests are disjoint (no byte
+    fetched twice), cover every wanted byte, each touches a wanted byte, none is over the cap, and all of them
+    fetch at most twice the wanted bytes; the answers, sliced at the wanted ranges, are exactly the wanted bytes."""
+    requests = coalesce_ranges(wanted, gap, cap)
+    data = np.random.default_rng(len(wanted)).integers(0, 256, 5_400, dtype=np.uint8).tobytes()
+    answers = {(a, b): data[a:b] for a, b in requests}  # what a server sends for each request
+    assert all(a < b for a, b in requests)
+    assert all(b <= c for (_, b), (c, _) in itertools.pairwise(requests))  # sorted and disjoint
+    assert not missing(wanted, requests)
+    held = merge(wanted)
+    assert all(any(a < y and x < b for x, y in held) for a, b in requests)  # no request of gap bytes alone
+    assert cap is None or all(b - a <= cap for a, b in requests)
+    assert sum(b - a for a, b in requests) <= 2 * sum(b - a for a, b in held)
+    for start, stop in wanted:
+        pieces = [answers[a, b][max(start, a) - a : min(stop, b) - a] for a, b in requests if a < stop and start < b]
+        assert b"".join(pieces) == data[start:stop]
+
+
+def test_the_gap_worth_fetching_is_what_a_request_costs_over_a_busy_link():
+    assert gap_worth(125e6, 0.02, 16) == 156_250  # 1 Gbit/s, 20 ms, 16 in flight
+    assert gap_worth(1.25e9, 0.02, 16) == 10 * gap_worth(125e6, 0.02, 16)  # a faster link: longer gaps
+    assert gap_worth(125e6, 0.02, 32) < gap_worth(125e6, 0.02, 16)  # more in flight: a request costs less
+    with pytest.raises(ValueError):
+        gap_worth(0, 0.02, 16)
+
+
+def test_random_plans_land_every_wanted_byte_from_requests_that_never_overlap(server, hub_settings, weights, tmp_path):
+    """The real fetch, for random plans, gaps and caps: the Hub is asked for disjoint ranges that hold every wanted
+    byte and sends each byte once, and the local file holds the remote bytes at every wanted offset."""
+    data, sha = weights
+    rng = np.random.default_rng(7)
+    for case in range(12):
+        starts = rng.integers(0, len(data) - 20_000, size=int(rng.integers(1, 25)))
+        wanted = [(int(a), int(a + rng.integers(0, 20_000))) for a in starts]
+        gap, cap = int(rng.integers(0, 50_000)), [None, int(rng.integers(1_000, 60_000))][case % 2]
+        first, before = len(server.requests), server.bytes_sent()
+        out = tmp_path / f"local-{case}"
+        fetch_ranges(remote(data, sha), wanted, out, hub_settings, gap=gap, cap=cap, max_in_flight=4)
+        asked = sorted(
+            (int(a), int(b) + 1)
+            for r, _ in gets(server, first)
+            for a, b in [(r or "").removeprefix("bytes=").split("-")]
+        )
+        assert all(b <= c for (_, b), (c, _) in itertools.pairwise(asked)), "a byte asked for twice"
+        assert not missing(wanted, asked)
+        assert server.bytes_sent() - before == sum(b - a for a, b in asked)
+        local = out.read_bytes()
+        assert all(local[a:b] == data[a:b] for a, b in wanted)
 
 
 def test_ranges_land_at_their_offsets_and_the_hub_sees_the_coalesced_ranges(server, hub_settings, weights, tmp_path):

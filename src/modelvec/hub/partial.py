@@ -29,6 +29,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: threads are still ordered
     fcntl = None  # type: ignore[assignment]
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,16 @@ from .download import (
     write_atomic,
 )
 from .ids import is_commit_sha
-from .ranges import RangeJob, RangeStats, RemoteFile, fetch_many, fetch_safetensors_header
+from .ranges import (
+    REQUEST_CAP,
+    RangeJob,
+    RangeStats,
+    RemoteFile,
+    SafetensorsHeader,
+    fetch_many,
+    fetch_safetensors_header,
+    gap_worth,
+)
 
 _LOCK = threading.Lock()  # guards _LOCKS
 _LOCKS: dict[Path, threading.Lock] = {}  # per folder: one process's threads fill one folder's marker in turn
@@ -68,9 +78,16 @@ def _locked(folder: Path) -> Iterator[None]:
         yield
 
 
-#: Ranges this close are fetched by one request: a few KiB more on the wire cost less than a round trip, while the
-#: share of bytes stays near the share of rows (a large gap would fetch whole small matrices).
-GAP = 64 << 10
+#: Requests in flight for one model's files (a stream has several models in flight: ``embed``'s I/O workers). Beyond
+#: about 16 the local Hub's stream of 8B fine-tunes at 1 Gbit/s and 20 ms got no faster, and cost more CPU
+#: (docs/scale.md, "Fetching at the link's floor"); huggingface_hub's client keeps 20 connections alive.
+IN_FLIGHT = 16
+#: Ranges this close are fetched by one request (:func:`~modelvec.hub.ranges.gap_worth`): at the link assumed,
+#: 1 Gbit/s with 20 ms a request, a gap of 156 kB costs what a request costs with 16 in flight. Gaps are fetched
+#: only where no longer than the ranges beside them, so the share of bytes stays near the share of rows.
+GAP = gap_worth(125e6, 0.02, IN_FLIGHT)
+#: The most bytes one request asks for.
+CAP = REQUEST_CAP
 
 
 @dataclass
@@ -128,15 +145,24 @@ def _make_partial(
     held = held or {}
     for name in weights:
         check_filename(repo_id, name)
-        if name in held and (folder / name).is_file():
-            continue
-        header = fetch_safetensors_header(repo_id, revision, name, hub_settings)
+    todo = [name for name in weights if not (name in held and (folder / name).is_file())]
+    for header in _headers(repo_id, revision, todo, hub_settings):
+        name = header.file.filename
         with open(folder / name, "wb") as f:  # sparse: only the header takes disk
             f.truncate(header.file.size)
             f.write(header.raw)
         held[name] = [(0, header.data_start)]
     _write_marker(folder, held)
     return folder
+
+
+def _headers(repo_id: str, revision: str, names: Sequence[str], hub_settings: HubSettings) -> list[SafetensorsHeader]:
+    """The headers of a checkpoint's weight files, requested together: one round trip for all shards, not one a
+    shard (an 8B Llama's 4 shards, or 7 here and there, before its first row). The first failure is raised."""
+    if len(names) <= 1:
+        return [fetch_safetensors_header(repo_id, revision, name, hub_settings) for name in names]
+    with ThreadPoolExecutor(min(IN_FLIGHT, len(names)), thread_name_prefix="headers") as pool:
+        return list(pool.map(lambda name: fetch_safetensors_header(repo_id, revision, name, hub_settings), names))
 
 
 def fill_partial(
@@ -168,7 +194,9 @@ def fill_partial(
             _write_marker(folder, held)
 
     # every file's ranges in one pool: the link stays busy from one shard to the next
-    for job, stats in zip(jobs, fetch_many(jobs, hub_settings, max_in_flight=16, gap=GAP, on_done=record)):
+    for job, stats in zip(
+        jobs, fetch_many(jobs, hub_settings, max_in_flight=IN_FLIGHT, gap=GAP, cap=CAP, on_done=record)
+    ):
         done.bytes += stats.bytes
         done.requests += stats.requests
         if stats.whole_file:

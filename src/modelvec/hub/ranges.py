@@ -1,9 +1,10 @@
 """Reading a few byte ranges of a Hub file instead of downloading all of it.
 
 A vector needs a few percent of each weight matrix's rows, which are contiguous row blocks of a safetensors file,
-so a multi-GB shard need not come whole: :func:`fetch_safetensors_header` reads its header (the first MiB, and the
-rest of the header if it is longer) and learns the file's size, and :func:`fetch_ranges` writes the wanted byte
-ranges into a local (sparse) file at their own offsets, several requests in flight, neighbouring ranges coalesced.
+so a multi-GB shard need not come whole: :func:`fetch_safetensors_header` reads its header (the first 128 KiB,
+:data:`HEADER_PROBE`, and the rest of the header if it is longer) and learns the file's size, and :func:`fetch_ranges`
+writes the wanted byte ranges into a local (sparse) file at their own offsets, several requests in flight,
+neighbouring ranges coalesced where the bytes between them cost less than one more request (:func:`gap_worth`).
 
 Everything goes through huggingface_hub's public API (``hf_hub_url``, ``build_hf_headers``, ``get_session``,
 ``hf_raise_for_status``), so ``HF_ENDPOINT``, tokens, ``HF_HUB_OFFLINE`` and a client factory set by the user
@@ -55,12 +56,16 @@ __all__ = [
     "fetch_many",
     "fetch_ranges",
     "fetch_safetensors_header",
+    "gap_worth",
 ]
 
 #: Bytes asked for by the first request of a header: most safetensors headers are far smaller (a shard of an 8B
 #: Llama: ~30 KB), so one request; and small beside what a small model's share of rows costs (3 shards of SmolLM2
 #: at 1 MiB each were 1.4 % of its matrices' bytes).
 HEADER_PROBE = 1 << 17
+#: The most bytes one range request asks for (:func:`coalesce_ranges`): a long read is spread over the requests in
+#: flight, and a request that fails repeats at most this much.
+REQUEST_CAP = 16 << 20
 #: safetensors' own limit on a header's length; a larger length is corruption, never fetched.
 MAX_HEADER = 100_000_000
 #: Bytes per read of a body (bodies are streamed, never held whole).
@@ -212,8 +217,8 @@ def _header_need(buffer: bytearray | bytes) -> int:
 
 
 def _read_first(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
-    """The first bytes of the file (its first MiB, or to the header's end if the server sends the whole file) and
-    the file's size."""
+    """The first bytes of the file (its first :data:`HEADER_PROBE` bytes, or to the header's end if the server sends
+    the whole file) and the file's size."""
     try:
         return _read_first_answer(url, hub_settings)
     except HfHubHTTPError as exc:  # 416 to bytes=0-...: the file is empty; its size is in Content-Range
@@ -287,7 +292,7 @@ def fetch_safetensors_header(
 ) -> SafetensorsHeader:
     """The header of a safetensors file on the Hub and the file's size, without downloading the file.
 
-    One request for the first MiB (and, for a longer header, one for the rest), each retried as the settings say;
+    One request for the first 128 KiB (and, for a longer header, one for the rest), each retried as the settings say;
     a server that ignores ``Range`` is read only as far as the header goes, then hung up on. A header over
     safetensors' 100 MB limit, one that is not a JSON object of tensors, or one that claims more tensor bytes than
     the file has, is a :class:`CheckpointError` (the file is bad); failing to reach it is a :class:`FetchError`.
@@ -341,19 +346,43 @@ def fetch_safetensors_header(
 # --------------------------------------------------------------------------------------------- ranges
 
 
-def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
-    """Byte ranges ``[start, stop)`` sorted, empty ones dropped, and merged where they overlap or where the bytes
-    between two are at most ``gap`` and at most the length of either (fetching a small gap costs less than one more
-    request). The second bound keeps what is fetched within twice what was asked for: each gap fetched is no
-    longer than a range asked for, so the narrow rows of a small model's share are not fetched with every row
-    between them (SmolLM2-135M's 5 % of rows: 5.6 % of its matrices' bytes, against 13.6 % under ``gap`` alone)."""
+def gap_worth(bandwidth: float, request_seconds: float, in_flight: int) -> int:
+    """The longest gap between two wanted ranges that is cheaper to download than to skip with one more request.
+
+    A request costs ``request_seconds`` (a round trip to first byte, and the server's and client's work on it) but
+    ``in_flight`` requests overlap theirs, so over a busy link each costs the transfer ``request_seconds /
+    in_flight``; a gap of ``g`` bytes costs ``g / bandwidth``. So a gap is worth fetching while ``g <= bandwidth *
+    request_seconds / in_flight`` (1 Gbit/s, 20 ms, 16 in flight: 156 kB)."""
+    if bandwidth <= 0 or request_seconds < 0 or in_flight < 1:
+        raise ValueError(f"no such link: {bandwidth} B/s, {request_seconds} s a request, {in_flight} in flight")
+    return int(bandwidth * request_seconds / in_flight)
+
+
+def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int, cap: int | None = None) -> list[tuple[int, int]]:
+    """The requests for byte ranges ``[start, stop)``: sorted, empty ones dropped, merged where they overlap or where
+    the bytes between two are at most ``gap`` (see :func:`gap_worth`) and at most the length of either, then cut
+    into requests of at most ``cap`` bytes. Every wanted byte is in exactly one request.
+
+    The bound by the neighbours' lengths keeps what is fetched within twice what was asked for: each gap fetched is
+    no longer than a range asked for, so the narrow rows of a small model's share are not fetched with every row
+    between them (SmolLM2-135M's 5 % of rows: 5.6 % of its matrices' bytes, against 13.6 % under ``gap`` alone).
+    The cap keeps a long read spread over the requests in flight (one connection is far from a link's
+    bandwidth) and what one failed request repeats short; no merge makes a request longer than it."""
+    if cap is not None and cap < 1:
+        raise ValueError(f"a request must be allowed at least one byte, not {cap}")
     out: list[list[int]] = []
     for start, stop in merge(ranges):
-        if out and start - out[-1][1] <= min(gap, stop - start, out[-1][2]):
+        if (
+            out
+            and start - out[-1][1] <= min(gap, stop - start, out[-1][2])
+            and (cap is None or stop - out[-1][0] <= cap)
+        ):
             out[-1][1], out[-1][2] = stop, stop - start
         else:
             out.append([start, stop, stop - start])  # the last range asked for, as the bound for the next gap
-    return [(a, b) for a, b, _ in out]
+    if cap is None:
+        return [(a, b) for a, b, _ in out]
+    return [(at, min(at + cap, b)) for a, b, _ in out for at in range(a, b, cap)]
 
 
 class _Progress:
@@ -493,19 +522,21 @@ def fetch_ranges(
     *,
     max_in_flight: int = 8,
     gap: int = 256 << 10,
+    cap: int | None = REQUEST_CAP,
 ) -> RangeStats:
     """Write each byte range ``[start, stop)`` of the remote ``file`` into the local file ``out`` at the same offset.
 
     ``out`` is expected pre-sized (sparse: only the ranges take disk); it is created and sized to ``file.size`` if
-    missing. Ranges are sorted and those at most ``gap`` bytes apart fetched by one request (one range a request,
-    never a multi-range one, which servers and CDNs answer in many ways), ``max_in_flight`` requests at once (one
-    connection is far from a link's bandwidth), each body streamed to disk. Each answer is checked (see the module);
+    missing. Ranges are sorted and those at most ``gap`` bytes apart fetched by one request of at most ``cap`` bytes
+    (:func:`coalesce_ranges`; one range a request, never a multi-range one, which servers and CDNs answer in many
+    ways), ``max_in_flight`` requests at once (one connection is far from a link's bandwidth), each body streamed
+    to disk. Each answer is checked (see the module);
     a bad one is retried, resuming after the bytes already written, and after the last try a :class:`FetchError`
     naming the repository, the file and the cause stops the whole call. A server that answers 200 (it ignores
     ``Range``) sends the whole file: it is written whole, the other ranges are then not asked for, and the stats say
     ``whole_file``.
     """
-    return fetch_many([RangeJob(file, ranges, out)], hub_settings, max_in_flight=max_in_flight, gap=gap)[0]
+    return fetch_many([RangeJob(file, ranges, out)], hub_settings, max_in_flight=max_in_flight, gap=gap, cap=cap)[0]
 
 
 def fetch_many(
@@ -514,6 +545,7 @@ def fetch_many(
     *,
     max_in_flight: int = 8,
     gap: int = 256 << 10,
+    cap: int | None = REQUEST_CAP,
     on_done: Callable[[int, RangeStats], None] | None = None,
 ) -> list[RangeStats]:
     """:func:`fetch_ranges` for several files at once: their requests share one pool of ``max_in_flight``, so the
@@ -522,7 +554,7 @@ def fetch_many(
     ``i`` is complete (e.g. to record what is held before the other files are done). The first range that fails for
     good stops every job: a :class:`FetchError` naming its file."""
     started = time.monotonic()
-    plans = [_plan(job, gap) for job in jobs]
+    plans = [_plan(job, gap, cap) for job in jobs]
     for job, spans in zip(jobs, plans):
         if spans:
             _refuse_offline(job.file.repo_id, job.file.filename, hub_settings)
@@ -546,12 +578,12 @@ def fetch_many(
     return [_stats(p, started) for p in batch.progress]
 
 
-def _plan(job: RangeJob, gap: int) -> list[tuple[int, int]]:
+def _plan(job: RangeJob, gap: int, cap: int | None) -> list[tuple[int, int]]:
     """The requests of one job: its ranges, each checked to lie inside the file, coalesced."""
     for start, stop in job.ranges:
         if not 0 <= start <= stop <= job.file.size:
             raise ValueError(f"range [{start}, {stop}) is not inside {job.file.filename} ({job.file.size} bytes)")
-    return coalesce_ranges(job.ranges, gap)
+    return coalesce_ranges(job.ranges, gap, cap)
 
 
 class _Batch:
