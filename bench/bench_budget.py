@@ -127,7 +127,7 @@ def main() -> None:
     rows = []
     print(
         f"{'size':>4} {'weights':>9} {'default':>10} {'share':>6} {'ranges':>6} {'5 % rule':>10} {'share':>6}"
-        "  hours for 1k/10k at 1 Gbit/s, 10 Gbit/s"
+        "  hours: 1k at 1, 10 Gbit/s; 10k at 1, 10 Gbit/s"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
