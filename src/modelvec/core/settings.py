@@ -25,7 +25,8 @@ class Setting:
     class is declared: the run's engines). ``minimum`` / ``maximum``: inclusive bounds of a number;
     ``above``: an exclusive lower bound. ``words``: strings a number also takes in its place (``"auto"``), and
     ``kind``: that number's type where the default is one of them or ``None`` (a field whose default is ``None``
-    also takes ``None``: "no limit"). ``many``: the value is a tuple of such values, each checked (the command line
+    also takes ``None``: "no limit"); ``also``: other types a value may have, taken as they are (a Hub token: a
+    string, or ``False`` for none). ``many``: the value is a tuple of such values, each checked (the command line
     takes them repeated or comma-separated). ``flag``: the option's name (default ``--field-name``); ``negation``:
     for a bool, the flag that turns it off (default ``--no-field-name``).
 
@@ -42,6 +43,7 @@ class Setting:
     above: float | None = None
     words: tuple[str, ...] = ()
     kind: type | None = None
+    also: tuple[type, ...] = ()
     many: bool = False
     flag: str | None = None
     negation: str | None = None
@@ -56,6 +58,14 @@ class Setting:
 def setting(default: Any, help: str, **meta: Any) -> Any:
     """A dataclass field with its :class:`Setting` (``setting(8, "Width r ...", minimum=1)``)."""
     return dataclasses.field(default=default, metadata={_KEY: Setting(help=help, **meta)})
+
+
+def setting_from(factory: Callable[[], Any], help: str, **meta: Any) -> Any:
+    """A dataclass field whose default is ``factory()``, read when each object is made (an environment variable's,
+    which a run may set after import); its ``kind`` must be declared."""
+    if meta.get("kind") is None:
+        raise TypeError("setting_from needs the values' kind")
+    return dataclasses.field(default_factory=factory, metadata={_KEY: Setting(help=help, **meta)})
 
 
 def settings_of(cls: Any) -> list[tuple[dataclasses.Field, Setting]]:
@@ -141,6 +151,8 @@ def validate(obj: Any) -> None:
 def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
     if value is None and field.default is None:  # "none": no limit, the cluster's own, ...
         return value
+    if type(value) in meta.also:
+        return value
     if meta.many:  # a tuple, each value checked as one
         single = dataclasses.replace(meta, many=False)
         if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value:
@@ -158,7 +170,7 @@ def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
     if type(value) is not kind:
         if meta.words:
             raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {value!r}")
-        what = _WHAT.get(kind, kind.__name__)
+        what = " or ".join(_WHAT.get(k, k.__name__) for k in (kind, *meta.also))
         raise ValueError(f"{field.name} must be {what}, not {value!r}")
     allowed = bounds_text(meta)
     if meta.choices and value not in choices_of(meta):
