@@ -262,3 +262,25 @@ def test_every_commands_options_are_its_settings_with_their_defaults(command, cl
         default = field.default
         expected = [value_text(default)] if meta.many else default
         assert option.default == expected, (command, field.name)
+
+
+def test_a_functions_declared_parameters_are_checked_where_it_is_called():
+    """``validate_params``: a parameter checked as a settings field of its name, or by a function; the function gets
+    the checked value, ``None`` passes where it is the default, and a bad value is refused in one line."""
+    from modelvec.analyse.inputs import integer
+    from modelvec.analyse.scores import predict_datasets
+    from modelvec.core.settings import validate_params
+
+    @validate_params(k=Scoring, row=integer(0))
+    def pick(k: int = 5, row: int | None = None) -> tuple[int, int | None]:
+        return k, row
+
+    assert pick() == (5, None) and pick(3, row=2) == (3, 2)
+    with pytest.raises(ValueError, match="k must be an integer >= 1, not 0"):
+        pick(0)
+    with pytest.raises(ValueError, match="row must be an integer >= 0, not -1"):
+        pick(row=-1)
+    with pytest.raises(TypeError, match="has no parameter 'kk'"):
+        validate_params(kk=Scoring)(pick)
+    with pytest.raises(ValueError, match="k must be an integer >= 1, not 0"):  # a score's boundary, before any work
+        predict_datasets([[1.0]], [["a"]], k=0)

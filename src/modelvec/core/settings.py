@@ -9,9 +9,11 @@ fields (:func:`settings_of`), so adding a setting is adding one field.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 _KEY = "modelvec.setting"
 _WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}  # a kind in words
@@ -133,6 +135,40 @@ def check_field(cls: Any, name: str, value: Any) -> Any:
     float field)."""
     field, meta = next((f, m) for f, m in settings_of(cls) if f.name == name)
     return _checked(field, meta, value)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def validate_params(**checks: Any) -> Callable[[F], F]:
+    """A decorator that checks a function's parameters where it is called, as scikit-learn's ``validate_params``:
+    each keyword names a parameter and how it is checked, either a settings class (as its field of that name:
+    :func:`check_field`) or a function ``check(name, value)`` that returns the value checked or raises a
+    ``ValueError`` in one line. The function gets the checked values; ``None`` where the parameter's default is
+    ``None`` is not checked (no row left out, ...)."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        unknown = sorted(set(checks) - set(signature.parameters))
+        if unknown:
+            raise TypeError(f"{func.__name__}() has no parameter {unknown[0]!r} to check")
+
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            for name, check in checks.items():
+                value = bound.arguments[name]
+                if value is None and signature.parameters[name].default is None:
+                    continue
+                bound.arguments[name] = (
+                    check_field(check, name, value) if isinstance(check, type) else check(name, value)
+                )
+            return func(*bound.args, **bound.kwargs)
+
+        return cast(F, checked)
+
+    return decorate
 
 
 def validate(obj: Any) -> None:
