@@ -2,7 +2,7 @@
 their inner products alone.
 
 Every distance is computed in this module, in float64, by one of three paths that agree: between prepared rows
-(:func:`_distances`), from the prepared rows' inner products (:func:`_from_gram`, which the first also uses), and a
+(:func:`row_distances`), from the prepared rows' inner products (:func:`_from_gram`, which the first also uses), and a
 query's to the rows from its raw inner products with them (:func:`query_distances`). ``"cosine"`` is 1 - cos on
 L2-normalised rows; a zero vector has cosine 0 with everything (itself and other zero vectors included), i.e.
 distance 1, rather than NaN. ``"euclidean"`` is sqrt(|a|^2 + |b|^2 - 2 a.b) with negatives from rounding clipped
@@ -25,8 +25,8 @@ EXACT_COORDINATES = 1024  # exact coordinates from a Gram matrix up to this many
 TOP_COORDINATES = 64  # above: this many principal coordinates (k-means and the maps need no more)
 
 
-def _prepare(M: np.ndarray, metric: str) -> np.ndarray:
-    """Rows ready for ``_distances``: unit rows for cosine (zero rows stay zero), as they are otherwise.
+def prepare_rows(M: np.ndarray, metric: str) -> np.ndarray:
+    """Rows ready for ``row_distances``: unit rows for cosine (zero rows stay zero), as they are otherwise.
 
     Rows are divided by their largest entry before the norm is taken, so huge or tiny vectors
     neither overflow nor underflow.
@@ -46,8 +46,8 @@ def _prepare(M: np.ndarray, metric: str) -> np.ndarray:
     return Z
 
 
-def _distances(A: np.ndarray, B: np.ndarray, metric: str) -> np.ndarray:
-    """(len(A), len(B)) distances between rows returned by ``_prepare``; never negative."""
+def row_distances(A: np.ndarray, B: np.ndarray, metric: str) -> np.ndarray:
+    """(len(A), len(B)) distances between rows returned by ``prepare_rows``; never negative."""
     if metric == "cosine":
         return _from_gram(A @ B.T, metric)
     return _from_gram(A @ B.T, metric, np.einsum("ij,ij->i", A, A), np.einsum("ij,ij->i", B, B))
@@ -168,7 +168,7 @@ class _Vectors:
         kept = self._kept()
         if kept is not None:
             return kept.distances(rows, columns)
-        return _distances(self.rows[rows], self.rows[columns], self.metric)
+        return row_distances(self.rows[rows], self.rows[columns], self.metric)
 
     def gram(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         kept = self._kept()
@@ -192,13 +192,13 @@ class Geometry:
 
     def __init__(self, X: np.ndarray, metric: str = "cosine") -> None:
         metric = check_field(Scoring, "metric", metric)
-        self._made(_Vectors(_prepare(as_matrix(X), metric), metric), metric)
+        self._made(_Vectors(prepare_rows(as_matrix(X), metric), metric), metric)
 
     @classmethod
     def from_products(cls, G: np.ndarray, metric: str = "cosine") -> Geometry:
         """The geometry of vectors known by their inner products ``G`` (n x n, symmetric; a memory map will do:
         it is read, never written or copied whole). For cosine each product is divided by the two norms as it is
-        read: a zero or non-finite vector is a zero row, as :func:`_prepare` has it."""
+        read: a zero or non-finite vector is a zero row, as :func:`prepare_rows` has it."""
         metric = check_field(Scoring, "metric", metric)
         if G.ndim != 2 or G.shape[0] != G.shape[1]:
             raise ValueError(f"products must be a square matrix, not shape {G.shape}")

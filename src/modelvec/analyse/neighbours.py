@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.settings import validate_params
-from .geometry import Geometry, _distances, _prepare, geometry_of
+from .geometry import Geometry, geometry_of, prepare_rows, row_distances
 from .inputs import Scoring, as_matrix, check_scaling, integer, label_sets, membership
 from .proximity import scaled
 from .ranking import nearest_distances
@@ -136,14 +136,16 @@ def nearest(
     q = as_matrix(np.asarray(query).reshape(1, -1) if np.ndim(query) == 1 else query, "query")
     if q.shape != (1, dim):
         raise ValueError(f"query must be one vector of length {dim}, not shape {np.shape(query)}")
-    return nearest_to(geo, _distances(_prepare(q, metric), vectors, metric)[0], k=k, exclude=exclude, scaling=scaling)
+    return nearest_to(
+        geo, row_distances(prepare_rows(q, metric), vectors, metric)[0], k=k, exclude=exclude, scaling=scaling
+    )
 
 
 @validate_params(k=Scoring, scaling=check_scaling, exclude=integer(0))
 def nearest_to(
     geo: Geometry, distances: np.ndarray, *, k: int = 10, exclude: int | None = None, scaling: str = "none"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`nearest` of a query given by its ``distances`` to the rows of ``geo`` (:func:`query_distances`)."""
+    """:func:`nearest` of a query given by its ``distances`` to the rows of ``geo`` (:func:`~modelvec.analyse.geometry.query_distances`)."""
     n = len(geo)
     D = np.asarray(distances, dtype=np.float64).reshape(1, -1)
     if D.shape[1] != n:
