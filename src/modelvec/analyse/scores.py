@@ -144,7 +144,7 @@ def knn_dataset_score(
       uploaders'* models of its dataset — an author effect (one uploader's near-identical runs)
       cannot pass for a dataset effect. Models without a value exclude nothing.
     - ``scaling="mutual-proximity"`` ranks neighbours by mutual proximity over all rows of X
-      (module docstring): for collections that mix kinds of models, such as adapters and full
+      (:mod:`~modelvec.analyse.proximity`): for collections that mix kinds of models, such as adapters and full
       fine-tunes, whose distances differ in scale.
     - Distances, zero vectors and ties: see the module docstring (ties go to the lower index).
     """
