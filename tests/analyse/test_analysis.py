@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from modelvec.analyse import geometry, ranking
 from modelvec.analyse import scores as analysis
 from modelvec.analyse.scores import (
     Yardstick,
@@ -244,7 +245,7 @@ def test_row_blocks_do_not_change_results(metric, scaling, monkeypatch):
     X, labels = random_case(2)
     whole_knn = knn_dataset_score(X, labels, metric=metric, pool="all", scaling=scaling)
     whole_pred = predict_datasets(X, labels, k=3, metric=metric, scaling=scaling)
-    monkeypatch.setattr(analysis, "_BLOCK_ELEMENTS", 70)  # blocks of 2-3 rows
+    monkeypatch.setattr(ranking, "BLOCK_ELEMENTS", 70)  # blocks of 2-3 rows
     knn = knn_dataset_score(X, labels, metric=metric, pool="all", scaling=scaling)
     pred = predict_datasets(X, labels, k=3, metric=metric, scaling=scaling)
     np.testing.assert_array_equal(knn.per_model, whole_knn.per_model)
@@ -262,11 +263,11 @@ def test_one_geometry_serves_every_score_with_or_without_stored_products(metric,
     pred = predict_datasets(geo, labels, k=3, metric=metric, scaling=scaling)
     clusters = clustering_scores(geo, labels, metric=metric)
     assert_matches_reference(knn, X, labels, metric, "all", scaling=scaling)
-    assert geo._gram is not None  # the products were taken once and kept
-    monkeypatch.setattr(analysis, "_GRAM_MAX_N", 3)  # above it, products are computed per block
+    assert geo._rows._gram is not None  # the products were taken once and kept
+    monkeypatch.setattr(geometry, "_GRAM_MAX_N", 3)  # above it, products are computed per block
     blockwise = analysis.Geometry(X, metric)
     knn_b = knn_dataset_score(blockwise, labels, metric=metric, pool="all", scaling=scaling)
-    assert blockwise._gram is None
+    assert blockwise._rows._gram is None
     assert_matches_reference(knn_b, X, labels, metric, "all", scaling=scaling)
     pred_b = predict_datasets(blockwise, labels, k=3, metric=metric, scaling=scaling)
     assert pred_b.predicted == pred.predicted and pred_b.loo_accuracy == pred.loo_accuracy

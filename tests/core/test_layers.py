@@ -41,3 +41,48 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path):
     assert "Stages import down the pipeline only BROKEN" in result.stdout
     assert "modelvec.core.names -> modelvec.store" in result.stdout
     assert "never imported by each other BROKEN" in result.stdout
+
+
+def _imports(src: Path) -> dict[str, set[str]]:
+    """Each module of the package and the modules it imports anywhere: at the top, in a function, or only for the
+    type checker (under ``TYPE_CHECKING``); a package and its own modules left out of each other's."""
+    import ast
+
+    modules = {}
+    for path in src.rglob("*.py"):
+        parts = list(path.relative_to(src.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                up = here[: len(here) - node.level + 1] if node.level else []
+                start = ".".join([*up, node.module or ""]).strip(".")
+                targets = [f"{start}.{a.name}" for a in node.names]  # a name that is no module: its module, below
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and not (target.startswith(name + ".") or name.startswith(target + ".") or target == name):
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def test_no_modules_import_each_other_not_even_for_the_type_checker():
+    """No circle among the package's modules, whether the imports run or only the type checker reads them (the
+    representation and its read plans, the local Hub and its server, the tree and its merges once were)."""
+    import graphlib
+
+    graph = _imports(ROOT / "src" / "modelvec")
+    assert "modelvec.represent.plans" in graph["modelvec.represent.projection"]  # the scan sees relative imports
+    assert "modelvec.store.lock" in graph["modelvec.store.store"]
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"an import circle: {' -> '.join(exc.args[1])}") from None

@@ -12,14 +12,17 @@ import pytest
 
 from modelvec.analyse.reduction import Reduction
 from modelvec.analyse.scores import Scoring
+from modelvec.analyse.tree import TreeRule
 from modelvec.core.settings import flags, key_of, settings_of
+from modelvec.hub.client import HubSettings
 from modelvec.hub.discovery import Scope
 from modelvec.represent.representation import Representation
 from modelvec.run.engines import Execution
 from modelvec.spectra.energy import Ranks
 
-#: Every command's settings: each command's options are made from one or more of these.
-SETTINGS = [Representation, Scoring, Scope, Execution, Reduction, Ranks]
+#: Every settings object: each command's options are made from one or more of these (the tree's thresholds and the
+#: Hub's reach too, though no command offers them as options).
+SETTINGS = [Representation, Scoring, Scope, Execution, Reduction, Ranks, TreeRule, HubSettings]
 
 
 @pytest.mark.parametrize("cls", SETTINGS)
@@ -152,6 +155,39 @@ def test_settings_of_no_limit_many_values_and_a_registry_are_checked_as_declared
     assert flags(Scope(limit=5, search=False)) == ["--limit", "5", "--no-search"]
 
 
+def test_the_trees_thresholds_and_the_hubs_settings_are_checked_as_declared(monkeypatch):
+    """The tree's rule and the Hub's settings refuse a value out of bounds or of the wrong type in one line, as every
+    other settings object does; the Hub's waits still default from the environment, read when they are made."""
+    assert TreeRule(merge_candidates=3).merge_candidates == 3 and TreeRule(unrelated_size=1).unrelated_size == 1.0
+    for bad, said in (
+        (dict(unrelated_size=0), r"unrelated_size must be a number > 0, not 0"),
+        (dict(quantized_levels=1.5), r"quantized_levels must be a number in \(0, 1\], not 1.5"),
+        (dict(merge_candidates=1), r"merge_candidates must be an integer >= 2, not 1"),
+        (dict(merge_weight="0.1"), r"merge_weight must be a number, not '0.1'"),
+        (dict(beyond=(1.6, 0.8)), r"beyond must be two numbers, the least below the most"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            TreeRule(**bad)
+    assert HubSettings(retries=0, backoff=0, token=False).backoff == 0.0
+    assert HubSettings(token="hf_x").token == "hf_x" and HubSettings(token=True).token is True
+    for bad, said in (
+        (dict(retries=-1), r"retries must be an integer >= 0, not -1"),
+        (dict(retries=2.5), r"retries must be an integer, not 2.5"),
+        (dict(backoff=-0.1), r"backoff must be a number >= 0, not -0.1"),
+        (dict(timeout=0), r"timeout must be a number > 0, not 0"),
+        (dict(token=3), r"token must be a string or true or false, not 3"),
+        (dict(endpoint=8080), r"endpoint must be a string, not 8080"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            HubSettings(**bad)
+    monkeypatch.setenv("MODELVEC_HUB_BACKOFF", "0.25")
+    monkeypatch.setenv("MODELVEC_HUB_TIMEOUT", "3")
+    assert (HubSettings().backoff, HubSettings().timeout) == (0.25, 3.0)
+    monkeypatch.setenv("MODELVEC_HUB_BACKOFF", "-1")
+    with pytest.raises(ValueError, match=r"backoff must be a number >= 0, not -1.0"):
+        HubSettings()
+
+
 def test_api_functions_take_the_settings_whole_or_one_by_one():
     """``discover(base, limit=2)`` is ``discover(base, Scope(limit=2))``; a name that is no setting is refused as a
     wrong keyword is."""
@@ -226,3 +262,25 @@ def test_every_commands_options_are_its_settings_with_their_defaults(command, cl
         default = field.default
         expected = [value_text(default)] if meta.many else default
         assert option.default == expected, (command, field.name)
+
+
+def test_a_functions_declared_parameters_are_checked_where_it_is_called():
+    """``validate_params``: a parameter checked as a settings field of its name, or by a function; the function gets
+    the checked value, ``None`` passes where it is the default, and a bad value is refused in one line."""
+    from modelvec.analyse.inputs import integer
+    from modelvec.analyse.scores import predict_datasets
+    from modelvec.core.settings import validate_params
+
+    @validate_params(k=Scoring, row=integer(0))
+    def pick(k: int = 5, row: int | None = None) -> tuple[int, int | None]:
+        return k, row
+
+    assert pick() == (5, None) and pick(3, row=2) == (3, 2)
+    with pytest.raises(ValueError, match="k must be an integer >= 1, not 0"):
+        pick(0)
+    with pytest.raises(ValueError, match="row must be an integer >= 0, not -1"):
+        pick(row=-1)
+    with pytest.raises(TypeError, match="has no parameter 'kk'"):
+        validate_params(kk=Scoring)(pick)
+    with pytest.raises(ValueError, match="k must be an integer >= 1, not 0"):  # a score's boundary, before any work
+        predict_datasets([[1.0]], [["a"]], k=0)

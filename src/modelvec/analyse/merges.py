@@ -26,12 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .tree import TreeRule
+from .rule import TreeRule
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare")
 #: Significand bits of each float type (a precision's fineness).

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Column, Table
 from typer.core import TyperGroup
 
+from ..core import constants
 from ..core.errors import ModelvecError
 from ..core.settings import Setting, check_field, choices_of, flag_of, kind_of, parse_value, settings_of, value_text
 
@@ -153,7 +154,7 @@ class _OneLineErrors(TyperGroup):
 
                 say(err, f"error: {store_error(_store_of(ctx), exc)}")
                 raise typer.Exit(EXIT_ERROR) from None
-            if os.environ.get("MODELVEC_DEBUG"):
+            if constants.debug():
                 raise
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             say(err, f"error: a bug in modelvec ({type(exc).__name__}: {first}); MODELVEC_DEBUG=1 shows the traceback")
@@ -317,7 +318,7 @@ def open_store(path: Path | None, wait: float | None = None, *, read_only: bool 
     ``$MODELVEC_STORE_WAIT``)."""
     from ..store import Store
 
-    if read_only and wait is None and not os.environ.get("MODELVEC_STORE_WAIT"):
+    if read_only and wait is None and constants.store_wait() is None:
         wait = 0.0
     store = Store(path, wait=wait, on_wait=lambda line: say(err, line), read_only=read_only)
     _OPENED.set(store.path)  # a later DuckDB error is said as this store's (_OneLineErrors)

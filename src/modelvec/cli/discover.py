@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ..hub.discovery import Scope
+from ..core.tree import Scope
 from .common import (
     JsonOpt,
     StoreOpt,

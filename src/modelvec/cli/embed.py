@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..hub.discovery import Scope
+from ..core.tree import Scope
 from ..represent.representation import Representation
 from ..run.engines import Execution
 from .common import (

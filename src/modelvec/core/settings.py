@@ -9,9 +9,11 @@ fields (:func:`settings_of`), so adding a setting is adding one field.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 _KEY = "modelvec.setting"
 _WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}  # a kind in words
@@ -25,7 +27,8 @@ class Setting:
     class is declared: the run's engines). ``minimum`` / ``maximum``: inclusive bounds of a number;
     ``above``: an exclusive lower bound. ``words``: strings a number also takes in its place (``"auto"``), and
     ``kind``: that number's type where the default is one of them or ``None`` (a field whose default is ``None``
-    also takes ``None``: "no limit"). ``many``: the value is a tuple of such values, each checked (the command line
+    also takes ``None``: "no limit"); ``also``: other types a value may have, taken as they are (a Hub token: a
+    string, or ``False`` for none). ``many``: the value is a tuple of such values, each checked (the command line
     takes them repeated or comma-separated). ``flag``: the option's name (default ``--field-name``); ``negation``:
     for a bool, the flag that turns it off (default ``--no-field-name``).
 
@@ -42,6 +45,7 @@ class Setting:
     above: float | None = None
     words: tuple[str, ...] = ()
     kind: type | None = None
+    also: tuple[type, ...] = ()
     many: bool = False
     flag: str | None = None
     negation: str | None = None
@@ -56,6 +60,14 @@ class Setting:
 def setting(default: Any, help: str, **meta: Any) -> Any:
     """A dataclass field with its :class:`Setting` (``setting(8, "Width r ...", minimum=1)``)."""
     return dataclasses.field(default=default, metadata={_KEY: Setting(help=help, **meta)})
+
+
+def setting_from(factory: Callable[[], Any], help: str, **meta: Any) -> Any:
+    """A dataclass field whose default is ``factory()``, read when each object is made (an environment variable's,
+    which a run may set after import); its ``kind`` must be declared."""
+    if meta.get("kind") is None:
+        raise TypeError("setting_from needs the values' kind")
+    return dataclasses.field(default_factory=factory, metadata={_KEY: Setting(help=help, **meta)})
 
 
 def settings_of(cls: Any) -> list[tuple[dataclasses.Field, Setting]]:
@@ -125,6 +137,40 @@ def check_field(cls: Any, name: str, value: Any) -> Any:
     return _checked(field, meta, value)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def validate_params(**checks: Any) -> Callable[[F], F]:
+    """A decorator that checks a function's parameters where it is called, as scikit-learn's ``validate_params``:
+    each keyword names a parameter and how it is checked, either a settings class (as its field of that name:
+    :func:`check_field`) or a function ``check(name, value)`` that returns the value checked or raises a
+    ``ValueError`` in one line. The function gets the checked values; ``None`` where the parameter's default is
+    ``None`` is not checked (no row left out, ...)."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        unknown = sorted(set(checks) - set(signature.parameters))
+        if unknown:
+            raise TypeError(f"{func.__name__}() has no parameter {unknown[0]!r} to check")
+
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            for name, check in checks.items():
+                value = bound.arguments[name]
+                if value is None and signature.parameters[name].default is None:
+                    continue
+                bound.arguments[name] = (
+                    check_field(check, name, value) if isinstance(check, type) else check(name, value)
+                )
+            return func(*bound.args, **bound.kwargs)
+
+        return cast(F, checked)
+
+    return decorate
+
+
 def validate(obj: Any) -> None:
     """Check every declared field of a (frozen) settings dataclass: type, choices and bounds.
 
@@ -140,6 +186,8 @@ def validate(obj: Any) -> None:
 
 def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
     if value is None and field.default is None:  # "none": no limit, the cluster's own, ...
+        return value
+    if type(value) in meta.also:
         return value
     if meta.many:  # a tuple, each value checked as one
         single = dataclasses.replace(meta, many=False)
@@ -158,7 +206,7 @@ def _checked(field: dataclasses.Field, meta: Setting, value: Any) -> Any:
     if type(value) is not kind:
         if meta.words:
             raise ValueError(f"{field.name} must be {bounds_text(meta)}, not {value!r}")
-        what = _WHAT.get(kind, kind.__name__)
+        what = " or ".join(_WHAT.get(k, k.__name__) for k in (kind, *meta.also))
         raise ValueError(f"{field.name} must be {what}, not {value!r}")
     allowed = bounds_text(meta)
     if meta.choices and value not in choices_of(meta):

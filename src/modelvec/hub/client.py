@@ -14,19 +14,20 @@ the world failed, not the model).
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx2
 from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+from ..core.constants import hub_backoff, hub_timeout
 from ..core.errors import CorruptDownload, Kind, UnsafeHubName, chain, register_explainer
+from ..core.settings import setting, setting_from, validate
 from .guard import guard_hub_client
 
 T = TypeVar("T")
@@ -46,15 +47,25 @@ class HubSettings:
     ``HF_HUB_DOWNLOAD_TIMEOUT``, as for any huggingface_hub user.
     """
 
-    endpoint: str | None = None
-    token: str | bool | None = None
-    cache_dir: str | None = None
-    retries: int = 5
-    backoff: float = field(default_factory=lambda: float(os.environ.get("MODELVEC_HUB_BACKOFF", "1.0")))
-    max_wait: float = 30.0
-    timeout: float = field(
-        default_factory=lambda: float(os.environ.get("MODELVEC_HUB_TIMEOUT", constants.HF_HUB_ETAG_TIMEOUT))
+    endpoint: str | None = setting(None, "The Hub's address (None: huggingface_hub's, HF_ENDPOINT).", kind=str)
+    token: str | bool | None = setting(
+        None, "The token sent (None: the logged-in one, if any; False: none).", kind=str, also=(bool,)
     )
+    cache_dir: str | None = setting(None, "huggingface_hub's cache folder (None: HF_HUB_CACHE).", kind=str)
+    retries: int = setting(5, "Times a failed call is tried again.", minimum=0)
+    backoff: float = setting_from(
+        hub_backoff, "Seconds before the first retry, doubled each time.", kind=float, minimum=0
+    )
+    max_wait: float = setting(30.0, "The longest wait between two tries, in seconds.", minimum=0)
+    timeout: float = setting_from(
+        lambda: hub_timeout(constants.HF_HUB_ETAG_TIMEOUT),
+        "Seconds a metadata call may take.",
+        kind=float,
+        above=0,
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     def api(self) -> HfApi:
         """An ``HfApi`` whose ``model_info`` times out after :attr:`timeout` unless told otherwise."""

@@ -27,41 +27,12 @@ from urllib.parse import urlsplit
 
 from ..core.errors import ModelvecError
 from ..core.files import adapter_files, formats, weight_format
-from ..core.settings import setting, validate
-from ..core.tree import DEPTH, RELATIONS
+from ..core.tree import RELATIONS, Scope
 from .client import HubSettings, describe_error, with_retries
 from .download import download_file
 from .guard import guard_hub_client
 from .ids import BaseId, resolve_base
 from .labels import dataset_labels, guess_from_name
-
-SORTS = ("downloads", "likes", "created_at", "last_modified")
-#: The orders a stored catalogue is put in again (its own order is discovery's: declared fine-tunes first, most
-#: downloaded first, then name-search matches; it keeps no modification dates).
-RESORTED = ("likes", "created_at")
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Which fine-tunes discovery keeps, each setting declared once (``discover``'s options and ``embed BASE``'s are
-    made from them): validated once, passed whole."""
-
-    limit: int | None = setting(None, "Keep at most this many fine-tunes.", kind=int, minimum=1, metavar="N")
-    sort: str = setting("downloads", "Listing order: which first.", choices=SORTS)
-    search: bool = setting(True, "Also search by name and keep candidates whose config matches the base.")
-    depth: int = setting(DEPTH, "Levels of the Hub's model tree followed below the base.", minimum=1, metavar="N")
-
-    def __post_init__(self) -> None:
-        validate(self)
-
-    def ordered(self, entries: list[CatalogueEntry]) -> list[CatalogueEntry]:
-        """A stored catalogue's kept entries in this order, at most ``limit``: by likes or creation, most first;
-        else in discovery's order (:data:`RESORTED`)."""
-        if self.sort in RESORTED:
-            empty = 0 if self.sort == "likes" else ""
-            entries = sorted(entries, key=lambda e: getattr(e, self.sort) or empty, reverse=True)
-        return entries[: self.limit] if self.limit else entries
-
 
 #: What one listing call asks for, so no per-model call is needed: the card, the files, the revision, the parents
 #: (``baseModels``), how many models name this one as their base (``childrenModelCount``: a model without children

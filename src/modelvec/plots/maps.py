@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.tree import DECLARED_KIND
+from ..analyse.tree import DECLARED_KIND, KINDS
 from ..core.output import write_atomically
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ PALETTE = (
     "#dbdb8d",
     "#9edae5",
 )
+#: One colour per kind of the inferred tree, the same in every figure (the tree's and the maps').
+KIND_COLOURS = dict(zip(KINDS, PALETTE))
 UNLABELLED_COLOR = "#c8c8c8"
 OTHER_COLOR = "#555555"
 _NONE_NAMES = {"dataset": "unlabelled", "author": "no author", "label_source": "no label source"}
@@ -371,7 +373,7 @@ def plot_html(
     from there on WebGL (``scattergl``), which stays responsive with tens of thousands.
 
     ``tree`` (the model tree of the mapped models, :func:`modelvec.report.tree.tree_of`), where it is known, adds a
-    colouring by kind (the tree figure's colours, :data:`modelvec.plots.tree.KIND_COLOURS`), the tree in each
+    colouring by kind (the tree figure's colours, :data:`KIND_COLOURS`), the tree in each
     hover (kind, parents, children, what the card declares and whether the weights agree), and the edges of one
     model at a time, at any size: clicking a model, or finding it, draws the lines to its parents (dark) and its
     children (light) and replaces those drawn before; thousands of edges at once would be a tangle. Up to
@@ -530,8 +532,6 @@ def _groups(meta: pd.DataFrame, by: str, *, size: float, webgl: bool) -> tuple[s
 def _kind_groups(kinds: list[str | None], *, size: float, webgl: bool) -> tuple[str, list[_Group]]:
     """The colouring by the tree's kind, in the tree figure's colours: the largest kind drawn first (under the
     rarer ones), the legend in the order of :data:`~modelvec.analyse.tree.KINDS`, models not in the tree grey."""
-    from .tree import KIND_COLOURS  # plots.tree imports this module's palette: imported when drawn
-
     labels = np.array([k if k is not None else "" for k in kinds], dtype=object)
     groups: list[_Group] = []
     none = labels == ""

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..analyse.tree import KINDS, Tree
+from ..analyse.tree import Tree
 from ..core.names import display_name
 from ..core.output import write_atomically
-from .maps import PALETTE
+from .maps import KIND_COLOURS
 
 #: Models up to which each is named in the figure (beyond, the tree's shape and colours; ``tree --json`` and the
 #: indented list name them all).
 LABELLED_UP_TO = 300
-#: One colour per kind, the same in every figure.
-KIND_COLOURS = dict(zip(KINDS, PALETTE))
 
 
 def tree_figure(tree: Tree, path: str | Path) -> Path:

@@ -68,13 +68,10 @@ and arbitrary ones would only add noise.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core.settings import key_of, setting, settings_of, validate
 from ..read import VocabularyHead
-
-if TYPE_CHECKING:
-    from .plans import MatrixPlan
 
 FACTORS = ("U", "US", "S", "sketch")
 PROJECTIONS = ("shared", "gaussian", "countsketch")
@@ -99,6 +96,17 @@ def _svd(r: Any) -> bool:
 
 def _randomized(r: Any) -> bool:
     return r.factor != "sketch" and r.solver == "randomized"
+
+
+class PlannedBlock(Protocol):
+    """What a matrix's read plan says of its block (:class:`~modelvec.represent.plans.MatrixPlan`): the plans are
+    made from a representation, so the representation knows only this of them, never how they are made."""
+
+    @property
+    def kept(self) -> int: ...
+
+    @property
+    def floats(self) -> int | None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,7 +257,7 @@ class Representation:
         applies = self.factor == "sketch" and self.projection == "countsketch"
         return self.size if isinstance(self.size, int) and applies else None
 
-    def plan_floats(self, plan: MatrixPlan) -> int:
+    def plan_floats(self, plan: PlannedBlock) -> int:
         """Floats of one matrix's block: rank x kept, or what the size budget left it (:func:`within_size`)."""
         return plan.floats if plan.floats is not None else self.block_size(plan.kept)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import duckdb
 
+from ..core import constants
 from ..core.errors import StoreError, StoreLockedError
 
 DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its file ($MODELVEC_STORE_WAIT)
@@ -22,16 +23,8 @@ _log = logging.getLogger("modelvec.store")
 
 def default_wait() -> float:
     """``$MODELVEC_STORE_WAIT`` (seconds; ``inf`` waits for ever) or 600."""
-    text = os.environ.get("MODELVEC_STORE_WAIT")
-    if not text:
-        return DEFAULT_WAIT
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: not a number of seconds") from None
-    if value != value or value < 0:
-        raise ValueError(f"MODELVEC_STORE_WAIT={text!r}: give a number of seconds >= 0")
-    return value
+    wait = constants.store_wait()
+    return DEFAULT_WAIT if wait is None else wait
 
 
 _LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")

@@ -40,6 +40,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from ..core import constants
 from ..core.errors import Kind, NothingStoredError, StoreError
 from ..core.names import is_hub_id
 from ..represent.representation import Representation
@@ -83,7 +84,7 @@ def opened(store: Store | str | os.PathLike[str] | None, *, read_only: bool = Fa
 
 def default_store_path() -> Path:
     """``$MODELVEC_STORE`` or ``./modelvec.duckdb``."""
-    return Path(os.environ.get("MODELVEC_STORE") or DEFAULT_STORE)
+    return Path(constants.store_path() or DEFAULT_STORE)
 
 
 @dataclass

@@ -13,21 +13,46 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
-from .faults import NO_FAULT, Fault
+from .faults import NO_FAULT, Fault, Faults
 from .store import CHUNK
 from .views import EXPANDABLE, INFO_FIELDS, LIST_DEFAULT, LIST_FULL, SORT_KEYS, TREE_PAGE_EXPANDED, children_counts
-
-if TYPE_CHECKING:
-    from .hub import LocalHub
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 PACE_CHUNK = 64 << 10  # bytes per write (and the token bucket's burst) when a bandwidth is set
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+class ServedHub(Protocol):
+    """What the server uses of the hub it serves (:class:`~.hub.LocalHub`, which starts it: the server never
+    imports it): its tokens and page sizes, its repositories' state under its lock, and its fault rules."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def tokens(self) -> frozenset[str]: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def tree_page_size(self) -> int: ...
+    @property
+    def _lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def _repos(self) -> dict[str, tuple[tuple, dict]]: ...
+    @property
+    def _faults(self) -> Faults: ...
+    def _count_request(self, path: str) -> None: ...
+    def _refresh(self) -> None: ...
+    def _state(self, repo_id: str) -> dict | None: ...
+    def _repo_dir(self, repo_id: str) -> Path: ...
+    def _unforge(self, repo_id: str, revision: str) -> str: ...
+    def _fields(self, state: dict, sha: str, *, blobs: bool = False) -> dict: ...
+    def _tree(self, state: dict, sha: str, path: str, recursive: bool, expand: bool) -> list[dict] | None: ...
 
 
 def _truthy(values: list[str] | None) -> bool:
@@ -38,7 +63,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # keep-alive connections of a pooled client must not block stop()
 
-    def __init__(self, address, handler, hub: LocalHub, owner: HubServer) -> None:
+    def __init__(self, address, handler, hub: ServedHub, owner: HubServer) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.hub = hub
@@ -534,7 +559,7 @@ class HubServer:
 
     def __init__(
         self,
-        hub: LocalHub,
+        hub: ServedHub,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
