@@ -125,13 +125,15 @@ def test_the_default_reads_every_row_of_a_small_model_and_a_share_of_a_large_one
     assert gets and all(r["range"] and r["status"] == 206 for r in gets)
     assert matrix_bytes(models["single"]) <= sum(r["bytes"] for r in gets) < 1.05 * matrix_bytes(models["single"])
 
-    monkeypatch.setattr(rep_module, "AUTO_FROM", 1)  # every model is large: the share
+    monkeypatch.setattr(rep_module, "AUTO_FROM", 1)  # every model is large: the row budget
     fresh = HubSettings(**{**hub_settings.__dict__, "cache_dir": str(tmp_path / "fresh")})
     start = server.bytes_sent("/org/ft-single/*")
     large = embed("org/base", ["org/ft-single"], representation=auto, hub_settings=fresh, store=tmp_path / "b.duckdb")
-    share = DeltaEmbedder(Representation(rows=rep_module.AUTO_SHARE)).fit(models["base"])
-    np.testing.assert_allclose(large.vectors[0], share.embed_one(models["single"]), rtol=1e-6, atol=1e-6)
-    assert server.bytes_sent("/org/ft-single/*") - start <= 0.12 * matrix_bytes(models["single"])
+    budget = DeltaEmbedder(auto).fit(models["base"])
+    assert all(p.n_selected == min(rep_module.AUTO_ROWS, p.n_rows) for p in budget.plans_.values())
+    np.testing.assert_allclose(large.vectors[0], budget.embed_one(models["single"]), rtol=1e-6, atol=1e-6)
+    planned = sum(p.n_selected * p.n_cols for p in budget.plans_.values()) * 4  # float32 rows
+    assert server.bytes_sent("/org/ft-single/*") - start <= 2 * planned + (1 << 20)  # the rows, gaps, headers
 
 
 def test_narrow_rows_cost_their_share_not_the_gaps_between_them(tmp_path):

@@ -111,6 +111,14 @@ class BadRangeAnswer(CorruptDownload):
     ``Content-Range``, a body shorter or longer than the range. Retried, as a corrupt download is."""
 
 
+class HubRefused(ConnectionError):
+    """The Hub's endpoint refused connections (nothing listens there): said in one line, never retried with backoff;
+    every later call of the process to that endpoint raises it at once (:mod:`modelvec.hub.client`). The world
+    failed, not the model: each model left is recorded transient."""
+
+    kind: ClassVar[Kind] = Kind.TRANSIENT
+
+
 class UnsafeHubName(AnswerError, ValueError):
     """A name from the Hub (a revision asked for, an ETag or commit answered, a cached listing) that
     huggingface_hub would use in a cache path and that could lead outside the cache: refused."""

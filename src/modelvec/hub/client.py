@@ -26,7 +26,7 @@ from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from ..core.constants import hub_backoff, hub_timeout
-from ..core.errors import CorruptDownload, Kind, UnsafeHubName, chain, register_explainer
+from ..core.errors import CorruptDownload, HubRefused, Kind, UnsafeHubName, chain, register_explainer
 from ..core.settings import setting, setting_from, validate
 from .guard import guard_hub_client
 
@@ -123,11 +123,6 @@ def transient(exc: BaseException) -> bool:
 HUB_REFUSED = "the Hub refuses connections"
 _DOWN: dict[str, str] = {}  # endpoint -> the line said of it, once its connections were refused
 _DOWN_LOCK = threading.Lock()
-
-
-class HubRefused(ConnectionError):
-    """The Hub's endpoint refused connections (nothing listens there): said in one line, never retried with backoff;
-    every later call of this process to that endpoint raises it at once."""
 
 
 def refused(exc: BaseException) -> bool:
