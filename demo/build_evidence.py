@@ -275,10 +275,12 @@ def build_one(out: Path, ds: Dataset, run: Run, data: Data, tok: PreTrainedToken
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=out))
     try:
         model.save_pretrained(tmp)
-        if run.kind == "lora":  # name the base as published, not this machine's path
+        if run.kind == "lora":  # the base folder it was trained on (a Hub id beside a local base is refused)
             cfg_path = tmp / "adapter_config.json"
             cfg = json.loads(cfg_path.read_text())
-            cfg_path.write_text(json.dumps({**cfg, "base_model_name_or_path": BASE_ID}, indent=2))
+            cfg_path.write_text(
+                json.dumps({**cfg, "base_model_name_or_path": str(base_model_dir().resolve())}, indent=2)
+            )
         tok.save_pretrained(tmp)
         (tmp / "README.md").write_text(model_card(name, ds, run, start, end))
         for p in (tmp, *tmp.iterdir()):

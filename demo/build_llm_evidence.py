@@ -300,9 +300,11 @@ def build_one(
     try:
         if run.kind == "lora":
             model.save_pretrained(tmp)
-            cfg_path = tmp / "adapter_config.json"  # name the base as published, not this machine's path
+            # the base it was trained on: this zoo's dequantized folder, not the Hub's weights (modelvec refuses an
+            # adapter naming a Hub id beside a local base: the weights it adapts would not be known)
+            cfg_path = tmp / "adapter_config.json"
             cfg = json.loads(cfg_path.read_text())
-            cfg_path.write_text(json.dumps({**cfg, "base_model_name_or_path": BASE_ID}, indent=2))
+            cfg_path.write_text(json.dumps({**cfg, "base_model_name_or_path": str(base.resolve())}, indent=2))
         else:
             model.save_pretrained(tmp, max_shard_size="100MB")
         tok.save_pretrained(tmp)
