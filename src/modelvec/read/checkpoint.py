@@ -465,15 +465,12 @@ class Checkpoint:
         and merged where they touch. None when a file is not safetensors (a pickled ``.bin`` has no
         byte layout to read it by)."""
         out: dict[Path, list[tuple[int, int]]] = {}
-        headers: dict[Path, tuple[int, dict[str, Any]]] = {}
         for key, ranges in rows.items():
             file = self._file_of(key)
-            if file.suffix != ".safetensors":
+            header = self._header(file)  # parsed once per checkpoint, checked sound
+            if header is None:
                 return None
-            if file not in headers:
-                self._open(file)  # checked sound first
-                headers[file] = header_of(file)
-            start, header = headers[file]
+            start = self._data_starts[file]
             out.setdefault(file, []).extend((start + a, start + b) for a, b in row_bytes(header[key], ranges))
         return {file: merge(spans) for file, spans in out.items()}
 

@@ -70,9 +70,6 @@ class EmbedResult:
         }
 
 
-Progress = Callable[[str, str, str], None]  # (model, status, detail)
-
-
 @dataclass(frozen=True)
 class Step:
     """A run's progress, as a display needs it (``embed(..., on_step=...)``): how many models there are, then each
@@ -120,7 +117,6 @@ def embed(
     execution: Execution | None = None,
     store: Store | PathLike | None = None,
     force: bool = False,
-    progress: Progress | None = None,
     hub_settings: HubSettings | None = None,
     load: bool = True,
     on_step: OnStep | None = None,
@@ -144,21 +140,14 @@ def embed(
     (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
     no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
 
-    ``progress(model, status, detail)`` is called as each model ends; ``on_step`` gets a :class:`Step` for the
-    same events, with the number of models first and the bytes each one cost (what a progress bar shows).
+    ``on_step`` gets a :class:`Step` once the number of models is known, then as each model ends, with the bytes it
+    cost (what a progress bar shows).
     """
     execution = with_options(Execution, execution, taken_from(Execution, fields), "embed")
     chosen = with_options(Representation, representation, fields, "embed")
     hub_settings = hub_settings or HubSettings()
     runner = make_engine(execution)
-    said = progress or (lambda *_: None)
-    steps = on_step or (lambda _: None)
-
-    def report(step: Step) -> None:
-        if step.status != "begin":
-            said(step.model, step.status, step.detail)
-        steps(step)
-
+    report = on_step or (lambda _: None)
     with opened(store) as db:
         return _run(base, models, chosen, db, force, report, hub_settings, execution.keep_weights, runner, load)
 
