@@ -25,7 +25,7 @@ from ..core.errors import CheckpointError, IncompatibleError, raise_if_resource,
 from ..core.files import BIN, BIN_INDEX, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX
 from ..core.spans import merge
 from .architectures import Architecture, MatrixRef, Orientation, detect
-from .headers import header_of, row_bytes, safetensors_fault
+from .headers import HeaderFault, header_of, row_bytes
 from .headers import short_cause as _short
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: opening a checkpoint and reading its shapes needs none
@@ -203,9 +203,8 @@ class Checkpoint:
         handle = self._handles.get(file)
         if handle is None:
             safetensors = file.suffix == ".safetensors"
-            fault = safetensors_fault(file) if safetensors else None
-            if fault is not None:
-                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
+            if safetensors:
+                self._header(file)  # checked first, for the cause in words
             try:
                 handle = safe_open(str(file), framework="pt") if safetensors else _load_bin(file)
             except Exception as exc:  # safetensors and torch raise many types for a bad file
@@ -251,10 +250,10 @@ class Checkpoint:
             return None
         cached = self._headers.get(file)
         if cached is None:
-            fault = safetensors_fault(file)
-            if fault is not None:
-                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
-            self._data_starts[file], cached = header_of(file)
+            try:
+                self._data_starts[file], cached = header_of(file)
+            except HeaderFault as fault:
+                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}") from None
             self._headers[file] = cached
         return cached
 
