@@ -163,7 +163,7 @@ T = {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}
 MALFORMED = {
     "claims-more-than-the-file": raw_safetensors({"t": {**T, "shape": [1000], "data_offsets": [0, 1000]}}, bytes(10)),
     "bad-json": b"\x10\0\0\0\0\0\0\0{not json at all",
-    "not-utf8": b"\x08\0\0\0\0\0\0\0{\"\xff\": 1}",
+    "not-utf8": b'\x08\0\0\0\0\0\0\0{"\xff": 1}',
     "not-an-object": b"\x04\0\0\0\0\0\0\0[42]",
     "entry-not-an-object": raw_safetensors({"t": 5}, b""),
     "unknown-dtype": raw_safetensors({"t": {**T, "dtype": "F33"}}, bytes(8)),
