@@ -13,7 +13,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .errors import shown
+from .errors import HeaderFault, shown
+
+__all__ = ["DTYPE_BITS", "MAX_HEADER", "HeaderFault", "check_length", "parse_header", "short_cause"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: safetensors' own limit on a header's length; a larger length is corruption, never read.
@@ -44,10 +46,6 @@ DTYPE_BITS = {
     "F6_E2M3": 6,
     "F6_E3M2": 6,
 }
-
-
-class HeaderFault(ValueError):
-    """What is wrong with a safetensors file's header, in a few words: the file's fault, not the reader's."""
 
 
 def check_length(size: int, length: int) -> None:
