@@ -430,7 +430,7 @@ class Checkpoint:
         """The deltas against ``base`` as thin factors; only checkpoints with ``factored`` store them so."""
         raise CheckpointError(self.name, "holds full weights, not low-rank deltas")
 
-    # --- identity -------------------------------------------------------------------------------
+    # --- version --------------------------------------------------------------------------------
     def fingerprint(self) -> str:
         """A content hash of the weight files (xxh3-128, a few GB/s), so renamed copies are recognised."""
         digest = xxhash.xxh3_128()
@@ -444,8 +444,9 @@ class Checkpoint:
                         digest.update(view)
         return digest.hexdigest()
 
-    def identity(self) -> str:
-        """A cheap identity of the weight files: names, sizes, modification times and headers.
+    def stamp(self) -> str:
+        """A cheap stamp of the weight files: names, sizes, modification times and headers (a local model's version
+        in the store; a local base's version is its :meth:`fingerprint`, remembered by its stamp).
 
         How make and rsync judge change: it reads no tensor data, so a run over thousands of
         local models spends nothing on recognising the ones already stored (a full content hash

@@ -353,7 +353,7 @@ class DeltaEmbedder:
         the next adapter (the :data:`PARENTS_KEPT` most recently used; never pickled)."""
         if not isinstance(parent, Parent):  # a folder or checkpoint: named by its files' stamp
             pk = parent if isinstance(parent, Checkpoint) else open_checkpoint(parent)
-            return self._parent_rows(ck, Parent(pk.identity(), lambda: pk))
+            return self._parent_rows(ck, Parent(pk.stamp(), lambda: pk))
         kept: OrderedDict[str, _ParentRows] = self.__dict__.setdefault("_parents", OrderedDict())
         if parent.version in kept:
             kept.move_to_end(parent.version)

@@ -40,10 +40,11 @@ ReadPlan = dict[str, list[tuple[int, int]]]
 
 @dataclass(frozen=True)
 class BaseSpec:
-    """How any worker opens the base: a local path, or a Hub repo pinned to a sha."""
+    """How any worker opens the base: a local path, or a Hub repo pinned to a sha. ``version`` is what its vectors are
+    stored against (``base_hash``): a Hub base's ``git:<sha>``, a local one's content fingerprint."""
 
     name: str
-    identity: str
+    version: str
     path: str | None = None
     repo: str | None = None
     sha: str | None = None
@@ -60,10 +61,11 @@ class BaseSpec:
 
 @dataclass(frozen=True)
 class Task:
-    """One model to embed: its store name and identity, where its files are, and known labels."""
+    """One model to embed: its store name and version (what its vector is stored with, ``model_hash``: a Hub model's
+    ``git:<sha>``, a local one's files' stamp), where its files are, and known labels."""
 
     name: str
-    identity: str
+    version: str
     source: str
     path: str | None = None
     repo: str | None = None  # a Hub model, fetched at ``sha``
@@ -169,7 +171,7 @@ class Outcome:
     """What became of one task: a vector, or the reason it failed.
 
     ``kind`` is the failure's (:class:`~modelvec.core.errors.Kind`): a ``content`` failure is kept with
-    the model's identity, so the same files are not fetched again; ``transient`` (network, access)
+    the model's version, so the same files are not fetched again; ``transient`` (network, access)
     and ``resource`` (memory, disk) failures are tried again next run.
     """
 
@@ -294,4 +296,4 @@ def _parent_of(task: Task, embedder: DeltaEmbedder, hub_settings: HubSettings | 
             err = error_of(exc, parent.name)
             raise ModelvecError(task.name, f"its parent {parent.name}: {err.cause}", kind=err.kind) from exc
 
-    return Parent(f"{parent.name}@{parent.identity}", open_parent)
+    return Parent(f"{parent.name}@{parent.version}", open_parent)
