@@ -203,6 +203,7 @@ elif job in ("hub-embed", "hub-whole"):  # the fine-tune from the local Hub (end
         ck = open_checkpoint(fetch(hub["repo"], hub["sha"], None, settings))
     else:
         ck = open_hub(hub["repo"], hub["sha"], None, "ft", settings, e.representation, base=False)
+        ck = getattr(ck, "checkpoint", ck)  # an Opened (its read plan beside it) since issue 42
     got_s = time.perf_counter() - start - fit_s
     vec = e.embed_one(ck)
 elif job == "hub-stream":  # several Hub fine-tunes through embed's pipeline: downloads overlap computation

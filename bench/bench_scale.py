@@ -103,8 +103,13 @@ def run_modelvec(spec: dict, stamps: list[float]) -> dict:
         elif status == "failed":
             failures.append(detail)
 
+    def on_step(step: Any) -> None:
+        if step.status != "begin":
+            progress(step.model, step.status, step.detail)
+
+    said = {"on_step": on_step} if "on_step" in named else {"progress": progress}  # older versions: progress
     with tempfile.TemporaryDirectory() as tmp:
-        modelvec.embed(spec["base"], spec["models"], store=Path(tmp) / "bench.duckdb", progress=progress, **kwargs)
+        modelvec.embed(spec["base"], spec["models"], store=Path(tmp) / "bench.duckdb", **said, **kwargs)
     return {
         "embed_kwargs": kwargs,
         "embed_kwargs_dropped": sorted(set(wanted) - set(kwargs)),

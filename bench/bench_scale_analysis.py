@@ -93,7 +93,7 @@ def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | s
     params = Representation(size=size)
     centres = np.random.default_rng(0).standard_normal((6, dim)).astype(np.float32)
     with Store(store) as db:
-        db.record_base(str(base), Checkpoint(base).identity(), "bh")  # as embed records the base it embeds against
+        db.record_base(str(base), Checkpoint(base).stamp(), "bh")  # as embed records the base it embeds against
         for lo in range(start, stop, 200):
             rows = []
             for i in range(lo, min(stop, lo + 200)):

@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 with atheris.instrument_imports(include=["modelvec.checkpoint"]):
     from modelvec.core.errors import ModelvecError
     from modelvec.read import Checkpoint
-    from modelvec.read.headers import _safetensors_fault
+    from modelvec.read.headers import safetensors_fault as _safetensors_fault
 
 NAME = "org/fuzzed model"
 

@@ -61,6 +61,38 @@ def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
     )
 
 
+def test_every_default_key_the_project_has_had_still_names_its_vectors():
+    """The store keys' history is data (``KEY_HISTORY``): each default representation, as the store recorded it then,
+    reads back to exactly its key today; today's default is its last line. An edited declaration (a format, an
+    ``omit``, an ``until_added``) that would rename stored vectors fails here."""
+    from modelvec.represent.representation import KEY_HISTORY
+
+    keys = [key for key, _ in KEY_HISTORY]
+    assert keys == [
+        "r8-sketch-mean-seed0-bn",
+        "r32-sketch-mean-seed0-cs-rows0.05-bn",
+        "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto",
+        "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000",
+        "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000",
+    ]
+    for key, stored in KEY_HISTORY:
+        assert Representation.from_stored(dict(stored)).key() == key
+    assert Representation().as_dict() == KEY_HISTORY[-1][1]  # a new default is a new line of the history
+    assert Representation().key() == KEY_HISTORY[-1][0]
+
+
+def test_the_value_before_a_setting_existed_is_one_its_key_leaves_out():
+    """``until_added`` (the value a key stored before the setting existed stands for) and ``omit`` (values left out of
+    the key) are two meanings, declared apart; a declaration whose ``until_added`` the key would show is refused."""
+    from modelvec.core.settings import setting
+
+    for field, meta in settings_of(Representation):
+        assert not meta.until_added or meta.until_added[0] in meta.omit, field.name
+    with pytest.raises(ValueError, match="must be left out of the key"):
+        setting(0, "A setting added later.", key="x{}", omit=(1,), until_added=(0,))
+    assert setting(0, "Left out, there from the start.", key="x{}", omit=(0,)).metadata  # omit alone is fine
+
+
 def test_validation_and_flags_come_from_the_declaration():
     with pytest.raises(ValueError, match=r"rows must be a number in \(0, 1\] or auto, not 0.0"):
         Representation(rows=0)

@@ -107,6 +107,30 @@ def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, hub_
     assert sum(f.stat().st_blocks * 512 for f in folder.glob("*.safetensors")) < 0.2 * matrix_bytes(models["sharded"])
 
 
+def test_each_models_read_plan_is_worked_out_once_a_run(models, server, hub_settings, tmp_path, monkeypatch):
+    """One ``embed`` of Hub ids: each model's read plan (which rows, hence which bytes) is worked out once, where its
+    headers first come (the byte ranges to fetch), and handed on to what reads it next (the engine's prefetch)."""
+    from modelvec.represent import blocks
+
+    planned: dict[str, int] = {}
+    read_plan = blocks.read_plan
+
+    def counted(ck, representation, *, base):
+        planned[ck.name] = planned.get(ck.name, 0) + 1
+        return read_plan(ck, representation, base=base)
+
+    monkeypatch.setattr(blocks, "read_plan", counted)
+    result = embed(
+        "org/base",
+        ["org/ft-sharded", "org/ft-single"],
+        representation=ROWS,
+        hub_settings=hub_settings,
+        store=tmp_path / "s.duckdb",
+    )
+    assert sorted(result.embedded) == ["org/ft-sharded", "org/ft-single"] and not result.failed
+    assert planned == {"org/base": 1, "org/ft-sharded": 1, "org/ft-single": 1}
+
+
 def test_the_default_reads_every_row_of_a_small_model_and_a_share_of_a_large_one_by_ranges(
     models, server, hub_settings, tmp_path, monkeypatch
 ):

@@ -139,7 +139,7 @@ def test_a_server_ignoring_range_is_hung_up_on_once_the_header_is_read(tmp_path)
     [
         (
             raw_safetensors({"t": {"dtype": "U8", "shape": [1000], "data_offsets": [0, 1000]}}, b"x" * 10),
-            "model.safetensors: its header claims 1,000 bytes of tensors, the file has 10",
+            "model.safetensors: truncated (its header claims 1,000 bytes of tensors, the file has 10)",
         ),
         (b"\x10\0\0\0\0\0\0\0{not json at all", "model.safetensors: header is not valid JSON"),
         (b"\x04\0\0\0\0\0\0\0[42]", "model.safetensors: header is not a JSON object"),
@@ -157,6 +157,45 @@ def test_a_bad_header_is_the_files_fault(hub, server, hub_settings, data, cause)
     assert cause in str(err.value) and str(err.value).startswith(f"{REPO}: ")
     assert error_of(err.value, REPO).kind is Kind.CONTENT and "\n" not in str(err.value)
     assert len(gets(server)) == 1  # nothing retried: the file is bad, not the link
+
+
+T = {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}
+MALFORMED = {
+    "claims-more-than-the-file": raw_safetensors({"t": {**T, "shape": [1000], "data_offsets": [0, 1000]}}, bytes(10)),
+    "bad-json": b"\x10\0\0\0\0\0\0\0{not json at all",
+    "not-utf8": b'\x08\0\0\0\0\0\0\0{"\xff": 1}',
+    "not-an-object": b"\x04\0\0\0\0\0\0\0[42]",
+    "entry-not-an-object": raw_safetensors({"t": 5}, b""),
+    "unknown-dtype": raw_safetensors({"t": {**T, "dtype": "F33"}}, bytes(8)),
+    "shape-disagrees-with-bytes": raw_safetensors({"t": {**T, "shape": [3]}}, bytes(8)),
+    "overlap": raw_safetensors({"t": T, "u": {**T, "data_offsets": [4, 12]}}, bytes(12)),
+    "gap": raw_safetensors({"t": {**T, "data_offsets": [4, 12]}}, bytes(12)),
+    "trailing-bytes": raw_safetensors({"t": T}, bytes(24)),
+    "metadata-not-strings": raw_safetensors({"__metadata__": {"format": 1}, "t": T}, bytes(8)),
+    "huge-length": (200_000_000).to_bytes(8, "little") + b"{}",
+    "short-header": (500).to_bytes(8, "little") + b"{}",
+    "tiny": b"\x01\0",
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_hub_file_and_a_local_file_are_refused_alike(hub, server, hub_settings, tmp_path, case):
+    """One parser and one set of checks: a malformed header is refused in the same words, as the file's fault
+    (content), whether its bytes come by a range request or from a local file."""
+    from modelvec import Checkpoint
+
+    data = MALFORMED[case]
+    sha = hub.publish(REPO, {FILE: data})
+    with pytest.raises(CheckpointError) as remote:
+        fetch_safetensors_header(REPO, sha, FILE, hub_settings)
+    local = tmp_path / FILE
+    local.write_bytes(data)
+    with pytest.raises(CheckpointError) as here:
+        Checkpoint(local, name=REPO).keys()
+    said_remote = str(remote.value).removeprefix(f"{REPO}: {FILE}: ")
+    said_here = str(here.value).removeprefix(f"{REPO}: cannot read {FILE}: ")
+    assert said_remote == said_here and said_remote != str(remote.value) and said_here != str(here.value)
+    assert error_of(remote.value, REPO).kind is error_of(here.value, REPO).kind is Kind.CONTENT
 
 
 def test_a_missing_file_fails_at_once_in_one_line(hub, server, hub_settings, weights):

@@ -83,6 +83,31 @@ def test_an_adapter_on_a_fine_tune_is_the_model_merged_onto_it(family, embedder)
         embedder.embed_traced(family / "b", parent=family / "a")
 
 
+def test_a_parent_is_read_once_for_all_its_adapters_in_a_run(family, embedder, tmp_path, monkeypatch):
+    """Three adapters on one fine-tune, in one ``embed``: the fine-tune's rows are read once (kept by its version for
+    the next adapter, never pickled), and each adapter's vector is the one it has alone."""
+    import shutil
+
+    from modelvec.represent.embedder import DeltaEmbedder as Embedder
+
+    adapters = [shutil.copytree(family / "adapter-on-a", tmp_path / f"adapter-{i}") for i in range(3)]
+    read: list[str] = []
+    raw_blocks = Embedder._raw_blocks
+
+    def counted(self, ck):
+        read.append(ck.name)
+        return raw_blocks(self, ck)
+
+    monkeypatch.setattr(Embedder, "_raw_blocks", counted)
+    result = embed(family / "base", adapters, store=tmp_path / "s.duckdb")
+    assert result.failed == {} and len(result.embedded) == 3
+    assert read.count(str(family / "a")) == 1  # the parent, once; each adapter's own factors are read as theirs
+    expected = embedder.embed_traced(family / "adapter-on-a", parent=family / "a").vector
+    for vector in result.vectors:
+        np.testing.assert_array_equal(vector, expected)
+    assert "_parents" in embedder.__dict__ and "_parents" not in embedder.__getstate__()  # what Ray would ship
+
+
 def test_traces_are_linear_in_the_weights_and_say_size_and_levels(family, embedder):
     trace = {name: embedder.embed_traced(family / name).trace for name in ("a", "b", "merge", "a-int8", "unrelated")}
     expected = 0.7 * trace["a"].sketch + 0.3 * trace["b"].sketch

@@ -15,10 +15,9 @@ from conftest import planted_finetune
 from modelvec import Representation, Store, embed
 from modelvec.core.settings import choices_of, settings_of
 from modelvec.hub.client import HubSettings
-from modelvec.read import Checkpoint
 from modelvec.run.engines import Execution, make_engine
 from modelvec.run.local import LocalEngine
-from modelvec.run.work import BaseSpec, Task
+from modelvec.run.work import BaseSpec, Opened, Task
 from modelvec.store import Failure, VectorRow
 
 OPEN_SECONDS = 0.3
@@ -30,7 +29,7 @@ class SlowTask(Task):
 
     log: list | None = None
 
-    def open(self, hub_settings: HubSettings, params: Representation | None = None) -> Checkpoint:
+    def open(self, hub_settings: HubSettings, params: Representation | None = None) -> Opened:
         start = time.monotonic()
         time.sleep(OPEN_SECONDS)
         self.log.append((self.name, threading.current_thread().name, start, time.monotonic()))

@@ -170,7 +170,7 @@ def test_a_worker_that_dies_fails_only_its_model_and_is_replaced(cluster, tiny_b
 
 def test_tasks_are_pulled_lazily_and_an_interrupted_run_lets_its_actors_go(cluster, tiny_bert, finetunes, tmp_path):
     spec, tasks = tasks_for(tiny_bert, finetunes, tmp_path)
-    many = [Task(f"{t.name}#{i}", t.identity, t.source, path=t.path) for i in range(5) for t in tasks]  # 20 tasks
+    many = [Task(f"{t.name}#{i}", t.version, t.source, path=t.path) for i in range(5) for t in tasks]  # 20 tasks
     pulled = 0
 
     def stream():

@@ -322,7 +322,7 @@ OPENING, BETWEEN = 0, 9  # the phases besides 1 + MODES.index(mode): inside that
 def _item(i: int) -> VectorRow | Failure:
     name = f"m{i:05d}"
     if i % 7 == 3:
-        return Failure(name, "base", PARAMS, f"{name}: broken #{i}", model_hash=f"h{i}")
+        return Failure(name, "base", PARAMS, f"{name}: broken #{i}", model_version=f"h{i}")
     vector = np.random.default_rng(i).standard_normal(DIM).astype(np.float32)
     return VectorRow(name, f"h{i}", "base", "bh", PARAMS, "bert", vector, ["ds"], "local", 0.01)
 
@@ -353,7 +353,7 @@ def _write_until_killed(store: str, start: int, seed: int, small_checkpoints: bo
             if mode == "put":
                 for r in rows:
                     db.put(r) if isinstance(r, VectorRow) else db.record_failure(
-                        r.model, r.base, r.representation, r.error, r.model_hash
+                        r.model, r.base, r.representation, r.error, r.model_version
                     )
             elif mode == "writer":
                 with db.writer() as w:

@@ -94,6 +94,14 @@ class DeviceError(ResourceError, ValueError):
     and a ``ValueError`` to those that check the device as a value."""
 
 
+class HeaderFault(ValueError):
+    """What is wrong with a safetensors file's header, in a few words, where the model is not known
+    (:mod:`modelvec.core.safetensors`): the file's fault (``kind`` content); the reader says it as a
+    :class:`CheckpointError` of the model."""
+
+    kind: ClassVar[Kind] = Kind.CONTENT
+
+
 class AnswerError(Exception):
     """A Hub answer refused inside the HTTP machinery, where the model is not known yet: the world failed
     (``kind`` transient), never the model. Raised as itself so that the call can be retried; the Hub client's

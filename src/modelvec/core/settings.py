@@ -34,8 +34,11 @@ class Setting:
 
     For settings whose object is named by a key (:func:`key_of`, e.g. a stored representation): ``key``, how
     the value reads in it (a format, ``"r{}"``; for a bool, the tag it adds when true), ``order``, its place,
-    ``tags``, a value's own tag in place of the format, ``omit``, values left out (a setting added later, at
-    the value that computes what was computed before it), and ``applies``, whether the object uses it at all.
+    ``tags``, a value's own tag in place of the format, ``omit``, values left out of the key, ``applies``, whether
+    the object uses it at all, and ``until_added``, for a setting added after objects were first named by keys, the
+    value that computes what was computed before it existed (one value, as a 1-tuple; ``()``: there from the start).
+    A key once stored must keep naming what it named: that value is one ``omit`` leaves out (``check_key_history``),
+    and the keys each version had are data pinned by tests (``KEY_HISTORY`` in :mod:`modelvec.represent`).
     """
 
     help: str
@@ -55,6 +58,22 @@ class Setting:
     tags: tuple[tuple[str, str], ...] = ()
     omit: tuple[Any, ...] = ()
     applies: Callable[[Any], bool] | None = None
+    until_added: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.until_added) > 1:
+            raise ValueError(f"until_added is one value (a 1-tuple), not {self.until_added!r}")
+        if self.until_added and self.until_added[0] not in self.omit:  # else every key stored before it would change
+            raise ValueError(
+                f"until_added={self.until_added[0]!r} must be left out of the key (omit), or the keys stored before "
+                "the setting existed would name other vectors"
+            )
+
+
+def until_added(cls: Any) -> dict[str, Any]:
+    """The value each setting of ``cls`` added after keys were first stored takes in a key stored before it existed
+    (its ``until_added``): what reading such a key back fills in."""
+    return {field.name: meta.until_added[0] for field, meta in settings_of(cls) if meta.until_added}
 
 
 def setting(default: Any, help: str, **meta: Any) -> Any:

@@ -14,8 +14,9 @@ file of the size the header fetch learnt, with a body of exactly that length; an
 body, a dropped connection, 429, 5xx) is retried with the settings' backoff and, after the last try, is a one-line
 :class:`~modelvec.core.errors.FetchError` (transient: the world failed, not the model). A server that ignores
 ``Range`` and answers 200 with the whole file is served correctly: that body is streamed whole into the local file
-and no more ranges are asked for. A header that is no safetensors header, or that claims more tensor bytes than the
-file has, is the file's fault: a :class:`~modelvec.core.errors.CheckpointError`.
+and no more ranges are asked for. A header that is no sound safetensors header (checked by the parser a local file's
+header goes through, :mod:`modelvec.core.safetensors`) is the file's fault: a
+:class:`~modelvec.core.errors.CheckpointError`.
 
 A lying server that answers other bytes under the right headers cannot be caught here (huggingface_hub checks no
 more for a range either): the caller checks what it reads (the tensors' values), or fetches the whole file.
@@ -23,7 +24,6 @@ more for a range either): the caller checks what it reads (the tensors' values),
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -42,6 +42,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from ..core.errors import BadRangeAnswer, CheckpointError, FetchError, ModelvecError, raise_if_resource, shown
+from ..core.safetensors import MAX_HEADER, HeaderFault, check_length, parse_header
 from ..core.spans import merge
 from .client import HubSettings, describe_error, with_retries
 from .download import check_repo_id, check_revision
@@ -66,8 +67,6 @@ HEADER_PROBE = 1 << 17
 #: The most bytes one range request asks for (:func:`coalesce_ranges`): a long read is spread over the requests in
 #: flight, and a request that fails repeats at most this much.
 REQUEST_CAP = 16 << 20
-#: safetensors' own limit on a header's length; a larger length is corruption, never fetched.
-MAX_HEADER = 100_000_000
 #: Bytes per read of a body (bodies are streamed, never held whole).
 CHUNK = 1 << 20
 #: An error answer's body is read (for huggingface_hub's message) only if it announces at most this many bytes.
@@ -265,37 +264,16 @@ def _read_span(url: str, hub_settings: HubSettings, start: int, stop: int, size:
         return data
 
 
-def _tensor_bytes(repo_id: str, filename: str, header: Any) -> int:
-    """The end of the last tensor's data that a parsed header claims (0 when it has no tensors)."""
-    if not isinstance(header, dict):
-        raise CheckpointError(repo_id, f"{shown(filename)}: header is not a JSON object")
-    end = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(type(v) is int and v >= 0 for v in offsets)
-            and offsets[0] <= offsets[1]
-        ):
-            raise CheckpointError(
-                repo_id, f"{shown(filename)}: header entry of tensor {shown(name)} has no data_offsets [begin, end]"
-            )
-        end = max(end, offsets[1])
-    return end
-
-
 def fetch_safetensors_header(
     repo_id: str, revision: str, filename: str, hub_settings: HubSettings
 ) -> SafetensorsHeader:
     """The header of a safetensors file on the Hub and the file's size, without downloading the file.
 
     One request for the first 128 KiB (and, for a longer header, one for the rest), each retried as the settings say;
-    a server that ignores ``Range`` is read only as far as the header goes, then hung up on. A header over
-    safetensors' 100 MB limit, one that is not a JSON object of tensors, or one that claims more tensor bytes than
-    the file has, is a :class:`CheckpointError` (the file is bad); failing to reach it is a :class:`FetchError`.
+    a server that ignores ``Range`` is read only as far as the header goes, then hung up on. A header that safetensors
+    would refuse (over its 100 MB limit, not a JSON object of sound tensor entries, tensors that do not tile the file's
+    data exactly) is a :class:`CheckpointError` (the file is bad), said in the words a local file's fault is said in
+    (one parser: :func:`~modelvec.core.safetensors.parse_header`); failing to reach it is a :class:`FetchError`.
     """
     check_repo_id(repo_id)
     check_revision(repo_id, revision)
@@ -304,42 +282,21 @@ def fetch_safetensors_header(
     what = f"{repo_id}/{filename}"
     try:
         data, total = with_retries(lambda: _read_first(url, hub_settings), hub_settings, what)
-        if total < 8:
-            raise CheckpointError(repo_id, f"{shown(filename)}: truncated ({total} bytes, too short for a header)")
-        length = int.from_bytes(data[:8], "little")
-        if length > MAX_HEADER:
-            raise CheckpointError(
-                repo_id,
-                f"{shown(filename)}: corrupt (it claims a header of {length:,} bytes, over safetensors' 100 MB limit)",
-            )
-        if 8 + length > total:
-            raise CheckpointError(
-                repo_id, f"{shown(filename)}: truncated (its header claims {length:,} bytes, {total - 8:,} follow)"
-            )
+        length = int.from_bytes(data[:8], "little") if total >= 8 else 0
+        check_length(total, length)
         if len(data) < 8 + length:
             start = len(data)
             rest = with_retries(lambda: _read_span(url, hub_settings, start, 8 + length, total), hub_settings, what)
             data += rest
         raw = data[: 8 + length]
+        header = parse_header(raw[8:], total - 8 - length)
+    except HeaderFault as fault:  # the file's fault, in the words a local file's would be said in
+        raise CheckpointError(repo_id, f"{shown(filename)}: {fault}") from None
     except ModelvecError:
         raise
     except Exception as exc:
         raise_if_resource(exc, repo_id)
         raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {_cause(exc)}") from exc
-    try:
-        header = json.loads(raw[8:].decode("utf-8"))
-    except UnicodeDecodeError:
-        raise CheckpointError(repo_id, f"{shown(filename)}: header is not UTF-8 text") from None
-    except RecursionError:
-        raise CheckpointError(repo_id, f"{shown(filename)}: header is not valid JSON (nested too deeply)") from None
-    except ValueError as exc:
-        cause = shown(str(exc).splitlines()[0], 80)
-        raise CheckpointError(repo_id, f"{shown(filename)}: header is not valid JSON ({cause})") from None
-    claimed, has = _tensor_bytes(repo_id, filename, header), total - 8 - length
-    if claimed > has:
-        raise CheckpointError(
-            repo_id, f"{shown(filename)}: its header claims {claimed:,} bytes of tensors, the file has {has:,}"
-        )
     return SafetensorsHeader(RemoteFile(repo_id, revision, filename, total), raw, header, 8 + length)
 
 

@@ -303,7 +303,7 @@ def _match(arch: Architecture, module: str) -> _Hit | None:
 class AdapterCheckpoint(Checkpoint):
     """A PEFT LoRA adapter folder, read lazily like any checkpoint; :meth:`low_rank_deltas` gives its factored deltas.
 
-    ``identity`` and ``fingerprint`` cover ``adapter_config.json`` too: alpha, rank_pattern or
+    ``stamp`` and ``fingerprint`` cover ``adapter_config.json`` too: alpha, rank_pattern or
     use_rslora change the delta without touching the weights file.
     """
 
@@ -322,8 +322,8 @@ class AdapterCheckpoint(Checkpoint):
                 return [self.folder / name], None
         raise CheckpointError(self.name, f"no adapter weights in {self.path} (looked for {', '.join(ADAPTER_WEIGHTS)})")
 
-    def identity(self) -> str:
-        digest = xxhash.xxh3_128(super().identity().encode())
+    def stamp(self) -> str:
+        digest = xxhash.xxh3_128(super().stamp().encode())
         digest.update(self._config_bytes)
         return "stat:" + digest.hexdigest()
 

@@ -25,7 +25,7 @@ from ..core.errors import CheckpointError, IncompatibleError, raise_if_resource,
 from ..core.files import BIN, BIN_INDEX, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX
 from ..core.spans import merge
 from .architectures import Architecture, MatrixRef, Orientation, detect
-from .headers import header_of, row_bytes, safetensors_fault
+from .headers import HeaderFault, header_of, row_bytes
 from .headers import short_cause as _short
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: opening a checkpoint and reading its shapes needs none
@@ -203,9 +203,8 @@ class Checkpoint:
         handle = self._handles.get(file)
         if handle is None:
             safetensors = file.suffix == ".safetensors"
-            fault = safetensors_fault(file) if safetensors else None
-            if fault is not None:
-                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
+            if safetensors:
+                self._header(file)  # checked first, for the cause in words
             try:
                 handle = safe_open(str(file), framework="pt") if safetensors else _load_bin(file)
             except Exception as exc:  # safetensors and torch raise many types for a bad file
@@ -251,10 +250,10 @@ class Checkpoint:
             return None
         cached = self._headers.get(file)
         if cached is None:
-            fault = safetensors_fault(file)
-            if fault is not None:
-                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}")
-            self._data_starts[file], cached = header_of(file)
+            try:
+                self._data_starts[file], cached = header_of(file)
+            except HeaderFault as fault:
+                raise CheckpointError(self.name, f"cannot read {file.name}: {fault}") from None
             self._headers[file] = cached
         return cached
 
@@ -431,7 +430,7 @@ class Checkpoint:
         """The deltas against ``base`` as thin factors; only checkpoints with ``factored`` store them so."""
         raise CheckpointError(self.name, "holds full weights, not low-rank deltas")
 
-    # --- identity -------------------------------------------------------------------------------
+    # --- version --------------------------------------------------------------------------------
     def fingerprint(self) -> str:
         """A content hash of the weight files (xxh3-128, a few GB/s), so renamed copies are recognised."""
         digest = xxhash.xxh3_128()
@@ -445,8 +444,9 @@ class Checkpoint:
                         digest.update(view)
         return digest.hexdigest()
 
-    def identity(self) -> str:
-        """A cheap identity of the weight files: names, sizes, modification times and headers.
+    def stamp(self) -> str:
+        """A cheap stamp of the weight files: names, sizes, modification times and headers (a local model's version
+        in the store; a local base's version is its :meth:`fingerprint`, remembered by its stamp).
 
         How make and rsync judge change: it reads no tensor data, so a run over thousands of
         local models spends nothing on recognising the ones already stored (a full content hash
@@ -465,15 +465,12 @@ class Checkpoint:
         and merged where they touch. None when a file is not safetensors (a pickled ``.bin`` has no
         byte layout to read it by)."""
         out: dict[Path, list[tuple[int, int]]] = {}
-        headers: dict[Path, tuple[int, dict[str, Any]]] = {}
         for key, ranges in rows.items():
             file = self._file_of(key)
-            if file.suffix != ".safetensors":
+            header = self._header(file)  # parsed once per checkpoint, checked sound
+            if header is None:
                 return None
-            if file not in headers:
-                self._open(file)  # checked sound first
-                headers[file] = header_of(file)
-            start, header = headers[file]
+            start = self._data_starts[file]
             out.setdefault(file, []).extend((start + a, start + b) for a, b in row_bytes(header[key], ranges))
         return {file: merge(spans) for file, spans in out.items()}
 

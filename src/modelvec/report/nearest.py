@@ -94,8 +94,8 @@ def _embed_query(
         if pop.base_hash.startswith("git:"):
             entries = catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
             scratch.put_catalogue(base, pop.base_hash.removeprefix("git:"), entries)
-        for identity in db.identities(base, pop.base_hash):
-            scratch.record_base(base, identity, pop.base_hash)
+        for stamp in db.stamps(base, pop.base_hash):
+            scratch.record_base(base, stamp, pop.base_hash)
         result = embed(
             base, [model], representation=pop.representation, store=scratch, hub_settings=hub_settings, workers=1
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -26,6 +27,10 @@ from .trace import LEVEL_ROWS, RowStats, Trace, Tracer, row_stats
 BATCHINGS = ("auto", "layer", "family")
 _CHUNK_BYTES = 2 << 20  # a delta chunk that stays in cache (L3) between the subtraction and the product
 _FAMILY_BATCH_BYTES = 1 << 30  # float32 deltas per batched family product: bounded whatever the depth
+#: Parents (fine-tunes that adapters were trained on) whose raw blocks an embedder keeps, the most recently used: an
+#: 8B parent's are ~26 MB under the default size budget (100,000 floats a layer, float64: a sum of float64 blocks is
+#: what gives an adapter the bits of its merged model).
+PARENTS_KEPT = 4
 
 
 def _all_finite(w: torch.Tensor, rows: int = 4096) -> bool:
@@ -92,7 +97,10 @@ class VocabularyReadout:
 
     def block(self, ck: Checkpoint, scale: float) -> torch.Tensor:
         """The head's block of ``ck``'s vector: E (beta - beta_base) centred over the vocabulary, norm ``scale``."""
-        beta = self.bias(ck)
+        return self.block_of(self.bias(ck), scale)
+
+    def block_of(self, beta: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """The head's block of a model whose head's beta is ``beta`` (None: it has none), norm ``scale``."""
         if beta is None:
             return torch.zeros(self.floats)
         delta = beta - self.base_bias
@@ -108,6 +116,25 @@ class VocabularyReadout:
             where, sign = self.buckets
             prior = torch.zeros(self.floats, dtype=torch.float64).index_add_(0, where, prior * sign)
         return prior.float()
+
+
+@dataclass(frozen=True)
+class Parent:
+    """An adapter's parent fine-tune as a run knows it: ``version``, what the weights are named by (a Hub commit, its
+    files' stamp), which its read rows are kept by for its other adapters; ``open``, how to open it, called only
+    where they are not kept. The embedder closes what ``open`` gives."""
+
+    version: str
+    open: Callable[[], Checkpoint]
+
+
+@dataclass(frozen=True)
+class _ParentRows:
+    """What an adapter needs of its parent, read once: each matrix's raw sketch block (float64) and its head's beta
+    (None: it has no vocabulary head, or none is read)."""
+
+    raw: dict[tuple[str, int, str], torch.Tensor]
+    beta: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -247,7 +274,9 @@ class DeltaEmbedder:
         return self.embed_traced(model, parent).vector
 
     def embed_traced(
-        self, model: str | os.PathLike[str] | Checkpoint, parent: str | os.PathLike[str] | Checkpoint | None = None
+        self,
+        model: str | os.PathLike[str] | Checkpoint,
+        parent: str | os.PathLike[str] | Checkpoint | Parent | None = None,
     ) -> Embedded:
         """One fine-tune's vector and trace.
 
@@ -280,13 +309,15 @@ class DeltaEmbedder:
         return smaller
 
     def _embed_one(
-        self, model: str | os.PathLike[str] | Checkpoint, parent: str | os.PathLike[str] | Checkpoint | None = None
+        self,
+        model: str | os.PathLike[str] | Checkpoint,
+        parent: str | os.PathLike[str] | Checkpoint | Parent | None = None,
     ) -> Embedded:
         self._check_fitted()
         ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
-        head_of = ck
+        parent_beta = None
         if parent is not None:
-            vector, trace, head_of = self._on_parent(ck, parent)
+            vector, trace, parent_beta = self._on_parent(ck, parent)
         elif not self.representation.uses_svd:
             raw, stats = self._raw_blocks(ck)
             sketch = self.tracer_.sketch(raw)
@@ -296,33 +327,50 @@ class DeltaEmbedder:
             vector, trace = self._delta_vector(ck), None
         if self.vocabulary_ is None:
             return Embedded(vector, trace)
-        head = self.vocabulary_.block(head_of, float(np.linalg.norm(vector)) or 1.0)
+        beta = self.vocabulary_.bias(ck)
+        beta = parent_beta if beta is None else beta  # an adapter's own head where it trains one, else its parent's
+        head = self.vocabulary_.block_of(beta, float(np.linalg.norm(vector)) or 1.0)
         return Embedded(np.concatenate([vector, head.numpy()]), trace)
 
     def _on_parent(
-        self, ck: Checkpoint, parent: str | os.PathLike[str] | Checkpoint
-    ) -> tuple[np.ndarray, Trace, Checkpoint]:
-        """An adapter's vector and trace on its parent's delta, and the checkpoint whose head the model has (the
-        adapter's where it trains the head, else its parent's)."""
+        self, ck: Checkpoint, parent: str | os.PathLike[str] | Checkpoint | Parent
+    ) -> tuple[np.ndarray, Trace, torch.Tensor | None]:
+        """An adapter's vector and trace on its parent's delta, and the parent's head's beta (the model's head where
+        the adapter trains none)."""
         if not ck.factored:
             raise CheckpointError(ck.name, "only a LoRA adapter is embedded on a parent: a full model is its weights")
         if self.representation.uses_svd:
             raise CheckpointError(
                 ck.name, "an adapter on a fine-tune is embedded with the sketch only (factor='sketch')"
             )
-        pk = parent if isinstance(parent, Checkpoint) else open_checkpoint(parent)
-        if pk.factored:
-            raise CheckpointError(ck.name, f"its parent {pk.name} is an adapter too: give the merged fine-tune")
-        cached = self.__dict__.setdefault("_parents", {})
-        if pk.identity not in cached:  # the parent's rows read once for all its adapters (the last few kept)
-            if len(cached) >= 4:
-                cached.pop(next(iter(cached)))
-            cached[pk.identity] = self._raw_blocks(pk)
-        parent_raw, _ = cached[pk.identity]  # the parent's row statistics are not the adapter's: it has none
+        rows = self._parent_rows(ck, parent)  # the parent's row statistics are not the adapter's: it has none
         own = self._adapter_raw(ck)
-        raw = {key: block + own[key] if key in own else block for key, block in parent_raw.items()}
-        head_of = ck if self.vocabulary_ is not None and self.vocabulary_.bias(ck) is not None else pk
-        return self._sketched(raw), Trace(self.tracer_.sketch(raw), None, self.base_scale_), head_of
+        raw = {key: block + own[key] if key in own else block for key, block in rows.raw.items()}
+        return self._sketched(raw), Trace(self.tracer_.sketch(raw), None, self.base_scale_), rows.beta
+
+    def _parent_rows(self, ck: Checkpoint, parent: str | os.PathLike[str] | Checkpoint | Parent) -> _ParentRows:
+        """The parent's rows as its adapters need them, read once for all of them: kept by the parent's version for
+        the next adapter (the :data:`PARENTS_KEPT` most recently used; never pickled)."""
+        if not isinstance(parent, Parent):  # a folder or checkpoint: named by its files' stamp
+            pk = parent if isinstance(parent, Checkpoint) else open_checkpoint(parent)
+            return self._parent_rows(ck, Parent(pk.stamp(), lambda: pk))
+        kept: OrderedDict[str, _ParentRows] = self.__dict__.setdefault("_parents", OrderedDict())
+        if parent.version in kept:
+            kept.move_to_end(parent.version)
+            return kept[parent.version]
+        pk = parent.open()
+        try:
+            if pk.factored:
+                raise CheckpointError(ck.name, f"its parent {pk.name} is an adapter too: give the merged fine-tune")
+            rows = _ParentRows(
+                self._raw_blocks(pk)[0], self.vocabulary_.bias(pk) if self.vocabulary_ is not None else None
+            )
+        finally:
+            pk.close()  # its files released now: its rows are kept (a checkpoint reopens them if read again)
+        kept[parent.version] = rows
+        while len(kept) > PARENTS_KEPT:
+            kept.popitem(last=False)
+        return rows
 
     def _raw_blocks(self, ck: Checkpoint) -> tuple[dict[tuple[str, int, str], torch.Tensor], RowStats | None]:
         """The sketch's raw blocks of ``ck``'s delta (float64, before their norm), and what its first rows read say
@@ -520,7 +568,9 @@ class DeltaEmbedder:
     def __getstate__(self) -> dict:
         """Picklable (Ray ships embedders' parameters): the thread pool and scratch buffers stay behind."""
         return {
-            k: v for k, v in self.__dict__.items() if k not in ("_threads", "_buffers", "_chunks", "_smaller_embedder")
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("_threads", "_buffers", "_chunks", "_smaller_embedder", "_parents")
         }
 
     def _plans_in(self, layout: Layout) -> list[MatrixPlan]:

@@ -70,7 +70,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from ..core.settings import key_of, setting, settings_of, validate
+from ..core.settings import key_of, setting, until_added, validate
 from ..read import VocabularyHead
 
 FACTORS = ("U", "US", "S", "sketch")
@@ -134,6 +134,7 @@ class Representation:
         order=9,
         tags=(("gaussian", "gauss"), ("countsketch", "cs")),
         omit=("shared",),
+        until_added=("shared",),
         applies=_sketch,
     )
     rows: float | str = setting(
@@ -151,6 +152,7 @@ class Representation:
         tags=(("auto", "rowsauto"),),
         order=10,
         omit=(1.0,),
+        until_added=(1.0,),
         applies=_sketch,
     )
     auto_rows: int | str = setting(
@@ -165,6 +167,7 @@ class Representation:
         key="n{}",
         order=11,
         omit=("share",),
+        until_added=("share",),
         applies=lambda r: _sketch(r) and r.rows == "auto",
     )
     pooling: str = setting("mean", "How layers are pooled.", choices=POOLINGS, key="{}", order=3)
@@ -209,6 +212,7 @@ class Representation:
         key="d{}",
         order=14,
         omit=("none",),
+        until_added=("none",),
         applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
     )
     block_norm: bool = setting(
@@ -223,6 +227,7 @@ class Representation:
         key="head-{}",
         order=13,
         omit=("none",),
+        until_added=("none",),
     )
 
     def __post_init__(self) -> None:
@@ -318,6 +323,53 @@ class Representation:
         return cls(**{**UNTIL_ADDED, **fields})  # type: ignore[arg-type]
 
 
-#: Settings added after vectors were first stored, at the value that computes what was computed before them: the
-#: value each such field's declaration leaves out of the key (its ``omit``).
-UNTIL_ADDED: dict[str, object] = {field.name: meta.omit[0] for field, meta in settings_of(Representation) if meta.omit}
+#: Settings added after vectors were first stored, at the value that computes what was computed before them (each
+#: such field's ``until_added``, a value its ``omit`` leaves out of the key).
+UNTIL_ADDED: dict[str, object] = until_added(Representation)
+
+#: The fields of every representation the store recorded before ``projection`` existed (its first ``as_dict``).
+_FIRST_FIELDS: dict[str, object] = dict(
+    factor="sketch", pooling="mean", solver="randomized", sign="max-abs", n_iter=4, n_oversamples=8, seed=0
+)
+
+#: Every default key the project has had, oldest first, with the representation that computes it as the store
+#: recorded it then (its ``as_dict`` of that day: the fields added since are absent, :meth:`Representation.from_stored`
+#: fills them in). A key once stored names the same vectors for ever: ``tests/core/test_settings.py`` checks that each
+#: still reads back to its key, so editing a declaration that would rename stored vectors fails there. A new default
+#: is a new line at the end.
+KEY_HISTORY: tuple[tuple[str, dict[str, object]], ...] = (
+    ("r8-sketch-mean-seed0-bn", {**_FIRST_FIELDS, "rank": 8, "block_norm": True}),
+    (
+        "r32-sketch-mean-seed0-cs-rows0.05-bn",
+        {**_FIRST_FIELDS, "rank": 32, "block_norm": True, "projection": "countsketch", "rows": 0.05},
+    ),
+    (
+        "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto",
+        {**_FIRST_FIELDS, "rank": 32, "block_norm": True, "projection": "countsketch", "rows": "auto", "head": "auto"},
+    ),
+    (
+        "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000",
+        {
+            **_FIRST_FIELDS,
+            "rank": 32,
+            "block_norm": True,
+            "projection": "countsketch",
+            "rows": "auto",
+            "head": "auto",
+            "size": 100_000,
+        },
+    ),
+    (
+        "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000",
+        {
+            **_FIRST_FIELDS,
+            "rank": 32,
+            "block_norm": True,
+            "projection": "countsketch",
+            "rows": "auto",
+            "head": "auto",
+            "size": 100_000,
+            "auto_rows": 64,
+        },
+    ),
+)

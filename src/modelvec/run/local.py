@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..hub.client import HubSettings
 from ..represent.representation import Representation
-from .work import BaseSpec, Opened, Outcome, Task, compute, fit_base, open_counted
+from .work import BaseSpec, Opened, Outcome, Task, compute, fit_base, open_counted, plan_of
 
 if TYPE_CHECKING:
     from ..represent import DeltaEmbedder
@@ -17,13 +17,14 @@ if TYPE_CHECKING:
 
 def _prepare(task: Task, hub_settings: HubSettings, representation: Representation) -> Opened:
     """Off the compute thread: fetch (Hub: only what ``representation`` reads), read the headers, and start reading
-    from disk the bytes the vector needs."""
-    from ..represent import read_plan
-
+    from disk the bytes the vector needs (by the read plan the fetch worked out, or, where none did, worked out here:
+    once a model)."""
     opened = open_counted(task, hub_settings, representation)
     ck = opened.checkpoint
     ck.layout()
-    ck.prefetch(read_plan(ck, representation, base=False) if representation.reads_share and not ck.factored else None)
+    if representation.reads_share and not ck.factored and opened.plan is None:
+        opened.plan = plan_of(ck, representation, base=False)
+    ck.prefetch(opened.plan)
     return opened
 
 

@@ -70,9 +70,6 @@ class EmbedResult:
         }
 
 
-Progress = Callable[[str, str, str], None]  # (model, status, detail)
-
-
 @dataclass(frozen=True)
 class Step:
     """A run's progress, as a display needs it (``embed(..., on_step=...)``): how many models there are, then each
@@ -120,7 +117,6 @@ def embed(
     execution: Execution | None = None,
     store: Store | PathLike | None = None,
     force: bool = False,
-    progress: Progress | None = None,
     hub_settings: HubSettings | None = None,
     load: bool = True,
     on_step: OnStep | None = None,
@@ -144,21 +140,14 @@ def embed(
     (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
     no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
 
-    ``progress(model, status, detail)`` is called as each model ends; ``on_step`` gets a :class:`Step` for the
-    same events, with the number of models first and the bytes each one cost (what a progress bar shows).
+    ``on_step`` gets a :class:`Step` once the number of models is known, then as each model ends, with the bytes it
+    cost (what a progress bar shows).
     """
     execution = with_options(Execution, execution, taken_from(Execution, fields), "embed")
     chosen = with_options(Representation, representation, fields, "embed")
     hub_settings = hub_settings or HubSettings()
     runner = make_engine(execution)
-    said = progress or (lambda *_: None)
-    steps = on_step or (lambda _: None)
-
-    def report(step: Step) -> None:
-        if step.status != "begin":
-            said(step.model, step.status, step.detail)
-        steps(step)
-
+    report = on_step or (lambda _: None)
     with opened(store) as db:
         return _run(base, models, chosen, db, force, report, hub_settings, execution.keep_weights, runner, load)
 
@@ -298,7 +287,7 @@ class _Run:
         self.writer = db.writer()
         self.hub_down: str | None = None  # the line said once the Hub refused connections: nothing more is tried
 
-    def fail(self, name: str, error: str, model_hash: str | None, kind: Kind, fetched: int = 0) -> None:
+    def fail(self, name: str, error: str, model_version: str | None, kind: Kind, fetched: int = 0) -> None:
         """A model failed now: recorded in the store (with its kind) and in the result."""
         self.writer.put(
             Failure(
@@ -306,7 +295,7 @@ class _Run:
                 base=self.spec.name,
                 representation=self.representation,
                 error=error,
-                model_hash=model_hash,
+                model_version=model_version,
                 kind=kind,
             )
         )
@@ -341,17 +330,17 @@ class _Run:
                     raise err from exc
                 self.fail(name, str(err), None, err.kind)
                 continue
-            if not self.force and db.has(name, task.identity, spec.name, spec.identity, representation):
+            if not self.force and db.has(name, task.version, spec.name, spec.version, representation):
                 self.result.skipped.append(name)
                 self.report(Step(status="skipped", model=name, detail="already stored"))
                 continue
-            known = None if self.force else db.known_failure(name, task.identity, spec.name, representation)
+            known = None if self.force else db.known_failure(name, task.version, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
                 self.result.failed[name] = known
                 self.result.recorded.append(name)
                 self.report(Step(status="failed", model=name, detail=known, kind=Kind.CONTENT.value))
                 continue
-            if any(h != spec.identity for h in db.model_versions(name, spec.name, representation)):
+            if any(h != spec.version for h in db.model_versions(name, spec.name, representation)):
                 self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
 
@@ -361,7 +350,7 @@ class _Run:
         if self.force or not isinstance(model, CatalogueEntry) or not model.sha:
             return False
         spec = self.spec
-        if not self.db.has(name, f"git:{model.sha}", spec.name, spec.identity, self.representation):
+        if not self.db.has(name, f"git:{model.sha}", spec.name, spec.version, self.representation):
             return False
         self.result.skipped.append(name)
         self.report(Step(status="skipped", model=name, detail="already stored"))
@@ -371,7 +360,7 @@ class _Run:
         """An engine's outcome: a failure recorded, or the vector written."""
         task = outcome.task
         if outcome.error is not None:
-            self.fail(task.name, outcome.error, task.identity, outcome.kind, outcome.fetched)
+            self.fail(task.name, outcome.error, task.version, outcome.kind, outcome.fetched)
             return
         self.writer.put(_row(outcome, self.spec, self.representation))
         self.result.embedded.append(task.name)
@@ -388,9 +377,9 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
     task = outcome.task
     return VectorRow(
         model=task.name,
-        model_hash=task.identity,
+        model_version=task.version,
         base=spec.name,
-        base_hash=spec.identity,
+        base_version=spec.version,
         representation=representation,
         architecture=str(outcome.architecture),
         vector=outcome.vector,  # type: ignore[arg-type]  # no error: a vector
@@ -407,18 +396,18 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
 
 
 def _base(base: PathLike | str, db: Store, hub_settings: HubSettings) -> BaseSpec:
-    """The base's store name and version (``base_hash``), recorded with its files' identity so that a report knows
+    """The base's store name and version (``base_hash``), recorded with its files' stamp so that a report knows
     the version without hashing the base, and how to open it (a Hub base is fetched only when needed).
 
     A local base's version is its content's hash, computed once per version of its files: a run whose base files'
-    identity (names, sizes, times, headers) was recorded takes the version recorded with it, as a model's files are
+    stamp (names, sizes, times, headers) was recorded takes the version recorded with it, as a model's files are
     recognised by theirs."""
     if not is_hub_id(base):
         refuse_adapter_base(base, model_id(base))
         ck = Checkpoint(base, name=model_id(base))
-        identity = ck.identity()
-        version = db.recorded_base(ck.name, identity) or ck.fingerprint()
-        db.record_base(ck.name, identity, version)
+        stamp = ck.stamp()
+        version = db.recorded_base(ck.name, stamp) or ck.fingerprint()
+        db.record_base(ck.name, stamp, version)
         return BaseSpec(ck.name, version, path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
     sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
@@ -427,7 +416,7 @@ def _base(base: PathLike | str, db: Store, hub_settings: HubSettings) -> BaseSpe
 
 
 def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) -> Task:
-    """A model as a task: a Hub model is identified by its commit sha, a local one by its files' identity; an adapter
+    """A model as a task: a Hub model is identified by its commit sha, a local one by its files' stamp; an adapter
     carries the model it is embedded on where that is not the base (:func:`_adapter_on`)."""
     if isinstance(model, CatalogueEntry) or is_hub_id(model):
         entry = model if isinstance(model, CatalogueEntry) else _hub_entry(str(model), base.name, db, hub_settings)
@@ -435,7 +424,7 @@ def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) ->
             raise CheckpointError(entry.model, "no revision recorded for this model; run discovery again")
         task = Task(
             name=entry.model,
-            identity=f"git:{entry.sha}",
+            version=f"git:{entry.sha}",
             source=f"hf://{entry.model}@{entry.sha}",
             repo=entry.model,
             sha=entry.sha,
@@ -450,7 +439,7 @@ def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) ->
         return replace(task, parent=_adapter_on(task.name, named, base, db, hub_settings, entry.parents, hub=True))
     name = model_id(model)
     ck = open_checkpoint(model, name=name)
-    task = Task(name=name, identity=ck.identity(), source=str(Path(model)), path=str(model))
+    task = Task(name=name, version=ck.stamp(), source=str(Path(model)), path=str(model))
     if not ck.factored:
         return task
     return replace(task, parent=_adapter_on(name, adapter_parent(ck.path), base, db, hub_settings))
@@ -491,7 +480,7 @@ def _adapter_on(
         folder = open_checkpoint(named, name=model_id(named))
         if folder.factored:
             raise CheckpointError(adapter, f"its {ADAPTER_CONFIG} names {named}, an adapter too: give the merged model")
-        return Task(name=folder.name, identity=folder.identity(), source=str(Path(named)), path=str(named))
+        return Task(name=folder.name, version=folder.stamp(), source=str(Path(named)), path=str(named))
     catalogued = catalogue_entries(db, base.name, kept=None, model=named) if is_hub_id(named) else []
     if is_hub_id(named) and (base.repo is not None or catalogued):  # a Hub model: fetched as the adapter's parent
         try:

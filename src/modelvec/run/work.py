@@ -32,14 +32,19 @@ from ..represent.trace import Trace
 if TYPE_CHECKING:
     from ..read import Checkpoint
     from ..represent import DeltaEmbedder
+    from ..represent.embedder import Parent
+
+#: The stored rows of each tensor a model's vector reads (tensor -> row ranges): :func:`~modelvec.represent.read_plan`.
+ReadPlan = dict[str, list[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
 class BaseSpec:
-    """How any worker opens the base: a local path, or a Hub repo pinned to a sha."""
+    """How any worker opens the base: a local path, or a Hub repo pinned to a sha. ``version`` is what its vectors are
+    stored against (``base_hash``): a Hub base's ``git:<sha>``, a local one's content fingerprint."""
 
     name: str
-    identity: str
+    version: str
     path: str | None = None
     repo: str | None = None
     sha: str | None = None
@@ -50,15 +55,17 @@ class BaseSpec:
 
         if self.path is not None:
             return Checkpoint(self.path, name=self.name)
-        return open_hub(str(self.repo), str(self.sha), None, self.name, hub_settings, representation, base=True)
+        hub = open_hub(str(self.repo), str(self.sha), None, self.name, hub_settings, representation, base=True)
+        return hub.checkpoint
 
 
 @dataclass(frozen=True)
 class Task:
-    """One model to embed: its store name and identity, where its files are, and known labels."""
+    """One model to embed: its store name and version (what its vector is stored with, ``model_hash``: a Hub model's
+    ``git:<sha>``, a local one's files' stamp), where its files are, and known labels."""
 
     name: str
-    identity: str
+    version: str
     source: str
     path: str | None = None
     repo: str | None = None  # a Hub model, fetched at ``sha``
@@ -70,12 +77,13 @@ class Task:
     #: the fine-tune a LoRA adapter was trained on, where it is not the base: the adapter is embedded on its delta
     parent: Task | None = None
 
-    def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
-        """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
+    def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Opened:
+        """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`), with the
+        read plan that chose those bytes."""
         if self.repo is not None:
             files = list(self.files) or None
             return open_hub(self.repo, str(self.sha), files, self.name, hub_settings, representation, base=False)
-        return open_checkpoint(str(self.path), name=self.name)
+        return Opened(open_checkpoint(str(self.path), name=self.name))
 
     def labels(self, ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
         if self.datasets is not None:
@@ -108,30 +116,42 @@ def open_hub(
     representation: Representation | None,
     *,
     base: bool,
-) -> Checkpoint:
+) -> Opened:
     """A Hub model at commit ``sha``, fetched as ``representation`` needs it.
 
     Where the representation reads a share of rows and the weights are safetensors, only those rows' byte
     ranges come (a partial download: :mod:`modelvec.hub.partial`), unless a whole snapshot is already in the
-    cache. Otherwise the files come whole (:func:`~modelvec.hub.download.fetch`); ``checkpoint.note`` then says
-    why, where a share was asked for (a pickled ``.bin``; a server that ignored ``Range``).
+    cache: the read plan is worked out once, from the headers, and comes back with the checkpoint (``plan``) for
+    whatever reads the model next. Otherwise the files come whole (:func:`~modelvec.hub.download.fetch`);
+    ``checkpoint.note`` then says why, where a share was asked for (a pickled ``.bin``; a server that ignored
+    ``Range``).
     """
-    from ..represent import read_plan
-
     reads_rows = representation is not None and representation.reads_share
     cached = _has_weights(snapshot_folder(repo, sha, hub_settings))
     if reads_rows and not cached:
-        folder = open_partial(repo, sha, files, hub_settings)
+        folder = open_partial(repo, sha, files, hub_settings)  # the headers, in a sparse folder
         if folder is not None:
-            ck = open_checkpoint(folder, name=name)
-            spans = ck.byte_ranges(read_plan(ck, representation, base=base))  # type: ignore[arg-type]  # reads_rows
-            got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, hub_settings)
-            ck = open_checkpoint(folder, name=name)
-            ck.note = WHOLE_SERVED if got.whole_files else None
-            return ck
+            plan = plan_of(open_checkpoint(folder, name=name), representation, base=base)  # type: ignore[arg-type]
+            return Opened(_fill(folder, repo, sha, name, plan, hub_settings), plan=plan)
     ck = open_checkpoint(fetch(repo, sha, files, hub_settings), name=name)
     if reads_rows and not cached and not ck.factored:
         ck.note = WHOLE_BIN
+    return Opened(ck)
+
+
+def plan_of(ck: Checkpoint, representation: Representation, *, base: bool) -> ReadPlan:
+    """The model's read plan (:func:`~modelvec.represent.read_plan`): worked out once per model in a run, here."""
+    from ..represent.blocks import read_plan
+
+    return read_plan(ck, representation, base=base)
+
+
+def _fill(folder: Path, repo: str, sha: str, name: str, plan: ReadPlan, hub_settings: HubSettings) -> Checkpoint:
+    """The partial ``folder`` with the plan's bytes fetched, opened (its marker then says what it holds)."""
+    spans = open_checkpoint(folder, name=name).byte_ranges(plan)
+    got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, hub_settings)
+    ck = open_checkpoint(folder, name=name)
+    ck.note = WHOLE_SERVED if got.whole_files else None
     return ck
 
 
@@ -151,7 +171,7 @@ class Outcome:
     """What became of one task: a vector, or the reason it failed.
 
     ``kind`` is the failure's (:class:`~modelvec.core.errors.Kind`): a ``content`` failure is kept with
-    the model's identity, so the same files are not fetched again; ``transient`` (network, access)
+    the model's version, so the same files are not fetched again; ``transient`` (network, access)
     and ``resource`` (memory, disk) failures are tried again next run.
     """
 
@@ -173,21 +193,25 @@ class Outcome:
 
 @dataclass
 class Opened:
-    """A task's checkpoint, opened, and the bytes that opening it brought from the Hub (for a progress display)."""
+    """A task's checkpoint, opened; the bytes that opening it brought from the Hub (for a progress display); and its
+    read plan where one was worked out (a Hub model read by byte ranges; a model whose reads are prefetched), so that
+    nothing works it out again."""
 
     checkpoint: Checkpoint
     fetched: int = 0
+    plan: ReadPlan | None = None
 
 
 def open_counted(task: Task, hub_settings: HubSettings, representation: Representation | None) -> Opened:
     """``task.open``, with the bytes it brought into the Hub cache: what the model cost on the wire, where the
     download happens (an engine's worker), whatever route the files took (whole, or byte ranges)."""
     if task.repo is None:
-        return Opened(task.open(hub_settings, representation))
+        return task.open(hub_settings, representation)
     folder = repo_folder(task.repo, hub_settings)
     before = _bytes_under(folder)
-    ck = task.open(hub_settings, representation)
-    return Opened(ck, max(0, _bytes_under(folder) - before))
+    opened = task.open(hub_settings, representation)
+    opened.fetched = max(0, _bytes_under(folder) - before)
+    return opened
 
 
 def _bytes_under(folder: Path) -> int:
@@ -215,26 +239,21 @@ def fit_base(base: BaseSpec, representation: Representation, device: str, hub_se
 def compute(
     task: Task,
     embedder: DeltaEmbedder,
-    checkpoint: Callable[[], Checkpoint | Opened],
+    open_model: Callable[[], Opened],
     hub_settings: HubSettings | None = None,
 ) -> Outcome:
     """Embed one model. The model's own faults become the outcome's error and kind; a fault of the base raises.
 
-    ``checkpoint`` opens the model (fetching it first), giving the checkpoint or an :class:`Opened` that also says
-    what the fetch cost; ``hub_settings`` are how an adapter's parent fine-tune is fetched (``task.parent``)."""
+    ``open_model`` opens the model (fetching it first: :func:`open_counted`), and says what the fetch cost;
+    ``hub_settings`` are how an adapter's parent fine-tune is fetched (``task.parent``), where the embedder does not
+    hold its rows already."""
     start = time.perf_counter()
     fetched = 0
     try:
-        got = checkpoint()
-        opened = got if isinstance(got, Opened) else Opened(got)
+        opened = open_model()
         ck, fetched = opened.checkpoint, opened.fetched
         try:
-            parent = _open_parent(task, embedder, hub_settings)
-            try:
-                embedded = embedder.embed_traced(ck, parent)
-            finally:
-                if parent is not None:
-                    parent.close()
+            embedded = embedder.embed_traced(ck, _parent_of(task, embedder, hub_settings))
             datasets, label_source, author = task.labels(ck)
             note, adapter = ck.note, bool(ck.factored)
             quantized = ",".join(ck.quantized_types()) or None
@@ -261,12 +280,20 @@ def compute(
     )
 
 
-def _open_parent(task: Task, embedder: DeltaEmbedder, hub_settings: HubSettings | None) -> Checkpoint | None:
-    """The parent fine-tune of an adapter task (its fault is the adapter's, of the same kind, naming the parent)."""
-    if task.parent is None:
+def _parent_of(task: Task, embedder: DeltaEmbedder, hub_settings: HubSettings | None) -> Parent | None:
+    """The parent fine-tune of an adapter task, as the embedder keeps its rows: by its name and version, opened only
+    where they are not kept (its fault is the adapter's, of the same kind, naming the parent)."""
+    from ..represent.embedder import Parent
+
+    parent = task.parent
+    if parent is None:
         return None
-    try:
-        return task.parent.open(hub_settings or HubSettings(), embedder.representation)
-    except Exception as exc:  # the parent's fault, said as the parent's, of its kind (gone, gated, a bad file)
-        err = error_of(exc, task.parent.name)
-        raise ModelvecError(task.name, f"its parent {task.parent.name}: {err.cause}", kind=err.kind) from exc
+
+    def open_parent() -> Checkpoint:
+        try:
+            return parent.open(hub_settings or HubSettings(), embedder.representation).checkpoint
+        except Exception as exc:  # the parent's fault, said as the parent's, of its kind (gone, gated, a bad file)
+            err = error_of(exc, parent.name)
+            raise ModelvecError(task.name, f"its parent {parent.name}: {err.cause}", kind=err.kind) from exc
+
+    return Parent(f"{parent.name}@{parent.version}", open_parent)

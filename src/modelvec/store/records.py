@@ -22,9 +22,9 @@ class VectorRow:
     """One computed vector with what is known about its model."""
 
     model: str
-    model_hash: str
+    model_version: str  # stored as model_hash: a Hub model's git:<sha>, a local one's files' stamp
     base: str
-    base_hash: str
+    base_version: str  # stored as base_hash: a Hub base's git:<sha>, a local one's content fingerprint
     representation: Representation
     architecture: str
     vector: np.ndarray
@@ -42,7 +42,7 @@ class VectorRow:
         """The ``traces`` columns of this row, its sketch's bytes at ``offset`` of the vector file."""
         assert self.trace is not None
         return trace_record(
-            self.model, self.base, self.base_hash, self.representation, self.trace, offset, sketch_hash, self.parent
+            self.model, self.base, self.base_version, self.representation, self.trace, offset, sketch_hash, self.parent
         )
 
     def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
@@ -50,9 +50,9 @@ class VectorRow:
         p = self.representation
         return {
             "model": self.model,
-            "model_hash": self.model_hash,
+            "model_hash": self.model_version,
             "base": self.base,
-            "base_hash": self.base_hash,
+            "base_hash": self.base_version,
             "params": p.key(),
             "rank": p.rank,
             "factor": p.factor,
@@ -108,7 +108,7 @@ def trace_record(
 class Failure:
     """Why one model could not be embedded, and the failure's kind.
 
-    A ``content`` failure with its ``model_hash`` is skipped by later runs while the weights are
+    A ``content`` failure with its ``model_version`` is skipped by later runs while the weights are
     unchanged; ``resource`` and ``transient`` failures are shown but tried again.
     """
 
@@ -116,7 +116,7 @@ class Failure:
     base: str
     representation: Representation
     error: str
-    model_hash: str | None = None
+    model_version: str | None = None  # stored as model_hash
     kind: Kind | str = Kind.CONTENT
 
     def record(self) -> dict[str, Any]:
@@ -126,6 +126,6 @@ class Failure:
             "base": self.base,
             "params": self.representation.key(),
             "error": self.error,
-            "model_hash": self.model_hash,
+            "model_hash": self.model_version,
             "kind": Kind(self.kind).value,
         }

@@ -1,8 +1,10 @@
 """The store: one embedded DuckDB file holding every computed vector and every failure.
 
 A vector row is keyed by (model, base, base_hash, params): one vector per model per base per
-representation. ``model_hash`` is the fine-tune's identity (its commit sha, or its files' stat and
-headers), so a re-run skips a model whose row is current and recomputes one whose weights changed.
+representation. The column ``model_hash`` holds the fine-tune's version (``model_version`` in the code: a Hub model's
+``git:<sha>``, a local one's files' stamp, :meth:`~modelvec.read.Checkpoint.stamp`) and ``base_hash`` the base's
+(``base_version``: a Hub base's ``git:<sha>``, a local one's content fingerprint), so a re-run skips a model whose row
+is current and recomputes one whose weights changed. The columns keep their names: only the code's are new.
 Rows are committed as soon as they are computed (by :class:`StoreWriter` in a long run), so an
 interrupted run loses nothing already committed.
 
@@ -427,21 +429,26 @@ class Store:
         base: str,
         representation: Representation,
         error: str,
-        model_hash: str | None = None,
+        model_version: str | None = None,
         kind: Kind | str = Kind.CONTENT,
     ) -> None:
-        """Record why a model failed; a ``content`` failure with ``model_hash`` is skipped while the weights are unchanged."""
+        """Record why a model failed; a ``content`` failure with ``model_version`` is skipped while the weights are unchanged."""
         write_rows(
             self.con,
             self.vector_file,
             [
                 Failure(
-                    model=model, base=base, representation=representation, error=error, model_hash=model_hash, kind=kind
+                    model=model,
+                    base=base,
+                    representation=representation,
+                    error=error,
+                    model_version=model_version,
+                    kind=kind,
                 )
             ],
         )
 
-    def known_failure(self, model: str, model_hash: str, base: str, representation: Representation) -> str | None:
+    def known_failure(self, model: str, model_version: str, base: str, representation: Representation) -> str | None:
         """The recorded error when these very weights already failed, by their content, with this base and representation.
 
         Resource and transient failures are not properties of the model: they are never returned here.
@@ -449,16 +456,16 @@ class Store:
         rows = self.con.execute(
             "SELECT error FROM failures WHERE model = ? AND model_hash = ? AND base = ? AND params = ? "
             "AND coalesce(kind, 'content') = 'content'",
-            [model, model_hash, base, representation.key()],
+            [model, model_version, base, representation.key()],
         ).fetchall()
         return rows[0][0] if rows else None
 
     # --- reads --------------------------------------------------------------------------------
-    def has(self, model: str, model_hash: str, base: str, base_hash: str, representation: Representation) -> bool:
+    def has(self, model: str, model_version: str, base: str, base_version: str, representation: Representation) -> bool:
         """Whether a current vector exists (same weights, same base weights, same representation)."""
         hit = self.con.execute(
             "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
-            [model, model_hash, base, base_hash, representation.key()],
+            [model, model_version, base, base_version, representation.key()],
         ).fetchall()
         return bool(hit)
 
@@ -472,7 +479,7 @@ class Store:
         return [str(r[0]) for r in rows]
 
     def base_hashes(self, base: str, representation: Representation) -> list[str]:
-        """The identities of the base weights the stored vectors of ``base`` were computed against."""
+        """The versions of the base weights the stored vectors of ``base`` were computed against."""
         return list(self.versions(base, representation)["base_hash"])
 
     def versions(self, base: str, representation: Representation | str | None = None) -> pd.DataFrame:
@@ -486,30 +493,31 @@ class Store:
         ).df()
 
     # --- the base as it is now ------------------------------------------------------------------------
-    def record_base(self, base: str, identity: str, base_hash: str) -> None:
-        """Record that vectors of ``base`` are embedded against ``base_hash`` while its files' identity is
-        ``identity`` (a Hub base: both its ``git:<sha>``): how a report knows the base's version without hashing it.
-        Nothing is written where that is already what the store says (the last recorded, with these files)."""
-        if self.recorded_base(base, identity) == base_hash and self.recorded_base(base) == base_hash:
+    def record_base(self, base: str, stamp: str, base_version: str) -> None:
+        """Record that vectors of ``base`` are embedded against ``base_version`` while its files' stamp is ``stamp``
+        (a Hub base: both its ``git:<sha>``): how a report knows the base's version without hashing it. Nothing is
+        written where that is already what the store says (the last recorded, with these files). The stamp is stored
+        in the column ``identity``."""
+        if self.recorded_base(base, stamp) == base_version and self.recorded_base(base) == base_version:
             return
         with transaction(self.con):
             self.con.execute(
                 BASE_VERSIONS.insert(("base", "identity", "base_hash", "recorded_at")),
-                [base, identity, base_hash, datetime.now()],
+                [base, stamp, base_version, datetime.now()],
             )
 
-    def recorded_base(self, base: str, identity: str | None = None) -> str | None:
-        """The version of ``base`` recorded for files of ``identity`` (None: the one recorded last), else None."""
+    def recorded_base(self, base: str, stamp: str | None = None) -> str | None:
+        """The version of ``base`` recorded for files of ``stamp`` (None: the one recorded last), else None."""
         if "base_versions" not in self._tables():
             return None
-        where, args = self._clauses(base=base, identity=identity)
+        where, args = self._clauses(base=base, identity=stamp)
         row = self.con.execute(
             f"SELECT base_hash FROM base_versions {where} ORDER BY recorded_at DESC LIMIT 1", args
         ).fetchone()
         return str(row[0]) if row else None
 
-    def identities(self, base: str, base_hash: str) -> list[str]:
-        """The identities of ``base``'s files recorded for its version ``base_hash``."""
+    def stamps(self, base: str, base_hash: str) -> list[str]:
+        """The stamps of ``base``'s files recorded for its version ``base_hash``."""
         if "base_versions" not in self._tables():
             return []
         rows = self.con.execute(
@@ -519,7 +527,7 @@ class Store:
         return [str(r[0]) for r in rows]
 
     def base_now(self, base: str) -> str | None:
-        """The version (``base_hash``) of ``base`` as it is now: a local base's from its files' identity (names,
+        """The version (``base_hash``) of ``base`` as it is now: a local base's from its files' stamp (names,
         sizes, times and headers) as the run that embedded against it recorded it, else its content hashed; a Hub
         base's commit at its last discovery, else the one embedded against last; None where nothing says (a local
         base gone from this machine, stored by a version that did not record it)."""
@@ -531,7 +539,7 @@ class Store:
         from ..read import Checkpoint
 
         files = Checkpoint(base, name=base)
-        return self.recorded_base(base, files.identity()) or files.fingerprint()
+        return self.recorded_base(base, files.stamp()) or files.fingerprint()
 
     @staticmethod
     def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
