@@ -282,22 +282,28 @@ def whole_column(header: str) -> Column:
 
 def print_table(out: Console, table: Table, key: int = 1) -> None:
     """``table`` as a table where it fits the width with no cell folded; else one record per row, so that no id is
-    split mid-name in a narrow terminal: its first ``key`` cells on a line of their own, then the others as
+    split mid-name in a narrow terminal: its first ``key`` cells on a line (each on its own where they do not fit
+    together), then the others as
     ``header value`` pairs (a pair whose cell is empty left out)."""
     if out.measure(table, options=out.options.update_width(100_000)).maximum <= out.width:  # its unfolded width
         out.print(table)
         return
 
-    def line(text: str, indent: str = "") -> None:  # wrapped at spaces, an id longer than the line folded
-        lines = textwrap.wrap(text, out.width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
-        say(out, "\n".join(lines))
+    def line(text: str, indent: str = "") -> None:  # wrapped at spaces; an id too long for the indent loses it
+        wrapper = textwrap.TextWrapper(
+            out.width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
+        )
+        lines = [x if len(x) <= out.width else x.lstrip() for x in wrapper.wrap(text)]
+        say(out, "\n".join(textwrap.fill(x, out.width) if len(x) > out.width else x for x in lines))
 
     if table.title:
         line(f"{table.title}:")
     headers = [str(column.header) for column in table.columns]
     cells = [[str(cell) for cell in column.cells] for column in table.columns]
     for i in range(table.row_count):
-        line(" ".join(cells[c][i] for c in range(key)))
+        ids = [cells[c][i] for c in range(key)]
+        for text in [" ".join(ids)] if len(" ".join(ids)) <= out.width else ids:  # each id whole on its own line
+            line(text)
         pairs = [f"{headers[c]} {cells[c][i]}" for c in range(key, len(headers)) if cells[c][i]]  # an empty cell: none
         line(" · ".join(pairs), indent="    ")
 
