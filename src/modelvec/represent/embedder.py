@@ -31,6 +31,7 @@ _FAMILY_BATCH_BYTES = 1 << 30  # float32 deltas per batched family product: boun
 #: 8B parent's are ~26 MB under the default size budget (100,000 floats a layer, float64: a sum of float64 blocks is
 #: what gives an adapter the bits of its merged model).
 PARENTS_KEPT = 4
+_PARENTS_LOCK = threading.Lock()  # guards every embedder's kept parents (never pickled: module state)
 
 
 def _all_finite(w: torch.Tensor, rows: int = 4096) -> bool:
@@ -354,10 +355,11 @@ class DeltaEmbedder:
         if not isinstance(parent, Parent):  # a folder or checkpoint: named by its files' stamp
             pk = parent if isinstance(parent, Checkpoint) else open_checkpoint(parent)
             return self._parent_rows(ck, Parent(pk.stamp(), lambda: pk))
-        kept: OrderedDict[str, _ParentRows] = self.__dict__.setdefault("_parents", OrderedDict())
-        if parent.version in kept:
-            kept.move_to_end(parent.version)
-            return kept[parent.version]
+        with _PARENTS_LOCK:  # the engine's threads embed adapters side by side
+            kept: OrderedDict[str, _ParentRows] = self.__dict__.setdefault("_parents", OrderedDict())
+            if parent.version in kept:
+                kept.move_to_end(parent.version)
+                return kept[parent.version]
         pk = parent.open()
         try:
             if pk.factored:
@@ -367,9 +369,10 @@ class DeltaEmbedder:
             )
         finally:
             pk.close()  # its files released now: its rows are kept (a checkpoint reopens them if read again)
-        kept[parent.version] = rows
-        while len(kept) > PARENTS_KEPT:
-            kept.popitem(last=False)
+        with _PARENTS_LOCK:
+            kept[parent.version] = rows
+            while len(kept) > PARENTS_KEPT:
+                kept.popitem(last=False)
         return rows
 
     def _raw_blocks(self, ck: Checkpoint) -> tuple[dict[tuple[str, int, str], torch.Tensor], RowStats | None]:
