@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import tempfile
 from pathlib import Path
+
+from hollow import llama_config, llama_tensors, write_hollow
 
 SIZES = {  # layers, hidden, intermediate, heads, kv heads, vocabulary, tied embeddings
     "1b": (16, 2048, 8192, 32, 8, 128256, True),
@@ -28,78 +29,11 @@ SIZES = {  # layers, hidden, intermediate, heads, kv heads, vocabulary, tied emb
 SHARD_BYTES = 5 << 30  # the Hub's usual shard size
 
 
-def shapes_of(size: str) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the model, in order, with its shape."""
-    layers, d, ff, heads, kv, vocab, tied = SIZES[size]
-    hd = d // heads
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        out |= {
-            p + "self_attn.q_proj.weight": (heads * hd, d),
-            p + "self_attn.k_proj.weight": (kv * hd, d),
-            p + "self_attn.v_proj.weight": (kv * hd, d),
-            p + "self_attn.o_proj.weight": (d, heads * hd),
-            p + "mlp.gate_proj.weight": (ff, d),
-            p + "mlp.up_proj.weight": (ff, d),
-            p + "mlp.down_proj.weight": (d, ff),
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-        }
-    out["model.norm.weight"] = (d,)
-    if not tied:
-        out["lm_head.weight"] = (vocab, d)
-    return out
-
-
 def write_sparse(size: str, folder: Path) -> int:
     """A checkpoint folder of ``size``'s shapes whose shards hold real headers and no written data; its bytes."""
     layers, d, ff, heads, kv, vocab, tied = SIZES[size]
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": d,
-        "intermediate_size": ff,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "vocab_size": vocab,
-        "tie_word_embeddings": tied,
-        "torch_dtype": "bfloat16",
-    }
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    shards: list[dict[str, tuple[int, ...]]] = [{}]
-    used = 0
-    for name, shape in shapes_of(size).items():
-        n = 2
-        for s in shape:
-            n *= s
-        if used and used + n > SHARD_BYTES:
-            shards.append({})
-            used = 0
-        shards[-1][name] = shape
-        used += n
-    weight_map, total = {}, 0
-    for i, shard in enumerate(shards):
-        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {}, 0
-        for name, shape in shard.items():
-            n = 2
-            for s in shape:
-                n *= s
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
-            offset += n
-            weight_map[name] = file
-        text = json.dumps(header).encode()
-        text += b" " * (-len(text) % 8)
-        with open(folder / file, "wb") as f:
-            f.write(struct.pack("<Q", len(text)) + text)
-            f.truncate(8 + len(text) + offset)  # sparse: no data written
-        total += 8 + len(text) + offset
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    return total
+    config = llama_config(layers, d, ff, heads, kv, d // heads, vocab, tie_word_embeddings=tied)
+    return write_hollow(folder, config, llama_tensors(config, norms=True, head=not tied), SHARD_BYTES)
 
 
 def read_bytes(folder: Path, **fields: object) -> tuple[int, int]:

@@ -67,18 +67,9 @@ def write_pair(size: str, root: Path, device: str = "cpu") -> tuple[Path, Path]:
     base, ft = root / f"llama-{size}-base", root / f"llama-{size}-ft"
     if (ft / "model.safetensors.index.json").exists():
         return base, ft
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": d,
-        "intermediate_size": ff,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "head_dim": hd,
-        "vocab_size": 256,
-        "torch_dtype": "bfloat16",
-    }
+    from hollow import llama_config
+
+    config = llama_config(layers, d, ff, heads, kv, hd, vocab=256)
     shapes = {
         "self_attn.q_proj": (heads * hd, d),
         "self_attn.k_proj": (kv * hd, d),
@@ -380,36 +371,12 @@ def write_hollow(size: str, root: Path) -> Path:
     """A fine-tune of ``size``'s shape whose tensors are holes (sparse files of their real sizes: they read as zeros
     and take no disk): what fetching byte ranges from a Hub costs depends on the layout alone, and an 8B pair would
     take 30 GB of disk. Tensors in shards of ``SHARD_BYTES``, each shard's header as safetensors writes it."""
-    layers, d, ff, heads, kv, hd = SIZES[size]
+    from hollow import llama_config, llama_tensors
+    from hollow import write_hollow as write
+
+    config = llama_config(*SIZES[size], vocab=256)
     folder = root / f"llama-{size}-hollow"
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d, "vocab_size": 256}
-    config |= {"intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads}
-    config |= {"num_key_value_heads": kv, "head_dim": hd, "torch_dtype": "bfloat16"}
-    (folder / "config.json").write_text(json.dumps(config))
-    shapes = [(heads * hd, d), (kv * hd, d), (kv * hd, d), (d, heads * hd), (ff, d), (ff, d), (d, ff)]
-    names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
-    names += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
-    tensors = [("model.embed_tokens.weight", (256, d))]
-    tensors += [(f"model.layers.{i}.{n}.weight", s) for i in range(layers) for n, s in zip(names, shapes)]
-    shards: list[list[tuple[str, tuple[int, int]]]] = [[]]
-    for key, shape in tensors:  # a shard is closed once it holds SHARD_BYTES, as write_pair closes them
-        if sum(a * b * 2 for _, (a, b) in shards[-1]) >= SHARD_BYTES:
-            shards.append([])
-        shards[-1].append((key, shape))
-    weight_map = {}
-    for i, part in enumerate(shards):
-        name = f"model-{i + 1:05d}.safetensors"
-        header, at = {}, 0
-        for key, (rows, cols) in sorted(part):
-            header[key] = {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [at, at + rows * cols * 2]}
-            at, weight_map[key] = at + rows * cols * 2, name
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
-        with open(folder / name, "wb") as f:
-            f.write(len(raw).to_bytes(8, "little") + raw)
-            f.truncate(8 + len(raw) + at)
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write(folder, config, llama_tensors(config), SHARD_BYTES)
     return folder
 
 
