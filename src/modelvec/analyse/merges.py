@@ -152,8 +152,7 @@ class MergeFinder:
         found = self._merge(i, self._fit(i, candidates), rule.merge_ratio, trimmed=False)
         finer = [j for j in candidates if self._finer(j, i)]
         if found is None and finer and self.rounding[i]:
-            allowed = rule.rounding * float(self.rounding[i] or 0.0) * self.scale
-            found = self._merge(i, self._fit(i, finer), rule.trimmed_ratio, trimmed=False, within=allowed)
+            found = self._merge(i, self._fit(i, finer), rule.trimmed_ratio, trimmed=False, within=self._allowed(i))
         mine = self.zeros[i]
         if found is not None or mine is None:
             return found
@@ -181,6 +180,11 @@ class MergeFinder:
         method = self._method(i, parents, weights, ratio, trimmed=trimmed, residual=fit.residual)
         return Merge(parents, weights, confidence, method)
 
+    def _allowed(self, i: int) -> float:
+        """What a fit of ``i`` may leave and still be no more than its rounding to its own precision: ``rounding``
+        times its expected size (0 where none was kept)."""
+        return self.rule.rounding * float(self.rounding[i] or 0.0) * self.scale
+
     def _finer(self, j: int, i: int) -> bool:
         """Whether ``j`` is stored in a finer precision than ``i`` (float32 beside a bf16 merge): only then is ``i``'s
         rounding what ``j`` does not have; among models of one precision a direct fine-tune is rounded as much as a
@@ -196,7 +200,7 @@ class MergeFinder:
         rounding put entries back to the base's (parents a bf16 step or so from the base), not a trimmed one."""
         rule = self.rule
         if trimmed:
-            if residual <= rule.rounding * float(self.rounding[i] or 0.0) * self.scale:
+            if residual <= self._allowed(i):
                 return None
             return "ties" if ratio < rule.ties_ratio else "dare"
         along = [0.0 if j < 0 else self.along[j] for j in parents]
