@@ -36,12 +36,13 @@ ZOOS = {
 }
 
 
-def traces_of(folder: Path, representation: Representation) -> tuple[dict, dict]:
-    """The zoo's truth and its stored traces (embedded here first, cached in the zoo's store)."""
+def traces_of(folder: Path, representation: Representation, force: bool = False) -> tuple[dict, dict]:
+    """The zoo's truth and its stored traces (embedded here first, cached in the zoo's store; ``force``: embedded
+    again, after a change of the code that the key does not name)."""
     truth = json.loads((folder / "tree.json").read_text())
     store = folder.with_suffix(".duckdb")
     paths = [m["path"] for m in truth["models"]]
-    result = embed(truth["base"], paths, store=store, load=False, representation=representation, force=FORCE)
+    result = embed(truth["base"], paths, store=store, load=False, representation=representation, force=force)
     if result.failed:
         print(f"{folder.name}: failed {result.failed}")
     with Store(store, read_only=True) as db:
@@ -146,9 +147,6 @@ def outcomes(truth: dict, tree: Tree, half: str | None) -> list[dict]:
     return rows
 
 
-#: Embed again what the store holds (``--force``: after a change of the code that the key does not name).
-FORCE = False
-
 #: mergekit's method as the tree names it (what the weights can tell).
 TOLD = {"linear": "linear", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_ties": "dare", "slerp": "slerp"}
 
@@ -216,14 +214,12 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="embed again what the store holds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    global FORCE
-    FORCE = args.force
     auto_rows = args.auto_rows if args.auto_rows == "share" else int(args.auto_rows)
     representation = Representation(
         rows=args.rows if args.rows == "auto" else float(args.rows), auto_rows=auto_rows, seed=args.seed
     )
     zoos = {
-        z: traces_of(Path(ZOOS[z]), representation)
+        z: traces_of(Path(ZOOS[z]), representation, args.force)
         for z in args.zoos.split(",")
         if (Path(ZOOS[z]) / "tree.json").exists()
     }
