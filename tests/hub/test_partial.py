@@ -131,11 +131,11 @@ def test_each_models_read_plan_is_worked_out_once_a_run(models, server, hub_sett
     assert planned == {"org/base": 1, "org/ft-sharded": 1, "org/ft-single": 1}
 
 
-def test_the_default_reads_every_row_of_a_small_model_and_a_share_of_a_large_one_by_ranges(
+def test_the_default_reads_every_row_of_a_small_model_and_its_row_budget_of_a_large_one_by_ranges(
     models, server, hub_settings, tmp_path, monkeypatch
 ):
     """``rows="auto"`` through the Hub: below the size threshold every row of the matrices, by byte ranges (no
-    whole file); from it, the share. Either way the local copy's vector."""
+    whole file); from it, ``auto_rows`` rows of each matrix. Either way the local copy's vector."""
     from modelvec.represent import representation as rep_module
 
     auto = Representation(rows="auto")
