@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -84,41 +85,62 @@ def sparse_base(folder: Path) -> Path:
     return folder
 
 
-def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | str) -> None:
-    """Vectors ``start`` .. ``stop`` - 1: 6 datasets as directions plus noise; a third low-norm LoRA adapters."""
+def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | str, *, keep: bool = False) -> dict:
+    """Vectors ``start`` .. ``stop`` - 1: 6 datasets as directions plus noise; a third low-norm LoRA adapters.
+    ``keep``: as ``embed`` stores them, its products keeper beside (its default threshold): what it computed, when
+    and in how many seconds."""
     from modelvec import Representation, Store
     from modelvec.read import Checkpoint
-    from modelvec.store import VectorRow
+    from modelvec.run.engines import Execution
+    from modelvec.run.keeper import ProductsKeeper
 
     params = Representation(size=size)
-    centres = np.random.default_rng(0).standard_normal((6, dim)).astype(np.float32)
     with Store(store) as db:
         db.record_base(str(base), Checkpoint(base).stamp(), "bh")  # as embed records the base it embeds against
-        for lo in range(start, stop, 200):
-            rows = []
-            for i in range(lo, min(stop, lo + 200)):
-                rng = np.random.default_rng(1000 + i)
-                v = centres[i % 6] + 3.0 * rng.standard_normal(dim).astype(np.float32)
-                adapter = i % 3 == 2
-                if adapter:
-                    v *= 0.05
-                rows.append(
-                    VectorRow(
-                        f"model-{i:05d}",
-                        f"h{i}",
-                        str(base),
-                        "bh",
-                        params,
-                        "llama",
-                        v,
-                        [f"ds{i % 6}"],
-                        "made",
-                        0.1,
-                        author=f"org{i % 40}",
-                        adapter=adapter,
-                    )
+        keeper = ProductsKeeper(db, str(base), params, Execution().products_from if keep else 0, "cpu")
+        started = time.perf_counter()
+        with keeper:
+            for rows in _batches(base, start, stop, dim, params):
+                db.put_many(rows)
+                for _ in rows:
+                    keeper.added()
+        return {
+            "seconds": time.perf_counter() - started,
+            "updates": keeper.computed,
+            "products_seconds": keeper.seconds,
+            "line": keeper.line,
+        }
+
+
+def _batches(base: Path, start: int, stop: int, dim: int, params: object) -> Iterator[list]:
+    from modelvec.store import VectorRow
+
+    centres = np.random.default_rng(0).standard_normal((6, dim)).astype(np.float32)
+    for lo in range(start, stop, 200):
+        rows = []
+        for i in range(lo, min(stop, lo + 200)):
+            rng = np.random.default_rng(1000 + i)
+            v = centres[i % 6] + 3.0 * rng.standard_normal(dim).astype(np.float32)
+            adapter = i % 3 == 2
+            if adapter:
+                v *= 0.05
+            rows.append(
+                VectorRow(
+                    f"model-{i:05d}",
+                    f"h{i}",
+                    str(base),
+                    "bh",
+                    params,
+                    "llama",
+                    v,
+                    [f"ds{i % 6}"],
+                    "made",
+                    0.1,
+                    author=f"org{i % 40}",
+                    adapter=adapter,
                 )
-            db.put_many(rows)
+            )
+        yield rows
 
 
 def timed(command: list[str], env: dict[str, str]) -> dict:
@@ -224,6 +246,37 @@ def products_floor(n: int, store: Path, base: Path, size: int | str, env: dict[s
     return row
 
 
+CRAWL = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import bench_scale_analysis as bench
+size = int(sys.argv[5]) if sys.argv[5].isdigit() else sys.argv[5]
+print(json.dumps(bench.fill(Path(sys.argv[2]), Path(sys.argv[3]), 0, int(sys.argv[4]), int(sys.argv[6]), size, keep=True)))
+"""
+
+
+def after_a_crawl(n: int, base: Path, dim: int, size: int | str, cache: Path, env: dict[str, str]) -> dict:
+    """A store filled from empty to ``n`` as ``embed`` stores vectors, with its products keeper beside it (its
+    updates' rows and seconds, the filling process's peak RSS), then the first ``cluster`` of that store."""
+    store = cache / "crawl.duckdb"
+    for stale in cache.glob("crawl.duckdb*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+    command = [sys.executable, "-c", CRAWL, str(Path(__file__).parent), str(store), str(base), str(n), str(size)]
+    done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command, str(dim)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        return {"error": done.stderr[-500:]}
+    row = {"crawl": json.loads(done.stdout.strip().splitlines()[-1])}
+    row["crawl"]["peak_rss_gib"] = int(done.stderr.strip().splitlines()[-1].split()[1]) / 2**20
+    with tempfile.TemporaryDirectory() as out:
+        option = [] if size == "none" else ["--size", str(size)]
+        cluster = [str(BIN / "modelvec"), "cluster", str(base), "--store", str(store), "--out", out, *option]
+        row["cluster first run after it"] = timed(cluster, env)
+    for stale in cache.glob("crawl.duckdb*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+    return row
+
+
 def one_size(
     n: int, store: Path, base: Path, size: int | str, reducers: str, env: dict[str, str], first_only: bool = False
 ) -> dict:
@@ -283,6 +336,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--cache", type=Path, default=Path(".cache/bench-scale"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--first-only", action="store_true", help="only the products and the first cluster")
+    parser.add_argument(
+        "--crawl", action="store_true", help="also a store filled as embed fills it, its products kept as they come"
+    )
     args = parser.parse_args(argv)
     from modelvec import Representation
     from modelvec.represent import blocks_of
@@ -305,6 +361,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"\n== {n:,} models ({dim:,} floats each; store filled in {time.perf_counter() - start:.0f} s)", flush=True
         )
         row = one_size(n, store, base, size, args.reducers, env, args.first_only)
+        if args.crawl:
+            row.update(after_a_crawl(n, base, dim, size, args.cache, env))
+            crawl = row.get("crawl", {})
+            print(f"  a crawl's keeper: {crawl.get('line')}; updates (rows each): {crawl.get('updates')}", flush=True)
         rows.append({"dim": dim, **row})
         for name, value in row.items():
             if isinstance(value, dict) and "peak_rss_gib" in value:

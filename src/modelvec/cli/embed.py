@@ -113,6 +113,8 @@ def _report(result: EmbedResult, store: str, as_json: bool) -> None:
             f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
             f"failed {len(result.failed)} -> {store}",
         )
+        if result.kept_products:
+            say(err, f"note: {result.kept_products}")
     if result.failed:  # exit 1: some models failed; the last line says which kind
         new = len(result.failed) - len(result.recorded)
         said = f"{new} new" + (

@@ -74,6 +74,13 @@ class Execution:
     keep_weights: bool = setting(
         True, "Keep Hub fine-tunes' files in the cache after embedding (the base always stays)."
     )
+    products_from: int = setting(
+        1000,
+        "From this many vectors of the base, keep their pairwise products beside the store as they come, so the "
+        "first cluster reads them instead of computing them (0: never).",
+        minimum=0,
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         validate(self)

@@ -38,6 +38,7 @@ from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
 from .discover import catalogue_entries, discovered, resumable, stored_pages
 from .engines import Engine, Execution, make_engine
+from .keeper import ProductsKeeper
 from .work import BaseSpec, Outcome, Task
 
 PathLike = str | os.PathLike[str]
@@ -57,6 +58,8 @@ class EmbedResult:
     notes: dict[str, list[str]] = field(default_factory=dict)
     #: the failed models whose failure was recorded by an earlier run and not tried again (``force`` retries)
     recorded: list[str] = field(default_factory=list)
+    #: what the run kept of the vectors' products for the map, one line (None: nothing; ``products_from``)
+    kept_products: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
@@ -67,6 +70,7 @@ class EmbedResult:
             "failed": dict(self.failed),
             "notes": {note: list(models) for note, models in self.notes.items()},
             "recorded": list(self.recorded),
+            "kept_products": self.kept_products,
         }
 
 
@@ -149,7 +153,7 @@ def embed(
     runner = make_engine(execution)
     report = on_step or (lambda _: None)
     with opened(store) as db:
-        return _run(base, models, chosen, db, force, report, hub_settings, execution.keep_weights, runner, load)
+        return _run(base, models, chosen, db, force, report, hub_settings, execution, runner, load)
 
 
 def embed_discovered(
@@ -240,7 +244,7 @@ def _run(
     force: bool,
     report: OnStep,
     hub_settings: HubSettings,
-    keep_weights: bool,
+    execution: Execution,
     engine: Engine,
     load: bool,
 ) -> EmbedResult:
@@ -259,9 +263,12 @@ def _run(
         return down.result
     run = _Run(spec, representation, db, force, report, hub_settings)
     report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
-    with run.writer:
-        for outcome in engine.run(spec, representation, run.todo(models), hub_settings, keep_weights):
-            run.record(outcome)
+    keeper = ProductsKeeper(db, spec.name, representation, execution.products_from, execution.device)
+    with keeper, run.writer:  # the writer closes first: the keeper's last update sees every vector
+        for outcome in engine.run(spec, representation, run.todo(models), hub_settings, execution.keep_weights):
+            if run.record(outcome):
+                keeper.added()
+    run.result.kept_products = keeper.line
     if load:
         run.result.vectors, run.result.metadata = db.load(spec.name, representation, models=run.wanted)
     return run.result
@@ -356,12 +363,12 @@ class _Run:
         self.report(Step(status="skipped", model=name, detail="already stored"))
         return True
 
-    def record(self, outcome: Outcome) -> None:
-        """An engine's outcome: a failure recorded, or the vector written."""
+    def record(self, outcome: Outcome) -> bool:
+        """An engine's outcome: a failure recorded, or the vector written (True)."""
         task = outcome.task
         if outcome.error is not None:
             self.fail(task.name, outcome.error, task.version, outcome.kind, outcome.fetched)
-            return
+            return False
         self.writer.put(_row(outcome, self.spec, self.representation))
         self.result.embedded.append(task.name)
         quantized = QUANTIZED.format(outcome.quantized) if outcome.quantized else None
@@ -370,6 +377,7 @@ class _Run:
                 self.result.notes.setdefault(note, []).append(task.name)
         detail = f"{outcome.seconds:.2f}s"
         self.report(Step(status="embedded", model=task.name, detail=detail, fetched=outcome.fetched))
+        return True
 
 
 def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> VectorRow:

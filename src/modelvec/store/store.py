@@ -25,6 +25,7 @@ file in one process (which share DuckDB's database) never write over each other'
 
 from __future__ import annotations
 
+import copy
 import errno
 import glob
 import json
@@ -302,6 +303,18 @@ class Store:
     def writer(self) -> StoreWriter:
         """A background writer for a long run: rows are committed as they come, off the compute thread."""
         return StoreWriter(self.con.cursor(), self.vector_file)
+
+    @contextmanager
+    def for_thread(self) -> Iterator[Store]:
+        """The same store through a DuckDB connection of its own, for another thread than the one that opened it
+        (DuckDB connections are not shared across threads), closed on leaving; the vector file is shared (its
+        reads are positional, its appends locked)."""
+        view = copy.copy(self)
+        view.con = self.con.cursor()
+        try:
+            yield view
+        finally:
+            view.con.close()
 
     def count_traces(self, base: str, params: str, base_hash: str | None = None) -> int:
         """How many traces are stored for ``base`` under ``params`` (and ``base_hash``; 0 in a store older than

@@ -1,0 +1,117 @@
+"""The vectors' pairwise products kept as a run stores them, so the first ``cluster`` after a crawl reads them.
+
+The first ``cluster`` of a large population spends most of its time on every pairwise inner product (at 10,000
+vectors of 100,000 floats, 5·10¹² multiply-adds: 40 s on two cores at best). A crawl of the Hub waits on the
+network for hours with the processor mostly idle, so a run that stores vectors of a base with at least
+``products_from`` of them keeps those products beside the store as it goes, in a thread of its own: whenever the
+vectors committed since the last update are a twentieth of those kept (and at least :data:`STEP`), their rows are
+computed (each new vector against every stored one, read once: :meth:`Population.products`, the same kept file
+``cluster`` reads and verifies), and once more at the run's end for the last ones. Each pair is computed once over
+the whole crawl, as in one first run. An update that cannot be made (too little memory, a damaged vector) is said
+in one line and leaves the run alone: ``cluster`` computes what is missing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+
+from ..represent.representation import Representation
+from ..store import Population, Store
+
+#: The fewest new vectors an update computes during a run (the run's end takes whatever is left).
+STEP = 256
+
+
+class ProductsKeeper:
+    """Keeps the products of ``base``'s vectors under ``representation`` up to date while a run stores them
+    (``with keeper:`` around the run, :meth:`added` after each stored vector). ``products_from``: the population it
+    starts at (0: never). ``device``: where the float32 products run (``Compute``'s meaning). ``step``: the fewest
+    new vectors an update computes during the run. After the run, ``line`` says what it did (None: nothing) and
+    ``computed`` holds the rows each update computed and ``seconds`` the time they took."""
+
+    def __init__(
+        self,
+        db: Store,
+        base: str,
+        representation: Representation,
+        products_from: int,
+        device: str = "auto",
+        *,
+        step: int = STEP,
+    ) -> None:
+        self.db, self.base, self.representation = db, base, representation
+        self.products_from, self.device, self.step = products_from, device, step
+        self.line: str | None = None
+        self.computed: list[int] = []
+        self._kept = 0  # vectors whose products are kept (after the last update)
+        self._added = 0  # vectors stored by this run since the last update
+        self._any = False  # whether this run stored any
+        self._lock = threading.Lock()
+        self.seconds, self._problem = 0.0, ""
+        self._due = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="modelvec-products", daemon=True)
+
+    def __enter__(self) -> ProductsKeeper:
+        if self.products_from > 0:
+            self._kept = int(self.db.versions(self.base, self.representation)["vectors"].sum())
+            self._thread.start()
+        return self
+
+    def added(self) -> None:
+        """One more vector stored (or queued for the store): an update is due once enough have come."""
+        with self._lock:
+            self._added += 1
+            self._any = True
+            due = self._kept + self._added >= self.products_from and self._added >= max(self.step, self._kept // 20)
+        if due and self.products_from > 0:
+            self._due.set()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """After a run that ended: the last update, made here (the store's writer has committed every vector). After
+        an interrupted one: nothing more (an update in flight keeps its file whole or not at all)."""
+        self._stop.set()
+        self._due.set()
+        if self._thread.ident is None or kind is not None:  # never started, or the run was interrupted
+            return
+        self._thread.join()
+        if self._any:  # every vector committed now, those an update missed while queued included
+            self._update()
+        if self._problem:
+            self.line = f"the vectors' products were not kept for the map ({self._problem}): cluster computes them"
+        elif self.computed:
+            self.line = (
+                f"the products of {self._kept:,} vectors are kept beside the store for the map ({sum(self.computed):,}"
+                f" of them computed in this run, {self.seconds:.1f} s)"
+            )
+
+    def _loop(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._stop.is_set():
+                return
+            self._update()
+
+    def _update(self) -> None:
+        """Compute and keep the products of the vectors stored since the last update (none: only verifies)."""
+        started = time.perf_counter()
+        with self._lock:
+            added = self._added
+        try:
+            with self.db.for_thread() as view:
+                population = Population(view, self.base, self.representation)
+                if len(population.selection) < self.products_from:
+                    return
+                products, _ = population.products(verify=False, device=self.device)
+        except Exception as exc:  # whatever it is, the run goes on (said in its line); cluster computes the rest
+            self._problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return
+        self._problem = ""
+        with self._lock:
+            self._added -= added
+            self._kept = len(products.kept)
+        self.computed.append(products.computed_rows)
+        self.seconds += time.perf_counter() - started
