@@ -107,7 +107,7 @@ def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | s
         return {
             "seconds": time.perf_counter() - started,
             "updates": keeper.computed,
-            "products_seconds": keeper.seconds,
+            "update_seconds": keeper.seconds,
             "line": keeper.line,
         }
 
@@ -364,7 +364,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if args.crawl:
             row.update(after_a_crawl(n, base, dim, size, args.cache, env))
             crawl = row.get("crawl", {})
-            print(f"  a crawl's keeper: {crawl.get('line')}; updates (rows each): {crawl.get('updates')}", flush=True)
+            rows_each, seconds_each = crawl.get("updates", []), crawl.get("update_seconds", [])
+            print(f"  a crawl's keeper: {crawl.get('line')}; updates (rows each): {rows_each}", flush=True)
+            if seconds_each:
+                print(f"  the run's end waited {seconds_each[-1]:.1f} s for the last update", flush=True)
         rows.append({"dim": dim, **row})
         for name, value in row.items():
             if isinstance(value, dict) and "peak_rss_gib" in value:

@@ -102,11 +102,11 @@ def test_updates_during_a_run_compute_each_vector_once_and_equal_a_first_run(tmp
 
 def test_an_interrupted_run_makes_no_last_update(tmp_path):
     X = np.random.default_rng(0).standard_normal((20, 5)).astype(np.float32)
-    with Store(tmp_path / "s.duckdb") as db:
-        with pytest.raises(KeyboardInterrupt):
-            with ProductsKeeper(db, "base", PARAMS, products_from=1, step=1000) as keeper:
-                db.put_many(_rows(X, 0))
-                for _ in range(20):
-                    keeper.added()
-                raise KeyboardInterrupt
+    db = Store(tmp_path / "s.duckdb")
+    keeper = ProductsKeeper(db, "base", PARAMS, products_from=1, step=1000)
+    with db, pytest.raises(KeyboardInterrupt), keeper:
+        db.put_many(_rows(X, 0))
+        for _ in range(20):
+            keeper.added()
+        raise KeyboardInterrupt
     assert keeper.computed == [] and keeper.line is None

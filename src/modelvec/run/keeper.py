@@ -29,7 +29,8 @@ class ProductsKeeper:
     (``with keeper:`` around the run, :meth:`added` after each stored vector). ``products_from``: the population it
     starts at (0: never). ``device``: where the float32 products run (``Compute``'s meaning). ``step``: the fewest
     new vectors an update computes during the run. After the run, ``line`` says what it did (None: nothing) and
-    ``computed`` holds the rows each update computed and ``seconds`` the time they took."""
+    ``computed`` holds the rows each update computed and ``seconds`` the seconds each took (the last: the one the
+    run's end waited for)."""
 
     def __init__(
         self,
@@ -45,11 +46,12 @@ class ProductsKeeper:
         self.products_from, self.device, self.step = products_from, device, step
         self.line: str | None = None
         self.computed: list[int] = []
+        self.seconds: list[float] = []
         self._kept = 0  # vectors whose products are kept (after the last update)
         self._added = 0  # vectors stored by this run since the last update
         self._any = False  # whether this run stored any
         self._lock = threading.Lock()
-        self.seconds, self._problem = 0.0, ""
+        self._problem = ""
         self._due = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="modelvec-products", daemon=True)
@@ -84,7 +86,7 @@ class ProductsKeeper:
         elif self.computed:
             self.line = (
                 f"the products of {self._kept:,} vectors are kept beside the store for the map ({sum(self.computed):,}"
-                f" of them computed in this run, {self.seconds:.1f} s)"
+                f" of them computed in this run, {sum(self.seconds):.1f} s)"
             )
 
     def _loop(self) -> None:
@@ -114,4 +116,4 @@ class ProductsKeeper:
             self._added -= added
             self._kept = len(products.kept)
         self.computed.append(products.computed_rows)
-        self.seconds += time.perf_counter() - started
+        self.seconds.append(time.perf_counter() - started)
