@@ -202,6 +202,34 @@ def choose(zoos: dict[str, tuple[dict, dict]]) -> TreeRule:
     return best
 
 
+def over_seeds(names: list[str], rows: str, auto_rows: int | str, seeds: list[int], force: bool) -> list[str]:
+    """Parents and kinds right per half and seed (which rows are read), with their means: what a budget does to
+    the tree, beside what the seed alone does (the default rule, the weights alone)."""
+    lines = [f"rows {rows}, auto rows {auto_rows}: parents / kinds right per half, seeds {seeds}", ""]
+    lines += [
+        "| zoo | half | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+        "|---|---|" + "---|" * (len(seeds) + 1),
+    ]
+    for name in names:
+        per_seed = []
+        for seed in seeds:
+            representation = Representation(
+                rows=rows if rows == "auto" else float(rows), auto_rows=auto_rows, seed=seed
+            )
+            truth, data = traces_of(Path(ZOOS[name]), representation, force)
+            tree = infer(data, TreeRule())
+            per_seed.append({half: outcomes(truth, tree, half) for half in ("selection", "report")})
+        for half in ("selection", "report"):
+            cells = [
+                (sum(r["parent"] for r in s[half]), sum(r["kind_ok"] for r in s[half]), len(s[half])) for s in per_seed
+            ]
+            mean_p = sum(c[0] / c[2] for c in cells) / len(cells)
+            mean_k = sum(c[1] / c[2] for c in cells) / len(cells)
+            shown = " | ".join(f"{p}/{n}, {k}/{n}" for p, k, n in cells)
+            lines.append(f"| {name} | {half} | {shown} | {mean_p:.3f}, {mean_k:.3f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoos", default="encoder,decoder")
@@ -211,10 +239,16 @@ def main() -> None:
         "--auto-rows", default=str(Representation.auto_rows), help="rows of each large matrix read (share: 5 %%)"
     )
     parser.add_argument("--seed", type=int, default=0, help="the representation's seed (which rows are read)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds: parents and kinds per seed, and means")
     parser.add_argument("--force", action="store_true", help="embed again what the store holds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     auto_rows = args.auto_rows if args.auto_rows == "share" else int(args.auto_rows)
+    if args.seeds:
+        names = [z for z in args.zoos.split(",") if (Path(ZOOS[z]) / "tree.json").exists()]
+        seeds = [int(x) for x in args.seeds.split(",")]
+        print("\n".join(over_seeds(names, args.rows, auto_rows, seeds, args.force)))
+        return
     representation = Representation(
         rows=args.rows if args.rows == "auto" else float(args.rows), auto_rows=auto_rows, seed=args.seed
     )
