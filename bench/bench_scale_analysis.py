@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -39,49 +38,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from hollow import llama_config, llama_tensors, write_hollow
 
-LLAMA_8B = {"layers": 32, "hidden": 4096, "ff": 14336, "heads": 32, "kv": 8, "head_dim": 128}
+LLAMA_8B = {"layers": 32, "d": 4096, "ff": 14336, "heads": 32, "kv": 8, "hd": 128, "vocab": 128256}
 BIN = Path(sys.executable).parent
 
 
 def sparse_base(folder: Path) -> Path:
-    """An 8B-shaped Llama checkpoint: real safetensors headers over sparse files (zeros never written)."""
+    """An 8B-shaped Llama checkpoint's layers (no embeddings: the vector reads none): real safetensors headers over
+    sparse files, one shard a layer (:mod:`hollow`)."""
     if (folder / "config.json").exists():
         return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    d, ff, layers = LLAMA_8B["hidden"], LLAMA_8B["ff"], LLAMA_8B["layers"]
-    kv = LLAMA_8B["kv"] * LLAMA_8B["head_dim"]
-    shapes = {"q_proj": (d, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, d)}
-    mlp = {"gate_proj": (ff, d), "up_proj": (ff, d), "down_proj": (d, ff)}
-    weight_map = {}
-    for layer in range(layers):  # one shard per layer
-        header, offset = {}, 0
-        shard = f"model-{layer + 1:05d}-of-{layers:05d}.safetensors"
-        for group, names in (("self_attn", shapes), ("mlp", mlp)):
-            for name, shape in names.items():
-                size = shape[0] * shape[1] * 2
-                key = f"model.layers.{layer}.{group}.{name}.weight"
-                header[key] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
-                weight_map[key] = shard
-                offset += size
-        raw = json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        with open(folder / shard, "wb") as fh:
-            fh.write(struct.pack("<Q", len(raw)) + raw)
-            fh.truncate(8 + len(raw) + offset)
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = {
-        "model_type": "llama",
-        "hidden_size": d,
-        "intermediate_size": ff,
-        "num_hidden_layers": layers,
-        "num_attention_heads": LLAMA_8B["heads"],
-        "num_key_value_heads": LLAMA_8B["kv"],
-        "head_dim": LLAMA_8B["head_dim"],
-        "vocab_size": 128256,
-        "torch_dtype": "bfloat16",
-    }
-    (folder / "config.json").write_text(json.dumps(config))
+    config = llama_config(**LLAMA_8B)
+    layers = llama_tensors(config)[1:]  # without the embeddings
+    per_layer = sum(2 * a * b for _, (a, b) in layers[: len(layers) // config["num_hidden_layers"]])
+    write_hollow(folder, config, layers, per_layer)
     return folder
 
 
