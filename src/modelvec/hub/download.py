@@ -42,7 +42,16 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from ..core.errors import CheckpointError, CorruptDownload, FetchError, ModelvecError, UnsafeHubName
-from ..core.files import SHARD_SUFFIX, WEIGHT_FORMATS, adapter_files, formats, weight_format
+from ..core.files import (
+    BIN_INDEX,
+    CONFIG,
+    SAFETENSORS_INDEX,
+    SHARD_SUFFIX,
+    WEIGHT_FORMATS,
+    adapter_files,
+    formats,
+    weight_format,
+)
 from .client import HubSettings, describe_error, with_retries
 from .guard import guard_hub_client
 from .ids import is_commit_sha
@@ -402,6 +411,38 @@ def resolve_revision(repo_id: str, revision: str, hub_settings: HubSettings) -> 
     if not is_commit_sha(str(info.sha)):
         raise FetchError(repo_id, f"the Hub gave {str(info.sha)[:80]!r} as the commit of '{revision}', not a sha")
     return str(info.sha)
+
+
+def weights_identity(repo_id: str, revision: str, hub_settings: HubSettings) -> str | None:
+    """What a commit's weights are, from the Hub's listing of its files alone (nothing downloaded): a hash of the
+    top-level weight files' names and contents (an LFS file's sha256, another's git blob id) with the config and the
+    shard indexes. Two commits with one identity hold the same weights (a commit that changed only the card, say).
+    None where the commit lists no weight files, or is not on the Hub any more; a Hub that cannot be reached is a
+    :class:`FetchError`."""
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    check_repo_id(repo_id)
+    try:
+        info = with_retries(
+            lambda: hub_settings.api().model_info(repo_id, revision=revision, files_metadata=True),
+            hub_settings,
+            repo_id,
+        )
+    except (RevisionNotFoundError, RepositoryNotFoundError):
+        return None
+    except Exception as exc:
+        raise FetchError(repo_id, describe_error(exc)) from exc
+    weights = [
+        (s.rfilename, s.lfs.sha256 if s.lfs is not None else s.blob_id)
+        for s in info.siblings or ()
+        if "/" not in s.rfilename and Path(s.rfilename).suffix in (".safetensors", ".bin")
+    ]
+    if not weights or any(digest is None for _, digest in weights):
+        return None
+    described = [
+        (s.rfilename, s.blob_id) for s in info.siblings or () if s.rfilename in (CONFIG, SAFETENSORS_INDEX, BIN_INDEX)
+    ]
+    return "weights:" + hashlib.sha256(json.dumps(sorted(weights + described)).encode()).hexdigest()
 
 
 def release(repo_id: str, revision: str, hub_settings: HubSettings) -> int:

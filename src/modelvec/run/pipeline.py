@@ -31,7 +31,7 @@ from ..core.names import is_hub_id, model_id
 from ..core.settings import taken_from, with_options
 from ..hub.client import HUB_REFUSED, HubSettings, describe_error, with_retries
 from ..hub.discovery import CatalogueEntry, Resume, Scope, describe
-from ..hub.download import download_file, fetch, resolve_revision
+from ..hub.download import download_file, fetch, resolve_revision, weights_identity
 from ..hub.ids import resolve_base
 from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
@@ -419,8 +419,24 @@ def _base(base: PathLike | str, db: Store, hub_settings: HubSettings) -> BaseSpe
         return BaseSpec(ck.name, version, path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
     sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
-    db.record_base(canonical, f"git:{sha}", f"git:{sha}")
-    return BaseSpec(canonical, f"git:{sha}", repo=canonical, sha=sha)
+    stamp = f"git:{sha}"
+    version = db.recorded_base(canonical, stamp) or _same_weights(canonical, sha, db, hub_settings) or stamp
+    db.record_base(canonical, stamp, version)
+    return BaseSpec(canonical, version, repo=canonical, sha=sha)
+
+
+def _same_weights(canonical: str, sha: str, db: Store, hub_settings: HubSettings) -> str | None:
+    """The version recorded last for the Hub base ``canonical`` where its commit ``sha`` holds the same weights as
+    the commit that version was recorded at (a commit that changed only the card does not make 10,000 vectors
+    stale), asked of the Hub's file listings (two requests, once per new commit of the base); else None."""
+    last = db.recorded_base(canonical)
+    if last is None or hub_settings.offline:
+        return None
+    before = [s.removeprefix("git:") for s in db.stamps(canonical, last) if s.startswith("git:")]
+    if not before or before[-1] == sha:
+        return None
+    now = weights_identity(canonical, sha, hub_settings)
+    return last if now is not None and weights_identity(canonical, before[-1], hub_settings) == now else None
 
 
 def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) -> Task:

@@ -542,11 +542,12 @@ class Store:
     def base_now(self, base: str) -> str | None:
         """The version (``base_hash``) of ``base`` as it is now: a local base's from its files' stamp (names,
         sizes, times and headers) as the run that embedded against it recorded it, else its content hashed; a Hub
-        base's commit at its last discovery, else the one embedded against last; None where nothing says (a local
+        base's commit at its last discovery (or the version recorded with it, where that commit's weights are an
+        earlier one's), else the one embedded against last; None where nothing says (a local
         base gone from this machine, stored by a version that did not record it)."""
-        if is_hub_id(base):
+        if is_hub_id(base):  # a commit recorded with the weights of an earlier one keeps that one's version
             sha = self.base_sha(base)
-            return f"git:{sha}" if sha else self.recorded_base(base)
+            return (self.recorded_base(base, f"git:{sha}") or f"git:{sha}") if sha else self.recorded_base(base)
         if not os.path.exists(base):
             return self.recorded_base(base)
         from ..read import Checkpoint
