@@ -295,3 +295,38 @@ def test_coalesced_ranges_give_the_vectors_of_ranges_fetched_one_by_one(models, 
     assert np.array_equal(alone, merged) and np.array_equal(alone, capped)
     assert fewer < requests and more > sent, (requests, fewer, sent, more)
     assert more_requests > fewer and most <= 48 << 10 < longest, (fewer, more_requests, most, longest)
+
+
+@pytest.mark.parametrize("damage", ["data", "header", "old marker"])
+def test_held_ranges_are_checked_before_they_are_read_again(models, server, hub_settings, tmp_path, damage):
+    """A partial download read again by a later run: each held range is checked against the checksum kept when it
+    was fetched, and one damaged since (or one a marker without checksums names) is fetched again, never read."""
+    store = tmp_path / "s.duckdb"
+    embed("org/base", ["org/ft-single"], representation=ROWS, hub_settings=hub_settings, store=store)
+    sha = server.hub._state("org/ft-single")["refs"]["main"]
+    folder = partial_folder("org/ft-single", sha, hub_settings)
+    marker = json.loads((folder / ".modelvec-partial.json").read_text())
+    held = marker["files"]["model.safetensors"]
+    assert len(marker["sums"]["model.safetensors"]) == len(held)  # a checksum for each held range
+    if damage == "old marker":
+        del marker["sums"]
+        (folder / ".modelvec-partial.json").write_text(json.dumps(marker))
+    else:
+        a, b = held[0] if damage == "header" else held[len(held) // 2]
+        at = a + 9 if damage == "header" else (a + b) // 2  # inside the header's JSON, or a row's bytes
+        with open(folder / "model.safetensors", "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x55]))
+    before = server.bytes_sent("/org/ft-single/*")
+    again = embed(
+        "org/base", ["org/ft-single"], representation=ROWS, hub_settings=hub_settings, store=store, force=True
+    )
+    local = DeltaEmbedder(ROWS).fit(models["base"]).embed_one(models["single"])
+    np.testing.assert_allclose(again.vectors[0], local, rtol=1e-6, atol=1e-6)
+    fetched = server.bytes_sent("/org/ft-single/*") - before
+    if damage == "old marker":
+        assert fetched >= sum(b - a for a, b in held)  # nothing unchecked is trusted
+    else:
+        assert 0 < fetched < sum(b - a for a, b in held) / 2  # the damaged range alone

@@ -24,6 +24,8 @@ import os
 import shutil
 import threading
 
+import xxhash
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: threads are still ordered
@@ -123,8 +125,9 @@ def _make_partial(
     folder: Path, repo_id: str, revision: str, files: Sequence[str] | None, hub_settings: HubSettings
 ) -> Path | None:
     held = _read_marker(folder)
-    if held and all((folder / name).is_file() for name in held):
-        return folder  # made before: its headers, and what was fetched since, are there
+    if held and all((folder / name).is_file() for name in held):  # made before: checked before it is trusted
+        _verify(folder, repo_id, revision, held, hub_settings)
+        return folder
     files = list(files) if files is not None else list_files(repo_id, revision, hub_settings)
     fmt = weight_format(files)
     if fmt not in ("safetensors", "safetensors-sharded"):
@@ -146,14 +149,48 @@ def _make_partial(
     for name in weights:
         check_filename(repo_id, name)
     todo = [name for name in weights if not (name in held and (folder / name).is_file())]
+    sums = _read_sums(folder)
     for header in _headers(repo_id, revision, todo, hub_settings):
         name = header.file.filename
         with open(folder / name, "wb") as f:  # sparse: only the header takes disk
             f.truncate(header.file.size)
             f.write(header.raw)
         held[name] = [(0, header.data_start)]
-    _write_marker(folder, held)
+        sums[name] = {}
+    _write_marker(folder, held, sums)
+    _verify(folder, repo_id, revision, held, hub_settings)  # what was held of the other files before
     return folder
+
+
+def _verify(folder: Path, repo_id: str, revision: str, held: dict, hub_settings: HubSettings) -> None:
+    """Every byte range the marker says the folder holds, checked against the checksum recorded when it was
+    fetched: one that does not match (or has none: a marker of an earlier version) is no longer held, and is
+    fetched again when wanted; a file's first range (its header, which the reader parses before asking for rows)
+    is fetched again here."""
+    sums = _read_sums(folder)
+    bad: dict[str, list[tuple[int, int]]] = {}
+    for name, spans in held.items():
+        mine = sums.get(name, {})
+        good = [
+            span
+            for span in spans
+            if mine.get(_key(span)) is not None and mine[_key(span)] == _digest(folder / name, span)
+        ]
+        if len(good) < len(spans):
+            bad[name] = [span for span in spans if span not in good]
+            held[name] = good
+            sums[name] = {_key(span): mine[_key(span)] for span in good}
+    if not bad:
+        return
+    heads = [
+        RangeJob(RemoteFile(repo_id, revision, n, (folder / n).stat().st_size), [s[0]], folder / n)
+        for n, s in bad.items()
+        if s[0][0] == 0
+    ]
+    for job, stats in zip(heads, fetch_many(heads, hub_settings, max_in_flight=IN_FLIGHT, gap=GAP, cap=CAP)):
+        name = job.file.filename
+        held[name] = [(0, job.file.size)] if stats.whole_file else merge([*held[name], *job.ranges])
+    _write_marker(folder, held, sums)
 
 
 def _headers(repo_id: str, revision: str, names: Sequence[str], hub_settings: HubSettings) -> list[SafetensorsHeader]:
@@ -188,10 +225,10 @@ def fill_partial(
     def record(i: int, stats: RangeStats) -> None:  # as each file completes: what it holds survives a later failure
         job = jobs[i]
         with _locked(folder):
-            held = _read_marker(folder) or {}
+            held, sums = _read_marker(folder) or {}, _read_sums(folder)
             name = job.file.filename
             held[name] = [(0, job.file.size)] if stats.whole_file else merge([*held.get(name, []), *job.ranges])
-            _write_marker(folder, held)
+            _write_marker(folder, held, sums)
 
     # every file's ranges in one pool: the link stays busy from one shard to the next
     for job, stats in zip(
@@ -237,7 +274,51 @@ def _read_marker(folder: Path) -> dict[str, list[tuple[int, int]]] | None:
         return None
 
 
-def _write_marker(folder: Path, held: Mapping[str, Sequence[tuple[int, int]]]) -> None:
-    write_atomic(folder / PARTIAL, json.dumps({"files": {k: [list(s) for s in merge(v)] for k, v in held.items()}}))
+def _read_sums(folder: Path) -> dict[str, dict[str, str]]:
+    """Each held range's checksum, per file, by ``"start-stop"`` (empty where the marker has none)."""
+    try:
+        sums = json.loads((folder / PARTIAL).read_text()).get("sums")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(sums, dict):
+        return {}
+    return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in sums.items() if isinstance(v, dict)}
+
+
+def _key(span: tuple[int, int]) -> str:
+    return f"{span[0]}-{span[1]}"
+
+
+def _digest(path: Path, span: tuple[int, int]) -> str | None:
+    """The xxh3 of a file's bytes ``[start, stop)`` (None where the file is shorter or cannot be read)."""
+    digest, (at, stop) = xxhash.xxh3_64(), span
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        while at < stop:
+            chunk = os.pread(fd, min(stop - at, 1 << 24), at)
+            if not chunk:
+                return None
+            digest.update(chunk)
+            at += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def _write_marker(folder: Path, held: Mapping[str, Sequence[tuple[int, int]]], sums: dict[str, dict[str, str]]) -> None:
+    """The marker: the ranges each file holds (merged) and each one's checksum, kept where a range is as it was
+    and computed from the file where it is new (only ranges checked or just fetched are ever merged)."""
+    files = {k: [(a, b) for a, b in merge(v)] for k, v in held.items()}
+    kept = {
+        name: {_key(s): sums.get(name, {}).get(_key(s)) or _digest(folder / name, s) for s in spans}
+        for name, spans in files.items()
+    }
+    marker = {"files": {k: [list(s) for s in v] for k, v in files.items()}, "sums": kept}
+    write_atomic(folder / PARTIAL, json.dumps(marker))
     with contextlib.suppress(OSError):
         os.chmod(folder / PARTIAL, 0o644)
