@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import planted_finetune
 from safetensors.numpy import load_file, save_file
 
 import modelvec
+from conftest import planted_finetune
 from modelvec.hub.client import HubSettings
 from modelvec.hub.download import weights_identity
 from modelvec.store import Population, Store
