@@ -85,8 +85,8 @@ class ProductsKeeper:
             self.line = f"the vectors' products were not kept for the map ({self._problem}): cluster computes them"
         elif self.computed:
             self.line = (
-                f"the products of {self._kept:,} vectors are kept beside the store for the map ({sum(self.computed):,}"
-                f" of them computed in this run, {sum(self.seconds):.1f} s)"
+                f"the pairwise products of {self._kept:,} vectors are kept for the map ({sum(self.computed):,} new in"
+                f" this run, {sum(self.seconds):.1f} s)"
             )
 
     def _loop(self) -> None:
