@@ -45,8 +45,22 @@ def test_an_embed_run_keeps_the_products_the_first_cluster_reads(tiny_bert, tiny
         assert kept.computed_rows == 0  # the first cluster computes nothing
         gram = np.array(kept.gram)
     np.testing.assert_array_equal(gram, _fresh(path, tiny_bert, PARAMS))
-    again = modelvec.embed(tiny_bert, tiny_finetunes, rank=4, store=path, products_from=2)
-    assert again.kept_products is None  # nothing stored by this run: nothing to keep
+    steps: list[str] = []
+    again = modelvec.embed(
+        tiny_bert, tiny_finetunes, rank=4, store=path, products_from=2, on_step=lambda s: steps.append(s.status)
+    )
+    assert again.kept_products is None and "keeping" not in steps  # nothing stored by this run: nothing to keep
+    forced = modelvec.embed(
+        tiny_bert,
+        tiny_finetunes,
+        rank=4,
+        store=path,
+        products_from=2,
+        force=True,
+        on_step=lambda s: steps.append(s.status),
+    )
+    assert forced.kept_products is not None and steps[-1] == "keeping"  # said before the last update, once
+    assert steps.count("keeping") == 1
 
 
 def test_below_its_threshold_a_run_keeps_nothing(tiny_bert, tiny_finetunes, tmp_path):

@@ -163,6 +163,9 @@ class ProgressLine:
             self.began = _clock()
             self.bar.update(self.task, description="embedding", total=step.total, began=self.began)
             return
+        if step.status == "keeping":  # after the last model: the products for the map, which may take a while
+            self.bar.update(self.task, description="keeping products")
+            return
         worked = fields["worked"] + (step.status != "skipped")
         self.bar.update(self.task, advance=1, fetched=fields["fetched"] + step.fetched, worked=worked)
 

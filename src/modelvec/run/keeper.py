@@ -71,6 +71,11 @@ class ProductsKeeper:
         if due and self.products_from > 0:
             self._due.set()
 
+    @property
+    def ends_with_an_update(self) -> bool:
+        """Whether leaving (after a run that ended) makes a last update: it runs, and this run stored vectors."""
+        return self._thread.ident is not None and self._any
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         """After a run that ended: the last update, made here (the store's writer has committed every vector). After
         an interrupted one: nothing more (an update in flight keeps its file whole or not at all)."""

@@ -81,7 +81,8 @@ class Step:
 
     ``status`` is ``"begin"`` once, when the run's models are known (``total``: their number, None for a stream of
     unknown length), before anything is fetched; then one of ``"embedded"``, ``"skipped"`` (already stored) and
-    ``"failed"`` per model, with ``detail`` (the failure's one line) and its ``kind`` for a failure. ``fetched`` is
+    ``"failed"`` per model, with ``detail`` (the failure's one line) and its ``kind`` for a failure; and
+    ``"keeping"`` once at the end where the run then keeps the vectors' products for the map (``products_from``). ``fetched`` is
     what this run added to the Hub cache for the model: the bytes it holds of the model's files (0 for a local
     model or one already cached; bytes of retried answers are not counted, see the Hub's own count for those).
     """
@@ -268,6 +269,8 @@ def _run(
         for outcome in engine.run(spec, representation, run.todo(models), hub_settings, execution.keep_weights):
             if run.record(outcome):
                 keeper.added()
+        if keeper.ends_with_an_update:
+            report(Step(status="keeping", detail="the vectors' pairwise products, for the map"))
     run.result.kept_products = keeper.line
     if load:
         run.result.vectors, run.result.metadata = db.load(spec.name, representation, models=run.wanted)
