@@ -124,9 +124,9 @@ def open_partial(repo_id: str, revision: str, files: Sequence[str] | None, hub_s
 def _make_partial(
     folder: Path, repo_id: str, revision: str, files: Sequence[str] | None, hub_settings: HubSettings
 ) -> Path | None:
-    held = _read_marker(folder)
+    held, sums = _read_marker(folder)
     if held and all((folder / name).is_file() for name in held):  # made before: checked before it is trusted
-        _verify(folder, repo_id, revision, held, hub_settings)
+        _verify(folder, repo_id, revision, held, sums, hub_settings)
         return folder
     files = list(files) if files is not None else list_files(repo_id, revision, hub_settings)
     fmt = weight_format(files)
@@ -145,11 +145,11 @@ def _make_partial(
         shutil.copyfile(index_path, folder / SAFETENSORS_INDEX)
     else:
         weights = [SAFETENSORS]
-    held = held or {}
     for name in weights:
         check_filename(repo_id, name)
-    todo = [name for name in weights if not (name in held and (folder / name).is_file())]
-    sums = _read_sums(folder)
+    held = {name: spans for name, spans in (held or {}).items() if (folder / name).is_file()}  # a file gone holds none
+    _verify(folder, repo_id, revision, held, sums, hub_settings)  # what the files still there hold, checked
+    todo = [name for name in weights if name not in held]
     for header in _headers(repo_id, revision, todo, hub_settings):
         name = header.file.filename
         with open(folder / name, "wb") as f:  # sparse: only the header takes disk
@@ -158,16 +158,16 @@ def _make_partial(
         held[name] = [(0, header.data_start)]
         sums[name] = {}
     _write_marker(folder, held, sums)
-    _verify(folder, repo_id, revision, held, hub_settings)  # what was held of the other files before
     return folder
 
 
-def _verify(folder: Path, repo_id: str, revision: str, held: dict, hub_settings: HubSettings) -> None:
+def _verify(
+    folder: Path, repo_id: str, revision: str, held: dict, sums: dict[str, dict[str, str]], hub_settings: HubSettings
+) -> None:
     """Every byte range the marker says the folder holds, checked against the checksum recorded when it was
     fetched: one that does not match (or has none: a marker of an earlier version) is no longer held, and is
     fetched again when wanted; a file's first range (its header, which the reader parses before asking for rows)
-    is fetched again here."""
-    sums = _read_sums(folder)
+    is fetched again here. ``held`` and ``sums`` (the marker's) are updated to match."""
     bad: dict[str, list[tuple[int, int]]] = {}
     for name, spans in held.items():
         mine = sums.get(name, {})
@@ -214,7 +214,7 @@ def fill_partial(
     done = Fetched()
     whole: list[str] = []
     with _locked(folder):
-        held = _read_marker(folder) or {}
+        held = _read_marker(folder)[0] or {}
     jobs = []
     for name, spans in wanted.items():
         need = missing(spans, held.get(name, []))
@@ -225,7 +225,8 @@ def fill_partial(
     def record(i: int, stats: RangeStats) -> None:  # as each file completes: what it holds survives a later failure
         job = jobs[i]
         with _locked(folder):
-            held, sums = _read_marker(folder) or {}, _read_sums(folder)
+            held, sums = _read_marker(folder)
+            held = held or {}
             name = job.file.filename
             held[name] = [(0, job.file.size)] if stats.whole_file else merge([*held.get(name, []), *job.ranges])
             _write_marker(folder, held, sums)
@@ -261,28 +262,23 @@ def release_partial(repo_id: str, revision: str, hub_settings: HubSettings) -> i
     return freed
 
 
-def _read_marker(folder: Path) -> dict[str, list[tuple[int, int]]] | None:
+def _read_marker(folder: Path) -> tuple[dict[str, list[tuple[int, int]]] | None, dict[str, dict[str, str]]]:
+    """The marker: the byte ranges each file holds (None: no readable marker) and each range's checksum, per file,
+    by ``"start-stop"`` (empty where the marker has none: one of an earlier version)."""
     try:
-        files = json.loads((folder / PARTIAL).read_text()).get("files")
+        marker = json.loads((folder / PARTIAL).read_text())
+        files, sums = marker.get("files"), marker.get("sums")
     except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(files, dict):
-        return None
-    try:
-        return {str(k): [(int(a), int(b)) for a, b in v] for k, v in files.items()}
-    except (TypeError, ValueError):
-        return None
-
-
-def _read_sums(folder: Path) -> dict[str, dict[str, str]]:
-    """Each held range's checksum, per file, by ``"start-stop"`` (empty where the marker has none)."""
-    try:
-        sums = json.loads((folder / PARTIAL).read_text()).get("sums")
-    except (OSError, ValueError, AttributeError):
-        return {}
+        return None, {}
     if not isinstance(sums, dict):
-        return {}
-    return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in sums.items() if isinstance(v, dict)}
+        sums = {}
+    sums = {str(k): {str(a): str(b) for a, b in v.items()} for k, v in sums.items() if isinstance(v, dict)}
+    if not isinstance(files, dict):
+        return None, sums
+    try:
+        return {str(k): [(int(a), int(b)) for a, b in v] for k, v in files.items()}, sums
+    except (TypeError, ValueError):
+        return None, sums
 
 
 def _key(span: tuple[int, int]) -> str:
