@@ -402,14 +402,10 @@ class Store:
         progress += [
             [base, i + 1, key, query, cursor, finished] for i, (key, query, cursor, finished) in enumerate(listings)
         ]
-        con = self.con.cursor()
-        try:
-            with transaction(con):
-                _put_catalogue_rows(con, base, base_sha, rows)
-                con.execute("DELETE FROM discovery WHERE base = ?", [base])
-                con.executemany(DISCOVERY.insert([c for c, _ in DISCOVERY.columns]), progress)
-        finally:
-            con.close()
+        with self.for_thread() as view, transaction(view.con):
+            _put_catalogue_rows(view.con, base, base_sha, rows)
+            view.con.execute("DELETE FROM discovery WHERE base = ?", [base])
+            view.con.executemany(DISCOVERY.insert([c for c, _ in DISCOVERY.columns]), progress)
 
     def discovery(self, base: str) -> pd.DataFrame:
         """How far the discovery of ``base`` went (see :data:`~modelvec.store.schema.DISCOVERY`): no rows when none was
