@@ -84,14 +84,19 @@ def matrix_bytes(folder):
     return sum(t.numel() * t.element_size() for f in files for k, t in load_file(str(f)).items() if ".layers." in k)
 
 
-def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, hub_settings, tmp_path):
-    result = embed(
+def embed_both(hub_settings, tmp_path):
+    """Both fine-tunes from the local Hub, with ROWS, into a fresh store."""
+    return embed(
         "org/base",
         ["org/ft-sharded", "org/ft-single"],
         representation=ROWS,
         hub_settings=hub_settings,
         store=tmp_path / "s.duckdb",
     )
+
+
+def test_a_hub_model_fetches_only_the_rows_its_vector_reads(models, server, hub_settings, tmp_path):
+    result = embed_both(hub_settings, tmp_path)
     assert sorted(result.embedded) == ["org/ft-sharded", "org/ft-single"] and not result.failed and not result.notes
     local = DeltaEmbedder(ROWS).fit(models["base"])
     for i, key in enumerate(("sharded", "single")):
@@ -120,13 +125,7 @@ def test_each_models_read_plan_is_worked_out_once_a_run(models, server, hub_sett
         return read_plan(ck, representation, base=base)
 
     monkeypatch.setattr(blocks, "read_plan", counted)
-    result = embed(
-        "org/base",
-        ["org/ft-sharded", "org/ft-single"],
-        representation=ROWS,
-        hub_settings=hub_settings,
-        store=tmp_path / "s.duckdb",
-    )
+    result = embed_both(hub_settings, tmp_path)
     assert sorted(result.embedded) == ["org/ft-sharded", "org/ft-single"] and not result.failed
     assert planned == {"org/base": 1, "org/ft-sharded": 1, "org/ft-single": 1}
 
