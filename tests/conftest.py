@@ -252,9 +252,9 @@ TIMINGS = {"seconds_per_model"}  # measured each run: not part of the answer bei
 
 def as_printed(value):
     """A value as the CLI's --json prints it."""
-    from modelvec.cli.common import _json_default
+    from modelvec.core.output import json_text
 
-    return json.loads(json.dumps(value, default=_json_default))
+    return json.loads(json_text(value))
 
 
 def cli_json(*args: str):

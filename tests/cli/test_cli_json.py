@@ -15,7 +15,7 @@ from conftest import TIMINGS, as_printed, cli_json, planted_finetune
 from modelvec.analyse.scores import Scoring
 from modelvec.cli import app
 from modelvec.hub.client import HubSettings
-from modelvec.store import Store
+from modelvec.store import Store, overview
 from modelvec.testing.localhub import LocalHub
 
 DATASETS = ["imdb", "imdb", "imdb", "sst2", "sst2", "sst2"]
@@ -41,7 +41,7 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
     assert {**cli, "store": None} == as_printed({**api, "store": None}) and cli["embedded"]
 
     with Store(api_store) as db:
-        api_show = as_printed(db.overview().as_json())
+        api_show = as_printed(overview(db).as_json())
     cli_show = cli_json("show", "--store", str(api_store))
     assert cli_show == api_show and cli_show["models"]
 

@@ -14,6 +14,7 @@ The read-only file systems are bind mounts remounted read-only and the full disk
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -246,6 +247,17 @@ def store_full_but_one_vector(w: World, tmp: Path, m: Mounts) -> Place:
     return place
 
 
+def store_full_but_the_log(w: World, tmp: Path, m: Mounts) -> Place:
+    """The store on a disk with room for one more vector's bytes and 128 KiB: the rows DuckDB logs as they commit (its
+    write-ahead log) fit, the checkpoint that writes them into the DuckDB file as the store closes (new blocks of
+    256 KiB) does not."""
+    place = store_full_but_one_vector(w, tmp, m)
+    filler = place.notes["filler"]
+    assert isinstance(filler, Path)
+    os.truncate(filler, filler.stat().st_size - 128 * 1024)
+    return place
+
+
 # --- the commands --------------------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, list[str]] = {
@@ -420,3 +432,32 @@ def test_a_store_whose_disk_filled_up_takes_writes_again_once_there_is_room(worl
     compacted = run(world, place, "compact", tmp_path)
     assert compacted.returncode == 0, compacted.stderr[-3000:]
     assert held(place) == after
+
+
+def test_a_checkpoint_the_full_disk_cut_off_fails_the_command_and_the_next_reads_everything(world, tmp_path, mounts):
+    """embed said "embedded 1" with status 0 while DuckDB's checkpoint on closing failed for space (DuckDB drops that
+    failure), and once there was room again show and cluster called the store "damaged: the file is truncated" (the
+    bytes the cut-off checkpoint left past its last block), though every row was there. Now the command fails in one
+    line that says what was stored is kept, and the next commands read every row, saying in one line what they
+    ignored."""
+    place = store_full_but_the_log(world, tmp_path, mounts)
+    before = held(place)
+    failed = run(world, place, "embed", tmp_path)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    check_one_line(failed, "embed", [f"{place.store}: ", "no space left on", "what was stored is kept"])
+    filler = place.notes["filler"]
+    assert isinstance(filler, Path)
+    filler.unlink()
+    for command in ("show", "cluster"):
+        args = [expand(a, world, place) for a in COMMANDS[command]] + ["--json"]
+        out = subprocess.run(
+            [sys.executable, "-m", "modelvec.cli", *args], capture_output=True, text=True, env=world.env, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "damaged" not in out.stderr and not RAW.search(out.stdout + out.stderr), out.stderr[-3000:]
+        said = [line for line in out.stderr.splitlines() if line.strip()]  # a reader leaves the bytes: said each time
+        assert len(said) == 1 and said[0].startswith("note: ") and "past its last block" in said[0], out.stderr
+        answer = json.loads(out.stdout)
+        assert (len(answer["models"]) if command == "show" else answer["n_models"]) == len(before) + 1
+    after = held(place)  # every vector, the new one too, its checksum checked
+    assert before.items() <= after.items() and len(after) == len(before) + 1

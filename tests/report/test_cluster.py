@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.analyse.scores import Scoring
 from modelvec.cli import app
 from modelvec.report import cluster, neighbors
+from modelvec.report.nearest import IS_THE_BASE
 from modelvec.store import Store
 from modelvec.studies.compare import evaluate, task_vector_gram
 
@@ -299,6 +301,29 @@ def test_neighbors_of_an_unreadable_or_unknown_model_is_one_clear_line(planted, 
     assert result.exit_code == 2 and "no weights found" in result.output
     with pytest.raises(modelvec.NothingStoredError, match="no vectors stored for this base"):
         neighbors(empty, representation=Representation(rank=4), store=store, base=str(tmp_path))
+
+
+def test_neighbors_of_the_base_says_it_is_the_base_in_one_line(planted, tmp_path):
+    """The vectors are deltas from the base: the base's own is zero, at distance 1 from every model. Asked about, by
+    its path or with --base, it is said to be the base, never listed as a table of 1.0s with a prediction; a copy
+    of the base that is not stored is refused alike once embedded."""
+    base, _, _, store = planted
+    rank4 = Representation(rank=4)
+    for asked in ({}, {"base": str(base)}):
+        with pytest.raises(
+            modelvec.NothingStoredError, match="it is the base of the stored models: its vector is zero"
+        ):
+            neighbors(base, representation=rank4, store=store, **asked)
+    for args in ([str(base)], [str(base), "--base", str(base)], ["--json", str(base)]):
+        result = CliRunner().invoke(app, ["neighbors", *args, "--rank", "4", "--store", str(store)])
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert lines[0] == f"error: {base.resolve()}: {IS_THE_BASE}"
+        assert "1.0000" not in result.output and "predicted" not in result.output
+    copy = tmp_path / "copy-of-the-base"
+    shutil.copytree(base, copy)
+    with pytest.raises(modelvec.NothingStoredError, match=r"copy-of-the-base: its weights are the base's"):
+        neighbors(copy, representation=rank4, store=store)
 
 
 def test_neighbors_without_matching_vectors_says_what_the_store_holds(planted, tmp_path):

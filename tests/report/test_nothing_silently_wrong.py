@@ -377,7 +377,7 @@ def test_an_adapter_is_embedded_on_the_model_its_config_names_or_refused(base, t
     assert list(result.failed) == [str(nowhere.resolve())]
     assert result.failed[str(nowhere.resolve())] == (
         f"{nowhere.resolve()}: its adapter_config.json names /home/someone/checkpoints/ft-77 as the model it adapts, "
-        f"which is not the base ({base.resolve()}) nor a model found on this machine or in the store's catalogue: "
+        f"which is not the base ({base.resolve()}) nor a model found on this machine, in the store or on the Hub: "
         "embed it with that model as the base, or write the base's folder or id in base_model_name_or_path"
     )
     with Store(store, read_only=True) as db:

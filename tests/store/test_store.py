@@ -14,7 +14,7 @@ import pytest
 from modelvec import Representation, Store
 from modelvec.store import StoreError, VectorRow
 from modelvec.store.schema import _columns
-from modelvec.store.vectorfile import VectorFile
+from modelvec.store.vectorfile import VectorFile, header
 
 PARAMS = Representation(rank=4)
 
@@ -228,12 +228,14 @@ def test_compaction_keeps_live_vectors_and_drops_replaced_bytes(tmp_path):
         before, after = db.compact()
         loaded, _ = db.load()
         db.put(row("m9", X[0]))  # appends go to the new file
+        ours = header(db.identity)
     np.testing.assert_array_equal(loaded, X[3:])
     assert after < before * 0.6 and not (tmp_path / "s.duckdb.vectors").exists()
     (current,) = [p.name for p in tmp_path.glob("s.duckdb.vectors*")]
-    # a crash before the commit leaves a new file nobody names; one after it leaves the old file
-    (tmp_path / "s.duckdb.vectors.0123456789ab").write_bytes(b"half written")
-    (tmp_path / "s.duckdb.vectors").write_bytes(VectorFile.MAGIC + b"\0" * 4096)
+    # a crash before the commit leaves a new file nobody names; one after it leaves the old file (both with the
+    # store's identity in their header: what lets them be removed)
+    (tmp_path / "s.duckdb.vectors.0123456789ab").write_bytes(ours + b"half written")
+    (tmp_path / "s.duckdb.vectors").write_bytes(ours + b"\0" * 4096)
     (tmp_path / "s.duckdb.vectors.keep-me").write_bytes(b"not ours")
     with Store(path) as db:
         loaded, meta = db.load()

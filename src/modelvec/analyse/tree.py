@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import xxhash
 
+from .copies import Copy, Traced, find_copies
 from .merges import Merge, MergeFinder, margin
 from .rule import TreeRule
 
@@ -60,7 +62,9 @@ class Node:
     agrees: bool = True
     size: float = 0.0  # |delta| / |base weights|
     levels: float | None = None
-    copy_of: str | None = None  # the model whose weights (its trace, bit for bit) this one repeats; the base's name
+    copy_of: str | None = None  # the model (or the base) whose weights this one repeats, or re-saves in its dtype
+    resaved: str | None = None  # a copy's dtype where it is a re-save (equal up to rounding), None: identical weights
+    original_by: str | None = None  # why ``copy_of`` is the original (:mod:`modelvec.analyse.copies`)
     #: why the node is placed as it is where the weights could not place it (no trace; a card's parent; a cycle)
     note: str | None = None
     method: str | None = None  # a merge's method as its weights tell it (:data:`~modelvec.analyse.merges.METHODS`)
@@ -81,6 +85,8 @@ class Node:
             out["method"] = self.method
         if self.copy_of is not None:
             out["copy_of"] = self.copy_of
+            out["resaved"] = self.resaved
+            out["original_by"] = self.original_by
         if self.note is not None:
             out["note"] = self.note
         return out
@@ -100,6 +106,8 @@ class Node:
             declared_parents=list(declared.get("parents") or []),
             agrees=bool(data.get("agrees", True)),
             copy_of=data.get("copy_of"),
+            resaved=data.get("resaved"),
+            original_by=data.get("original_by"),
             note=data.get("note"),
             method=data.get("method"),
         )
@@ -178,6 +186,7 @@ def infer_tree(
     untraced: Mapping[str, str] | None = None,
     statistics: Mapping[str, Sequence[Any]] | None = None,
     quantized: Collection[str] = (),
+    copies: Mapping[str, Copy] | None = None,
 ) -> Tree:
     """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
     ``base``. ``adapters``: the adapters, each with the model it was embedded on (None: the base); ``declared``:
@@ -186,13 +195,18 @@ def infer_tree(
     the models without a trace, each with why (and what to do), placed by their cards where those name a model;
     ``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``: see
     :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as before 2026-11-26); ``quantized``: the
-    models known from their files to be quantizations (GGUF)."""
+    models known from their files to be quantizations (GGUF); ``copies``: the copies among the models, each with its
+    original (:mod:`modelvec.analyse.copies`; a population's, which reads the cards), default found from the traces
+    alone."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
     stats = {k: list(v) for k, v in (statistics or {}).items()}
     known = {**{m: "quantization" for m in quantized}, **{m: "adapter" for m in adapters}}
-    inference = _Inference(models, t, scale, levels, stats, rule or TreeRule(), known, only is None)
+    rule = rule or TreeRule()
+    if copies is None:
+        copies = copies_in(models, t, scale, stats, known, base, rule)
+    inference = _Inference(models, t, scale, levels, stats, rule, known, only is None, copies)
     inference.declared = _declared_merges(declared, inference.index)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
@@ -217,6 +231,34 @@ def gram_of(t: np.ndarray) -> np.ndarray:
         block = g[lo:hi, lo:hi]
         block[np.tril_indices(hi - lo, -1)] = block.T[np.tril_indices(hi - lo, -1)]
     return g.T  # the same matrix (symmetric), its rows contiguous
+
+
+def copies_in(
+    models: Sequence[str],
+    t: np.ndarray,
+    scale: float,
+    stats: Mapping[str, Sequence[Any]],
+    known: Mapping[str, str],
+    base: str,
+    rule: TreeRule,
+) -> dict[str, Copy]:
+    """The copies among traces alone (no card, no date: where nothing else tells an original, the finer dtype, then
+    the first by name): identical traces, zero ones, and re-saves within their dtype's rounding."""
+    norms = np.sqrt(np.einsum("ij,ij->i", t, t, dtype=np.float64))
+    precision = [p if isinstance(p, str) else None for p in stats.get("precision") or [None] * len(models)]
+    rounding = [None if v is None or v != v else float(v) for v in stats.get("rounding") or [None] * len(models)]
+    traced = Traced(
+        models=models,
+        digest=[xxhash.xxh3_64_hexdigest(row.tobytes()) for row in t],
+        zero=[bool(v == 0) for v in norms],
+        norm=[float(v) for v in norms],
+        precision=precision,
+        rounding=rounding,
+        resaved=[m not in known for m in models],
+        scale=scale,
+    )
+    distance = lambda pairs: np.array([float(np.linalg.norm(t[i].astype(np.float64) - t[j])) for i, j in pairs])
+    return find_copies(traced, distance, base=base, factor=rule.rounding)
 
 
 def _declared_merges(
@@ -309,6 +351,7 @@ class _Inference:
         rule: TreeRule,
         known: Mapping[str, str],
         every: bool = True,
+        copies: Mapping[str, Copy] | None = None,
     ) -> None:
         self.models, self.t, self.rule, self.all = list(models), t, rule, every
         self.index = {m: i for i, m in enumerate(self.models)}
@@ -331,13 +374,10 @@ class _Inference:
                 )
         self._merges: dict[int, Merge | None] = {}
         self._gram: np.ndarray | None = None
-        first: dict[bytes, int] = {}
-        #: each model whose trace repeats an earlier one's bit for bit (identical weights): the first's index; -1: a
-        #: zero trace, the base's own weights (two re-uploads of the base are copies of the base, not of each other)
-        self.copy_of = {i: -1 if self.norms[i] == 0 else first.setdefault(t[i].tobytes(), i) for i in range(len(t))}
-        self.copy_of = {i: j for i, j in self.copy_of.items() if j != i}
+        #: the copies (identical weights, re-saves) among the models: never a parent of anything, never a merge's
+        self.copies = {self.index[m]: c for m, c in (copies or {}).items() if m in self.index}
         usable = np.array([k == "fine-tune" for k in self.kind], dtype=bool) & (self.norms > 0)
-        usable[list(self.copy_of)] = False  # a copy would share its original's weight; its original stands for it
+        usable[list(self.copies)] = False  # a copy would share its original's weight; its original stands for it
         self.parentable = usable  # full models (merges among them) that may be a model's parent
         self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats, rule, scale)
         self.declared: dict[int, list[int]] = {}  # merges whose cards name stored parents: fitted on them first
@@ -351,12 +391,10 @@ class _Inference:
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]
-        if self.copy_of.get(i) == -1:  # the base's own weights
-            node = Node(model=m, kind="copy", parent=base, parents=[base], confidence=1.0, copy_of=base)
-        elif i in self.copy_of:  # identical weights: placed under the model it repeats, of its kind
-            j = self.copy_of[i]
-            original, kind = self.models[j], "merge" if self.merge(j) is not None else self.kind[j]
-            node = Node(model=m, kind=kind, parent=original, parents=[original], confidence=1.0, copy_of=original)
+        if i in self.copies:  # identical weights or a re-save: placed under its original, never a fine-tune
+            c = self.copies[i]
+            node = Node(model=m, kind="copy", parent=c.original, parents=[c.original], confidence=1.0)
+            node.copy_of, node.resaved, node.original_by = c.original, None if c.exact else c.precision, c.chosen_by
         elif kind == "unrelated":
             node = Node(model=m, kind="unrelated", parent=None, parents=[], confidence=float(self.confidence[i]))
         elif (merge := self.merge(i)) is not None:
@@ -436,8 +474,9 @@ def _compare(
     nodes: list[Node], base: str, root: set[str], declared: Mapping[str, tuple[str | None, list[str]]]
 ) -> None:
     """Each node's declared relation and parents beside what the weights say: ``agrees`` False where they differ
-    (nothing declared contradicts nothing, and an untraced model has nothing to contradict it); ``root``: the
-    base's names, lower-cased."""
+    (nothing declared contradicts nothing; a card that names parents and no relation claims only its parents; a
+    re-save or copy agrees with ``quantized``, the Hub's word for it; an untraced model has nothing to contradict
+    it); ``root``: the base's names, lower-cased."""
     for node in nodes:
         relation, parents = declared.get(node.model, (None, []))
         node.declared_relation = relation
@@ -445,5 +484,6 @@ def _compare(
         if (relation is None and not parents) or node.kind == "untraced":
             node.agrees = True
             continue
-        claimed = DECLARED_KIND.get(relation or "finetune", "fine-tune")
-        node.agrees = claimed == node.kind and set(node.declared_parents) == set(node.parents)
+        claimed = DECLARED_KIND.get(relation, "fine-tune") if relation else None
+        kind = claimed is None or claimed == node.kind or (node.kind == "copy" and relation == "quantized")
+        node.agrees = kind and set(node.declared_parents) == set(node.parents)

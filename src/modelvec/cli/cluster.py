@@ -23,6 +23,7 @@ from .common import (
     notes,
     open_store,
     print_json,
+    printable,
     products_progress,
     say,
     short_name,
@@ -101,7 +102,7 @@ def _show(report: ClusterReport) -> None:
         title=f"{short_name(report.base)} · {report.params}",
     )
     for dataset, entry in sorted(report.per_dataset.items()):
-        table.add_row(dataset, str(entry["count"]), fmt(entry["score"]))
+        table.add_row(printable(dataset), str(entry["count"]), fmt(entry["score"]))
     table.add_row("all", str(report.n_scored), fmt(report.knn_score))
     console.print(table)
     how = f"metric {report.metric}" + (f" · {report.scaling}" if report.scaling != "none" else "")
@@ -147,7 +148,11 @@ def _show_more(report: ClusterReport) -> None:
         )
         for p in report.predictions:
             preds.add_row(
-                short_name(p["model"]), p["predicted"], fmt(p["vote_share"]), fmt(p["closeness"]), fmt(p["confidence"])
+                short_name(p["model"]),
+                printable(p["predicted"]),
+                fmt(p["vote_share"]),
+                fmt(p["closeness"]),
+                fmt(p["confidence"]),
             )
         console.print(preds)
         say(
@@ -163,10 +168,11 @@ def _show_more(report: ClusterReport) -> None:
         )
         say(console, f"blocks that separate the datasets best (kNN score of the block alone): {names}")
     elif report.per_block_note:
-        say(console, report.per_block_note)
+        say(console, printable(report.per_block_note))
     if report.scaling_note:
-        say(console, report.scaling_note)
+        say(console, printable(report.scaling_note))
     for kind, path in report.files.items():
-        say(console, f"{kind.upper()} map: {path}" if kind != "blocks" else f"per-block kNN heat map: {path}")
+        shown = printable(path)
+        say(console, f"{kind.upper()} map: {shown}" if kind != "blocks" else f"per-block kNN heat map: {shown}")
     if report.reduce_note:
-        say(console, f"map: {report.reduce_note}")
+        say(console, f"map: {printable(report.reduce_note)}")

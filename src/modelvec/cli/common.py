@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import os
 import re
 import textwrap
@@ -23,7 +22,8 @@ from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from ..core import constants
-from ..core.errors import ModelvecError
+from ..core.errors import ModelvecError, shown
+from ..core.output import json_text
 from ..core.settings import Setting, check_field, choices_of, flag_of, kind_of, parse_value, settings_of, value_text
 
 if TYPE_CHECKING:
@@ -37,15 +37,24 @@ LOG_WIDTH = 400
 
 def _console(stderr: bool = False) -> Console:
     """A terminal's console as wide as the terminal; a pipe's or a log's as wide as its lines (``$COLUMNS``
-    still rules): rich would fold every table at 80 columns, splitting model ids mid-name."""
-    out = Console(stderr=stderr)
+    still rules): rich would fold every table at 80 columns, splitting model ids mid-name. Neither reads console
+    markup nor emoji codes: a folder named ``[/x]`` or ``:fire:`` is printed as it is named, not styled or refused."""
+    out = Console(stderr=stderr, markup=False, emoji=False)
     if out.is_terminal or os.environ.get("COLUMNS"):
         return out
-    return Console(stderr=stderr, width=LOG_WIDTH)
+    return Console(stderr=stderr, width=LOG_WIDTH, markup=False, emoji=False)
 
 
 console = _console()
 err = _console(stderr=True)
+
+
+def printable(text: object) -> str:
+    """Text from outside modelvec (a model's name or path, a dataset, an author, a card's words, an error, a note
+    naming them) as every printer shows it to people: as it is where printable, else escaped as Python writes it
+    (``'a\\nb'``, ``'\\x1b[31m'``; :func:`~modelvec.core.errors.shown`), so that a folder's name can neither break a
+    line nor drive the terminal. ``--json`` prints the exact text."""
+    return shown(text if isinstance(text, str) else str(text), None)
 
 
 def say(console_: Console, text: str, hang: str = "") -> None:
@@ -73,14 +82,14 @@ def notes(lines: list[str]) -> None:
     """What a report left out of the stored population and why, and the kept files that did not verify and were
     computed again: one line each on stderr (the answer on stdout is the same as without them)."""
     for line in lines:
-        say(err, f"note: {line}")
+        say(err, f"note: {printable(line)}")
 
 
 def left_out(damaged: dict[str, str]) -> None:
     """Each stored vector left out because its bytes do not match their checksum, one line each on stderr, and
     exit status 1 (the others were analysed)."""
     for line in damaged.values():
-        say(err, f"left out: {line}")
+        say(err, f"left out: {printable(line)}")
     if damaged:
         raise typer.Exit(EXIT_SOME_FAILED)
 
@@ -139,10 +148,10 @@ class _OneLineErrors(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors print themselves
             raise
         except (ModelvecError, ValueError) as exc:
-            say(err, f"error: {exc}")
+            say(err, f"error: {printable(exc)}")
             raise typer.Exit(EXIT_ERROR) from None
         except OSError as exc:  # the machine or the file system: an output folder, a full disk, permissions
-            where = f"{exc.filename}: " if exc.filename else ""
+            where = f"{printable(exc.filename)}: " if exc.filename else ""
             say(err, f"error: {where}{_os_cause(exc)}")
             raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt:
@@ -152,11 +161,11 @@ class _OneLineErrors(TyperGroup):
             if _is_store_failure(exc):  # DuckDB failed to read or write the open store: the disk, not modelvec
                 from ..store.lock import store_error
 
-                say(err, f"error: {store_error(_store_of(ctx), exc)}")
+                say(err, f"error: {printable(store_error(_store_of(ctx), exc))}")
                 raise typer.Exit(EXIT_ERROR) from None
             if constants.debug():
                 raise
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            first = printable((str(exc).strip().splitlines() or [""])[0][:300])
             say(err, f"error: a bug in modelvec ({type(exc).__name__}: {first}); MODELVEC_DEBUG=1 shows the traceback")
             raise typer.Exit(EXIT_BUG) from None
 
@@ -309,11 +318,12 @@ def print_table(out: Console, table: Table, key: int = 1) -> None:
 
 
 def short_name(name: str) -> str:
-    """A stored model or base as the user likely typed it: relative to the working folder when inside it."""
+    """A stored model or base as the user likely typed it, as printed (:func:`printable`): relative to the working
+    folder when inside it."""
     try:
-        return str(Path(name).relative_to(Path.cwd()))
+        return printable(Path(name).relative_to(Path.cwd()))
     except ValueError:
-        return name
+        return printable(name)
 
 
 def open_store(path: Path | None, wait: float | None = None, *, read_only: bool = False) -> Store:
@@ -326,23 +336,15 @@ def open_store(path: Path | None, wait: float | None = None, *, read_only: bool 
 
     if read_only and wait is None and constants.store_wait() is None:
         wait = 0.0
-    store = Store(path, wait=wait, on_wait=lambda line: say(err, line), read_only=read_only)
+    store = Store(path, wait=wait, on_wait=lambda line: say(err, printable(line)), read_only=read_only)
     _OPENED.set(store.path)  # a later DuckDB error is said as this store's (_OneLineErrors)
     return store
 
 
 def print_json(value: Any) -> None:
-    print(json.dumps(value, default=_json_default))
-
-
-def _json_default(value: object) -> object:
-    import numpy as np
-
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+    """Every command's ``--json``: strict JSON, an undefined score ``null``
+    (:func:`~modelvec.core.output.json_text`), the names exactly as stored."""
+    print(json_text(value))
 
 
 def fmt(value: object) -> str:

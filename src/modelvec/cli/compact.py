@@ -9,6 +9,7 @@ from .common import (
     command,
     console,
     open_store,
+    printable,
     say,
     short_name,
 )
@@ -25,6 +26,6 @@ def compact(store: Path | None = StoreOpt) -> None:
         say(
             console,
             f"dropped {row.vectors} vector{'s' if row.vectors != 1 else ''} of {short_name(row.base)} embedded against "
-            f"an earlier version of the base ({row.base_hash})",
+            f"an earlier version of the base ({printable(row.base_hash)})",
         )
-    say(console, f"{db.vector_file.path.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    say(console, f"{printable(db.vector_file.path.name)}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

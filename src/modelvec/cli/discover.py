@@ -16,6 +16,7 @@ from .common import (
     open_store,
     print_json,
     print_table,
+    printable,
     say,
     whole_column,
     with_settings,
@@ -48,27 +49,27 @@ def discover(
         "labels from",
         "author",
         "why kept",
-        title=f"fine-tunes of {found.base} @ {found.base_sha[:12]}",
+        title=f"fine-tunes of {printable(found.base)} @ {printable(found.base_sha[:12])}",
     )
     for e in found.in_tree_order(found.kept):
         table.add_row(
-            ("  " * (e.depth - 1)) + e.model if e.relation else e.model,
+            ("  " * (e.depth - 1)) + printable(e.model) if e.relation else printable(e.model),
             str(e.downloads if e.downloads is not None else "-"),
-            ", ".join(e.datasets) or "-",
-            e.label_source or "-",
-            e.author or "-",
-            e.reason,
+            ", ".join(map(printable, e.datasets)) or "-",
+            printable(e.label_source or "-"),
+            printable(e.author or "-"),
+            printable(e.reason),
         )
     print_table(console, table)
     if show_rejected and found.rejected:
         rejected = Table(whole_column("model"), "why rejected", title="rejected candidates")
         for e in found.rejected:
-            rejected.add_row(e.model, e.reason)
+            rejected.add_row(printable(e.model), printable(e.reason))
         console.print(rejected)
     for note in found.notes:
-        say(console, note)
+        say(console, printable(note))
     quantized = [e for e in found.rejected if e.relation == "quantized" and "recorded, not mapped" in e.reason]
     if quantized and not show_rejected:
         what = "quantization" if len(quantized) == 1 else "quantizations"
         say(console, f"{len(quantized)} {what} recorded, not mapped (--rejected lists them)")
-    say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {db.path}")
+    say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {printable(db.path)}")

@@ -23,6 +23,7 @@ from .common import (
     err,
     open_store,
     print_json,
+    printable,
     say,
     short_name,
     with_settings,
@@ -104,17 +105,16 @@ def _report(result: EmbedResult, store: str, as_json: bool) -> None:
         print_json(result.as_json())
     else:
         for note, names in result.notes.items():
-            say(err, f"note: {note} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {names[0]})")
+            say(err, f"note: {_note_line(note, names)}")
         for name, reason in result.failed.items():  # the model named as typed: a local folder relative to here
-            shown = short_name(name) + reason[len(name) :] if reason.startswith(name) else reason
-            say(console, f"  failed: {shown}")
+            say(console, f"  failed: {_named(name, reason)}")
         say(
             console,
             f"embedded {len(result.embedded)}, skipped {len(result.skipped)} (already stored), "
-            f"failed {len(result.failed)} -> {store}",
+            f"failed {len(result.failed)} -> {printable(store)}",
         )
         if result.kept_products:
-            say(err, f"note: {result.kept_products}")
+            say(err, f"note: {printable(result.kept_products)}")
     if result.failed:  # exit 1: some models failed; the last line says which kind
         new = len(result.failed) - len(result.recorded)
         said = f"{new} new" + (
@@ -123,6 +123,20 @@ def _report(result: EmbedResult, store: str, as_json: bool) -> None:
         total = len(result.failed) + len(result.embedded) + len(result.skipped)
         say(err, f"some models failed: {len(result.failed)} of {total} ({said})")
         raise typer.Exit(EXIT_SOME_FAILED)
+
+
+def _named(name: str, line: str) -> str:
+    """A line about one model that starts with its stored name, as printed: the model as typed (a local folder
+    relative to here), the line escaped where it is not printable (:func:`~modelvec.cli.common.printable`)."""
+    return short_name(name) + printable(line[len(name) :]) if line.startswith(name) else printable(line)
+
+
+def _note_line(note: str, names: list[str]) -> str:
+    """A note of the run as printed: one that names its one model (a card that could not be read) as it is, the
+    others with how many models they concern and the first."""
+    if len(names) == 1 and note.startswith(names[0]):
+        return _named(names[0], note)
+    return f"{printable(note)} ({len(names)} model{'s' if len(names) > 1 else ''}, e.g. {short_name(names[0])})"
 
 
 class ProgressLine:

@@ -11,7 +11,19 @@ from rich.table import Table
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
 from ..studies.sweep import SWEPT, Sweep
-from .common import JsonOpt, StoreOpt, command, console, err, fmt, print_json, say, split_values, with_settings
+from .common import (
+    JsonOpt,
+    StoreOpt,
+    command,
+    console,
+    err,
+    fmt,
+    print_json,
+    printable,
+    say,
+    split_values,
+    with_settings,
+)
 from .sweeps import with_sweeps
 
 if TYPE_CHECKING:
@@ -75,7 +87,7 @@ def evaluate(
         seeds=swept["seed"],
         store=store,
         scoring=scoring,
-        progress=lambda msg: say(err, msg),
+        progress=lambda msg: say(err, printable(msg)),
         split=split,
         selection=split_values(selection) if selection else None,
         center=center,

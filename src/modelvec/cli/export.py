@@ -13,6 +13,7 @@ from .common import (
     console,
     left_out,
     open_store,
+    printable,
     say,
 )
 
@@ -27,5 +28,5 @@ def export(
     damaged: dict[str, str] = {}
     with open_store(store, wait, read_only=True) as db:
         count = db.export_parquet(parquet, damaged)
-    say(console, f"wrote {count} vectors to {parquet}")
+    say(console, f"wrote {count} vectors to {printable(parquet)}")
     left_out(damaged)

@@ -24,6 +24,7 @@ from .common import (
     open_store,
     print_json,
     print_table,
+    printable,
     say,
     short_name,
     whole_column,
@@ -82,9 +83,9 @@ def neighbors(
     if found.tree is not None:
         say(console, _place_line(found.query, found.tree))
     if found.warning:
-        say(err, f"warning: {found.warning}")
+        say(err, f"warning: {printable(found.warning)}")
     if found.scaling_note:
-        say(err, found.scaling_note)
+        say(err, printable(found.scaling_note))
     _show_nearest(found, scoring.metric)
     _show_explanation(found)
     notes(found.notes + found.repaired)
@@ -98,8 +99,8 @@ def _show_nearest(found: Neighbors, metric: str) -> None:
             str(i),
             short_name(row.model),
             f"{row.distance:.4f}",
-            ", ".join(row.datasets) or "-",
-            row.author if isinstance(row.author, str) and row.author else "-",
+            ", ".join(map(printable, row.datasets)) or "-",
+            printable(row.author) if isinstance(row.author, str) and row.author else "-",
         ]
         for i, row in enumerate(found.nearest.itertuples(), 1)
     ]
@@ -120,10 +121,10 @@ def _show_nearest(found: Neighbors, metric: str) -> None:
     if found.predicted is None:
         console.print("predicted dataset: none (no labelled neighbour)")
     else:
-        votes = ", ".join(f"{name} {n}" for name, n in found.votes.items())
+        votes = ", ".join(f"{printable(name)} {n}" for name, n in found.votes.items())
         say(
             console,
-            f"predicted dataset: {found.predicted} (confidence {fmt(found.confidence)} = vote share "
+            f"predicted dataset: {printable(found.predicted)} (confidence {fmt(found.confidence)} = vote share "
             f"{found.vote_share:.2f} x closeness {fmt(found.closeness)}; votes of the {found.voters} nearest labelled "
             f"model{'s' if found.voters != 1 else ''}: {votes}; {how_near(found.closeness)})",
         )
@@ -151,5 +152,5 @@ def _place_line(query: str, node: dict) -> str:
         line = f"{short_name(query)}: unrelated weights, no parent (confidence {node['confidence']:.2f})"
     said = node["declared"]
     if not node["agrees"]:
-        line += f"; its card says {said['relation']} of {' + '.join(short_name(p) for p in said['parents'])}"
+        line += f"; its card says {printable(said['relation'])} of {' + '.join(short_name(p) for p in said['parents'])}"
     return line

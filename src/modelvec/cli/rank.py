@@ -17,6 +17,7 @@ from .common import (
     console,
     err,
     print_json,
+    printable,
     say,
     short_name,
     whole_column,
@@ -52,15 +53,17 @@ def rank(
 
     study = depth_report(model, ranks, base=base, over_finetunes=over_finetunes, store=store, out=out)
     for reason in study.failed.values():
-        say(err, f"failed: {reason}")
+        say(err, f"failed: {printable(reason)}")
     for warning in study.warnings:
-        say(err, f"warning: {warning}")
+        say(err, f"warning: {printable(warning)}")
+    for note in study.notes:
+        say(err, f"note: {printable(note)}")
     if as_json:
         print_json(study.records())
         return
     show_ranks(study, console)
     for kind, path in study.files.items():
-        say(console, f"{kind}: {path}")
+        say(console, f"{kind}: {printable(path)}")
 
 
 def show_ranks(study: DepthStudy, out: Console) -> None:

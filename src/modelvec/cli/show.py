@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from ..represent.representation import Representation
+from ..store import overview
 from .common import (
     JsonOpt,
     StoreOpt,
@@ -17,6 +18,7 @@ from .common import (
     open_store,
     print_json,
     print_table,
+    printable,
     say,
     short_name,
     whole_column,
@@ -32,9 +34,9 @@ def show(
 ) -> None:
     """List what is stored: vectors per base and representation, and failures (with their kind)."""
     with open_store(store, wait, read_only=True) as db:
-        overview = db.overview()
+        stored = overview(db)
     if as_json:
-        print_json(overview.as_json())
+        print_json(stored.as_json())
         return
     table = Table(
         whole_column("base"),
@@ -43,17 +45,22 @@ def show(
         "models",
         "dim",
         "s/model",
-        title=f"vectors in {db.path} (s/model: mean seconds to embed one)",
+        title=f"vectors in {printable(db.path)} (s/model: mean seconds to embed one)",
     )
     default = Representation().key()
-    for row in overview.summary.itertuples():
+    for row in stored.summary.itertuples():
         key = row.params + (" (default)" if row.params == default else "")
         table.add_row(
-            short_name(row.base), key, row.architecture, str(row.models), str(row.dim), f"{row.mean_seconds:.3f}"
+            short_name(row.base),
+            key,
+            printable(row.architecture),
+            str(row.models),
+            str(row.dim),
+            f"{row.mean_seconds:.3f}",
         )
     print_table(console, table)
-    if not overview.models.empty:
-        noted = overview.models["state"].notna().any()
+    if not stored.models.empty:
+        noted = stored.models["state"].notna().any()
         models = Table(
             whole_column("model"),
             whole_column("datasets"),
@@ -62,25 +69,25 @@ def show(
             *([whole_column("note")] if noted else []),
             title="models (s/vector: mean)",
         )
-        for model, rows in overview.models.groupby("model", sort=True):  # one row per model, not per vector
+        for model, rows in stored.models.groupby("model", sort=True):  # one row per model, not per vector
             datasets = sorted({d for ds in rows["datasets"] for d in ds})
             cells = [
                 short_name(str(model)),
-                ", ".join(datasets) or "-",
+                ", ".join(map(printable, datasets)) or "-",
                 str(len(rows)),
                 f"{rows['seconds'].mean():.2f}",
             ]
             states = sorted({str(s) for s in rows["state"] if isinstance(s, str)})
             models.add_row(*cells, *([_state_words(states, len(rows))] if noted else []))
         print_table(console, models)
-    for row in overview.stale.itertuples():
+    for row in stored.stale.itertuples():
         say(
             console,
             f"{row.vectors} vector{'s' if row.vectors != 1 else ''} of {short_name(row.base)} were embedded against an "
-            f"earlier version of the base ({row.base_hash}): the reports leave them out; embed those models again, "
-            "or drop them with `modelvec compact`",
+            f"earlier version of the base ({printable(row.base_hash)}): the reports leave them out; embed those "
+            "models again, or drop them with `modelvec compact`",
         )
-    if failures and not overview.failures.empty:
+    if failures and not stored.failures.empty:
         table = Table(
             whole_column("model"),
             "kind",
@@ -88,8 +95,8 @@ def show(
             title="failures (content: skipped while the weights are unchanged; "
             "resource, transient: tried again next run)",
         )
-        for row in overview.failures.itertuples():
-            table.add_row(short_name(row.model), row.kind, row.error)
+        for row in stored.failures.itertuples():
+            table.add_row(short_name(row.model), row.kind, printable(row.error))
         print_table(console, table)
 
 

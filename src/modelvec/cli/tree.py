@@ -18,6 +18,7 @@ from .common import (
     notes,
     open_store,
     print_json,
+    printable,
     say,
     short_name,
     with_settings,
@@ -79,19 +80,26 @@ def _line(node: Node, base: str) -> str:
     noted of it, and a card the weights contradict."""
     name = short_name(node.model)
     if node.kind == "untraced":
-        line = f"{name}: untraced, {node.note}"
+        line = f"{name}: untraced, {printable(node.note)}"
     elif node.copy_of is not None:
         what = "the base" if node.copy_of == base else short_name(node.copy_of)
-        line = f"{name}: a copy of {what} (identical weights)"
+        how = (
+            f"a {node.resaved} re-save of {what} (equal up to rounding)"
+            if node.resaved
+            else f"a copy of {what} (identical weights)"
+        )
+        line = f"{name}: {how}" + (
+            f"; {what}: the original, {node.original_by}" if node.original_by not in (None, "the base") else ""
+        )
     elif node.kind == "merge":
         parts = " + ".join(f"{short_name(p)} {w:.2f}" for p, w in zip(node.parents, node.weights or []))
-        how = f" ({node.method})" if node.method else ""
+        how = f" ({printable(node.method)})" if node.method else ""
         line = f"{name}: merge{how} of {parts or ' + '.join(map(short_name, node.parents))} ({node.confidence:.2f})"
     else:
         line = f"{name}: {node.kind} ({node.confidence:.2f})"
     if node.note is not None and node.kind != "untraced":
-        line += f"; {node.note}"
+        line += f"; {printable(node.note)}"
     if not node.agrees:
         declared = ", ".join(short_name(p) for p in node.declared_parents) or "nothing"
-        line += f"; its card says {node.declared_relation} of {declared}"
+        line += f"; its card says {printable(node.declared_relation)} of {declared}"
     return line

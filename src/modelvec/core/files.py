@@ -77,3 +77,15 @@ def is_adapter(path: str | Path) -> bool:
 def is_gguf(path: str | Path) -> bool:
     """A ``.gguf`` file (by name; the content is checked on opening)."""
     return str(path).lower().endswith(".gguf")
+
+
+def oldest_time(files: Iterable[Path]) -> str | None:
+    """When a local model was made, as far as its files say: their oldest modification time (ISO, UTC, to the
+    second); None where one cannot be read."""
+    from datetime import datetime, timezone
+
+    try:
+        oldest = min(f.stat().st_mtime for f in files)
+    except (OSError, ValueError):
+        return None
+    return datetime.fromtimestamp(oldest, timezone.utc).isoformat(timespec="seconds")

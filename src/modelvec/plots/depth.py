@@ -13,6 +13,7 @@ import pandas as pd
 from ..analyse.laws import MIN_ADJ_R2, shown_law
 from ..core.output import write_atomically
 from .maps import PALETTE
+from .text import figure_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -105,7 +106,11 @@ def rank_figure(
         laws = "no law drawn: too few layers to judge one"
     else:
         laws = f"no law drawn: none fits with adjusted R² ≥ {min_adj_r2:g}"
-    text = f"{title} (threshold {threshold:g}; {laws}{band})" if title else f"threshold {threshold:g}; {laws}{band}"
+    text = (
+        f"{figure_text(title)} (threshold {threshold:g}; {laws}{band})"
+        if title
+        else f"threshold {threshold:g}; {laws}{band}"
+    )
     fig.suptitle("\n".join(textwrap.wrap(text, width=int(80 * max(len(stacks), 1)))), fontsize=11)
     return fig
 

@@ -45,6 +45,7 @@ import pandas as pd
 
 from ..analyse.tree import DECLARED_KIND, KINDS
 from ..core.output import write_atomically
+from .text import figure_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -348,7 +349,7 @@ def _draw_titles(ax: Any, title: str, line2: str) -> None:
         xycoords="axes fraction", textcoords="offset points", va="bottom", ha="left", annotation_clip=False
     )
     if title:
-        ax.annotate(title, (0, 1), xytext=(0, 22), fontsize=13, fontweight="bold", **common)
+        ax.annotate(figure_text(title), (0, 1), xytext=(0, 22), fontsize=13, fontweight="bold", **common)
     ax.annotate(line2, (0, 1), xytext=(0, 8), fontsize=9, color="0.35", **common)
 
 
@@ -879,6 +880,8 @@ def _axis_name(reducer: str) -> str:
 
 
 def _short(name: str, limit: int = 42) -> str:
+    """A group's name as the PNG's legend draws it: escaped (:func:`~modelvec.plots.text.figure_text`), cut."""
+    name = figure_text(name)
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 

@@ -9,6 +9,7 @@ from ..analyse.tree import Tree
 from ..core.names import display_name
 from ..core.output import write_atomically
 from .maps import KIND_COLOURS
+from .text import figure_text
 
 #: Models up to which each is named in the figure (beyond, the tree's shape and colours; ``tree --json`` and the
 #: indented list name them all).
@@ -27,7 +28,13 @@ def tree_figure(tree: Tree, path: str | Path) -> Path:
     depth_of = {node.model: depth for node, depth in ordered}
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.28 * (min(len(ordered), LABELLED_UP_TO) + 2))))
     ax.scatter([0], [0], s=80, color="black", zorder=3)
-    ax.annotate(display_name(tree.base) + "  (base)", (0, 0), xytext=(8, 0), textcoords="offset points", va="center")
+    ax.annotate(
+        figure_text(display_name(tree.base)) + "  (base)",
+        (0, 0),
+        xytext=(8, 0),
+        textcoords="offset points",
+        va="center",
+    )
     from matplotlib.collections import LineCollection
 
     segments: dict[str, list] = {"-": [], "--": []}  # one collection per line style: thousands of models draw fast
@@ -41,7 +48,7 @@ def tree_figure(tree: Tree, path: str | Path) -> Path:
         if not node.agrees:
             ax.scatter([x], [y], s=90, facecolors="none", edgecolors="red", lw=1.5, zorder=4)
         if len(ordered) <= LABELLED_UP_TO:
-            label = f"{display_name(node.model)}  {node.kind} {node.confidence:.2f}"
+            label = f"{figure_text(display_name(node.model))}  {node.kind} {node.confidence:.2f}"
             label += "  (card disagrees)" if not node.agrees else ""
             ax.annotate(label, (x, y), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
     for style, lines in segments.items():
@@ -56,7 +63,7 @@ def tree_figure(tree: Tree, path: str | Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlim(-0.3, max([d for _, d in ordered] + [1]) + 3)
     ax.axis("off")
-    ax.set_title(f"model tree of {display_name(tree.base)}, inferred from the weights", fontsize=10)
+    ax.set_title(f"model tree of {figure_text(display_name(tree.base))}, inferred from the weights", fontsize=10)
     fig.tight_layout()
     try:
         return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

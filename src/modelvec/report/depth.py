@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..analyse.laws import MIN_ADJ_R2, Fit, shown_law
 from ..core.lazy import warm
 from ..core.names import display_name, is_hub_id
-from ..core.output import write_atomically
+from ..core.output import json_text, write_atomically
 from ..core.settings import with_options
 from ..plots.depth import plot_rank
 from ..read.checkpoint import QuantizationWarning
@@ -50,7 +49,7 @@ def write_outputs(study: DepthStudy, out: PathLike, title: str) -> None:
         "min_adj_r2": MIN_ADJ_R2,
         "laws": [_laws_entry(key, fits) for key, fits in study.fits.items()],
     }
-    text = json.dumps(payload, default=float)
+    text = json_text(payload)  # strict: a law's undefined R² is null, not NaN
     write_atomically(folder / "ranks.json", lambda tmp: Path(tmp).write_text(text))
     study.files["json"] = str(folder / "ranks.json")
     for threshold in sorted(study.table["threshold"].unique()):

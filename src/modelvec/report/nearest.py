@@ -113,13 +113,16 @@ def _embed_query(
     return result.vectors[0], warning, None if pd.isna(kind) else bool(kind)
 
 
-def _population(db: Store, name: str, base: PathLike | str | None, representation: Representation | None) -> Population:
-    """The population the query is compared with: of ``base``, else of the base the query is stored with, else of
-    the only stored base."""
-    if base is None:
-        own = db.metadata(representation=representation or Representation(), models=[name])
-        base = own["base"].iloc[0] if len(own) else None
-    return Population(db, base, representation)
+#: Why the base itself, and a model whose weights are the base's, has no neighbours: every vector is a delta from the
+#: base, so theirs is zero, at the same distance from every stored model.
+IS_THE_BASE = (
+    "it is the base of the stored models: its vector is zero (the vectors are deltas from the base), so it has no "
+    "neighbours; ask about one of its fine-tunes"
+)
+IS_A_COPY = (
+    "its weights are the base's (a copy of the base): its vector is zero (the vectors are deltas from the base), so "
+    "it is not on the map and has no neighbours"
+)
 
 
 def neighbors(
@@ -151,12 +154,14 @@ def neighbors(
     scoring = with_options(Scoring, scoring, options, "neighbors", default=NEIGHBORS_SCORING)
     k = scoring.k
     with opened(store, read_only=True) as db:
-        name = model_id(model) if os.path.exists(str(model)) else str(model)
-        pop = _population(db, name, base, representation)
-        if name in pop.copies:
-            raise NothingStoredError(
-                name, "its weights are the base's (a copy of the base): it is not on the map and has no neighbours"
-            )
+        pop = Population.of_query(db, model, base, representation)
+        asked = pop.stored_name(model)  # a second name (an alias) of a stored model: that model
+        if pop.is_base(model):
+            raise NothingStoredError(asked, IS_THE_BASE)
+        copied = pop.copies.get(asked)
+        name = copied.original if copied is not None else asked  # a copy's original stands for it on the map
+        if name == pop.name:
+            raise NothingStoredError(asked, IS_A_COPY)
         products, meta = pop.products(verify=False)
         query = _Query(name, model, meta, pop, hub_settings, products)
         resolved, scaling_note = pop.resolve(scoring, query.kinds)
@@ -168,7 +173,7 @@ def neighbors(
         idx = order[:k]
         neighbours = (query.vector(pop), pop.rows(products.kept[idx])) if explain else None
         base_files = pop.base_files(hub_settings or _hub_settings(), fetch=True) if explain else None
-        place = None if query.on_the_fly else _place(pop, name)
+        place = None if query.on_the_fly else _place(pop, asked)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist_all[:k])
     voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
@@ -178,8 +183,11 @@ def neighbors(
         if base_files is not None and neighbours is not None
         else None
     )
+    notes = pop.left_out()
+    if copied is not None:
+        notes.insert(0, f"{asked} is {copied.describe(pop.name)}: off the map, {name} stands for it: its neighbours")
     return Neighbors(
-        query=name,
+        query=asked,
         base=pop.name,
         params=pop.representation.key(),
         on_the_fly=query.on_the_fly,
@@ -196,7 +204,7 @@ def neighbors(
         scaling_note=scaling_note,
         damaged=dict(pop.damaged),
         tree=place,
-        notes=pop.left_out(),
+        notes=notes,
         repaired=list(pop.repaired),
     )
 
@@ -279,6 +287,8 @@ class _Query:
             if not os.path.exists(str(model)) and not is_hub_id(model):
                 raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
             self._vector, self.warning, kind = _embed_query(model, pop, hub_settings)
+            if not self._vector.any():  # the base under another name, or a copy of it: no direction to compare
+                raise NothingStoredError(name, IS_A_COPY)
             self.kinds = [*meta["adapter"], kind]
             return
         where = np.flatnonzero(meta["model"].to_numpy() == name)

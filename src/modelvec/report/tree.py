@@ -8,15 +8,11 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from dataclasses import replace
 
 from ..analyse.tree import Node, Tree, TreeRule, infer_tree
 from ..core.errors import NothingStoredError
 from ..core.names import model_id
-from ..hub.cards import read_card
 from ..represent.representation import Representation
 from ..store import Population, Store, opened
 from ..store.store import StoredTraces
@@ -100,16 +96,19 @@ class _Inputs:
         self.embedded_on = {
             m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
         }
-        models = [*traces["model"], *self.untraced]
         catalogue = pop.catalogue()
-        self.declared = _declared(models, dict(zip(meta["model"], meta["source"])), catalogue)
+        self.declared = pop.declared()
         self.unread = (
             catalogue[(catalogue["relation"] == "quantized") & ~catalogue["model"].isin(set(meta["model"]))]
             if not catalogue.empty
             else catalogue
         )
         self.base = name if name is not None else pop.name
-        self.names = [pop.name, model_id(self.base), "base"]
+        self.names = list(dict.fromkeys([*pop.names_in_cards(), model_id(self.base), "base"]))
+        #: the population's copies (its one rule), the base named as the tree names it
+        self.copies = {
+            m: replace(c, original=self.base) if c.original == pop.name else c for m, c in pop.copies.items()
+        }
         self.rule = rule
         rows = traces[["model", "sketch_hash", "levels", "scale", *STATISTICS, "parent"]].astype(str)
         said = [
@@ -121,6 +120,7 @@ class _Inputs:
             sorted((m, list(d)) for m, d in self.declared.items()),
             sorted(self.embedded_on.items(), key=str),
             sorted(self.quantized),
+            sorted((m, c.original, c.exact, c.chosen_by) for m, c in self.copies.items()),
             self.unread[["model", "reason"]].astype(str).values.tolist() if not self.unread.empty else [],
         ]
         self.key = hashlib.sha1(json.dumps(said, default=str).encode()).hexdigest()
@@ -163,33 +163,5 @@ class _Inputs:
             untraced=self.untraced,
             statistics={name: list(traces[name]) for name in STATISTICS},
             quantized=self.quantized,
+            copies=self.copies,
         )
-
-
-def _declared(
-    models: list[str], sources: dict[str, str], catalogue: pd.DataFrame
-) -> dict[str, tuple[str | None, list[str]]]:
-    """What each model's card declares: the Hub catalogue's relation and parents, else a local folder's README (a
-    weights file's: the folder's it lies in) (``base_model``, ``base_model_relation``), its parents named as the
-    stored models they name."""
-    by_folder = {Path(m).name: m for m in models if os.path.isdir(m)}
-    out: dict[str, tuple[str | None, list[str]]] = {}
-    hub: dict[str, Any] = {r.model: r for r in catalogue.itertuples()} if not catalogue.empty else {}
-    for m in models:
-        if m in hub and hub[m].relation is not None:
-            parents = hub[m].parents
-            out[m] = (hub[m].relation, list(parents) if parents is not None else [])
-            continue
-        folder = sources.get(m, m)
-        folder = folder if os.path.isdir(folder) else str(Path(folder).parent) if os.path.isfile(folder) else ""
-        card = read_card(folder) if folder else {}
-        said = card.get("base_model")
-        if not said:
-            continue
-        parents = [said] if isinstance(said, str) else [str(p) for p in said]
-        relation = card.get("base_model_relation")
-        out[m] = (
-            str(relation) if relation else ("merge" if len(parents) > 1 else "finetune"),
-            [by_folder.get(p, p) for p in parents],
-        )
-    return out

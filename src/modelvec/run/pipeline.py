@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import CheckpointError, FetchError, Kind, ModelvecError, error_of
-from ..core.files import ADAPTER_CONFIG
+from ..core.files import ADAPTER_CONFIG, oldest_time
 from ..core.names import is_hub_id, model_id
 from ..core.settings import taken_from, with_options
 from ..hub.client import HUB_REFUSED, HubSettings, describe_error, with_retries
@@ -36,10 +36,11 @@ from ..hub.ids import resolve_base
 from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
+from ..store.records import Alias, CardUpdate
 from .discover import catalogue_entries, discovered, resumable, stored_pages
 from .engines import Engine, Execution, make_engine
 from .keeper import ProductsKeeper
-from .work import BaseSpec, Outcome, Task
+from .work import BaseSpec, Outcome, Task, files_id
 
 PathLike = str | os.PathLike[str]
 
@@ -60,6 +61,8 @@ class EmbedResult:
     recorded: list[str] = field(default_factory=list)
     #: what the run kept of the vectors' products for the map, one line (None: nothing; ``products_from``)
     kept_products: str | None = None
+    #: the models given under a second name (the same weight files as a stored model): alias -> the stored model
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
@@ -71,6 +74,7 @@ class EmbedResult:
             "notes": {note: list(models) for note, models in self.notes.items()},
             "recorded": list(self.recorded),
             "kept_products": self.kept_products,
+            "aliases": dict(self.aliases),
         }
 
 
@@ -105,6 +109,10 @@ BASE_CHANGED = (
     "the base has changed since these were embedded against it: embedded again against the base as it is now "
     "(the reports use these; `modelvec compact` drops the vectors of the earlier version)"
 )
+#: What a run says of a model given under a second name (its weight files are a stored model's: once a run).
+ALIAS = "the same weight files as a stored model, given another way (an alias): one model, stored once, under its first name"
+#: What a run says of stored models whose card changed since (once a run).
+CARD_CHANGED = "their cards changed since they were stored: their labels read again, their vectors kept"
 #: What a run says of a quantization (a GGUF file): its trace is taken, it is no point on the map.
 QUANTIZED = "a quantization ({}): its trace places it in the model tree; it is left off the map and out of every score"
 #: What a run says of a model whose weights are the base's (a re-upload of it, an untrained adapter).
@@ -296,6 +304,7 @@ class _Run:
         self.wanted: list[str] = []  # every model asked for, in order (the vectors loaded at the end)
         self.writer = db.writer()
         self.hub_down: str | None = None  # the line said once the Hub refused connections: nothing more is tried
+        self.files: dict[str, str] = {}  # the local weight files of this run's models (files_id -> its first name)
 
     def fail(self, name: str, error: str, model_version: str | None, kind: Kind, fetched: int = 0) -> None:
         """A model failed now: recorded in the store (with its kind) and in the result."""
@@ -340,9 +349,7 @@ class _Run:
                     raise err from exc
                 self.fail(name, str(err), None, err.kind)
                 continue
-            if not self.force and db.has(name, task.version, spec.name, spec.version, representation):
-                self.result.skipped.append(name)
-                self.report(Step(status="skipped", model=name, detail="already stored"))
+            if self._settled(task):
                 continue
             known = None if self.force else db.known_failure(name, task.version, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
@@ -353,6 +360,77 @@ class _Run:
             if any(h != spec.version for h in db.model_versions(name, spec.name, representation)):
                 self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
+
+    def _settled(self, task: Task) -> bool:
+        """Whether nothing is to be computed for ``task``: the same weight files as a model stored or embedded in this
+        run under another name (an alias: one model, stored once), or already stored (its card read again where it
+        changed, or, for a new Hub commit that left its weights as they were, its version and labels updated)."""
+        spec, db, name = self.spec, self.db, task.name
+        if task.files_id is not None:
+            first = self.files.setdefault(task.files_id, name)
+            other = (
+                first
+                if first != name
+                else db.same_files(task.files_id, name, spec.name, spec.version, self.representation)
+            )
+            if other is not None:
+                self.writer.put(Alias(base=spec.name, alias=name, model=other))
+                self.result.aliases[name] = other
+                self.result.notes.setdefault(ALIAS, []).append(f"{name} = {other}")
+                self.report(Step(status="skipped", model=name, detail=f"an alias of {other}"))
+                return True
+        if self.force:
+            return False
+        if db.has(name, task.version, spec.name, spec.version, self.representation):
+            self._read_card_again(task)
+        elif not self._same_weights(task):
+            return False
+        self.result.skipped.append(name)
+        self.report(Step(status="skipped", model=name, detail="already stored"))
+        return True
+
+    def _read_card_again(self, task: Task, version: str | None = None, old: str | None = None) -> None:
+        """A stored model's card read again (a local one's from its folder, a Hub one's as its entry has it): where
+        it changed since it was stored, its labels and declarations are updated, its vector kept (said once)."""
+        stored = self.db.card_of(task.name, self.spec.name)
+        card = task.card()
+        if stored is None or (version is None and card.digest in (None, stored[0])):  # None: the catalogue's own
+            return
+        update = CardUpdate(
+            model=task.name,
+            base=self.spec.name,
+            card_hash=card.digest,
+            datasets=card.datasets,
+            label_source=card.label_source,
+            author=card.author,
+            relation=card.relation,
+            parents=card.parents,
+            model_version=version,
+            old_version=old,
+        )
+        self.writer.put(update)
+        if sorted(stored[1]) != sorted(card.datasets):
+            was, now = ", ".join(sorted(stored[1])) or "none", ", ".join(sorted(card.datasets)) or "none"
+            self.result.notes.setdefault(CARD_CHANGED, []).append(f"{task.name}: {was} -> {now}")
+
+    def _same_weights(self, task: Task) -> bool:
+        """A Hub model stored at an earlier commit whose weights the new commit leaves as they were (a card edited,
+        say; asked of the Hub's file listings): its stored version moves to the new commit, its card is read again,
+        nothing is fetched. False where the weights changed, or the Hub cannot tell."""
+        if task.repo is None or task.sha is None or self.hub_settings.offline:
+            return False
+        spec = self.spec
+        old = self.db.stored_version(task.name, spec.name, spec.version, self.representation)
+        if old is None or not old.startswith("git:") or old == task.version:
+            return False
+        try:
+            now = weights_identity(task.repo, task.sha, self.hub_settings)
+            same = now is not None and weights_identity(task.repo, old.removeprefix("git:"), self.hub_settings) == now
+        except ModelvecError:  # the Hub cannot say: embedded again, as before
+            return False
+        if same:
+            self._read_card_again(task, task.version, old)
+        return same
 
     def _stored(self, model: Model, name: str) -> bool:
         """A catalogued Hub model stored at its commit: skipped before its task is made (an adapter's task fetches
@@ -375,7 +453,8 @@ class _Run:
         self.writer.put(_row(outcome, self.spec, self.representation))
         self.result.embedded.append(task.name)
         quantized = QUANTIZED.format(outcome.quantized) if outcome.quantized else None
-        for note in (outcome.note, COPY_OF_BASE if not np.any(outcome.vector) else None, quantized):
+        card = outcome.card.note(task.name) if outcome.card is not None else None
+        for note in (outcome.note, card, COPY_OF_BASE if not np.any(outcome.vector) else None, quantized):
             if note is not None:
                 self.result.notes.setdefault(note, []).append(task.name)
         detail = f"{outcome.seconds:.2f}s"
@@ -403,6 +482,11 @@ def _row(outcome: Outcome, spec: BaseSpec, representation: Representation) -> Ve
         quantized=outcome.quantized,
         trace=outcome.trace,
         parent=task.parent.name if task.parent is not None else None,
+        card_hash=outcome.card.digest if outcome.card is not None else None,
+        relation=outcome.card.relation if outcome.card is not None else None,
+        parents=outcome.card.parents if outcome.card is not None else None,
+        created=task.created,
+        files_id=task.files_id,
     )
 
 
@@ -459,6 +543,9 @@ def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) ->
             datasets=tuple(entry.datasets),
             label_source=entry.label_source,
             author=entry.author,
+            relation=entry.relation,
+            parents=tuple(entry.parents or ()),
+            created=entry.created_at,
         )
         if ADAPTER_CONFIG not in (entry.files or ()) and entry.relation != "adapter":
             return task
@@ -466,7 +553,14 @@ def _task(model: Model, base: BaseSpec, db: Store, hub_settings: HubSettings) ->
         return replace(task, parent=_adapter_on(task.name, named, base, db, hub_settings, entry.parents, hub=True))
     name = model_id(model)
     ck = open_checkpoint(model, name=name)
-    task = Task(name=name, version=ck.stamp(), source=str(Path(model)), path=str(model))
+    task = Task(
+        name=name,
+        version=ck.stamp(),
+        source=str(Path(model)),
+        path=str(model),
+        created=oldest_time(ck.files),
+        files_id=files_id(ck),
+    )
     if not ck.factored:
         return task
     return replace(task, parent=_adapter_on(name, adapter_parent(ck.path), base, db, hub_settings))
@@ -508,24 +602,41 @@ def _adapter_on(
         if folder.factored:
             raise CheckpointError(adapter, f"its {ADAPTER_CONFIG} names {named}, an adapter too: give the merged model")
         return Task(name=folder.name, version=folder.stamp(), source=str(Path(named)), path=str(named))
-    catalogued = catalogue_entries(db, base.name, kept=None, model=named) if is_hub_id(named) else []
-    if is_hub_id(named) and (base.repo is not None or catalogued):  # a Hub model: fetched as the adapter's parent
-        try:
-            entry = catalogued[0] if catalogued else _hub_entry(named, base.name, db, hub_settings)
-            parent = _task(entry, base, db, hub_settings)
-        except Exception as exc:  # the parent's fault, said as the adapter's, of its kind
-            err = error_of(exc, named)
-            raise ModelvecError(adapter, f"its parent {named}: {err.cause}", kind=err.kind) from exc
+    parent = _hub_parent(adapter, named, base, db, hub_settings) if is_hub_id(named) else None
+    if parent is not None:  # a Hub model, whatever form the base takes: fetched as the adapter's parent
         if parent.parent is not None or ADAPTER_CONFIG in parent.files:
             raise CheckpointError(adapter, f"its {ADAPTER_CONFIG} names {named}, an adapter too: give the merged model")
         return parent
-    where = "on this machine or in the store's catalogue" if base.repo is None else "on this machine or the Hub"
+    where = "on this machine, in the store" + (" (the Hub is offline)" if hub_settings.offline else " or on the Hub")
     raise CheckpointError(
         adapter,
         f"its {ADAPTER_CONFIG} names {named} as the model it adapts, which is not the base ({base.name}) nor a model "
         f"found {where}: embed it with that model as the base, or write the base's folder or id in "
         "base_model_name_or_path",
     )
+
+
+def _hub_parent(adapter: str, named: str, base: BaseSpec, db: Store, hub_settings: HubSettings) -> Task | None:
+    """The Hub model an adapter's config names, as the run can have it: its catalogue entry, else its stored vector's
+    commit (embedded earlier, or in this run), else what the Hub says of it now; None where the Hub is offline and
+    nothing else has it. A fault of the parent (gone from the Hub, gated) is the adapter's, of its kind."""
+    catalogued = catalogue_entries(db, base.name, kept=None, model=named)
+    stored = [s for s in db.metadata(base=base.name, models=[named])["source"] if s.startswith(f"hf://{named}@")]
+    if not catalogued and not stored and hub_settings.offline:
+        return None
+    try:
+        if catalogued:
+            entry = catalogued[0]
+        elif stored:
+            entry = CatalogueEntry(
+                named, base.name, True, "an adapter's parent, stored", sha=stored[-1].rsplit("@", 1)[1]
+            )
+        else:
+            entry = _hub_entry(named, base.name, db, hub_settings)
+        return _task(entry, base, db, hub_settings)
+    except Exception as exc:  # the parent's fault, said as the adapter's, of its kind
+        err = error_of(exc, named)
+        raise ModelvecError(adapter, f"its parent {named}: {err.cause}", kind=err.kind) from exc
 
 
 def _names_base(named: str, base: BaseSpec, *, hub: bool = False) -> bool:

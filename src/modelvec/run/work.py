@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import Kind, ModelvecError, error_of
-from ..hub.cards import card_author, read_card
+from ..hub.cards import ModelCard, model_card
 from ..hub.client import HubSettings
 from ..hub.download import fetch, release, repo_folder, snapshot_folder
-from ..hub.labels import dataset_labels
 from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
 from ..represent.representation import Representation
@@ -76,6 +75,10 @@ class Task:
     author: str | None = None
     #: the fine-tune a LoRA adapter was trained on, where it is not the base: the adapter is embedded on its delta
     parent: Task | None = None
+    relation: str | None = None  # a Hub model's card, as its catalogue entry says: its relation to its parents
+    parents: tuple[str, ...] = ()  # and the parents it names
+    created: str | None = None  # when it was made: the Hub's date, a local model's files' oldest time (ISO)
+    files_id: str | None = None  # a local model's weight files, resolved (:func:`files_id`): the same files, one model
 
     def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Opened:
         """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`), with the
@@ -85,12 +88,17 @@ class Task:
             return open_hub(self.repo, str(self.sha), files, self.name, hub_settings, representation, base=False)
         return Opened(open_checkpoint(str(self.path), name=self.name))
 
-    def labels(self, ck: Checkpoint) -> tuple[list[str], str | None, str | None]:
+    def card(self, folder: Path | None = None) -> ModelCard:
+        """What its card says: a Hub model's as its catalogue entry has it, a local one's read from ``folder`` (its
+        checkpoint's; default: where its files are)."""
         if self.datasets is not None:
-            return list(self.datasets), self.label_source, self.author
-        card = read_card(ck.folder)
-        found = dataset_labels(Path(self.name).name, card)  # the one path a Hub model's card takes too
-        return list(found.datasets), found.source, card_author(card)
+            return ModelCard(
+                None, list(self.datasets), self.label_source, self.author, self.relation, list(self.parents), None
+            )
+        if folder is None:
+            path = Path(str(self.path))
+            folder = path if path.is_dir() else path.parent
+        return model_card(folder, self.name)
 
     def release(self, hub_settings: HubSettings) -> None:
         """Delete a Hub model's fetched files (a local model is left alone); a failure to delete only warns."""
@@ -187,6 +195,7 @@ class Outcome:
     error: str | None = None
     kind: Kind = Kind.CONTENT
     note: str | None = None  # how the model was read, when a run should say so (once): see open_hub
+    card: ModelCard | None = None  # what the model's card says (its labels, relation, parents, hash)
     fetched: int = 0  # bytes of the model's files this run brought from the Hub (0: local, or already cached)
     trace: Trace | None = None  # what the model tree is inferred from (see modelvec.represent.trace)
 
@@ -254,7 +263,7 @@ def compute(
         ck, fetched = opened.checkpoint, opened.fetched
         try:
             embedded = embedder.embed_traced(ck, _parent_of(task, embedder, hub_settings))
-            datasets, label_source, author = task.labels(ck)
+            card = task.card(ck.folder)
             note, adapter = ck.note, bool(ck.factored)
             quantized = ",".join(ck.quantized_types()) or None
         finally:
@@ -268,13 +277,14 @@ def compute(
         task=task,
         vector=embedded.vector,
         architecture=embedder.layout_.arch.name,
-        datasets=datasets,
-        label_source=label_source,
-        author=author,
+        datasets=card.datasets,
+        label_source=card.label_source,
+        author=card.author,
         seconds=time.perf_counter() - start,
         adapter=adapter,
         quantized=quantized,
         note=note,
+        card=card,
         fetched=fetched,
         trace=embedded.trace,
     )
@@ -297,3 +307,11 @@ def _parent_of(task: Task, embedder: DeltaEmbedder, hub_settings: HubSettings | 
             raise ModelvecError(task.name, f"its parent {parent.name}: {err.cause}", kind=err.kind) from exc
 
     return Parent(f"{parent.name}@{parent.version}", open_parent)
+
+
+def files_id(ck: Checkpoint) -> str:
+    """A local model's weight files as this machine resolves them (an xxh3 of their real paths): a folder and its
+    weights file, or a link to either, name the same files, so one model."""
+    import xxhash
+
+    return "files:" + xxhash.xxh3_64_hexdigest("\n".join(sorted(str(f.resolve()) for f in ck.files)).encode())

@@ -8,7 +8,7 @@ migrations), ``lock`` (waiting for another process) and ``export`` (Parquet).
 
 from ..core.errors import StoreError, StoreLockedError
 from .lock import default_wait
-from .population import Population
+from .population import Population, overview
 from .products import Products, Selection
 from .records import Failure, VectorRow, trace_record
 from .store import DEFAULT_STORE, Store, default_store_path, opened, options_of
@@ -29,5 +29,6 @@ __all__ = [
     "default_wait",
     "opened",
     "options_of",
+    "overview",
     "trace_record",
 ]

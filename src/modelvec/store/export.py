@@ -73,4 +73,4 @@ def _readable(
             if damaged is None:
                 raise
             damaged[model] = str(exc)
-    return (part if len(keep) == part.num_rows else part.take(keep)), vectors
+    return (part if len(keep) == part.num_rows else part.take(pa.array(keep, pa.int64()))), vectors

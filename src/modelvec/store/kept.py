@@ -8,13 +8,18 @@ only, and checks every row against its checksum (27 GB/s: 30 ms for the 800 MB o
 row that does not verify is named in ``damaged``, so a reader recomputes that row (one vector's products against
 every other), not the whole file. A header that does not verify, a file cut short or one that is not a kept file
 is :attr:`Kept.problem`, one line, and nothing of it is used. Files are written whole under a temporary name,
-then renamed, so a reader never sees half of one.
+then renamed, so a reader never sees half of one. The writer holds an ``flock`` on its temporary file until it is
+renamed, so the temporary files a killed process left (up to 800 MB at 10,000 models) are told from one being
+written, and removed when the folder is written next (:func:`remove_leftovers`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import stat
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,8 +29,18 @@ from typing import Any
 import numpy as np
 import xxhash
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 MAGIC = b"modelvec kept file v1\n"
 _ALIGN = 64
+#: The temporary name :func:`write_kept` writes under: ``.<name>.<8 hex>.tmp``
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
+#: A temporary file younger than this is never removed (it may have been made, not yet locked, by its writer);
+#: without ``flock`` (not POSIX) only one older than a day is
+LEFTOVER_AGE = 60.0
 
 
 @dataclass
@@ -79,12 +94,16 @@ def write_kept(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndar
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(path.parent)
         with open(tmp, "wb") as fh:
+            if fcntl is not None:  # held until renamed: a sweep of the folder leaves it alone
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             fh.write(head + b"\0" * (start - len(head)))
             for at, array in laid:
                 fh.seek(start + at)
                 array.tofile(fh)
-        os.replace(tmp, path)
+            fh.flush()
+            os.replace(tmp, path)
         return True
     except (OSError, ValueError):
         try:
@@ -92,6 +111,45 @@ def write_kept(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndar
         except OSError:
             pass
         return False
+
+
+def remove_leftovers(folder: Path, age: float = LEFTOVER_AGE) -> list[Path]:
+    """Remove the temporary files of :func:`write_kept` in ``folder`` that no process is writing (a killed one's):
+    only plain files named exactly as it names them, older than ``age`` seconds, whose ``flock`` can be taken (a
+    writer holds it until it renames the file; a dead one's is released). The files removed; any that cannot be
+    looked at is left (a cache that cannot be tidied is no error)."""
+    removed: list[Path] = []
+    try:
+        entries = [e for e in os.scandir(folder) if _TEMPORARY.fullmatch(e.name)]
+    except OSError:
+        return removed
+    oldest = time.time() - (age if fcntl is not None else 86400.0)
+    for entry in entries:
+        try:
+            old = entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < oldest
+            if old and _remove_unlocked(Path(entry.path)):
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def _remove_unlocked(path: Path) -> bool:
+    """Remove ``path`` where its ``flock`` can be taken and it is still the file opened (not renamed since)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # being written
+                return False
+        mine, named = os.fstat(fd), os.lstat(path)
+        if not stat.S_ISREG(mine.st_mode) or (mine.st_dev, mine.st_ino) != (named.st_dev, named.st_ino):
+            return False
+        path.unlink()
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_kept(path: Path) -> Kept | None:

@@ -67,6 +67,49 @@ def _lock_holder(exc: BaseException) -> tuple[str | None, int | None] | None:
     return (found["program"], int(found["pid"])) if found else (None, None)
 
 
+#: DuckDB's magic, at byte 8 of every database file
+DUCKDB_MAGIC = b"DUCK"
+#: What a file that is no DuckDB database looks like, by its first bytes (checked in order)
+_LOOKS = (
+    (lambda head: head.startswith(b"PAR1"), "a Parquet file (modelvec export writes them)"),
+    (lambda head: head.startswith(b"modelvec vectors"), "a modelvec vector file (name the store's .duckdb file)"),
+    (lambda head: head.startswith(b"modelvec kept file"), "a file modelvec keeps beside a store"),
+    (lambda head: head.startswith(b"SQLite format 3\0"), "an SQLite database"),
+    (lambda head: head.startswith((b"PK\x03\x04", b"\x1f\x8b", b"\x28\xb5\x2f\xfd")), "a compressed archive"),
+    (lambda head: head.lstrip()[:1] in (b"{", b"["), "a JSON file"),
+)
+
+
+def check_duckdb_file(path: Path) -> None:
+    """Refuse an existing, non-empty file that is not a DuckDB database (no ``DUCK`` at byte 8), before DuckDB opens
+    it: DuckDB opens a CSV or a Parquet file as an in-memory database of views over it, in which a store's writes
+    vanish (and files were made beside it). A missing or empty file is a new store; what cannot be read is left to
+    DuckDB to say."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return
+    if not head or head[8:12] == DUCKDB_MAGIC:
+        return
+    looks = next((words for test, words in _LOOKS if test(head)), None)
+    if looks is None and _is_text(head):
+        looks = "a CSV or text file"
+    said = f": it looks like {looks}" if looks else ""
+    raise StoreError(str(path), f"not a modelvec store (not a DuckDB database file){said}; it was left as it is")
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether the first bytes of a file read as text (UTF-8 without control characters but tabs and line ends)."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:  # maybe a character cut at the end of the bytes read
+        text = head[:-4].decode("utf-8", errors="replace")
+        if "\ufffd" in text:
+            return False
+    return all(c.isprintable() or c in "\t\r\n" for c in text)
+
+
 def connect(
     path: Path, wait: float, on_wait: Callable[[str], None] | None, *, read_only: bool = False
 ) -> duckdb.DuckDBPyConnection:
@@ -74,6 +117,7 @@ def connect(
 
     Anything else that stops it (a file that is no DuckDB database, a truncated one, a read-only file system,
     a folder that cannot be written) is a :class:`StoreError` naming the file and the cause in a few words."""
+    check_duckdb_file(path)
     start = time.monotonic()
     told = False
     while True:

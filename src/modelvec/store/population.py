@@ -19,9 +19,10 @@ stored vectors or traces whose bytes are damaged are ``damaged`` (model -> one l
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,14 +30,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..analyse.copies import Copy
 from ..analyse.scores import Geometry, Scoring
 from ..core.errors import ModelvecError, NothingStoredError, ResourceError
 from ..core.names import is_hub_id, model_id
 from ..represent.representation import Representation
+from .copies import copies as find_copies
+from .copies import declared
 from .kept import read_kept, write_kept
 from .products import BlockReader, Products, ProductsCache, Selection, checksum_of, products_with, vector_bytes
-from .store import Store, StoredTraces, options_of
-from .vectorfile import zero_checksum
+from .store import Store, StoredTraces, StoreOverview, options_of
 
 if TYPE_CHECKING:
     from ..hub.client import HubSettings
@@ -78,6 +81,44 @@ def find_base(db: Store, base: str | os.PathLike[str] | None, representation: Re
     return bases[0]
 
 
+def query_name(model: str | os.PathLike[str]) -> str:
+    """A model asked about, as the store would name it: a path's absolute path, else the name as given."""
+    return model_id(model) if os.path.exists(str(model)) else str(model)
+
+
+def _names_of(model: str | os.PathLike[str]) -> list[str]:
+    """The names ``model`` has as a base (its absolute path; a Hub id's short and canonical ids); none where it
+    cannot be a base's name."""
+    try:
+        return base_names(model)
+    except ValueError:  # no base id (an empty name)
+        return []
+
+
+def _stored_base(db: Store, model: str | os.PathLike[str], representation: Representation) -> str | None:
+    """``model``'s stored name where it is a base with vectors under ``representation`` (None: it is none)."""
+    return next((n for n in _names_of(model) if not db.metadata(base=n, representation=representation).empty), None)
+
+
+def stored_representation(db: Store, base: str | os.PathLike[str]) -> Representation:
+    """The representation a study over a base's stored models reads them under, whatever it is: today's default
+    where the base has vectors under it, else the one holding most of its vectors."""
+    default = Representation()
+    for name in base_names(base):
+        summary = db.summary()
+        mine = summary[summary["base"] == name]
+        if mine.empty:
+            continue
+        if (mine["params"] == default.key()).any():
+            return default
+        best = mine.sort_values(["models", "params"], ascending=[False, True]).iloc[0]
+        try:
+            return Representation.from_stored(json.loads(best["params_json"]))
+        except (TypeError, ValueError):
+            break
+    return default
+
+
 def _stored(db: Store) -> str:
     """What the store holds instead, with the options that read it (empty: nothing)."""
     stored = db.summary()
@@ -109,10 +150,12 @@ class Population:
         self.stale_only = len(
             set(db.metadata(base=self.name, representation=self.representation)["model"]) - set(meta["model"])
         )
-        zero = {d: zero_checksum(d) for d in set(meta["dim"])}
-        copy = np.array([zero[d] == h for d, h in zip(meta["dim"], selection.hashes)], dtype=bool)
+        #: copies (identical weights, re-saves in another dtype, the base's weights) with the model each copies
+        self.copies: dict[str, Copy] = find_copies(
+            db, self.name, self.representation.key(), self.base_hash, meta, selection.hashes, self.names_in_cards()
+        )
+        copy = meta["model"].isin(set(self.copies)).to_numpy(dtype=bool)
         rounded = meta["quantized"].notna().to_numpy(dtype=bool) & ~copy
-        self.copies: list[str] = list(meta["model"][copy])
         #: quantizations (a GGUF's weights): placed in the tree by their traces, no points on the map
         self.quantized: list[str] = list(meta["model"][rounded])
         at = np.flatnonzero(~copy & ~rounded)
@@ -140,6 +183,33 @@ class Population:
             )
         return now, int(versions.loc[versions["base_hash"] != now, "vectors"].sum())
 
+    @classmethod
+    def of_query(
+        cls,
+        db: Store,
+        model: str | os.PathLike[str],
+        base: str | os.PathLike[str] | None,
+        representation: Representation | None,
+    ) -> Population:
+        """The population a query about ``model`` is answered in: of ``base``, else of the base ``model`` (or the
+        model it is an alias of) is stored with, else of ``model`` itself where it is a stored base, else of the only
+        stored base."""
+        representation = representation or Representation()
+        if base is None:
+            name = query_name(model)
+            own = db.metadata(representation=representation, models=[db.aliases().get(name, name)])
+            base = own["base"].iloc[0] if len(own) else _stored_base(db, model, representation)
+        return cls(db, base, representation)
+
+    def is_base(self, model: str | os.PathLike[str]) -> bool:
+        """Whether ``model`` names this population's base (its stored name, its path, its Hub ids)."""
+        return self.name == query_name(model) or self.name in _names_of(model)
+
+    def stored_name(self, model: str | os.PathLike[str]) -> str:
+        """How the store names ``model``: the model a second name of it (an alias) names, else its own name."""
+        name = query_name(model)
+        return self.db.aliases(self.name).get(name, name)
+
     # --- what the reports say of it ------------------------------------------------------------------
     def left_out(self, *, off_map: bool = True) -> list[str]:
         """What the population leaves out and why, one line each: the stale rows, and (``off_map``) the models the
@@ -162,11 +232,21 @@ class Population:
                 f"{n} quantization{'s' if n != 1 else ''} (GGUF) left off the map and out of every score; `modelvec "
                 f"tree` places {'them' if n != 1 else 'it'}: {', '.join(self.quantized[:3])}{', ...' if n > 3 else ''}"
             )
-        if self.copies and off_map:
-            n = len(self.copies)
+        of_base = [m for m, c in self.copies.items() if c.original == self.name]
+        of_models = [m for m, c in self.copies.items() if c.original != self.name]
+        if of_base and off_map:
+            n = len(of_base)
+            how = "" if all(self.copies[m].exact for m in of_base) else ", or re-saved in another dtype"
             out.append(
-                f"{n} model{'s' if n != 1 else ''} whose weights are the base's (a copy of the base) left off the map "
-                f"and out of every score: {', '.join(self.copies[:3])}{', ...' if n > 3 else ''}"
+                f"{n} model{'s' if n != 1 else ''} whose weights are the base's (a copy of the base{how}) left off the "
+                f"map and out of every score: {', '.join(of_base[:3])}{', ...' if n > 3 else ''}"
+            )
+        if of_models and off_map:
+            n = len(of_models)
+            out.append(
+                f"{n} cop{'ies' if n != 1 else 'y'} of other stored models (identical weights, or re-saved in another "
+                f"dtype) left off the map and out of every score, each counted once as its original: "
+                f"{', '.join(of_models[:3])}{', ...' if n > 3 else ''}"
             )
         return out
 
@@ -313,14 +393,36 @@ class Population:
             return None  # an unreadable cache is no heat map, not a failed report
         return str(folder) if folder is not None and folder.is_dir() else None
 
+    def state(self, model: str) -> str | None:
+        """What the reports make of one of the population's models, in a few words: a copy (of the base, of another
+        model, a re-save) or a quantization; None for a model on the map."""
+        if model in self.copies:
+            return self.copies[model].describe(self.name)
+        return "a quantization (GGUF): in the tree, off the map" if model in self.quantized else None
+
     def describe(self) -> dict[str, Any]:
-        """What the population is, for a report's JSON: its base's version, the stale rows and the copies."""
+        """What the population is, for a report's JSON: its base's version, the stale rows, the copies (each with its
+        original and why that one is) and the quantizations."""
         return {
             "base_hash": self.base_hash,
             "stale": self.stale,
-            "copies": list(self.copies),
+            "copies": [m for m, c in self.copies.items() if c.original == self.name],
+            "copies_of_models": {m: asdict(c) for m, c in self.copies.items() if c.original != self.name},
             "quantized": list(self.quantized),
         }
+
+    def names_in_cards(self) -> list[str]:
+        """Every name of the base a card may use: as stored, as a local folder's bare name, its Hub id's names."""
+        names = [self.name, Path(self.name).name]
+        if is_hub_id(self.name):
+            from ..hub.ids import resolve_base
+
+            names += list(resolve_base(self.name).names)
+        return list(dict.fromkeys(names))
+
+    def declared(self) -> dict[str, tuple[str | None, list[str]]]:
+        """What each model's card declares (relation, parents as stored names; the base by its stored name)."""
+        return declared(self.db, self.name, self.models, self.names_in_cards())
 
 
 def check_fits(n: int, dim: int) -> None:
@@ -347,3 +449,27 @@ def available_memory() -> int | None:
     except OSError:
         pass
     return None
+
+
+def overview(db: Store) -> StoreOverview:
+    """What is stored (``modelvec show``): vectors per base and representation, one row per vector with its ``state``
+    as every report sees it, through each base's :class:`Population` (stale: embedded against an earlier version of
+    its base; a copy of the base or of another model, a re-save, a quantization), the failures, and the stale
+    vectors per base."""
+    models = db.metadata()
+    versions = [
+        r[0] for r in db.con.execute("SELECT base_hash FROM vectors ORDER BY model, base, params, base_hash").fetchall()
+    ]
+    states: list[str | None] = [None] * len(models)
+    for row in db.summary().drop_duplicates(["base", "params"]).itertuples():
+        try:
+            pop = Population(db, row.base, Representation.from_stored(json.loads(row.params_json)))
+        except (
+            NothingStoredError,
+            TypeError,
+            ValueError,
+        ):  # a base changed since (nothing is current), another version
+            continue
+        for i in np.flatnonzero((models["base"] == row.base) & (models["params"] == row.params)):
+            states[i] = "stale" if versions[i] != pop.base_hash else pop.state(str(models["model"].iloc[i]))
+    return StoreOverview(str(db.path), db.summary(), models.assign(state=states), db.failures(), db.stale())

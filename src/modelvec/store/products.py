@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.settings import setting, validate
 from .kept import Kept, read_kept, write_kept
-from .vectorfile import VectorFile, checksum
+from .vectorfile import VectorFile
 
 #: Floats of the block of vectors held while its products are accumulated (1 GiB of float32; two chunks of
 #: :data:`CHUNK_ROWS` vectors are streamed past it).
@@ -63,10 +63,6 @@ def checksum_of(hashes: Sequence[str]) -> str:
     return hashlib.sha1("\n".join(hashes).encode()).hexdigest()[:16]
 
 
-def damaged_line(model: str, path: Path) -> str:
-    return f"{model}: its stored vector in {path} does not match its checksum; re-embed it with --force"
-
-
 class BlockReader:
     """Reads vectors of a selection a block at a time, each checked against its checksum (one copy, from the
     page cache into a reused buffer)."""
@@ -80,11 +76,11 @@ class BlockReader:
         """The vectors at ``positions`` (a view of the buffer, or ``into``) and which of them are sound."""
         out = (self.buffer if into is None else into)[: len(positions)]
         sound = np.ones(len(positions), dtype=bool)
-        nbytes = self.sel.dim * 4
         for j, i in enumerate(positions):
             raw = out[j].view(np.uint8)
-            if self.file.read_raw(self.sel.offsets[i], raw) != nbytes or checksum(raw) != self.sel.hashes[i]:
-                self.damaged[self.sel.models[i]] = damaged_line(self.sel.models[i], self.file.path)
+            cause = self.file.problem(self.file.read_raw(self.sel.offsets[i], raw), raw, self.sel.hashes[i])
+            if cause is not None:  # its file missing, cut short, or bytes that do not match: said as it is
+                self.damaged[self.sel.models[i]] = f"{self.sel.models[i]}: {cause}"
                 out[j] = 0.0
                 sound[j] = False
         return out, sound

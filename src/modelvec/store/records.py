@@ -37,6 +37,11 @@ class VectorRow:
     quantized: str | None = None  # the block-quantized types of its weights (a GGUF's Q4_K...): no point on the map
     trace: Trace | None = None  # what the model tree is inferred from (None: not the sketch)
     parent: str | None = None  # the fine-tune an adapter was embedded on (None: the base)
+    card_hash: str | None = None  # an xxh3 of the model card's bytes (None: no card read)
+    relation: str | None = None  # what the card declares: its relation to its parents (None: nothing)
+    parents: list[str] | None = None  # the parents the card names (``base_model``)
+    created: str | None = None  # when the model was made (ISO): the Hub's date, or its files' oldest time
+    files_id: str | None = None  # a local model's weight files as resolved paths: the same files are one model
 
     def trace_record(self, offset: int, sketch_hash: str) -> dict[str, Any]:
         """The ``traces`` columns of this row, its sketch's bytes at ``offset`` of the vector file."""
@@ -71,6 +76,11 @@ class VectorRow:
             "seconds": float(self.seconds),
             "adapter": self.adapter,
             "quantized": self.quantized,
+            "card_hash": self.card_hash,
+            "relation": self.relation,
+            "parents": self.parents,
+            "created": self.created,
+            "files_id": self.files_id,
         }
 
 
@@ -100,6 +110,7 @@ def trace_record(
         "zeros_bf16": trace.zeros_bf16,
         "precision": trace.precision,
         "rounding": trace.rounding,
+        "norm": float(np.linalg.norm(np.asarray(trace.sketch, np.float32).astype(np.float64))),  # as stored
         "parent": parent,
     }
 
@@ -129,3 +140,45 @@ class Failure:
             "model_hash": self.model_version,
             "kind": Kind(self.kind).value,
         }
+
+
+@dataclass
+class CardUpdate:
+    """A stored model's card read again (it changed since): its labels and declarations replace the stored ones in
+    every row of the model for that base, its vector untouched; ``model_version``: its new version where a new
+    commit left its weights as they were (None: unchanged)."""
+
+    model: str
+    base: str
+    card_hash: str | None
+    datasets: list[str]
+    label_source: str | None
+    author: str | None
+    relation: str | None
+    parents: list[str] | None
+    model_version: str | None = None
+    old_version: str | None = None  # the version whose rows take ``model_version``
+
+    def assignments(self) -> dict[str, Any]:
+        """The ``vectors`` columns it sets."""
+        out = {
+            "card_hash": self.card_hash,
+            "datasets": list(self.datasets),
+            "label_source": self.label_source,
+            "author": self.author,
+            "relation": self.relation,
+            "parents": self.parents,
+        }
+        return out | ({"model_hash": self.model_version} if self.model_version is not None else {})
+
+
+@dataclass
+class Alias:
+    """A second name of a stored model (the same weight files given another way): one model, stored once."""
+
+    base: str
+    alias: str
+    model: str
+
+    def record(self) -> dict[str, Any]:
+        return {"base": self.base, "alias": self.alias, "model": self.model}

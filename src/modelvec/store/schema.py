@@ -85,6 +85,13 @@ VECTORS = Table(
         ("adapter", "BOOLEAN"),  # a LoRA adapter (True) or a full fine-tune (False); NULL: stored before it was kept
         ("quantized", "VARCHAR"),  # the block-quantized types of a GGUF's weights (Q4_K, ...); NULL: float weights
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+        # What the model's card declares, read with it (NULL: stored before 2026-11-28, or no card): an xxh3 of the
+        # card's bytes (a changed card is read again), its relation and the parents it names (``base_model``)
+        ("card_hash", "VARCHAR"),
+        ("relation", "VARCHAR"),
+        ("parents", "VARCHAR[]"),
+        ("created", "VARCHAR"),  # when the model was made (ISO): the Hub's date, a local model's files' oldest time
+        ("files_id", "VARCHAR"),  # a local model's weight files as resolved paths (an xxh3): the same files, one model
     ),
     ("model", "base", "base_hash", "params"),
 )
@@ -157,6 +164,7 @@ TRACES = Table(
         ("zeros_bf16", "DOUBLE"),  # the share left as the base's, both rounded to bf16 (the same)
         ("precision", "VARCHAR"),  # the model's stored dtype (the same)
         ("rounding", "DOUBLE"),  # rounding to that dtype against the base's weights (the same)
+        ("norm", "DOUBLE"),  # the sketch's norm: how copies are found without reading every sketch (NULL: before)
     ),
     ("model", "base", "base_hash", "params"),
 )
@@ -188,9 +196,21 @@ DISCOVERY = Table(
     ),
     ("base", "seq"),
 )
-TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES, BASE_VERSIONS, DISCOVERY)
+#: A second name of a stored model: the same weight files given another way (a folder and its weights file, a link):
+#: one model in every report, stored once under ``model``.
+ALIASES = Table(
+    "aliases",
+    (
+        ("base", "VARCHAR NOT NULL"),
+        ("alias", "VARCHAR NOT NULL"),
+        ("model", "VARCHAR NOT NULL"),
+        ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+    ),
+    ("base", "alias"),
+)
+TABLES = (VECTORS, FAILURES, CATALOGUE, BASES, TRACES, BASE_VERSIONS, DISCOVERY, ALIASES)
 #: Tables added after the first release: a store opened read-only without one is read as if it were empty.
-_TABLES_ADDED_LATER = {"traces", "base_versions", "discovery"}
+_TABLES_ADDED_LATER = {"traces", "base_versions", "discovery", "aliases"}
 SCHEMA = "\n".join(t.create() for t in TABLES)
 # Columns added after the first release: added in place to older store files (MIGRATIONS).
 _ADDED_LATER = {
@@ -198,6 +218,11 @@ _ADDED_LATER = {
     ("vectors", "author"),
     ("vectors", "adapter"),
     ("vectors", "quantized"),
+    ("vectors", "card_hash"),
+    ("vectors", "relation"),
+    ("vectors", "parents"),
+    ("vectors", "created"),
+    ("vectors", "files_id"),
     ("failures", "model_hash"),
     ("failures", "kind"),
     ("catalogue", "relation"),
@@ -208,6 +233,7 @@ _ADDED_LATER = {
     ("traces", "zeros_bf16"),
     ("traces", "precision"),
     ("traces", "rounding"),
+    ("traces", "norm"),
 }
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")
@@ -227,6 +253,11 @@ META_COLUMNS = (
     "adapter",
     "quantized",
     "created_at",
+    "card_hash",
+    "relation",
+    "parents",
+    "created",
+    "files_id",
 )
 # Columns added after the first release: added in place to older store files.
 MIGRATIONS = tuple(
@@ -281,6 +312,11 @@ def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
     con.execute(SCHEMA)
     for statement in MIGRATIONS:
         con.execute(statement)
+
+
+def columns_of(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    """The columns ``table`` has in this store (none: no such table)."""
+    return _columns(con, table)
 
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:

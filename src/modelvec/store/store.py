@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import copy
 import errno
-import glob
 import json
+import logging
 import os
 import re
 import uuid
@@ -44,10 +44,10 @@ import numpy as np
 import pandas as pd
 
 from ..core import constants
-from ..core.errors import Kind, NothingStoredError, StoreError
+from ..core.errors import Kind, NothingStoredError, ResourceError, StoreError
 from ..core.names import is_hub_id
 from ..represent.representation import Representation
-from .lock import connect, default_wait
+from .lock import connect, default_wait, store_error
 from .products import BlockReader, Products, ProductsCache, Selection, feature_moments, gram
 from .records import Failure, VectorRow
 from .schema import (
@@ -56,15 +56,18 @@ from .schema import (
     CATALOGUE_COLUMNS,
     DISCOVERY,
     META_COLUMNS,
+    TABLES,
     TRACES,
+    VECTORS,
     catalogue_select,
+    columns_of,
     meta_select,
     migrate,
     missing_tables,
     select_list,
     transaction,
 )
-from .vectorfile import VectorFile, zero_checksum
+from .vectorfile import VectorFile, identity_of, new_identity, remove_leftovers, vector_path
 from .writer import StoreWriter, write_rows
 
 DEFAULT_STORE = "modelvec.duckdb"
@@ -112,7 +115,7 @@ class StoreOverview:
 
     path: str
     summary: pd.DataFrame
-    models: pd.DataFrame  # one row per vector; ``state``: "copy of the base", "stale" (see :meth:`Store.stale`) or None
+    models: pd.DataFrame  # one row per vector; ``state``: what the reports make of it (a copy, stale...) or None
     failures: pd.DataFrame
     stale: pd.DataFrame = field(default_factory=pd.DataFrame)  # :meth:`Store.stale`
 
@@ -143,6 +146,10 @@ def options_of(params_json: str) -> str:
 
 #: DuckDB's file headers before its first block (one main and two database headers of 4 KiB).
 _DUCKDB_HEADERS = 3 * 4096
+#: The tables of a modelvec store: a DuckDB database that has tables and none of these is not one, and is not written
+MODELVEC_TABLES = frozenset({t.name for t in TABLES} | {"store_meta"})
+_log = logging.getLogger("modelvec.store")
+_IDENTITY = re.compile(r"modelvec store ([0-9a-f]{16})")
 
 
 class Store:
@@ -152,7 +159,13 @@ class Store:
     opening waits for it, trying again every 0.2-0.4 s, for at most ``wait`` seconds (default
     ``$MODELVEC_STORE_WAIT`` or 600; ``0`` does not wait, ``math.inf`` waits for ever), then raises
     :class:`StoreLockedError` naming the holder's PID. ``on_wait`` gets one line when the wait
-    begins (default: a warning on the ``modelvec.store`` logger).
+    begins (default: a warning on the ``modelvec.store`` logger), ``on_note`` one line for what opening recovered
+    (default: ``on_wait``'s).
+
+    A store is its DuckDB file and the files named after it beside it (``<name>.wal``, ``<name>.vectors`` or
+    ``<name>.vectors.<12 hex>``, ``<name>.products/``): copied or renamed together, as ``cp``/``mv`` of ``<name>*``
+    do, the copy works as the original. Its identity, in ``store_meta`` and in its vector files' headers, tells
+    its own vector files from another store's.
     """
 
     def __init__(
@@ -162,12 +175,15 @@ class Store:
         wait: float | None = None,
         on_wait: Callable[[str], None] | None = None,
         read_only: bool = False,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         """``read_only``: for commands that only read (show, cluster, neighbors, export): no store is created (a
         missing one is a :class:`NothingStoredError`), nothing is written, and a store on a read-only file system
         can be read."""
         self.path = Path(path) if path is not None else default_store_path()
         self.read_only = read_only
+        self.identity: str | None = None  # the store's (None: one written before identities, opened read-only)
+        self._closed = False
         wait = default_wait() if wait is None else float(wait)
         if wait != wait or wait < 0:
             raise ValueError(f"wait={wait}: give a number of seconds >= 0")
@@ -186,19 +202,21 @@ class Store:
                 raise StoreError(str(self.path), f"cannot create its folder: {(cause or str(exc)).lower()}") from None
         self.con = connect(self.path, wait, on_wait, read_only=read_only)
         try:
+            past = self._check_whole()  # before anything is written beside it
             # only after DuckDB's lock is held: only the process holding it appends to the vector file
-            self.vector_file = VectorFile(self._vector_file(), read_only=read_only)
+            self.vector_file = self._open_vector_file()
         except BaseException:
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
-            self._check_whole()
             if read_only:
                 self._check_readable()
             else:
                 migrate(self.con, self.vector_file)
+            if past:
+                self._recovered(past, on_note or on_wait or _log.warning)
         except BaseException:
-            self.close()
+            self._close(checkpoint=False)
             raise
 
     def _check_readable(self) -> None:
@@ -211,23 +229,86 @@ class Store:
                 "a command that writes it (embed) brings it up to date",
             )
 
-    def _vector_file(self) -> Path:
-        """The current vector file. Its name is kept in the store, so :meth:`compact` swaps it in the
-        commit that changes the offsets; files a crashed compaction left beside it are removed
-        (only the holder of the store's lock gets here)."""
+    def _open_vector_file(self) -> VectorFile:
+        """The store's vector file (:func:`~modelvec.store.vectorfile.vector_path`: of this file's name, so a copy or
+        a renamed store finds its own), its name kept in ``store_meta`` so :meth:`compact` swaps it in the commit that
+        changes the offsets. Another store's vector file is refused; a writer refuses rows that point into a vector
+        file that is missing, rather than start an empty one under them, and removes the files a crashed compaction
+        of this store left beside it (their header carries its identity; only the holder of the lock gets here)."""
+        tables = self._tables()
+        if tables and not tables & MODELVEC_TABLES:  # refused before a table is made in it
+            raise StoreError(
+                str(self.path),
+                "a DuckDB database, but not a modelvec store (none of its tables is modelvec's): nothing was written "
+                "to it; name a store with --store",
+            )
+        meta = dict(self.con.execute("SELECT key, value FROM store_meta").fetchall()) if "store_meta" in tables else {}
+        current = vector_path(self.path, meta.get("vector_file"))
+        identity = self._stored_identity() if "store_meta" in tables else None
         if not self.read_only:
-            self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
-        elif "store_meta" not in {
-            r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()
-        }:
-            return self.path.parent / f"{self.path.name}.vectors"
-        rows = self.con.execute("SELECT value FROM store_meta WHERE key = 'vector_file'").fetchall()
-        current = self.path.parent / (rows[0][0] if rows else f"{self.path.name}.vectors")
-        ours = re.compile(re.escape(f"{self.path.name}.vectors") + r"(\.[0-9a-f]{12})?")
-        for other in self.path.parent.glob(f"{glob.escape(self.path.name)}.vectors*") if not self.read_only else ():
-            if other != current and ours.fullmatch(other.name):
-                other.unlink(missing_ok=True)
-        return current
+            self._check_present(current, tables)  # before anything is written
+            identity = identity or self._new_identity(current)
+        vector_file = VectorFile(current, read_only=self.read_only, identity=identity)
+        if vector_file.identity is not None and vector_file.identity != identity:
+            vector_file.close()
+            raise StoreError(str(current), self._together(f"the vector file of another store, not of {self.path.name}"))
+        if not self.read_only and identity is not None:
+            remove_leftovers(self.path, current, identity)
+        self.identity = identity
+        return vector_file
+
+    def _together(self, what: str) -> str:
+        """``what`` is wrong with the store's files, and what to do: keep them together."""
+        name = self.path.name
+        together = f"a store's files are copied or renamed together ({name} and every {name}.* beside it)"
+        return f"{what}: {together}; nothing was changed"
+
+    def _check_present(self, current: Path, tables: set[str]) -> None:
+        """Refuse to write a store whose rows point into a vector file that is missing or empty (its DuckDB file
+        copied or renamed without it): a fresh file would take new vectors while every stored one stays lost."""
+        try:
+            size: int | None = current.stat().st_size
+        except FileNotFoundError:
+            size = None
+        if size or not self._points_into_vector_file(tables):
+            return
+        said = (
+            f"its vector file {current.name} is {'missing' if size is None else 'empty'}, though its rows point into it"
+        )
+        alike = sorted(p.name for p in current.parent.glob(f"*.vectors{current.suffix}") if p != current)
+        if current.suffix != ".vectors" and alike:  # the same compaction's file under another store's name
+            said += f" (is it {alike[0]}?)"
+        raise StoreError(str(self.path), self._together(said))
+
+    def _points_into_vector_file(self, tables: set[str]) -> bool:
+        """Whether rows of the store point into its vector file (those of a store from before it, whose vectors are
+        inside DuckDB, do not)."""
+        offsets = self.con.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'vectors' AND column_name = 'offset'"
+        ).fetchone()
+        pointing = (["vectors"] if offsets and offsets[0] else []) + (["traces"] if "traces" in tables else [])
+        return any(
+            bool((self.con.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone() or [0])[0]) for t in pointing
+        )
+
+    def _stored_identity(self) -> str | None:
+        """The store's identity, kept as the comment on its table ``store_meta`` (in DuckDB's catalogue: a row would
+        cost every store two more blocks of 256 KiB); None: a store written before identities."""
+        row = self.con.execute(
+            "SELECT comment FROM duckdb_tables() WHERE table_name = 'store_meta' AND schema_name = 'main'"
+        ).fetchone()
+        found = _IDENTITY.fullmatch(row[0] or "") if row else None
+        return found[1] if found else None
+
+    def _new_identity(self, current: Path) -> str:
+        """Give a store without an identity (a new one, or one written before identities) its identity; a vector
+        file that carries one is another store's (this store never wrote one)."""
+        if identity_of(current) is not None:
+            raise StoreError(str(current), self._together(f"the vector file of another store, not of {self.path.name}"))
+        identity = new_identity()
+        self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        self.con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {identity}'")  # hex digits: nothing to quote
+        return identity
 
     def compact(self, stale: pd.DataFrame | None = None) -> tuple[int, int]:
         """Drop the vectors and traces embedded against an earlier version of their base (``stale``, default
@@ -241,7 +322,7 @@ class Store:
         tables = [("vectors", "vector_hash")] + ([("traces", "sketch_hash")] if "traces" in self._tables() else [])
         stale = self.stale() if stale is None else stale
         before = self.vector_file.path.stat().st_size
-        new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}")
+        new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}", identity=self.identity)
         try:
             with transaction(self.con):
                 for row in stale.itertuples():
@@ -325,12 +406,20 @@ class Store:
         row = self.con.execute(f"SELECT count(*) FROM traces {where}", args).fetchone()
         return int(row[0]) if row else 0
 
-    def traces(self, base: str, params: str, base_hash: str | None = None, *, read: bool = True) -> StoredTraces:
+    def traces(
+        self,
+        base: str,
+        params: str,
+        base_hash: str | None = None,
+        *,
+        read: bool = True,
+        models: Sequence[str] | None = None,
+    ) -> StoredTraces:
         """The traces stored for ``base`` under the representation key ``params`` (and ``base_hash``: against that
-        version of the base; None: any), in model order: their rows (model, base_hash, levels, scale, parent, zeros,
-        along, sketch_hash) and their sketches, one (n, dim) float32 matrix read from the vector file, each checked
-        against its checksum (a damaged one is named in ``damaged`` and left out). ``read=False``: the rows alone
-        (no sketch read). Empty in a store older than traces."""
+        version of the base; None: any; ``models``: only theirs), in model order: their rows (model, base_hash,
+        levels, scale, parent, zeros, along, sketch_hash, norm...) and their sketches, one (n, dim) float32 matrix
+        read from the vector file, each checked against its checksum (a damaged one is named in ``damaged`` and left
+        out). ``read=False``: the rows alone (no sketch read). Empty in a store older than traces."""
         columns = [
             "model",
             "base_hash",
@@ -342,11 +431,13 @@ class Store:
             "zeros_bf16",
             "precision",
             "rounding",
+            "norm",
             "sketch_hash",
         ]
         if "traces" not in self._tables():
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
-        where, args = self._clauses(base=base, params=params, base_hash=base_hash)
+        extra = [("list_contains(?, model)", list(models))] if models is not None else []
+        where, args = self._clauses(extra, base=base, params=params, base_hash=base_hash)
         listed = select_list(self.con, TRACES, columns)
         df = self.con.execute(
             f'SELECT {listed}, "offset", dim FROM traces {where} ORDER BY model, base_hash', args
@@ -363,13 +454,55 @@ class Store:
         frame = df.drop(columns=["offset", "dim"])[sound].reset_index(drop=True)
         return StoredTraces(frame, sketches if sound.all() else sketches[sound], damaged)  # read once, not copied
 
-    def _check_whole(self) -> None:
-        """Refuse a DuckDB file cut short inside a block (by a copy, a download, a full disk): DuckDB writes its
-        headers and whole blocks only, and opens such a file, and writes into it, until it reads a missing block."""
-        row = self.con.execute("SELECT block_size FROM pragma_database_size()").fetchone()
-        size = self.path.stat().st_size
-        if row is not None and size > _DUCKDB_HEADERS and (size - _DUCKDB_HEADERS) % int(row[0]):
+    def _check_whole(self) -> int:
+        """Refuse a DuckDB file cut short inside a block it uses (by a copy, a download: DuckDB opens it, and writes
+        into it, until it reads the missing block); the bytes past its blocks, which a write cut off left (a
+        checkpoint on a full disk, a killed process): DuckDB's header names the blocks written before, its
+        write-ahead log what was committed since, so they are no damage. DuckDB writes whole blocks and drops free
+        ones at the end of the file: a file shorter than ``total_blocks`` is whole while it holds every block used."""
+        row = self.con.execute(
+            "SELECT total_blocks, used_blocks, block_size FROM pragma_database_size() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        if row is None:
+            return 0
+        size, (total, used, block) = self.path.stat().st_size, (int(v) for v in row)
+        past = size - (_DUCKDB_HEADERS + total * block)
+        if past >= 0:
+            return past
+        whole, within = divmod(size - _DUCKDB_HEADERS, block)  # the blocks there, and what a write left of the next
+        if whole < used or self._highest_block() >= whole:  # a block it uses is cut short or missing
             raise StoreError(str(self.path), "damaged: the file is truncated")
+        return within
+
+    def _highest_block(self) -> int:
+        """The highest block DuckDB says its metadata and its tables' data use (-1: none; its indexes' blocks are
+        not said)."""
+        used = [r[0] for r in self.con.execute("SELECT block_id FROM pragma_metadata_info()").fetchall()]
+        tables = self.con.execute(
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'"
+        ).fetchall()
+        for (table,) in tables:
+            try:
+                rows = self.con.execute(
+                    "SELECT max(block_id), max(list_max(additional_block_ids)) FROM pragma_storage_info(?)", [table]
+                ).fetchall()
+            except duckdb.Error:  # a name it does not take: that table's blocks unknown
+                continue
+            used += [v for r in rows for v in r if v is not None]
+        return max(used, default=-1)
+
+    def _recovered(self, past: int, tell: Callable[[str], None]) -> None:
+        """Say in one line that ``past`` bytes an interrupted write left were ignored; a writer changes its catalogue
+        (the same identity written again), so that its checkpoint on closing cuts them off (DuckDB's checkpoint of
+        no change leaves the file as it is)."""
+        cut = " (cut off as this command closes it)" if not self.read_only else ""
+        tell(
+            f"note: {self.path}: {past} bytes past its last block, left by a write that was cut off (a full disk, a "
+            f"killed process), are ignored{cut}; what was stored is kept"
+        )
+        if not self.read_only:
+            self.con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {self.identity}'")
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
@@ -477,6 +610,45 @@ class Store:
             [model, model_version, base, base_version, representation.key()],
         ).fetchall()
         return bool(hit)
+
+    def stored_version(self, model: str, base: str, base_version: str, representation: Representation) -> str | None:
+        """The version of ``model`` (``model_hash``) whose vector is stored against this base and representation."""
+        row = self.con.execute(
+            "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ?",
+            [model, base, base_version, representation.key()],
+        ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def card_of(self, model: str, base: str) -> tuple[str | None, list[str], str | None] | None:
+        """What is stored of ``model``'s card with ``base``: (its hash, the dataset labels, their source); None where
+        the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
+        row = self.con.execute(
+            f"SELECT {select_list(self.con, VECTORS, ['card_hash', 'datasets', 'label_source'])} FROM vectors "
+            "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
+            [model, base],
+        ).fetchone()
+        return (row[0], list(row[1] or []), row[2]) if row is not None else None
+
+    def same_files(
+        self, files_id: str, model: str, base: str, base_version: str, representation: Representation
+    ) -> str | None:
+        """The stored model (another name than ``model``) whose vector was made from the very weight files
+        ``files_id`` names, against this base and under this representation: ``model`` is its alias."""
+        if "files_id" not in set(columns_of(self.con, "vectors")):
+            return None
+        row = self.con.execute(
+            "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
+            "ORDER BY model LIMIT 1",
+            [files_id, model, base, base_version, representation.key()],
+        ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def aliases(self, base: str | None = None) -> dict[str, str]:
+        """Every second name of a stored model (of ``base``; None: any): alias -> the model it names."""
+        if "aliases" not in self._tables():
+            return {}
+        where, args = self._clauses(base=base)
+        return dict(self.con.execute(f"SELECT alias, model FROM aliases {where} ORDER BY alias", args).fetchall())
 
     def model_versions(self, model: str, base: str, representation: Representation) -> list[str]:
         """The versions of ``base`` (``base_hash``) that ``model`` has vectors embedded against under
@@ -665,22 +837,6 @@ class Store:
             "AS kind, created_at FROM failures ORDER BY model"
         ).df()
 
-    def overview(self) -> StoreOverview:
-        """What is stored: vectors per base and representation, one row per vector (with its ``state``: a copy of the
-        base, whose weights are the base's; stale, embedded against an earlier version of its base), the failures,
-        and the stale vectors per base."""
-        models, stale = self.metadata(), self.stale()
-        keys = self.con.execute(
-            "SELECT base, base_hash, vector_hash, dim FROM vectors ORDER BY model, base, params, base_hash"
-        ).fetchall()
-        old = set(zip(stale["base"], stale["base_hash"]))
-        zero = {dim: zero_checksum(dim) for dim in {k[3] for k in keys}}
-        states = [
-            "stale" if (base, base_hash) in old else "copy of the base" if digest == zero[dim] else None
-            for base, base_hash, digest, dim in keys
-        ]
-        return StoreOverview(str(self.path), self.summary(), models.assign(state=states), self.failures(), stale)
-
     def summary(self) -> pd.DataFrame:
         """Counts per base and representation; ``params_json``: the representation's fields (JSON), as the vectors table holds them."""
         return self.con.execute(
@@ -697,14 +853,44 @@ class Store:
         return export_parquet(self.con, self.vector_file, path, damaged)
 
     def close(self) -> None:
+        """Close the store. A writer's checkpoint is taken here rather than in DuckDB's close, which drops its
+        failure: on a full disk it is a :class:`ResourceError` (what was committed is kept, in DuckDB's write-ahead
+        log, and the next command that opens the store reads it)."""
+        self._close(checkpoint=True)
+
+    def _close(self, *, checkpoint: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        problem = self._checkpoint() if checkpoint and not self.read_only else None
         self.con.close()
         self.vector_file.close()
+        if problem is not None:
+            raise problem
+
+    def _checkpoint(self) -> StoreError | ResourceError | None:
+        """Write what was committed into the DuckDB file; why it could not, as one error (None: it did, or it was
+        left for later to another connection's transaction)."""
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.Error as exc:
+            text = str(exc)
+            if "No space left" in text or "Disk quota" in text:
+                words = "no space left on the device" if "No space left" in text else "disk quota exceeded"
+                return ResourceError(
+                    str(self.path),
+                    f"cannot write its checkpoint: {words}; what was stored is kept (free some space: the next "
+                    "command reads it)",
+                )
+            if isinstance(exc, duckdb.IOException):
+                return StoreError(str(self.path), f"cannot write its checkpoint: {store_error(self.path, exc).cause}")
+        return None
 
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self._close(checkpoint=kind is None)  # an error on its way out is the one said, not the checkpoint's after it
 
 
 def _catalogue_rows(entries: Sequence[Any]) -> list[dict[str, Any]]:
@@ -722,7 +908,8 @@ def _put_catalogue_rows(con: duckdb.DuckDBPyConnection, base: str, base_sha: str
     if rows:
         con.executemany(CATALOGUE.insert(CATALOGUE_COLUMNS), [[r[c] for c in CATALOGUE_COLUMNS] for r in rows])
         con.execute(
-            """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author
+            """UPDATE vectors SET datasets = c.datasets, label_source = c.label_source, author = c.author,
+                      relation = c.relation, parents = c.parents, created = c.created_at
                FROM catalogue c WHERE vectors.model = c.model AND vectors.base = c.base AND c.base = ?""",
             [base],
         )

@@ -9,13 +9,16 @@ from typing import Any
 
 import duckdb
 
-from .records import Failure, VectorRow
-from .schema import FAILURES, TRACES, VECTORS, transaction
+from .records import Alias, CardUpdate, Failure, VectorRow
+from .schema import ALIASES, FAILURES, TRACES, VECTORS, transaction
 from .vectorfile import VectorFile, checksum, vector_bytes
 
+Row = VectorRow | Failure | CardUpdate | Alias
 
-def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Sequence[VectorRow | Failure]) -> None:
-    """Write vectors (and their traces) and failures: the bytes first (fsynced), then every row in one transaction."""
+
+def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Sequence[Row]) -> None:
+    """Write vectors (and their traces), failures, cards read again and aliases: the bytes first (fsynced), then
+    every row in one transaction."""
     vectors = [vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
     sketches = [vector_bytes(row.trace.sketch) for row in rows if isinstance(row, VectorRow) and row.trace is not None]
     written = vector_file.append(vectors + sketches)  # one fsync for both
@@ -23,6 +26,9 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
     hashes, sketch_hashes = iter([checksum(v) for v in vectors]), iter([checksum(s) for s in sketches])
     with transaction(con):
         for row in rows:
+            if isinstance(row, (CardUpdate, Alias)):
+                _write_other(con, row)
+                continue
             record = row.record() if isinstance(row, Failure) else row.record(next(offsets), next(hashes))
             table = FAILURES if isinstance(row, Failure) else VECTORS
             con.execute(table.insert(list(record)), list(record.values()))
@@ -34,6 +40,18 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
                     "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?",
                     [record["model"], record["base"], record["params"]],
                 )
+
+
+def _write_other(con: duckdb.DuckDBPyConnection, row: CardUpdate | Alias) -> None:
+    """A card read again (its columns set in every row of the model for its base), or an alias."""
+    if isinstance(row, Alias):
+        record = row.record()
+        con.execute(ALIASES.insert(list(record)), list(record.values()))
+        return
+    sets = row.assignments()
+    where = "model = ? AND base = ?" + (" AND model_hash = ?" if row.old_version is not None else "")
+    args = [row.model, row.base] + ([row.old_version] if row.old_version is not None else [])
+    con.execute(f"UPDATE vectors SET {', '.join(f'{c} = ?' for c in sets)} WHERE {where}", [*sets.values(), *args])
 
 
 class StoreWriter:
@@ -59,7 +77,7 @@ class StoreWriter:
         self._thread = threading.Thread(target=self._loop, name="modelvec-store-writer", daemon=True)
         self._thread.start()
 
-    def put(self, row: VectorRow | Failure) -> None:
+    def put(self, row: Row) -> None:
         if self._error is not None:
             raise self._error
         self._queue.put(row)

@@ -13,7 +13,6 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +35,7 @@ from ..core.names import model_id
 from ..read import open_checkpoint
 from ..represent.representation import POOLINGS, Representation
 from ..run import embed
-from ..store import Store, opened
+from ..store import Population, Store, opened
 from .sweep import Sweep
 
 if TYPE_CHECKING:
@@ -215,12 +214,18 @@ def evaluate(
     say = progress or (lambda _msg: None)
     with opened(store) as db:
         order = _embed_every_variant(db, base, models, variants, seeds, say)
+        first = replace(next(iter(variants.values())), seed=seeds[0])
+        pop = Population(db, base, first)  # the reports' one way to the store: the base as it is now, no copies
+        for line in pop.left_out():
+            say(f"note: {line}")
+        order = [m for m in order if m in set(pop.meta["model"])]
+        if len(order) < 3:
+            raise ValueError(f"only {len(order)} models to score once copies are left out; need at least 3")
+        base_name = pop.name
         say("reference: task vectors")
         paths = {model_id(m): m for m in models}
         tv = task_vector_gram(base, [paths[m] for m in order])
-        base_name = model_id(base) if Path(str(base)).exists() else None
-        first = replace(next(iter(variants.values())), seed=seeds[0])
-        meta = db.metadata(base=base_name, representation=first, models=order)
+        meta = pop.meta[pop.meta["model"].isin(set(order))]
         labels = [list(d) for d in meta.drop_duplicates("model").set_index("model").loc[order, "datasets"]]
         scorer = _Scorer(
             labels=labels,
@@ -387,7 +392,8 @@ def _coordinates(
     """The stored vectors of ``models`` as coordinates with the same inner products (from their products, read
     from the vector file in blocks: never the vectors themselves), their metadata and the vectors' dimension.
     Every model must be readable: a damaged vector is an error naming it."""
-    selection, meta = db.select(base=base, representation=representation, models=models)
+    version = Population(db, base, representation).base_hash
+    selection, meta = db.select(base=base, representation=representation, models=models, base_hash=version)
     products = db.products(selection)
     if products.damaged:
         model, line = next(iter(products.damaged.items()))

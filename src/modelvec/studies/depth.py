@@ -45,6 +45,7 @@ class DepthStudy:
     n_models: int = 1  # fine-tunes aggregated (over_finetunes)
     failed: dict[str, str] = field(default_factory=dict)  # fine-tunes that could not be read: model -> reason
     warnings: list[str] = field(default_factory=list)  # e.g. the weights are quantized (report.rank records them)
+    notes: list[str] = field(default_factory=list)  # what a study over stored models left out and why
 
     def records(self) -> list[dict]:
         return self.table.to_dict(orient="records")
@@ -115,18 +116,15 @@ def over_stored(
     revisions. A fine-tune that cannot be fetched or read is in ``study.failed``; the others go on.
     """
     from ..run import local_files
-    from ..store import opened
-    from ..store.population import base_names
+    from ..store import Population, opened
+    from ..store.population import stored_representation
 
-    with opened(store, read_only=True) as db:
-        meta = db.metadata()
-        stored = set(meta["base"])
-        names = base_names(base)
-        base_id = next((name for name in names if name in stored), names[0])
-        rows = {m: src for m, b, src in zip(meta["model"], meta["base"], meta["source"]) if b == base_id}
+    with opened(store, read_only=True) as db:  # the base's population: no copy, quantization or stale vector
+        pop = Population(db, base, stored_representation(db, base))
+        rows = dict(zip(pop.meta["model"], pop.meta["source"]))
         if not rows:
             raise NothingStoredError(str(base), "no stored fine-tunes of this base; embed some first")
-        base_path = local_files(base_id, "", db)
+        base_path = local_files(pop.name, "", db)
         models, unreadable = [], {}
         for m in sorted(rows):
             try:
@@ -137,7 +135,8 @@ def over_stored(
         reason = next(iter(unreadable.values()))
         raise FetchError(str(base), f"none of its {len(rows)} stored fine-tunes could be fetched; the first: {reason}")
     study, failed = over_finetunes(
-        base_path, models, thresholds=thresholds, device=device, name=None if base_path == base_id else base_id
+        base_path, models, thresholds=thresholds, device=device, name=None if base_path == pop.name else pop.name
     )
     study.failed = {**unreadable, **failed}
+    study.notes = pop.left_out()
     return study

@@ -1,0 +1,201 @@
+"""Copies among one base's models: identical weights, and re-saves in another dtype, each with the model it copies.
+
+The Hub is full of them: mirrors, re-uploads of the base, the same fine-tune in float16, bfloat16 or float32. None
+of them is a fine-tune: a copy is never a parent, never a point on the map, never counted in a score. What tells
+them, from each model's trace (:mod:`modelvec.represent.trace`, linear in the weights):
+
+- **identical weights**: the same trace bit for bit (the same checksum); a zero trace is the base's own weights;
+- **a re-save in a coarser dtype** (float32 -> bfloat16, float16): its trace differs from its original's by the
+  rounding alone, ``|T_m - T_j| <= rule.rounding * rounding_m * scale``, where ``rounding_m`` is the expected size of
+  rounding to ``m``'s dtype against the weights (kept with the trace) and ``scale`` the base's weights' size in the
+  same map. Only a model stored coarser than the other can be its re-save (among one dtype a re-save is exact); a
+  re-save of the base is within that distance of the base (``|T_m|``). A fine-tune trained many steps of its dtype
+  is far beyond it.
+
+Candidates are found without comparing every pair: a re-save's trace norm is within the same distance of its
+original's (the triangle inequality), so only models of a finer dtype in that window of norms are compared.
+
+Among identical or rounding-equal models (a connected group), the **original** is, in order: the base, where it is
+among them; the one the others' cards name; the one created first (the Hub's date, or a local model's files'); the
+one in the higher precision; and only where nothing tells them apart, the first by name. Each copy says which rule
+chose its original (``chosen_by``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Significand bits of each float type (a precision's fineness).
+BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+
+#: Why a model was chosen as the original of its copies.
+BY_BASE = "the base"
+BY_CARD = "named by their cards"
+BY_DATE = "created first"
+BY_PRECISION = "in the higher precision"
+BY_NAME = "nothing else tells them apart: the first by name"
+
+
+#: For the models of a group: the models each one's card names, and when each was made.
+About = Callable[[list[str]], tuple[Mapping[str, Sequence[str]], Mapping[str, str]]]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A model that copies another (``original``: a model's name, or the base's): ``exact`` for identical weights,
+    else equal up to rounding to its own ``precision`` (a re-save); ``chosen_by``: why ``original`` is the original."""
+
+    model: str
+    original: str
+    exact: bool
+    precision: str | None
+    chosen_by: str
+
+    def describe(self, base: str) -> str:
+        """A few words: "a copy of X (identical weights)", "a bfloat16 re-save of the base"."""
+        what = "the base" if self.original == base else self.original
+        if self.exact:
+            return f"a copy of {what} (identical weights)"
+        return f"a {self.precision or 'rounded'} re-save of {what} (equal up to rounding)"
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What the copies are found from, one entry per model: the trace's checksum (None: no trace; then the vector's
+    stands for it), whether the model's weights are the base's (a zero vector or trace), the trace's norm, the
+    model's dtype and its rounding (None: not kept), and whether it can be a re-save at all (an adapter, a GGUF
+    quantization cannot: its dtype says nothing of its values)."""
+
+    models: Sequence[str]
+    digest: Sequence[str | None]
+    zero: Sequence[bool]
+    norm: Sequence[float | None]
+    precision: Sequence[str | None]
+    rounding: Sequence[float | None]
+    resaved: Sequence[bool]
+    scale: float
+
+
+def find_copies(
+    traced: Traced,
+    distance: Callable[[list[tuple[int, int]]], np.ndarray],
+    *,
+    base: str,
+    factor: float,
+    about: About | None = None,
+) -> dict[str, Copy]:
+    """Every copy among ``traced.models`` with its original (see the module docstring). ``distance``: the trace
+    distances of pairs of positions (only candidates are asked); ``factor``: how many times the expected rounding a
+    re-save may differ by (``TreeRule.rounding``); ``about``: for the models of a group, what their cards name (the
+    stored models, or ``base``) and when each was made (ISO dates, comparable as text): asked of groups alone."""
+    n = len(traced.models)
+    groups = _Groups(n + 1)  # position n: the base
+    exact = _exact_edges(traced, groups, n)
+    for i, j in _rounding_edges(traced, distance, factor):
+        groups.join(i, j)
+    out: dict[str, Copy] = {}
+    for members in (g for g in groups.components() if len(g) > 1):
+        names = [traced.models[k] for k in members if k != n]
+        named, created = about(names) if about is not None else ({}, {})
+        root, why = _original(sorted(members), traced, n, named, created)
+        for k in members:
+            if k in (root, n):
+                continue
+            same = exact.get(k) is not None and exact.get(k) == exact.get(root)
+            original = base if root == n else traced.models[root]
+            out[traced.models[k]] = Copy(traced.models[k], original, same, traced.precision[k], why)
+    return out
+
+
+def _exact_edges(traced: Traced, groups: _Groups, n: int) -> dict[int, object]:
+    """Join identical traces (the base's: zero); each model's key of identity (n: the base's weights)."""
+    first: dict[str, int] = {}
+    key: dict[int, object] = {n: n}
+    for i, (digest, zero) in enumerate(zip(traced.digest, traced.zero)):
+        if zero:
+            groups.join(i, n)
+            key[i] = n
+        elif digest is not None:
+            groups.join(i, first.setdefault(digest, i))
+            key[i] = digest
+    return key
+
+
+def _rounding_edges(
+    traced: Traced, distance: Callable[[list[tuple[int, int]]], np.ndarray], factor: float
+) -> list[tuple[int, int]]:
+    """The pairs (model, original or n: the base) whose traces differ by no more than the model's rounding."""
+    n = len(traced.models)
+    allowed = [
+        factor * r * traced.scale if r and ok and traced.norm[i] is not None else 0.0
+        for i, (r, ok) in enumerate(zip(traced.rounding, traced.resaved))
+    ]
+    edges = [(i, n) for i in range(n) if allowed[i] and not traced.zero[i] and traced.norm[i] <= allowed[i]]  # type: ignore[operator]
+    finer = sorted(
+        (float(traced.norm[j]), j)  # type: ignore[arg-type]
+        for j in range(n)
+        if traced.norm[j] is not None and not traced.zero[j] and BITS.get(traced.precision[j] or "", 0)
+    )
+    norms = [v for v, _ in finer]
+    pairs = []
+    for i in (i for i in range(n) if allowed[i] and not traced.zero[i]):
+        mine, bits = float(traced.norm[i]), BITS.get(traced.precision[i] or "", 0)  # type: ignore[arg-type]
+        lo, hi = bisect.bisect_left(norms, mine - allowed[i]), bisect.bisect_right(norms, mine + allowed[i])
+        pairs += [(i, j) for _, j in finer[lo:hi] if bits and BITS.get(traced.precision[j] or "", 0) > bits]
+    if pairs:
+        found = distance(pairs)
+        edges += [(i, j) for (i, j), d in zip(pairs, found) if d <= allowed[i]]
+    return edges
+
+
+def _original(
+    members: list[int], traced: Traced, n: int, named: Mapping[str, Sequence[str]], created: Mapping[str, str]
+) -> tuple[int, str]:
+    """The original of a group of identical or rounding-equal models, and the rule that chose it."""
+    if n in members:
+        return n, BY_BASE
+    names = {traced.models[k]: k for k in members}
+    cited = {names[p] for k in members for p in named.get(traced.models[k], ()) if p in names and names[p] != k}
+    if cited:
+        roots = [k for k in cited if not any(p in names and names[p] in cited for p in named.get(traced.models[k], ()))]
+        pool = roots or sorted(cited)
+        if len(pool) == 1:
+            return pool[0], BY_CARD
+        members = pool
+    dates = [created.get(traced.models[k]) for k in members]
+    if all(dates):
+        first = min(dates)  # type: ignore[type-var]
+        if dates.count(first) == 1:
+            return members[dates.index(first)], BY_DATE
+        members = [k for k, d in zip(members, dates) if d == first]
+    bits = [BITS.get(traced.precision[k] or "", 0) for k in members]
+    if bits.count(max(bits)) == 1:
+        return members[bits.index(max(bits))], BY_PRECISION
+    members = [k for k, b in zip(members, bits) if b == max(bits)]
+    return min(members, key=lambda k: traced.models[k]), BY_NAME
+
+
+class _Groups:
+    """Union-find over positions."""
+
+    def __init__(self, n: int) -> None:
+        self.up = list(range(n))
+
+    def find(self, i: int) -> int:
+        while self.up[i] != i:
+            self.up[i] = self.up[self.up[i]]
+            i = self.up[i]
+        return i
+
+    def join(self, i: int, j: int) -> None:
+        self.up[self.find(i)] = self.find(j)
+
+    def components(self) -> list[list[int]]:
+        out: dict[int, list[int]] = {}
+        for i in range(len(self.up)):
+            out.setdefault(self.find(i), []).append(i)
+        return list(out.values())
