@@ -14,9 +14,11 @@ Members (folder names in OUT): 6 direct full fine-tunes (2 seeds x 3 datasets), 
 the base, 2 chains base -> c1 -> c2 -> c3 of fine-tunes, 3 LoRA adapters trained on fine-tunes,
 13 merges made by mergekit itself and saved in bf16 as the Hub's are (linear of two and of three, task
 arithmetic, TIES, DARE-TIES, SLERP; two or more of each, several of them merging one of a pair of siblings, whose
-other sibling they must not adopt), 3 int8 and 3 NF4 quantization round trips (saved dequantized), GGUF
+other sibling they must not adopt), 12 DARE merges more across density, weights and saved dtype (``dare_sweep``),
+3 int8 and 3 NF4 quantization round trips (saved dequantized), GGUF
 quantizations (Q8_0 and Q4_0 by the gguf package's own quantizers, written as llama.cpp's converter writes them;
-Q4_K_M by llama.cpp itself through llama-cpp-python, where ``--llama-cpp`` names a Python that has it), and 2
+Q4_K_M by llama.cpp itself through llama-cpp-python, where ``--llama-cpp`` names a Python that has it: else left
+out, said so), and 2
 randomly initialised models of the base's architecture. Full models are saved as the base's architecture class
 (an encoder's masked-LM head is dropped) in its dtype.
 
@@ -102,6 +104,7 @@ NF4_CODE = torch.tensor(
         1.0,
     ]
 )
+DTYPE_TAG = {"bfloat16": "bf16", "float32": "fp32"}
 RELATION = {"fine-tune": "finetune", "adapter": "adapter", "merge": "merge", "quantization": "quantized"}
 
 
@@ -121,6 +124,9 @@ class Member:
     wrong: tuple[str, tuple[str, ...]] | None = None  # a deliberately wrong declaration (relation, parents)
     method: str = ""  # a merge's mergekit method, or a GGUF quantization's type (Q8_0, Q4_0, Q4_K_M)
     density: float | None = None  # TIES and DARE: the share of each parent's delta kept
+    dtype: str = "bfloat16"  # a merge's saved dtype
+    normalize: bool = True  # TIES and DARE: mergekit's ``normalize`` (weights divided by their sum)
+    series: str = ""  # a sweep's group: its members are split between the halves within it (see halves)
 
     @property
     def file(self) -> str | None:
@@ -289,6 +295,7 @@ def derived_members(datasets: tuple[Any, ...]) -> list[Member]:
         Member(name, "merge", "merge", parents, weights, method=method, density=density)
         for name, method, parents, weights, density in merges
     ]
+    out += dare_sweep(ft)
     quants = ((ft[0][0], "int8"), (ft[1][1], "int8"), (ft[2][0], "int8"))
     quants += ((ft[0][1], "nf4"), (ft[1][0], "nf4"), (ft[2][1], "nf4"))
     for parent, op in quants:
@@ -298,6 +305,50 @@ def derived_members(datasets: tuple[Any, ...]) -> list[Member]:
     ggufs += ((ft[2][1], "Q4_K_M"), ("chain2-c3", "Q4_K_M"))
     out += [Member(f"{parent}-{q}", "quantization", "gguf", (parent,), method=q) for parent, q in ggufs]
     out += [Member(f"random-{s}", "unrelated", "random", seed=500 + s) for s in (1, 2)]
+    return out
+
+
+def dare_sweep(ft: list[list[str]]) -> list[Member]:
+    """DARE merges across density (0.3-0.9), weights (0.3/0.7 and 0.5/0.5 normalised, 1.0/1.0 not) and saved dtype
+    (bf16, float32), each of a parent pair of its own: two a density (one to each half) and two DARE-linear."""
+    pairs = (
+        (ft[0][1], ft[2][0]),
+        (ft[0][1], ft[2][1]),
+        (ft[1][1], ft[2][1]),
+        (ft[1][0], ft[2][0]),
+        (ft[0][0], ft[2][1]),
+        (ft[0][1], ft[1][0]),
+        (ft[1][1], "chain1-c1"),
+        (ft[2][0], "chain2-c1"),
+        (ft[0][0], "chain1-c1"),
+        (ft[1][0], "chain2-c1"),
+        (ft[2][1], "chain1-c1"),
+        (ft[0][1], "chain1-c1"),
+    )
+    half, third, one = ((0.5, 0.5), True), ((0.3, 0.7), True), ((1.0, 1.0), False)
+    sweep = (  # (method, density, (weights, normalize), dtype)
+        ("dare_ties", 0.3, half, "bfloat16"),
+        ("dare_ties", 0.3, third, "float32"),
+        ("dare_ties", 0.45, one, "bfloat16"),
+        ("dare_ties", 0.45, half, "float32"),
+        ("dare_ties", 0.6, third, "bfloat16"),
+        ("dare_ties", 0.6, one, "float32"),
+        ("dare_ties", 0.75, half, "bfloat16"),
+        ("dare_ties", 0.75, third, "float32"),
+        ("dare_ties", 0.9, one, "bfloat16"),
+        ("dare_ties", 0.9, half, "float32"),
+        ("dare_linear", 0.6, half, "bfloat16"),
+        ("dare_linear", 0.45, third, "float32"),
+    )
+    out = []
+    for parents, (method, density, (weights, normalize), dtype) in zip(pairs, sweep):
+        short = "dare" if method == "dare_ties" else "darelin"
+        name = (
+            f"merge-{short}-d{round(density * 100)}-{''.join(str(round(w * 10)) for w in weights)}-{DTYPE_TAG[dtype]}"
+        )
+        series = f"{method}-d{density}" if method == "dare_ties" else ""
+        how = dict(method=method, density=density, dtype=dtype, normalize=normalize, series=series)
+        out.append(Member(name, "merge", "merge", parents, weights, **how))
     return out
 
 
@@ -469,14 +520,16 @@ def build_merge(out: Path, be: Backend, m: Member) -> str:
         config = {"merge_method": m.method, "models": [{"model": p, "parameters": q} for p, q in zip(paths, params)]}
         if m.method != "linear":
             config["base_model"] = str(be.base)
-            config["parameters"] = {"normalize": True} if m.method in ("ties", "dare_ties") else {}
-    config["dtype"] = "bfloat16"
+            config["parameters"] = (
+                {"normalize": m.normalize} if m.method in ("ties", "dare_ties", "dare_linear") else {}
+            )
+    config["dtype"] = m.dtype
 
     def fill(tmp: Path) -> str:
         options = MergeOptions(copy_tokenizer=False, quiet=True, random_seed=m.seed)
         run_merge(MergeConfiguration.model_validate(config), str(tmp), options)
         be.tok.save_pretrained(tmp)
-        return f"Merged by mergekit ({m.method}, bf16): " + ", ".join(
+        return f"Merged by mergekit ({m.method}, {m.dtype}): " + ", ".join(
             f"`{p}` {w:.4g}" for p, w in zip(m.parents, m.weights or ())
         )
 
@@ -529,12 +582,14 @@ def quantize_with_llama_cpp(parent: Path, target: Path) -> None:
 
 
 def halves(members: list[Member]) -> dict[str, str]:
-    """Within each kind (and each merge method, each GGUF type), a seeded shuffle alternating selection / report:
-    both halves hold every kind and every method."""
+    """Within each kind (and each merge method, each GGUF type, each sweep's series), a seeded shuffle alternating
+    selection / report: both halves hold every kind and every method (a series kept apart leaves the halves of the
+    members before it as they were)."""
     half: dict[str, str] = {}
-    for group in sorted({(m.kind, m.method) for m in members}):
-        names = [m.name for m in members if (m.kind, m.method) == group]
-        random.Random(f"tree-zoo-{group[0]}{'-' + group[1] if group[1] else ''}").shuffle(names)
+    for group in sorted({(m.kind, m.method, m.series) for m in members}):
+        names = [m.name for m in members if (m.kind, m.method, m.series) == group]
+        tag = "".join(f"-{g}" for g in group[1:] if g)
+        random.Random(f"tree-zoo-{group[0]}{tag}").shuffle(names)
         half.update({name: ("selection", "report")[i % 2] for i, name in enumerate(names)})
     return half
 
@@ -551,6 +606,8 @@ def write_tree(out: Path, be: Backend, members: list[Member]) -> Path:
             "parent": m.parent,
             "parents": list(m.parents),
             "weights": list(m.weights) if m.weights is not None else None,
+            "density": m.density,
+            "dtype": m.dtype if m.op == "merge" else None,
             "dataset": be.datasets[m.dataset].name if m.dataset is not None else None,
             "declared": declared(m),
             "declared_wrong": m.wrong is not None,
@@ -605,6 +662,9 @@ def main() -> None:
         be.full_lr = args.full_lr
     LLAMA_CPP.update(python=args.llama_cpp, src=args.llama_cpp_src)
     members = trained_members(be.datasets) + derived_members(be.datasets)
+    if args.llama_cpp is None:  # Q4_K_M is llama.cpp's own: left out of the zoo, said so
+        print("Q4_K_M quantizations left out: no --llama-cpp given", flush=True)
+        members = [m for m in members if m.method != "Q4_K_M"]
     for m in members:
         if (out / m.name).is_dir():
             print(f"  {m.name}: cached", flush=True)

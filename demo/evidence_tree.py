@@ -1,6 +1,6 @@
 """The model tree inferred from the weights, on the tree evidence zoos: parent and kind accuracy per kind.
 
-    python demo/evidence_tree.py [--zoos encoder,decoder] [--choose]
+    python demo/evidence_tree.py [--zoos encoder,decoder] [--choose | --choose-trimmed]
 
 The zoos are ``demo/build_tree_zoo.py``'s (``.cache/tree-encoder``, ``.cache/tree-decoder``): direct fine-tunes and
 adapters, chains three deep, adapters on fine-tunes, merges of two and three models, int8 and 4-bit round trips,
@@ -8,8 +8,8 @@ siblings of one dataset and unrelated weights, each with its true parent and kin
 Every member is embedded with the defaults (an adapter on a fine-tune on its parent, as ``embed`` does for a
 local adapter naming its parent's folder); the tree is inferred from the stored traces alone, without what cards
 declare. ``--choose`` searches the rule's thresholds on the selection half (both zoos together) and prints the
-choice; the report half is scored with the defaults of :class:`modelvec.analyse.tree.TreeRule`. Writes
-``.cache/evidence-out/tree.md``.
+choice (``--choose-trimmed``: the trimmed merges' two alone); the report half is scored with the defaults of
+:class:`modelvec.analyse.tree.TreeRule`. Writes ``.cache/evidence-out/tree.md``.
 """
 
 from __future__ import annotations
@@ -148,7 +148,14 @@ def outcomes(truth: dict, tree: Tree, half: str | None) -> list[dict]:
 
 
 #: mergekit's method as the tree names it (what the weights can tell).
-TOLD = {"linear": "linear", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_ties": "dare", "slerp": "slerp"}
+TOLD = {
+    "linear": "linear",
+    "task_arithmetic": "task_arithmetic",
+    "ties": "ties",
+    "dare_ties": "dare",
+    "dare_linear": "dare",
+    "slerp": "slerp",
+}
 
 
 def methods(rows: list[dict]) -> str:
@@ -160,6 +167,20 @@ def methods(rows: list[dict]) -> str:
         untold = sum(r["said"] is None for r in sel)
         out.append(f"{method} {right}/{len(sel)}" + (f" ({untold} found, method not told)" if untold else ""))
     return "merge methods named right: " + (", ".join(out) or "none")
+
+
+def dare(truth: dict, rows: list[dict]) -> str:
+    """Each DARE merge of the half (density, weights, saved dtype): merge with exactly its parents, or what it was
+    named."""
+    by_name = {m["model"]: m for m in truth["models"]}
+    out = []
+    for r in rows:
+        m = by_name[r["model"]]
+        if m["kind"] != "merge" or not str(m["method"]).startswith("dare"):
+            continue
+        how = f"d{m.get('density')} {'/'.join(f'{w:g}' for w in m['weights'])} {m.get('dtype') or 'bfloat16'}"
+        out.append(f"{m['method']} {how}: {'found' if r['parent'] and r['kind_ok'] else r['said']}")
+    return "DARE merges: " + ("; ".join(out) or "none")
 
 
 def summary(rows: list[dict]) -> list[tuple[str, int, str, str]]:
@@ -185,20 +206,43 @@ def _score(zoos: dict[str, tuple[dict, dict]], rule: TreeRule) -> float:
 
 def choose(zoos: dict[str, tuple[dict, dict]]) -> TreeRule:
     """The thresholds that get most parents, kinds and merge methods right on the selection half of every zoo: the
-    size, levels and merge thresholds first, then the merge methods' (trimmed zeros and ratio, TIES against DARE,
-    SLERP's excess) given them; ties keep the earlier (the default's order first)."""
+    size, levels and merge thresholds first, then the merge methods' (trimmed zeros, ratio and gain, TIES against
+    DARE, SLERP's excess) given them; ties keep the earlier (the default's order first)."""
     best, best_score = TreeRule(), _score(zoos, TreeRule())
     grid = itertools.product((0.5, 0.7, 0.9), (0.6, 0.75, 0.9), (0.2, 0.3, 0.5), ((0.7, 1.6), (0.8, 1.6), (0.9, 2.0)))
     for size, levels, ratio, beyond in grid:
         rule = replace(best, unrelated_size=size, quantized_levels=levels, merge_ratio=ratio, beyond=beyond)
         if (score := _score(zoos, rule)) > best_score:
             best, best_score = rule, score
-    methods = itertools.product((0.08, 0.06, 0.04, 0.02), (0.9, 0.8, 0.95), (0.75, 0.6, 0.9), (1e-4, 1e-5, 1e-3))
-    for zeros, trimmed, ties, excess in methods:
-        rule = replace(best, trimmed_zeros=zeros, trimmed_ratio=trimmed, ties_ratio=ties, slerp_excess=excess)
+    methods = itertools.product(
+        (0.04, 0.08, 0.06, 0.02),
+        (0.9, 0.8, 0.95),
+        (0.15, 1.0, 0.4, 0.3, 0.2, 0.1),
+        (0.75, 0.6, 0.9),
+        (1e-4, 1e-5, 1e-3),
+    )
+    for zeros, trimmed, gain, ties, excess in methods:
+        rule = replace(
+            best, trimmed_zeros=zeros, trimmed_ratio=trimmed, trimmed_gain=gain, ties_ratio=ties, slerp_excess=excess
+        )
         if (score := _score(zoos, rule)) > best_score:
             best, best_score = rule, score
     print(f"chosen on the selection half ({best_score:.3f}; the default {_score(zoos, TreeRule()):.3f}): {best}")
+    return best
+
+
+def choose_trimmed(zoos: dict[str, tuple[dict, dict]]) -> TreeRule:
+    """The trimmed merges' thresholds alone (``trimmed_zeros``, ``trimmed_gain``; 1.0: no gain route) that get most
+    right on the selection half of every zoo, every other threshold the default's; each scored, ties keeping the
+    stricter (the earlier)."""
+    best, best_score = TreeRule(), -1.0
+    for zeros, gain in itertools.product((0.04, 0.03, 0.02), (1.0, 0.4, 0.3, 0.2, 0.15, 0.1)):  # strict first
+        rule = replace(TreeRule(), trimmed_zeros=zeros, trimmed_gain=gain)
+        score = _score(zoos, rule)
+        print(f"trimmed_zeros {zeros}, trimmed_gain {gain}: selection {score:.3f}")
+        if score > best_score:
+            best, best_score = rule, score
+    print(f"chosen on the selection half ({best_score:.3f}): {best}")
     return best
 
 
@@ -234,6 +278,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoos", default="encoder,decoder")
     parser.add_argument("--choose", action="store_true")
+    parser.add_argument("--choose-trimmed", action="store_true", help="choose the trimmed merges' thresholds alone")
     parser.add_argument("--rows", default="auto", help="the representation's share of rows (auto: the default)")
     parser.add_argument(
         "--auto-rows", default=str(Representation.auto_rows), help="rows of each large matrix read (share: 5 %%)"
@@ -257,7 +302,7 @@ def main() -> None:
         for z in args.zoos.split(",")
         if (Path(ZOOS[z]) / "tree.json").exists()
     }
-    rule = choose(zoos) if args.choose else TreeRule()
+    rule = choose(zoos) if args.choose else choose_trimmed(zoos) if args.choose_trimmed else TreeRule()
     lines = [f"rule: {rule}", f"representation: {representation.key()}", ""]
     for name, (truth, data) in zoos.items():
         tree, carded = infer(data, rule), infer(data, rule, truth)  # the weights alone; with the cards: their flags
@@ -272,7 +317,7 @@ def main() -> None:
                 "|---|---|---|---|",
             ]
             lines += [f"| {k} | {n} | {p} | {q} |" for k, n, p, q in summary(rows)]
-            lines += ["", methods(rows)]
+            lines += ["", methods(rows), "", dare(truth, rows)]
             wrong = [r for r in rows if not (r["parent"] and r["kind_ok"])]
             lines += ["", f"wrong: {wrong}" if wrong else "wrong: none", ""]
     out = args.out or Path(f".cache/evidence-out/tree-rows-{args.rows}.md")

@@ -100,7 +100,10 @@ def test_identical_weights_the_original_is_the_one_the_cards_name_and_a_merge_ke
     )
     (merge / "README.md").write_text(f"---\nbase_model: [{original}, {other}]\nbase_model_relation: merge\n---\n")
     store = tmp_path / "s.duckdb"
-    assert modelvec.embed(base, [*made, mirror, merge], store=store, load=False).failed == {}
+    result = modelvec.embed(base, [*made, mirror, merge], store=store, load=False)
+    assert result.failed == {}
+    said = next(models for note, models in result.notes.items() if note.startswith("the same weights as another"))
+    assert said == [f"{mirror} = {original}"]  # embed says so
     by = {n.model: n for n in model_tree(base, store=store).nodes}
     node = by[str(mirror)]
     assert (node.kind, node.copy_of, node.resaved, node.original_by) == (
@@ -232,3 +235,32 @@ def test_a_hub_model_whose_new_commit_only_edits_its_card_keeps_its_vector_and_t
         other = {**weights, "model.safetensors": made[1] / "model.safetensors"}
         hub.publish("u/ft", {**other, "README.md": b"---\ndatasets:\n- beta\n---\n"})
         assert modelvec.embed(base, ["u/ft"], store=store, hub_settings=settings, load=False).embedded == ["u/ft"]
+
+
+def test_a_fine_tune_of_a_few_bf16_steps_is_no_re_save_of_the_base(zoo, tmp_path):
+    """Fine-tunes saved in bfloat16 whose deltas are as small as bf16's rounding (a step or two): as near the base as
+    a bfloat16 re-save of it is, but their entries are not the base's rounded: fine-tunes, on the map; the re-save
+    beside them is the copy."""
+    base, made = zoo
+    state = load_file(str(base / "model.safetensors"))
+    config = json.loads((base / "config.json").read_text())
+    short = []
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        moved = {}
+        for key, w in state.items():
+            if w.ndim == 2 and ".layer." in key:  # a fifth of a bf16 step per entry: a fifth of the entries cross one
+                ulp = torch.finfo(torch.bfloat16).eps * w.abs().clamp_min(1e-12)
+                w = w + 0.15 * ulp * torch.randn(w.shape, generator=g)
+            moved[key] = w.to(torch.bfloat16)
+        short.append(save_state(tmp_path / f"short{seed}", moved, config))
+    resaved = resave(base, tmp_path / "base-bf16", torch.bfloat16)
+    store = tmp_path / "s.duckdb"
+    assert modelvec.embed(base, [*made, *short, resaved], store=store, load=False).failed == {}
+    with Store(store, read_only=True) as db:
+        pop = Population(db, base)
+        traces = db.traces(pop.name, pop.representation.key(), pop.base_hash, read=False).frame.set_index("model")
+    assert list(pop.copies) == [str(resaved)] and pop.copies[str(resaved)].original == pop.name
+    rounding = traces["rounding"] * traces["scale"]
+    for m in short:  # as near the base as the re-save, within the rounding a re-save may leave
+        assert traces.loc[str(m), "norm"] <= 1.5 * rounding[str(m)] and traces.loc[str(m), "zeros"] < 0.9

@@ -413,6 +413,40 @@ def test_an_adapter_on_a_fine_tune_named_by_hub_id_beside_it_is_embedded_on_it(b
     np.testing.assert_allclose(result.vectors[row], local.vectors[there], rtol=1e-5, atol=1e-6)
 
 
+def test_an_adapter_named_by_hub_id_on_a_fine_tune_with_the_base_in_a_folder_is_embedded_on_it(
+    base, tmp_path, monkeypatch
+):
+    """Issue 47, 9: the base kept in a folder (downloaded once), the fine-tune and its adapter named by Hub id, the
+    adapter's config naming the fine-tune's id: embedded on it, placed under it in the tree, its vector the one a
+    local embed gives; offline, with the fine-tune stored by an earlier run, the same."""
+    from modelvec.hub.client import HubSettings
+    from modelvec.report.tree import model_tree
+    from modelvec.testing.localhub import LocalHub
+
+    ft = finetune(base, tmp_path / "ft", 0, 1)
+    on_ft = lora(ft, tmp_path / "on-ft", seed=3, names="u/ft")
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish("u/ft", {p.name: p for p in ft.iterdir()})
+    hub.publish("u/on-ft", {p.name: p for p in on_ft.iterdir()})
+    store = tmp_path / "s.duckdb"
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        result = modelvec.embed(base, ["u/ft", "u/on-ft"], store=store, hub_settings=settings)
+        stored = modelvec.embed(base, ["u/ft"], store=tmp_path / "t.duckdb", hub_settings=settings, load=False)
+    assert result.failed == {} and sorted(result.embedded) == ["u/ft", "u/on-ft"] and stored.failed == {}
+    by = {n.model: n for n in model_tree(base, store=store).nodes}
+    assert (by["u/on-ft"].kind, by["u/on-ft"].parent) == ("adapter", "u/ft")
+    same = lora(ft, tmp_path / "same-on-ft", seed=3)  # the same adapter, its config naming the fine-tune's folder
+    local = modelvec.embed(base, [ft, same], store=tmp_path / "local.duckdb", load=True)
+    there = local.metadata.set_index("model").index.get_loc(str(same.resolve()))
+    mine = result.metadata.set_index("model").index.get_loc("u/on-ft")
+    np.testing.assert_allclose(result.vectors[mine], local.vectors[there], rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # no Hub: the fine-tune stored before
+    offline = HubSettings(cache_dir=str(tmp_path / "hf"), token=False)
+    later = modelvec.embed(base, [on_ft], store=tmp_path / "t.duckdb", hub_settings=offline, load=False)
+    assert later.failed == {} and later.embedded == [str(on_ft.resolve())]
+
+
 # --- the fault harness ----------------------------------------------------------------------------------------
 
 FILES = ("store", "vectors", "products", "spread", "tree")

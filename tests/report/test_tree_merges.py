@@ -11,27 +11,37 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import modelvec
 from conftest import trained
 from modelvec.report.tree import model_tree
 
 
-def mergekit(out: Path, method: str, models: list[tuple[Path, dict]], base: Path | None, **parameters) -> Path:
-    """A merge made by mergekit itself, in bf16."""
+def mergekit(
+    out: Path,
+    method: str,
+    models: list[tuple[Path, dict]],
+    base: Path | None,
+    dtype: str = "bfloat16",
+    seed: int | None = None,
+    **parameters,
+) -> Path:
+    """A merge made by mergekit itself, saved in ``dtype`` (bf16, as merges are published; ``seed``: DARE's drops)."""
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
 
     config: dict = {
         "merge_method": method,
-        "dtype": "bfloat16",
+        "dtype": dtype,
         "models": [{"model": str(m), **({"parameters": p} if p else {})} for m, p in models],
     }
     if base is not None:
         config["base_model"] = str(base)
     if parameters:
         config["parameters"] = parameters
-    run_merge(MergeConfiguration.model_validate(config), str(out), MergeOptions(copy_tokenizer=False, quiet=True))
+    options = MergeOptions(copy_tokenizer=False, quiet=True, random_seed=seed)
+    run_merge(MergeConfiguration.model_validate(config), str(out), options)
     return out
 
 
@@ -119,12 +129,74 @@ def test_a_card_naming_a_merges_parents_is_checked_by_the_weights(tree, tmp_path
     (tmp_path / "misdeclared" / "README.md").write_text(
         f"---\nbase_model: {json.dumps([names['a'], names['c']])}\n---\n"
     )
-    with open(tmp_path / "declared" / "model.safetensors", "r+b") as fh:  # not a copy of linear: one value moved
-        fh.seek(-2, 2)
-        fh.write(b"\x3c\x3c")
+    weights = tmp_path / "declared" / "model.safetensors"  # not a copy of linear: one value of a matrix read moved
+    state = load_file(str(weights))
+    key = next(k for k in state if k.endswith("q_proj.weight"))
+    state[key][0, 0] += 0.01
+    save_file(state, str(weights), metadata={"format": "pt"})
     modelvec.embed(root / "base", [root / m for m in ("a", "b", "c")] + [tmp_path / "declared"], store=store)
     modelvec.embed(root / "base", [tmp_path / "misdeclared"], store=store)
     found = {Path(n.model).name: n for n in model_tree(root / "base", store=store).nodes}
     assert found["declared"].kind == "merge" and found["declared"].agrees
     assert {Path(p).name for p in found["declared"].parents} == {"a", "b"}
     assert found["misdeclared"].kind == "merge" and not found["misdeclared"].agrees
+
+
+#: DARE merges across density, weights and saved dtype: (method, density, (weights, normalize), dtype, parents), each
+#: of a pair of the five fine-tunes of its own (merges sharing a pair are each other's near-duplicates).
+DARE = [
+    ("dare_ties", 0.3, ((0.5, 0.5), True), "bfloat16", ("a", "b")),
+    ("dare_ties", 0.3, ((0.3, 0.7), True), "float32", ("a", "c")),
+    ("dare_ties", 0.45, ((1.0, 1.0), False), "bfloat16", ("b", "c")),
+    ("dare_ties", 0.6, ((0.5, 0.5), True), "float32", ("a", "d")),
+    ("dare_ties", 0.6, ((0.5, 0.5), True), "bfloat16", ("b", "d")),
+    ("dare_ties", 0.6, ((0.3, 0.7), True), "bfloat16", ("c", "d")),
+    ("dare_ties", 0.45, ((0.3, 0.7), True), "bfloat16", ("a", "e")),
+    ("dare_ties", 0.3, ((1.0, 1.0), False), "float32", ("b", "e")),
+    ("dare_linear", 0.6, ((0.3, 0.7), True), "float32", ("c", "e")),
+    ("dare_linear", 0.45, ((0.5, 0.5), True), "bfloat16", ("d", "e")),
+]
+
+
+def dare_name(method: str, density: float, weights: tuple[float, float], dtype: str) -> str:
+    return f"{method}-{density}-{weights[0]}-{weights[1]}-{dtype}"
+
+
+@pytest.fixture(scope="module")
+def dare(llama_family, tmp_path_factory):
+    """A population of five long fine-tunes (and a sibling of one) and the DARE merges of :data:`DARE`, each built
+    once: the tree's nodes by folder name."""
+    base, a, b, c = llama_family
+    root = tmp_path_factory.mktemp("dare")
+    tuned = {"a": a, "b": b, "c": c, "d": trained(base, root / "d", [5], 16), "e": trained(base, root / "e", [6], 17)}
+    sibling = trained(base, root / "a-sibling", [1], 14)
+    merges = []
+    for k, (method, density, (weights, normalize), dtype, pair) in enumerate(DARE):
+        models = [(tuned[p], {"weight": w, "density": density}) for p, w in zip(pair, weights)]
+        out = root / dare_name(method, density, weights, dtype)
+        merges.append(mergekit(out, method, models, base, dtype=dtype, seed=k, normalize=normalize))
+    store = root / "s.duckdb"
+    assert modelvec.embed(base, [*tuned.values(), sibling, *merges], store=store, load=False).failed == {}
+    return {Path(n.model).name: n for n in model_tree(base, store=store).nodes}
+
+
+@pytest.mark.parametrize(
+    "method,density,weights,dtype,parents",
+    [(m, d, w, t, p) for m, d, (w, _), t, p in DARE],
+    ids=[dare_name(m, d, w, t) for m, d, (w, _), t, _ in DARE],
+)
+def test_a_dare_merge_is_a_merge_of_both_parents_at_any_density_weights_and_dtype(
+    dare, method, density, weights, dtype, parents
+):
+    """DARE drops each parent's entries at random and rescales the rest by 1/density: the merge's trace is its
+    parents' sum (times about 1 - density/2) plus a noise that grows as density falls, and no combination
+    explains; the entries every parent dropped are left as the base's."""
+    node = dare[dare_name(method, density, weights, dtype)]
+    assert node.kind == "merge", (node.kind, node.parents)
+    assert {Path(p).name for p in node.parents} == set(parents), node.parents
+    assert node.method == "dare"
+
+
+def test_beside_dare_merges_direct_fine_tunes_stay_fine_tunes_of_the_base(dare):
+    for name in ("a", "b", "c", "d", "e", "a-sibling"):
+        assert dare[name].kind == "fine-tune" and Path(dare[name].parent).name == "base", (name, dare[name].parents)

@@ -72,7 +72,6 @@ class Stores(RuleBasedStateMachine):
 
     base: Path
     models: list[Path]
-    scratch: Path
 
     @initialize()
     def start(self) -> None:
@@ -154,7 +153,7 @@ class Stores(RuleBasedStateMachine):
         """All of a store's files copied (``cp -r S.duckdb* T...``) or renamed (``mv``) to a free name."""
         source = data.draw(st.sampled_from(sorted(self.held)))
         target = data.draw(st.sampled_from([n for n in NAMES if n not in self.held]))
-        before = self.others(source)
+        before = self.others(*([source] if move else []))  # a copy leaves its source as it was
         for path in list(self.folder.glob(f"{source}.duckdb*")):
             to = self.folder / (target + path.name[len(source) :])
             if move:
@@ -166,8 +165,6 @@ class Stores(RuleBasedStateMachine):
         self.held[target] = set(self.held[source])
         if move:
             del self.held[source]
-        else:
-            self.untouched({source: before.pop(source)})
         self.untouched(before)
 
     @invariant()
@@ -175,15 +172,15 @@ class Stores(RuleBasedStateMachine):
         for name, models in sorted(self.held.items()):
             cards = tuple((m, (Path(m) / "README.md").read_text()) for m in sorted(models))
             if cards not in self.references:
-                fresh = self.scratch / f"fresh{len(self.references)}.duckdb"
+                fresh = self.folder / "fresh" / f"{len(self.references)}.duckdb"  # a new one for each answer
                 modelvec.embed(self.base, sorted(models), store=fresh, load=False)
-                self.references[cards] = answer(self.base, fresh, self.scratch / "out")
+                self.references[cards] = answer(self.base, fresh, self.folder / "fresh-out")
             assert answer(self.base, self.path(name), self.folder / "out") == self.references[cards], name
 
 
-Stores.TestCase.settings = settings(
-    max_examples=3,
-    stateful_step_count=8,
+Stores.TestCase.settings = settings(  # MODELVEC_MACHINE_EXAMPLES / _STEPS: a longer search, by hand
+    max_examples=int(os.environ.get("MODELVEC_MACHINE_EXAMPLES", "3")),
+    stateful_step_count=int(os.environ.get("MODELVEC_MACHINE_STEPS", "8")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -194,5 +191,4 @@ TestStores = Stores.TestCase
 @pytest.fixture(autouse=True)
 def _machine(pool, tmp_path, monkeypatch):
     monkeypatch.setenv("MACHINE_ROOT", str(tmp_path))
-    Stores.base, Stores.models, Stores.scratch = pool[0], pool[1], tmp_path / "scratch"
-    (tmp_path / "scratch").mkdir()
+    Stores.base, Stores.models = pool[0], pool[1]

@@ -8,9 +8,11 @@ them, from each model's trace (:mod:`modelvec.represent.trace`, linear in the we
 - **a re-save in a coarser dtype** (float32 -> bfloat16, float16): its trace differs from its original's by the
   rounding alone, ``|T_m - T_j| <= rule.rounding * rounding_m * scale``, where ``rounding_m`` is the expected size of
   rounding to ``m``'s dtype against the weights (kept with the trace) and ``scale`` the base's weights' size in the
-  same map. Only a model stored coarser than the other can be its re-save (among one dtype a re-save is exact); a
-  re-save of the base is within that distance of the base (``|T_m|``). A fine-tune trained many steps of its dtype
-  is far beyond it.
+  same map. Only a model stored coarser than the other can be its re-save (among one dtype a re-save is exact), and
+  only of a model whose own delta is clearly beyond that rounding (``rule.rounding`` times it again: near the base,
+  closeness tells nothing). A re-save of the base is exact where it can be checked: every entry read is the base's
+  rounded to its dtype (``same``, at least ``rule.resaved``), which a fine-tune of a few steps, its delta as small as
+  the rounding, is not. A fine-tune trained many steps of its dtype is far beyond either.
 
 Candidates are found without comparing every pair: a re-save's trace norm is within the same distance of its
 original's (the triangle inequality), so only models of a finer dtype in that window of norms are compared.
@@ -28,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .rule import TreeRule
 
 #: Significand bits of each float type (a precision's fineness).
 BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
@@ -67,8 +71,9 @@ class Copy:
 class Traced:
     """What the copies are found from, one entry per model: the trace's checksum (None: no trace; then the vector's
     stands for it), whether the model's weights are the base's (a zero vector or trace), the trace's norm, the
-    model's dtype and its rounding (None: not kept), and whether it can be a re-save at all (an adapter, a GGUF
-    quantization cannot: its dtype says nothing of its values)."""
+    model's dtype and its rounding (None: not kept), the share of its entries read that equal the base's rounded to its
+    dtype (None: not kept), and whether it can be a re-save at all (an adapter, a GGUF quantization cannot: its dtype
+    says nothing of its values)."""
 
     models: Sequence[str]
     digest: Sequence[str | None]
@@ -76,6 +81,7 @@ class Traced:
     norm: Sequence[float | None]
     precision: Sequence[str | None]
     rounding: Sequence[float | None]
+    same: Sequence[float | None]
     resaved: Sequence[bool]
     scale: float
 
@@ -85,17 +91,18 @@ def find_copies(
     distance: Callable[[list[tuple[int, int]]], np.ndarray],
     *,
     base: str,
-    factor: float,
+    rule: TreeRule,
     about: About | None = None,
 ) -> dict[str, Copy]:
     """Every copy among ``traced.models`` with its original (see the module docstring). ``distance``: the trace
-    distances of pairs of positions (only candidates are asked); ``factor``: how many times the expected rounding a
-    re-save may differ by (``TreeRule.rounding``); ``about``: for the models of a group, what their cards name (the
-    stored models, or ``base``) and when each was made (ISO dates, comparable as text): asked of groups alone."""
+    distances of pairs of positions (only candidates are asked); ``rule``: how many times the expected rounding a
+    re-save may differ by (``rounding``) and how many of its entries a re-save of the base keeps as the base's
+    (``resaved``); ``about``: for the models of a group, what their cards name (the stored models, or ``base``) and
+    when each was made (ISO dates, comparable as text): asked of groups alone."""
     n = len(traced.models)
     groups = _Groups(n + 1)  # position n: the base
     exact = _exact_edges(traced, groups, n)
-    for i, j in _rounding_edges(traced, distance, factor):
+    for i, j in _rounding_edges(traced, distance, rule):
         groups.join(i, j)
     out: dict[str, Copy] = {}
     for members in (g for g in groups.components() if len(g) > 1):
@@ -126,25 +133,27 @@ def _exact_edges(traced: Traced, groups: _Groups, n: int) -> dict[int, object]:
 
 
 def _rounding_edges(
-    traced: Traced, distance: Callable[[list[tuple[int, int]]], np.ndarray], factor: float
+    traced: Traced, distance: Callable[[list[tuple[int, int]]], np.ndarray], rule: TreeRule
 ) -> list[tuple[int, int]]:
     """The pairs (model, original or n: the base) whose traces differ by no more than the model's rounding."""
-    n = len(traced.models)
+    n, factor = len(traced.models), rule.rounding
     allowed = [
-        factor * r * traced.scale if r and ok and traced.norm[i] is not None else 0.0
+        factor * r * traced.scale if r and ok and traced.norm[i] is not None and not traced.zero[i] else 0.0
         for i, (r, ok) in enumerate(zip(traced.rounding, traced.resaved))
     ]
-    edges = [(i, n) for i in range(n) if allowed[i] and not traced.zero[i] and traced.norm[i] <= allowed[i]]  # type: ignore[operator]
+    norm = [float(v) if v is not None else 0.0 for v in traced.norm]
+    edges = [(i, n) for i in range(n) if allowed[i] and norm[i] <= allowed[i] and (traced.same[i] or 0) >= rule.resaved]
     finer = sorted(
-        (float(traced.norm[j]), j)  # type: ignore[arg-type]
+        (norm[j], j)
         for j in range(n)
         if traced.norm[j] is not None and not traced.zero[j] and BITS.get(traced.precision[j] or "", 0)
     )
     norms = [v for v, _ in finer]
     pairs = []
-    for i in (i for i in range(n) if allowed[i] and not traced.zero[i]):
-        mine, bits = float(traced.norm[i]), BITS.get(traced.precision[i] or "", 0)  # type: ignore[arg-type]
-        lo, hi = bisect.bisect_left(norms, mine - allowed[i]), bisect.bisect_right(norms, mine + allowed[i])
+    for i in (i for i in range(n) if allowed[i]):
+        bits = BITS.get(traced.precision[i] or "", 0)
+        lo = bisect.bisect_left(norms, max(norm[i] - allowed[i], factor * allowed[i]))  # clearly beyond the rounding
+        hi = bisect.bisect_right(norms, norm[i] + allowed[i])
         pairs += [(i, j) for _, j in finer[lo:hi] if bits and BITS.get(traced.precision[j] or "", 0) > bits]
     if pairs:
         found = distance(pairs)

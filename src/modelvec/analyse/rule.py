@@ -37,6 +37,12 @@ class TreeRule:
     trimmed_ratio: float = setting(
         0.9, "A trimmed merge's residual against its best single model's, at most.", above=0, maximum=1
     )
+    trimmed_gain: float = setting(
+        0.15,
+        "A trimmed merge's parents together explain at least this share more than the best of them alone.",
+        above=0,
+        maximum=1,
+    )
     ties_ratio: float = setting(0.75, "Below this residual ratio a trimmed merge is TIES, above DARE.", above=0)
     slerp_excess: float = setting(
         1e-4,
@@ -45,6 +51,12 @@ class TreeRule:
     )
     rounding: float = setting(
         1.5, "A merge's residual may be this many times the rounding to its precision (bf16) expected of it.", above=0
+    )
+    resaved: float = setting(
+        0.999,
+        "Share of a model's entries read equal to the base's rounded to its dtype from which it is a re-save of it.",
+        above=0,
+        maximum=1,
     )
     weights_sum: float = setting(
         0.1, "How far a linear merge's weights may sum from one (beyond: task arithmetic).", minimum=0

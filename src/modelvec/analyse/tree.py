@@ -247,6 +247,7 @@ def copies_in(
     norms = np.sqrt(np.einsum("ij,ij->i", t, t, dtype=np.float64))
     precision = [p if isinstance(p, str) else None for p in stats.get("precision") or [None] * len(models)]
     rounding = [None if v is None or v != v else float(v) for v in stats.get("rounding") or [None] * len(models)]
+    same = [None if v is None or v != v else float(v) for v in stats.get("zeros") or [None] * len(models)]
     traced = Traced(
         models=models,
         digest=[xxhash.xxh3_64_hexdigest(row.tobytes()) for row in t],
@@ -254,11 +255,12 @@ def copies_in(
         norm=[float(v) for v in norms],
         precision=precision,
         rounding=rounding,
+        same=same,
         resaved=[m not in known for m in models],
         scale=scale,
     )
     distance = lambda pairs: np.array([float(np.linalg.norm(t[i].astype(np.float64) - t[j])) for i, j in pairs])
-    return find_copies(traced, distance, base=base, factor=rule.rounding)
+    return find_copies(traced, distance, base=base, rule=rule)
 
 
 def _declared_merges(

@@ -37,6 +37,7 @@ from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_b
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
 from ..store.records import Alias, CardUpdate
+from ..store.vectorfile import checksum, vector_bytes
 from .discover import catalogue_entries, discovered, resumable, stored_pages
 from .engines import Engine, Execution, make_engine
 from .keeper import ProductsKeeper
@@ -111,6 +112,11 @@ BASE_CHANGED = (
 )
 #: What a run says of a model given under a second name (its weight files are a stored model's: once a run).
 ALIAS = "the same weight files as a stored model, given another way (an alias): one model, stored once, under its first name"
+#: What a run says of models whose weights are another's bit for bit (a mirror, a byte copy: once a run).
+SAME_WEIGHTS = (
+    "the same weights as another stored model (a copy, in another folder or repository): stored, counted once in "
+    "every report, as the original (`modelvec tree` says which and why)"
+)
 #: What a run says of stored models whose card changed since (once a run).
 CARD_CHANGED = "their cards changed since they were stored: their labels read again, their vectors kept"
 #: What a run says of a quantization (a GGUF file): its trace is taken, it is no point on the map.
@@ -305,6 +311,7 @@ class _Run:
         self.writer = db.writer()
         self.hub_down: str | None = None  # the line said once the Hub refused connections: nothing more is tried
         self.files: dict[str, str] = {}  # the local weight files of this run's models (files_id -> its first name)
+        self.vectors: dict[str, str] = {}  # the checksums of this run's vectors (-> the first model of each)
 
     def fail(self, name: str, error: str, model_version: str | None, kind: Kind, fetched: int = 0) -> None:
         """A model failed now: recorded in the store (with its kind) and in the result."""
@@ -360,6 +367,15 @@ class _Run:
             if any(h != spec.version for h in db.model_versions(name, spec.name, representation)):
                 self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
+
+    def _same_vector(self, name: str, vector: np.ndarray) -> str | None:
+        """Another model, stored or embedded in this run, whose vector is this one bit for bit: the same weights."""
+        digest = checksum(vector_bytes(vector))
+        first = self.vectors.setdefault(digest, name)
+        if first != name:
+            return first
+        spec = self.spec
+        return self.db.same_vector(digest, name, spec.name, spec.version, self.representation)
 
     def _settled(self, task: Task) -> bool:
         """Whether nothing is to be computed for ``task``: the same weight files as a model stored or embedded in this
@@ -454,9 +470,13 @@ class _Run:
         self.result.embedded.append(task.name)
         quantized = QUANTIZED.format(outcome.quantized) if outcome.quantized else None
         card = outcome.card.note(task.name) if outcome.card is not None else None
-        for note in (outcome.note, card, COPY_OF_BASE if not np.any(outcome.vector) else None, quantized):
+        zero = not np.any(outcome.vector)
+        for note in (outcome.note, card, COPY_OF_BASE if zero else None, quantized):
             if note is not None:
                 self.result.notes.setdefault(note, []).append(task.name)
+        same = None if zero or outcome.vector is None else self._same_vector(task.name, outcome.vector)
+        if same is not None:
+            self.result.notes.setdefault(SAME_WEIGHTS, []).append(f"{task.name} = {same}")
         detail = f"{outcome.seconds:.2f}s"
         self.report(Step(status="embedded", model=task.name, detail=detail, fetched=outcome.fetched))
         return True

@@ -98,6 +98,7 @@ def copies(
         norm=norm,
         precision=[r["precision"] if r is not None and isinstance(r["precision"], str) else None for r in row],
         rounding=[_number(r, "rounding") for r in row],
+        same=[_number(r, "zeros") for r in row],
         resaved=[not bool(a is True) and not isinstance(q, str) for a, q in zip(meta["adapter"], meta["quantized"])],
         scale=float(traces["scale"].iloc[0]) if len(traces) else 0.0,
     )
@@ -109,7 +110,7 @@ def copies(
     def distance(pairs: list[tuple[int, int]]) -> np.ndarray:
         return _distances(db, name, params, base_hash, models, pairs)
 
-    return find_copies(traced, distance, base=name, factor=TreeRule().rounding, about=about)
+    return find_copies(traced, distance, base=name, rule=TreeRule(), about=about)
 
 
 def _distances(

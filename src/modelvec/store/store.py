@@ -643,6 +643,18 @@ class Store:
         ).fetchone()
         return str(row[0]) if row is not None else None
 
+    def same_vector(
+        self, digest: str, model: str, base: str, base_version: str, representation: Representation
+    ) -> str | None:
+        """A stored model (another name than ``model``) whose vector has the checksum ``digest`` against this base and
+        representation: the same weights, bit for bit, in every row read."""
+        row = self.con.execute(
+            "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
+            "AND params = ? ORDER BY model LIMIT 1",
+            [digest, model, base, base_version, representation.key()],
+        ).fetchone()
+        return str(row[0]) if row is not None else None
+
     def aliases(self, base: str | None = None) -> dict[str, str]:
         """Every second name of a stored model (of ``base``; None: any): alias -> the model it names."""
         if "aliases" not in self._tables():
