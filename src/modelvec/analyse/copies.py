@@ -9,8 +9,8 @@ them, from each model's trace (:mod:`modelvec.represent.trace`, linear in the we
   rounding alone, ``|T_m - T_j| <= rule.rounding * rounding_m * scale``, where ``rounding_m`` is the expected size of
   rounding to ``m``'s dtype against the weights (kept with the trace) and ``scale`` the base's weights' size in the
   same map. Only a model stored coarser than the other can be its re-save (among one dtype a re-save is exact), and
-  only of a model whose own delta is clearly beyond that rounding (``rule.rounding`` times it again: near the base,
-  closeness tells nothing). A re-save of the base is exact where it can be checked: every entry read is the base's
+  only of a model whose own delta is clearly beyond that rounding (``rule.rounding`` times it again), or whose
+  card names it: near the base, nearness alone tells nothing (a short fine-tune's re-save is as near its siblings). A re-save of the base is exact where it can be checked: every entry read is the base's
   rounded to its dtype (``same``, at least ``rule.resaved``), which a fine-tune of a few steps, its delta as small as
   the rounding, is not. A fine-tune trained many steps of its dtype is far beyond either.
 
@@ -102,7 +102,7 @@ def find_copies(
     n = len(traced.models)
     groups = _Groups(n + 1)  # position n: the base
     exact = _exact_edges(traced, groups, n)
-    for i, j in _rounding_edges(traced, distance, rule):
+    for i, j in _rounding_edges(traced, distance, rule, about):
         groups.join(i, j)
     out: dict[str, Copy] = {}
     for members in (g for g in groups.components() if len(g) > 1):
@@ -133,9 +133,10 @@ def _exact_edges(traced: Traced, groups: _Groups, n: int) -> dict[int, object]:
 
 
 def _rounding_edges(
-    traced: Traced, distance: Callable[[list[tuple[int, int]]], np.ndarray], rule: TreeRule
+    traced: Traced, distance: Callable[[list[tuple[int, int]]], np.ndarray], rule: TreeRule, about: About | None
 ) -> list[tuple[int, int]]:
-    """The pairs (model, original or n: the base) whose traces differ by no more than the model's rounding."""
+    """The pairs (model, original or n: the base) whose traces differ by no more than the model's rounding; where
+    the original's own delta is itself within that rounding of the base, only where the model's card names it."""
     n, factor = len(traced.models), rule.rounding
     allowed = [
         factor * r * traced.scale if r and ok and traced.norm[i] is not None and not traced.zero[i] else 0.0
@@ -152,13 +153,15 @@ def _rounding_edges(
     pairs = []
     for i in (i for i in range(n) if allowed[i]):
         bits = BITS.get(traced.precision[i] or "", 0)
-        lo = bisect.bisect_left(norms, max(norm[i] - allowed[i], factor * allowed[i]))  # clearly beyond the rounding
-        hi = bisect.bisect_right(norms, norm[i] + allowed[i])
+        lo, hi = bisect.bisect_left(norms, norm[i] - allowed[i]), bisect.bisect_right(norms, norm[i] + allowed[i])
         pairs += [(i, j) for _, j in finer[lo:hi] if bits and BITS.get(traced.precision[j] or "", 0) > bits]
-    if pairs:
-        found = distance(pairs)
-        edges += [(i, j) for (i, j), d in zip(pairs, found) if d <= allowed[i]]
-    return edges
+    close = [(i, j) for (i, j), d in zip(pairs, distance(pairs) if pairs else []) if d <= allowed[i]]
+    told = [(i, j) for i, j in close if norm[j] >= factor * allowed[i]]  # the original clearly beyond the rounding
+    near = [(i, j) for i, j in close if norm[j] < factor * allowed[i]]
+    if near and about is not None:  # an original as near the base as the rounding: nearness alone tells nothing
+        named, _ = about(sorted({traced.models[i] for i, _ in near}))
+        told += [(i, j) for i, j in near if traced.models[j] in named.get(traced.models[i], ())]
+    return edges + told
 
 
 def _original(

@@ -49,29 +49,37 @@ def declared(db: Store, base: str, meta: pd.DataFrame, root: Sequence[str]) -> d
 
 
 def created(db: Store, base: str, meta: pd.DataFrame, models: Sequence[str]) -> dict[str, str]:
-    """When each of ``models`` was made, as comparable ISO text (UTC): as embed kept it, else the Hub catalogue's
-    date, else a local model's weight files' oldest modification time now; a model with none is left out."""
+    """When each of ``models`` was made, as comparable text: a local model's weight files' oldest modification time,
+    then their oldest change time (``cp -p`` keeps the first, not the second: the copy is the later), read now; else
+    as embed kept it, else the Hub catalogue's date (ISO, UTC); a model with none is left out."""
     rows = meta.drop_duplicates("model").set_index("model")
     catalogue = db.catalogue(base=base)
     hub = dict(zip(catalogue["model"], catalogue["created_at"])) if not catalogue.empty else {}
     out = {}
     for m in models:
-        when = _maybe(rows.loc[m], "created") or hub.get(m) or files_time(str(_maybe(rows.loc[m], "source") or m))
-        if isinstance(when, str) and when:
-            out[m] = _utc(when)
+        local = files_time(str(_maybe(rows.loc[m], "source") or m))
+        when = _maybe(rows.loc[m], "created") or hub.get(m)
+        if local is not None:
+            out[m] = local
+        elif isinstance(when, str) and when:
+            out[m] = f"{_utc(when)}|"
     return out
 
 
 def files_time(path: str) -> str | None:
-    """The oldest modification time of a local model's weight files (ISO, UTC); None for a Hub model or a path gone."""
+    """A local model's weight files' oldest modification time (ISO, UTC) and oldest change time (ns), as comparable
+    text; None for a Hub model, a path gone, or one that cannot be opened now."""
     from ..read import open_checkpoint
 
     if _is_hub(path) or not os.path.exists(path):
         return None
     try:
-        return oldest_time(open_checkpoint(path).files)
-    except ModelvecError:  # a model that cannot be opened now: no date
+        files = open_checkpoint(path).files
+        changed = min(f.stat().st_ctime_ns for f in files)
+    except (OSError, ModelvecError):
         return None
+    made = oldest_time(files)
+    return f"{made}|{changed:020d}" if made else None
 
 
 def copies(
