@@ -4,9 +4,8 @@ which rule chose it; a re-save is found by its rounding, a fine-tune as near the
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from modelvec.analyse.copies import BY_BASE, BY_CARD, BY_DATE, BY_NAME, BY_PRECISION, Traced, find_copies
+from modelvec.analyse.copies import BY_BASE, BY_CARD, BY_DATE, BY_NAME, BY_PRECISION, Traced, find_copies, mini_of
 from modelvec.analyse.rule import TreeRule
 
 D = 4096
@@ -14,8 +13,8 @@ SCALE = 100.0
 ROUNDING = {"float32": 3e-8, "bfloat16": 1.1e-3, "float16": 1.4e-4}
 
 
-def traced(rows: dict[str, tuple[np.ndarray, str, float]]) -> tuple[Traced, np.ndarray]:
-    """Models by name: (trace, dtype, share of entries the base's rounded to it)."""
+def traced(rows: dict[str, tuple[np.ndarray, str, float]], minis: bool = True) -> tuple[Traced, np.ndarray]:
+    """Models by name: (trace, dtype, share of entries the base's rounded to it); ``minis``: their minis kept."""
     t = np.stack([v for v, _, _ in rows.values()])
     norms = np.linalg.norm(t, axis=1)
     return (
@@ -29,13 +28,14 @@ def traced(rows: dict[str, tuple[np.ndarray, str, float]]) -> tuple[Traced, np.n
             same=[s for _, _, s in rows.values()],
             resaved=[True] * len(rows),
             scale=SCALE,
+            mini=[mini_of(v) for v, _, _ in rows.values()] if minis else None,
         ),
         t,
     )
 
 
-def run(rows, named=None, created=None):
-    found, t = traced(rows)
+def run(rows, named=None, created=None, minis=True):
+    found, t = traced(rows, minis)
     asked = []
 
     def distance(pairs):
@@ -104,10 +104,14 @@ def test_a_fine_tune_as_near_the_base_as_a_re_save_is_none_and_a_near_original_n
     assert list(named) == ["tiny-bf16"] and named["tiny-bf16"].original == "tiny-fp32"
 
 
-@pytest.mark.parametrize("n", [2000])
-def test_only_models_of_a_finer_dtype_near_in_norm_are_compared(n):
+def test_only_models_of_a_finer_dtype_near_in_norm_and_mini_are_compared():
+    n = 2000
     rng = np.random.default_rng(0)
     rows = {f"m{i}": (delta(i, rng.uniform(0.01, 0.1)), "bfloat16", 0.05) for i in range(n)}
     rows |= {f"f{i}": (delta(10_000 + i, rng.uniform(0.01, 0.1)), "float32", 0.05) for i in range(n // 10)}
-    found, asked = run(rows)
-    assert found == {} and len(asked) < n * (n // 10) / 20  # a window of norms, not every pair
+    rows |= {"f0-bf16": (rows["f0"][0] + rounding(9, "bfloat16"), "bfloat16", 0.05)}  # one re-save among them
+    whole, by_norm = run(rows, minis=False)
+    found, by_mini = run(rows)
+    assert list(found) == list(whole) == ["f0-bf16"] and found["f0-bf16"].original == "f0"
+    assert len(by_norm) < n * (n // 10) / 20  # a window of norms, not every pair
+    assert 0 < len(by_mini) < len(by_norm) / 20  # and of those, the minis within twice the rounding

@@ -15,7 +15,9 @@ them, from each model's trace (:mod:`modelvec.represent.trace`, linear in the we
   the rounding, is not. A fine-tune trained many steps of its dtype is far beyond either.
 
 Candidates are found without comparing every pair: a re-save's trace norm is within the same distance of its
-original's (the triangle inequality), so only models of a finer dtype in that window of norms are compared.
+original's (the triangle inequality), so only models of a finer dtype in that window of norms are considered, and of
+those only the ones whose ``mini`` (a CountSketch of the trace into :data:`MINI` buckets, kept with it: distances
+within about 10 %) is within twice that distance have their traces compared.
 
 Among identical or rounding-equal models (a connected group), the **original** is, in order: the base, where it is
 among them; the one the others' cards name; the one created first (the Hub's date, or a local model's files'); the
@@ -25,7 +27,7 @@ chose its original (``chosen_by``).
 
 from __future__ import annotations
 
-import bisect
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +37,9 @@ from .rule import TreeRule
 
 #: Significand bits of each float type (a precision's fineness).
 BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+
+#: Buckets of a trace's mini sketch: the candidates' filter (a distance within about sqrt(2 / MINI) of the trace's).
+MINI = 64
 
 #: Why a model was chosen as the original of its copies.
 BY_BASE = "the base"
@@ -84,6 +89,7 @@ class Traced:
     same: Sequence[float | None]
     resaved: Sequence[bool]
     scale: float
+    mini: Sequence[np.ndarray | None] | None = None  # each trace's :func:`mini_of` (None: not kept: compared whole)
 
 
 def find_copies(
@@ -105,9 +111,10 @@ def find_copies(
     for i, j in _rounding_edges(traced, distance, rule, about):
         groups.join(i, j)
     out: dict[str, Copy] = {}
-    for members in (g for g in groups.components() if len(g) > 1):
-        names = [traced.models[k] for k in members if k != n]
-        named, created = about(names) if about is not None else ({}, {})
+    groups_of = [g for g in groups.components() if len(g) > 1]
+    names = [traced.models[k] for g in groups_of for k in g if k != n]
+    named, created = about(names) if about is not None and names else ({}, {})  # asked once, of every group
+    for members in groups_of:
         root, why = _original(sorted(members), traced, n, named, created)
         for k in members:
             if k in (root, n):
@@ -149,12 +156,18 @@ def _rounding_edges(
         for j in range(n)
         if traced.norm[j] is not None and not traced.zero[j] and BITS.get(traced.precision[j] or "", 0)
     )
-    norms = [v for v, _ in finer]
-    pairs = []
-    for i in (i for i in range(n) if allowed[i]):
-        bits = BITS.get(traced.precision[i] or "", 0)
-        lo, hi = bisect.bisect_left(norms, norm[i] - allowed[i]), bisect.bisect_right(norms, norm[i] + allowed[i])
-        pairs += [(i, j) for _, j in finer[lo:hi] if bits and BITS.get(traced.precision[j] or "", 0) > bits]
+    norms, order = np.array([v for v, _ in finer]), np.array([j for _, j in finer], dtype=np.int64)
+    bits = np.array([BITS.get(p or "", 0) for p in traced.precision])
+    minis = _minis(traced)
+    pairs: list[tuple[int, int]] = []
+    at = np.array(norm) if n else np.zeros(0)
+    los, his = np.searchsorted(norms, at - allowed), np.searchsorted(norms, at + np.array(allowed), "right")
+    for i in (i for i in range(n) if allowed[i] and bits[i] and his[i] > los[i]):
+        window = order[los[i] : his[i]]
+        near = window[bits[window] > bits[i]]
+        if minis is not None and len(near) and not np.isnan(minis[i]).any():  # a mini further than twice: none
+            near = near[~(np.linalg.norm(minis[near] - minis[i], axis=1) > 2 * allowed[i])]  # NaN: not kept, kept
+        pairs += [(i, int(j)) for j in near]
     close = [(i, j) for (i, j), d in zip(pairs, distance(pairs) if pairs else []) if d <= allowed[i]]
     told = [(i, j) for i, j in close if norm[j] >= factor * allowed[i]]  # the original clearly beyond the rounding
     near = [(i, j) for i, j in close if norm[j] < factor * allowed[i]]
@@ -162,6 +175,32 @@ def _rounding_edges(
         named, _ = about(sorted({traced.models[i] for i, _ in near}))
         told += [(i, j) for i, j in near if traced.models[j] in named.get(traced.models[i], ())]
     return edges + told
+
+
+def mini_of(sketch: np.ndarray) -> np.ndarray:
+    """A trace's sketch hashed, with random signs fixed by its length, into :data:`MINI` buckets (float32): linear,
+    so two minis' distance estimates their traces' within about sqrt(2 / MINI)."""
+    v = np.asarray(sketch, np.float64).reshape(-1)
+    bucket, sign = _mini_map(len(v))
+    return np.bincount(bucket, weights=v * sign, minlength=MINI).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _mini_map(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each entry's bucket and sign, fixed by the sketch's length (one map for every trace of a base)."""
+    rng = np.random.default_rng(length)
+    return rng.integers(0, MINI, length), rng.choice([-1.0, 1.0], length)
+
+
+def _minis(traced: Traced) -> np.ndarray | None:
+    """Every trace's mini as rows (NaN where one is not kept: such a model is compared whole), None where none is."""
+    if traced.mini is None or all(m is None for m in traced.mini):
+        return None
+    out = np.full((len(traced.models), MINI), np.nan)
+    for i, m in enumerate(traced.mini):
+        if m is not None and len(m) == MINI:
+            out[i] = m
+    return out
 
 
 def _original(

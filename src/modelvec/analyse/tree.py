@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .copies import Copy, Traced, find_copies
+from .copies import Copy, Traced, find_copies, mini_of
 from .merges import Merge, MergeFinder, margin
 from .rule import TreeRule
 
@@ -258,6 +258,7 @@ def copies_in(
         same=same,
         resaved=[m not in known for m in models],
         scale=scale,
+        mini=[mini_of(row) for row in t],
     )
     distance = lambda pairs: np.array([float(np.linalg.norm(t[i].astype(np.float64) - t[j])) for i, j in pairs])
     return find_copies(traced, distance, base=base, rule=rule)

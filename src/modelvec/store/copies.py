@@ -90,25 +90,26 @@ def copies(
     re-saves within their dtype's rounding of a finer model or of the base."""
     if meta.empty:
         return {}
-    traces = db.traces(name, params, base_hash, read=False).frame.set_index("model")
-    zero_of = {d: zero_checksum(d) for d in set(meta["dim"])}
+    stored = db.traces(name, params, base_hash, read=False).frame
     models = list(meta["model"])
-    row = [traces.loc[m] if m in traces.index else None for m in models]
-    norm = [_number(r, "norm") for r in row]
-    missing = [m for m, r, v in zip(models, row, norm) if r is not None and v is None and _number(r, "rounding")]
+    rows = stored.drop_duplicates("model").set_index("model").reindex(models)  # a model without a trace: NaN
+    zero_of = {d: zero_checksum(d) for d in set(meta["dim"])}
+    norm, rounding = _numbers(rows["norm"]), _numbers(rows["rounding"])
+    missing = [m for m, v, r in zip(models, norm, rounding) if v is None and r is not None]
     if missing:  # traces kept before their norm was: read once
         found = _norms(db, name, params, base_hash, missing)
         norm = [found.get(m, v) for m, v in zip(models, norm)]
     traced = Traced(
         models=models,
-        digest=[str(r["sketch_hash"]) if r is not None else f"vector:{h}" for r, h in zip(row, hashes)],
+        digest=[d if isinstance(d, str) else f"vector:{h}" for d, h in zip(rows["sketch_hash"], hashes)],
         zero=[h == zero_of[d] or v == 0.0 for h, d, v in zip(hashes, meta["dim"], norm)],
         norm=norm,
-        precision=[r["precision"] if r is not None and isinstance(r["precision"], str) else None for r in row],
-        rounding=[_number(r, "rounding") for r in row],
-        same=[_number(r, "zeros") for r in row],
+        precision=[p if isinstance(p, str) else None for p in rows["precision"]],
+        rounding=rounding,
+        same=_numbers(rows["zeros"]),
+        mini=[np.asarray(v, np.float64) if isinstance(v, (list, np.ndarray)) else None for v in rows["mini"]],
         resaved=[not bool(a is True) and not isinstance(q, str) for a, q in zip(meta["adapter"], meta["quantized"])],
-        scale=float(traces["scale"].iloc[0]) if len(traces) else 0.0,
+        scale=float(stored["scale"].iloc[0]) if len(stored) else 0.0,
     )
 
     def about(group: list[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -165,9 +166,9 @@ def _maybe(row: pd.Series, column: str) -> object:
     return value
 
 
-def _number(row: pd.Series | None, column: str) -> float | None:
-    value = None if row is None else _maybe(row, column)
-    return float(value) if isinstance(value, (int, float, np.floating)) else None
+def _numbers(column: pd.Series) -> list[float | None]:
+    """A column's numbers, None for a missing one."""
+    return [None if pd.isna(v) else float(v) for v in column]
 
 
 def _utc(when: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analyse.copies import mini_of
 from ..core.errors import Kind
 from ..represent.representation import Representation
 from ..represent.trace import Trace
@@ -111,6 +112,7 @@ def trace_record(
         "precision": trace.precision,
         "rounding": trace.rounding,
         "norm": float(np.linalg.norm(np.asarray(trace.sketch, np.float32).astype(np.float64))),  # as stored
+        "mini": mini_of(np.asarray(trace.sketch, np.float32)).tolist(),
         "parent": parent,
     }
 

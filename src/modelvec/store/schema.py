@@ -165,6 +165,7 @@ TRACES = Table(
         ("precision", "VARCHAR"),  # the model's stored dtype (the same)
         ("rounding", "DOUBLE"),  # rounding to that dtype against the base's weights (the same)
         ("norm", "DOUBLE"),  # the sketch's norm: how copies are found without reading every sketch (NULL: before)
+        ("mini", "FLOAT[]"),  # the sketch in 64 buckets (analyse/copies.mini_of): the copies' candidates' filter
     ),
     ("model", "base", "base_hash", "params"),
 )
@@ -234,6 +235,7 @@ _ADDED_LATER = {
     ("traces", "precision"),
     ("traces", "rounding"),
     ("traces", "norm"),
+    ("traces", "mini"),
 }
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")

@@ -432,6 +432,7 @@ class Store:
             "precision",
             "rounding",
             "norm",
+            "mini",
             "sketch_hash",
         ]
         if "traces" not in self._tables():
