@@ -23,6 +23,17 @@ from modelvec.report.tree import model_tree
 from modelvec.store import Population, Store
 
 
+def cli_text(*args: str) -> str:
+    """What ``modelvec ARGS`` prints (both streams), which must succeed."""
+    from typer.testing import CliRunner
+
+    from modelvec.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def resave(src: Path, dst: Path, dtype: torch.dtype, card: dict | None = None, *, when: float | None = None) -> Path:
     """``src``'s weights loaded and saved again in ``dtype`` (as a re-upload in another precision is made), with a
     card; ``when``: the weights file's time (later than the original's, as a re-upload's is)."""
@@ -102,8 +113,7 @@ def test_identical_weights_the_original_is_the_one_the_cards_name_and_a_merge_ke
     store = tmp_path / "s.duckdb"
     result = modelvec.embed(base, [*made, mirror, merge], store=store, load=False)
     assert result.failed == {}
-    said = next(models for note, models in result.notes.items() if note.startswith("the same weights as another"))
-    assert said == [f"{mirror} = {original}"]  # embed says so
+    assert result.same_weights == {str(mirror): str(original)}  # embed says so
     by = {n.model: n for n in model_tree(base, store=store).nodes}
     node = by[str(mirror)]
     assert (node.kind, node.copy_of, node.resaved, node.original_by) == (
@@ -142,7 +152,6 @@ def test_one_model_given_two_ways_is_one_row_and_counted_once(zoo, tmp_path):
     store = tmp_path / "s.duckdb"
     result = modelvec.embed(base, [*made, made[2] / "model.safetensors"], store=store, load=False)
     assert result.aliases == {str(made[2] / "model.safetensors"): str(made[2])}
-    assert any("an alias" in note for note in result.notes)
     again = modelvec.embed(base, [os.path.relpath(made[4] / "model.safetensors")], store=store, load=False)
     assert again.embedded == [] and again.aliases == {str(made[4] / "model.safetensors"): str(made[4])}
     report = _cluster(base, store, tmp_path / "o")
@@ -153,6 +162,8 @@ def test_one_model_given_two_ways_is_one_row_and_counted_once(zoo, tmp_path):
         assert db.aliases() == {**result.aliases, **again.aliases}
     near = modelvec.neighbors(made[2] / "model.safetensors", store=store, k=3)
     assert near.query == str(made[2]) and not near.on_the_fly  # the alias asked about: the stored model it names
+    text = cli_text("embed", "--base", str(base), str(made[5] / "model.safetensors"), "--store", str(store))
+    assert "model.safetensors: the same weight files as " in text and "one model, stored once" in text
 
 
 def test_an_edited_card_is_read_again_and_every_report_reads_the_new_labels(zoo, tmp_path):
@@ -264,3 +275,17 @@ def test_a_fine_tune_of_a_few_bf16_steps_is_no_re_save_of_the_base(zoo, tmp_path
     rounding = traces["rounding"] * traces["scale"]
     for m in short:  # as near the base as the re-save, within the rounding a re-save may leave
         assert traces.loc[str(m), "norm"] <= 1.5 * rounding[str(m)] and traces.loc[str(m), "zeros"] < 0.9
+
+
+def test_a_card_naming_the_base_by_its_hub_id_agrees_where_the_base_is_a_hub_cache_snapshot(zoo, tmp_path):
+    """The base given as its folder in the Hub's cache (downloaded once), a fine-tune's card naming it by Hub id: the
+    card names the base, as the weights say; a card naming another id is flagged."""
+    base, made = zoo
+    snapshot = shutil.copytree(base, tmp_path / "hub" / "models--org--base" / "snapshots" / "0123abcd")
+    right, wrong = shutil.copytree(made[0], tmp_path / "right"), shutil.copytree(made[1], tmp_path / "wrong")
+    (right / "README.md").write_text("---\nbase_model: org/base\ndatasets:\n- imdb\n---\n")
+    (wrong / "README.md").write_text("---\nbase_model: org/other\ndatasets:\n- imdb\n---\n")
+    store = tmp_path / "s.duckdb"
+    modelvec.embed(snapshot, [right, wrong, *made[3:]], store=store, load=False)
+    by = {Path(n.model).name: n for n in model_tree(snapshot, store=store).nodes}
+    assert by["right"].agrees and by["right"].declared_parents == [str(snapshot)] and not by["wrong"].agrees

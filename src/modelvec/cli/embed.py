@@ -106,6 +106,14 @@ def _report(result: EmbedResult, store: str, as_json: bool) -> None:
     else:
         for note, names in result.notes.items():
             say(err, f"note: {_note_line(note, names)}")
+        for alias, model in result.aliases.items():
+            say(err, f"note: {short_name(alias)}: the same weight files as {short_name(model)}: one model, stored once")
+        for model, other in result.same_weights.items():
+            say(
+                err,
+                f"note: {short_name(model)}: the same weights as {short_name(other)} (a copy): counted once in every "
+                "report, as the original (`modelvec tree` says which)",
+            )
         for name, reason in result.failed.items():  # the model named as typed: a local folder relative to here
             say(console, f"  failed: {_named(name, reason)}")
         say(

@@ -152,5 +152,6 @@ def _place_line(query: str, node: dict) -> str:
         line = f"{short_name(query)}: unrelated weights, no parent (confidence {node['confidence']:.2f})"
     said = node["declared"]
     if not node["agrees"]:
-        line += f"; its card says {printable(said['relation'])} of {' + '.join(short_name(p) for p in said['parents'])}"
+        what = f"{printable(said['relation'])} of" if said["relation"] else "a derivative of"
+        line += f"; its card says {what} {' + '.join(short_name(p) for p in said['parents'])}"
     return line

@@ -77,7 +77,7 @@ def show(
                 str(len(rows)),
                 f"{rows['seconds'].mean():.2f}",
             ]
-            states = sorted({str(s) for s in rows["state"] if isinstance(s, str)})
+            states = sorted({_shown(s, c) for s, c in zip(rows["state"], rows["copy_of"]) if isinstance(s, str)})
             models.add_row(*cells, *([_state_words(states, len(rows))] if noted else []))
         print_table(console, models)
     for row in stored.stale.itertuples():
@@ -98,6 +98,11 @@ def show(
         for row in stored.failures.itertuples():
             table.add_row(short_name(row.model), row.kind, printable(row.error))
         print_table(console, table)
+
+
+def _shown(state: str, original: object) -> str:
+    """A vector's state as printed: a copy's original named as the user likely typed it (:func:`short_name`)."""
+    return state.replace(original, short_name(original)) if isinstance(original, str) else printable(state)
 
 
 def _state_words(states: list[str], vectors: int) -> str:

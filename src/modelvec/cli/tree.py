@@ -101,5 +101,6 @@ def _line(node: Node, base: str) -> str:
         line += f"; {printable(node.note)}"
     if not node.agrees:
         declared = ", ".join(short_name(p) for p in node.declared_parents) or "nothing"
-        line += f"; its card says {printable(node.declared_relation)} of {declared}"
+        said = f"{printable(node.declared_relation)} of" if node.declared_relation else "a derivative of"
+        line += f"; its card says {said} {declared}"
     return line

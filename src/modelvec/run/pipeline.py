@@ -64,6 +64,9 @@ class EmbedResult:
     kept_products: str | None = None
     #: the models given under a second name (the same weight files as a stored model): alias -> the stored model
     aliases: dict[str, str] = field(default_factory=dict)
+    #: the models whose weights are another stored model's bit for bit (a mirror): model -> that model; stored, and
+    #: counted once in every report, as the original (``tree`` says which and why)
+    same_weights: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """What was embedded, skipped and failed (model -> reason), and where; the vectors are in the store."""
@@ -76,6 +79,7 @@ class EmbedResult:
             "recorded": list(self.recorded),
             "kept_products": self.kept_products,
             "aliases": dict(self.aliases),
+            "same_weights": dict(self.same_weights),
         }
 
 
@@ -109,13 +113,6 @@ Model = PathLike | str | CatalogueEntry
 BASE_CHANGED = (
     "the base has changed since these were embedded against it: embedded again against the base as it is now "
     "(the reports use these; `modelvec compact` drops the vectors of the earlier version)"
-)
-#: What a run says of a model given under a second name (its weight files are a stored model's: once a run).
-ALIAS = "the same weight files as a stored model, given another way (an alias): one model, stored once, under its first name"
-#: What a run says of models whose weights are another's bit for bit (a mirror, a byte copy: once a run).
-SAME_WEIGHTS = (
-    "the same weights as another stored model (a copy, in another folder or repository): stored, counted once in "
-    "every report, as the original (`modelvec tree` says which and why)"
 )
 #: What a run says of stored models whose card changed since (once a run).
 CARD_CHANGED = "their cards changed since they were stored: their labels read again, their vectors kept"
@@ -392,7 +389,6 @@ class _Run:
             if other is not None:
                 self.writer.put(Alias(base=spec.name, alias=name, model=other))
                 self.result.aliases[name] = other
-                self.result.notes.setdefault(ALIAS, []).append(f"{name} = {other}")
                 self.report(Step(status="skipped", model=name, detail=f"an alias of {other}"))
                 return True
         if self.force:
@@ -476,7 +472,7 @@ class _Run:
                 self.result.notes.setdefault(note, []).append(task.name)
         same = None if zero or outcome.vector is None else self._same_vector(task.name, outcome.vector)
         if same is not None:
-            self.result.notes.setdefault(SAME_WEIGHTS, []).append(f"{task.name} = {same}")
+            self.result.same_weights[task.name] = same
         detail = f"{outcome.seconds:.2f}s"
         self.report(Step(status="embedded", model=task.name, detail=detail, fetched=outcome.fetched))
         return True

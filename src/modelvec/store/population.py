@@ -412,8 +412,13 @@ class Population:
         }
 
     def names_in_cards(self) -> list[str]:
-        """Every name of the base a card may use: as stored, as a local folder's bare name, its Hub id's names."""
+        """Every name of the base a card may use: as stored, as a local folder's bare name, its Hub id's names (a local
+        base in the Hub's cache: the id of the repository it is a snapshot of)."""
         names = [self.name, Path(self.name).name]
+        cached = (
+            [p for p in Path(self.name).resolve().parts if p.startswith("models--")] if not is_hub_id(self.name) else []
+        )
+        names += [cached[-1].removeprefix("models--").replace("--", "/")] if cached else []  # a Hub cache snapshot
         if is_hub_id(self.name):
             from ..hub.ids import resolve_base
 
@@ -461,15 +466,16 @@ def overview(db: Store) -> StoreOverview:
         r[0] for r in db.con.execute("SELECT base_hash FROM vectors ORDER BY model, base, params, base_hash").fetchall()
     ]
     states: list[str | None] = [None] * len(models)
+    originals: list[str | None] = [None] * len(models)  # a copy's original (its stored name), for a display
     for row in db.summary().drop_duplicates(["base", "params"]).itertuples():
         try:
             pop = Population(db, row.base, Representation.from_stored(json.loads(row.params_json)))
-        except (
-            NothingStoredError,
-            TypeError,
-            ValueError,
-        ):  # a base changed since (nothing is current), another version
+        except (NothingStoredError, TypeError, ValueError):  # a base changed since (nothing current), another version
             continue
         for i in np.flatnonzero((models["base"] == row.base) & (models["params"] == row.params)):
-            states[i] = "stale" if versions[i] != pop.base_hash else pop.state(str(models["model"].iloc[i]))
-    return StoreOverview(str(db.path), db.summary(), models.assign(state=states), db.failures(), db.stale())
+            model = str(models["model"].iloc[i])
+            states[i] = "stale" if versions[i] != pop.base_hash else pop.state(model)
+            copied = pop.copies.get(model) if states[i] != "stale" else None
+            originals[i] = copied.original if copied is not None else None
+    found = models.assign(state=states, copy_of=originals)
+    return StoreOverview(str(db.path), db.summary(), found, db.failures(), db.stale())
