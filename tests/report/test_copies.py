@@ -289,3 +289,24 @@ def test_a_card_naming_the_base_by_its_hub_id_agrees_where_the_base_is_a_hub_cac
     modelvec.embed(snapshot, [right, wrong, *made[3:]], store=store, load=False)
     by = {Path(n.model).name: n for n in model_tree(snapshot, store=store).nodes}
     assert by["right"].agrees and by["right"].declared_parents == [str(snapshot)] and not by["wrong"].agrees
+
+
+def test_evaluate_scores_each_model_once_and_a_card_naming_only_its_parent_claims_no_kind(zoo, tmp_path):
+    """``evaluate`` reads the vectors through the population (a re-save beside the fine-tunes is left out, scored once
+    as its original); an adapter whose card names its parent without a relation agrees with the weights."""
+    from conftest import peft_adapter
+    from modelvec.represent import Representation
+    from modelvec.studies.compare import evaluate
+
+    base, made = zoo
+    copy = resave(made[4], tmp_path / "ft11-fp16", torch.float16)
+    table = evaluate(
+        base, [*made, copy], variants={"default": Representation()}, store=tmp_path / "e.duckdb", n_boot=10
+    )
+    assert set(table["n_scored"]) == {6}
+    adapter = peft_adapter(made[0], tmp_path / "lora", seed=1)
+    (adapter / "README.md").write_text(f"---\nbase_model: {made[0]}\n---\n")  # no base_model_relation
+    store = tmp_path / "s.duckdb"
+    modelvec.embed(base, [*made, adapter], store=store, load=False)
+    node = {n.model: n for n in model_tree(base, store=store).nodes}[str(adapter)]
+    assert (node.kind, node.parent, node.declared_relation, node.agrees) == ("adapter", str(made[0]), None, True)
