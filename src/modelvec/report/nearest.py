@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..analyse.copies import Copy
 from ..analyse.scores import (
     NEIGHBORS_SCORING,
     Geometry,
@@ -155,13 +156,7 @@ def neighbors(
     k = scoring.k
     with opened(store, read_only=True) as db:
         pop = Population.of_query(db, model, base, representation)
-        asked = pop.stored_name(model)  # a second name (an alias) of a stored model: that model
-        if pop.is_base(model):
-            raise NothingStoredError(asked, IS_THE_BASE)
-        copied = pop.copies.get(asked)
-        name = copied.original if copied is not None else asked  # a copy's original stands for it on the map
-        if name == pop.name:
-            raise NothingStoredError(asked, IS_A_COPY)
+        asked, copied, name = _asked(pop, model)
         products, meta = pop.products(verify=False)
         query = _Query(name, model, meta, pop, hub_settings, products)
         resolved, scaling_note = pop.resolve(scoring, query.kinds)
@@ -207,6 +202,19 @@ def neighbors(
         notes=notes,
         repaired=list(pop.repaired),
     )
+
+
+def _asked(pop: Population, model: PathLike | str) -> tuple[str, Copy | None, str]:
+    """The model asked about as stored (an alias: the model it names), the copy it is (None: none), and the model
+    answered for: a copy's original stands for it on the map. The base, or a copy of it, has no neighbours."""
+    asked = pop.stored_name(model)
+    if pop.is_base(model):
+        raise NothingStoredError(asked, IS_THE_BASE)
+    copied = pop.copies.get(asked)
+    name = copied.original if copied is not None else asked
+    if name == pop.name:
+        raise NothingStoredError(asked, IS_A_COPY)
+    return asked, copied, name
 
 
 def _predicted(
