@@ -23,7 +23,6 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +149,8 @@ class Population:
         self.stale_only = len(
             set(db.metadata(base=self.name, representation=self.representation)["model"]) - set(meta["model"])
         )
+        #: every model of the population with its metadata, the copies and quantizations among them (for the tree)
+        self.models: pd.DataFrame = meta
         #: copies (identical weights, re-saves in another dtype, the base's weights) with the model each copies
         self.copies: dict[str, Copy] = find_copies(
             db, self.name, self.representation.key(), self.base_hash, meta, selection.hashes, self.names_in_cards()
@@ -357,11 +358,6 @@ class Population:
     def _tree_path(self) -> Path:
         folder = self.db.path.parent / f"{self.db.path.name}.products"
         return folder / f"{hashlib.sha1(self.cache_key('tree').encode()).hexdigest()[:16]}.tree.kept"
-
-    @cached_property
-    def models(self) -> pd.DataFrame:
-        """Every model of the population with its metadata, the copies of the base among them (for the tree)."""
-        return self.db.metadata(base=self.name, representation=self.representation, base_hash=self.base_hash)
 
     def catalogue(self) -> pd.DataFrame:
         return self.db.catalogue(base=self.name)
