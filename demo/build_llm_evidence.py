@@ -73,7 +73,7 @@ class Dataset:
 
     name: str
     collection: str  # bbc | tweets | chat: datasets sharing it share their texts
-    task: str  # clm (loss on every token) | instruct (prompt -> answer, loss on the answer)
+    task: str  # clm (loss on every token) | instruct (prompt -> label) | title (body -> title); loss on the answer
     max_length: int = MAX_LENGTH
 
 
@@ -83,6 +83,17 @@ DATASETS = (
     Dataset("chat-clm", "chat", "clm"),
     Dataset("bbc-topic", "bbc", "instruct"),
     Dataset("tweet-sentiment", "tweets", "instruct"),
+    Dataset("chat-qa", "chat", "instruct"),
+)
+# The same-texts zoo (``--recipe long``): the held-out case of two tasks on one text collection (BBC bodies as
+# causal LM and the titles generated from them; likewise the tweets and the dialogues), every model trained long
+# enough to move its weights many bfloat16 steps.
+LONG_DATASETS = (
+    Dataset("tweet-clm", "tweets", "clm"),
+    Dataset("tweet-sentiment", "tweets", "instruct"),
+    Dataset("bbc-clm", "bbc", "clm"),
+    Dataset("bbc-title", "bbc", "title"),
+    Dataset("chat-clm", "chat", "clm"),
     Dataset("chat-qa", "chat", "instruct"),
 )
 
@@ -99,8 +110,16 @@ class Run:
     targets: str = ""
 
 
-def runs_of(ds: Dataset) -> list[Run]:
+def runs_of(ds: Dataset, recipe: str = "short") -> list[Run]:
     """Two full fine-tunes and two adapters, every model of the zoo with its own seed."""
+    if recipe == "long":  # Adam moves a weight ~lr a step: 40-50 steps at 1e-4 are tens of bf16 steps of a weight
+        offset = 400 + 10 * LONG_DATASETS.index(ds)
+        return [
+            Run("full", offset + 0, 1.5e-4, 40),
+            Run("full", offset + 1, 1e-4, 50),
+            Run("lora", offset + 2, 1.5e-3, 40, 8, "all"),
+            Run("lora", offset + 3, 1e-3, 50, 16, "all"),
+        ]
     offset = 200 + 10 * DATASETS.index(ds)
     return [
         Run("full", offset + 0, 3e-5, 40),
@@ -120,6 +139,8 @@ Example = tuple[str, str, str]
 
 
 def load_data(ds: Dataset) -> list[Example]:
+    if ds.task == "title":  # the article's body -> its title
+        return [(f"Article: {' '.join(body)}", "\nTitle:", f" {title}") for _, title, body in load_bbc()]
     if ds.collection == "bbc":
         pairs = [(topic, f"{title}. {' '.join(body)}") for topic, title, body in load_bbc()]
         head, suffix = "Article: ", "\nTopic:"
@@ -328,16 +349,23 @@ def main() -> None:
         default=2,
         help="torch CPU threads; use 1 while another CPU job runs (2 OpenMP threads on 2 shared cores spin: ~10x slower)",
     )
+    ap.add_argument(
+        "--recipe",
+        choices=("short", "long"),
+        default="short",
+        help="short: 6 datasets, 30-40 steps at small rates; long: the same-texts zoo (BBC bodies as LM and as titles)",
+    )
     ap.add_argument("--limit", type=int, metavar="N", help="only the first N models (a quick check)")
     ap.add_argument("--datasets", metavar="A,B", help="only these datasets (comma-separated names)")
     args = ap.parse_args()
-    names = [d.name for d in DATASETS]
-    chosen = DATASETS
+    datasets = LONG_DATASETS if args.recipe == "long" else DATASETS
+    names = [d.name for d in datasets]
+    chosen = datasets
     if args.datasets:
         wanted = [s.strip() for s in args.datasets.split(",") if s.strip()]
         if unknown := [s for s in wanted if s not in names]:
             ap.error(f"unknown datasets {unknown}; choose from {names}")
-        chosen = tuple(d for d in DATASETS if d.name in wanted)
+        chosen = tuple(d for d in datasets if d.name in wanted)
     if args.threads < 1 or (args.limit is not None and args.limit < 1):
         ap.error("--threads and --limit must be positive")
     torch.set_num_threads(args.threads)
@@ -351,7 +379,7 @@ def main() -> None:
     base_weights = load_file(base / "model.safetensors")
     entries: list[dict] = []
     for ds in chosen:
-        runs = runs_of(ds)
+        runs = runs_of(ds, args.recipe)
         if args.limit is not None:
             runs = runs[: max(0, args.limit - len(entries))]
         if not runs:

@@ -28,6 +28,24 @@ def tiny_bert_config(**overrides):
     return BertConfig(**kwargs)
 
 
+def write_tiny_tokenizer(folder: Path, vocab: int = 64) -> Path:
+    """A character-level tokenizer of ``vocab`` ids (the probe text's most common characters, the rest unknown) saved
+    into ``folder``: what a tiny model needs to read the probe (``Representation.probe``)."""
+    from collections import Counter
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from modelvec.represent.probe import probe_text
+
+    chars = [c for c, _ in Counter(probe_text()).most_common(vocab - 1)]
+    table = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(table, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    return folder
+
+
 def save_state(folder: Path, state: dict[str, torch.Tensor], config: dict | None) -> Path:
     """A checkpoint folder with model.safetensors (+ config.json)."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
 import modelvec
-from conftest import tiny_bert_config
+from conftest import tiny_bert_config, write_tiny_tokenizer
 from modelvec import Checkpoint, DeltaEmbedder, ModelvecError
 from modelvec.core.errors import CheckpointError
 from modelvec.core.files import adapter_files, is_adapter
@@ -103,6 +103,7 @@ def make_adapter(build, lora: dict, root: Path, seed: int = 0) -> tuple[Path, Pa
     torch.manual_seed(seed)
     model = build()
     model.base_model.save_pretrained(root / "base")
+    write_tiny_tokenizer(root / "base")  # what the probe is read with
     peft_model = get_peft_model(model, LoraConfig(init_lora_weights=False, **lora))
     peft_model.save_pretrained(root / "adapter")
     peft_model.merge_and_unload().save_pretrained(root / "merged")
@@ -139,6 +140,8 @@ def assert_same_vector(adapter_vec: np.ndarray, merged_vec: np.ndarray) -> None:
         {"projection": "gaussian", "rows": 0.3, "pooling": "concat"},
         {"projection": "countsketch", "rows": 0.3, "pooling": "concat"},
         {"projection": "countsketch", "rank": 4},
+        {"probe": 16},  # through the base's inputs on the probe: L (R^T H)
+        {"probe": 16, "rows": 0.3, "pooling": "concat"},
     ],
     ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()) or "default",
 )

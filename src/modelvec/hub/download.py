@@ -145,6 +145,34 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, hub_settings
         raise FetchError(repo_id, f"could not fetch revision {revision[:12]}: {describe_error(exc)}") from exc
 
 
+#: The files a tokenizer may need, fetched beside the weights where a model is to be run (the probe)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+def fetch_runnable(repo_id: str, revision: str, hub_settings: HubSettings) -> Path:
+    """Everything that running ``repo_id`` at ``revision`` needs: its configuration, all its weights and its
+    tokenizer's files (the base, once, for the probe: a fine-tune's vector never needs more than :func:`fetch`)."""
+    folder = fetch(repo_id, revision, None, hub_settings)
+    try:
+        files = list_files(repo_id, revision, hub_settings)
+        wanted = [name for name in TOKENIZER_FILES if name in files]
+        return _snapshot(repo_id, revision, wanted, hub_settings) if wanted else folder
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise FetchError(repo_id, f"could not fetch its tokenizer: {describe_error(exc)}") from exc
+
+
 def _snapshot(repo_id: str, revision: str, wanted: Sequence[str], hub_settings: HubSettings) -> Path:
     """The files ``wanted`` of ``repo_id`` at commit ``revision``, each through :func:`download_file`
     (``MAX_WORKERS`` at once); the snapshot folder.

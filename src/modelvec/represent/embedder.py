@@ -20,7 +20,8 @@ from .blocks import Block, has_head, head_floats, plans_of, vector_blocks
 from .device import resolve_device
 from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .plans import MatrixPlan, derived_seed
-from .projection import Projection
+from .probe import ProbeInputs, compute_inputs
+from .projection import ProbeProjection, Projection
 from .representation import Representation
 from .trace import LEVEL_ROWS, RowStats, Trace, Tracer, row_stats
 
@@ -193,13 +194,16 @@ class DeltaEmbedder:
         return self.batching == "family" or (self.batching == "auto" and self.device.type != "cpu")
 
     # --- fit ----------------------------------------------------------------------------------
-    def fit(self, base: str | os.PathLike[str] | Checkpoint) -> DeltaEmbedder:
+    def fit(self, base: str | os.PathLike[str] | Checkpoint, inputs: ProbeInputs | None = None) -> DeltaEmbedder:
         """Open the base and learn its layout and matrix shapes; its weights stay in the (mapped) files.
 
         Nothing of the base is held in memory: each fine-tune's deltas are formed chunk by chunk
         from both checkpoints' mapped files, in their stored dtype until a chunk is converted, so
         memory is bounded by a few of the largest matrices whatever the model's size. The base is
         read once here, to refuse NaN or Inf before any fine-tune is blamed for them.
+
+        ``inputs``: with ``probe``, the base's inputs to its matrices on the probe (kept beside a store; None:
+        computed here, :func:`~modelvec.represent.probe.compute_inputs`, from the base's folder).
         """
         ck = base if isinstance(base, Checkpoint) else open_checkpoint(base)
         refuse_adapter_base(ck.path, ck.name)
@@ -219,13 +223,7 @@ class DeltaEmbedder:
         self.plans_ = plans_of(ck, layout, self.representation)
         self.stored_shapes_ = {ref.tensor: tuple(ck.shape(layout.prefix + ref.tensor)) for ref in layout.refs}
         if not self.representation.uses_svd:  # the sketch is linear: the base's part once, in float64
-            omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
-            self.projections_ = {
-                ref.key: Projection(
-                    self.plans_[ref.key], self.representation, (ref.stack, ref.layer, ref.family), self.device, omegas
-                )
-                for ref in layout.refs
-            }
+            self.projections_ = self._projections(ck, layout, inputs)
             ck.require_rows({p.tensor: p.row_ranges for p in self.plans_.values()})
             sketches = self._map(lambda ref: self._project(ck, layout, ref), layout.refs)
             for ref, sk in zip(layout.refs, sketches):
@@ -246,6 +244,36 @@ class DeltaEmbedder:
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self
+
+    def _projections(
+        self, ck: Checkpoint, layout: Layout, inputs: ProbeInputs | None
+    ) -> dict[tuple[str, int, str], Projection | ProbeProjection]:
+        """Each matrix's fixed map to its block: a random projection of its delta, or of its delta through the
+        base's inputs (``probe``: ``inputs``, computed from the base's folder where not given)."""
+        rep = self.representation
+        tokens = rep.probe_tokens
+        if tokens is None:
+            omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
+            return {
+                ref.key: Projection(self.plans_[ref.key], rep, (ref.stack, ref.layer, ref.family), self.device, omegas)
+                for ref in layout.refs
+            }
+        if inputs is None:
+            inputs = compute_inputs(ck.path if ck.path.is_dir() else ck.path.parent, layout, tokens, ck.name)
+        if inputs.tokens != tokens or any(ref.tensor not in inputs.of for ref in layout.refs):
+            raise ValueError(f"the probe inputs given are not {ck.name}'s on {tokens} tokens")
+        self.inputs_ = inputs
+        h = {name: torch.from_numpy(np.array(a, np.float64)).to(self.device) for name, a in inputs.arrays.items()}
+        return {
+            ref.key: ProbeProjection(
+                self.plans_[ref.key],
+                rep,
+                (ref.stack, ref.layer, ref.family),
+                self.device,
+                h[inputs.of[ref.tensor]],
+            )
+            for ref in layout.refs
+        }
 
     @staticmethod
     def _stored_shape(group: tuple, count: int) -> tuple[int, int, int]:
@@ -305,7 +333,9 @@ class DeltaEmbedder:
         """The same representation, layer by layer on the CPU, fitted on the same base (made once)."""
         smaller = self.__dict__.get("_smaller_embedder")
         if smaller is None:
-            smaller = DeltaEmbedder.from_representation(self.representation, "cpu", "layer").fit(self.base_)
+            smaller = DeltaEmbedder.from_representation(self.representation, "cpu", "layer").fit(
+                self.base_, getattr(self, "inputs_", None)
+            )
             self.__dict__["_smaller_embedder"] = smaller
         return smaller
 

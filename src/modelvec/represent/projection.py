@@ -20,6 +20,8 @@ Computed in float64 (the base's block is subtracted from the fine-tune's: see do
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .linalg import sketch_matrix
@@ -110,3 +112,79 @@ class Projection:
         if self.plan.contract_rows:
             return ((self.omega_t @ p_sel) @ q.T).reshape(-1)
         return ((self.omega_t @ q) @ p_sel.T).reshape(-1)
+
+
+class ProbeProjection:
+    """The block of one matrix's delta taken through the base's inputs to it: a CountSketch of dW·H (``probe``).
+
+    ``inputs`` (tokens x width, the matrix's input side) holds the base's inputs to the matrix on the probe
+    (:mod:`~modelvec.represent.probe`). ``nn.Linear`` stores dW^T (out x in): each selected stored row (an output
+    feature) times H^T is that feature's change on every probe token, k x T for k rows, sketched as it comes.
+    ``Conv1D`` stores dW (in x out): its selected rows are input features, so the product H_sel dW_sel (T x out)
+    sums over them, accumulated and sketched at the end (with every row read, the layer's whole change). Either
+    way the entry for (feature, token) goes to bucket (h(feature) + h(token)) mod D with sign s(feature) s(token),
+    the same tables for every model: linear in dW, so a fine-tune's block minus its base's is its delta's. The
+    block has the plan's floats, as the weights' sketch has.
+    """
+
+    def __init__(
+        self, plan: MatrixPlan, representation: Representation, place: tuple, device: torch.device, inputs: Any
+    ) -> None:
+        self.plan = plan
+        self.device = device
+        self.size = representation.plan_floats(plan)
+        h = torch.as_tensor(inputs).to(device, torch.float64)  # tokens x width (shared where already so)
+        self.tokens = int(h.shape[0])
+        local = torch.from_numpy(plan.local_rows()).to(device)
+        gen = torch.Generator().manual_seed(derived_seed(representation.seed, "probe", *place))
+        features = plan.n_rows if plan.contract_rows else plan.n_cols  # the output side: Linear's rows, Conv1D's cols
+        h_feat = torch.randint(0, self.size, (features,), generator=gen)
+        s_feat = (torch.randint(0, 2, (features,), generator=gen) * 2 - 1).double()
+        self.h_tok = torch.randint(0, self.size, (self.tokens,), generator=gen).to(device)
+        self.s_tok = (torch.randint(0, 2, (self.tokens,), generator=gen) * 2 - 1).double().to(device)
+        if plan.contract_rows:  # Linear: stored rows are outputs, the input side is the stored columns (all read)
+            self.h_out = h_feat[local.cpu()].to(device)
+            self.s_out = s_feat[local.cpu()].to(device)
+            self.h_t = h.mT.contiguous()  # width x tokens
+        else:  # Conv1D: stored rows are inputs (the selected ones), the outputs the part's columns
+            self.h_out, self.s_out = h_feat.to(device), s_feat.to(device)
+            self.h_sel = h[:, local].contiguous()  # tokens x selected rows
+
+    def sketch_outputs(self, y: torch.Tensor, h_out: torch.Tensor, s_out: torch.Tensor, acc: torch.Tensor) -> None:
+        """Add a change of outputs ``y`` (features x tokens, float64) to the buckets ``acc`` (2 D)."""
+        y = y * s_out[:, None] * self.s_tok[None, :]
+        acc.index_add_(0, (h_out[:, None] + self.h_tok[None, :]).reshape(-1), y.reshape(-1))
+
+    def start(self) -> torch.Tensor:
+        if self.plan.contract_rows:
+            return torch.zeros(2 * self.size, dtype=torch.float64, device=self.device)
+        return torch.zeros(self.tokens, self.plan.n_cols, dtype=torch.float64, device=self.device)
+
+    def add(self, acc: torch.Tensor, chunk: torch.Tensor, first: int) -> None:
+        """Add a chunk of selected stored rows (k x n_cols, float64), the ``first``-th on of the selection."""
+        stop = first + chunk.shape[0]
+        if self.plan.contract_rows:
+            self.sketch_outputs(chunk @ self.h_t, self.h_out[first:stop], self.s_out[first:stop], acc)
+        else:
+            acc.addmm_(self.h_sel[:, first:stop], chunk)
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        if not self.plan.contract_rows:
+            buckets = torch.zeros(2 * self.size, dtype=torch.float64, device=self.device)
+            self.sketch_outputs(acc.mT, self.h_out, self.s_out, buckets)
+            acc = buckets
+        return acc[: self.size] + acc[self.size :]
+
+    def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
+        local = torch.from_numpy(self.plan.local_rows()).to(self.device)
+        p_sel = p.to(self.device, torch.float64)[local]
+        q = q.to(self.device, torch.float64)
+        if self.plan.contract_rows:  # (P_sel Q^T) H^T = P_sel (H Q)^T
+            acc = self.start()
+            hq = (q.mT @ self.h_t).contiguous()  # k x tokens
+            for first in range(0, p_sel.shape[0], chunk_rows):
+                stop = first + chunk_rows
+                self.sketch_outputs(p_sel[first:stop] @ hq, self.h_out[first:stop], self.s_out[first:stop], acc)
+            return acc[: self.size] + acc[self.size :]
+        return self.finish((self.h_sel @ p_sel) @ q.mT)

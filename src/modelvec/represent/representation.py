@@ -52,6 +52,10 @@ Where the description is open, :class:`Representation` makes the choice explicit
   RoBERTa, DistilBERT), and nothing elsewhere (GPT-2's ``ln_f``, unmeasured; Llama, T5 and others, whose
   norms have no bias): on the evidence zoo's mixed report half it lifts the default from 0.760 to 0.983
   (docs/evidence.md).
+- ``probe``: a number of tokens takes each matrix's delta through the base's own inputs to it on that many tokens of
+  a packaged probe text (:mod:`~modelvec.represent.probe`): the CountSketch of dW·H, the first-order change of the
+  layer's output on inputs the base really sees, instead of dW's entries; an adapter's is L (R^T H). ``none`` (the
+  default) sketches dW itself. The same rows are read either way.
 - ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
   column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
   singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
@@ -229,6 +233,23 @@ class Representation:
         omit=("none",),
         until_added=("none",),
     )
+    probe: int | str = setting(
+        "none",
+        "Take each matrix's delta through the base's own inputs to it on the first TOKENS tokens of a packaged, "
+        "generic probe text (dW·H: how the fine-tune changes each layer's output on inputs the base sees) before "
+        "the CountSketch; none: the delta itself. The base runs once through transformers (kept beside the store); "
+        "the rows read do not change.",
+        minimum=8,
+        maximum=512,
+        words=("none",),
+        kind=int,
+        metavar="TOKENS",
+        key="probe{}",
+        order=15,
+        omit=("none",),
+        until_added=("none",),
+        applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
+    )
 
     def __post_init__(self) -> None:
         validate(self)
@@ -265,6 +286,12 @@ class Representation:
     def plan_floats(self, plan: PlannedBlock) -> int:
         """Floats of one matrix's block: rank x kept, or what the size budget left it (:func:`within_size`)."""
         return plan.floats if plan.floats is not None else self.block_size(plan.kept)
+
+    @property
+    def probe_tokens(self) -> int | None:
+        """The probe's tokens where deltas are taken through the base's inputs (None: the deltas themselves)."""
+        applies = self.factor == "sketch" and self.projection == "countsketch"
+        return self.probe if isinstance(self.probe, int) and applies else None
 
     @property
     def uses_svd(self) -> bool:
@@ -309,6 +336,8 @@ class Representation:
             parts.append(f"r{self.rank}")
         if self.size_limit is not None:
             parts.append(f"at most {self.size_limit:,} floats")
+        if self.probe_tokens is not None:
+            parts.append(f"through the probe ({self.probe_tokens} tokens)")
         text = ", ".join(parts)
         text = text + " + block-norm" if self.block_norm else text
         return text + {"none": "", "vocabulary": " + vocabulary head", "auto": " + auto head"}[self.head]

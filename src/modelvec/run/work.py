@@ -22,7 +22,7 @@ import numpy as np
 from ..core.errors import Kind, ModelvecError, error_of
 from ..hub.cards import ModelCard, model_card
 from ..hub.client import HubSettings
-from ..hub.download import fetch, release, repo_folder, snapshot_folder
+from ..hub.download import fetch, fetch_runnable, release, repo_folder, snapshot_folder
 from ..hub.partial import fill_partial, open_partial, release_partial
 from ..read import open_checkpoint
 from ..represent.representation import Representation
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..read import Checkpoint
     from ..represent import DeltaEmbedder
     from ..represent.embedder import Parent
+    from ..represent.probe import ProbeInputs
 
 #: The stored rows of each tensor a model's vector reads (tensor -> row ranges): :func:`~modelvec.represent.read_plan`.
 ReadPlan = dict[str, list[tuple[int, int]]]
@@ -47,6 +48,8 @@ class BaseSpec:
     path: str | None = None
     repo: str | None = None
     sha: str | None = None
+    #: where the store keeps the base's probe inputs (``Representation.probe``): read where they verify, else made
+    probe_file: str | None = None
 
     def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
         """The base's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
@@ -56,6 +59,31 @@ class BaseSpec:
             return Checkpoint(self.path, name=self.name)
         hub = open_hub(str(self.repo), str(self.sha), None, self.name, hub_settings, representation, base=True)
         return hub.checkpoint
+
+    def runnable(self, hub_settings: HubSettings) -> Path:
+        """A folder with the base whole, its configuration and tokenizer: what running it needs (from the Hub, all of
+        its weights: once, for the probe)."""
+        if self.path is not None:
+            path = Path(self.path)
+            return path if path.is_dir() else path.parent
+        return fetch_runnable(str(self.repo), str(self.sha), hub_settings)
+
+    def probe_inputs(self, ck: Checkpoint, representation: Representation, hub_settings: HubSettings) -> ProbeInputs:
+        """The base's inputs on the probe: kept ones where they verify and were made for this base and probe, else
+        computed (and kept, where a store keeps them)."""
+        from ..represent.probe import compute_inputs
+        from ..store.inputs import inputs_meta, read_inputs, write_inputs
+
+        tokens = int(representation.probe_tokens or 0)
+        meta = inputs_meta(self.name, self.version, tokens)
+        if self.probe_file is not None:
+            inputs, _why = read_inputs(Path(self.probe_file), meta)  # one that does not verify is made again
+            if inputs is not None:
+                return inputs
+        inputs = compute_inputs(self.runnable(hub_settings), ck.layout(), tokens, self.name)
+        if self.probe_file is not None:
+            write_inputs(Path(self.probe_file), meta, inputs)
+        return inputs
 
 
 @dataclass(frozen=True)
@@ -242,7 +270,9 @@ def fit_base(base: BaseSpec, representation: Representation, device: str, hub_se
     """The embedder with the base's matrices read (once per engine worker)."""
     from ..represent import DeltaEmbedder
 
-    return DeltaEmbedder.from_representation(representation, device).fit(base.open(hub_settings, representation))
+    ck = base.open(hub_settings, representation)
+    inputs = base.probe_inputs(ck, representation, hub_settings) if representation.probe_tokens else None
+    return DeltaEmbedder.from_representation(representation, device).fit(ck, inputs)
 
 
 def compute(

@@ -87,14 +87,16 @@ def variants(
                             pooling=pooling,
                             block_norm=block_norm,
                             head="none",
+                            probe=probe,
                         )
                         for pooling in POOLINGS
+                        for probe in _probes(sweep, projection, block_norm)
                     ]
             out.update((r.label(), r) for r in grid)
     if vocabulary_head:
         projection, share, auto_rows = sweep["projection"][0], sweep["rows"][0], sweep["auto_rows"][0]
         for rank in sweep["rank"]:
-            for pooling in POOLINGS:
+            for pooling, probe in itertools.product(POOLINGS, _probes(sweep, projection, True)):
                 r = Representation(
                     rank=rank,
                     projection=projection,
@@ -102,6 +104,7 @@ def variants(
                     auto_rows=auto_rows,
                     pooling=pooling,
                     head="vocabulary",
+                    probe=probe,
                 )
                 out[r.label()] = r
     if default:  # marked in its name; where the grid has it already, that row is renamed
@@ -110,6 +113,11 @@ def variants(
         if chosen not in out.values():
             out[f"{chosen.label()} (default)"] = chosen
     return out
+
+
+def _probes(sweep: Sweep, projection: str, block_norm: bool) -> tuple[int | str, ...]:
+    """The probes compared for a projection: the sweep's for the block-normed CountSketch (the probe's), else none."""
+    return sweep["probe"] if projection == "countsketch" and block_norm else ("none",)
 
 
 def _rows(sweep: Sweep) -> list[tuple[float | str, int | str]]:

@@ -1,0 +1,100 @@
+"""The delta through the base's inputs (``probe``): each block is the CountSketch of dW·H, where H holds the base's
+own inputs to the matrix on the probe, checked against the change of each module's output in transformers' own
+model with the base's inputs held; an adapter's vector is its merged model's; the kept inputs are made again when
+the base or the probe changes, and when they are damaged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_tiny_tokenizer
+from modelvec import DeltaEmbedder
+from modelvec.read import open_checkpoint
+from modelvec.represent import Representation
+from modelvec.represent.probe import compute_inputs, probe_ids
+
+pytest.importorskip("transformers")
+from tiny_families import _slice
+
+TOKENS = 16
+#: every family's layout: fused qkv along the columns (GPT-2's Conv1D c_attn) and along the rows (Phi-3), tied
+#: embeddings, grouped-query attention, an encoder-decoder with cross-attention, task heads with prefixes
+FAMILIES = ["bert-cls", "distilbert-cls", "gpt2-lm", "llama-lm", "phi3-lm", "gemma2-lm", "t5-gated"]
+EXACT = dict(probe=TOKENS, pooling="concat", block_norm=False, size="none", head="none")
+
+
+def _inputs_of(model: torch.nn.Module, modules: list[torch.nn.Module], ids: list[int]) -> list[torch.Tensor]:
+    """Each module's input (tokens x width) when ``model`` reads ``ids`` (an encoder-decoder: on both sides)."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(module: torch.nn.Module, args: tuple) -> None:
+        seen.setdefault(id(module), args[0][0].detach())
+
+    hooks = [m.register_forward_pre_hook(keep) for m in modules]
+    batch = torch.tensor([ids])
+    extra = {"decoder_input_ids": batch} if model.config.is_encoder_decoder else {}
+    with torch.no_grad():
+        model(input_ids=batch, **extra)
+    for h in hooks:
+        h.remove()
+    return [seen[id(m)] for m in modules]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_block_is_the_change_of_each_layer_output_on_the_base_inputs(zoo, name):
+    case = zoo.case(name, rank=3)
+    base_dir = write_tiny_tokenizer(case.folder("base"))
+    embedder = DeltaEmbedder(**EXACT).fit(base_dir)
+    vector = embedder.embed_one(case.folder("ft"))
+    ids = probe_ids(base_dir, TOKENS, name)
+    items_b = [(s, layer, it) for s, layer, items in case.spec.items(case.base) for it in items]
+    items_f = [it for _, _, items in case.spec.items(case.ft) for it in items]
+    inputs = _inputs_of(case.base, [it[1] for _, _, it in items_b], ids)
+    assert len(embedder.blocks_) == len(items_b)
+    checked = 0
+    for block, (stack, layer, (family, mod_b, n_parts, part)), mod_f, x in zip(
+        embedder.blocks_, items_b, [it[1] for it in items_f], inputs, strict=True
+    ):
+        assert (block.stack, block.layer, block.family) == (stack, layer, family)
+        with torch.no_grad():  # the change of the module's output, the base's input held (biases cancel)
+            y = (mod_f(x) - mod_b(x)).double()[:, _slice(mod_b, n_parts, part)]
+        projection = embedder.projections_[(stack, layer, family)]
+        size = projection.size
+        expected = np.zeros(size)
+        bucket = (projection.h_out[:, None] + projection.h_tok[None, :]) % size
+        sign = projection.s_out[:, None] * projection.s_tok[None, :]
+        np.add.at(expected, bucket.numpy().ravel(), (sign * y.T).numpy().ravel())
+        got = vector[block.start : block.stop]
+        assert np.abs(expected).max() > 0
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+        checked += 1
+    assert checked == len(items_b)
+
+
+def test_inputs_are_the_base_own(zoo):
+    """H differs from model to model: the inputs of another model give another block (the test above can fail)."""
+    case = zoo.case("llama-lm", rank=3)
+    base_dir = write_tiny_tokenizer(case.folder("base"))
+    ft_dir = write_tiny_tokenizer(case.folder("ft"))
+    ck = open_checkpoint(base_dir)
+    own = compute_inputs(base_dir, ck.layout(), TOKENS, "base")
+    other = compute_inputs(ft_dir, ck.layout(), TOKENS, "ft")
+    first = ck.layout().refs[4].tensor  # layer 0's gate: its input went through the fine-tune's attention
+    assert own.for_tensor(first).shape == (TOKENS, 32)
+    assert not np.allclose(own.for_tensor(first), other.for_tensor(first))
+    v_own = DeltaEmbedder(**EXACT).fit(base_dir, own).embed_one(ft_dir)
+    v_other = DeltaEmbedder(**EXACT).fit(base_dir, other).embed_one(ft_dir)
+    assert not np.allclose(v_own, v_other)
+
+
+def test_probe_is_a_setting_of_the_sketch():
+    r = Representation(probe=32)
+    assert r.probe_tokens == 32 and "probe32" in r.key() and "probe" in r.label()
+    assert Representation().probe_tokens is None and "probe" not in Representation().key()
+    assert Representation(probe=32, projection="gaussian").probe_tokens is None  # the CountSketch's only
+    with pytest.raises(ValueError, match="probe"):
+        Representation(probe=4)
+    with pytest.raises(ValueError, match="probe"):
+        Representation(probe=4096)

@@ -1,0 +1,97 @@
+"""The base's probe inputs kept beside the store: made once, read again where they verify, made again when the base
+or the probe text changes or the file is damaged, never trusted then."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import modelvec
+from conftest import write_tiny_tokenizer
+from modelvec.represent import probe as probe_module
+from modelvec.store.inputs import inputs_meta, inputs_path, read_inputs
+from modelvec.store.kept import read_kept
+
+pytest.importorskip("transformers")
+TOKENS = 16
+
+
+@pytest.fixture
+def family(llama_family, tmp_path):
+    base, a, b, _ = llama_family
+    shutil.copytree(base, tmp_path / "base")
+    write_tiny_tokenizer(tmp_path / "base")
+    return tmp_path / "base", a, b
+
+
+@pytest.fixture
+def computed(monkeypatch):
+    """How many times the inputs were computed."""
+    calls = []
+    real = probe_module.compute_inputs
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe_module, "compute_inputs", counting)
+    return calls
+
+
+def _meta(path, **changed):
+    """What the kept file at ``path`` was made for (the base as the store names it, its version), ``changed``."""
+    meta = read_kept(path).meta
+    return inputs_meta(**{"base": meta["base"], "version": meta["base_version"], "tokens": TOKENS, **changed})
+
+
+def _embed(base, models, store, **kw):
+    return modelvec.embed(base, models, store=store, probe=TOKENS, **kw)
+
+
+def test_made_once_then_read(family, tmp_path, computed):
+    base, a, b = family
+    store = tmp_path / "s.duckdb"
+    first = _embed(base, [a], store)
+    kept = list((tmp_path / "s.duckdb.products").glob("*.probe.kept"))
+    assert len(kept) == 1 and len(computed) == 1
+    second = _embed(base, [b], store)
+    assert len(computed) == 1  # read, verified, not made again
+    assert not second.failed and not first.failed
+    again = _embed(base, [a], tmp_path / "other.duckdb")  # made anew for another store: the same vector
+    np.testing.assert_array_equal(again.vectors, first.vectors)
+
+
+def test_damaged_file_is_made_again(family, tmp_path, computed):
+    base, a, b = family
+    store = tmp_path / "s.duckdb"
+    first = _embed(base, [a], store)
+    (path,) = (tmp_path / "s.duckdb.products").glob("*.probe.kept")
+    meta = _meta(path)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # a float of the last array
+    path.write_bytes(bytes(data))
+    assert read_inputs(path, meta) == (None, "1 arrays do not match their checksums")
+    redo = _embed(base, [a], store, force=True)
+    assert len(computed) == 2
+    np.testing.assert_array_equal(redo.vectors, first.vectors)  # the damaged values were never used
+    assert read_inputs(path, meta)[0] is not None  # and the file was replaced by a good one
+
+
+def test_made_again_for_another_base_version_or_probe(family, tmp_path, computed, monkeypatch):
+    base, a, _ = family
+    store = tmp_path / "s.duckdb"
+    first = _embed(base, [a], store)
+    (path,) = (tmp_path / "s.duckdb.products").glob("*.probe.kept")
+    assert path == inputs_path(store, read_kept(path).meta["base"], TOKENS)
+    meta = _meta(path)
+    assert read_inputs(path, meta)[0] is not None
+    inputs, why = read_inputs(path, _meta(path, version="another"))
+    assert inputs is None and why == "computed for another base_version"
+    monkeypatch.setattr(probe_module, "probe_text", lambda: "An entirely different probe text. " * 20)
+    inputs, why = read_inputs(path, _meta(path))
+    assert inputs is None and why == "computed for another text"
+    other = _embed(base, [a], store, force=True)
+    assert len(computed) == 2
+    assert not np.allclose(other.vectors, first.vectors)  # another probe, another vector
