@@ -91,9 +91,12 @@ def test_inputs_are_the_base_own(zoo):
 
 def test_probe_is_a_setting_of_the_sketch():
     r = Representation(probe=32)
-    assert r.probe_tokens == 32 and "probe32" in r.key() and "probe" in r.label()
-    assert Representation().probe_tokens is None and "probe" not in Representation().key()
-    assert Representation(probe=32, projection="gaussian").probe_tokens is None  # the CountSketch's only
+    assert r.probe_tokens() == 32 and "probe32" in r.key() and "probe" in r.label()
+    assert r.probe_tokens(64) == 32  # a number is the number, whatever the family says
+    assert Representation(probe="none").probe_tokens(64) is None and "probe" not in Representation(probe="none").key()
+    assert Representation(probe=32, projection="gaussian").probe_tokens() is None  # the CountSketch's only
+    auto = Representation(probe="auto")
+    assert auto.probe_tokens(64) == 64 and auto.probe_tokens(None) is None and "probe-auto" in auto.key()
     with pytest.raises(ValueError, match="probe"):
         Representation(probe=4)
     with pytest.raises(ValueError, match="probe"):

@@ -95,3 +95,22 @@ def test_made_again_for_another_base_version_or_probe(family, tmp_path, computed
     other = _embed(base, [a], store, force=True)
     assert len(computed) == 2
     assert not np.allclose(other.vectors, first.vectors)  # another probe, another vector
+
+
+def test_a_hub_base_runs_from_its_whole_files_and_gives_the_local_vectors(family, tmp_path):
+    from modelvec.hub.client import HubSettings
+    from modelvec.testing.localhub import LocalHub
+
+    base, a, b = family
+    hub = LocalHub(tmp_path / "hub")
+    files = lambda folder: {p.name: p for p in folder.iterdir() if p.is_file()}
+    hub.publish("org/base", files(base))
+    hub.publish("u/a", files(a))
+    hub.publish("u/b", files(b))
+    local = _embed(base, [a, b], tmp_path / "local.duckdb")
+    with hub.serve() as server:
+        settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "hf"), token=False, backoff=0.01)
+        got = _embed("org/base", ["u/a", "u/b"], tmp_path / "s.duckdb", hub_settings=settings)
+    assert sorted(got.embedded) == ["u/a", "u/b"]
+    np.testing.assert_allclose(got.vectors, local.vectors, rtol=1e-6, atol=1e-7)
+    assert list((tmp_path / "s.duckdb.products").glob("*.probe.kept"))

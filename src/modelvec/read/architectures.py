@@ -129,6 +129,9 @@ class Architecture:
     description: str = ""
     #: where the head's vocabulary prior is (None: the family's norms have no bias, e.g. RMSNorm)
     vocabulary_head: VocabularyHead | None = None
+    #: the probe tokens ``Representation(probe="auto")`` takes this family's deltas through (None: the deltas
+    #: themselves), as the evidence chose per family (docs/evidence.md)
+    probe: int | None = None
     #: config.json sizes two checkpoints must share for their matrices to align (layers, width,
     #: feed-forward, heads...); each entry lists alternative keys, first found wins. Discovery uses
     #: them to accept a name-search candidate without downloading its weights.

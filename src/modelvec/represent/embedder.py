@@ -251,7 +251,7 @@ class DeltaEmbedder:
         """Each matrix's fixed map to its block: a random projection of its delta, or of its delta through the
         base's inputs (``probe``: ``inputs``, computed from the base's folder where not given)."""
         rep = self.representation
-        tokens = rep.probe_tokens
+        tokens = rep.probe_tokens(layout.arch.probe)
         if tokens is None:
             omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
             return {

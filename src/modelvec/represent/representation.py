@@ -237,14 +237,15 @@ class Representation:
         "none",
         "Take each matrix's delta through the base's own inputs to it on the first TOKENS tokens of a packaged, "
         "generic probe text (dW·H: how the fine-tune changes each layer's output on inputs the base sees) before "
-        "the CountSketch; none: the delta itself. The base runs once through transformers (kept beside the store); "
-        "the rows read do not change.",
+        "the CountSketch; none: the delta itself; auto: the family's choice (its architecture entry). The base "
+        "runs once through transformers (kept beside the store); the rows read do not change.",
         minimum=8,
         maximum=512,
-        words=("none",),
+        words=("none", "auto"),
         kind=int,
         metavar="TOKENS",
         key="probe{}",
+        tags=(("auto", "probe-auto"),),
         order=15,
         omit=("none",),
         until_added=("none",),
@@ -287,11 +288,15 @@ class Representation:
         """Floats of one matrix's block: rank x kept, or what the size budget left it (:func:`within_size`)."""
         return plan.floats if plan.floats is not None else self.block_size(plan.kept)
 
-    @property
-    def probe_tokens(self) -> int | None:
-        """The probe's tokens where deltas are taken through the base's inputs (None: the deltas themselves)."""
-        applies = self.factor == "sketch" and self.projection == "countsketch"
-        return self.probe if isinstance(self.probe, int) and applies else None
+    def probe_tokens(self, family_probe: int | None = None) -> int | None:
+        """The probe's tokens where deltas are taken through the base's inputs (None: the deltas themselves);
+        ``family_probe``: the base's family's choice (:attr:`~modelvec.read.architectures.Architecture.probe`), what
+        ``auto`` takes."""
+        if not (self.factor == "sketch" and self.projection == "countsketch"):
+            return None
+        if self.probe == "auto":
+            return family_probe
+        return self.probe if isinstance(self.probe, int) else None
 
     @property
     def uses_svd(self) -> bool:
@@ -336,8 +341,10 @@ class Representation:
             parts.append(f"r{self.rank}")
         if self.size_limit is not None:
             parts.append(f"at most {self.size_limit:,} floats")
-        if self.probe_tokens is not None:
-            parts.append(f"through the probe ({self.probe_tokens} tokens)")
+        if self.probe_tokens() is not None:
+            parts.append(f"through the probe ({self.probe_tokens()} tokens)")
+        elif self.probe == "auto" and self.probe_tokens(0) is not None:
+            parts.append("through the probe where the family takes it")
         text = ", ".join(parts)
         text = text + " + block-norm" if self.block_norm else text
         return text + {"none": "", "vocabulary": " + vocabulary head", "auto": " + auto head"}[self.head]

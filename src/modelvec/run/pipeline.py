@@ -36,7 +36,6 @@ from ..hub.ids import resolve_base
 from ..read import Checkpoint, adapter_parent, open_checkpoint, refuse_adapter_base
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow, opened
-from ..store.inputs import inputs_path
 from ..store.records import Alias, CardUpdate
 from ..store.vectorfile import checksum, vector_bytes
 from .discover import catalogue_entries, discovered, resumable, stored_pages
@@ -274,8 +273,7 @@ def _run(
             for _ in down.todo(models):
                 pass
         return down.result
-    if representation.probe_tokens:  # the base's probe inputs are kept beside the store
-        spec = replace(spec, probe_file=str(inputs_path(db.path, spec.name, representation.probe_tokens)))
+    spec = replace(spec, store=str(db.path))  # the base's probe inputs, where it takes them, are kept beside it
     run = _Run(spec, representation, db, force, report, hub_settings)
     report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
     keeper = ProductsKeeper(db, spec.name, representation, execution.products_from, execution.device)

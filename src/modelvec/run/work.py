@@ -48,8 +48,9 @@ class BaseSpec:
     path: str | None = None
     repo: str | None = None
     sha: str | None = None
-    #: where the store keeps the base's probe inputs (``Representation.probe``): read where they verify, else made
-    probe_file: str | None = None
+    #: the store that keeps the base's probe inputs beside it (``Representation.probe``): read where they verify,
+    #: else made and kept (None: made in memory)
+    store: str | None = None
 
     def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Checkpoint:
         """The base's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`)."""
@@ -68,21 +69,27 @@ class BaseSpec:
             return path if path.is_dir() else path.parent
         return fetch_runnable(str(self.repo), str(self.sha), hub_settings)
 
-    def probe_inputs(self, ck: Checkpoint, representation: Representation, hub_settings: HubSettings) -> ProbeInputs:
-        """The base's inputs on the probe: kept ones where they verify and were made for this base and probe, else
-        computed (and kept, where a store keeps them)."""
+    def probe_inputs(
+        self, ck: Checkpoint, representation: Representation, hub_settings: HubSettings
+    ) -> ProbeInputs | None:
+        """The base's inputs on the probe (None: ``representation`` takes no probe for this family): kept ones where
+        they verify and were made for this base and probe, else computed (and kept, where a store keeps them)."""
         from ..represent.probe import compute_inputs
-        from ..store.inputs import inputs_meta, read_inputs, write_inputs
+        from ..store.inputs import inputs_meta, inputs_path, read_inputs, write_inputs
 
-        tokens = int(representation.probe_tokens or 0)
+        layout = ck.layout()
+        tokens = representation.probe_tokens(layout.arch.probe)
+        if tokens is None:
+            return None
         meta = inputs_meta(self.name, self.version, tokens)
-        if self.probe_file is not None:
-            inputs, _why = read_inputs(Path(self.probe_file), meta)  # one that does not verify is made again
+        path = inputs_path(self.store, self.name, tokens) if self.store is not None else None
+        if path is not None:
+            inputs, _why = read_inputs(path, meta)  # one that does not verify is made again
             if inputs is not None:
                 return inputs
-        inputs = compute_inputs(self.runnable(hub_settings), ck.layout(), tokens, self.name)
-        if self.probe_file is not None:
-            write_inputs(Path(self.probe_file), meta, inputs)
+        inputs = compute_inputs(self.runnable(hub_settings), layout, tokens, self.name)
+        if path is not None:
+            write_inputs(path, meta, inputs)
         return inputs
 
 
@@ -271,7 +278,7 @@ def fit_base(base: BaseSpec, representation: Representation, device: str, hub_se
     from ..represent import DeltaEmbedder
 
     ck = base.open(hub_settings, representation)
-    inputs = base.probe_inputs(ck, representation, hub_settings) if representation.probe_tokens else None
+    inputs = base.probe_inputs(ck, representation, hub_settings)
     return DeltaEmbedder.from_representation(representation, device).fit(ck, inputs)
 
 
