@@ -101,3 +101,15 @@ def test_probe_is_a_setting_of_the_sketch():
         Representation(probe=4)
     with pytest.raises(ValueError, match="probe"):
         Representation(probe=4096)
+
+
+def test_the_trace_is_the_delta_own_sketch_whatever_the_vector_goes_through(zoo):
+    """The tree reads traces, measured on the delta's own CountSketch: the probe changes the vector, not the trace."""
+    case = zoo.case("llama-lm", rank=3)
+    base_dir = write_tiny_tokenizer(case.folder("base"))
+    plain = DeltaEmbedder(probe="none").fit(base_dir).embed_traced(case.folder("ft"))
+    probed = DeltaEmbedder(probe=TOKENS).fit(base_dir).embed_traced(case.folder("ft"))
+    assert not np.allclose(plain.vector, probed.vector)
+    np.testing.assert_array_equal(probed.trace.sketch, plain.trace.sketch)
+    for name in ("levels", "scale", "zeros", "along", "rounding"):
+        assert getattr(probed.trace, name) == getattr(plain.trace, name), name

@@ -130,12 +130,17 @@ class Parent:
     open: Callable[[], Checkpoint]
 
 
+_Blocks = dict[tuple[str, int, str], torch.Tensor]  # a model's raw blocks, by matrix (stack, layer, family)
+
+
 @dataclass(frozen=True)
 class _ParentRows:
-    """What an adapter needs of its parent, read once: each matrix's raw sketch block (float64) and its head's beta
-    (None: it has no vocabulary head, or none is read)."""
+    """What an adapter needs of its parent, read once: each matrix's raw sketch block (float64), its trace's (the same
+    where the vector's is the delta's own sketch) and its head's beta (None: it has no vocabulary head, or none is
+    read)."""
 
     raw: dict[tuple[str, int, str], torch.Tensor]
+    traw: dict[tuple[str, int, str], torch.Tensor]
     beta: torch.Tensor | None
 
 
@@ -224,16 +229,18 @@ class DeltaEmbedder:
         self.stored_shapes_ = {ref.tensor: tuple(ck.shape(layout.prefix + ref.tensor)) for ref in layout.refs}
         if not self.representation.uses_svd:  # the sketch is linear: the base's part once, in float64
             self.projections_ = self._projections(ck, layout, inputs)
+            self.trace_projections_ = self._trace_projections(layout)
             ck.require_rows({p.tensor: p.row_ranges for p in self.plans_.values()})
             sketches = self._map(lambda ref: self._project(ck, layout, ref), layout.refs)
-            for ref, sk in zip(layout.refs, sketches):
-                if not bool(torch.isfinite(sk).all()):
+            for ref, (sk, tr) in zip(layout.refs, sketches):
+                if not bool(torch.isfinite(sk).all() and torch.isfinite(tr).all()):
                     raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-            self.base_sketches_ = dict(zip((r.key for r in layout.refs), sketches))
+            self.base_sketches_ = {r.key: sk for r, (sk, _) in zip(layout.refs, sketches)}
+            self.base_traces_ = {r.key: tr for r, (_, tr) in zip(layout.refs, sketches)}
             self.tracer_ = Tracer(
-                {key: int(sk.numel()) for key, sk in self.base_sketches_.items()}, self.representation.seed
+                {key: int(tr.numel()) for key, tr in self.base_traces_.items()}, self.representation.seed
             )
-            self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_sketches_)))
+            self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_traces_)))
             rows = self._map(lambda ref: self._level_rows(ck, layout, ref), layout.refs)
             self.base_rows_ = dict(zip((r.key for r in layout.refs), rows))  # 16 rows a matrix: views of the base
         self.vocabulary_ = (
@@ -272,6 +279,18 @@ class DeltaEmbedder:
                 self.device,
                 h[inputs.of[ref.tensor]],
             )
+            for ref in layout.refs
+        }
+
+    def _trace_projections(self, layout: Layout) -> dict[tuple[str, int, str], Projection | ProbeProjection]:
+        """What the traces sketch: the delta's own CountSketch (the tree's evidence was measured on it), the vector's
+        projections where they are that already; a second map of the same rows where the vector's go through the
+        probe."""
+        if self.representation.probe_tokens(layout.arch.probe) is None:
+            return self.projections_
+        plain = replace(self.representation, probe="none")
+        return {
+            ref.key: Projection(self.plans_[ref.key], plain, (ref.stack, ref.layer, ref.family), self.device)
             for ref in layout.refs
         }
 
@@ -350,8 +369,8 @@ class DeltaEmbedder:
         if parent is not None:
             vector, trace, parent_beta = self._on_parent(ck, parent)
         elif not self.representation.uses_svd:
-            raw, stats = self._raw_blocks(ck)
-            sketch = self.tracer_.sketch(raw)
+            raw, traw, stats = self._raw_blocks(ck)
+            sketch = self.tracer_.sketch(traw)
             trace = stats.trace(sketch, self.base_scale_) if stats else Trace(sketch, None, self.base_scale_)
             vector = self._sketched(raw)
         else:
@@ -375,9 +394,10 @@ class DeltaEmbedder:
                 ck.name, "an adapter on a fine-tune is embedded with the sketch only (factor='sketch')"
             )
         rows = self._parent_rows(ck, parent)  # the parent's row statistics are not the adapter's: it has none
-        own = self._adapter_raw(ck)
+        own, town = self._adapter_raw(ck)
         raw = {key: block + own[key] if key in own else block for key, block in rows.raw.items()}
-        return self._sketched(raw), Trace(self.tracer_.sketch(raw), None, self.base_scale_), rows.beta
+        traw = {key: block + town[key] if key in town else block for key, block in rows.traw.items()}
+        return self._sketched(raw), Trace(self.tracer_.sketch(traw), None, self.base_scale_), rows.beta
 
     def _parent_rows(self, ck: Checkpoint, parent: str | os.PathLike[str] | Checkpoint | Parent) -> _ParentRows:
         """The parent's rows as its adapters need them, read once for all of them: kept by the parent's version for
@@ -394,9 +414,8 @@ class DeltaEmbedder:
         try:
             if pk.factored:
                 raise CheckpointError(ck.name, f"its parent {pk.name} is an adapter too: give the merged fine-tune")
-            rows = _ParentRows(
-                self._raw_blocks(pk)[0], self.vocabulary_.bias(pk) if self.vocabulary_ is not None else None
-            )
+            raw, traw, _ = self._raw_blocks(pk)
+            rows = _ParentRows(raw, traw, self.vocabulary_.bias(pk) if self.vocabulary_ is not None else None)
         finally:
             pk.close()  # its files released now: its rows are kept (a checkpoint reopens them if read again)
         with _PARENTS_LOCK:
@@ -405,17 +424,18 @@ class DeltaEmbedder:
                 kept.popitem(last=False)
         return rows
 
-    def _raw_blocks(self, ck: Checkpoint) -> tuple[dict[tuple[str, int, str], torch.Tensor], RowStats | None]:
-        """The sketch's raw blocks of ``ck``'s delta (float64, before their norm), and what its first rows read say
-        beside the base's (None for an adapter: see :mod:`~modelvec.represent.trace`)."""
+    def _raw_blocks(self, ck: Checkpoint) -> tuple[_Blocks, _Blocks, RowStats | None]:
+        """The sketch's raw blocks of ``ck``'s delta (float64, before their norm), its trace's (the same where the
+        vector's are the delta's own sketch), and what its first rows read say beside the base's (None for an
+        adapter: see :mod:`~modelvec.represent.trace`)."""
         if ck.factored:  # a LoRA adapter: its delta comes as thin factors
-            return self._adapter_raw(ck), None
+            return *self._adapter_raw(ck), None
         layout = ck.layout()
         check_compatible(ck, layout, self.layout_)
         ck.require_rows({p.tensor: p.row_ranges for p in self._plans_in(layout)})
         failed = threading.Event()  # after one matrix fails, the others are not read: the model is done
 
-        def sketch(ref: MatrixRef) -> tuple[torch.Tensor, RowStats] | None:
+        def sketch(ref: MatrixRef) -> tuple[tuple[torch.Tensor, torch.Tensor], RowStats] | None:
             if failed.is_set():
                 return None
             try:
@@ -426,8 +446,9 @@ class DeltaEmbedder:
                 raise
 
         done = self._map(sketch, layout.refs)
-        raw = {ref.key: d[0] for ref, d in zip(layout.refs, done) if d is not None}
-        return raw, sum((d[1] for d in done if d is not None), RowStats())
+        raw = {ref.key: d[0][0] for ref, d in zip(layout.refs, done) if d is not None}
+        traw = {ref.key: d[0][1] for ref, d in zip(layout.refs, done) if d is not None}
+        return raw, traw, sum((d[1] for d in done if d is not None), RowStats())
 
     def _sketched(self, raw: dict[tuple[str, int, str], torch.Tensor]) -> np.ndarray:
         """The vector of raw blocks: each normalised in float64, rounded once to float32, then pooled."""
@@ -493,23 +514,29 @@ class DeltaEmbedder:
             factors[ref.key] = normalise_blocks(block.unsqueeze(0))[0] if p.block_norm else block
         return factors
 
-    def _adapter_raw(self, ck: Checkpoint) -> dict[tuple[str, int, str], torch.Tensor]:
-        """Every matrix's raw sketch (float64) from an adapter's dW = L R^T: L (R^T Omega), never the n x m delta; a
-        matrix the adapter leaves alone is a zero block, as a merged model's would be."""
+    def _adapter_raw(self, ck: Checkpoint) -> tuple[_Blocks, _Blocks]:
+        """Every matrix's raw sketch (float64) from an adapter's dW = L R^T: L (R^T Omega), never the n x m delta, and
+        its trace's (the same where the vector's is the delta's own sketch); a matrix the adapter leaves alone is a
+        zero block, as a merged model's would be."""
         shapes = dict(self.shapes_)
         deltas = ck.low_rank_deltas(self.layout_, shapes)
-        raw: dict[tuple[str, int, str], torch.Tensor] = {}
+        raw: _Blocks = {}
+        traw: _Blocks = {}
         for ref in self.layout_.refs:
             delta = deltas.get(ref.key)
             if delta is None:
                 raw[ref.key] = torch.zeros(self.representation.plan_floats(self.plans_[ref.key]), dtype=torch.float64)
+                traw[ref.key] = raw[ref.key]
                 continue
             # dW = L R^T (n x m); stored as R L^T (nn.Linear) or L R^T (Conv1D): rows first
             linear = ref.orientation is Orientation.LINEAR
             rows, cols = (delta.right, delta.left) if linear else (delta.left, delta.right)
             step = max(1, _CHUNK_BYTES // (8 * cols.shape[0]))
             raw[ref.key] = self.projections_[ref.key].of_factors(rows, cols, step).cpu()
-        return raw
+            tracing = self.trace_projections_[ref.key]
+            same = tracing is self.projections_[ref.key]
+            traw[ref.key] = raw[ref.key] if same else tracing.of_factors(rows, cols, step).cpu()
+        return raw, traw
 
     def _matrix(self, ck: Checkpoint, layout: Layout, ref: MatrixRef, cache: dict[str, torch.Tensor]) -> torch.Tensor:
         """The fine-tune's matrix as stored (a view of its mapped file), checked against the base's shape."""
@@ -613,8 +640,9 @@ class DeltaEmbedder:
         cut = len(self.layout_.prefix)
         return [replace(p, tensor=layout.prefix + p.tensor[cut:]) for p in self.plans_.values()]
 
-    def _project(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
-        """The projection of one matrix of ``ck`` (its rows that the plan selects), float64 on the device.
+    def _project(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection of one matrix of ``ck`` (its rows that the plan selects), float64 on the device, and its
+        trace's (the same tensor where the vector's is the delta's own sketch).
 
         The stored tensor is a view of the mapped file in its stored dtype; only the selected rows
         are touched, in cache-sized chunks converted to float64 and projected while in cache (on a
@@ -623,7 +651,8 @@ class DeltaEmbedder:
         float64 reference, where the delta formed first and multiplied in float32 is 2e-7 from it
         (and float32 sketches subtracted, 2e-5); see docs/scale.md.
         """
-        plan, projection = self.plans_[ref.key], self.projections_[ref.key]
+        plan, projection, tracing = self.plans_[ref.key], self.projections_[ref.key], self.trace_projections_[ref.key]
+        separate = tracing is not projection
         name = layout.prefix + ref.tensor
         stored = ck.get_stored(name, whole=False)  # require_rows checked the rows read below
         if stored.ndim != 2:
@@ -636,6 +665,7 @@ class DeltaEmbedder:
         c0, c1 = plan.cols
         step = max(1, _CHUNK_BYTES // (8 * (c1 - c0)))
         acc = projection.start()
+        tacc = tracing.start() if separate else acc
         first = 0
         for a, b in plan.row_ranges:
             for start in range(a, b, step):
@@ -646,20 +676,27 @@ class DeltaEmbedder:
                     chunk.copy_(part)
                 else:
                     chunk = self._to_device(part).double()
-                projection.add(acc, chunk, first)
+                projection.add(acc, chunk, first)  # the probe's first: the CountSketch scales the chunk in place
+                if separate:
+                    tracing.add(tacc, chunk, first)
                 first += stop - start
-        return projection.finish(acc)
+        out = projection.finish(acc)
+        return out, tracing.finish(tacc) if separate else out
 
-    def _raw_sketch(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
-        """One matrix's raw sketch (float64, on the CPU): the fine-tune's projection minus the base's, made at fit.
+    def _raw_sketch(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> tuple[torch.Tensor, torch.Tensor]:
+        """One matrix's raw sketch (float64, on the CPU): the fine-tune's projection minus the base's, made at fit;
+        and its trace's (the same tensor where the vector's is the delta's own sketch).
 
         Only the fine-tune is read: half the bytes of forming the delta. A matrix the fine-tune
         left alone gives exactly zero (the same float64 computation on the same bytes).
         """
-        out = self._project(ck, layout, ref) - self.base_sketches_[ref.key]
-        if not torch.isfinite(out).all():
+        sketched, traced = self._project(ck, layout, ref)
+        out = sketched - self.base_sketches_[ref.key]
+        trace = out if traced is sketched else traced - self.base_traces_[ref.key]
+        if not bool(torch.isfinite(out).all() and torch.isfinite(trace).all()):
             raise CheckpointError(ck.name, f"tensor {layout.prefix + ref.tensor} has NaN or Inf values")
-        return out.reshape(-1).cpu()
+        flat = out.reshape(-1).cpu()
+        return flat, flat if trace is out else trace.reshape(-1).cpu()
 
     def _level_rows(self, ck: Checkpoint, layout: Layout, ref: MatrixRef) -> torch.Tensor:
         """``ck``'s first stored rows read of one matrix, as stored: what its trace's row statistics are counted on
