@@ -297,7 +297,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--unique-seeds", action="store_true", help="every model its own seed (no seed twins)")
     ap.add_argument("--held-out", action="store_true", help="build only the held-out datasets (HELD_OUT)")
+    ap.add_argument("--datasets", metavar="A,B", help="only these datasets (comma-separated names)")
     args = ap.parse_args()
+    chosen = HELD_OUT if args.held_out else DATASETS
+    if args.datasets:
+        wanted = {s.strip() for s in args.datasets.split(",") if s.strip()}
+        if unknown := sorted(wanted - {d.name for d in DATASETS + HELD_OUT}):
+            ap.error(f"unknown datasets {unknown}")
+        chosen = tuple(d for d in DATASETS + HELD_OUT if d.name in wanted)
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -305,7 +312,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(base_model_dir())
     entries = []
-    for ds in HELD_OUT if args.held_out else DATASETS:
+    for ds in chosen:
         print(f"{ds.name} ({ds.task} on {ds.collection})", flush=True)
         data: Data | None = None
         for run in runs_of(ds, args.unique_seeds):

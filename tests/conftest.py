@@ -200,7 +200,7 @@ def llama_family(tmp_path_factory) -> tuple[Path, Path, Path, Path]:
     root = tmp_path_factory.mktemp("llama-family")
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).save_pretrained(root / "base")
-    base = root / "base"
+    base = write_tiny_tokenizer(root / "base", LLAMA["vocab_size"])  # the default runs a Llama base on the probe
     a, b, c = (trained(base, root / n, [d], s) for n, d, s in (("a", 1, 11), ("b", 2, 12), ("c", 3, 13)))
     return base, a, b, c
 

@@ -200,9 +200,9 @@ LIMITED = textwrap.dedent("""
     base, model, store = sys.argv[1:4]
     fit, open_checkpoint, fitted = DeltaEmbedder.fit, work.open_checkpoint, threading.Event()
 
-    def fit_and_tell(self, ck):
+    def fit_and_tell(self, ck, inputs=None):
         try:
-            return fit(self, ck)
+            return fit(self, ck, inputs)
         finally:
             fitted.set()
 

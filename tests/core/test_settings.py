@@ -40,12 +40,17 @@ def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
     is unchanged."""
     assert Representation(rank=8, projection="shared", rows=1, head="none").key() == "r8-sketch-mean-seed0-bn"
     assert Representation.from_stored(dict(rank=8)).key() == "r8-sketch-mean-seed0-bn"
-    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000"
+    assert Representation().key() == "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000-probe-auto"
+    before_probe = Representation().as_dict()
+    del before_probe["probe"]  # the default of 2026-11-27 (the delta itself, whatever the family)
+    assert (
+        Representation.from_stored(before_probe).key() == "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000"
+    )
     before_size = Representation(size="none").as_dict()
-    del before_size["size"], before_size["auto_rows"]  # the default of 2026-11-25, stored before size existed
+    del before_size["size"], before_size["auto_rows"], before_size["probe"]  # the default of 2026-11-25
     assert Representation.from_stored(before_size).key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto"
     before_count = Representation().as_dict()
-    del before_count["auto_rows"]  # the default of 2026-11-26 (5 % of a large model's rows): its key as then
+    del before_count["auto_rows"], before_count["probe"]  # the default of 2026-11-26 (5 % of a large model's rows)
     assert Representation.from_stored(before_count).key() == "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000"
     assert Representation.from_stored(before_count).row_budget(10**9) == 0.05
     assert (
@@ -56,7 +61,7 @@ def test_keys_stored_before_these_settings_existed_name_the_same_vectors():
         Representation(head="vocabulary", pooling="concat", projection="shared").key().endswith("-bn-head-vocabulary")
     )
     assert (
-        key_of(Representation(rank=8, projection="countsketch", rows=0.05, head="none", size="none"))
+        key_of(Representation(rank=8, projection="countsketch", rows=0.05, head="none", size="none", probe="none"))
         == "r8-sketch-mean-seed0-cs-rows0.05-bn"
     )
 
@@ -74,6 +79,7 @@ def test_every_default_key_the_project_has_had_still_names_its_vectors():
         "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto",
         "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000",
         "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000",
+        "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000-probe-auto",
     ]
     for key, stored in KEY_HISTORY:
         assert Representation.from_stored(dict(stored)).key() == key

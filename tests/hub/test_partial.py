@@ -19,7 +19,9 @@ from modelvec.hub.partial import partial_folder
 from modelvec.run.work import WHOLE_BIN, WHOLE_SERVED
 from modelvec.testing.localhub import LocalHub
 
-ROWS = Representation(rows=0.05, projection="countsketch")
+# the weights' own sketch: these checkpoints are matrices only (no model to run on the probe; what the probe's Hub base
+# fetches is tests/run/test_probe_inputs.py's)
+ROWS = Representation(rows=0.05, projection="countsketch", probe="none")
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
 
@@ -137,7 +139,7 @@ def test_the_default_reads_every_row_of_a_small_model_and_its_row_budget_of_a_la
     whole file); from it, ``auto_rows`` rows of each matrix. Either way the local copy's vector."""
     from modelvec.represent import representation as rep_module
 
-    auto = Representation(rows="auto")
+    auto = Representation(rows="auto", probe="none")
     small = embed(
         "org/base", ["org/ft-single"], representation=auto, hub_settings=hub_settings, store=tmp_path / "a.duckdb"
     )
@@ -189,7 +191,7 @@ def test_another_share_fetches_only_what_is_missing_and_no_keep_weights_deletes_
         "org/base", ["org/ft-single"], representation=ROWS, hub_settings=hub_settings, store=store, force=True
     )
     assert again.embedded == ["org/ft-single"] and len(weight_gets(server, "org/ft-single")) == first  # all held
-    wider = Representation(rows=0.1, projection="countsketch")
+    wider = Representation(rows=0.1, projection="countsketch", probe="none")
     result = embed(
         "org/base", ["org/ft-single"], representation=wider, hub_settings=hub_settings, store=store, keep_weights=False
     )
@@ -267,7 +269,7 @@ def test_coalesced_ranges_give_the_vectors_of_ranges_fetched_one_by_one(models, 
     """The same model read with every range its own request, with the gaps between its rows fetched and sliced
     away, and with those requests kept under a cap: identical vectors; coalescing makes fewer requests of more
     bytes, the cap more requests, none over it."""
-    representation = Representation(rows=0.05, projection="countsketch")
+    representation = Representation(rows=0.05, projection="countsketch", probe="none")
     got = {}
     for how, gap, cap in (("one by one", 0, None), ("coalesced", 1 << 20, None), ("capped", 1 << 20, 48 << 10)):
         monkeypatch.setattr("modelvec.hub.partial.GAP", gap)

@@ -30,6 +30,12 @@ from modelvec.represent.projection import Projection
 NAN_BF16 = b"\xc0\x7f"  # bf16 NaN, little-endian
 
 
+def _weights(**fields):
+    """A representation of the weights' own sketch: these checkpoints are matrices only, no model to run on the
+    probe (``probe="auto"`` takes it for the Llama family)."""
+    return Representation(probe="none", **fields)
+
+
 def test_row_selection_is_deterministic_spread_and_keyed_by_place():
     a = select_rows(4096, 2048, 0.05, 0, ("decoder", 3, "q"))
     assert a == select_rows(4096, 2048, 0.05, 0, ("decoder", 3, "q"))  # the same for every model and the base
@@ -73,7 +79,7 @@ def _ref(family, orientation=Orientation.LINEAR, part=0, n_parts=1, fused=None, 
 def test_fused_linear_parts_choose_rows_as_unfused_matrices_of_their_family():
     """Phi-3's qkv_proj (q | k | v along the stored rows): each part reads the rows Llama's q_proj, k_proj
     and v_proj of the same sizes read, offset into the fused tensor."""
-    params = Representation(rows=0.1, projection="countsketch")
+    params = _weights(rows=0.1, projection="countsketch")
     sizes = (64, 16, 16)
     start = 0
     for part, (family, size) in enumerate(zip("qkv", sizes)):
@@ -87,7 +93,7 @@ def test_fused_linear_parts_choose_rows_as_unfused_matrices_of_their_family():
 
 def test_fused_conv1d_parts_share_one_choice_of_rows():
     """GPT-2's c_attn (q | k | v along the stored columns): the parts read the same rows, the tensor's."""
-    params = Representation(rows=0.1)
+    params = _weights(rows=0.1)
     plans = [
         plan_matrix(_ref(f, Orientation.CONV1D, part=i, n_parts=3, fused="qkv"), (64, 192), params)
         for i, f in enumerate("qkv")
@@ -117,7 +123,7 @@ def test_a_share_of_rows_reads_only_those_rows(tmp_path, projection):
     """The vector from files that hold only the selected rows (NaN elsewhere) equals the vector from whole files:
     nothing else was read, for the base at fit nor for the fine-tune."""
     base, ft = llama_pair(tmp_path, 64, 192, 2, torch.bfloat16)
-    params = Representation(rows=0.1, projection=projection, pooling="concat")
+    params = _weights(rows=0.1, projection=projection, pooling="concat")
     whole = DeltaEmbedder(params).fit(base)
     expected = whole.embed_one(ft)
     keep: dict[str, list[tuple[int, int]]] = {}
@@ -134,7 +140,7 @@ def test_a_share_of_rows_reads_only_those_rows(tmp_path, projection):
 def test_partial_reads_equal_the_same_rows_of_a_full_read(tmp_path, projection):
     """Each block is the projection of exactly the selected rows of the delta, formed from a full in-memory read."""
     base, ft = llama_pair(tmp_path, 64, 192, 2, torch.bfloat16)
-    params = Representation(rows=0.25, projection=projection, pooling="concat", block_norm=False)
+    params = _weights(rows=0.25, projection=projection, pooling="concat", block_norm=False)
     e = DeltaEmbedder(params).fit(base)
     vec = e.embed_one(ft)
     b, f = load_file(str(base / "model.safetensors")), load_file(str(ft / "model.safetensors"))
@@ -151,7 +157,7 @@ def test_partial_reads_equal_the_same_rows_of_a_full_read(tmp_path, projection):
 def test_countsketch_is_its_definition():
     """Entry (i, j) of the selected rows goes to bucket (h_r(i) + h_c(j)) mod D with sign s_r(i) s_c(j)."""
     ref = _ref("q")
-    params = Representation(rows=0.5, projection="countsketch", rank=2)
+    params = _weights(rows=0.5, projection="countsketch", rank=2)
     plan = plan_matrix(ref, (12, 5), params)
     p = Projection(plan, params, ("decoder", 2, "q"), torch.device("cpu"))
     x = torch.randn(plan.n_selected, 5, dtype=torch.float64)
@@ -193,7 +199,7 @@ def test_a_mean_over_layers_with_independent_projections_is_unbiased(tmp_path):
     def cosines(projection: str, seeds: range) -> np.ndarray:
         out = []
         for seed in seeds:
-            e = DeltaEmbedder(projection=projection, rows=1, seed=seed, block_norm=False).fit(base)
+            e = DeltaEmbedder(projection=projection, rows=1, seed=seed, block_norm=False, probe="none").fit(base)
             x, y = e.embed_one(a).astype(np.float64), e.embed_one(b).astype(np.float64)
             out.append(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
         return np.array(out)
@@ -242,7 +248,7 @@ def test_a_fused_checkpoint_reads_and_gives_what_its_split_parts_do(tmp_path, pr
     weights stored fused or split give the same vector (the row share, the projections and the blocks agree)."""
     base, ft = llama_pair(tmp_path / "llama", 64, 96, 2, torch.bfloat16)
     fbase, fft = _phi3_from_llama(base, tmp_path / "pb"), _phi3_from_llama(ft, tmp_path / "pf")
-    params = Representation(rows=0.2, projection=projection, pooling="concat")
+    params = _weights(rows=0.2, projection=projection, pooling="concat")
     split = DeltaEmbedder(params).fit(base).embed_one(ft)
     fused = DeltaEmbedder(params).fit(fbase).embed_one(fft)
     np.testing.assert_allclose(fused, split, rtol=1e-6, atol=1e-7)
@@ -260,7 +266,7 @@ def test_gpt2_c_attn_parts_project_the_shared_rows_of_their_columns(tmp_path):
         for p in base_model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
     base_model.save_pretrained(tmp_path / "ft")
-    params = Representation(rows=0.3, projection="countsketch", pooling="concat", block_norm=False)
+    params = _weights(rows=0.3, projection="countsketch", pooling="concat", block_norm=False)
     e = DeltaEmbedder(params).fit(tmp_path / "base")
     vec = e.embed_one(tmp_path / "ft")
     b, f = (
@@ -307,7 +313,7 @@ def test_a_partial_download_refuses_rows_it_does_not_hold(tmp_path):
     from modelvec.core.files import PARTIAL
 
     base, ft = llama_pair(tmp_path, 64, 128, 1, torch.bfloat16)
-    params = Representation(rows=0.25, projection="countsketch")
+    params = _weights(rows=0.25, projection="countsketch")
     e = DeltaEmbedder(params).fit(base)
     expected = e.embed_one(ft)
     ck = Checkpoint(ft)
@@ -315,7 +321,7 @@ def test_a_partial_download_refuses_rows_it_does_not_hold(tmp_path):
     held = ck.byte_ranges(rows)
     (ft / PARTIAL).write_text(json.dumps({"files": {f.name: spans for f, spans in held.items()}}))
     np.testing.assert_array_equal(e.embed_one(ft), expected)
-    other = DeltaEmbedder(Representation(rows=0.25, projection="countsketch", seed=5)).fit(base)
+    other = DeltaEmbedder(_weights(rows=0.25, projection="countsketch", seed=5)).fit(base)
     with pytest.raises(CheckpointError, match="only some rows of model.safetensors were fetched"):
         other.embed_one(ft)
     with pytest.raises(CheckpointError, match="only some rows"):
@@ -354,7 +360,7 @@ def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones
     from modelvec.represent import read_plan
     from modelvec.represent import representation as rep_module
 
-    auto = Representation(rows="auto", auto_rows="share", pooling="concat")
+    auto = _weights(rows="auto", auto_rows="share", pooling="concat")
     assert auto.row_budget(rep_module.AUTO_FROM - 1) == 1.0
     assert auto.row_budget(rep_module.AUTO_FROM) == rep_module.AUTO_SHARE
     assert Representation().row_budget(rep_module.AUTO_FROM) == rep_module.AUTO_ROWS  # a number of rows
@@ -368,14 +374,14 @@ def test_auto_rows_read_a_share_of_large_checkpoints_and_every_row_of_small_ones
     small = DeltaEmbedder(auto).fit(base)
     values = sum(p.n_rows * p.n_cols for p in small.plans_.values())  # what the vector's matrices hold
     assert all(p.n_selected == p.n_rows for p in small.plans_.values())  # below the threshold: every row
-    whole = DeltaEmbedder(Representation(rows=1, pooling="concat")).fit(base)
+    whole = DeltaEmbedder(_weights(rows=1, pooling="concat")).fit(base)
     np.testing.assert_array_equal(small.embed_one(ft), whole.embed_one(ft))
-    counted = DeltaEmbedder(Representation(pooling="concat")).fit(base)  # the row budget: every row, as before
+    counted = DeltaEmbedder(_weights(pooling="concat")).fit(base)  # the row budget: every row, as before
     np.testing.assert_array_equal(small.embed_one(ft), counted.embed_one(ft))
 
     monkeypatch.setattr(rep_module, "AUTO_FROM", values)  # as large as the threshold: the share
     large = DeltaEmbedder(auto).fit(base)
-    share = DeltaEmbedder(Representation(rows=rep_module.AUTO_SHARE, pooling="concat")).fit(base)
+    share = DeltaEmbedder(_weights(rows=rep_module.AUTO_SHARE, pooling="concat")).fit(base)
     assert {k: p.row_ranges for k, p in large.plans_.items()} == {k: p.row_ranges for k, p in share.plans_.items()}
     assert sum(p.n_selected for p in large.plans_.values()) < sum(p.n_rows for p in large.plans_.values()) / 4
     assert read_plan(Checkpoint(ft), auto, base=False) == read_plan(Checkpoint(base), auto, base=False)
@@ -392,11 +398,12 @@ def test_the_command_line_takes_a_share_or_auto(tmp_path):
     base, ft = llama_pair(tmp_path, 64, 192, 2, torch.bfloat16)
     store = str(tmp_path / "s.duckdb")
     for rows in ("auto", "0.5"):
-        result = CliRunner().invoke(app, ["embed", str(ft), "--base", str(base), "--store", store, "--rows", rows])
+        args = ["embed", str(ft), "--base", str(base), "--store", store, "--rows", rows, "--probe", "none"]
+        result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
     with Store(store, read_only=True) as db:
         keys = set(db.summary()["params"])
-    assert keys == {Representation(rows="auto").key(), Representation(rows=0.5).key()}
+    assert keys == {_weights(rows="auto").key(), _weights(rows=0.5).key()}
     for args in (["embed", str(ft), "--base", str(base)], ["evaluate", str(ft), "--base", str(base)]):
         bad = CliRunner().invoke(app, [*args, "--store", store, "--rows", "half"])
         said = " ".join(bad.output.replace("│", " ").split())
@@ -420,7 +427,7 @@ def test_a_row_budget_reads_that_many_rows_of_each_matrix_and_its_products_are_u
         for k, v in load_file(str(base / "model.safetensors")).items()
     }
     ft2 = save_state(tmp_path / "ft2", other, json.loads((ft / "config.json").read_text()))
-    budget, plain = 8, dict(auto_rows=8, pooling="concat", block_norm=False, head="none", size="none")
+    budget, plain = 8, dict(auto_rows=8, pooling="concat", block_norm=False, head="none", size="none", probe="none")
     fitted = DeltaEmbedder(**plain).fit(base)
     assert all(p.n_selected == min(budget, p.n_rows) for p in fitted.plans_.values())
     assert read_plan(Checkpoint(ft), Representation(**plain), base=False) == read_plan(

@@ -113,3 +113,15 @@ def test_the_trace_is_the_delta_own_sketch_whatever_the_vector_goes_through(zoo)
     np.testing.assert_array_equal(probed.trace.sketch, plain.trace.sketch)
     for name in ("levels", "scale", "zeros", "along", "rounding"):
         assert getattr(probed.trace, name) == getattr(plain.trace, name), name
+
+
+@pytest.mark.parametrize("name, tokens", [("llama-lm", 32), ("bert-cls", None), ("gpt2-lm", None)])
+def test_the_default_takes_each_family_choice(zoo, name, tokens):
+    """``probe="auto"`` (the default): the Llama family through 32 probe tokens, the others' deltas themselves."""
+    case = zoo.case(name, rank=3)
+    base_dir = write_tiny_tokenizer(case.folder("base"))
+    assert Representation().probe == "auto"
+    default = DeltaEmbedder().fit(base_dir)
+    chosen = DeltaEmbedder(probe=tokens if tokens is not None else "none").fit(base_dir)
+    np.testing.assert_array_equal(default.embed_one(case.folder("ft")), chosen.embed_one(case.folder("ft")))
+    assert (getattr(default, "inputs_", None) is not None) == (tokens is not None)

@@ -87,8 +87,16 @@ def test_settings_added_later_take_the_value_their_declaration_leaves_out_of_the
         "auto_rows": ("share",),
         "size": ("none",),
         "head": ("none",),
+        "probe": ("none",),
     }
-    assert UNTIL_ADDED == {"projection": "shared", "rows": 1.0, "auto_rows": "share", "head": "none", "size": "none"}
+    assert UNTIL_ADDED == {
+        "projection": "shared",
+        "rows": 1.0,
+        "auto_rows": "share",
+        "head": "none",
+        "size": "none",
+        "probe": "none",
+    }
     assert type(UNTIL_ADDED["rows"]) is float
 
 

@@ -13,7 +13,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import planted_finetune, save_state, tiny_bert_config
+from conftest import planted_finetune, save_state, tiny_bert_config, write_tiny_tokenizer
 from modelvec import Representation
 from modelvec.analyse import knn_dataset_score
 from modelvec.cli import app
@@ -193,6 +193,7 @@ def test_auto_appends_a_masked_lm_head_and_leaves_other_families_as_they_are(tin
     }
     for name, model in others.items():
         model.save_pretrained(tmp_path / name)
+        write_tiny_tokenizer(tmp_path / name)  # the default runs a Llama base on the probe
         state = load_file(str(tmp_path / name / "model.safetensors"))
         changed = save_state(
             tmp_path / f"{name}-ft",

@@ -229,7 +229,7 @@ def test_cli_show_keeps_every_name_whole_and_lists_each_model_once(tiny_bert, ti
 
     store = tmp_path / "s.duckdb"
     for pooling in ("mean", "concat"):  # two vectors per model
-        modelvec.embed(tiny_bert, tiny_finetunes, rank=4, pooling=pooling, store=store)
+        modelvec.embed(tiny_bert, tiny_finetunes, rank=4, pooling=pooling, probe="none", store=store)
     monkeypatch.chdir(tiny_finetunes[0].parent)  # the models show as ft0, ft1, ft2
     monkeypatch.setattr(cli.console, "width", 60)  # narrower than the representation keys and the base's path
     shown = CliRunner().invoke(cli.app, ["show", "--store", str(store)])
@@ -238,7 +238,7 @@ def test_cli_show_keeps_every_name_whole_and_lists_each_model_once(tiny_bert, ti
     assert all(len(line) <= 60 for line in lines)
     # too wide for 60 columns with its names whole: one record per row, every name on a line of its own, never cut
     assert lines.count(str(tiny_bert)) == 2  # the base, once per representation
-    for key in (Representation(rank=4, pooling=p).key() for p in ("mean", "concat")):
+    for key in (Representation(rank=4, pooling=p, probe="none").key() for p in ("mean", "concat")):
         assert any(line.split()[-1:] == [key] or f" {key} " in f" {line} " for line in lines), key
     rows = [line.split("│")[1:4] for line in lines if line.startswith("│")]  # the models' table fits: a table
     assert [[c.strip() for c in row] for row in rows] == [

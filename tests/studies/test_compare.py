@@ -17,7 +17,7 @@ from modelvec.studies.sweep import SWEPT, Sweep
 
 def test_a_sweep_holds_each_fields_default_unless_given_and_checks_every_value():
     default = Sweep()
-    assert [default[name] for name in SWEPT] == [(32,), ("auto",), (64,), ("countsketch",), ("none",), (0,)]
+    assert [default[name] for name in SWEPT] == [(32,), ("auto",), (64,), ("countsketch",), ("auto",), (0,)]
     assert [default[name] for name in SWEPT] == [(getattr(Representation(), name),) for name in SWEPT]
     given = Sweep(rank=(8, 16), rows=("auto", 1, 0.05), projection="shared")
     assert given["rank"] == (8, 16) and given["rows"] == ("auto", 1.0, 0.05) and given["projection"] == ("shared",)

@@ -368,6 +368,7 @@ LLAMA = Architecture(
     prefixes=("model.", ""),
     stacks=(Stack("decoder", ("num_hidden_layers",), _LLAMA_LAYER),),
     description="Llama family (llama, mistral, qwen2, qwen3): gated FFN, grouped-query attention",
+    probe=32,  # deltas through the base's inputs on 32 probe tokens: the same-texts zoo's choice (docs/evidence.md)
     shape_keys=_LLAMA_SHAPE,
 )
 

@@ -227,6 +227,11 @@ class DeltaEmbedder:
         self.families_ = families
         self.plans_ = plans_of(ck, layout, self.representation)
         self.stored_shapes_ = {ref.tensor: tuple(ck.shape(layout.prefix + ref.tensor)) for ref in layout.refs}
+        self.vocabulary_ = (
+            VocabularyReadout(ck, layout, head_floats(ck, layout, self.representation), self.representation.seed)
+            if has_head(ck, layout, self.representation)
+            else None
+        )
         if not self.representation.uses_svd:  # the sketch is linear: the base's part once, in float64
             self.projections_ = self._projections(ck, layout, inputs)
             self.trace_projections_ = self._trace_projections(layout)
@@ -243,11 +248,6 @@ class DeltaEmbedder:
             self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_traces_)))
             rows = self._map(lambda ref: self._level_rows(ck, layout, ref), layout.refs)
             self.base_rows_ = dict(zip((r.key for r in layout.refs), rows))  # 16 rows a matrix: views of the base
-        self.vocabulary_ = (
-            VocabularyReadout(ck, layout, head_floats(ck, layout, self.representation), self.representation.seed)
-            if has_head(ck, layout, self.representation)
-            else None
-        )
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self

@@ -62,14 +62,20 @@ class ProbeInputs:
 
 
 def _transformers(name: str) -> Any:
-    """transformers, which runs the base for the probe (an optional dependency: ``pip install 'modelvec[probe]'``)."""
+    """transformers, which runs the base for the probe (a dependency; refused in one line where it cannot be imported)."""
     try:
         import transformers
     except ImportError:
         raise ArchitectureError(
-            name, "the probe runs the base through transformers, which is not installed: pip install 'modelvec[probe]'"
+            name,
+            "the probe runs the base through transformers, which cannot be imported (pip install transformers, "
+            "or --probe none)",
         ) from None
     return transformers
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(":, ")
 
 
 def probe_ids(folder: str | os.PathLike[str], tokens: int, name: str) -> list[int]:
@@ -80,7 +86,9 @@ def probe_ids(folder: str | os.PathLike[str], tokens: int, name: str) -> list[in
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise CheckpointError(
-            name, f"the probe needs the base's tokenizer, and its folder has none usable ({exc})"
+            name,
+            f"the probe needs the base's tokenizer, and its folder has none usable ({_first_line(exc)}); "
+            "--probe none embeds without it",
         ) from None
     ids = list(tokenizer(probe_text(), add_special_tokens=True, truncation=False)["input_ids"])
     if len(ids) < tokens:
@@ -145,7 +153,7 @@ def compute_inputs(folder: str | os.PathLike[str], layout: Layout, tokens: int, 
         model = AutoModel.from_pretrained(str(folder), config=config, dtype="auto", local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ArchitectureError(
-            name, f"the probe runs the base through transformers, which cannot load it ({exc})"
+            name, f"the probe runs the base through transformers, which cannot load it ({_first_line(exc)})"
         ) from None
     model.eval()
     modules = dict(model.named_modules())
