@@ -1,7 +1,7 @@
 """Evidence for ``--probe`` (issue 48): the delta through the base's inputs against the delta itself, on evidence zoos.
 
 For each zoo (a folder with zoo.json: every model's dataset, kind full/lora, text collection and task) and each
-representation (today's default; the default with ``--probe N`` for each N; and the exact task vectors, every
+representation (the default with ``--probe none``, the delta itself; with ``--probe N`` for each N; and the exact task vectors, every
 matrix's delta unit-normed), per half of the zoo's fixed split (``--selection``: those datasets select, the rest
 report), cosine kNN dataset score:
 
@@ -122,7 +122,9 @@ def main() -> None:
             raise SystemExit(f"failed: {got.failed}")
         order = {name: i for i, name in enumerate(got.metadata["model"])}
         X = got.vectors[[order[model_id(p)] for p in paths]]
-        methods["default" if probe == "none" else f"default, probe {probe}"] = unit_rows(X) @ unit_rows(X).T
+        methods["the delta itself (--probe none)" if probe == "none" else f"--probe {probe}"] = (
+            unit_rows(X) @ unit_rows(X).T
+        )
         print(f"embedded: {rep.label()}", flush=True)
     tv = task_vector_gram(base, paths)
     methods["task vectors, block-normed (exact)"] = cosines_from_gram(tv.gram_bn)

@@ -125,3 +125,15 @@ def test_the_default_takes_each_family_choice(zoo, name, tokens):
     chosen = DeltaEmbedder(probe=tokens if tokens is not None else "none").fit(base_dir)
     np.testing.assert_array_equal(default.embed_one(case.folder("ft")), chosen.embed_one(case.folder("ft")))
     assert (getattr(default, "inputs_", None) is not None) == (tokens is not None)
+
+
+def test_the_probe_reads_the_rows_the_delta_reads(zoo):
+    """The bytes a fine-tune costs do not change: the read plan is the same with and without the probe."""
+    from modelvec.represent.blocks import read_plan
+
+    case = zoo.case("llama-lm", rank=3)
+    ck = open_checkpoint(case.folder("ft"))
+    for rows in (1.0, 0.25, "auto"):
+        plain = read_plan(ck, Representation(rows=rows, probe="none"), base=False)
+        assert read_plan(ck, Representation(rows=rows, probe=32), base=False) == plain
+        assert read_plan(ck, Representation(rows=rows), base=False) == plain  # the default: auto, 32 for Llama
