@@ -347,7 +347,7 @@ class Representation:
         if self.probe_tokens() is not None:
             parts.append(f"through the probe ({self.probe_tokens()} tokens)")
         elif self.probe == "auto" and self.probe_tokens(0) is not None:
-            parts.append("through the probe where the family takes it")
+            parts.append("auto probe")  # the family's choice (Architecture.probe): 32 tokens for Llama, else none
         text = ", ".join(parts)
         text = text + " + block-norm" if self.block_norm else text
         return text + {"none": "", "vocabulary": " + vocabulary head", "auto": " + auto head"}[self.head]
