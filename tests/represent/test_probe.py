@@ -137,3 +137,17 @@ def test_the_probe_reads_the_rows_the_delta_reads(zoo):
         plain = read_plan(ck, Representation(rows=rows, probe="none"), base=False)
         assert read_plan(ck, Representation(rows=rows, probe=32), base=False) == plain
         assert read_plan(ck, Representation(rows=rows), base=False) == plain  # the default: auto, 32 for Llama
+
+
+def test_a_base_that_lacks_tensors_its_forward_needs_is_refused_never_run_on_random_weights(tmp_path):
+    """A checkpoint of matrices only (no embeddings, no norms): transformers would fill them with random values, so
+    the probe refuses it in one line naming the model and what it lacks, and the delta itself still embeds it."""
+    from conftest import llama_pair
+    from modelvec.core.errors import CheckpointError
+
+    base, ft = llama_pair(tmp_path, 64, 128, 2, torch.bfloat16)
+    write_tiny_tokenizer(base)
+    with pytest.raises(CheckpointError, match=r"lacks 6 of the tensors .*embed_tokens.weight.*--probe none") as err:
+        DeltaEmbedder(probe=16).fit(base)
+    assert "\n" not in str(err.value)
+    assert np.abs(DeltaEmbedder(probe="none").fit(base).embed_one(ft)).max() > 0

@@ -150,11 +150,20 @@ def compute_inputs(folder: str | os.PathLike[str], layout: Layout, tokens: int, 
     ids = probe_ids(folder, tokens, name)
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-        model = AutoModel.from_pretrained(str(folder), config=config, dtype="auto", local_files_only=True)
+        model, loading = AutoModel.from_pretrained(
+            str(folder), config=config, dtype="auto", local_files_only=True, output_loading_info=True
+        )
     except (OSError, ValueError, KeyError) as exc:
         raise ArchitectureError(
             name, f"the probe runs the base through transformers, which cannot load it ({_first_line(exc)})"
         ) from None
+    lacking = sorted([*loading.get("missing_keys", ()), *(str(k[0]) for k in loading.get("mismatched_keys", ()))])
+    if lacking:  # transformers would run them as random weights: the inputs would be nobody's
+        raise CheckpointError(
+            name,
+            f"the probe runs the base, and its checkpoint lacks {len(lacking)} of the tensors that needs "
+            f"({lacking[0]}, ...); --probe none embeds without running it",
+        )
     model.eval()
     modules = dict(model.named_modules())
     wanted: dict[str, str] = {}  # module -> tensor
