@@ -105,8 +105,8 @@ def _module_of(tensor: str, modules: dict[str, Any]) -> str | None:
     return max(found, key=len) if found else None
 
 
-def _lift(layer: Any) -> tuple[Any, Any]:
-    """Hooks that run ``layer`` in float32 (its parameters and floating inputs) and put its stored weights back."""
+def _lift() -> tuple[Any, Any]:
+    """Hooks that run a layer in float32 (its parameters and floating inputs) and put its stored weights back."""
     import torch
 
     stored: dict[str, torch.Tensor] = {}
@@ -191,7 +191,7 @@ def compute_inputs(folder: str | os.PathLike[str], layout: Layout, tokens: int, 
     for module_name in wanted:
         handles.append(modules[module_name].register_forward_pre_hook(keep(module_name)))
     for layer in _layers(model):
-        up, down = _lift(layer)
+        up, down = _lift()
         handles.append(layer.register_forward_pre_hook(up, with_kwargs=True))
         handles.append(layer.register_forward_hook(down, with_kwargs=True))
     batch = torch.tensor([ids])
