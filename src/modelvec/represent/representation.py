@@ -384,45 +384,16 @@ KEY_HISTORY: tuple[tuple[str, dict[str, object]], ...] = (
     ),
     (
         "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto",
-        {**_FIRST_FIELDS, "rank": 32, "block_norm": True, "projection": "countsketch", "rows": "auto", "head": "auto"},
-    ),
-    (
-        "r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000",
-        {
+        _AUTO_HEAD := {
             **_FIRST_FIELDS,
             "rank": 32,
             "block_norm": True,
             "projection": "countsketch",
             "rows": "auto",
             "head": "auto",
-            "size": 100_000,
         },
     ),
-    (
-        "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000",
-        {
-            **_FIRST_FIELDS,
-            "rank": 32,
-            "block_norm": True,
-            "projection": "countsketch",
-            "rows": "auto",
-            "head": "auto",
-            "size": 100_000,
-            "auto_rows": 64,
-        },
-    ),
-    (
-        "r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000-probe-auto",
-        {
-            **_FIRST_FIELDS,
-            "rank": 32,
-            "block_norm": True,
-            "projection": "countsketch",
-            "rows": "auto",
-            "head": "auto",
-            "size": 100_000,
-            "auto_rows": 64,
-            "probe": "auto",
-        },
-    ),
+    ("r32-sketch-mean-seed0-cs-rowsauto-bn-head-auto-d100000", _SIZED := {**_AUTO_HEAD, "size": 100_000}),
+    ("r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000", _ROWS_64 := {**_SIZED, "auto_rows": 64}),
+    ("r32-sketch-mean-seed0-cs-rowsauto-n64-bn-head-auto-d100000-probe-auto", {**_ROWS_64, "probe": "auto"}),
 )
