@@ -56,10 +56,6 @@ class ProbeInputs:
     def for_tensor(self, tensor: str) -> np.ndarray:
         return self.arrays[self.of[tensor]]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values())
-
 
 def _transformers(name: str) -> Any:
     """transformers, which runs the base for the probe (a dependency; refused in one line where it cannot be imported)."""
