@@ -162,9 +162,14 @@ TOKENIZER_FILES = (
 def fetch_runnable(repo_id: str, revision: str, hub_settings: HubSettings) -> Path:
     """Everything that running ``repo_id`` at ``revision`` needs: its configuration, all its weights and its
     tokenizer's files (the base, once, for the probe: a fine-tune's vector never needs more than :func:`fetch`)."""
-    folder = fetch(repo_id, revision, None, hub_settings)
     try:
-        files = list_files(repo_id, revision, hub_settings)
+        files = list_files(repo_id, revision, hub_settings)  # once: fetch would list them again without it
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise FetchError(repo_id, f"could not list revision {revision[:12]}: {describe_error(exc)}") from exc
+    folder = fetch(repo_id, revision, files, hub_settings)
+    try:
         wanted = [name for name in TOKENIZER_FILES if name in files]
         return _snapshot(repo_id, revision, wanted, hub_settings) if wanted else folder
     except ModelvecError:

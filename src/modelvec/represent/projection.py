@@ -135,7 +135,8 @@ class ProbeProjection:
         self.size = representation.plan_floats(plan)
         h = torch.as_tensor(inputs).to(device, torch.float64)  # tokens x width (shared where already so)
         self.tokens = int(h.shape[0])
-        local = torch.from_numpy(plan.local_rows()).to(device)
+        local = torch.from_numpy(plan.local_rows())
+        self._local = local.to(device)
         gen = torch.Generator().manual_seed(derived_seed(representation.seed, "probe", *place))
         features = plan.n_rows if plan.contract_rows else plan.n_cols  # the output side: Linear's rows, Conv1D's cols
         h_feat = torch.randint(0, self.size, (features,), generator=gen)
@@ -143,12 +144,12 @@ class ProbeProjection:
         self.h_tok = torch.randint(0, self.size, (self.tokens,), generator=gen).to(device)
         self.s_tok = (torch.randint(0, 2, (self.tokens,), generator=gen) * 2 - 1).double().to(device)
         if plan.contract_rows:  # Linear: stored rows are outputs, the input side is the stored columns (all read)
-            self.h_out = h_feat[local.cpu()].to(device)
-            self.s_out = s_feat[local.cpu()].to(device)
+            self.h_out = h_feat[local].to(device)
+            self.s_out = s_feat[local].to(device)
             self.h_t = h.mT.contiguous()  # width x tokens
         else:  # Conv1D: stored rows are inputs (the selected ones), the outputs the part's columns
             self.h_out, self.s_out = h_feat.to(device), s_feat.to(device)
-            self.h_sel = h[:, local].contiguous()  # tokens x selected rows
+            self.h_sel = h[:, self._local].contiguous()  # tokens x selected rows
 
     def sketch_outputs(self, y: torch.Tensor, h_out: torch.Tensor, s_out: torch.Tensor, acc: torch.Tensor) -> None:
         """Add a change of outputs ``y`` (features x tokens, float64) to the buckets ``acc`` (2 D)."""
@@ -177,8 +178,7 @@ class ProbeProjection:
 
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
-        local = torch.from_numpy(self.plan.local_rows()).to(self.device)
-        p_sel = p.to(self.device, torch.float64)[local]
+        p_sel = p.to(self.device, torch.float64)[self._local]
         q = q.to(self.device, torch.float64)
         if self.plan.contract_rows:  # (P_sel Q^T) H^T = P_sel (H Q)^T
             acc = self.start()
@@ -186,5 +186,5 @@ class ProbeProjection:
             for first in range(0, p_sel.shape[0], chunk_rows):
                 stop = first + chunk_rows
                 self.sketch_outputs(p_sel[first:stop] @ hq, self.h_out[first:stop], self.s_out[first:stop], acc)
-            return acc[: self.size] + acc[self.size :]
+            return self.finish(acc)
         return self.finish((self.h_sel @ p_sel) @ q.mT)
