@@ -240,6 +240,7 @@ if job in ("embed", "hub-embed", "hub-whole"):  # a stream's seconds are its who
     out["embed_seconds"] = seconds - fit_s
 if job == "embed":
     out["bytes_needed"] = needed
+    out["device"] = str(e.device)  # what auto took
 if job in ("hub-embed", "hub-whole"):
     out["fetch_seconds"] = got_s
 print(json.dumps(out))
@@ -458,6 +459,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument(
+        "--devices",
+        action="store_true",
+        help="also embed each representation with --device cpu, auto and (where a GPU is visible) cuda, side by side",
+    )
+    parser.add_argument(
         "--hub", action="store_true", help="also fetch the fine-tune from a local Hub (loopback) with --bandwidth"
     )
     parser.add_argument(
@@ -531,6 +537,8 @@ def one_size(size: str, base: Path, ft: Path, args: argparse.Namespace) -> list[
         results.append({"size": size, "job": "embed", "repr": name, **got})
         if not failed(got, name):
             print(embed_line(name, got, floor, matrices), flush=True)
+    if args.devices:
+        results += devices_side_by_side(size, base, ft, args.reprs.split(","))
     if args.hub:
         results += through_hub(size, base, ft, args)
     if args.fetch:
@@ -538,6 +546,28 @@ def one_size(size: str, base: Path, ft: Path, args: argparse.Namespace) -> list[
     if args.rank:
         results += rank_jobs(size, base, ft, args.device, args.svdvals_matrices)
     return results
+
+
+def devices_side_by_side(size: str, base: Path, ft: Path, reprs: list[str]) -> list[dict]:
+    """Each representation embedded on the CPU, with ``auto`` and on a visible GPU, one after the other (each a
+    fresh process): seconds a model and the ratio to the CPU's, and which device ``auto`` took."""
+    import torch
+
+    devices = ["cpu", "auto"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    for name in reprs:
+        got = {device: measure("embed", base, ft, REPRS[name], device) for device in devices}
+        rows += [{"size": size, "job": "embed", "repr": name, "device": d, **g} for d, g in got.items()]
+        cpu = got["cpu"].get("embed_seconds")
+        said = []
+        for device, figures in got.items():
+            if failed(figures, f"{name} on {device}"):
+                continue
+            ratio = f" ({figures['embed_seconds'] / cpu:.2f}x the CPU's)" if cpu and device != "cpu" else ""
+            picked = f", auto took {figures['device']}" if device == "auto" else ""
+            said.append(f"{device} {figures['embed_seconds']:.2f} s{ratio}{picked}")
+        print(f"{name:>14}: " + "; ".join(said), flush=True)
+    return rows
 
 
 def device_label(device: str) -> str:

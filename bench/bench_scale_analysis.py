@@ -8,12 +8,14 @@ datasets, each a direction plus noise, a third of them low-norm and marked LoRA 
 ranks by mutual proximity, as on a real Hub population), growing 1k -> 2k -> 5k -> 10k in one store.
 
 At each N, each in a fresh process (peak RSS from ``/usr/bin/time``):
-- ``modelvec cluster BASE`` with no products kept (the first run: every pairwise product read and computed), then
-  again (the products read from beside the store: the run a user repeats);
+- ``modelvec cluster BASE`` with no products kept (the first run: every pairwise product read and computed; where a
+  GPU is visible, also with ``--device cpu`` and ``--device cuda`` side by side), then again (the products and the
+  map's layout read from beside the store: the run a user repeats), again held to 2 cores with ``taskset`` beside all
+  the machine's cores, and again with the map laid out anew (what a store that gained models costs);
 - ``modelvec neighbors model-00007`` (a stored model) and ``modelvec export --parquet``;
-- the stages in one process (seconds and peak RSS of each): the products (kept), the scores (kNN, the author
-  check, the predictions, the clusterers), the coordinates, each reduction (PCA, UMAP, t-SNE: to choose ``auto``),
-  the PNG and the HTML map.
+- the stages in one process (seconds and peak RSS of each): the products (kept), the scores (every pair's mutual
+  proximity, kNN, the author check, the predictions, the clusterers on their sample), the coordinates, each
+  reduction (PCA, UMAP, t-SNE: to choose ``auto``; laid out anew), the PNG and the HTML map.
 Then the growth law of each (seconds = a N^b, fitted on log-log) and what 100,000 models would need.
 
 The first run's products are also timed alone (``products, first run``), beside a general float32 ``X @ Y.T`` of up
@@ -114,8 +116,11 @@ def _batches(base: Path, start: int, stop: int, dim: int, params: object) -> Ite
         yield rows
 
 
-def timed(command: list[str], env: dict[str, str]) -> dict:
-    """Wall seconds and peak RSS (GNU time's %M) of one command in a fresh process."""
+def timed(command: list[str], env: dict[str, str], fresh_map: Path | None = None) -> dict:
+    """Wall seconds and peak RSS (GNU time's %M) of one command in a fresh process (``fresh_map``: the kept maps in
+    that folder removed first, so the map is laid out again)."""
+    for kept_map in fresh_map.glob("*.map-*.kept") if fresh_map is not None else ():
+        kept_map.unlink()
     done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True, env=env)
     last = done.stderr.strip().splitlines()[-1].split()
     out = {"seconds": float(last[0]), "peak_rss_gib": int(last[1]) / 2**20, "status": done.returncode}
@@ -158,12 +163,13 @@ with Store(store, read_only=True) as db:
 labels = [list(d) for d in meta["datasets"]]
 scaling = scoring.scaling
 coords = stage("coordinates (64 principal above 1,024 models)", lambda: coordinates_of(products.gram))
-def scores():
-    knn_dataset_score(geo, labels, scaling=scaling)
-    knn_dataset_score(geo, labels, scaling=scaling, exclude_same=list(meta["author"]))
-    predict_datasets(geo, labels, k=5, scaling=scaling)
-    return clustering_scores(geo, labels)
-stage("scores (kNN x2, predictions, clusterers)", scores)
+t_scores = time.perf_counter()
+stage("scores: every pair's mutual proximity", lambda: geo.rank_all(scaling))
+stage("scores: kNN", lambda: knn_dataset_score(geo, labels, scaling=scaling))
+stage("scores: kNN, other authors", lambda: knn_dataset_score(geo, labels, scaling=scaling, exclude_same=list(meta["author"])))
+stage("scores: predictions", lambda: predict_datasets(geo, labels, k=5, scaling=scaling))
+stage("scores: clusterers (a sample of 2,000)", lambda: clustering_scores(geo, labels))
+stages["scores (all of the above)"] = {"seconds": time.perf_counter() - t_scores, "peak_rss_gib": max(v["peak_rss_gib"] for k, v in stages.items() if k.startswith("scores:"))}
 from modelvec.analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS
 known = lambda m: geo.neighbours(UMAP_NEIGHBOURS + 1) if m == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
 maps = {m: stage(f"reduce: {m}", lambda m=m: reduce(coords, m, metric="cosine", neighbours=known(m))) for m in sys.argv[5].split(",")}
@@ -259,9 +265,17 @@ def one_size(
         option = [] if size == "none" else ["--size", str(size)]
         cluster = [str(BIN / "modelvec"), "cluster", str(base), "--store", str(store), "--out", out, *option]
         row["cluster first run"] = timed(cluster, env)
+        if gpu_visible():  # the first run on each device, side by side (auto took one of them above)
+            for device in ("cpu", "cuda"):
+                shutil.rmtree(products, ignore_errors=True)
+                row[f"cluster first run, --device {device}"] = timed([*cluster, "--device", device], env)
         if first_only:
             return row
         row["cluster again"] = timed(cluster, env)
+        if len(os.sched_getaffinity(0)) > 2:  # the same run held to 2 of the cores, side by side
+            row["cluster again, 2 cores"] = timed(["taskset", "-c", "0,1", *cluster], env)
+        row["cluster again, all cores"] = timed(cluster, env)
+        row["cluster again, map laid out again"] = timed(cluster, env, fresh_map=Path(f"{store}.products"))
         row["neighbors"] = timed(
             [str(BIN / "modelvec"), "neighbors", "model-00007", "--store", str(store), *option], env
         )
@@ -278,6 +292,13 @@ def one_size(
             json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
         )
     return row
+
+
+def gpu_visible() -> bool:
+    """Whether torch sees a CUDA GPU here (then the first ``cluster`` is also run on each device)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def growth(rows: list[dict]) -> dict[str, dict[str, float]]:

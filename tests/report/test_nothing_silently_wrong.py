@@ -215,6 +215,31 @@ def test_a_damaged_spread_file_is_computed_again_never_a_bug(kept, base, zoo, tm
     assert "note:" not in answers(store, base, zoo[0], tmp_path / "out")["neighbors"][2]
 
 
+def test_the_map_is_kept_and_laid_out_again_where_its_file_does_not_verify(kept, base, zoo, tmp_path):
+    """A later ``cluster`` draws the layout kept for exactly these vectors (no reduction run); a damaged kept layout
+    is laid out again, the same, and said in one line."""
+    from unittest import mock
+
+    from modelvec.report import clusters
+
+    root, _, first = kept
+    store = copy_store(root, tmp_path)
+    path = next(p for name, p in kept_files(store, base).items() if ".map-pca-" in name)
+    xy = np.array(read_kept(path).arrays["xy"])
+    start = read_kept(path).arrays["xy"].offset
+    with mock.patch.object(clusters, "reduce_to_2d", side_effect=AssertionError("laid out again")):
+        code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
+        assert code == 0 and answer(out) == answer(first["cluster"][1]), err
+    with open(path, "r+b") as fh:
+        fh.seek(start + 8 * 3 + 2)  # inside the layout's second row
+        fh.write(b"\x5a\x5a")
+    with mock.patch.object(clusters, "reduce_to_2d", wraps=clusters.reduce_to_2d) as reduce:
+        code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
+        assert code == 0 and answer(out) == answer(first["cluster"][1]) and reduce.call_count == 1
+    assert err.count("\n") == 1 and err.startswith(f"note: {path}"), err
+    np.testing.assert_array_equal(read_kept(path).arrays["xy"], xy)
+
+
 # --- 4: a vector damaged after its products were kept -----------------------------------------------------
 
 
@@ -449,7 +474,7 @@ def test_an_adapter_named_by_hub_id_on_a_fine_tune_with_the_base_in_a_folder_is_
 
 # --- the fault harness ----------------------------------------------------------------------------------------
 
-FILES = ("store", "vectors", "products", "spread", "tree")
+FILES = ("store", "vectors", "products", "spread", "tree", "map")
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -464,7 +489,7 @@ def test_any_byte_range_damaged_in_any_kept_file_is_the_same_answer_or_one_line(
     here = tmp_path_factory.mktemp("damaged")
     store = copy_store(root, here)
     files = kept_files(store, base)
-    mark = {"spread": ".spread-", "tree": ".tree."}
+    mark = {"spread": ".spread-", "tree": ".tree.", "map": ".map-"}
     path = files[which] if which in files else next(p for name, p in files.items() if mark[which] in name)
     size = path.stat().st_size
     offset = min(int(where * size), size - 1)

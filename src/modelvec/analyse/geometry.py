@@ -11,6 +11,8 @@ to 0.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -18,11 +20,12 @@ import numpy as np
 from ..core.settings import check_field
 from .inputs import Scoring, as_matrix
 from .proximity import Proximity, Stats
-from .ranking import ranked
+from .ranking import ranked, take
 
 _GRAM_MAX_N = 4096  # up to here a Geometry of vectors keeps every inner product (128 MiB); above, blocks on demand
 EXACT_COORDINATES = 1024  # exact coordinates from a Gram matrix up to this many rows (an n x n eigendecomposition)
 TOP_COORDINATES = 64  # above: this many principal coordinates (k-means and the maps need no more)
+COORDINATE_SAMPLE = 2048  # ... of the principal directions of this many rows (a seeded sample), every row projected
 
 
 def prepare_rows(M: np.ndarray, metric: str) -> np.ndarray:
@@ -63,8 +66,7 @@ def _from_gram(
         return np.clip(D, 0.0, 2.0, out=D)
     assert sq_a is not None and sq_b is not None
     D = np.multiply(G, -2.0, out=G)
-    D += sq_a[:, None]
-    D += sq_b[None, :]
+    D += np.add.outer(sq_a, sq_b)  # the two squares added first: a pair's distance the same both ways
     np.maximum(D, 0.0, out=D)
     return np.sqrt(D, out=D)
 
@@ -83,18 +85,36 @@ def query_distances(dots: np.ndarray, squares: np.ndarray, square: float, metric
 
 
 def coordinates_of(gram: np.ndarray) -> np.ndarray:
-    """Coordinates Z with Z Z^T = ``gram`` (positive semi-definite, n x n), largest direction first: exact (n
-    columns, every eigenvector) up to :data:`EXACT_COORDINATES` rows; above, the top :data:`TOP_COORDINATES` by a
-    seeded randomized eigendecomposition (deterministic; the rest of the spectrum left out)."""
-    n = len(gram)
+    """Coordinates Z with Z Z^T = ``gram`` (positive semi-definite, n x n; a memory map will do), largest direction
+    first: :func:`principal_coordinates` of its entries."""
+    return principal_coordinates(len(gram), lambda rows, columns: np.array(take(gram, rows, columns), np.float64))
+
+
+def principal_coordinates(n: int, products: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """Coordinates Z of n rows known by their inner products (``products(rows, columns)``, a new float64 array),
+    largest direction first: exact (Z Z^T the whole Gram matrix: n columns, every eigenvector) up to
+    :data:`EXACT_COORDINATES` rows. Above, the top :data:`TOP_COORDINATES` principal directions of a seeded sample
+    of :data:`COORDINATE_SAMPLE` rows (their Gram matrix's randomized eigendecomposition), every row projected on
+    them exactly (the Nystrom extension: its products with the sample, n x sample, read in row blocks), so the
+    work grows as n, not n^2; the sample's own coordinates are what the whole matrix's would be at that size."""
+    every = np.arange(n)
     if n <= EXACT_COORDINATES:
-        w, V = np.linalg.eigh(gram)
+        w, V = np.linalg.eigh(products(every, every))
         order = np.argsort(w)[::-1]
         return np.ascontiguousarray(V[:, order] * np.sqrt(np.clip(w[order], 0.0, None)))
     from sklearn.utils.extmath import randomized_svd
 
-    U, S, _ = randomized_svd(gram, n_components=TOP_COORDINATES, n_oversamples=16, n_iter=3, random_state=0)
-    return np.ascontiguousarray(U * np.sqrt(S))
+    sample = np.sort(np.random.default_rng(0).choice(n, min(n, COORDINATE_SAMPLE), replace=False))
+    U, S, _ = randomized_svd(
+        products(sample, sample), n_components=TOP_COORDINATES, n_oversamples=16, n_iter=3, random_state=0
+    )
+    live = S[0] * 1e-12 < S if len(S) and S[0] > 0 else np.zeros(len(S), dtype=bool)
+    basis = np.zeros((len(sample), len(S)))
+    basis[:, live] = U[:, live] / np.sqrt(S[live])  # a direction the sample does not span is zeros
+    Z = np.empty((n, len(S)))
+    for block in np.array_split(every, max(1, -(-n * len(sample) // (1 << 22)))):
+        Z[block] = products(block, sample) @ basis
+    return Z
 
 
 class _Rows(Protocol):
@@ -127,10 +147,9 @@ class _Products:
         return len(self.G)
 
     def gram(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        block = np.asarray(self.G[np.ix_(rows, columns)], dtype=np.float64)
-        if self.scale is not None:
-            block *= self.scale[rows][:, None]
-            block *= self.scale[columns][None, :]
+        block = np.array(take(self.G, rows, columns), dtype=np.float64)  # a new array: callers write in it
+        if self.scale is not None:  # by the two scales' product: a pair's value the same both ways
+            block *= np.multiply.outer(self.scale[rows], self.scale[columns])
         return block
 
     def _squares(self, at: np.ndarray) -> np.ndarray:
@@ -151,6 +170,7 @@ class _Vectors:
     def __init__(self, rows: np.ndarray, metric: str) -> None:
         self.rows, self.metric = rows, metric
         self._gram: _Products | None = None
+        self._lock = threading.Lock()  # row blocks ask from several threads: the product is taken once
 
     @property
     def vectors(self) -> np.ndarray:
@@ -161,7 +181,9 @@ class _Vectors:
 
     def _kept(self) -> _Products | None:
         if self._gram is None and len(self) <= _GRAM_MAX_N:
-            self._gram = _Products(self.rows @ self.rows.T, self.metric, None)
+            with self._lock:
+                if self._gram is None:
+                    self._gram = _Products(self.rows @ self.rows.T, self.metric, None)
         return self._gram
 
     def distances(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -277,7 +299,7 @@ class Geometry:
         if vectors is not None and vectors.shape[1] <= self._n:
             return vectors[rows]
         if self._coordinates is None:
-            self._coordinates = coordinates_of(self.gram(every))
+            self._coordinates = principal_coordinates(self._n, self._rows.gram)
         return self._coordinates[rows]
 
 

@@ -11,11 +11,13 @@ spread, gets MP 1/2 from its own side.
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 import numpy as np
 
-from .ranking import blocks
+from .parallel import each
+from .ranking import blocks, take
 
 Stats = tuple[np.ndarray, np.ndarray]  # per row: mean and spread of its distances to the others
 SCALED_MAX_N = 16384  # up to here every pair's -log MP is computed once and kept (n^2 float64: 2 GiB at most)
@@ -37,11 +39,14 @@ class Proximity:
         self._geo = geo
         self._spreads: dict[str, Stats | None] = {}
         self._all: dict[str, np.ndarray] = {}  # scaling -> every pair's scaled distance (up to SCALED_MAX_N rows)
+        self._lock = threading.Lock()  # row blocks ask from several threads: each spread is computed once
 
     def spread(self, scaling: str) -> Stats | None:
         """Each row's mean and standard deviation of distance to every other row (None: no scaling); kept."""
         if scaling not in self._spreads:
-            self._spreads[scaling] = spread(self._geo, scaling)
+            with self._lock:
+                if scaling not in self._spreads:
+                    self._spreads[scaling] = spread(self._geo, scaling)
         return self._spreads[scaling]
 
     def use(self, scaling: str, stats: Stats) -> None:
@@ -60,20 +65,43 @@ class Proximity:
         kept = self._all.get(scaling)
         if kept is None:
             return scaled(self._geo.distances(rows, columns), sub(stats, rows), sub(stats, columns))
-        return kept[np.ix_(rows, columns)]
+        return np.array(take(kept, rows, columns))  # a new array: callers write in it
 
     def rank_all(self, scaling: str) -> None:
         """Compute the mutual-proximity distances of every pair once and keep them (up to :data:`SCALED_MAX_N`
         rows: n^2 floats, beyond the blocks' memory), for scores that rank every model's neighbours; nothing for
-        plain distances."""
+        plain distances. Each side's -log P is computed once a pair (:func:`every_pair`)."""
         stats, n = self.spread(scaling), len(self._geo)
         if stats is None or scaling in self._all or n > SCALED_MAX_N:
             return
-        everyone = np.arange(n)
-        full = np.empty((n, n))
-        for block in blocks(everyone, n):
-            full[block] = scaled(self._geo.distances(block, everyone), sub(stats, block), stats)
-        self._all[scaling] = full
+        self._all[scaling] = every_pair(self._geo, stats)
+
+
+def every_pair(geo: Distances, stats: Stats) -> np.ndarray:
+    """Every pair's -log MP (n x n): each row's own side -log P(X_i > d_ij) first, row block by row block on every
+    core, then each pair's two sides added in tiles of the upper triangle (the value :func:`scaled` gives a pair:
+    its row's side plus its column's, the pair's distance being the same both ways)."""
+    n = len(geo)
+    everyone, full = np.arange(n), np.empty((n, n))
+
+    def sides(block: np.ndarray) -> None:
+        full[block] = side(geo.distances(block, everyone), stats[0][block, None], stats[1][block, None])
+
+    each(sides, blocks(everyone, n))
+    step = max(1, int(np.sqrt(BLOCK_TILE)))
+    starts = range(0, n, step)
+
+    def pair(tile: tuple[int, int]) -> None:
+        a, b = slice(tile[0], tile[0] + step), slice(tile[1], tile[1] + step)
+        both = full[a, b] + full[b, a].T
+        full[a, b] = both
+        full[b, a] = both.T
+
+    each(pair, [(i, j) for i in starts for j in starts if j >= i])
+    return full
+
+
+BLOCK_TILE = 1 << 20  # the elements of one tile when each pair's two sides are added (8 MiB of float64)
 
 
 def spread(geo: Distances, scaling: str) -> Stats | None:
@@ -90,16 +118,20 @@ def spread(geo: Distances, scaling: str) -> Stats | None:
     return mu, sd
 
 
-def scaled(D: np.ndarray, rows: Stats, columns: Stats) -> np.ndarray:
-    """-log MP of the distances D (rows x columns), given each side's mean and spread."""
+def side(D: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """-log P(X > d) for X ~ N(mu, sd) (broadcast against D); a side with no spread gives -log 1/2."""
     from scipy.special import log_ndtr
 
-    def side(mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
-        z = np.divide(mu - D, sd, out=np.zeros_like(D), where=sd > 0)
-        return log_ndtr(z)
-
-    out = side(rows[0][:, None], rows[1][:, None]) + side(columns[0][None, :], columns[1][None, :])
+    z = np.divide(mu - D, sd, out=np.zeros(np.broadcast_shapes(D.shape, np.shape(mu)), dtype=np.float64), where=sd > 0)
+    out = log_ndtr(z, out=z)
     return np.negative(out, out=out)
+
+
+def scaled(D: np.ndarray, rows: Stats, columns: Stats) -> np.ndarray:
+    """-log MP of the distances D (rows x columns), given each side's mean and spread."""
+    out = side(D, rows[0][:, None], rows[1][:, None])
+    out += side(D, columns[0][None, :], columns[1][None, :])
+    return out
 
 
 def sub(stats: Stats, idx: np.ndarray) -> Stats:

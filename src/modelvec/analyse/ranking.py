@@ -1,5 +1,10 @@
 """How neighbours are ranked, in row blocks: by (distance, index), a model never its own neighbour, ties to the lower
-index, and only as deep as asked. Memory: one block of distances at a time (:data:`BLOCK_ELEMENTS`)."""
+index, and only as deep as asked. Memory: one block of distances a thread at a time (:data:`BLOCK_ELEMENTS`); the
+blocks run on every core (:mod:`~modelvec.analyse.parallel`).
+
+Nothing here sorts a whole row unless asked to: a few nearest come from the columns at or below a bound found from
+the row's chunk minima (:func:`first`), and how many of a row's ``depth`` nearest are wanted columns from the value
+at that depth (:func:`hits_within`); both give exactly what a stable full sort would."""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ from typing import Protocol
 
 import numpy as np
 
-BLOCK_ELEMENTS = 1 << 22  # distances held at once (32 MiB of float64), whatever n_models is
+from .parallel import in_order
+
+BLOCK_ELEMENTS = 1 << 22  # distances held at once by one thread (32 MiB of float64), whatever n_models is
+_CHUNKS = 256  # a few nearest are bounded by the row's minima over this many chunks of columns
 
 
 class Ranks(Protocol):
@@ -24,6 +32,18 @@ def blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
         yield rows[start : start + step]
 
 
+def candidates(
+    geo: Ranks, block: np.ndarray, columns: np.ndarray, groups: np.ndarray | None, scaling: str
+) -> np.ndarray:
+    """The ranked distances of ``block`` to ``columns`` with the columns a row may not have as neighbours at +inf:
+    itself, and those of its group (``groups``: int codes, -1 = no group)."""
+    D = geo.ranked_distances(block, columns, scaling)
+    D[columns[None, :] == block[:, None]] = np.inf
+    if groups is not None:
+        D[same_group(groups, block, columns)] = np.inf
+    return D
+
+
 def ranked(
     geo: Ranks,
     rows: np.ndarray,
@@ -32,7 +52,7 @@ def ranked(
     scaling: str = "none",
     depth: int | Callable[[np.ndarray], int] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Per block of ``rows``: (block, order) where ``order`` ranks ``columns`` by (distance, index).
+    """Per block of ``rows``, in order: (block, order) where ``order`` ranks ``columns`` by (distance, index).
 
     ``scaling``: ``"mutual-proximity"`` ranks by mutual proximity over all rows instead. ``depth`` (a number, or
     one for each block): only that many nearest are ranked (the same as the first ``depth`` of a full ranking;
@@ -42,29 +62,84 @@ def ranked(
     in the row's group (``groups``: int codes, -1 = no group). ``columns`` is sorted (always built
     with ``flatnonzero``/``arange``), so ranking by position in ``columns`` is ranking by index.
     """
-    for block in blocks(rows, len(columns)):
-        D = geo.ranked_distances(block, columns, scaling)
-        D[columns[None, :] == block[:, None]] = np.inf
-        if groups is not None:
-            D[same_group(groups, block, columns)] = np.inf
-        yield block, first(D, depth(block) if callable(depth) else depth)
+
+    def one(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        D = candidates(geo, block, columns, groups, scaling)
+        return block, first(D, depth(block) if callable(depth) else depth)
+
+    yield from in_order(one, blocks(rows, len(columns)))
 
 
 def first(D: np.ndarray, depth: int | None) -> np.ndarray:
-    """Each row's ``depth`` smallest columns by (value, index): a stable argsort, partitioned first where that
-    is cheaper; a row with ties across the cut is sorted whole, so the order is exactly the full sort's."""
+    """Each row's ``depth`` smallest columns by (value, index), exactly as a stable argsort orders them: a full
+    sort where most are asked; else the columns at or below a bound (:func:`_few`), or a partition."""
     n = D.shape[1]
     if depth is None or depth >= n // 2:
         return np.argsort(D, axis=1, kind="stable")[:, : n if depth is None else depth]
     depth = max(depth, 1)
+    if n >= 4 * _CHUNKS and 2 * depth <= _CHUNKS:
+        found = _few(D, depth)
+        if found is not None:
+            return found
     part = np.sort(np.argpartition(D, depth - 1, axis=1)[:, :depth], axis=1)  # by index: the stable sort breaks ties
     values = np.take_along_axis(D, part, axis=1)
     order = np.take_along_axis(part, np.argsort(values, axis=1, kind="stable"), axis=1)
     cut = values.max(axis=1)
-    tied = np.flatnonzero((cut[:, None] >= D).sum(axis=1) > depth)  # more columns at the cut than the partition took
+    crowded = (cut[:, None] >= D).sum(axis=1) > depth  # more columns at the cut than the partition took
+    tied = np.flatnonzero(crowded | np.isnan(cut))  # or values that are not numbers, which sort last
     for i in tied:
         order[i] = np.argsort(D[i], kind="stable")[:depth]
     return order
+
+
+def _few(D: np.ndarray, depth: int) -> np.ndarray | None:
+    """Each row's ``depth`` smallest columns by (value, index) from the columns at or below a bound: the
+    ``depth``-th smallest of the row's minima over :data:`_CHUNKS` chunks of columns (``depth`` distinct chunks
+    each hold a value at or below it, so the ``depth``-th smallest of the row is too). None where a row has fewer
+    than ``depth`` such columns (values that are not numbers)."""
+    n = D.shape[1]
+    minima = np.minimum.reduceat(D, np.arange(0, n, -(-n // _CHUNKS)), axis=1)
+    bound = np.partition(minima, depth - 1, axis=1)[:, depth - 1]
+    rows, cols = np.nonzero(bound[:, None] >= D)
+    counts = np.bincount(rows, minlength=len(D))
+    if counts.min(initial=depth) < depth:
+        return None
+    by = np.lexsort((cols, D[rows, cols], rows))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return cols[by][starts[:, None] + np.arange(depth)]
+
+
+def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """For each row, how many of its ``depth[r]`` nearest columns by (value, index) are ``wanted`` (boolean, as D):
+    the count a stable argsort's first ``depth[r]`` would give, from the value at that depth (one partition), ties
+    at it taken by index. Rows of depth 0 count 0; ``depth[r]`` must not pass the row's finite values."""
+    out = np.zeros(len(D), dtype=np.int64)
+    live = np.flatnonzero(depth > 0)
+    if not len(live):
+        return out
+    D, wanted, depth = D[live], wanted[live], depth[live]
+    cut = np.partition(D, np.unique(depth - 1), axis=1)[np.arange(len(live)), depth - 1]
+    below = cut[:, None] > D
+    at = cut[:, None] == D
+    hits = (below & wanted).sum(axis=1)
+    slots = depth - below.sum(axis=1)  # how many of the values at the cut are among the first depth
+    crowded = at.sum(axis=1) > slots
+    hits += np.where(crowded, 0, (at & wanted).sum(axis=1))
+    for r in np.flatnonzero(crowded):
+        hits[r] += int(wanted[r, np.flatnonzero(at[r])[: slots[r]]].sum())
+    out[live] = hits
+    return out
+
+
+def take(G: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``G[rows][:, columns]``, read as directly as the indices allow (a run of rows is a slice, every column none)."""
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+        picked = G[rows[0] : rows[-1] + 1]
+    else:
+        picked = G[rows]
+    if len(columns) == G.shape[1] and np.all(np.diff(columns) == 1):
+        return picked
+    return picked[:, columns]
 
 
 def same_group(groups: np.ndarray, block: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -74,11 +149,15 @@ def same_group(groups: np.ndarray, block: np.ndarray, columns: np.ndarray) -> np
 
 def nearest_distances(geo: Ranks, rows: np.ndarray, columns: np.ndarray, scaling: str) -> np.ndarray:
     """Each row's distance to its nearest column other than itself (inf when there is none)."""
-    out, done = np.full(len(rows), np.inf), 0
-    for block in blocks(rows, len(columns)):
-        D = geo.ranked_distances(block, columns, scaling)
-        D[columns[None, :] == block[:, None]] = np.inf
-        if D.shape[1]:
-            out[done : done + len(block)] = D.min(axis=1)
-        done += len(block)
+    out = np.full(len(rows), np.inf)
+    if not len(columns):
+        return out
+
+    def one(block: np.ndarray) -> np.ndarray:
+        return candidates(geo, block, columns, None, scaling).min(axis=1)
+
+    done = 0
+    for found in in_order(one, blocks(rows, len(columns))):
+        out[done : done + len(found)] = found
+        done += len(found)
     return out

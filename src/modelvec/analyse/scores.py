@@ -25,7 +25,7 @@ The names of the modules this one was split from are importable from here, as be
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,16 +55,18 @@ from .neighbours import (
     ruler,
     yardstick,
 )
-from .ranking import nearest_distances, ranked, same_group
+from .parallel import in_order
+from .ranking import blocks, candidates, hits_within, nearest_distances, ranked, same_group
 
 __all__ = [
     "AUTO",
+    "CLUSTERING_KEYS",
+    "CLUSTER_SAMPLE",
     "EXACT_COORDINATES",
     "METRICS",
     "NEIGHBORS_SCORING",
     "POOLS",
     "SCALINGS",
-    "SILHOUETTE_SAMPLE",
     "TOP_COORDINATES",
     "Geometry",
     "KnnScore",
@@ -154,26 +156,22 @@ def knn_dataset_score(
     names, member = membership(sets)
     labelled = member.any(axis=1)
     columns = np.flatnonzero(labelled) if pool == "labelled" else np.arange(n)
-    member_f = member.astype(np.float64)
     per_model = np.full(n, np.nan)
     groups = group_codes(exclude_same, n)
     geo.rank_all(scaling)
+    shares = sharing(member)
 
-    def same_of(block: np.ndarray) -> np.ndarray:
-        same = (member_f[block] @ member_f[columns].T) > 0  # shares a label; unlabelled never do
+    def of_block(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        same = shares(block, columns)  # shares a label; unlabelled never do
         same[columns[None, :] == block[:, None]] = False  # f itself is not one of "the other" k-1
         if groups is not None:
             same[same_group(groups, block, columns)] = False
-        return same
-
-    deepest = lambda block: max(1, int(same_of(block).sum(axis=1).max(initial=0)))
-    for block, order in ranked(geo, np.flatnonzero(labelled), columns, groups, scaling, depth=deepest):
-        same = same_of(block)
         k_minus_1 = same.sum(axis=1)
-        hits = np.cumsum(np.take_along_axis(same, order, axis=1), axis=1)
+        return block, hits_within(candidates(geo, block, columns, groups, scaling), same, k_minus_1), k_minus_1
+
+    for block, hits, k_minus_1 in in_order(of_block, blocks(np.flatnonzero(labelled), len(columns))):
         scored = k_minus_1 > 0
-        rows = np.flatnonzero(scored)
-        per_model[block[scored]] = hits[rows, k_minus_1[scored] - 1] / k_minus_1[scored]
+        per_model[block[scored]] = hits[scored] / k_minus_1[scored]
     scored = ~np.isnan(per_model)
     per_dataset = {}
     for j, name in enumerate(names):
@@ -190,6 +188,16 @@ def knn_dataset_score(
         pool=pool,
         scaling=scaling,
     )
+
+
+def sharing(member: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """Which rows share a label with which columns (``member``: models x datasets, boolean): codes compared where
+    every model has at most one label, a product of memberships otherwise."""
+    if member.sum(axis=1).max(initial=0) <= 1:
+        code = np.where(member.any(axis=1), member.argmax(axis=1), -1) if member.shape[1] else np.full(len(member), -1)
+        return lambda rows, columns: (code[rows][:, None] == code[columns][None, :]) & (code[rows][:, None] >= 0)
+    member_f = member.astype(np.float32)
+    return lambda rows, columns: (member_f[rows] @ member_f[columns].T) > 0
 
 
 @validate_params(k=Scoring, scaling=check_scaling)
@@ -286,62 +294,98 @@ def clustering_scores(
       neighbour order; on raw cosine distances it over-splits clusters. Noise (-1) is scored as
       one more cluster label, as returned.
 
-    Above :data:`EXACT_COORDINATES` models (thousands, where n x n copies would not fit): k-means and HDBSCAN
-    run on the top principal coordinates (:func:`coordinates_of`), and the silhouette is that of a seeded sample
-    of :data:`SILHOUETTE_SAMPLE` models on their exact distances.
+    Above :data:`EXACT_COORDINATES` models (thousands, where n x n copies would not fit and the clusterers would
+    take longest): they run on a seeded sample of :data:`CLUSTER_SAMPLE` of them (each dataset in its share), k-means
+    and HDBSCAN on their top principal coordinates (:func:`coordinates_of`), the silhouette on their exact
+    distances; ``n_clustered`` is then the sample, ``n_clusterable`` all such models, and each score has a 95 %
+    bootstrap interval over the sampled models (``<score>_low``, ``<score>_high``; the clusterers run once).
     """
     from sklearn.cluster import HDBSCAN, KMeans
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
+    from sklearn.metrics import silhouette_samples
 
     geo = geometry_of(X, metric)
     sets = label_sets(labels, len(geo))
     single = Counter(next(iter(s)) for s in sets if len(s) == 1)
     kept = sorted(name for name, count in single.items() if count >= 2)
-    keys = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari")
     if len(kept) < 2:
-        return {**{key: float("nan") for key in keys}, "n_clustered": 0.0}
+        return {**{key: float("nan") for key in CLUSTERING_KEYS}, "n_clustered": 0.0}
     code = {name: c for c, name in enumerate(kept)}
     rows = np.array([i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code])
     truth = np.array([code[next(iter(sets[i]))] for i in rows])
+    everyone = len(rows)
+    if everyone > EXACT_COORDINATES:
+        pick = _stratified(truth, CLUSTER_SAMPLE, seed)
+        rows, truth = rows[pick], truth[pick]
     # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
     # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
     Z = geo.coordinates(rows)
     kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
-    if len(rows) <= EXACT_COORDINATES:
-        D = geo.distances(rows, rows)
-        D += D.T  # each pair's two roundings (its products scaled in two orders) made one: precomputed metrics
-        D /= 2.0  # check symmetry, which a near copy's sqrt(2 D) near 0 would fail by 1e-8 (a symmetric D: unchanged)
-        np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
+    D = geo.distances(rows, rows)
+    D += D.T  # each pair's two roundings made one: precomputed metrics check symmetry, which a near copy's
+    D /= 2.0  # sqrt(2 D) near 0 would fail by 1e-8 (a symmetric D: unchanged)
+    np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
+    if everyone <= EXACT_COORDINATES:
         chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
         hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)
-        silhouette = float(silhouette_score(D, truth, metric="precomputed"))
-    else:  # thousands: n^2 copies would not fit; HDBSCAN on the principal coordinates, the silhouette on a sample
-        hdbscan = HDBSCAN(min_cluster_size=2).fit_predict(Z)
-        silhouette = _sampled_silhouette(geo, rows, truth, seed)
-    return {
-        "silhouette": silhouette,
-        "kmeans_nmi": float(normalized_mutual_info_score(truth, kmeans)),
-        "kmeans_ari": float(adjusted_rand_score(truth, kmeans)),
-        "hdbscan_nmi": float(normalized_mutual_info_score(truth, hdbscan)),
-        "hdbscan_ari": float(adjusted_rand_score(truth, hdbscan)),
-        "n_clustered": float(len(rows)),
-    }
+    else:  # the principal coordinates: a chord distance's n x n would be the sample's, but the coordinates are kept
+        hdbscan = HDBSCAN(min_cluster_size=2, copy=True).fit_predict(Z)
+    each = silhouette_samples(D, truth, metric="precomputed") if len(np.unique(truth)) >= 2 else np.full(len(D), np.nan)
+    out = dict(zip(CLUSTERING_KEYS, _agreement(truth, kmeans, hdbscan, each)))
+    out["n_clustered"] = float(len(rows))
+    if everyone > EXACT_COORDINATES:
+        out["n_clusterable"] = float(everyone)
+        out.update(_intervals(truth, kmeans, hdbscan, each, seed))
+    return out
 
 
-SILHOUETTE_SAMPLE = 2000
+CLUSTERING_KEYS = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari")
+CLUSTER_SAMPLE = 2000  # the clusterers' models above EXACT_COORDINATES (a seeded sample, each dataset in its share)
+BOOTSTRAP = 200  # resamples of the sampled models for each clustering score's interval
 
 
-def _sampled_silhouette(geo: Geometry, rows: np.ndarray, truth: np.ndarray, seed: int) -> float:
-    """The silhouette of ``truth`` on the exact distances of a seeded sample of :data:`SILHOUETTE_SAMPLE` rows
-    (scikit-learn's own ``sample_size`` draws the same way, from the full matrix this avoids)."""
-    from sklearn.metrics import silhouette_score
+def _agreement(truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silhouettes: np.ndarray) -> list[float]:
+    """The clustering scores of these models (in :data:`CLUSTERING_KEYS`' order)."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    pick = np.sort(np.random.default_rng(seed).choice(len(rows), min(len(rows), SILHOUETTE_SAMPLE), replace=False))
-    if len(np.unique(truth[pick])) < 2:
-        return float("nan")
-    D = geo.distances(rows[pick], rows[pick])
-    np.fill_diagonal(D, 0.0)
-    return float(silhouette_score(D, truth[pick], metric="precomputed"))
+    return [
+        float(silhouettes.mean()),
+        float(normalized_mutual_info_score(truth, kmeans)),
+        float(adjusted_rand_score(truth, kmeans)),
+        float(normalized_mutual_info_score(truth, hdbscan)),
+        float(adjusted_rand_score(truth, hdbscan)),
+    ]
+
+
+def _stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """A seeded sample of ``size`` positions (sorted), each class in proportion to its count (at least 2 of each
+    class that has them, so that every dataset can still form a cluster)."""
+    if len(truth) <= size:
+        return np.arange(len(truth))
+    rng = np.random.default_rng(seed)
+    picked = []
+    for c in np.unique(truth):
+        where = np.flatnonzero(truth == c)
+        take = min(len(where), max(2, round(size * len(where) / len(truth))))
+        picked.append(rng.choice(where, take, replace=False))
+    return np.sort(np.concatenate(picked))
+
+
+def _intervals(
+    truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silhouettes: np.ndarray, seed: int
+) -> dict[str, float]:
+    """95 % percentile bootstrap intervals of each clustering score over the sampled models (the clusters as found)."""
+    rng = np.random.default_rng(seed)
+    draws = np.array(
+        [
+            _agreement(truth[at], kmeans[at], hdbscan[at], silhouettes[at])
+            for at in (rng.integers(0, len(truth), len(truth)) for _ in range(BOOTSTRAP))
+        ]
+    )
+    low, high = np.nanpercentile(draws, [2.5, 97.5], axis=0)
+    out = {}
+    for key, lo, hi in zip(CLUSTERING_KEYS, low, high):
+        out[f"{key}_low"], out[f"{key}_high"] = float(lo), float(hi)
+    return out
 
 
 def block_knn_scores(
@@ -354,4 +398,5 @@ def block_knn_scores(
 ) -> np.ndarray:
     """The kNN dataset score of each block of the vectors alone (columns [start, stop)): which layers and
     families separate the datasets best."""
-    return np.array([knn_dataset_score(X[:, a:b], labels, metric=metric, scaling=scaling).score for a, b in bounds])
+    score = lambda bound: knn_dataset_score(X[:, bound[0] : bound[1]], labels, metric=metric, scaling=scaling).score
+    return np.array(list(in_order(score, bounds)), dtype=np.float64)  # the blocks on every core

@@ -120,7 +120,9 @@ def _show(report: ClusterReport) -> None:
     clustered = int(report.clustering.get("n_clustered", 0))
     if clustered:
         for key, words in _CLUSTERING_WORDS.items():
-            scores.add_row(words, fmt(report.clustering[key]))
+            low, high = report.clustering.get(f"{key}_low"), report.clustering.get(f"{key}_high")
+            interval = f" [{fmt(low)}, {fmt(high)}]" if low is not None and high is not None else ""
+            scores.add_row(words, fmt(report.clustering[key]) + interval)
     console.print(scores)
     most = max((int(entry["count"]) for entry in report.per_dataset.values()), default=0)
     if most > 1 and most - 1 <= report.k / 2:  # a model's own dataset cannot hold a majority of the votes
@@ -129,11 +131,14 @@ def _show(report: ClusterReport) -> None:
             f"the vote: a dataset has at most {most - 1} other models here, no majority of {report.k} voters, so a "
             f"model's own dataset is easily outvoted; --k {most - 1} votes among its nearest few",
         )
+    of_all = int(report.clustering.get("n_clusterable", 0))
     if clustered:
+        which = f"a seeded sample of {clustered:,} of the {of_all:,}" if of_all else f"the {clustered}"
         say(
             console,
-            f"clusterers blind to the labels, on the {clustered} models tuned on one dataset that has two "
-            "or more: 1 = they find the datasets exactly, 0 = no better than chance",
+            f"clusterers blind to the labels, on {which} models tuned on one dataset that has two or more: 1 = "
+            "they find the datasets exactly, 0 = no better than chance"
+            + (" (95 % bootstrap intervals over the sample)" if of_all else ""),
         )
     else:
         say(console, "no clustering scores: they need two datasets with two or more models tuned on one dataset only")

@@ -207,7 +207,7 @@ def cluster(
         files = pop.base_files(hub_settings or HubSettings())
         report.per_block, report.per_block_note, sampled = _per_block(pop, products.kept, meta, files, resolved)
     report.damaged, report.population = dict(pop.damaged), pop.describe()
-    report.notes, report.repaired = pop.left_out(), list(pop.repaired)
+    report.notes = pop.left_out()
     reduce, note = reduction.reducer_for(len(meta))
     if standardized is not None:
         coordinates = coordinates_of(standardized.gram)
@@ -224,7 +224,11 @@ def cluster(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
     report.reduce, report.reduce_note = reduce, note
-    _draw(report, coordinates, meta, folder, seed, geo, pop.representation, tree)
+    name = f"map-{reduce}-{geo.metric}-{seed}{'-standardized' if standardized is not None else ''}-{_layout_version()}"
+    laid_out = lambda: {"xy": _layout(report, coordinates, seed, geo)}
+    xy = pop.kept(products, name, laid_out)["xy"] if len(meta) >= 3 else None
+    report.repaired = list(pop.repaired)  # the map's kept layout among them
+    _draw(report, xy, meta, folder, pop.representation, tree)
     return report
 
 
@@ -284,24 +288,39 @@ def _scores(
     )
 
 
+#: The map's layout code: a kept layout is used only where it was made by the same (raise it when the reductions
+#: change what they give for the same coordinates).
+MAP_VERSION = 1
+
+
+def _layout_version() -> str:
+    """What a kept map was laid out by: :data:`MAP_VERSION` and the versions of the libraries that lay maps out."""
+    from importlib.metadata import version
+
+    return f"v{MAP_VERSION}-umap{version('umap-learn')}-sklearn{version('scikit-learn')}"
+
+
+def _layout(report: ClusterReport, coordinates: np.ndarray | None, seed: int, geo: Geometry) -> np.ndarray:
+    """The map's 2-D layout, from the vectors' coordinates: the same inner products as the vectors (and UMAP's
+    nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
+    reduce = report.reduce
+    coordinates = geo.coordinates() if coordinates is None else coordinates
+    known = geo.neighbours(UMAP_NEIGHBOURS + 1) if reduce == "umap" and len(geo) >= UMAP_KNOWN_FROM else None
+    return reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)
+
+
 def _draw(
     report: ClusterReport,
-    coordinates: np.ndarray | None,
+    coords: np.ndarray | None,
     meta: pd.DataFrame,
     folder: Path,
-    seed: int,
-    geo: Geometry,
     representation: Representation,
     tree: Tree | None,
 ) -> None:
-    """The map (PNG and HTML), from the vectors' coordinates: the same inner products as the vectors (and UMAP's
-    nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
+    """The map (PNG and HTML) of the layout ``coords`` (None: fewer than three models, no map)."""
     reduce = report.reduce
-    if len(meta) < 3:
+    if coords is None:
         return
-    coordinates = geo.coordinates() if coordinates is None else coordinates
-    known = geo.neighbours(UMAP_NEIGHBOURS + 1) if reduce == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
-    coords = reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)
     title = f"{len(meta)} fine-tunes of {display_name(report.base)}"
     subtitle = f"{representation.key()} · {reduce.upper()} · kNN dataset score {report.knn_score:.2f} ({report.n_scored} scored)"
     report.files["png"] = str(

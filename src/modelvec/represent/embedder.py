@@ -17,7 +17,7 @@ from ..core.errors import ArchitectureError, CheckpointError, IncompatibleError,
 from ..core.settings import with_options
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint, refuse_adapter_base
 from .blocks import Block, has_head, head_floats, plans_of, vector_blocks
-from .device import resolve_device
+from .device import gpu_pays_for, resolve_device
 from .linalg import CHUNK_BYTES, factor_blocks, low_rank_svd, normalise_blocks, truncated_svd
 from .plans import MatrixPlan, derived_seed
 from .probe import ProbeInputs, compute_inputs
@@ -182,7 +182,7 @@ class DeltaEmbedder:
         """``representation``, or its fields as keywords (``DeltaEmbedder(rank=16, pooling="concat")``), or both
         where they agree (:func:`~modelvec.core.settings.with_options`)."""
         self.representation = with_options(Representation, representation, fields, "DeltaEmbedder")
-        self.device = resolve_device(device)
+        self.device = resolve_device(device, gpu_pays=gpu_pays_for(self.representation.uses_svd))
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, not {batching!r}")
         self.batching = batching

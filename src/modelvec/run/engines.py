@@ -69,7 +69,10 @@ class Execution:
         None, "--engine ray: the cluster (HEAD:6379 or auto); default a local one.", kind=str, metavar="HOST:PORT"
     )
     device: str = setting(
-        "auto", "torch device: auto (CUDA when a GPU is visible), cpu, cuda, cuda:N.", metavar="DEVICE"
+        "auto",
+        "torch device: auto (CUDA where a GPU is visible and each delta is decomposed whole, as the SVD factors "
+        "are; a sketch of a few rows runs faster on the CPU), cpu, cuda, cuda:N.",
+        metavar="DEVICE",
     )
     keep_weights: bool = setting(
         True, "Keep Hub fine-tunes' files in the cache after embedding (the base always stays)."

@@ -292,18 +292,33 @@ class Population:
         geo = Geometry.from_products(products.gram, scoring.metric)
         if scoring.scaling == "none":
             return geo
+
+        def spread() -> dict[str, np.ndarray]:
+            stats = geo.spread(scoring.scaling)
+            assert stats is not None  # a scaling other than none has a spread
+            return {"mean": stats[0], "sd": stats[1]}
+
+        kept = self.kept(products, f"spread-{geo.metric}-{scoring.scaling}", spread)
+        if len(kept["mean"]) == len(geo) and len(kept["sd"]) == len(geo):
+            geo.use_spread(scoring.scaling, (kept["mean"], kept["sd"]))
+        return geo
+
+    def kept(
+        self, products: Products, name: str, compute: Callable[[], dict[str, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        """Arrays that follow from exactly the vectors of ``products`` (a spread, a map's coordinates), kept beside
+        the store under ``name``: read where they were kept for these very vectors and verify (a file that does not
+        is said in ``repaired``), else ``compute()`` and kept."""
         hashes = [self.selection.hashes[i] for i in products.kept]
-        cache, name = ProductsCache(self.db.path, self.cache_key()), f"spread-{geo.metric}-{scoring.scaling}"
-        kept, note = cache.extra(hashes, name)
+        cache = ProductsCache(self.db.path, self.cache_key())
+        found, note = cache.extra(hashes, name)
         if note is not None:
             self.repaired.append(note)
-        if kept is not None and len(kept.get("mean", ())) == len(geo) and len(kept.get("sd", ())) == len(geo):
-            geo.use_spread(scoring.scaling, (kept["mean"], kept["sd"]))
-            return geo
-        stats = geo.spread(scoring.scaling)
-        if stats is not None:
-            cache.put_extra(hashes, name, {"mean": stats[0], "sd": stats[1]})
-        return geo
+        if found is not None:
+            return found
+        arrays = compute()
+        cache.put_extra(hashes, name, arrays)
+        return arrays
 
     def products_with(self, vector: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One pass over the vectors: their inner products with ``vector`` and their squared norms, at the positions

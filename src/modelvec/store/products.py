@@ -135,7 +135,8 @@ CHUNK_ROWS = 512
 #: be a share of it; below, the distance is at least this, and float32 rounding at most ~1e-5 of it.
 RECHECK_COSINE = 0.99
 DEVICE_HELP = (
-    "torch device for the vectors' pairwise products (float32): auto (CUDA when a GPU is visible), cpu, cuda, cuda:N."
+    "torch device for the vectors' pairwise products (float32): auto (CUDA where a GPU is visible and the products "
+    "are enough work to pay for starting it), cpu, cuda, cuda:N."
 )
 
 
@@ -201,9 +202,16 @@ class Multiplier:
             torch.set_float32_matmul_precision(previous)
 
 
-def resolved_device(device: str) -> str:
-    """The torch device the products run on: ``cpu`` (numpy) unless a CUDA device is named, or visible for auto."""
-    if device == "cpu":
+#: ``auto`` runs the products on a visible GPU only from this many multiply-adds: below, the CPU finishes before
+#: CUDA has started (5 s to start on an H200 machine, where its 16 cores ran 10^13 multiply-adds in 15.5 s and the
+#: GPU in 5.7 s: the GPU gains its start back from about 2.5 x 10^12).
+GPU_FROM = 2_500_000_000_000
+
+
+def resolved_device(device: str, work: int = 0) -> str:
+    """The torch device the products run on: ``cpu`` (numpy) unless a CUDA device is named, or, for auto, one is
+    visible and the ``work`` (multiply-adds) is enough to pay for starting it (:data:`GPU_FROM`)."""
+    if device == "cpu" or (device == "auto" and work < GPU_FROM):
         return "cpu"
     from ..represent import resolve_device
 
@@ -340,8 +348,9 @@ def gram(
         G, todo = known.gram, [i for i in range(n) if not known.have[i]]  # its rows and columns of new vectors: below
     else:
         G, todo = np.zeros((n, n)), list(range(n))
-    exact = len(todo) * n * dim <= (EXACT_UP_TO if exact_up_to is None else exact_up_to)
-    mult = Multiplier(exact, "cpu" if exact else resolved_device(device))
+    madds = len(todo) * n * dim
+    exact = madds <= (EXACT_UP_TO if exact_up_to is None else exact_up_to)
+    mult = Multiplier(exact, "cpu" if exact else resolved_device(device, madds))
     by_offset = lambda positions: sorted(positions, key=lambda i: selection.offsets[i])
     order, todo_set = by_offset(todo), set(todo)
     others = by_offset(i for i in range(n) if i not in todo_set)

@@ -1,0 +1,49 @@
+"""Row blocks on every core the process may use.
+
+numpy's and scipy's element-wise loops, sorts and partitions release the GIL, so threads over row blocks of
+distances scale with the cores (where BLAS alone would leave the element-wise work on one). Results come back in
+the blocks' order, at most a few blocks ahead of the consumer, so memory stays a few blocks whatever the cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, as a container or ``taskset`` limits it), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def in_order(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -> Iterator[R]:
+    """``fn(item)`` for each item, run on up to ``threads`` threads (default: :func:`cores`), yielded in the items'
+    order; at most ``threads`` results wait ahead of the consumer."""
+    threads = cores() if threads is None else max(1, threads)
+    work = list(items)
+    if threads == 1 or len(work) <= 1:
+        yield from map(fn, work)
+        return
+    with ThreadPoolExecutor(min(threads, len(work)), thread_name_prefix="modelvec-rows") as pool:
+        ahead: deque[Future[R]] = deque()
+        for item in work:
+            ahead.append(pool.submit(fn, item))
+            if len(ahead) > threads:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
+def each(fn: Callable[[T], object], items: Iterable[T], threads: int | None = None) -> None:
+    """``fn(item)`` for each item on up to ``threads`` threads, for its effect (writing disjoint parts of an array)."""
+    for _ in in_order(fn, items, threads):
+        pass
