@@ -76,3 +76,56 @@ def test_in_order_keeps_the_items_order_on_threads():
 
     assert list(in_order(slow_first, range(20), threads=4)) == [i * i for i in range(20)]
     assert list(in_order(slow_first, [], threads=4)) == []
+
+
+def test_principal_coordinates_from_a_sample_keep_every_product_where_the_sample_spans_the_rows(monkeypatch):
+    """Above EXACT_COORDINATES the directions come from a sample and every row is projected on them: where the
+    vectors span fewer dimensions than the sample sees, Z Z^T is the whole Gram matrix."""
+    from modelvec.analyse import geometry
+
+    monkeypatch.setattr(geometry, "EXACT_COORDINATES", 50)
+    monkeypatch.setattr(geometry, "COORDINATE_SAMPLE", 120)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 12)) @ rng.normal(size=(12, 300))  # rank 12
+    G = X @ X.T
+    Z = geometry.coordinates_of(G)
+    assert Z.shape == (400, geometry.TOP_COORDINATES)
+    np.testing.assert_allclose(Z @ Z.T, G, atol=1e-8 * np.abs(G).max())
+
+
+def test_clusterers_above_the_exact_size_run_on_a_stratified_sample_with_intervals(monkeypatch):
+    from modelvec.analyse import geometry, scores
+
+    monkeypatch.setattr(scores, "EXACT_COORDINATES", 100)
+    monkeypatch.setattr(geometry, "EXACT_COORDINATES", 100)
+    monkeypatch.setattr(scores, "CLUSTER_SAMPLE", 150)
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(3, 40)) * 4
+    truth = np.repeat([0, 1, 2], [300, 60, 40])
+    X = centres[truth] + rng.normal(size=(400, 40))
+    labels = [[f"d{t}"] for t in truth]
+    out = scores.clustering_scores(X, labels, seed=3)
+    assert out["n_clustered"] == 150 and out["n_clusterable"] == 400
+    for key in scores.CLUSTERING_KEYS:
+        assert out[f"{key}_low"] <= out[key] <= out[f"{key}_high"], key
+    assert out["kmeans_ari"] > 0.9 and out["silhouette"] > 0.3  # three clear clusters found in the sample
+    pick = scores._stratified(truth, 150, 3)
+    assert len(pick) == 150 and np.bincount(truth[pick]).tolist() == [113, 22, 15]  # each in its share
+    assert out == scores.clustering_scores(X, labels, seed=3)  # seeded
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_agreement_of_contingency_tables_is_scikit_learns(seed):
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    from modelvec.analyse.scores import _tables, agreement_of
+
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, 4, (6, 300))
+    found = np.where(rng.random((6, 300)) < 0.6, truth, rng.integers(0, 5, (6, 300)))
+    found[1] = 0  # one cluster
+    truth[2], found[2] = 0, 0  # one class, one cluster
+    nmi, ari = agreement_of(_tables(truth, found, 4, 5))
+    for i in range(6):
+        assert nmi[i] == pytest.approx(normalized_mutual_info_score(truth[i], found[i]), abs=1e-12), i
+        assert ari[i] == pytest.approx(adjusted_rand_score(truth[i], found[i]), abs=1e-12), i

@@ -239,6 +239,7 @@ class Geometry:
         self._n = len(rows)
         self._proximity = Proximity(rows)
         self._coordinates: np.ndarray | None = None
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._n
@@ -298,8 +299,9 @@ class Geometry:
         vectors = self.vectors
         if vectors is not None and vectors.shape[1] <= self._n:
             return vectors[rows]
-        if self._coordinates is None:
-            self._coordinates = principal_coordinates(self._n, self._rows.gram)
+        with self._lock:  # asked by the scores and by the map's layout beside them: made once
+            if self._coordinates is None:
+                self._coordinates = principal_coordinates(self._n, self._rows.gram)
         return self._coordinates[rows]
 
 

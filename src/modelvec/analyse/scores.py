@@ -357,35 +357,66 @@ def _agreement(truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silho
 
 
 def _stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
-    """A seeded sample of ``size`` positions (sorted), each class in proportion to its count (at least 2 of each
-    class that has them, so that every dataset can still form a cluster)."""
+    """A seeded sample of ``size`` positions (sorted), each class in proportion to its count (largest remainders
+    rounded up; at least 2 of each class that has them, so that every dataset can still form a cluster)."""
     if len(truth) <= size:
         return np.arange(len(truth))
+    classes, counts = np.unique(truth, return_counts=True)
+    quota = size * counts / len(truth)
+    take = np.floor(quota).astype(int)
+    take[np.argsort(take - quota, kind="stable")[: size - take.sum()]] += 1
+    short = np.minimum(counts, 2) - take
+    take += np.maximum(short, 0)
+    take[np.argmax(take)] -= int(np.maximum(short, 0).sum())  # what the small classes gained, from the largest
     rng = np.random.default_rng(seed)
-    picked = []
-    for c in np.unique(truth):
-        where = np.flatnonzero(truth == c)
-        take = min(len(where), max(2, round(size * len(where) / len(truth))))
-        picked.append(rng.choice(where, take, replace=False))
+    picked = [rng.choice(np.flatnonzero(truth == c), t, replace=False) for c, t in zip(classes, take)]
     return np.sort(np.concatenate(picked))
 
 
 def _intervals(
     truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silhouettes: np.ndarray, seed: int
 ) -> dict[str, float]:
-    """95 % percentile bootstrap intervals of each clustering score over the sampled models (the clusters as found)."""
+    """95 % percentile bootstrap intervals of each clustering score over the sampled models (the clusters as found):
+    :data:`BOOTSTRAP` resamples, each score of each resample from its contingency table (:func:`agreement_of`)."""
     rng = np.random.default_rng(seed)
-    draws = np.array(
-        [
-            _agreement(truth[at], kmeans[at], hdbscan[at], silhouettes[at])
-            for at in (rng.integers(0, len(truth), len(truth)) for _ in range(BOOTSTRAP))
-        ]
-    )
-    low, high = np.nanpercentile(draws, [2.5, 97.5], axis=0)
+    at = rng.integers(0, len(truth), (BOOTSTRAP, len(truth)))
+    columns = [silhouettes[at].mean(axis=1)]
+    for found in (kmeans, hdbscan):
+        _, code = np.unique(found, return_inverse=True)
+        columns += list(agreement_of(_tables(truth[at], code[at], int(truth.max()) + 1, int(code.max()) + 1)))
+    low, high = np.nanpercentile(np.stack(columns, axis=1), [2.5, 97.5], axis=0)
     out = {}
     for key, lo, hi in zip(CLUSTERING_KEYS, low, high):
         out[f"{key}_low"], out[f"{key}_high"] = float(lo), float(hi)
     return out
+
+
+def _tables(truth: np.ndarray, found: np.ndarray, r: int, c: int) -> np.ndarray:
+    """The contingency table of each row of ``truth`` against the same row of ``found`` (codes 0.. r-1, 0.. c-1):
+    (rows, r, c) counts."""
+    draws = len(truth)
+    cells = (np.arange(draws)[:, None] * r + truth) * c + found
+    return np.bincount(cells.ravel(), minlength=draws * r * c).reshape(draws, r, c).astype(np.float64)
+
+
+def agreement_of(tables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The normalised mutual information (arithmetic mean of the entropies) and the adjusted Rand index of each
+    contingency table (tables x classes x clusters), as scikit-learn's ``normalized_mutual_info_score`` and
+    ``adjusted_rand_score`` give them from the labels, for many tables at once."""
+    n = tables.sum(axis=(1, 2))
+    a, b = tables.sum(axis=2), tables.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cell = np.where(tables > 0, tables * np.log(tables * n[:, None, None] / (a[:, :, None] * b[:, None, :])), 0.0)
+        mi = cell.sum(axis=(1, 2)) / n
+        entropy = lambda m: -np.where(m > 0, (m / n[:, None]) * np.log(m / n[:, None]), 0.0).sum(axis=1)
+        h_a, h_b = entropy(a), entropy(b)
+        nmi = np.where((h_a == 0) & (h_b == 0), 1.0, mi / np.maximum((h_a + h_b) / 2, np.finfo(float).eps))
+        pairs = lambda m, axes: (m * (m - 1) / 2).sum(axis=axes)
+        index, rows, cols = pairs(tables, (1, 2)), pairs(a, 1), pairs(b, 1)
+        expected = rows * cols / (n * (n - 1) / 2)
+        most = (rows + cols) / 2
+        ari = np.where(most == expected, 1.0, (index - expected) / (most - expected))
+    return nmi, ari
 
 
 def block_knn_scores(

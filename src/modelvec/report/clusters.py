@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from ..plots.maps import plot_html, plot_png
 from ..represent import blocks_of
 from ..represent.representation import Representation
 from ..store import Population, Store, opened
-from ..store.products import Compute
+from ..store.products import Compute, Products
 
 PathLike = str | os.PathLike[str]
 
@@ -188,7 +189,7 @@ def cluster(
     scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "cluster")
     compute = with_options(Compute, compute, taken_from(Compute, options), "cluster")
     reduction = with_options(Reduction, reduction, options, "cluster")
-    with opened(store, read_only=True) as db:
+    with opened(store, read_only=True) as db, ThreadPoolExecutor(1, thread_name_prefix="modelvec-map") as beside:
         pop = Population(db, base, representation)
         products, meta = pop.products(progress, device=compute.device)
         if label_sources is not None:
@@ -201,20 +202,16 @@ def cluster(
         resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
         geo = pop.geometry(products, resolved)
         standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
+        reduce, note = reduction.reducer_for(len(meta))
+        layout = beside.submit(_kept_layout, pop, products, standardized, geo, reduce, seed)  # beside the scores
         tree = _map_tree(pop, meta)
         report = _scores(geo, meta, pop, resolved, seed, label_sources)
         report.scaling_note = scaling_note
         files = pop.base_files(hub_settings or HubSettings())
         report.per_block, report.per_block_note, sampled = _per_block(pop, products.kept, meta, files, resolved)
+        xy = layout.result()
     report.damaged, report.population = dict(pop.damaged), pop.describe()
-    report.notes = pop.left_out()
-    reduce, note = reduction.reducer_for(len(meta))
-    if standardized is not None:
-        coordinates = coordinates_of(standardized.gram)
-    elif reduce != "umap":  # PCA (and t-SNE's PCA start) of the vectors as they are, not of unit vectors
-        coordinates = coordinates_of(products.gram)
-    else:  # UMAP sees cosine distances, the same from unit vectors: the geometry's coordinates, made once for both
-        coordinates = None
+    report.notes, report.repaired = pop.left_out(), list(pop.repaired)
     folder = Path(out)
     if report.per_block:
         title = f"which layers and families separate the datasets ({pop.representation.key()})"
@@ -224,10 +221,6 @@ def cluster(
             plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
         )
     report.reduce, report.reduce_note = reduce, note
-    name = f"map-{reduce}-{geo.metric}-{seed}{'-standardized' if standardized is not None else ''}-{_layout_version()}"
-    laid_out = lambda: {"xy": _layout(report, coordinates, seed, geo)}
-    xy = pop.kept(products, name, laid_out)["xy"] if len(meta) >= 3 else None
-    report.repaired = list(pop.repaired)  # the map's kept layout among them
     _draw(report, xy, meta, folder, pop.representation, tree)
     return report
 
@@ -300,13 +293,30 @@ def _layout_version() -> str:
     return f"v{MAP_VERSION}-umap{version('umap-learn')}-sklearn{version('scikit-learn')}"
 
 
-def _layout(report: ClusterReport, coordinates: np.ndarray | None, seed: int, geo: Geometry) -> np.ndarray:
-    """The map's 2-D layout, from the vectors' coordinates: the same inner products as the vectors (and UMAP's
-    nearest neighbours, on thousands of models, from them: :data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
-    reduce = report.reduce
-    coordinates = geo.coordinates() if coordinates is None else coordinates
-    known = geo.neighbours(UMAP_NEIGHBOURS + 1) if reduce == "umap" and len(geo) >= UMAP_KNOWN_FROM else None
-    return reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)
+def _kept_layout(
+    pop: Population, products: Products, standardized: Products | None, geo: Geometry, reduce: str, seed: int
+) -> np.ndarray | None:
+    """The map's 2-D layout (None: fewer than three models, no map), kept beside the store for exactly these
+    vectors (:meth:`~modelvec.store.Population.kept`): laid out only where none is kept, on a thread beside the
+    scores. From the vectors' coordinates: the same inner products as the vectors, standardised where asked; PCA
+    (and t-SNE's PCA start) of the vectors as they are, UMAP of the geometry's (cosine distances are the same from
+    unit vectors), with its nearest neighbours from them on thousands of models
+    (:data:`~modelvec.analyse.reduction.UMAP_KNOWN_FROM`)."""
+    if len(geo) < 3:
+        return None
+
+    def laid_out() -> dict[str, np.ndarray]:
+        if standardized is not None:
+            coordinates = coordinates_of(standardized.gram)
+        elif reduce != "umap":
+            coordinates = coordinates_of(products.gram)
+        else:
+            coordinates = geo.coordinates()
+        known = geo.neighbours(UMAP_NEIGHBOURS + 1) if reduce == "umap" and len(geo) >= UMAP_KNOWN_FROM else None
+        return {"xy": reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)}
+
+    kind = "-standardized" if standardized is not None else ""
+    return pop.kept(products, f"map-{reduce}-{geo.metric}-{seed}{kind}-{_layout_version()}", laid_out)["xy"]
 
 
 def _draw(
