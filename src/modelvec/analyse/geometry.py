@@ -274,6 +274,15 @@ class Geometry:
         (:mod:`~modelvec.analyse.proximity`)."""
         return self._proximity.distances(rows, columns, scaling)
 
+    def every_pair(self, scaling: str) -> np.ndarray | None:
+        """Every pair's distance under ``scaling`` as :meth:`rank_all` keeps it (None: plain distances, or too many
+        rows to keep), for a caller that keeps it beside the store."""
+        return self._proximity.every_pair(scaling)
+
+    def use_every_pair(self, scaling: str, full: np.ndarray) -> None:
+        """Take every pair's distance under ``scaling`` as computed before, for these very rows."""
+        self._proximity.use_every_pair(scaling, full)
+
     def rank_all(self, scaling: str) -> None:
         """Keep every pair's mutual-proximity distance, for scores that rank every model's neighbours
         (:meth:`~modelvec.analyse.proximity.Proximity.rank_all`)."""

@@ -76,6 +76,19 @@ class Proximity:
             return
         self._all[scaling] = every_pair(self._geo, stats)
 
+    def every_pair(self, scaling: str) -> np.ndarray | None:
+        """Every pair's ``scaling`` distance (n x n; None for plain distances or above :data:`SCALED_MAX_N` rows),
+        as :meth:`rank_all` keeps it, for a caller that keeps it elsewhere (:meth:`use_every_pair`)."""
+        self.rank_all(scaling)
+        return self._all.get(scaling)
+
+    def use_every_pair(self, scaling: str, full: np.ndarray) -> None:
+        """Take every pair's ``scaling`` distance as computed before (a memory map will do: read, never written)."""
+        n = len(self._geo)
+        if full.shape != (n, n):
+            raise ValueError(f"every pair's distance of shape {full.shape} for a geometry of {n}")
+        self._all[scaling] = full
+
 
 def every_pair(geo: Distances, stats: Stats) -> np.ndarray:
     """Every pair's -log MP (n x n): each row's own side -log P(X_i > d_ij) first, row block by row block on every

@@ -204,6 +204,7 @@ def cluster(
         standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
         reduce, note = reduction.reducer_for(len(meta))
         layout = beside.submit(_kept_layout, pop, products, standardized, geo, reduce, seed)  # beside the scores
+        pop.rank_all(geo, products, resolved.scaling)  # every pair's mutual proximity, kept beside the store
         tree = _map_tree(pop, meta)
         report = _scores(geo, meta, pop, resolved, seed, label_sources)
         report.scaling_note = scaling_note

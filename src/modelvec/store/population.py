@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.copies import Copy
+from ..analyse.proximity import SCALED_MAX_N
 from ..analyse.scores import Geometry, Scoring
 from ..core.errors import ModelvecError, NothingStoredError, ResourceError
 from ..core.names import is_hub_id, model_id
@@ -303,15 +304,35 @@ class Population:
             geo.use_spread(scoring.scaling, (kept["mean"], kept["sd"]))
         return geo
 
+    def rank_all(self, geo: Geometry, products: Products, scaling: str) -> None:
+        """Every pair's ``scaling`` distance, for the scores that rank every model's neighbours: read (mapped) from
+        beside the store where it was kept for these very vectors and verifies, else computed and kept (nothing for
+        plain distances, or above the rows whose pairs are kept: :data:`~modelvec.analyse.proximity.SCALED_MAX_N`)."""
+        if scaling == "none" or len(geo) > SCALED_MAX_N:
+            return
+
+        def every_pair() -> dict[str, np.ndarray]:
+            full = geo.every_pair(scaling)
+            assert full is not None  # a scaling, and no more rows than are kept
+            return {"pairs": full}
+
+        kept = self.kept(products, f"pairs-{geo.metric}-{scaling}", every_pair, mapped=True)
+        geo.use_every_pair(scaling, kept["pairs"])
+
     def kept(
-        self, products: Products, name: str, compute: Callable[[], dict[str, np.ndarray]]
+        self,
+        products: Products,
+        name: str,
+        compute: Callable[[], dict[str, np.ndarray]],
+        *,
+        mapped: bool = False,
     ) -> dict[str, np.ndarray]:
         """Arrays that follow from exactly the vectors of ``products`` (a spread, a map's coordinates), kept beside
         the store under ``name``: read where they were kept for these very vectors and verify (a file that does not
-        is said in ``repaired``), else ``compute()`` and kept."""
+        is said in ``repaired``), else ``compute()`` and kept. ``mapped``: kept arrays as memory maps (large ones)."""
         hashes = [self.selection.hashes[i] for i in products.kept]
         cache = ProductsCache(self.db.path, self.cache_key())
-        found, note = cache.extra(hashes, name)
+        found, note = cache.extra(hashes, name, mapped=mapped)
         if note is not None:
             self.repaired.append(note)
         if found is not None:

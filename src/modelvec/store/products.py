@@ -474,9 +474,12 @@ class ProductsCache:
             pass
         return read_kept(path)
 
-    def extra(self, hashes: Sequence[str], name: str) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    def extra(
+        self, hashes: Sequence[str], name: str, *, mapped: bool = False
+    ) -> tuple[dict[str, np.ndarray] | None, str | None]:
         """Arrays kept beside these products under ``name`` for exactly the vectors ``hashes`` (None: none kept, or
-        they did not verify), and what did not verify, one line."""
+        they did not verify), and what did not verify, one line. ``mapped``: the verified file's memory maps, not
+        copies (large arrays, read and never written)."""
         path = self._extra(name)
         kept = self._read(path)
         if kept is None:
@@ -487,7 +490,7 @@ class ProductsCache:
             return None, f"{path}: {kept.problem}: computed again"
         if kept.meta.get("digest") != checksum_of(hashes):
             return None, None  # kept for other vectors
-        return {k: np.array(v) for k, v in kept.arrays.items()}, None
+        return {k: v if mapped else np.array(v) for k, v in kept.arrays.items()}, None
 
     def put_extra(self, hashes: Sequence[str], name: str, arrays: dict[str, np.ndarray]) -> None:
         """Keep ``arrays`` for exactly the vectors ``hashes`` (written whole, then renamed; a failure keeps nothing)."""
