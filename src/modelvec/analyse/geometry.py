@@ -95,7 +95,7 @@ def principal_coordinates(n: int, products: Callable[[np.ndarray, np.ndarray], n
     largest direction first: exact (Z Z^T the whole Gram matrix: n columns, every eigenvector) up to
     :data:`EXACT_COORDINATES` rows. Above, the top :data:`TOP_COORDINATES` principal directions of a seeded sample
     of :data:`COORDINATE_SAMPLE` rows (their Gram matrix's randomized eigendecomposition), every row projected on
-    them exactly (the Nystrom extension: its products with the sample, n x sample, read in row blocks), so the
+    them exactly (the Nystrom extension: the sample's products with every row, read in blocks), so the
     work grows as n, not n^2; the sample's own coordinates are what the whole matrix's would be at that size."""
     every = np.arange(n)
     if n <= EXACT_COORDINATES:
@@ -113,7 +113,7 @@ def principal_coordinates(n: int, products: Callable[[np.ndarray, np.ndarray], n
     basis[:, live] = U[:, live] / np.sqrt(S[live])  # a direction the sample does not span is zeros
     Z = np.empty((n, len(S)))
     for block in np.array_split(every, max(1, -(-n * len(sample) // (1 << 22)))):
-        Z[block] = products(block, sample) @ basis
+        Z[block] = products(sample, block).T @ basis  # the sample's rows (symmetric): their pages only
     return Z
 
 

@@ -132,14 +132,16 @@ def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndar
 
 
 def take(G: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """``G[rows][:, columns]``, read as directly as the indices allow (a run of rows is a slice, every column none)."""
-    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
-        picked = G[rows[0] : rows[-1] + 1]
-    else:
-        picked = G[rows]
-    if len(columns) == G.shape[1] and np.all(np.diff(columns) == 1):
-        return picked
-    return picked[:, columns]
+    """``G[rows][:, columns]``, read as directly as the indices allow: a run of indices is a slice, so a memory map
+    reads only those rows' pages (a view where both are runs: copy before writing)."""
+    return G[_run(rows), _run(columns)] if isinstance(_run(rows), slice) else G[rows][:, _run(columns)]
+
+
+def _run(at: np.ndarray) -> slice | np.ndarray:
+    """``at`` as a slice where it is a run of consecutive indices, else itself."""
+    if len(at) and at[-1] - at[0] == len(at) - 1 and np.all(np.diff(at) == 1):
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at
 
 
 def same_group(groups: np.ndarray, block: np.ndarray, columns: np.ndarray) -> np.ndarray:
