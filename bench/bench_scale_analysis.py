@@ -159,8 +159,8 @@ with Store(store, read_only=True) as db:
     stage("verification: every kept row's checksum", lambda: read_kept(kept))
     products, meta = stage("products (kept beside the store, verified)", pop.products)
     scoring, _ = pop.resolve(Scoring(), list(meta["adapter"]))
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(limits=1, user_api="blas")  # as cluster runs what follows the products
+    from modelvec.analyse.parallel import one_blas_thread
+    one_blas_thread().__enter__()  # as cluster runs what follows the products
     geo = stage("geometry (spreads kept beside the store, verified)", lambda: pop.geometry(products, scoring))
 labels = [list(d) for d in meta["datasets"]]
 scaling = scoring.scaling

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from threadpoolctl import threadpool_limits
 
+from ..analyse.parallel import one_blas_thread
 from ..analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS, Reduction
 from ..analyse.reduction import reduce as reduce_to_2d
 from ..analyse.scores import (
@@ -203,8 +203,7 @@ def cluster(
                 ]
             )
         resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
-        # the rest: small LAPACK calls (OpenBLAS's threads slow them tenfold here), row blocks on threads of their own
-        stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
+        stack.enter_context(one_blas_thread())  # what follows the products: small LAPACK calls, row blocks on threads
         geo = pop.geometry(products, resolved)
         standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
         reduce, note = reduction.reducer_for(len(meta))
