@@ -31,7 +31,11 @@ $(STAMP): pyproject.toml | $(PY)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The tests start a few hundred Python processes that import modelvec from src/ (an editable install, which pip does
+# not byte-compile): compiled once here, so that none compiles it again where PYTHONDONTWRITEBYTECODE is set. pytest
+# runs on two workers (pyproject.toml's addopts).
 test: $(STAMP) browser lint
+	$(PY) -m compileall -q src/modelvec
 	$(PY) -m pytest
 
 # The habits of the field, run by `make test` (so by CI): lint and format, types, the stages'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,86 @@ import torch
 from safetensors.torch import load_file, save_file
 
 torch.set_num_threads(1)  # tests are tiny; one thread keeps them reproducible and fast on 2 cores
+
+
+# --- parallel runs: pytest-xdist workers (pyproject.toml's addopts: `-n auto --dist loadfile`) ---------------------
+
+#: Modules whose tests share something two workers must not hold at once: the modules of a group run on one worker,
+#: one after another. Ray: a local ray.init for test_ray's module, `ray start` heads in both (ports, Ray's session
+#: folders, the machine's CPUs). (xdist_group marks with --dist loadgroup would say the same, but pytest 9.2's
+#: structured node ids break loadgroup in pytest-xdist 3.8: its groups are silently ignored, pytest-xdist#1386.)
+SHARED = {
+    "tests/run/test_ray.py": "ray",
+    "tests/run/test_crawl.py": "ray",
+}
+#: The slowest modules (and groups), slowest first (`pytest -n 0 --durations=0` on 2 cores): started first, so that
+#: no worker is left alone in a long one at the end. Only the order of the run depends on this list.
+SLOW = (
+    "tests/cli/test_hostile.py",  # 160 s: ~90 CLI processes
+    "tests/report/test_nothing_silently_wrong.py",  # 75 s
+    "ray",  # 75 s
+    "tests/store/test_faults_store.py",  # 40 s
+    "tests/represent/test_llm.py",  # 30 s
+    "tests/analyse/test_evidence.py",  # 30 s
+    "tests/report/test_cluster.py",  # 30 s
+    "tests/hub/test_partial.py",  # 30 s
+    "tests/run/test_resume.py",  # 25 s
+    "tests/plots/test_plots.py",  # 25 s
+    "tests/hub/test_hub.py",  # 25 s
+    "tests/analyse/test_reduction.py",  # 20 s: UMAP's numba compiles
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``: each module's tests on one worker, one after another (module-scoped fixtures built once,
+    as in a serial run), the modules of a :data:`SHARED` group as one, the :data:`SLOW` ones first."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Modules(LoadScopeScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARED.get(module, module)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # once, when the work queue is first drawn from: the slow units first
+                rank = {scope: i for i, scope in enumerate(SLOW)}
+                units = sorted(self.workqueue.items(), key=lambda unit: rank.get(unit[0], len(rank)))
+                self.workqueue = OrderedDict(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return Modules(config, log)
+
+
+#: The terminal's size as the controller's Python sees it. Once imported, readline puts COLUMNS and LINES into the
+#: process's C environment (not into ``os.environ``); the workers, started from it, see them in ``os.environ``, and
+#: the CLI's console would be 80 columns wide in a worker where it is a log's width (400) in a serial run.
+TERMINAL = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(controller) Tell each worker the terminal's size as this process's ``os.environ`` has it."""
+    node.workerinput["modelvec_terminal"] = {key: os.environ.get(key) for key in TERMINAL}
+
+
+def pytest_configure(config) -> None:
+    """(worker) ``os.environ`` as a serial run has it: the controller's terminal size (its C environment, which the
+    tests' own processes inherit, kept as it is)."""
+    terminal = getattr(config, "workerinput", {}).get("modelvec_terminal", {})
+    for key, value in terminal.items():
+        if value is not None:
+            os.environ[key] = value
+        elif key in os.environ:
+            inherited = os.environ.pop(key)
+            os.putenv(key, inherited)  # what the tests' processes inherit, as in a serial run
 
 
 def tiny_bert_config(**overrides):

@@ -63,12 +63,19 @@ PEAK = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(scope="module")
+def large_pair(tmp_path_factory):
+    """A Llama-shaped bf16 base and fine-tune of 16 layers of matrices up to 1024 x 4096 (~490 MB each as stored),
+    written once for the module: each test reads them in a process of its own."""
+    return _llama_pair(tmp_path_factory.mktemp("large"), 1024, 4096, 16, torch.bfloat16)
+
+
 @pytest.mark.parametrize("params", [{"probe": "none"}, {"factor": "U"}], ids=["sketch", "U"])
-def test_peak_anonymous_memory_is_a_few_matrices_not_the_model(tmp_path, params):
+def test_peak_anonymous_memory_is_a_few_matrices_not_the_model(large_pair, params):
     """16 layers of bf16 matrices up to 1024 x 4096 (8 MB bf16, 16 MB float32): the base alone is
     ~970 MB in float32 and ~490 MB as stored. Holding it (the old fit) or either model whole crosses the
     bound; a layer of deltas and the SVD's workspace (the U path, ~100 MB) stay under it."""
-    base, ft = _llama_pair(tmp_path, 1024, 4096, 16, torch.bfloat16)
+    base, ft = large_pair
     model_f32 = sum(os.path.getsize(p / "model.safetensors") for p in (base,)) * 2
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(

@@ -26,13 +26,9 @@ def _count(store: Path) -> tuple[int, int]:
         con.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
-def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
-    from modelvec.store import Store
-
-    models = [planted_finetune(tiny_bert, tmp_path / "ft" / f"m{i:03d}", seed=i) for i in range(N_MODELS)]
-    store = tmp_path / "s.duckdb"
-    cmd = [
+def _embed(tiny_bert: Path, models: list[Path], store: Path) -> list[str]:
+    """``modelvec embed`` of ``models`` into ``store``, as a user types it."""
+    return [
         sys.executable,
         "-m",
         "modelvec.cli",
@@ -43,7 +39,34 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
         "--store",
         str(store),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def finetunes(tiny_bert, tmp_path_factory) -> list[Path]:
+    """The fine-tunes every case embeds (read only): made once for the module."""
+    root = tmp_path_factory.mktemp("resume") / "ft"
+    return [planted_finetune(tiny_bert, root / f"m{i:03d}", seed=i) for i in range(N_MODELS)]
+
+
+@pytest.fixture(scope="module")
+def clean(tiny_bert, finetunes, tmp_path_factory) -> Path:
+    """The store of one uninterrupted run over the fine-tunes: what every resumed store must hold."""
+    store = tmp_path_factory.mktemp("resume-clean") / "clean.duckdb"
+    subprocess.run(_embed(tiny_bert, finetunes, store), env=_env(), check=True, capture_output=True, timeout=300)
+    return store
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+def test_interrupted_mid_run_then_resume(sig, tiny_bert, finetunes, clean, tmp_path):
+    from modelvec.store import Store
+
+    store = tmp_path / "s.duckdb"
+    cmd = _embed(tiny_bert, finetunes, store)
+    env = _env()
     # Ctrl-C as in a terminal: a shell's background job (CI started with `&`) hands its children SIGINT
     # ignored, and Python keeps an inherited ignore; restore the default for the child.
     proc = subprocess.Popen(
@@ -70,9 +93,7 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, tmp_path):
     assert f"embedded {N_MODELS - done}, skipped {done}" in out.stdout
     assert _count(store) == (N_MODELS, N_MODELS)
     # the resumed store holds exactly what one uninterrupted run computes
-    clean = tmp_path / "clean.duckdb"
-    subprocess.run([*cmd[:-1], str(clean)], env=env, check=True, capture_output=True, timeout=300)
-    with Store(store) as a, Store(clean) as b:
+    with Store(store) as a, Store(clean, read_only=True) as b:
         Xa, ma = a.load()
         Xb, mb = b.load()
     assert list(ma["model"]) == list(mb["model"]) and np.array_equal(Xa, Xb)
