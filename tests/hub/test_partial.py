@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -46,7 +47,8 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm")
     base, ft = llama_pair(root / "a", 1024, 4096, 2, torch.bfloat16, scale=1e-2)
     _, other = llama_pair(root / "b", 1024, 4096, 2, torch.bfloat16, scale=1e-2, seed=0)
-    return {"base": base, "sharded": shard(ft, root / "sharded"), "single": other}
+    yield {"base": base, "sharded": shard(ft, root / "sharded"), "single": other}
+    shutil.rmtree(root, ignore_errors=True)  # ~230 MB, for this module only
 
 
 @pytest.fixture()

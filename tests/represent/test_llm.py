@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -66,8 +67,10 @@ PEAK = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def large_pair(tmp_path_factory):
     """A Llama-shaped bf16 base and fine-tune of 16 layers of matrices up to 1024 x 4096 (~490 MB each as stored),
-    written once for the module: each test reads them in a process of its own."""
-    return _llama_pair(tmp_path_factory.mktemp("large"), 1024, 4096, 16, torch.bfloat16)
+    written once for the module (and removed after it: ~1 GB): each test reads them in a process of its own."""
+    root = tmp_path_factory.mktemp("large")
+    yield _llama_pair(root, 1024, 4096, 16, torch.bfloat16)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("params", [{"probe": "none"}, {"factor": "U"}], ids=["sketch", "U"])
