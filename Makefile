@@ -13,7 +13,7 @@ OUT     ?= .cache/demo-out
 # evaluate's many representations of the zoo's local folders go to a store of their own: the demo's holds one base
 EVALUATE_STORE ?= .cache/demo-evaluate.duckdb
 
-.PHONY: install browser test lint demo demo-on-hub evidence bench clean
+.PHONY: install browser test test-floors lint demo demo-on-hub evidence bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,27 @@ browser:
 test: $(STAMP) browser lint
 	$(PY) -m compileall -q src/modelvec
 	$(PY) -m pytest
+
+# Every dependency at its floor (pyproject.toml's `>=`, pinned by .ci/floors.py), in a venv of its own: the tests that
+# reach each one's API (the Hub client on both its HTTP libraries' side, checkpoints, the store, analysis, the CLI,
+# Ray). A few minutes; run by CI after `make test`. torch is the local CPU build, as in .venv.
+FLOORS_VENV  ?= .venv-floors
+FLOORS_PY    := $(FLOORS_VENV)/bin/python
+FLOORS_STAMP := $(FLOORS_VENV)/.modelvec-floors
+FLOORS_TESTS ?= tests/hub tests/run/test_resume.py tests/read tests/analyse tests/core tests/cli/test_cli_json.py \
+                tests/run/test_ray.py
+
+$(FLOORS_STAMP): pyproject.toml .ci/floors.py
+	@test -x $(FLOORS_PY) || python3 -m venv $(FLOORS_VENV)
+	@$(FLOORS_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+		|| $(FLOORS_PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(FLOORS_PY) .ci/floors.py ray gguf > $(FLOORS_VENV)/floors.txt
+	$(FLOORS_PY) -m pip install --quiet --no-cache-dir --prefer-binary -c $(FLOORS_VENV)/floors.txt -e ".[ray,gguf]" \
+		pytest pytest-xdist hypothesis peft sentencepiece
+	@touch $(FLOORS_STAMP)
+
+test-floors: $(FLOORS_STAMP)
+	$(FLOORS_PY) -m pytest -n 2 $(FLOORS_TESTS)
 
 # The habits of the field, run by `make test` (so by CI): lint and format, types, the stages'
 # import contracts, every imported package declared.

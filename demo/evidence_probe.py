@@ -31,7 +31,7 @@ import modelvec
 from modelvec.analyse.evidence import bootstrap_interval, mixed_scores
 from modelvec.analyse.scores import knn_dataset_score
 from modelvec.core.names import model_id
-from modelvec.studies.compare import task_vector_gram
+from modelvec.studies.task_vectors import task_vector_gram
 
 
 def unit_rows(X: np.ndarray) -> np.ndarray:

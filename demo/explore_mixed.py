@@ -26,7 +26,7 @@ from modelvec.analyse.evaluation import gram_embedding
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
 from modelvec.represent import blocks_of
-from modelvec.studies.compare import task_vector_gram
+from modelvec.studies.task_vectors import task_vector_gram
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--zoo", default=".cache/evidence")

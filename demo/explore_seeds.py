@@ -49,7 +49,7 @@ from transformers.utils import logging as hf_logging
 import modelvec
 from modelvec.analyse.evidence import mixed_scores
 from modelvec.read import open_checkpoint
-from modelvec.studies.compare import task_deltas, task_vector_gram
+from modelvec.studies.task_vectors import task_deltas, task_vector_gram
 
 SELECTION = ("tweet-sentiment", "tweet-simcse", "chat-qa", "chat-topic")  # as in `make evidence`
 

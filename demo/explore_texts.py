@@ -31,7 +31,7 @@ from modelvec.analyse.evidence import mixed_scores
 from modelvec.core.names import model_id
 from modelvec.read import open_checkpoint
 from modelvec.represent.embedder import VocabularyReadout
-from modelvec.studies.compare import task_deltas
+from modelvec.studies.task_vectors import task_deltas
 
 SELECTION = {"tweet-sentiment", "tweet-simcse", "chat-qa", "chat-topic"}  # as in the Makefile
 READS = {"q", "k", "v", "ff1"}  # first-layer matrices whose input is the embedding output

@@ -10,9 +10,9 @@ import pytest
 
 from modelvec.analyse import geometry, ranking
 from modelvec.analyse import scores as analysis
+from modelvec.analyse.clustering import clustering_scores
 from modelvec.analyse.scores import (
     Yardstick,
-    clustering_scores,
     knn_dataset_score,
     nearest,
     predict_datasets,

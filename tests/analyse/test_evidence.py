@@ -20,7 +20,8 @@ from modelvec.analyse import clustering_scores
 from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.analyse.evidence import bootstrap_interval, mixed_scores, split_datasets
 from modelvec.core.names import model_id
-from modelvec.studies.compare import evaluate, task_vector_gram
+from modelvec.studies.compare import evaluate
+from modelvec.studies.task_vectors import task_vector_gram
 
 NAMES = [f"dataset-{c}" for c in "abcdefghi"]
 
@@ -243,7 +244,8 @@ def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
 
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
     from conftest import TIMINGS, as_printed, cli_json
-    from modelvec.studies.compare import Sweep, variants
+    from modelvec.studies.grid import variants
+    from modelvec.studies.sweep import Sweep
 
     base, models = mixed_zoo
     store = tmp_path / "s.duckdb"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from modelvec.analyse.merges import MergeFinder
-from modelvec.analyse.tree import TreeRule
+from modelvec.analyse.rule import TreeRule
 
 
 def finder(

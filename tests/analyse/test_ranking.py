@@ -94,31 +94,31 @@ def test_principal_coordinates_from_a_sample_keep_every_product_where_the_sample
 
 
 def test_clusterers_above_the_exact_size_run_on_a_stratified_sample_with_intervals(monkeypatch):
-    from modelvec.analyse import geometry, scores
+    from modelvec.analyse import clustering, geometry
 
-    monkeypatch.setattr(scores, "EXACT_COORDINATES", 100)
+    monkeypatch.setattr(clustering, "EXACT_COORDINATES", 100)
     monkeypatch.setattr(geometry, "EXACT_COORDINATES", 100)
-    monkeypatch.setattr(scores, "CLUSTER_SAMPLE", 150)
+    monkeypatch.setattr(clustering, "CLUSTER_SAMPLE", 150)
     rng = np.random.default_rng(1)
     centres = rng.normal(size=(3, 40)) * 4
     truth = np.repeat([0, 1, 2], [300, 60, 40])
     X = centres[truth] + rng.normal(size=(400, 40))
     labels = [[f"d{t}"] for t in truth]
-    out = scores.clustering_scores(X, labels, seed=3)
+    out = clustering.clustering_scores(X, labels, seed=3)
     assert out["n_clustered"] == 150 and out["n_clusterable"] == 400
-    for key in scores.CLUSTERING_KEYS:
+    for key in clustering.CLUSTERING_KEYS:
         assert out[f"{key}_low"] <= out[key] <= out[f"{key}_high"], key
     assert out["kmeans_ari"] > 0.9 and out["silhouette"] > 0.3  # three clear clusters found in the sample
-    pick = scores._stratified(truth, 150, 3)
+    pick = clustering._stratified(truth, 150, 3)
     assert len(pick) == 150 and np.bincount(truth[pick]).tolist() == [113, 22, 15]  # each in its share
-    assert out == scores.clustering_scores(X, labels, seed=3)  # seeded
+    assert out == clustering.clustering_scores(X, labels, seed=3)  # seeded
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_agreement_of_contingency_tables_is_scikit_learns(seed):
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    from modelvec.analyse.scores import _tables, agreement_of
+    from modelvec.analyse.clustering import _tables, agreement_of
 
     rng = np.random.default_rng(seed)
     truth = rng.integers(0, 4, (6, 300))

@@ -73,7 +73,7 @@ def test_embed_show_cluster_neighbors_rank_evaluate_print_the_api_answer(zoo, tm
     )
     assert cli_rank == as_printed(study.records())
 
-    from modelvec.studies.compare import variants
+    from modelvec.studies.grid import variants
 
     table = modelvec.evaluate(base, models, store=api_store, variants=variants())
     rows = cli_json("evaluate", *map(str, models), "--base", str(base), "--store", str(api_store))

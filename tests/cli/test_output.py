@@ -10,7 +10,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from modelvec.cli.common import LOG_WIDTH, print_table, say, whole_column
+from modelvec.cli.printing import LOG_WIDTH, print_table, say, whole_column
 
 LONG = "newsroom-lab/all-MiniLM-L6-v2-bbc-news-sentence-pairs-trainer-s3"
 
@@ -53,7 +53,7 @@ def test_a_message_wraps_at_spaces_in_a_terminal_never_inside_a_name():
 
 def test_a_pipe_gets_whole_lines():
     code = (
-        "from modelvec.cli.common import console, say, LOG_WIDTH; "
+        "from modelvec.cli.printing import console, say, LOG_WIDTH; "
         f"say(console, 'x ' * 100 + {LONG!r}); print(console.width == LOG_WIDTH)"
     )
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
@@ -64,7 +64,7 @@ def test_a_pipe_gets_whole_lines():
 
 def test_how_near_a_prediction_is_in_words():
     """A closeness just short of 1 (a neighbour at about the typical distance) reads as typical, not as farther."""
-    from modelvec.cli.common import how_near
+    from modelvec.cli.printing import how_near
 
     said = [how_near(c) for c in (1.0, 0.95, 0.7, 0.2, float("nan"))]
     assert len(set(said)) == 5

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from conftest import planted_finetune
 from modelvec.cli import app
-from modelvec.cli.common import printable
+from modelvec.cli.printing import printable
 
 #: A folder's name with a newline, a colour escape, rich's markup and an emoji code.
 EVIL = "evil [/x] :fire:\n\x1b[31mred"

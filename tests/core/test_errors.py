@@ -11,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import httpx2
 import numpy as np
 import pytest
 import torch
@@ -21,6 +20,7 @@ from conftest import planted_finetune, save_state
 from modelvec.core import errors as E
 from modelvec.core.errors import Kind, ModelvecError, error_of
 from modelvec.hub import client as _hub_client  # noqa: F401  (teaches error_of the Hub's errors)
+from modelvec.hub.http import httpx2
 from modelvec.represent import DeltaEmbedder
 from modelvec.store import Store, StoreError, StoreLockedError
 
@@ -185,7 +185,7 @@ def test_a_linalg_failure_is_caught_but_out_of_memory_is_not(tiny_bert, tiny_fin
     def svd_oom(*args, **kwargs):
         raise RuntimeError(CPU_OOM)
 
-    monkeypatch.setattr("modelvec.represent.embedder.truncated_svd", svd_oom)
+    monkeypatch.setattr("modelvec.represent.factors.truncated_svd", svd_oom)
     with pytest.raises(RuntimeError) as caught:
         embedder.embed_one(tiny_finetunes[0])
     assert error_of(caught.value, "m").kind is Kind.RESOURCE  # not "has NaN or Inf values", a content failure

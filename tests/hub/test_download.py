@@ -12,8 +12,9 @@ import pytest
 from huggingface_hub import constants as hf_constants
 
 from modelvec.core.errors import FetchError
+from modelvec.hub.cache import release, snapshot_folder, tree_listing
 from modelvec.hub.client import HubSettings
-from modelvec.hub.download import fetch, release, snapshot_folder, tree_listing
+from modelvec.hub.download import fetch
 from modelvec.testing.localhub import LocalHub
 
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]

@@ -33,8 +33,9 @@ from safetensors.torch import load_file, save_file
 
 from conftest import planted_finetune
 from modelvec.core.errors import FetchError
+from modelvec.hub.cache import release
 from modelvec.hub.client import HubSettings
-from modelvec.hub.download import fetch, release
+from modelvec.hub.download import fetch
 from modelvec.read import Checkpoint
 from modelvec.represent import DeltaEmbedder, Representation
 from modelvec.run import discover, embed
@@ -675,9 +676,10 @@ def test_fetch_refuses_unsafe_names_before_any_request(server, hub_settings, tmp
 
 
 def test_the_name_guard_survives_a_client_factory_set_later(world, server, hub_settings, tmp_path_factory):
-    import httpx2
     from huggingface_hub import set_client_factory
     from huggingface_hub.utils import _http
+
+    from modelvec.hub.http import httpx2
 
     hub = world[0]
     sha = entries(hub_settings, "good/ft-ok")[0].sha  # modelvec has talked to the Hub: its guard is installed

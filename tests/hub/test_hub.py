@@ -23,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from conftest import planted_finetune, tiny_bert_config
 from modelvec.analyse.scores import Scoring
 from modelvec.core.files import formats, weight_format
+from modelvec.hub.cache import release, snapshot_folder
 from modelvec.hub.client import HubSettings, transient, with_retries
-from modelvec.hub.download import fetch, release, snapshot_folder
+from modelvec.hub.download import fetch
 from modelvec.hub.ids import resolve_base
 from modelvec.read import Checkpoint
 from modelvec.read.matching import config_match
@@ -318,8 +319,9 @@ def test_config_match_names_the_difference():
 
 
 def test_retries_back_off_on_transient_errors_only():
-    import httpx2
     from huggingface_hub.errors import HfHubHTTPError
+
+    from modelvec.hub.http import httpx2
 
     def http_error(status: int, retry_after: str | None = None) -> HfHubHTTPError:
         request = httpx2.Request("GET", "http://127.0.0.1/x")

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from modelvec.hub import labels
 from modelvec.hub.cards import read_card
 from modelvec.hub.labels import (
     ALIASES,
     SOURCES,
     Label,
     Labels,
-    _key,
     dataset_labels,
     guess_from_name,
     matches_source,
+    names,
     normalise_dataset,
 )
+from modelvec.hub.labels.names import _key
 
 # What `Trainer.push_to_hub` wrote for years: `datasets: [glue]`, the config only in `args`.
 TRAINER_CARD = """
@@ -250,8 +250,8 @@ def test_names_without_a_dataset_give_empty_labels(repo):
 
 def test_stopwords_never_match_alone_but_may_join(monkeypatch):
     """Guards future aliases: a table entry spelt like a family or size word must not fire on it."""
-    monkeypatch.setitem(labels._LOOSE, "base", "bogus")
-    monkeypatch.setitem(labels._LOOSE, "v2", "bogus-joined")
+    monkeypatch.setitem(names._LOOSE, "base", "bogus")
+    monkeypatch.setitem(names._LOOSE, "v2", "bogus-joined")
     assert guess_from_name("someone/bert-base-imdb") == ("imdb",)
     assert guess_from_name("someone/bert-v2") == ()
     assert guess_from_name("someone/bert-v-2") == ("bogus-joined",)

@@ -23,15 +23,10 @@ from safetensors.numpy import save
 
 from modelvec.core.errors import CheckpointError, FetchError, Kind, error_of
 from modelvec.core.spans import merge, missing
+from modelvec.hub.answers import RemoteFile
 from modelvec.hub.client import HubSettings
-from modelvec.hub.ranges import (
-    HEADER_PROBE,
-    RemoteFile,
-    coalesce_ranges,
-    fetch_ranges,
-    fetch_safetensors_header,
-    gap_worth,
-)
+from modelvec.hub.ranges import coalesce_ranges, fetch_ranges, gap_worth
+from modelvec.hub.remote_header import HEADER_PROBE, fetch_safetensors_header
 from modelvec.testing.localhub import LocalHub
 
 REPO = "org/weights"
@@ -401,15 +396,15 @@ def test_offline_fails_at_once_without_a_request(server, hub_settings, weights, 
 
 
 def _open_and_fill(args: tuple[str, str, dict, list[tuple[int, int]]]) -> None:
-    """One process's open_partial + fill_partial of the shared folder (run in a pool of several at once)."""
-    from modelvec.hub.partial import fill_partial, open_partial
+    """One process's open_partial + fill of the shared folder (run in a pool of several at once)."""
+    from modelvec.hub.partial import open_partial
 
     sha, endpoint_cache, _, spans = args
     endpoint, cache = endpoint_cache.split("|")
     hub_settings = HubSettings(endpoint=endpoint, cache_dir=cache, token=False, retries=2, backoff=0.01)
     folder = open_partial(REPO, sha, None, hub_settings)
     assert folder is not None
-    fill_partial(folder, REPO, sha, {FILE: spans}, hub_settings)
+    folder.fill({FILE: spans}, hub_settings)
 
 
 def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server, hub_settings, weights):
@@ -417,7 +412,8 @@ def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server,
     another fetched, and the marker lists every range fetched, each holding the file's own bytes."""
     import multiprocessing
 
-    from modelvec.hub.partial import _read_marker, partial_folder
+    from modelvec.core.partial import read_marker
+    from modelvec.hub.partial import partial_folder
 
     data, sha = weights
     start = len(data) // 3  # past the header
@@ -426,8 +422,9 @@ def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server,
     with multiprocessing.get_context("spawn").Pool(6) as pool:
         pool.map(_open_and_fill, [(sha, job, {}, spans) for spans in parts])
     folder = partial_folder(REPO, sha, hub_settings)
-    held, _ = _read_marker(folder)
-    assert held is not None
+    marker = read_marker(folder)
+    assert marker is not None
+    held = marker.files
     got = (folder / FILE).read_bytes()
     for [(a, b)] in parts:
         assert any(lo <= a and b <= hi for lo, hi in held[FILE]), (a, b, held[FILE])
@@ -437,7 +434,8 @@ def test_processes_sharing_a_partial_folder_never_lose_each_others_bytes(server,
 def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fails(hub, server, hub_settings):
     """A sharded checkpoint's ranges go out together (the last range of one shard does not hold up the next), and a
     shard whose ranges all arrived is recorded as held even when another shard fails for good."""
-    from modelvec.hub.partial import _read_marker, fill_partial, open_partial
+    from modelvec.core.partial import read_marker
+    from modelvec.hub.partial import open_partial
 
     rng = np.random.default_rng(1)
     shards = {
@@ -459,17 +457,55 @@ def test_shards_share_one_pool_and_a_finished_shard_is_recorded_when_another_fai
     }
     hub.fail(f"*/{first}", kind="slow", delay=0.5, times=1)  # the first shard's first range stalls
     before = len(server.requests)
-    fill_partial(folder, REPO, sha, wanted, hub_settings)
+    folder.fill(wanted, hub_settings)
     order = [r["path"].rsplit("/", 1)[-1] for r in server.requests[before:] if r["method"] == "GET"]
     assert order == [second, first]  # one request a shard (coalesced): the second answered while the first stalled
     for name, data in shards.items():
-        got = (folder / name).read_bytes()
+        got = (folder.path / name).read_bytes()
         assert all(got[a:b] == data[a:b] for a, b in wanted[name])
     more = {name: [(a + 10_000, b + 10_000) for a, b in spans] for name, spans in wanted.items()}
     hub.fail(f"*/{first}", kind="bad-content-range", times=None)
     patient = dataclasses.replace(hub_settings, backoff=0.3)  # the first fails after its retries: the second is done
     with pytest.raises(FetchError, match=first):
-        fill_partial(folder, REPO, sha, more, patient)
-    held, _ = _read_marker(folder)
+        folder.fill(more, patient)
+    held = read_marker(folder.path).files
     assert all(any(lo <= a and b <= hi for lo, hi in held[second]) for a, b in more[second])  # kept
     assert not any(any(lo <= a and b <= hi for lo, hi in held[first]) for a, b in more[first])
+
+
+def test_a_released_partial_download_takes_its_lock_and_leaves_nothing_behind(server, hub_settings, weights):
+    """``release_partial`` waits for whoever holds the folder's lock, then deletes the folder and its lock file, so
+    that the folder of partial downloads, left empty, goes too."""
+    import threading
+
+    from modelvec.hub.partial import open_partial, release_partial
+
+    data, sha = weights
+    folder = open_partial(REPO, sha, None, hub_settings)
+    assert folder is not None
+    folder.fill({FILE: [(len(data) // 2, len(data) // 2 + 30_000)]}, hub_settings)
+    assert folder.lock_path.is_file()
+    held, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with folder.locked():
+            held.set()
+            go.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    freed: list[int] = []
+    releaser = threading.Thread(target=lambda: freed.append(release_partial(REPO, sha, hub_settings)))
+    releaser.start()
+    releaser.join(0.3)
+    assert releaser.is_alive() and folder.path.is_dir()  # waits for the lock
+    go.set()
+    holder.join(10)
+    releaser.join(10)
+    assert freed and freed[0] > 0
+    assert not folder.path.exists() and not folder.lock_path.exists()
+    assert not folder.path.parent.exists()  # the folder of partial downloads, left empty, is gone
+    assert release_partial(REPO, sha, hub_settings) == 0
+    again = open_partial(REPO, sha, None, hub_settings)  # made again afresh, under a new lock file
+    assert again is not None and again.path.is_dir() and again.lock_path.is_file()

@@ -16,16 +16,9 @@ import pytest
 from matplotlib.image import imread
 
 from modelvec.analyse.tree import Node, Tree
-from modelvec.plots.maps import (
-    ALL_EDGES_UP_TO,
-    OTHER_COLOR,
-    PALETTE,
-    UNLABELLED_COLOR,
-    grouping,
-    map_figure,
-    plot_html,
-    plot_png,
-)
+from modelvec.plots.maps import PALETTE, grouping, map_figure, plot_html, plot_png
+from modelvec.plots.maps.groups import OTHER_COLOR, UNLABELLED_COLOR
+from modelvec.plots.maps.interactive import ALL_EDGES_UP_TO
 from modelvec.plots.tree import KIND_COLOURS
 
 # --- grouping ------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from modelvec import Checkpoint, DeltaEmbedder, ModelvecError
 from modelvec.core.errors import CheckpointError
 from modelvec.core.files import adapter_files, is_adapter
 from modelvec.read import open_checkpoint
-from modelvec.read.adapters import AdapterCheckpoint, AdapterConfig
+from modelvec.read.adapter_config import AdapterConfig
+from modelvec.read.adapters import AdapterCheckpoint
 from modelvec.represent import low_rank_svd
 
 TINY = dict(vocab_size=64, max_position_embeddings=32)

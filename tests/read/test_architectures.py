@@ -490,7 +490,7 @@ def test_family_batching_and_streamed_chunks_give_the_layer_vector(zoo, name, fa
     """Per layer (CPU; the sketch streamed in chunks, here also forced to many tiny chunks) and per
     family over all layers (the GPU path, run here on the CPU) compute the same vector by different
     code: the chunked sums against one batched product, nn.Linear and Conv1D storage, fused c_attn."""
-    from modelvec.represent import embedder as representation
+    from modelvec.represent import sketching as representation
     from modelvec.represent.linalg import sketch_matrix
 
     monkeypatch.setattr(representation, "_CHUNK_BYTES", chunk_bytes)

@@ -21,7 +21,8 @@ from modelvec.cli import app
 from modelvec.report import cluster, neighbors
 from modelvec.report.nearest import IS_THE_BASE
 from modelvec.store import Store
-from modelvec.studies.compare import evaluate, task_vector_gram
+from modelvec.studies.compare import evaluate
+from modelvec.studies.task_vectors import task_vector_gram
 
 
 @pytest.fixture(scope="module")
@@ -377,7 +378,8 @@ def test_evaluate_scores_each_variant_over_seeds_with_their_spread(planted, tmp_
 
 
 def test_the_grid_of_rows_and_projections(planted, tmp_path):
-    from modelvec.studies.compare import Sweep, variants
+    from modelvec.studies.grid import variants
+    from modelvec.studies.sweep import Sweep
 
     grid = variants(Sweep(rows=(1, 0.1), projection=("shared", "countsketch")), svd=False)
     assert all(p.factor == "sketch" for p in grid.values())
@@ -392,7 +394,8 @@ def test_the_grid_of_rows_and_projections(planted, tmp_path):
 
 
 def test_evaluate_variants_are_named_by_distinct_parameters(planted, tmp_path):
-    from modelvec.studies.compare import VARIANTS, Sweep, variants
+    from modelvec.studies.grid import VARIANTS, variants
+    from modelvec.studies.sweep import Sweep
 
     for table in (VARIANTS, variants(Sweep(rank=(8, 16, 32)))):
         keys = [p.key() for p in table.values()]

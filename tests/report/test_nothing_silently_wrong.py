@@ -29,7 +29,8 @@ from typer.testing import CliRunner
 import modelvec
 from conftest import peft_adapter, save_state, tiny_bert_config
 from modelvec import Store
-from modelvec.analyse.tree import Node, Tree, infer_tree
+from modelvec.analyse.lineage import infer_tree
+from modelvec.analyse.tree import Node, Tree
 from modelvec.cli import app
 from modelvec.store.kept import read_kept
 
@@ -132,10 +133,10 @@ def kept_files(store: Path, base: Path) -> dict[str, Path]:
     """Every file the store keeps: the store, the vector file, the products (``products``: the population's) and
     the arrays kept beside them, by name."""
     from modelvec.core.names import model_id
-    from modelvec.store.products import ProductsCache
+    from modelvec.store.keptfolder import KeptFolder
 
     files = {"store": store, "vectors": Path(f"{store}.vectors")}
-    main = ProductsCache(store, f"{model_id(base)}\n{modelvec.Representation().key()}\n").path
+    main = KeptFolder(store).products_path(f"{model_id(base)}\n{modelvec.Representation().key()}\n")
     for path in sorted(Path(f"{store}.products").iterdir()):
         files["products" if path == main else path.name] = path
     return files

@@ -12,7 +12,7 @@ from modelvec import Representation, Store
 from modelvec.core.errors import ResourceError
 from modelvec.run.keeper import ProductsKeeper
 from modelvec.store import Population, VectorRow
-from modelvec.store.products import ProductsCache
+from modelvec.store.keptfolder import KeptFolder
 
 PARAMS = Representation(rank=4)
 
@@ -28,8 +28,7 @@ def _fresh(path, base: str, representation: Representation) -> np.ndarray:
     """The products a first ``cluster`` computes, with nothing kept."""
     with Store(path) as db:
         population = Population(db, base, representation)
-        cache = ProductsCache(db.path, population.cache_key())
-        cache.path.unlink()
+        KeptFolder(db.path).products_path(population.cache_key()).unlink()
         products, _ = population.products()
         assert products.computed_rows == len(population.selection)
         return np.array(products.gram)

@@ -225,14 +225,14 @@ def test_cli_embed_show_export(tiny_bert, tiny_finetunes, tmp_path):
 
 
 def test_cli_show_keeps_every_name_whole_and_lists_each_model_once(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
-    from modelvec.cli import common as cli
+    from modelvec.cli import printing as cli
 
     store = tmp_path / "s.duckdb"
     for pooling in ("mean", "concat"):  # two vectors per model
         modelvec.embed(tiny_bert, tiny_finetunes, rank=4, pooling=pooling, probe="none", store=store)
     monkeypatch.chdir(tiny_finetunes[0].parent)  # the models show as ft0, ft1, ft2
     monkeypatch.setattr(cli.console, "width", 60)  # narrower than the representation keys and the base's path
-    shown = CliRunner().invoke(cli.app, ["show", "--store", str(store)])
+    shown = CliRunner().invoke(app, ["show", "--store", str(store)])
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()
     assert all(len(line) <= 60 for line in lines)

@@ -35,8 +35,9 @@ from modelvec.hub.client import HubSettings  # noqa: E402
 from modelvec.read import Checkpoint  # noqa: E402
 from modelvec.represent import DeltaEmbedder  # noqa: E402
 from modelvec.run import ray_engine  # noqa: E402
-from modelvec.run.pipeline import _base, _task  # noqa: E402
-from modelvec.run.ray_engine import IN_FLIGHT, RayEngine  # noqa: E402
+from modelvec.run.ray_actors import IN_FLIGHT  # noqa: E402
+from modelvec.run.ray_engine import RayEngine  # noqa: E402
+from modelvec.run.tasks import base_spec, task_of  # noqa: E402
 from modelvec.run.work import BaseSpec, Task  # noqa: E402
 
 PARAMS = Representation(rank=4)
@@ -77,8 +78,8 @@ def reference(base: Path, models: list[Path]) -> dict[str, np.ndarray]:
 
 def tasks_for(base: Path, models: list[Path], tmp_path: Path) -> tuple[BaseSpec, list[Task]]:
     with Store(tmp_path / "tasks.duckdb") as db:
-        spec = _base(base, db, HubSettings())
-        return spec, [_task(m, spec.name, db, HubSettings()) for m in models]
+        spec = base_spec(base, db, HubSettings())
+        return spec, [task_of(m, spec.name, db, HubSettings()) for m in models]
 
 
 def wait_for_cpus(total: float, seconds: float = 20.0) -> float:

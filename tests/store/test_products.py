@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelvec import Representation, Store
-from modelvec.store import VectorRow
+from modelvec.store import VectorRow, blocks, keptfolder
 from modelvec.store import products as module
-from modelvec.store.products import ProductsCache
+from modelvec.store.keptfolder import KeptFolder
 
 PARAMS = Representation(rank=4)
 
@@ -37,7 +37,7 @@ def test_blockwise_products_equal_the_whole_product(tmp_path_factory, n, dim, bl
         selection, _ = db.select()
         got = module.gram(db.vector_file, selection, block_floats=block)
     whole = X.astype(np.float64) @ X.astype(np.float64).T
-    assert got.damaged == {} and got.kept.tolist() == list(range(n))
+    assert got.damaged == {} and got.positions.tolist() == list(range(n))
     np.testing.assert_allclose(got.gram, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
     np.testing.assert_array_equal(got.gram, got.gram.T)
 
@@ -60,8 +60,8 @@ def test_cached_products_are_reused_and_only_new_rows_computed(tmp_path):
         third = db.products(selection, cache="base|key")
         assert third.computed_rows == 3
         np.testing.assert_allclose(third.gram, module.gram(db.vector_file, selection).gram, rtol=1e-6, atol=1e-6)
-    assert len(list(ProductsCache(tmp_path / "s.duckdb", "base|key").folder.iterdir())) == 1
-    assert ProductsCache(tmp_path / "s.duckdb", "base|key").path.suffix == ".products"
+    assert len(list(KeptFolder(tmp_path / "s.duckdb").folder.iterdir())) == 1
+    assert KeptFolder(tmp_path / "s.duckdb").products_path("base|key").suffix == ".products"
 
 
 def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
@@ -77,10 +77,10 @@ def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
         selection, _ = db.select()
         got = db.products(selection)
-        dots, _, damaged = module.products_with(db.vector_file, selection, X[0])
+        dots, _, damaged = blocks.products_with(db.vector_file, selection, X[0])
     assert list(got.damaged) == ["m0005"] and "does not match its checksum" in got.damaged["m0005"]
     keep = [i for i in range(12) if i != 5]
-    assert got.kept.tolist() == keep
+    assert got.positions.tolist() == keep
     np.testing.assert_allclose(got.gram, X[keep].astype(np.float64) @ X[keep].T, rtol=1e-5, atol=1e-4)
     assert list(damaged) == ["m0005"] and np.isnan(dots[5]) and not np.isnan(np.delete(dots, 5)).any()
 
@@ -96,7 +96,7 @@ def test_a_query_reads_each_vector_once(tmp_path, monkeypatch):
             db.vector_file, "read_raw", lambda offset, raw: reads.append(offset) or original(offset, raw)
         )
         q = vectors(1, 30, 5)[0]
-        dots, squares, damaged = module.products_with(db.vector_file, selection, q, block_floats=20 * 30)
+        dots, squares, damaged = blocks.products_with(db.vector_file, selection, q, block_floats=20 * 30)
     assert sorted(reads) == sorted(selection.offsets) and len(reads) == 25
     np.testing.assert_allclose(dots, X.astype(np.float64) @ q, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(squares, (X.astype(np.float64) ** 2).sum(1), rtol=1e-5)
@@ -141,7 +141,7 @@ def test_blocked_float32_products_equal_float64_within_their_tolerance(tmp_path_
         db.put_many(rows(X))
         selection, _ = db.select()
         got = module.gram(db.vector_file, selection, block_floats=block, exact_up_to=0)
-    assert got.kept.tolist() == list(range(n))
+    assert got.positions.tolist() == list(range(n))
     check_float32_products(got.gram, X)
 
 
@@ -159,7 +159,7 @@ def test_the_torch_path_equals_numpys_within_float32_rounding(tmp_path, monkeypa
         torch_path = module.gram(db.vector_file, selection, block_floats=12 * 300, exact_up_to=0)
         db.put_many(rows(X[40:], prefix="n"))
         more, _ = db.select()
-        known = module.Known(np.zeros((50, 50)), np.zeros(50, dtype=bool))
+        known = keptfolder.Known(np.zeros((50, 50)), np.zeros(50, dtype=bool))
         known.gram[:40, :40], known.have[:40] = torch_path.gram, True
         extended = module.gram(db.vector_file, more, known=known, block_floats=12 * 300, exact_up_to=0)
     check_float32_products(torch_path.gram, X[:40])

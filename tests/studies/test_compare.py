@@ -11,7 +11,7 @@ import modelvec.studies
 from modelvec.cli import app
 from modelvec.cli import evaluate as evaluate_command
 from modelvec.represent.representation import Representation
-from modelvec.studies.compare import SVD_GRID, VARIANTS, variants
+from modelvec.studies.grid import SVD_GRID, VARIANTS, variants
 from modelvec.studies.sweep import SWEPT, Sweep
 
 

@@ -179,7 +179,7 @@ def test_threshold_option_takes_repeated_and_comma_separated_values(tiny_bert, t
 
 
 def test_rank_cli_json_and_over_finetunes(tiny_bert, tiny_finetunes, tmp_path, monkeypatch):
-    from modelvec.cli import common as cli
+    from modelvec.cli import printing as cli
 
     monkeypatch.setattr(cli.console, "width", 72)  # narrower than the laws' equations
     runner = CliRunner()
@@ -440,7 +440,7 @@ def _table_rows(output: str, first: str) -> dict[str, list[str]]:
 
 
 def test_rank_cli_on_two_layers_prints_the_ranks_and_too_few_layers(tiny_bert, tmp_path, monkeypatch):
-    from modelvec.cli import common as cli
+    from modelvec.cli import printing as cli
 
     monkeypatch.setattr(cli.console, "width", 80)
     result = CliRunner().invoke(app, ["rank", str(tiny_bert), "--threshold", "0.9", "--out", str(tmp_path / "r")])
@@ -481,7 +481,7 @@ def planted_depth(tmp_path_factory):
 
 def test_rank_cli_shows_laws_only_where_they_fit_and_prints_equations_whole(planted_depth, tmp_path, monkeypatch):
     from modelvec.analyse.laws import MIN_ADJ_R2, shown_law
-    from modelvec.cli import common as cli
+    from modelvec.cli import printing as cli
     from modelvec.plots.depth import rank_figure
 
     study = modelvec.depth_report(planted_depth, thresholds=(0.99,))

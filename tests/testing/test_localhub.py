@@ -518,7 +518,7 @@ def test_command_runner_sets_hf_endpoint_and_returns_status(tmp_path):
 
 def _get(url: str, **headers: str):
     """One GET on a fresh connection: (status, headers, body); a body cut short gives what arrived."""
-    import httpx2
+    from modelvec.hub.http import httpx2
 
     body = bytearray()
     with httpx2.Client() as client, client.stream("GET", url, headers=headers) as r:

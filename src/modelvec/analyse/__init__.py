@@ -7,6 +7,7 @@ is :mod:`modelvec.studies`'.
 
 from __future__ import annotations
 
+from .clustering import clustering_scores
 from .laws import LAWS, Fit, fit_law, fit_laws
 from .reduction import reduce
 from .scores import (
@@ -15,7 +16,6 @@ from .scores import (
     KnnScore,
     Predictions,
     Yardstick,
-    clustering_scores,
     distance_matrix,
     knn_dataset_score,
     majority_dataset,

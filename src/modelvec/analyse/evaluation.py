@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .clustering import clustering_scores
 from .evidence import bootstrap_interval, mixed_scores, split_datasets
-from .scores import Geometry, clustering_scores, knn_dataset_score, predict_datasets
+from .scores import Geometry, knn_dataset_score, predict_datasets
 
 REFERENCE = "task vectors (exact reference)"
 #: The same with every block (layer and matrix) unit-normed, as block normalisation does to the sketches.

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..core.settings import setting, validate
+from ..core.settings import check_field, setting, validate
 
 METRICS = ("cosine", "euclidean")
 SCALINGS = ("none", "mutual-proximity")
@@ -68,6 +69,12 @@ class Scoring:
 
 #: How ``neighbors`` finds them unless told: 10 listed (and voting), by cosine distance.
 NEIGHBORS_SCORING = Scoring(k=10)
+
+
+def field_of(cls: type) -> Callable[[str, object], Any]:
+    """A check of a parameter as ``cls`` declares its field of that name (:func:`~modelvec.core.settings.check_field`):
+    a rule declared once, stated at a boundary as every other check is, a function of (name, value)."""
+    return lambda name, value: check_field(cls, name, value)
 
 
 def check_scaling(name: str, scaling: object) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.settings import validate_params
 from .geometry import Geometry, geometry_of, prepare_rows, row_distances
-from .inputs import Scoring, as_matrix, check_scaling, integer, label_sets, membership
+from .inputs import Scoring, as_matrix, check_scaling, field_of, integer, label_sets, membership
 from .proximity import scaled
 from .ranking import nearest_distances
 
@@ -141,7 +141,7 @@ def nearest(
     )
 
 
-@validate_params(k=Scoring, scaling=check_scaling, exclude=integer(0))
+@validate_params(k=field_of(Scoring), scaling=check_scaling, exclude=integer(0))
 def nearest_to(
     geo: Geometry, distances: np.ndarray, *, k: int = 10, exclude: int | None = None, scaling: str = "none"
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -4,8 +4,9 @@ Inputs everywhere: ``X`` (n_models, dim), float32 or float64, or a :class:`~mode
 them, and ``labels``: one sequence of dataset names per model (empty = unlabelled; usually one name; several
 allowed), checked as :mod:`modelvec.analyse.inputs` says. The headline number is :func:`knn_dataset_score` (the
 project description's k-NN measure); the rest answer the follow-up questions: what would the unlabelled models be
-(:func:`predict_datasets`), do generic clusterers recover the datasets (:func:`clustering_scores`), which models look
-alike (:func:`~modelvec.analyse.neighbours.nearest`).
+(:func:`predict_datasets`), do generic clusterers recover the datasets
+(:func:`~modelvec.analyse.clustering.clustering_scores`), which models look alike
+(:func:`~modelvec.analyse.neighbours.nearest`).
 
 Rules shared by every function, so that two functions never disagree about a neighbour:
 
@@ -24,7 +25,6 @@ The names of the modules this one was split from are importable from here, as be
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,8 +40,8 @@ from .inputs import (
     SCALINGS,
     Scoring,
     check_scaling,
+    field_of,
     group_codes,
-    integer,
     label_sets,
     membership,
 )
@@ -60,8 +60,6 @@ from .ranking import blocks, candidates, hits_within, nearest_distances, ranked,
 
 __all__ = [
     "AUTO",
-    "CLUSTERING_KEYS",
-    "CLUSTER_SAMPLE",
     "EXACT_COORDINATES",
     "METRICS",
     "NEIGHBORS_SCORING",
@@ -74,7 +72,6 @@ __all__ = [
     "Scoring",
     "Yardstick",
     "block_knn_scores",
-    "clustering_scores",
     "coordinates_of",
     "cosine_contributions",
     "distance_matrix",
@@ -116,7 +113,7 @@ class Predictions:
     scaling: str = "none"
 
 
-@validate_params(pool=Scoring, scaling=check_scaling)
+@validate_params(pool=field_of(Scoring), scaling=check_scaling)
 def knn_dataset_score(
     X: np.ndarray | Geometry,
     labels: Sequence[Sequence[str]],
@@ -200,7 +197,7 @@ def sharing(member: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray
     return lambda rows, columns: (member_f[rows] @ member_f[columns].T) > 0
 
 
-@validate_params(k=Scoring, scaling=check_scaling)
+@validate_params(k=field_of(Scoring), scaling=check_scaling)
 def predict_datasets(
     X: np.ndarray | Geometry,
     labels: Sequence[Sequence[str]],
@@ -272,151 +269,6 @@ def predict_datasets(
         metric=metric,
         scaling=scaling,
     )
-
-
-@validate_params(seed=integer(0))
-def clustering_scores(
-    X: np.ndarray | Geometry, labels: Sequence[Sequence[str]], *, metric: str = "cosine", seed: int = 0
-) -> dict[str, float]:
-    """Do generic clusterers, blind to the labels, recover the datasets? (1 = perfectly.)
-
-    Computed on the models with exactly one label whose dataset has at least two such models
-    (a cluster of one says nothing); needs at least two such datasets, otherwise every score is
-    nan and ``n_clustered`` is 0. ``n_clustered`` is the number of models used.
-
-    - ``silhouette``: sklearn's silhouette_score of the dataset labels, on the geometry's distances.
-    - ``kmeans_nmi`` / ``kmeans_ari``: KMeans with k = number of datasets (n_init=10,
-      random_state=seed), on L2-normalised rows for cosine (where squared euclidean distance is
-      2 x cosine distance), on the rows as they are for euclidean.
-    - ``hdbscan_nmi`` / ``hdbscan_ari``: HDBSCAN(min_cluster_size=2) on precomputed distances:
-      for cosine the chord distance sqrt(2 x cosine distance), i.e. euclidean between the unit
-      rows KMeans sees (zero rows aside): a true metric, as HDBSCAN assumes, with the same
-      neighbour order; on raw cosine distances it over-splits clusters. Noise (-1) is scored as
-      one more cluster label, as returned.
-
-    Above :data:`EXACT_COORDINATES` models (thousands, where n x n copies would not fit and the clusterers would
-    take longest): they run on a seeded sample of :data:`CLUSTER_SAMPLE` of them (each dataset in its share), k-means
-    and HDBSCAN on their top principal coordinates (:func:`coordinates_of`), the silhouette on their exact
-    distances; ``n_clustered`` is then the sample, ``n_clusterable`` all such models, and each score has a 95 %
-    bootstrap interval over the sampled models (``<score>_low``, ``<score>_high``; the clusterers run once).
-    """
-    from sklearn.cluster import HDBSCAN, KMeans
-    from sklearn.metrics import silhouette_samples
-
-    geo = geometry_of(X, metric)
-    sets = label_sets(labels, len(geo))
-    single = Counter(next(iter(s)) for s in sets if len(s) == 1)
-    kept = sorted(name for name, count in single.items() if count >= 2)
-    if len(kept) < 2:
-        return {**{key: float("nan") for key in CLUSTERING_KEYS}, "n_clustered": 0.0}
-    code = {name: c for c, name in enumerate(kept)}
-    rows = np.array([i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code])
-    truth = np.array([code[next(iter(sets[i]))] for i in rows])
-    everyone = len(rows)
-    if everyone > EXACT_COORDINATES:
-        pick = _stratified(truth, CLUSTER_SAMPLE, seed)
-        rows, truth = rows[pick], truth[pick]
-    # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
-    # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
-    Z = geo.coordinates(rows)
-    kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
-    D = geo.distances(rows, rows)
-    D += D.T  # each pair's two roundings made one: precomputed metrics check symmetry, which a near copy's
-    D /= 2.0  # sqrt(2 D) near 0 would fail by 1e-8 (a symmetric D: unchanged)
-    np.fill_diagonal(D, 0.0)  # precomputed metrics require it; 1 for a zero vector under cosine
-    if everyone <= EXACT_COORDINATES:
-        chord = np.sqrt(2.0 * D) if metric == "cosine" else D  # = euclidean distance between rows of Z
-        hdbscan = HDBSCAN(min_cluster_size=2, metric="precomputed", copy=True).fit_predict(chord)
-    else:  # the principal coordinates: a chord distance's n x n would be the sample's, but the coordinates are kept
-        hdbscan = HDBSCAN(min_cluster_size=2, copy=True).fit_predict(Z)
-    each = silhouette_samples(D, truth, metric="precomputed") if len(np.unique(truth)) >= 2 else np.full(len(D), np.nan)
-    out = dict(zip(CLUSTERING_KEYS, _agreement(truth, kmeans, hdbscan, each)))
-    out["n_clustered"] = float(len(rows))
-    if everyone > EXACT_COORDINATES:
-        out["n_clusterable"] = float(everyone)
-        out.update(_intervals(truth, kmeans, hdbscan, each, seed))
-    return out
-
-
-CLUSTERING_KEYS = ("silhouette", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari")
-CLUSTER_SAMPLE = 2000  # the clusterers' models above EXACT_COORDINATES (a seeded sample, each dataset in its share)
-BOOTSTRAP = 200  # resamples of the sampled models for each clustering score's interval
-
-
-def _agreement(truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silhouettes: np.ndarray) -> list[float]:
-    """The clustering scores of these models (in :data:`CLUSTERING_KEYS`' order)."""
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-    return [
-        float(silhouettes.mean()),
-        float(normalized_mutual_info_score(truth, kmeans)),
-        float(adjusted_rand_score(truth, kmeans)),
-        float(normalized_mutual_info_score(truth, hdbscan)),
-        float(adjusted_rand_score(truth, hdbscan)),
-    ]
-
-
-def _stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
-    """A seeded sample of ``size`` positions (sorted), each class in proportion to its count (largest remainders
-    rounded up; at least 2 of each class that has them, so that every dataset can still form a cluster)."""
-    if len(truth) <= size:
-        return np.arange(len(truth))
-    classes, counts = np.unique(truth, return_counts=True)
-    quota = size * counts / len(truth)
-    take = np.floor(quota).astype(int)
-    take[np.argsort(take - quota, kind="stable")[: size - take.sum()]] += 1
-    short = np.minimum(counts, 2) - take
-    take += np.maximum(short, 0)
-    take[np.argmax(take)] -= int(np.maximum(short, 0).sum())  # what the small classes gained, from the largest
-    rng = np.random.default_rng(seed)
-    picked = [rng.choice(np.flatnonzero(truth == c), t, replace=False) for c, t in zip(classes, take)]
-    return np.sort(np.concatenate(picked))
-
-
-def _intervals(
-    truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silhouettes: np.ndarray, seed: int
-) -> dict[str, float]:
-    """95 % percentile bootstrap intervals of each clustering score over the sampled models (the clusters as found):
-    :data:`BOOTSTRAP` resamples, each score of each resample from its contingency table (:func:`agreement_of`)."""
-    rng = np.random.default_rng(seed)
-    at = rng.integers(0, len(truth), (BOOTSTRAP, len(truth)))
-    columns = [silhouettes[at].mean(axis=1)]
-    for found in (kmeans, hdbscan):
-        _, code = np.unique(found, return_inverse=True)
-        columns += list(agreement_of(_tables(truth[at], code[at], int(truth.max()) + 1, int(code.max()) + 1)))
-    low, high = np.nanpercentile(np.stack(columns, axis=1), [2.5, 97.5], axis=0)
-    out = {}
-    for key, lo, hi in zip(CLUSTERING_KEYS, low, high):
-        out[f"{key}_low"], out[f"{key}_high"] = float(lo), float(hi)
-    return out
-
-
-def _tables(truth: np.ndarray, found: np.ndarray, r: int, c: int) -> np.ndarray:
-    """The contingency table of each row of ``truth`` against the same row of ``found`` (codes 0.. r-1, 0.. c-1):
-    (rows, r, c) counts."""
-    draws = len(truth)
-    cells = (np.arange(draws)[:, None] * r + truth) * c + found
-    return np.bincount(cells.ravel(), minlength=draws * r * c).reshape(draws, r, c).astype(np.float64)
-
-
-def agreement_of(tables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The normalised mutual information (arithmetic mean of the entropies) and the adjusted Rand index of each
-    contingency table (tables x classes x clusters), as scikit-learn's ``normalized_mutual_info_score`` and
-    ``adjusted_rand_score`` give them from the labels, for many tables at once."""
-    n = tables.sum(axis=(1, 2))
-    a, b = tables.sum(axis=2), tables.sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cell = np.where(tables > 0, tables * np.log(tables * n[:, None, None] / (a[:, :, None] * b[:, None, :])), 0.0)
-        mi = cell.sum(axis=(1, 2)) / n
-        entropy = lambda m: -np.where(m > 0, (m / n[:, None]) * np.log(m / n[:, None]), 0.0).sum(axis=1)
-        h_a, h_b = entropy(a), entropy(b)
-        nmi = np.where((h_a == 0) & (h_b == 0), 1.0, mi / np.maximum((h_a + h_b) / 2, np.finfo(float).eps))
-        pairs = lambda m, axes: (m * (m - 1) / 2).sum(axis=axes)
-        index, rows, cols = pairs(tables, (1, 2)), pairs(a, 1), pairs(b, 1)
-        expected = rows * cols / (n * (n - 1) / 2)
-        most = (rows + cols) / 2
-        ari = np.where(most == expected, 1.0, (index - expected) / (most - expected))
-    return nmi, ari
 
 
 def block_knn_scores(

@@ -13,7 +13,7 @@ Options that take several values accept them repeated or comma-separated
 from __future__ import annotations
 
 from . import cluster, compact, discover, embed, evaluate, export, neighbors, rank, show, tree
-from .common import app
+from .app import app
 
 __all__ = ["app", "main"]
 

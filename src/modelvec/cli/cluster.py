@@ -12,25 +12,9 @@ from ..analyse.reduction import Reduction
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
 from ..store.products import Compute
-from .common import (
-    JsonOpt,
-    StoreOpt,
-    WaitOpt,
-    command,
-    console,
-    fmt,
-    left_out,
-    notes,
-    open_store,
-    print_json,
-    printable,
-    products_progress,
-    say,
-    short_name,
-    split_values,
-    whole_column,
-    with_settings,
-)
+from .app import command, left_out, open_store
+from .options import JsonOpt, StoreOpt, WaitOpt, split_values, with_settings
+from .printing import console, fmt, notes, print_json, printable, products_progress, say, short_name, whole_column
 
 if TYPE_CHECKING:
     from ..report.clusters import ClusterReport

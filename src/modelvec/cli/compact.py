@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (
-    StoreOpt,
-    command,
-    console,
-    open_store,
-    printable,
-    say,
-    short_name,
-)
+from .app import command, open_store
+from .options import StoreOpt
+from .printing import console, printable, say, short_name
 
 
 @command()

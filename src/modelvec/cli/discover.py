@@ -8,19 +8,9 @@ import typer
 from rich.table import Table
 
 from ..core.tree import Scope
-from .common import (
-    JsonOpt,
-    StoreOpt,
-    command,
-    console,
-    open_store,
-    print_json,
-    print_table,
-    printable,
-    say,
-    whole_column,
-    with_settings,
-)
+from .app import command, open_store
+from .options import JsonOpt, StoreOpt, with_settings
+from .printing import console, print_json, print_table, printable, say, whole_column
 
 
 @command()

@@ -13,21 +13,9 @@ import typer
 from ..core.tree import Scope
 from ..represent.representation import Representation
 from ..run.engines import Execution
-from .common import (
-    EXIT_SOME_FAILED,
-    JsonOpt,
-    StoreOpt,
-    WaitOpt,
-    command,
-    console,
-    err,
-    open_store,
-    print_json,
-    printable,
-    say,
-    short_name,
-    with_settings,
-)
+from .app import EXIT_SOME_FAILED, command, open_store
+from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
+from .printing import console, err, print_json, printable, say, short_name
 
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn
@@ -135,7 +123,7 @@ def _report(result: EmbedResult, store: str, as_json: bool) -> None:
 
 def _named(name: str, line: str) -> str:
     """A line about one model that starts with its stored name, as printed: the model as typed (a local folder
-    relative to here), the line escaped where it is not printable (:func:`~modelvec.cli.common.printable`)."""
+    relative to here), the line escaped where it is not printable (:func:`~modelvec.cli.printing.printable`)."""
     return short_name(name) + printable(line[len(name) :]) if line.startswith(name) else printable(line)
 
 

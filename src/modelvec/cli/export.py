@@ -6,16 +6,9 @@ from pathlib import Path
 
 import typer
 
-from .common import (
-    StoreOpt,
-    WaitOpt,
-    command,
-    console,
-    left_out,
-    open_store,
-    printable,
-    say,
-)
+from .app import command, left_out, open_store
+from .options import StoreOpt, WaitOpt
+from .printing import console, printable, say
 
 
 @command()

@@ -10,25 +10,20 @@ from rich.table import Table
 
 from ..analyse.scores import NEIGHBORS_SCORING, Scoring
 from ..represent.representation import Representation
-from .common import (
-    JsonOpt,
-    StoreOpt,
-    WaitOpt,
-    command,
+from .app import command, left_out, open_store
+from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
+from .printing import (
     console,
     err,
     fmt,
     how_near,
-    left_out,
     notes,
-    open_store,
     print_json,
     print_table,
     printable,
     say,
     short_name,
     whole_column,
-    with_settings,
 )
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 ``evaluate --rank 8,16,32 --rows auto,1``: the flag, help, allowed values, parsing and default of each option are
 the field's (:mod:`modelvec.core.settings`), as ``embed --rank`` has them, so a sweep's one value by default is the
-field's one default. The API takes the same values as :class:`modelvec.studies.compare.Sweep`.
+field's one default. The API takes the same values as :class:`modelvec.studies.sweep.Sweep`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from ..core.settings import bounds_text, flag_of, kind_of, settings_of, value_text
-from .common import options_as, setting_values
+from .options import options_as, setting_values
 
 
 def with_sweeps(

@@ -8,21 +8,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..represent.representation import Representation
-from .common import (
-    JsonOpt,
-    StoreOpt,
-    WaitOpt,
-    command,
-    console,
-    left_out,
-    notes,
-    open_store,
-    print_json,
-    printable,
-    say,
-    short_name,
-    with_settings,
-)
+from .app import command, left_out, open_store
+from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
+from .printing import console, notes, print_json, printable, say, short_name
 
 if TYPE_CHECKING:
     from ..analyse.tree import Node

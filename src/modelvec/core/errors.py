@@ -102,6 +102,14 @@ class HeaderFault(ValueError):
     kind: ClassVar[Kind] = Kind.CONTENT
 
 
+class MarkerFault(ValueError):
+    """A partial download's marker that cannot be read (:mod:`modelvec.core.partial`), in a few words, where the
+    model is not known: the reader says it as a :class:`CheckpointError` of the model (``kind`` content); the fetcher
+    makes the folder again."""
+
+    kind: ClassVar[Kind] = Kind.CONTENT
+
+
 class AnswerError(Exception):
     """A Hub answer refused inside the HTTP machinery, where the model is not known yet: the world failed
     (``kind`` transient), never the model. Raised as itself so that the call can be retried; the Hub client's
@@ -218,7 +226,7 @@ def resource_cause(exc: BaseException) -> str | None:
             return f"out of memory ({first_line(e, 120)})"
         if isinstance(e, OSError) and e.errno in _NO_SPACE:
             return f"out of disk space ({first_line(e, 120)})"
-        if isinstance(e, RuntimeError) and _OOM.search(str(e)):
+        if isinstance(e, RuntimeError | OSError) and _OOM.search(str(e)):  # OSError: old safetensors, no errno
             return f"out of memory ({first_line(e, 120)})"
     return None
 

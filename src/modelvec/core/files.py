@@ -6,6 +6,8 @@ exactly them and nothing else. Both take the names from here, so neither imports
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
@@ -89,3 +91,16 @@ def oldest_time(files: Iterable[Path]) -> str | None:
     except (OSError, ValueError):
         return None
     return datetime.fromtimestamp(oldest, timezone.utc).isoformat(timespec="seconds")
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of ``fd``: the one positional writer (the store's vector file, a partial
+    download's byte ranges). ``pwrite`` may write less than asked (a disk that fills up mid-write takes what fits and
+    says so only in its count): the rest is written again, and then the disk's error raises."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        written = os.pwrite(fd, view[done:], offset + done)
+        if written <= 0:  # no progress and no error: never loop for ever
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        done += written

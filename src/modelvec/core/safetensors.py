@@ -15,7 +15,16 @@ from typing import Any
 
 from .errors import HeaderFault, shown
 
-__all__ = ["DTYPE_BITS", "MAX_HEADER", "HeaderFault", "check_length", "parse_header", "short_cause"]
+__all__ = [
+    "DTYPE_BITS",
+    "MAX_HEADER",
+    "HeaderFault",
+    "check_length",
+    "data_start",
+    "header_length",
+    "parse_header",
+    "short_cause",
+]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: safetensors' own limit on a header's length; a larger length is corruption, never read.
@@ -46,6 +55,20 @@ DTYPE_BITS = {
     "F6_E2M3": 6,
     "F6_E3M2": 6,
 }
+
+
+def header_length(prefix: bytes | bytearray) -> int:
+    """The header length a safetensors file's first 8 bytes give (a little-endian u64): the one place the prefix is
+    decoded, whichever way its bytes came (a local file, a Hub file's first range)."""
+    return int.from_bytes(prefix[:8], "little")
+
+
+def data_start(prefix: bytes | bytearray, size: int) -> int:
+    """Where the data of a file of ``size`` bytes that begins with ``prefix`` starts (8 + its header's length),
+    checked by :func:`check_length`: a :class:`HeaderFault` where the file cannot hold that header."""
+    length = header_length(prefix) if size >= 8 else 0
+    check_length(size, length)
+    return 8 + length
 
 
 def check_length(size: int, length: int) -> None:

@@ -6,9 +6,10 @@ checkpoint is :mod:`modelvec.core.files`, and whether a candidate matches its ba
 :class:`~modelvec.hub.discovery.Matcher` handed in by the caller.
 """
 
+from .cache import release
 from .client import HubSettings, describe_error, with_retries
 from .discovery import CatalogueEntry, Discovery, Matcher, search_finetunes
-from .download import fetch, release, resolve_revision
+from .download import fetch, resolve_revision
 from .ids import BaseId, resolve_base
 
 __all__ = [

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import httpx2
 from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -29,6 +28,7 @@ from ..core.constants import hub_backoff, hub_timeout
 from ..core.errors import CorruptDownload, HubRefused, Kind, UnsafeHubName, chain, register_explainer
 from ..core.settings import setting, setting_from, validate
 from .guard import guard_hub_client
+from .http import httpx2
 
 T = TypeVar("T")
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)

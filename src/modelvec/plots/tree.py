@@ -8,7 +8,7 @@ from pathlib import Path
 from ..analyse.tree import Tree
 from ..core.names import display_name
 from ..core.output import write_atomically
-from .maps import KIND_COLOURS
+from .maps.groups import KIND_COLOURS
 from .text import figure_text
 
 #: Models up to which each is named in the figure (beyond, the tree's shape and colours; ``tree --json`` and the

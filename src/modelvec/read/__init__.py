@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.lazy import lazy_exports
-from .architectures import ARCHITECTURES, Architecture, MatrixRef, Orientation, VocabularyHead, detect
+from .architectures import ARCHITECTURES, detect
 from .formats import (
     FORMATS,
     Format,
@@ -20,13 +20,15 @@ from .formats import (
     refuse_adapter_base,
     register_format,
 )
+from .roles import Architecture, MatrixRef, Orientation, VocabularyHead
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint, Layout, LowRankDelta, check_compatible
+    from .checkpoint import Checkpoint, LowRankDelta
+    from .layout import Layout, check_compatible
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
-    {"checkpoint": ("Checkpoint", "Layout", "LowRankDelta", "check_compatible")},
+    {"checkpoint": ("Checkpoint", "LowRankDelta"), "layout": ("Layout", "check_compatible")},
     eager=(
         "ARCHITECTURES",
         "Architecture",

@@ -9,70 +9,31 @@ memory-mapped and read as zero-copy views in their stored dtype; ``.bin`` files 
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import xxhash
 from safetensors import safe_open
 
-from ..core.errors import CheckpointError, IncompatibleError, raise_if_resource, shown
-from ..core.files import BIN, BIN_INDEX, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX
-from ..core.spans import merge
-from .architectures import Architecture, MatrixRef, Orientation, detect
-from .headers import HeaderFault, header_of, row_bytes
+from ..core.errors import CheckpointError, raise_if_resource, shown
+from .architectures import detect
+from .headers import HeaderFault, header_of
 from .headers import short_cause as _short
+from .layout import Layout, infer_config, resolve_layout
+from .planned import PlannedReads
+from .roles import Architecture, MatrixRef, Orientation
+from .weightfiles import bin_cause, exists, files_fingerprint, files_stamp, load_bin, locate_weights, read_json
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: opening a checkpoint and reading its shapes needs none
     import torch
 
-_HEAD_BYTES = 1 << 20  # enough for the header of any safetensors file of the supported families
 _FLOAT_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64")  # as str(dtype) says
 #: safetensors' float dtypes as numpy reads them (numpy has no bfloat16: its bits, the top half of a float32's)
 NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-
-_MAX_JSON = 100_000_000  # config.json and index files: thousands of times any real one
-
-# Causes that torch.load words at length (or as a bare exception type), said in a few words.
-_BIN_CAUSES = (
-    ("Weights only load failed", "it holds pickled objects other than tensors (refused: weights_only), or is corrupt"),
-    ("failed finding central directory", "truncated or corrupt (its zip directory is missing)"),
-    ("not a ZIP archive", "not a PyTorch archive (truncated or corrupt)"),
-    ("OSError: [Errno 22]", "truncated or corrupt (its zip records point past the end)"),
-    ("unexpected EOF", "truncated (the data ends early)"),
-    ("EOFError", "truncated (the data ends early)"),
-    ("ValueError: not a state dict", "it does not hold a state dict"),
-)
-
-
-def _exists(path: Path) -> bool:
-    """Whether something is at ``path``; a name the OS refuses (too long, a NUL byte) names nothing."""
-    try:
-        return path.exists()
-    except (OSError, ValueError):
-        return False
-
-
-def read_json(path: Path, model: str) -> dict[str, Any]:
-    try:
-        size = path.stat().st_size
-        if size > _MAX_JSON:
-            raise CheckpointError(model, f"{path.name} is {size:,} bytes, too large for a checkpoint's JSON")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an integer of 4,300+ digits
-        raise_if_resource(exc, model)
-        raise CheckpointError(model, f"{path.name} is not valid JSON ({_short(exc)})") from None
-    except RecursionError:
-        raise CheckpointError(model, f"{path.name} is not valid JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(model, f"{path.name} is not a JSON object")
-    return data
 
 
 class LowRankDelta(NamedTuple):
@@ -104,7 +65,7 @@ def float64_of(raw: np.ndarray, dtype: str) -> np.ndarray:
     return raw.astype(np.float64)
 
 
-class Checkpoint:
+class Checkpoint(PlannedReads):
     """A lazily read checkpoint. ``name`` is how errors and the store refer to it.
 
     ``factored`` says the checkpoint stores deltas as thin factors (a LoRA adapter): then
@@ -119,7 +80,7 @@ class Checkpoint:
         self.path = Path(path)
         self.name = name or str(path)
         self._index_name: str | None = None
-        if not _exists(self.path):
+        if not exists(self.path):
             raise CheckpointError(self.name, f"no such file or folder: {self.path}")
         self.folder = self.path if self.path.is_dir() else self.path.parent
         self.files, self._key_file = self._locate_weights()
@@ -131,70 +92,18 @@ class Checkpoint:
         self._data_starts: dict[Path, int] = {}  # where each safetensors file's data begins
         self._maps: dict[Path, mmap.mmap] = {}  # safetensors files mapped for numpy reads
         self._layout: Layout | None = None
+        #: What the stages above work out from the shapes alone (a representation's plans), once: they never change
+        self.from_shapes: dict[Any, Any] = {}
 
     # --- discovery of files -------------------------------------------------------------------
     def _locate_weights(self) -> tuple[list[Path], dict[str, Path] | None]:
-        """The weight files, and for sharded checkpoints which file holds which tensor."""
-        if self.path.is_file():
-            if self.path.suffix not in (".safetensors", ".bin", ".pt", ".pth"):
-                raise CheckpointError(
-                    self.name, f"unsupported weights file {self.path.name} (want .safetensors or .bin)"
-                )
-            return [self.path], None
-        for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
-            index = self.path / index_name
-            if _exists(index):
-                self._index_name = index_name
-                key_file = self._weight_map(index)
-                files = sorted(set(key_file.values()))
-                missing = [f.name for f in files if not _exists(f)]
-                if missing:
-                    raise CheckpointError(self.name, f"{index_name} names missing shard {shown(missing[0])}")
-                return self._regular(files), key_file
-        for single in (SAFETENSORS, BIN):
-            if _exists(self.path / single):
-                return self._regular([self.path / single]), None
-        raise CheckpointError(
-            self.name, f"no weights found in {self.path} (looked for {SAFETENSORS}, {BIN} and their index files)"
-        )
-
-    def _weight_map(self, index: Path) -> dict[str, Path]:
-        """Which shard holds each tensor, from an index file; a shard must be a plain file name next to it."""
-        weight_map = read_json(index, self.name).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            what = "no weight_map" if weight_map is None else "a weight_map that is empty or not a map"
-            raise CheckpointError(self.name, f"{index.name} has {what}")
-        key_file = {}
-        for key, shard in weight_map.items():
-            if not isinstance(shard, str):
-                raise CheckpointError(self.name, f"{index.name} maps {shown(key)} to {shown(shard)}, not a file name")
-            # Checked lexically: the Hub cache's files are symlinks into a blobs folder, so
-            # resolving them would leave the folder.
-            if shard in ("", ".", "..") or Path(shard).name != shard or any(c in shard for c in "\\\0"):
-                raise CheckpointError(self.name, f"{index.name} points outside the folder: {shown(shard)}")
-            key_file[key] = self.path / shard
-        return key_file
-
-    def _regular(self, files: list[Path]) -> list[Path]:
-        """Weight files must be regular files: a folder, device or FIFO (which would block a read) is refused."""
-        for file in files:
-            if not file.is_file():
-                raise CheckpointError(self.name, f"{shown(file.name)} is not a regular file")
-        return files
-
-    def _read_partial(self) -> dict[Path, list[tuple[int, int]]] | None:
-        """The byte ranges held of each weight file where they are a partial download (None: whole files)."""
-        marker = self.folder / PARTIAL
-        if not _exists(marker):
-            return None
-        files = read_json(marker, self.name).get("files")
-        if not isinstance(files, dict):
-            raise CheckpointError(self.name, f"{PARTIAL} lists no files")
-        return {self.folder / name: sorted((int(a), int(b)) for a, b in ranges) for name, ranges in files.items()}
+        """The weight files, and for sharded checkpoints which file holds which tensor (:func:`.locate_weights`)."""
+        files, key_file, self._index_name = locate_weights(self.path, self.name)
+        return files, key_file
 
     def _read_config(self) -> dict[str, Any] | None:
         config = self.folder / "config.json"
-        return read_json(config, self.name) if _exists(config) else None
+        return read_json(config, self.name) if exists(config) else None
 
     # --- tensors -------------------------------------------------------------------------------
     def _open(self, file: Path) -> Any:
@@ -206,10 +115,10 @@ class Checkpoint:
             if safetensors:
                 self._header(file)  # checked first, for the cause in words
             try:
-                handle = safe_open(str(file), framework="pt") if safetensors else _load_bin(file)
+                handle = safe_open(str(file), framework="pt") if safetensors else load_bin(file)
             except Exception as exc:  # safetensors and torch raise many types for a bad file
                 raise_if_resource(exc, self.name)  # "Cannot allocate memory" is the machine, not the file
-                cause = (None if safetensors else _bin_cause(exc)) or _short(exc)
+                cause = (None if safetensors else bin_cause(exc)) or _short(exc)
                 raise CheckpointError(self.name, f"cannot read {file.name}: {cause}") from None
             self._handles[file] = handle
         return handle
@@ -256,6 +165,16 @@ class Checkpoint:
                 raise CheckpointError(self.name, f"cannot read {file.name}: {fault}") from None
             self._headers[file] = cached
         return cached
+
+    def take_headers(self, headers: Mapping[str, tuple[int, dict[str, Any]]]) -> None:
+        """Headers parsed where their bytes came from, by file name (where each file's data starts, its parsed
+        header): a partial download's, fetched from the Hub and written verbatim into its files, are not parsed
+        again from them."""
+        for name, (start, header) in headers.items():
+            file = self.folder / name
+            if file in self.files:
+                self._data_starts[file] = start
+                self._headers[file] = {k: v for k, v in header.items() if k != "__metadata__"}
 
     def stored(self, key: str) -> Stored | None:
         """Where tensor ``key`` lies, to be read whole (a partial download must hold it); None where its file
@@ -356,21 +275,8 @@ class Checkpoint:
 
     def _resolve_layout(self) -> Layout:
         arch = self.architecture()
-        config = self.config if self.config else _infer_config(arch, self.keys())
-        refs = arch.matrices(config)
-        if not refs:
-            raise CheckpointError(self.name, "the architecture has no layers to read")
-        names = self.keys()
-        prefix = next((p for p in arch.prefixes if p + refs[0].tensor in names), None)
-        if prefix is None:
-            raise CheckpointError(
-                self.name,
-                f"missing tensor {refs[0].tensor} (also tried prefixes {', '.join(repr(p) for p in arch.prefixes if p)})",
-            )
-        for ref in refs:
-            if prefix + ref.tensor not in names:
-                raise CheckpointError(self.name, f"missing tensor {prefix + ref.tensor}")
-        return Layout(arch, refs, prefix)
+        config = self.config if self.config else infer_config(arch, self.keys())
+        return resolve_layout(arch, config, self.keys(), self.name)
 
     def matrix_shape(self, ref: MatrixRef, prefix: str) -> tuple[int, int]:
         """The matrix's shape n x m in the description's orientation, fused parts split, from the header alone.
@@ -432,83 +338,13 @@ class Checkpoint:
 
     # --- version --------------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """A content hash of the weight files (xxh3-128, a few GB/s), so renamed copies are recognised."""
-        digest = xxhash.xxh3_128()
-        for file in self.files:
-            digest.update(file.name.encode())
-            with open(file, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                digest.update(size.to_bytes(8, "little"))
-                if size:
-                    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                        digest.update(view)
-        return digest.hexdigest()
+        """A content hash of the weight files (:func:`.files_fingerprint`), so renamed copies are recognised."""
+        return files_fingerprint(self.files)
 
     def stamp(self) -> str:
-        """A cheap stamp of the weight files: names, sizes, modification times and headers (a local model's version
-        in the store; a local base's version is its :meth:`fingerprint`, remembered by its stamp).
-
-        How make and rsync judge change: it reads no tensor data, so a run over thousands of
-        local models spends nothing on recognising the ones already stored (a full content hash
-        of a bert-base file costs about what embedding it does). ``fingerprint`` hashes content.
-        """
-        digest = xxhash.xxh3_128()
-        for file in self.files:
-            stat = file.stat()
-            digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-            with open(file, "rb") as fh:
-                digest.update(fh.read(_HEAD_BYTES))  # a safetensors header: every name, dtype, shape and offset
-        return "stat:" + digest.hexdigest()
-
-    def byte_ranges(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> dict[Path, list[tuple[int, int]]] | None:
-        """Where the given stored rows of each tensor lie: byte ranges [start, stop) per weight file, sorted
-        and merged where they touch. None when a file is not safetensors (a pickled ``.bin`` has no
-        byte layout to read it by)."""
-        out: dict[Path, list[tuple[int, int]]] = {}
-        for key, ranges in rows.items():
-            file = self._file_of(key)
-            header = self._header(file)  # parsed once per checkpoint, checked sound
-            if header is None:
-                return None
-            start = self._data_starts[file]
-            out.setdefault(file, []).extend((start + a, start + b) for a, b in row_bytes(header[key], ranges))
-        return {file: merge(spans) for file, spans in out.items()}
-
-    def require_rows(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> None:
-        """Raise unless the given stored rows of each tensor are here: always so for whole files; a partial
-        download holds only the rows it was fetched for."""
-        if self.fetched is None:
-            return
-        where = self.byte_ranges(rows)
-        for file, spans in (where or {}).items():
-            held = self.fetched.get(file, [])
-            for a, b in spans:
-                if not any(h0 <= a and b <= h1 for h0, h1 in held):
-                    key = next(k for k in rows if self._file_of(k) == file)
-                    raise CheckpointError(
-                        self.name,
-                        f"only some rows of {file.name} were fetched (bytes {a:,}-{b:,} of tensor {shown(key)} "
-                        "are not): embed it again to fetch what this representation reads",
-                    )
-
-    def prefetch(self, rows: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
-        """Ask the kernel to read the weight files (or only the byte ranges of the given rows) into the page
-        cache now, without waiting for it.
-
-        Called for models queued behind the one being computed, so their reads from disk overlap
-        the computation; a no-op for files already cached, and where the OS lacks the call.
-        """
-        advise = getattr(os, "posix_fadvise", None)
-        if advise is None:
-            return
-        ranges = self.byte_ranges(rows) if rows is not None else None
-        for file in self.files:
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                for a, b in ranges.get(file, []) if ranges is not None else [(0, 0)]:
-                    advise(fd, a, b - a, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
+        """A cheap stamp of the weight files (:func:`.files_stamp`): a local model's version in the store; a local
+        base's version is its :meth:`fingerprint`, remembered by its stamp."""
+        return files_stamp(self.files)
 
     def close(self) -> None:
         """Release the open files now (tensors already read keep their own memory)."""
@@ -532,81 +368,6 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class Layout:
-    """The resolved matrices of one checkpoint: its architecture, matrix refs and name prefix."""
-
-    def __init__(self, arch: Architecture, refs: list[MatrixRef], prefix: str) -> None:
-        self.arch = arch
-        self.refs = refs
-        self.prefix = prefix
-
-    def by_layer(self) -> Iterator[tuple[str, int, list[MatrixRef]]]:
-        """Refs grouped by (stack, layer), in order."""
-        group: list[MatrixRef] = []
-        for ref in self.refs:
-            if group and (group[0].stack, group[0].layer) != (ref.stack, ref.layer):
-                yield group[0].stack, group[0].layer, group
-                group = []
-            group.append(ref)
-        if group:
-            yield group[0].stack, group[0].layer, group
-
-
-def _load_bin(file: Path) -> dict[str, torch.Tensor]:
-    """A ``.bin`` state dict, memory-mapped; ``weights_only=True`` so no pickled code runs."""
-    import torch
-
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as exc:
-        if "mmap" not in str(exc).lower() and "zip" not in str(exc).lower():
-            raise
-        state = torch.load(file, map_location="cpu", weights_only=True)  # legacy (non-zip) format
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise ValueError("not a state dict")
-    return {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
-
-
-def _bin_cause(exc: BaseException) -> str | None:
-    """A ``.bin`` file's load failure in a few words; a bare I/O error (permissions...) is left as it is.
-
-    A damaged file fails deep inside torch.load's unpickler or zip reader (IndexError, struct.error,
-    KeyError, ...), whose own words say little: they are prefixed with what they mean.
-    """
-    text = f"{type(exc).__name__}: {exc}"
-    known = next((cause for needle, cause in _BIN_CAUSES if needle in text), None)
-    return known or (None if isinstance(exc, OSError) else f"corrupt or not a PyTorch file ({_short(exc)})")
-
-
-def _infer_config(arch: Architecture, names: set[str]) -> dict[str, Any]:
-    """Layer counts from tensor names, for a bare weights file without config.json."""
-    config: dict[str, Any] = {}
-    for stack in arch.stacks:
-        first = stack.tensors[0]
-        count = 0
-        while any(p + first.name(count) in names for p in arch.prefixes):
-            count += 1
-        for key in stack.layers_keys:
-            config.setdefault(key, count)
-    return config
-
-
-def check_compatible(model: Checkpoint, model_layout: Layout, base_layout: Layout) -> None:
-    """A fine-tune must have its base's family and matrices; raises a one-line error otherwise."""
-    if model_layout.arch is not base_layout.arch:
-        raise IncompatibleError(
-            model.name, f"family {model_layout.arch.name} does not match the base's family {base_layout.arch.name}"
-        )
-    if [r.key for r in model_layout.refs] != [r.key for r in base_layout.refs]:
-        n_model = max(r.layer for r in model_layout.refs) + 1
-        n_base = max(r.layer for r in base_layout.refs) + 1
-        raise IncompatibleError(
-            model.name, f"has {n_model} layers / matrices that differ from the base's ({n_base} layers)"
-        )
 
 
 def warn_if_quantized(ck: Checkpoint) -> list[str]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.safetensors import DTYPE_BITS, HeaderFault, check_length, parse_header, short_cause
+from ..core.safetensors import DTYPE_BITS, HeaderFault, data_start, parse_header, short_cause
 
 __all__ = ["DTYPE_BITS", "HeaderFault", "header_of", "row_bytes", "safetensors_fault", "short_cause"]
 
@@ -24,14 +24,13 @@ def header_of(file: Path) -> tuple[int, dict[str, Any]]:
     try:
         with open(file, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            length = int.from_bytes(fh.read(8), "little") if size >= 8 else 0
-            check_length(size, length)
-            text = fh.read(length)
+            start = data_start(fh.read(8), size)
+            text = fh.read(start - 8)
     except OSError as exc:
         raise HeaderFault(exc.strerror or short_cause(exc)) from None
-    header = parse_header(text, size - 8 - length)
+    header = parse_header(text, size - start)
     header.pop("__metadata__", None)
-    return 8 + length, header
+    return start, header
 
 
 def safetensors_fault(file: Path) -> str | None:

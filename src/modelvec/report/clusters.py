@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analyse.clustering import clustering_scores
 from ..analyse.parallel import one_blas_thread
 from ..analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS, Reduction
 from ..analyse.reduction import reduce as reduce_to_2d
@@ -25,7 +26,6 @@ from ..analyse.scores import (
     Geometry,
     Scoring,
     block_knn_scores,
-    clustering_scores,
     coordinates_of,
     knn_dataset_score,
     predict_datasets,
@@ -213,7 +213,7 @@ def cluster(
         report = _scores(geo, meta, pop, resolved, seed, label_sources)
         report.scaling_note = scaling_note
         files = pop.base_files(hub_settings or HubSettings())
-        report.per_block, report.per_block_note, sampled = _per_block(pop, products.kept, meta, files, resolved)
+        report.per_block, report.per_block_note, sampled = _per_block(pop, products.positions, meta, files, resolved)
         xy = layout.result()
     report.damaged, report.population = dict(pop.damaged), pop.describe()
     report.notes, report.repaired = pop.left_out(), list(pop.repaired)
@@ -302,7 +302,7 @@ def _kept_layout(
     pop: Population, products: Products, standardized: Products | None, geo: Geometry, reduce: str, seed: int
 ) -> np.ndarray | None:
     """The map's 2-D layout (None: fewer than three models, no map), kept beside the store for exactly these
-    vectors (:meth:`~modelvec.store.Population.kept`): laid out only where none is kept, on a thread beside the
+    vectors (:meth:`~modelvec.store.Population.derived`): laid out only where none is kept, on a thread beside the
     scores. From the vectors' coordinates: the same inner products as the vectors, standardised where asked; PCA
     (and t-SNE's PCA start) of the vectors as they are, UMAP of the geometry's (cosine distances are the same from
     unit vectors), with its nearest neighbours from them on thousands of models
@@ -321,7 +321,7 @@ def _kept_layout(
         return {"xy": reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)}
 
     kind = "-standardized" if standardized is not None else ""
-    return pop.kept(products, f"map-{reduce}-{geo.metric}-{seed}{kind}-{_layout_version()}", laid_out)["xy"]
+    return pop.derived(products, f"map-{reduce}-{geo.metric}-{seed}{kind}-{_layout_version()}", laid_out)["xy"]
 
 
 def _draw(

@@ -164,9 +164,9 @@ def neighbors(
         distances, first_dot = query.distances(pop, geo, scoring.metric)
         order, dist_all = nearest_to(geo, distances, k=len(meta), exclude=query.me, scaling=resolved.scaling)
         labels = [list(d) for d in meta["datasets"]]
-        order, dist_all = _verified(pop, products.kept, order, dist_all, labels, k)
+        order, dist_all = _verified(pop, products.positions, order, dist_all, labels, k)
         idx = order[:k]
-        neighbours = (query.vector(pop), pop.rows(products.kept[idx])) if explain else None
+        neighbours = (query.vector(pop), pop.rows(products.positions[idx])) if explain else None
         base_files = pop.base_files(hub_settings or _hub_settings(), fetch=True) if explain else None
         place = None if query.on_the_fly else _place(pop, asked)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
@@ -301,7 +301,7 @@ class _Query:
             return
         where = np.flatnonzero(meta["model"].to_numpy() == name)
         line = products.damaged.get(name, "its stored vector is not readable")
-        if not len(where) or not pop.check([products.kept[where[0]]]):  # its own vector failed its checksum
+        if not len(where) or not pop.check([products.positions[where[0]]]):  # its own vector failed its checksum
             raise StoreError(name, pop.damaged.get(name, line).removeprefix(f"{name}: "))
         self.me, self.kinds = int(where[0]), list(meta["adapter"])
 
@@ -312,7 +312,7 @@ class _Query:
             gram = geo.products_of(me)
             return geo.distances(np.array([me]), np.arange(len(geo)))[0], lambda i: float(gram[i])
         assert self._vector is not None
-        dots, squares = pop.products_with(self._vector, self.products.kept)
+        dots, squares = pop.products_with(self._vector, self.products.positions)
         square = float(np.dot(self._vector.astype(np.float64), self._vector))
         return query_distances(dots, squares, square, metric), lambda i: float(dots[i])
 
@@ -320,7 +320,7 @@ class _Query:
         if self._vector is not None:
             return self._vector
         assert self.me is not None
-        return pop.rows(self.products.kept[[self.me]])[0]
+        return pop.rows(self.products.positions[[self.me]])[0]
 
 
 def _explain(

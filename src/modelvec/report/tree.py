@@ -8,19 +8,37 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from ..analyse.tree import Node, Tree, TreeRule, infer_tree
+from ..analyse.lineage import infer_tree
+from ..analyse.rule import TreeRule
+from ..analyse.tree import Node, Tree
 from ..core.errors import NothingStoredError
 from ..core.names import model_id
 from ..represent.representation import Representation
 from ..store import Population, Store, opened
-from ..store.store import StoredTraces
+from ..store.reads import StoredTraces
 
 #: The row statistics of a trace the tree reads (:class:`~modelvec.represent.trace.Trace`).
 STATISTICS = ("zeros", "zeros_bf16", "along", "precision", "rounding")
 #: Why a model of the population has no trace, and what to do: stored before traces were kept.
 NO_TRACE = "no trace stored (embedded before modelvec kept traces): embed it again with --force to place it"
+
+
+@dataclass
+class TreeReport(Tree):
+    """The tree as a report answers it: the inferred :class:`~modelvec.analyse.tree.Tree` and what its population
+    could not give it. ``damaged``: stored traces whose bytes did not verify (model -> one line; their models are
+    ``untraced`` nodes), ``notes``: what the tree's population left out and why, ``repaired``: kept files that did
+    not verify and were computed again, one line each (said on stderr, not in the answer)."""
+
+    damaged: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {**super().as_json(), "damaged": dict(self.damaged), "notes": list(self.notes)}
 
 
 def model_tree(
@@ -30,7 +48,7 @@ def model_tree(
     store: Store | str | os.PathLike[str] | None = None,
     rule: TreeRule | None = None,
     only: Sequence[str] | None = None,
-) -> Tree:
+) -> TreeReport:
     """The inferred tree of every model stored for ``base`` (or of ``only`` those), each with what it declares.
 
     The base is named as given in the tree (a parent ``base`` means the base itself). Its models are those embedded
@@ -47,7 +65,7 @@ def tree_of(
     only: Sequence[str] | None = None,
     name: str | None = None,
     verify: bool = True,
-) -> Tree:
+) -> TreeReport:
     """The tree of a population's models (its store open), named ``name`` (default: the base as stored).
 
     The whole tree is kept beside the store for what it was inferred from (every trace's checksum and row
@@ -56,7 +74,31 @@ def tree_of(
     model untraced, so the tree is inferred again); ``verify=False`` (a neighbour query) trusts the kept tree where
     the traces' rows name it, and reads the traces only to infer it."""
     rule = rule or TreeRule()
-    stored = pop.traces(read=verify)
+    stored, inputs, kept = _kept(pop, rule, only, name, read=verify)
+    if kept is None and not verify:  # no tree kept for the traces' rows: read and check every trace, as verify does
+        stored, inputs, kept = _kept(pop, rule, only, name, read=True)
+    if kept is not None:
+        tree = Tree.from_json(kept)
+    else:
+        tree = inputs.infer(stored, only)
+        tree.nodes += [n for n in inputs.not_read() if only is None or n.model in only]
+        if only is None:
+            pop.keep_tree(inputs.key, tree.as_json())
+    return TreeReport(
+        tree.base,
+        tree.nodes,
+        damaged=dict(stored.damaged),
+        notes=pop.left_out(off_map=False),
+        repaired=list(pop.repaired),
+    )
+
+
+def _kept(
+    pop: Population, rule: TreeRule, only: Sequence[str] | None, name: str | None, *, read: bool
+) -> tuple[StoredTraces, _Inputs, dict[str, Any] | None]:
+    """The population's traces (``read``: each read and checked), what its tree is inferred from, and the tree
+    kept beside the store for exactly that (None: none kept, or ``only`` some models asked for)."""
+    stored = pop.traces(read=read)
     if stored.frame.empty:
         raise NothingStoredError(
             pop.name,
@@ -64,18 +106,7 @@ def tree_of(
             "kept, or not the sketch): embed them again with --force",
         )
     inputs = _Inputs(pop, stored, rule, name)
-    kept = pop.kept_tree(inputs.key) if only is None else None
-    if kept is not None:
-        tree = Tree.from_json(kept)
-    else:
-        if not verify:
-            return tree_of(pop, rule=rule, only=only, name=name, verify=True)
-        tree = inputs.infer(stored, only)
-        tree.nodes += [n for n in inputs.not_read() if only is None or n.model in only]
-        if only is None:
-            pop.keep_tree(inputs.key, tree.as_json())
-    tree.damaged, tree.notes, tree.repaired = dict(stored.damaged), pop.left_out(off_map=False), list(pop.repaired)
-    return tree
+    return stored, inputs, pop.kept_tree(inputs.key) if only is None else None
 
 
 class _Inputs:

@@ -94,6 +94,17 @@ def vocabulary_size(ck: Checkpoint, layout: Layout, representation: Representati
 def _budgeted(
     ck: Checkpoint, layout: Layout, representation: Representation
 ) -> tuple[dict[tuple[str, int, str], MatrixPlan], int]:
+    """The plans and the head's floats, worked out once per checkpoint, layout and representation: the fetch's read
+    plan, the fit's plans and its head all ask (the layout is held with them, so its id names it while they live)."""
+    key = ("plans", id(layout), representation)
+    if key not in ck.from_shapes:
+        ck.from_shapes[key] = (layout, _budget(ck, layout, representation))
+    return ck.from_shapes[key][1]
+
+
+def _budget(
+    ck: Checkpoint, layout: Layout, representation: Representation
+) -> tuple[dict[tuple[str, int, str], MatrixPlan], int]:
     shapes = [ck.matrix_shape(ref, layout.prefix) for ref in layout.refs]  # checked: matrices, parts that divide
     share = representation.row_budget(sum(int(n) * int(m) for n, m in shapes))
     plans = {}

@@ -42,13 +42,13 @@ Where the description is open, :class:`Representation` makes the choice explicit
 - ``head``: ``"vocabulary"`` appends one block over the vocabulary, the head's vocabulary prior
   E (beta_ft - beta_base): what the norm before a tied vocabulary projection (BERT's masked-LM
   head, GPT-2's ``ln_f``) adds to every token's logit whatever the input, read through the
-  base's embeddings E (:class:`~modelvec.read.architectures.VocabularyHead`; beta_base is 0 when
+  base's embeddings E (:class:`~modelvec.read.roles.VocabularyHead`; beta_base is 0 when
   the base has no such head, as HF initialises it). Centred over the vocabulary (logits are
   shift-invariant) and scaled to the norm of the rest of the vector, so it weighs as much as all
   the deltas together; zeros for a model without that head (a classifier). A language-modelling
   fine-tune's texts are there, not in its encoder's deltas (docs/evidence.md, "Where the texts
   are"). ``"none"`` leaves heads out, as the description does. ``"auto"`` (the default) appends it where
-  the family's head is a masked-LM head (:attr:`~modelvec.read.architectures.VocabularyHead.default`: BERT,
+  the family's head is a masked-LM head (:attr:`~modelvec.read.roles.VocabularyHead.default`: BERT,
   RoBERTa, DistilBERT), and nothing elsewhere (GPT-2's ``ln_f``, unmeasured; Llama, T5 and others, whose
   norms have no bias): on the evidence zoo's mixed report half it lifts the default from 0.760 to 0.983
   (docs/evidence.md).
@@ -56,7 +56,7 @@ Where the description is open, :class:`Representation` makes the choice explicit
   a packaged probe text (:mod:`~modelvec.represent.probe`): the CountSketch of dW·H, the first-order change of the
   layer's output on inputs the base really sees, instead of dW's entries; an adapter's is L (R^T H). ``none``
   sketches dW itself. ``auto`` (the default since 2026-11-28) takes what the family's architecture entry says
-  (:attr:`~modelvec.read.architectures.Architecture.probe`): 32 tokens for the Llama family, where on the same-texts
+  (:attr:`~modelvec.read.roles.Architecture.probe`): 32 tokens for the Llama family, where on the same-texts
   decoder zoo it lifts the mixed report half from 0.667 to 1.000; the delta itself elsewhere (docs/evidence.md).
   The same rows are read either way.
 - ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
@@ -293,7 +293,7 @@ class Representation:
 
     def probe_tokens(self, family_probe: int | None = None) -> int | None:
         """The probe's tokens where deltas are taken through the base's inputs (None: the deltas themselves);
-        ``family_probe``: the base's family's choice (:attr:`~modelvec.read.architectures.Architecture.probe`), what
+        ``family_probe``: the base's family's choice (:attr:`~modelvec.read.roles.Architecture.probe`), what
         ``auto`` takes."""
         if not (self.factor == "sketch" and self.projection == "countsketch"):
             return None

@@ -5,9 +5,11 @@ or a Ray cluster, picked by name from :data:`~modelvec.run.engines.ENGINES`) and
 back to the store as it arrives.
 """
 
-from .discover import discover
+from .discover import catalogue_entries, discover
 from .engines import ENGINES, Engine, make_engine, register_engine
-from .pipeline import EmbedResult, Step, catalogue_entries, embed, embed_discovered, local_files
+from .ledger import EmbedResult, Step
+from .pipeline import embed, embed_discovered
+from .tasks import local_files
 from .work import BaseSpec, Opened, Outcome, Task, compute, open_counted
 
 __all__ = [

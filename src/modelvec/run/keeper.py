@@ -47,8 +47,10 @@ class ProductsKeeper:
         self.line: str | None = None
         self.computed: list[int] = []
         self.seconds: list[float] = []
-        self._kept = 0  # vectors whose products are kept (after the last update)
-        self._added = 0  # vectors stored by this run since the last update
+        #: the base's population (:class:`Population`: its vectors, copies and stale ones left out) at the last look:
+        #: whose products the last update kept, or found too few to keep; the one count the keeper goes by
+        self._population = 0
+        self._added = 0  # vectors stored by this run since the last look
         self._any = False  # whether this run stored any
         self._lock = threading.Lock()
         self._problem = ""
@@ -58,7 +60,10 @@ class ProductsKeeper:
 
     def __enter__(self) -> ProductsKeeper:
         if self.products_from > 0:
-            self._kept = int(self.db.versions(self.base, self.representation)["vectors"].sum())
+            try:
+                self._population = len(Population(self.db, self.base, self.representation).selection)
+            except Exception:  # nothing of this base stored yet, or nothing readable now: the updates say why
+                self._population = 0
             self._thread.start()
         return self
 
@@ -67,7 +72,9 @@ class ProductsKeeper:
         with self._lock:
             self._added += 1
             self._any = True
-            due = self._kept + self._added >= self.products_from and self._added >= max(self.step, self._kept // 20)
+            due = self._population + self._added >= self.products_from and self._added >= max(
+                self.step, self._population // 20
+            )
         if due and self.products_from > 0:
             self._due.set()
 
@@ -90,7 +97,7 @@ class ProductsKeeper:
             self.line = f"the vectors' products were not kept for the map ({self._problem}): cluster computes them"
         elif self.computed:
             self.line = (
-                f"the pairwise products of {self._kept:,} vectors are kept for the map ({sum(self.computed):,} new in"
+                f"the pairwise products of {self._population:,} vectors are kept for the map ({sum(self.computed):,} new in"
                 f" this run, {sum(self.seconds):.1f} s)"
             )
 
@@ -103,7 +110,9 @@ class ProductsKeeper:
             self._update()
 
     def _update(self) -> None:
-        """Compute and keep the products of the vectors stored since the last update (none: only verifies)."""
+        """Compute and keep the products of the vectors stored since the last update (none: only verifies). A
+        population still below ``products_from`` is counted and left: the next look is due only after as many new
+        vectors as any update waits for, not at every one."""
         started = time.perf_counter()
         with self._lock:
             added = self._added
@@ -111,14 +120,19 @@ class ProductsKeeper:
             with self.db.for_thread() as view:
                 population = Population(view, self.base, self.representation)
                 if len(population.selection) < self.products_from:
+                    self._looked(added, len(population.selection))
                     return
                 products, _ = population.products(verify=False, device=self.device)
         except Exception as exc:  # whatever it is, the run goes on (said in its line); cluster computes the rest
             self._problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return
         self._problem = ""
-        with self._lock:
-            self._added -= added
-            self._kept = len(products.kept)
+        self._looked(added, len(products.positions))
         self.computed.append(products.computed_rows)
         self.seconds.append(time.perf_counter() - started)
+
+    def _looked(self, added: int, population: int) -> None:
+        """The ``added`` vectors are in the population now, ``population`` of them."""
+        with self._lock:
+            self._added -= added
+            self._population = population

@@ -17,14 +17,14 @@ if TYPE_CHECKING:
 
 def _prepare(task: Task, hub_settings: HubSettings, representation: Representation) -> Opened:
     """Off the compute thread: fetch (Hub: only what ``representation`` reads), read the headers, and start reading
-    from disk the bytes the vector needs (by the read plan the fetch worked out, or, where none did, worked out here:
-    once a model)."""
+    from disk the bytes the vector needs (by the read plan the fetch worked out and the checkpoint carries, or,
+    where none did, worked out here: once a model)."""
     opened = open_counted(task, hub_settings, representation)
     ck = opened.checkpoint
     ck.layout()
-    if representation.reads_share and not ck.factored and opened.plan is None:
-        opened.plan = plan_of(ck, representation, base=False)
-    ck.prefetch(opened.plan)
+    if representation.reads_share and not ck.factored and ck.reads is None:
+        ck.plan_reads(plan_of(ck, representation, base=False))
+    ck.prefetch()
     return opened
 
 

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import Kind, ModelvecError, error_of
+from ..hub.cache import release, repo_folder, snapshot_folder
 from ..hub.cards import ModelCard, model_card
 from ..hub.client import HubSettings
-from ..hub.download import fetch, fetch_runnable, release, repo_folder, snapshot_folder
-from ..hub.partial import fill_partial, open_partial, release_partial
+from ..hub.download import fetch, fetch_runnable
+from ..hub.partial import PartialFolder, open_partial, release_partial
 from ..read import open_checkpoint
 from ..represent.representation import Representation
 from ..represent.trace import Trace
@@ -31,8 +32,8 @@ from ..represent.trace import Trace
 if TYPE_CHECKING:
     from ..read import Checkpoint
     from ..represent import DeltaEmbedder
-    from ..represent.embedder import Parent
     from ..represent.probe import ProbeInputs
+    from ..represent.sketching import Parent
 
 #: The stored rows of each tensor a model's vector reads (tensor -> row ranges): :func:`~modelvec.represent.read_plan`.
 ReadPlan = dict[str, list[tuple[int, int]]]
@@ -116,8 +117,8 @@ class Task:
     files_id: str | None = None  # a local model's weight files, resolved (:func:`files_id`): the same files, one model
 
     def open(self, hub_settings: HubSettings, representation: Representation | None = None) -> Opened:
-        """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`), with the
-        read plan that chose those bytes."""
+        """The model's checkpoint; from the Hub, only what ``representation`` reads (see :func:`open_hub`), carrying
+        the read plan that chose those bytes."""
         if self.repo is not None:
             files = list(self.files) or None
             return open_hub(self.repo, str(self.sha), files, self.name, hub_settings, representation, base=False)
@@ -164,18 +165,17 @@ def open_hub(
 
     Where the representation reads a share of rows and the weights are safetensors, only those rows' byte
     ranges come (a partial download: :mod:`modelvec.hub.partial`), unless a whole snapshot is already in the
-    cache: the read plan is worked out once, from the headers, and comes back with the checkpoint (``plan``) for
-    whatever reads the model next. Otherwise the files come whole (:func:`~modelvec.hub.download.fetch`);
-    ``checkpoint.note`` then says why, where a share was asked for (a pickled ``.bin``; a server that ignored
-    ``Range``).
+    cache: the checkpoint is opened once, its read plan and the plan's byte ranges are worked out once, from the
+    headers the fetch parsed, and the checkpoint carries them (``checkpoint.reads``) to whatever reads it next.
+    Otherwise the files come whole (:func:`~modelvec.hub.download.fetch`); ``checkpoint.note`` then says why,
+    where a share was asked for (a pickled ``.bin``; a server that ignored ``Range``).
     """
     reads_rows = representation is not None and representation.reads_share
     cached = _has_weights(snapshot_folder(repo, sha, hub_settings))
     if reads_rows and not cached:
         folder = open_partial(repo, sha, files, hub_settings)  # the headers, in a sparse folder
         if folder is not None:
-            plan = plan_of(open_checkpoint(folder, name=name), representation, base=base)  # type: ignore[arg-type]
-            return Opened(_fill(folder, repo, sha, name, plan, hub_settings), plan=plan)
+            return Opened(_fill(folder, name, representation, base, hub_settings))  # type: ignore[arg-type]
     ck = open_checkpoint(fetch(repo, sha, files, hub_settings), name=name)
     if reads_rows and not cached and not ck.factored:
         ck.note = WHOLE_BIN
@@ -189,11 +189,17 @@ def plan_of(ck: Checkpoint, representation: Representation, *, base: bool) -> Re
     return read_plan(ck, representation, base=base)
 
 
-def _fill(folder: Path, repo: str, sha: str, name: str, plan: ReadPlan, hub_settings: HubSettings) -> Checkpoint:
-    """The partial ``folder`` with the plan's bytes fetched, opened (its marker then says what it holds)."""
-    spans = open_checkpoint(folder, name=name).byte_ranges(plan)
-    got = fill_partial(folder, repo, sha, {f.name: s for f, s in (spans or {}).items()}, hub_settings)
-    ck = open_checkpoint(folder, name=name)
+def _fill(
+    folder: PartialFolder, name: str, representation: Representation, base: bool, hub_settings: HubSettings
+) -> Checkpoint:
+    """The partial ``folder`` opened once (with the headers its fetch parsed), its read plan and the plan's byte
+    ranges worked out once (:meth:`~modelvec.read.checkpoint.Checkpoint.plan_reads`), those bytes fetched, and what
+    it then holds read from its marker."""
+    ck = open_checkpoint(folder.path, name=name)
+    ck.take_headers({file: (header.data_start, header.header) for file, header in folder.headers.items()})
+    spans = ck.plan_reads(plan_of(ck, representation, base=base))
+    got = folder.fill({f.name: s for f, s in (spans or {}).items()}, hub_settings)
+    ck.refresh_held()
     ck.note = WHOLE_SERVED if got.whole_files else None
     return ck
 
@@ -237,13 +243,12 @@ class Outcome:
 
 @dataclass
 class Opened:
-    """A task's checkpoint, opened; the bytes that opening it brought from the Hub (for a progress display); and its
-    read plan where one was worked out (a Hub model read by byte ranges; a model whose reads are prefetched), so that
-    nothing works it out again."""
+    """A task's checkpoint, opened, and the bytes that opening it brought from the Hub (for a progress display). The
+    checkpoint carries its read plan where one was worked out (``checkpoint.reads``: a Hub model read by byte
+    ranges; a model whose reads are prefetched), with the plan's byte ranges, so that nothing works them out again."""
 
     checkpoint: Checkpoint
     fetched: int = 0
-    plan: ReadPlan | None = None
 
 
 def open_counted(task: Task, hub_settings: HubSettings, representation: Representation | None) -> Opened:
@@ -330,7 +335,7 @@ def compute(
 def _parent_of(task: Task, embedder: DeltaEmbedder, hub_settings: HubSettings | None) -> Parent | None:
     """The parent fine-tune of an adapter task, as the embedder keeps its rows: by its name and version, opened only
     where they are not kept (its fault is the adapter's, of the same kind, naming the parent)."""
-    from ..represent.embedder import Parent
+    from ..represent.sketching import Parent
 
     parent = task.parent
     if parent is None:

@@ -1,29 +1,29 @@
 """The base's probe inputs (``Representation.probe``), kept beside the store: computed once per base and probe.
 
-One kept file per base and probe length, ``<store>.products/<id>.probe.kept`` (:mod:`~modelvec.store.kept`: a
-header with what it was computed for, each row checksummed). It is used only where everything verifies and it was
-computed for this base's version, this probe text and this many tokens by this computation
-(:data:`~modelvec.represent.probe.PROBE_VERSION`); otherwise it is computed again and replaces it (the file is this
-store's own: its name is made from the store's).
+One kept file per base and probe length, ``<store>.products/<id>.probe.kept`` (named by the store's
+:class:`~modelvec.store.keptfolder.KeptFolder`; :mod:`~modelvec.store.kept`: a header with what it was computed for,
+each row checksummed). It is used only where everything verifies and it was computed for this base's version, this
+probe text and this many tokens by this computation (:data:`~modelvec.represent.probe.PROBE_VERSION`); otherwise it
+is computed again and replaces it (the file is this store's own: its name is made from the store's). What is stale
+is the kept folder's to say (:meth:`~modelvec.store.keptfolder.KeptFolder.current`); this module says what the
+inputs must have been computed for and how they are laid out.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from ..represent.probe import PROBE_VERSION, ProbeInputs, probe_checksum
-from .kept import read_kept, write_kept
+from .kept import write_kept
+from .keptfolder import KeptFolder
 
 KIND = "modelvec probe inputs"
 
 
 def inputs_path(store: str | Path, base: str, tokens: int) -> Path:
-    """Where a store keeps ``base``'s inputs on ``tokens`` probe tokens."""
-    store = Path(store)
-    digest = hashlib.sha1(f"{base}\0{tokens}".encode()).hexdigest()[:16]
-    return store.parent / f"{store.name}.products" / f"{digest}.probe.kept"
+    """Where a store keeps ``base``'s inputs on ``tokens`` probe tokens (its kept folder names it)."""
+    return KeptFolder(Path(store)).inputs_path(base, tokens)
 
 
 def inputs_meta(base: str, version: str, tokens: int) -> dict[str, Any]:
@@ -35,16 +35,9 @@ def inputs_meta(base: str, version: str, tokens: int) -> dict[str, Any]:
 def read_inputs(path: Path, meta: dict[str, Any]) -> tuple[ProbeInputs | None, str | None]:
     """The kept inputs at ``path`` where they verify and were computed for ``meta``; else None and why (None: there
     was no file)."""
-    kept = read_kept(path)
+    kept, why = KeptFolder.current(path, meta)  # what is stale: the kept folder's rule for each of its files
     if kept is None:
-        return None, None
-    if kept.problem is not None:
-        return None, kept.problem
-    if {k: kept.meta.get(k) for k in meta} != meta:
-        changed = ", ".join(k for k in meta if kept.meta.get(k) != meta[k])
-        return None, f"computed for another {changed}"
-    if damaged := [name for name, rows in kept.damaged.items() if len(rows)]:
-        return None, f"{len(damaged)} arrays do not match their checksums"
+        return None, why
     of = kept.meta.get("of")
     if not isinstance(of, dict) or not set(of.values()) <= set(kept.arrays):
         return None, "its table of matrices is not readable"

@@ -54,11 +54,6 @@ class Kept:
     damaged: dict[str, np.ndarray] = field(default_factory=dict)
     problem: str | None = None
 
-    @property
-    def whole(self) -> bool:
-        """Whether every row of every array verified (and there was a file to read)."""
-        return self.problem is None and bool(self.arrays) and not any(len(d) for d in self.damaged.values())
-
 
 def row_checksums(array: np.ndarray) -> list[str]:
     """The xxh3 of each row of ``array`` (its first axis), or of the whole of a 0-D or 1-D array."""

@@ -8,18 +8,18 @@ A :class:`Population` looks the base up once and decides once what belongs to it
 - of those, the models whose weights are the base's (an all-zero vector: a re-upload of the base, an untrained
   adapter) are ``copies``: counted, left off the map and out of every score.
 
-It gives what the reports compute from, each verified before it is trusted (:mod:`modelvec.store.kept`): the
+It gives what the reports compute from, each verified before it is trusted (asked of the store's
+:class:`~modelvec.store.keptfolder.KeptFolder`): the
 vectors' inner products kept beside the store (a row that does not verify is computed again), each model's spread
 for mutual proximity (computed again where it does not verify), the traces (a damaged one left out and named), the
 vectors themselves (each checked against its checksum). What it found and redid is ``repaired`` (one line each);
 stored vectors or traces whose bytes are damaged are ``damaged`` (model -> one line). It resolves the scoring once
-(``auto`` from the models' kinds), and says where the base's files are on this machine.
+(``auto`` from whether the models are adapters), and asks :mod:`modelvec.hub.basefiles` where a Hub base's files are
+on this machine.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -32,100 +32,21 @@ import pandas as pd
 from ..analyse.copies import Copy
 from ..analyse.proximity import SCALED_MAX_N
 from ..analyse.scores import Geometry, Scoring
-from ..core.errors import ModelvecError, NothingStoredError, ResourceError
-from ..core.names import is_hub_id, model_id
+from ..core.errors import NothingStoredError, ResourceError
+from ..core.names import is_hub_id
 from ..represent.representation import Representation
+from .bases import base_names, find_base, names_of, query_name, stored_base
+from .blocks import BlockReader, Selection, products_with
 from .copies import copies as find_copies
 from .copies import declared
-from .kept import read_kept, write_kept
-from .products import BlockReader, Products, ProductsCache, Selection, checksum_of, products_with, vector_bytes
-from .store import Store, StoredTraces, StoreOverview, options_of
+from .keptfolder import KeptFolder, checksum_of
+from .products import Products, held_bytes
+from .reads import StoredTraces
+from .snapshot import Snapshot
+from .store import Store
 
 if TYPE_CHECKING:
     from ..hub.client import HubSettings
-
-
-def base_names(base: str | os.PathLike[str]) -> list[str]:
-    """The names a base given as ``base`` may be stored under: a local path's absolute path (and as typed), a Hub
-    id as typed and its canonical id."""
-    from ..hub.ids import resolve_base
-
-    if os.path.exists(str(base)):
-        return list(dict.fromkeys([model_id(base), str(base)]))
-    return list(dict.fromkeys([str(base), resolve_base(str(base)).canonical]))
-
-
-def find_base(db: Store, base: str | os.PathLike[str] | None, representation: Representation) -> str:
-    """The stored name of ``base`` (None: the only base with vectors under ``representation``); one line saying what
-    is stored instead where there is nothing."""
-    if base is not None:
-        for name in base_names(base):
-            if not db.metadata(base=name, representation=representation).empty:
-                return name
-        raise NothingStoredError(
-            str(base), f"no vectors stored for this base with representation {representation.key()}{_stored(db)}"
-        )
-    bases = sorted(set(db.metadata(representation=representation)["base"]))
-    if not bases:
-        raise NothingStoredError(
-            str(db.path),
-            f"no vectors stored with representation {representation.key()}"
-            + (_stored(db) or "; run `modelvec embed` first"),
-        )
-    if len(bases) > 1:
-        raise NothingStoredError(
-            str(db.path),
-            f"holds vectors of {len(bases)} bases with representation {representation.key()} "
-            f"({', '.join(bases)}): name one with --base",
-        )
-    return bases[0]
-
-
-def query_name(model: str | os.PathLike[str]) -> str:
-    """A model asked about, as the store would name it: a path's absolute path, else the name as given."""
-    return model_id(model) if os.path.exists(str(model)) else str(model)
-
-
-def _names_of(model: str | os.PathLike[str]) -> list[str]:
-    """The names ``model`` has as a base (its absolute path; a Hub id's short and canonical ids); none where it
-    cannot be a base's name."""
-    try:
-        return base_names(model)
-    except ValueError:  # no base id (an empty name)
-        return []
-
-
-def _stored_base(db: Store, model: str | os.PathLike[str], representation: Representation) -> str | None:
-    """``model``'s stored name where it is a base with vectors under ``representation`` (None: it is none)."""
-    return next((n for n in _names_of(model) if not db.metadata(base=n, representation=representation).empty), None)
-
-
-def stored_representation(db: Store, base: str | os.PathLike[str]) -> Representation:
-    """The representation a study over a base's stored models reads them under, whatever it is: today's default
-    where the base has vectors under it, else the one holding most of its vectors."""
-    default = Representation()
-    for name in base_names(base):
-        summary = db.summary()
-        mine = summary[summary["base"] == name]
-        if mine.empty:
-            continue
-        if (mine["params"] == default.key()).any():
-            return default
-        best = mine.sort_values(["models", "params"], ascending=[False, True]).iloc[0]
-        try:
-            return Representation.from_stored(json.loads(best["params_json"]))
-        except (TypeError, ValueError):
-            break
-    return default
-
-
-def _stored(db: Store) -> str:
-    """What the store holds instead, with the options that read it (empty: nothing)."""
-    stored = db.summary()
-    known = "; ".join(
-        f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["params_json"])
-    )
-    return f" (stored, with the options that read them: {known}; or embed again)" if known else " (nothing stored)"
 
 
 class Population:
@@ -140,16 +61,18 @@ class Population:
         self, db: Store, base: str | os.PathLike[str] | None, representation: Representation | None = None
     ) -> None:
         self.db = db
+        #: the files kept beside the store (products, spreads, pairs, layouts, the tree)
+        self.folder = KeptFolder(db.path)
         self.representation = representation or Representation()
-        self.name = find_base(db, base, self.representation)
+        names = base_names(base) if base is not None else None
+        stored = Snapshot(db, names, self.representation)  # the one read of the store's rows: the rest follows
+        self.name = find_base(db, base, self.representation, names, stored.bases())
         self.repaired: list[str] = []
         self.damaged: dict[str, str] = {}
-        self.base_hash, self.stale = self._version()
-        selection, meta = db.select(base=self.name, representation=self.representation, base_hash=self.base_hash)
+        self.base_hash, self.stale = self._version(stored)
+        selection, meta = stored.select(self.name, self.base_hash)
         #: models with stale vectors and none of the base as it is now (not embedded again since)
-        self.stale_only = len(
-            set(db.metadata(base=self.name, representation=self.representation)["model"]) - set(meta["model"])
-        )
+        self.stale_only = len(stored.models(self.name) - set(meta["model"]))
         #: every model of the population with its metadata, the copies and quantizations among them (for the tree)
         self.models: pd.DataFrame = meta
         #: copies (identical weights, re-saves in another dtype, the base's weights) with the model each copies
@@ -169,11 +92,11 @@ class Population:
         )
         self.meta = meta.iloc[at].reset_index(drop=True)
 
-    def _version(self) -> tuple[str, int]:
+    def _version(self, stored: Snapshot) -> tuple[str, int]:
         """The base's version the population was embedded against, and how many vectors were embedded against
         others: its version now, or (where nothing says what it is now) the one embedded against last."""
-        versions = self.db.versions(self.name, self.representation)
-        now = self.db.base_now(self.name)
+        versions = stored.versions(self.name)
+        now = stored.base_now(self.name)
         if now is None:
             now = str(versions.sort_values("newest")["base_hash"].iloc[-1])
         if now not in set(versions["base_hash"]):
@@ -200,12 +123,12 @@ class Population:
         if base is None:
             name = query_name(model)
             own = db.metadata(representation=representation, models=[db.aliases().get(name, name)])
-            base = own["base"].iloc[0] if len(own) else _stored_base(db, model, representation)
+            base = own["base"].iloc[0] if len(own) else stored_base(db, model, representation)
         return cls(db, base, representation)
 
     def is_base(self, model: str | os.PathLike[str]) -> bool:
         """Whether ``model`` names this population's base (its stored name, its path, its Hub ids)."""
-        return self.name == query_name(model) or self.name in _names_of(model)
+        return self.name == query_name(model) or self.name in names_of(model)
 
     def stored_name(self, model: str | os.PathLike[str]) -> str:
         """How the store names ``model``: the model a second name of it (an alias) names, else its own name."""
@@ -270,7 +193,7 @@ class Population:
         )
         self.repaired += products.notes
         self.damaged.update(products.damaged)
-        return products, self.meta.iloc[products.kept].reset_index(drop=True)
+        return products, self.meta.iloc[products.positions].reset_index(drop=True)
 
     def standardized(self) -> Products:
         """The products of the vectors with every feature standardised over the population (kept the same way, for
@@ -281,10 +204,10 @@ class Population:
         self.repaired += products.notes
         return products
 
-    def resolve(self, scoring: Scoring, kinds: Sequence[object] | None = None) -> tuple[Scoring, str | None]:
-        """``scoring`` with ``auto`` resolved, once, from the models' kinds (``kinds``: theirs, default this
-        population's), and why it chose so."""
-        scaling, note = scoring.scaling_for(list(self.meta["adapter"]) if kinds is None else kinds)
+    def resolve(self, scoring: Scoring, adapters: Sequence[object] | None = None) -> tuple[Scoring, str | None]:
+        """``scoring`` with ``auto`` resolved, once, from whether the models are adapters (``adapters``: per model,
+        default this population's), and why it chose so."""
+        scaling, note = scoring.scaling_for(list(self.meta["adapter"]) if adapters is None else adapters)
         return replace(scoring, scaling=scaling), note
 
     def geometry(self, products: Products, scoring: Scoring) -> Geometry:
@@ -299,7 +222,7 @@ class Population:
             assert stats is not None  # a scaling other than none has a spread
             return {"mean": stats[0], "sd": stats[1]}
 
-        kept = self.kept(products, f"spread-{geo.metric}-{scoring.scaling}", spread)
+        kept = self.derived(products, f"spread-{geo.metric}-{scoring.scaling}", spread)
         if len(kept["mean"]) == len(geo) and len(kept["sd"]) == len(geo):
             geo.use_spread(scoring.scaling, (kept["mean"], kept["sd"]))
         return geo
@@ -316,10 +239,10 @@ class Population:
             assert full is not None  # a scaling, and no more rows than are kept
             return {"pairs": full}
 
-        kept = self.kept(products, f"pairs-{geo.metric}-{scaling}", every_pair, mapped=True)
+        kept = self.derived(products, f"pairs-{geo.metric}-{scaling}", every_pair, mapped=True)
         geo.use_every_pair(scaling, kept["pairs"])
 
-    def kept(
+    def derived(
         self,
         products: Products,
         name: str,
@@ -330,23 +253,22 @@ class Population:
         """Arrays that follow from exactly the vectors of ``products`` (a spread, a map's coordinates), kept beside
         the store under ``name``: read where they were kept for these very vectors and verify (a file that does not
         is said in ``repaired``), else ``compute()`` and kept. ``mapped``: kept arrays as memory maps (large ones)."""
-        hashes = [self.selection.hashes[i] for i in products.kept]
-        cache = ProductsCache(self.db.path, self.cache_key())
-        found, note = cache.extra(hashes, name, mapped=mapped)
+        hashes = [self.selection.hashes[i] for i in products.positions]
+        found, note = self.folder.derived(self.cache_key(), hashes, name, mapped=mapped)
         if note is not None:
             self.repaired.append(note)
         if found is not None:
             return found
         arrays = compute()
-        cache.put_extra(hashes, name, arrays)
+        self.folder.keep_derived(self.cache_key(), hashes, name, arrays)
         return arrays
 
-    def products_with(self, vector: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One pass over the vectors: their inner products with ``vector`` and their squared norms, at the positions
-        ``kept`` (a damaged vector's are NaN and it is named in ``damaged``)."""
+    def products_with(self, vector: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One pass over the vectors: their inner products with ``vector`` and their squared norms, at ``positions``
+        of ``selection`` (a damaged vector's are NaN and it is named in ``damaged``)."""
         dots, squares, damaged = products_with(self.db.vector_file, self.selection, vector)
         self.damaged.update(damaged)
-        return dots[kept], squares[kept]
+        return dots[positions], squares[positions]
 
     # --- the vectors themselves ---------------------------------------------------------------------
     def rows(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -377,23 +299,15 @@ class Population:
     def kept_tree(self, key: str) -> dict[str, Any] | None:
         """The model tree kept beside the store for exactly ``key`` (what it was inferred from), verified; None where
         there is none (or it does not verify: said in ``repaired``, and computed again)."""
-        kept = read_kept(self._tree_path())
-        if kept is None:
-            return None
-        if kept.problem is not None:
-            self.repaired.append(f"{self._tree_path()}: {kept.problem}: the tree inferred again")
-            return None
-        tree = kept.meta.get("tree")
-        return tree if kept.meta.get("key") == key and isinstance(tree, dict) else None
+        tree, note = self.folder.tree(self.cache_key("tree"), key)
+        if note is not None:
+            self.repaired.append(note)
+        return tree
 
     def keep_tree(self, key: str, tree: dict[str, Any]) -> None:
         """Keep the model tree (its JSON) inferred from ``key`` beside the store: a later query reads it, not every
         trace."""
-        write_kept(self._tree_path(), {"key": key, "tree": tree}, {})
-
-    def _tree_path(self) -> Path:
-        folder = self.db.path.parent / f"{self.db.path.name}.products"
-        return folder / f"{hashlib.sha1(self.cache_key('tree').encode()).hexdigest()[:16]}.tree.kept"
+        self.folder.keep_tree(self.cache_key("tree"), key, tree)
 
     def catalogue(self) -> pd.DataFrame:
         return self.db.catalogue(base=self.name)
@@ -407,23 +321,9 @@ class Population:
             return self.name
         if not is_hub_id(self.name):
             return None
-        from ..core.files import weight_format
-        from ..hub.download import fetch as fetch_files
-        from ..hub.download import snapshot_folder
-        from ..hub.partial import partial_folder
+        from ..hub.basefiles import base_files
 
-        sha = self.base_hash.removeprefix("git:") if self.base_hash.startswith("git:") else "main"
-        try:
-            folder = snapshot_folder(self.name, sha, hub_settings)
-            if folder is None or not weight_format(p.name for p in folder.iterdir()):
-                folder = partial_folder(self.name, sha, hub_settings) if sha != "main" else folder
-            if (folder is None or not folder.is_dir()) and fetch:
-                folder = fetch_files(self.name, sha, None, hub_settings)
-        except (ModelvecError, OSError):
-            if fetch:
-                raise
-            return None  # an unreadable cache is no heat map, not a failed report
-        return str(folder) if folder is not None and folder.is_dir() else None
+        return base_files(self.name, self.base_hash, hub_settings, fetch=fetch)
 
     def state(self, model: str) -> str | None:
         """What the reports make of one of the population's models, in a few words: a copy (of the base, of another
@@ -465,10 +365,10 @@ class Population:
 def check_fits(n: int, dim: int) -> None:
     """One line, before any work, when the products of ``n`` vectors would not fit in the memory left (they and a
     few copies of n x n during the scores, and two blocks of vectors): what would fit instead."""
-    need = 4 * 8 * n * n + vector_bytes(n, dim)
+    need = 4 * 8 * n * n + held_bytes(n, dim)
     free = available_memory()
     if free is not None and need > free:
-        fits = int(((free - vector_bytes(n, dim)) / 32) ** 0.5)
+        fits = int(((free - held_bytes(n, dim)) / 32) ** 0.5)
         raise ResourceError(
             f"{n} models",
             f"their pairwise products need about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free: "
@@ -486,28 +386,3 @@ def available_memory() -> int | None:
     except OSError:
         pass
     return None
-
-
-def overview(db: Store) -> StoreOverview:
-    """What is stored (``modelvec show``): vectors per base and representation, one row per vector with its ``state``
-    as every report sees it, through each base's :class:`Population` (stale: embedded against an earlier version of
-    its base; a copy of the base or of another model, a re-save, a quantization), the failures, and the stale
-    vectors per base."""
-    models = db.metadata()
-    versions = [
-        r[0] for r in db.con.execute("SELECT base_hash FROM vectors ORDER BY model, base, params, base_hash").fetchall()
-    ]
-    states: list[str | None] = [None] * len(models)
-    originals: list[str | None] = [None] * len(models)  # a copy's original (its stored name), for a display
-    for row in db.summary().drop_duplicates(["base", "params"]).itertuples():
-        try:
-            pop = Population(db, row.base, Representation.from_stored(json.loads(row.params_json)))
-        except (NothingStoredError, TypeError, ValueError):  # a base changed since (nothing current), another version
-            continue
-        for i in np.flatnonzero((models["base"] == row.base) & (models["params"] == row.params)):
-            model = str(models["model"].iloc[i])
-            states[i] = "stale" if versions[i] != pop.base_hash else pop.state(model)
-            copied = pop.copies.get(model) if states[i] != "stale" else None
-            originals[i] = copied.original if copied is not None else None
-    found = models.assign(state=states, copy_of=originals)
-    return StoreOverview(str(db.path), db.summary(), found, db.failures(), db.stale())

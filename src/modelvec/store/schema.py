@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -289,10 +289,16 @@ def missing_tables(con: duckdb.DuckDBPyConnection, *, readable: bool = False) ->
     return missing
 
 
-def select_list(con: duckdb.DuckDBPyConnection, table: Table, columns: Sequence[str]) -> str:
+def select_list(
+    con: duckdb.DuckDBPyConnection,
+    table: Table,
+    columns: Sequence[str],
+    tables: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """The SELECT list of ``columns`` of ``table`` for this store: a column added later that an older store (opened
-    read-only, so not brought up to date) lacks reads as NULL of its type."""
-    have = set(_columns(con, table.name))
+    read-only, so not brought up to date) lacks reads as NULL of its type. ``tables``: the store's columns by table,
+    where the caller has them (:func:`columns_by_table`), else asked of the store."""
+    have = set(tables.get(table.name, ()) if tables is not None else _columns(con, table.name))
     kinds = {name: kind.split()[0] for name, kind in table.columns}
     return ", ".join(name if name in have else f"NULL::{kinds[name]} AS {name}" for name in columns)
 
@@ -319,6 +325,17 @@ def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
 def columns_of(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     """The columns ``table`` has in this store (none: no such table)."""
     return _columns(con, table)
+
+
+def columns_by_table(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Every table of this store with its columns, in one query (a table it lacks is not there)."""
+    rows = con.execute(
+        "SELECT table_name, column_name FROM information_schema.columns ORDER BY table_name, ordinal_position"
+    ).fetchall()
+    out: dict[str, list[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, []).append(column)
+    return out
 
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:

@@ -32,6 +32,7 @@ import numpy as np
 import xxhash
 
 from ..core.errors import ResourceError, StoreError
+from ..core.files import pwrite_all
 
 
 class VectorFile:
@@ -64,7 +65,7 @@ class VectorFile:
             raise StoreError(str(path), cause) from None
         if not head and not read_only:
             try:
-                _pwrite_all(self._fd, memoryview(header(identity)), 0)
+                pwrite_all(self._fd, memoryview(header(identity)), 0)
                 os.fsync(self._fd)
             except OSError as exc:
                 self.close()
@@ -103,7 +104,7 @@ class VectorFile:
                 start = end = os.fstat(self._fd).st_size
                 for vec in vectors:
                     end += -end % self.ALIGN  # a run killed mid-append leaves an unaligned tail: skip past it
-                    _pwrite_all(self._fd, vec.data.cast("B"), end)
+                    pwrite_all(self._fd, vec.data.cast("B"), end)
                     offsets.append(end)
                     end += vec.nbytes
                 os.fdatasync(self._fd)
@@ -163,17 +164,6 @@ class VectorFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    """Write all of ``data`` at ``offset``. ``pwrite`` may write less than asked (a disk that fills up mid-write
-    takes what fits and says so only in its count): the rest is written again, and then the disk's error raises."""
-    done = 0
-    while done < len(data):
-        written = os.pwrite(fd, data[done:], offset + done)
-        if written <= 0:  # no progress and no error: never loop for ever
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        done += written
 
 
 _IDENTITY = re.compile(rb"store ([0-9a-f]{16})\n\0*")

@@ -3,22 +3,20 @@
 Every variant goes through the store (so a re-run only scores), and is compared with two exact
 references: the cosine between whole flattened deltas (task vectors) over the same matrices, and the
 same with every matrix's delta unit-normed, computed streaming, one matrix of all models at a time,
-never holding all deltas in memory. The scores themselves are :mod:`modelvec.analyse.evaluation`'s.
+never holding all deltas in memory. The scores themselves are :mod:`modelvec.analyse.evaluation`'s; the variants
+are :mod:`modelvec.studies.grid`'s, the references :mod:`modelvec.studies.task_vectors`'.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
+from ..analyse.clustering import clustering_scores
 from ..analyse.evaluation import (
     REFERENCE,
     REFERENCE_BN,
@@ -29,156 +27,16 @@ from ..analyse.evaluation import (
     halves,
     score_row,
 )
-from ..analyse.scores import Scoring, clustering_scores, coordinates_of
+from ..analyse.scores import Scoring, coordinates_of
 from ..core.errors import StoreError
 from ..core.names import model_id
-from ..read import open_checkpoint
-from ..represent.representation import POOLINGS, Representation
+from ..represent.representation import Representation
 from ..run import embed
 from ..store import Population, Store, opened
-from .sweep import Sweep
-
-if TYPE_CHECKING:
-    from ..read import Checkpoint, MatrixRef
+from .grid import VARIANTS
+from .task_vectors import task_vector_gram
 
 PathLike = str | os.PathLike[str]
-
-#: The study's SVD factors: as the original study ran them (U, raw signs), with canonical signs, scaled by Σ,
-#: and the singular values alone, pooled by mean, and U·Σ concatenated over layers.
-SVD_GRID: tuple[dict[str, str], ...] = (
-    dict(factor="U", sign="none"),
-    dict(factor="U"),
-    dict(factor="US", sign="none"),
-    dict(factor="US"),
-    dict(factor="US", pooling="concat"),
-    dict(factor="S"),
-)
-
-
-def variants(
-    sweep: Sweep | None = None, vocabulary_head: bool = False, *, svd: bool = True, default: bool = True
-) -> dict[str, Representation]:
-    """The representations compared, named by their parameters (:meth:`Representation.label`).
-
-    The study's design, at every rank of ``sweep``: with ``svd``, the SVD factors (:data:`SVD_GRID`), with and
-    without block normalisation; the sketch with each projection of ``sweep``, reading each share of its rows,
-    pooled by mean and concatenated, block-normalised (and without block normalisation for the shared projection
-    of whole matrices, as first compared); all of the deltas alone (no head). ``vocabulary_head``: also the
-    block-normalised sketches (mean and concat) of the first projection and share with the head's vocabulary
-    prior appended. ``default``: also the default representation (:class:`Representation`'s defaults), marked.
-    ``sweep``'s seeds are :func:`evaluate`'s, not a variant's.
-    """
-    sweep = sweep or Sweep()
-    out: dict[str, Representation] = {}
-    for block_norm in (False, True):
-        for rank in sweep["rank"]:
-            grid = [
-                Representation(rank=rank, block_norm=block_norm, head="none", **fields)  # type: ignore[arg-type]
-                for fields in (SVD_GRID if svd else ())
-            ]
-            for projection, (share, auto_rows) in itertools.product(sweep["projection"], _rows(sweep)):
-                if block_norm or (projection, share) == ("shared", 1.0):
-                    grid += [
-                        Representation(
-                            rank=rank,
-                            projection=projection,
-                            rows=share,
-                            auto_rows=auto_rows,
-                            pooling=pooling,
-                            block_norm=block_norm,
-                            head="none",
-                            probe=probe,
-                        )
-                        for pooling in POOLINGS
-                        for probe in _probes(sweep, projection, block_norm)
-                    ]
-            out.update((r.label(), r) for r in grid)
-    if vocabulary_head:
-        projection, share, auto_rows = sweep["projection"][0], sweep["rows"][0], sweep["auto_rows"][0]
-        for rank in sweep["rank"]:
-            for pooling, probe in itertools.product(POOLINGS, _probes(sweep, projection, True)):
-                r = Representation(
-                    rank=rank,
-                    projection=projection,
-                    rows=share,
-                    auto_rows=auto_rows,
-                    pooling=pooling,
-                    head="vocabulary",
-                    probe=probe,
-                )
-                out[r.label()] = r
-    if default:  # marked in its name; where the grid has it already, that row is renamed
-        chosen = Representation()
-        out = {f"{name} (default)" if r == chosen else name: r for name, r in out.items()}
-        if chosen not in out.values():
-            out[f"{chosen.label()} (default)"] = chosen
-    return out
-
-
-def _probes(sweep: Sweep, projection: str, block_norm: bool) -> tuple[int | str, ...]:
-    """The probes compared for a projection: the sweep's for the block-normed CountSketch (the probe's), else none."""
-    return sweep["probe"] if projection == "countsketch" and block_norm else ("none",)
-
-
-def _rows(sweep: Sweep) -> list[tuple[float | str, int | str]]:
-    """The rows each variant reads: every share of the sweep, and ``auto`` with each of its ``auto_rows``."""
-    default = Representation().auto_rows
-    return [(share, n) for share in sweep["rows"] for n in (sweep["auto_rows"] if share == "auto" else (default,))]
-
-
-#: The default comparison, every field at its default (rank 32, CountSketch, auto rows): the SVD factors with and
-#: without block normalisation (12), the block-normed CountSketch of auto rows, mean and concatenated (2), and the
-#: default representation (15 distinct parameter sets).
-VARIANTS: dict[str, Representation] = variants()
-
-
-def task_deltas(
-    base_ck: Checkpoint, cks: Sequence[Checkpoint]
-) -> Iterator[tuple[MatrixRef, torch.Tensor, dict[int, torch.Tensor]]]:
-    """Per matrix of the base, one at a time: the base's matrix and each model's delta, float64.
-
-    A full fine-tune's delta is W_ft - W_base; a LoRA adapter's is its factors' product, and a
-    matrix the adapter leaves alone has no entry.
-    """
-    base_layout = base_ck.layout()
-    layouts = [None if ck.factored else ck.layout() for ck in cks]
-    shapes = {ref.key: tuple(base_ck.matrix(ref, base_layout.prefix, stored=True).shape) for ref in base_layout.refs}
-    factored = {i: ck.low_rank_deltas(base_layout, shapes) for i, ck in enumerate(cks) if ck.factored}
-    for ref in base_layout.refs:
-        w0 = base_ck.matrix(ref, base_layout.prefix).double()
-        deltas = {}
-        for i, (ck, lay) in enumerate(zip(cks, layouts)):
-            if lay is not None:
-                deltas[i] = ck.matrix(ref, lay.prefix).double() - w0
-            elif ref.key in factored[i]:
-                low = factored[i][ref.key]
-                deltas[i] = low.left.double() @ low.right.double().T
-        yield ref, w0, deltas
-
-
-def task_vector_gram(base: PathLike, models: Sequence[PathLike]) -> TaskVectors:
-    """G[i, j] = <dW_i, dW_j> over all representation matrices, one matrix of all models at a time, and the same
-    with every matrix's delta unit-normed (``gram_bn``; a zero delta stays zero).
-
-    A LoRA adapter's delta is its factors' product (zero for the matrices it leaves alone), formed
-    one matrix at a time like a full fine-tune's (:func:`task_deltas`).
-    """
-    start = time.perf_counter()
-    cks = [open_checkpoint(m) for m in models]
-    gram = np.zeros((len(cks), len(cks)))
-    gram_bn = np.zeros((len(cks), len(cks)))
-    dim = 0
-    for _, w0, deltas in task_deltas(open_checkpoint(base), cks):
-        rows = [deltas[i].reshape(-1) if i in deltas else w0.new_zeros(w0.numel()) for i in range(len(cks))]
-        stacked = torch.stack(rows)
-        block = (stacked @ stacked.T).numpy()
-        gram += block
-        norms = np.sqrt(np.clip(np.diag(block), 0, None))
-        unit = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
-        gram_bn += block * unit[:, None] * unit[None, :]
-        dim += w0.numel()
-    seconds = (time.perf_counter() - start) / max(len(cks), 1)
-    return TaskVectors(gram, dim, seconds, np.array([ck.factored for ck in cks], dtype=bool), gram_bn)
 
 
 def evaluate(

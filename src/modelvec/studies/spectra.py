@@ -27,14 +27,8 @@ import numpy as np
 
 from ..core.errors import CheckpointError, IncompatibleError
 from ..read import MatrixRef, Orientation, open_checkpoint
-from ..read.checkpoint import (
-    NUMPY_DTYPES,
-    Checkpoint,
-    Layout,
-    check_compatible,
-    refuse_quantized_delta,
-    warn_if_quantized,
-)
+from ..read.checkpoint import NUMPY_DTYPES, Checkpoint, refuse_quantized_delta, warn_if_quantized
+from ..read.layout import Layout, check_compatible
 from ..spectra.energy import as_float64, block_energies, each_on_a_thread, fuses_by_gram
 from ..spectra.tables import Spectrum
 

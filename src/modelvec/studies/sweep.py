@@ -14,7 +14,7 @@ from typing import Any
 from ..core.settings import check_field
 from ..represent.representation import Representation
 
-#: The fields of :class:`Representation` a comparison sweeps: :func:`~modelvec.studies.compare.variants` takes the rank, rows
+#: The fields of :class:`Representation` a comparison sweeps: :func:`~modelvec.studies.grid.variants` takes the rank, rows
 #: (with ``auto_rows`` for ``rows="auto"``), projection and probe (the CountSketch's), :func:`~modelvec.studies.compare.evaluate`
 #: the seed (its scores are the mean over seeds).
 SWEPT = ("rank", "rows", "auto_rows", "projection", "probe", "seed")

@@ -16,14 +16,18 @@ Modules:
     store.py    how a repository is kept on disk (layout, blobs, commits, metadata, card front matter)
     views.py    what the API says about a repository at a commit (its fields, tags and tree)
     faults.py   fault injection: the rules :meth:`LocalHub.fail` arms and the fault each request draws
-    server.py   :class:`HubServer`: the HTTP server and handler, the request log, the bandwidth limit
+    server.py   :class:`HubServer`: the running HTTP server, its request log and byte counts
+    routes.py   the request handler: the Hub API's endpoints routed to a :class:`LocalHub`
+    answers.py  how the handler answers: the request log, JSON and errors, bodies shaped by the faults
+    bandwidth.py  the bandwidth limit: :func:`parse_bandwidth` and the token bucket every connection shares
     cli.py      the command line, ``python -m modelvec.testing.localhub`` (run by ``__main__.py``)
 
 Only model repos; no uploads over HTTP (publish with :meth:`LocalHub.publish`). Standard library plus PyYAML.
 """
 
+from .bandwidth import parse_bandwidth
 from .cli import main
 from .hub import LocalHub
-from .server import HubServer, parse_bandwidth
+from .server import HubServer
 
 __all__ = ["HubServer", "LocalHub", "main", "parse_bandwidth"]

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import threading
 
+from .bandwidth import parse_bandwidth
 from .hub import LocalHub
-from .server import parse_bandwidth
 
 
 def _bandwidth_arg(text: str) -> float:

@@ -1,0 +1,144 @@
+"""The header of a safetensors file on the Hub, read by range requests without downloading the file.
+
+:func:`fetch_safetensors_header` reads its first 128 KiB (:data:`HEADER_PROBE`), and the rest of the header if it is
+longer, and learns the file's size from the answer (:mod:`.answers` checks each). A server that ignores ``Range`` is
+read only as far as the header goes, then hung up on. A header that is no sound safetensors header (checked by the
+parser a local file's header goes through, :mod:`modelvec.core.safetensors`) is the file's fault: a
+:class:`~modelvec.core.errors.CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from huggingface_hub import hf_hub_url
+from huggingface_hub.errors import HfHubHTTPError
+
+from ..core.errors import BadRangeAnswer, CheckpointError, FetchError, ModelvecError, raise_if_resource, shown
+from ..core.safetensors import MAX_HEADER, HeaderFault, data_start, header_length, parse_header
+from .answers import (
+    RemoteFile,
+    cause_of,
+    check_range,
+    content_length,
+    content_range,
+    range_headers,
+    read_until,
+    refuse_offline,
+    stream_get,
+)
+from .client import HubSettings, with_retries
+from .names import check_repo_id, check_revision
+
+#: Bytes asked for by the first request of a header: most safetensors headers are far smaller (a shard of an 8B
+#: Llama: ~30 KB), so one request; and small beside what a small model's share of rows costs (3 shards of SmolLM2
+#: at 1 MiB each were 1.4 % of its matrices' bytes).
+HEADER_PROBE = 1 << 17
+_UNSATISFIED = re.compile(r"\s*bytes\s+\*/(\d+)\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """The header of a remote safetensors file: ``raw`` is its first ``data_start`` bytes verbatim (the 8-byte length
+    prefix and the JSON header, to write at offset 0 of the local file), ``header`` the parsed JSON (tensor name ->
+    {dtype, shape, data_offsets}, and ``__metadata__`` if any); a tensor's bytes are at ``data_start + offset``."""
+
+    file: RemoteFile
+    raw: bytes
+    header: dict[str, Any]
+    data_start: int
+
+
+def _header_need(buffer: bytearray | bytes) -> int:
+    """How many bytes from the start of a safetensors file hold its header: 8, then 8 + the length they give
+    (only 8 when that length is over safetensors' limit: refused, never read)."""
+    if len(buffer) < 8:
+        return 8
+    length = header_length(buffer)
+    return 8 if length > MAX_HEADER else 8 + length
+
+
+def _read_first(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
+    """The first bytes of the file (its first :data:`HEADER_PROBE` bytes, or to the header's end if the server sends
+    the whole file) and the file's size."""
+    try:
+        return _read_first_answer(url, hub_settings)
+    except HfHubHTTPError as exc:  # 416 to bytes=0-...: the file is empty; its size is in Content-Range
+        m = _UNSATISFIED.fullmatch(exc.response.headers.get("Content-Range") or "")
+        if exc.response.status_code == 416 and m is not None and int(m.group(1)) == 0:
+            return b"", 0
+        raise
+
+
+def _read_first_answer(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
+    with stream_get(url, range_headers(hub_settings, 0, HEADER_PROBE), hub_settings) as response:
+        if response.status_code == 200:  # Range ignored: read what the header needs and hang up
+            announced = content_length(response)
+            if announced is None:
+                raise BadRangeAnswer("the server ignored Range and did not say the file's size")
+            size: int = announced
+            data = read_until(response, lambda got: min(_header_need(got), size))
+            if len(data) < min(_header_need(data), size):
+                raise BadRangeAnswer(f"the answer ended after {len(data)} of the file's {size} bytes")
+            return data, size
+        first, last, total = content_range(response)
+        if total is None or first != 0 or not (last == min(HEADER_PROBE, total) - 1):
+            raise BadRangeAnswer(
+                f"asked for bytes 0-{HEADER_PROBE - 1}, the answer says it has bytes {first}-{last} of {total}"
+            )
+        data = read_until(response, lambda _: last + 1)
+        if len(data) != last + 1:
+            raise BadRangeAnswer(f"asked for {last + 1} bytes, the answer has {len(data)}")
+        return data, total
+
+
+def _read_span(url: str, hub_settings: HubSettings, start: int, stop: int, size: int) -> bytes:
+    """Bytes ``[start, stop)`` of a file of ``size`` bytes, in memory (for a header: at most 100 MB)."""
+    with stream_get(url, range_headers(hub_settings, start, stop), hub_settings) as response:
+        if response.status_code == 200:
+            if content_length(response) not in (None, size):
+                raise BadRangeAnswer(f"the whole file announced {content_length(response)} bytes, not {size}")
+            data = read_until(response, lambda _: stop)[start:stop]
+        else:
+            check_range(response, start, stop, size)
+            data = read_until(response, lambda _: stop - start + 1)  # one more byte would be one too many
+        if len(data) != stop - start:
+            raise BadRangeAnswer(f"asked for bytes {start}-{stop - 1}, the answer has {len(data)} bytes")
+        return data
+
+
+def fetch_safetensors_header(
+    repo_id: str, revision: str, filename: str, hub_settings: HubSettings
+) -> SafetensorsHeader:
+    """The header of a safetensors file on the Hub and the file's size, without downloading the file.
+
+    One request for the first 128 KiB (and, for a longer header, one for the rest), each retried as the settings say;
+    a server that ignores ``Range`` is read only as far as the header goes, then hung up on. A header that safetensors
+    would refuse (over its 100 MB limit, not a JSON object of sound tensor entries, tensors that do not tile the file's
+    data exactly) is a :class:`CheckpointError` (the file is bad), said in the words a local file's fault is said in
+    (one parser: :func:`~modelvec.core.safetensors.parse_header`); failing to reach it is a :class:`FetchError`.
+    """
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    refuse_offline(repo_id, filename, hub_settings)
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
+    what = f"{repo_id}/{filename}"
+    try:
+        data, total = with_retries(lambda: _read_first(url, hub_settings), hub_settings, what)
+        start = data_start(data, total)
+        if len(data) < start:
+            got = len(data)
+            rest = with_retries(lambda: _read_span(url, hub_settings, got, start, total), hub_settings, what)
+            data += rest
+        raw = data[:start]
+        header = parse_header(raw[8:], total - start)
+    except HeaderFault as fault:  # the file's fault, in the words a local file's would be said in
+        raise CheckpointError(repo_id, f"{shown(filename)}: {fault}") from None
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise_if_resource(exc, repo_id)
+        raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {cause_of(exc)}") from exc
+    return SafetensorsHeader(RemoteFile(repo_id, revision, filename, total), raw, header, start)

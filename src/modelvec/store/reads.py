@@ -1,0 +1,342 @@
+"""What a store holds, read: the vectors' rows, where their bytes are and the vectors themselves, their products,
+the failures, the catalogue of discovered models, the traces. The connection's own helpers (its tables, its WHERE
+clauses, a view for another thread) are here too, for the writes and the store above them."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from ..core.errors import StoreError
+from ..represent.representation import Representation
+from .blocks import BlockReader, Selection, feature_moments
+from .keptfolder import KeptFolder
+from .products import Products, gram
+from .schema import (
+    DISCOVERY,
+    META_COLUMNS,
+    TRACES,
+    VECTORS,
+    catalogue_select,
+    columns_by_table,
+    columns_of,
+    meta_select,
+    select_list,
+)
+from .vectorfile import VectorFile
+
+
+@dataclass
+class StoredTraces:
+    """One base's stored traces: a row per model (model, base_hash, levels, scale, parent, zeros, along) and their
+    sketches, one
+    row of ``sketches`` each, in the same order; ``damaged``: the models whose sketch's bytes do not match their
+    checksum (model -> one line), left out of both."""
+
+    frame: pd.DataFrame
+    sketches: np.ndarray
+    damaged: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return self.frame.empty
+
+
+class StoreReads:
+    """The reads of a :class:`~modelvec.store.Store` (its connection ``con``, its vector file, its path)."""
+
+    path: Path
+    con: duckdb.DuckDBPyConnection
+    vector_file: VectorFile
+    read_only: bool
+
+    # --- the connection ------------------------------------------------------------------------------
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+
+    @staticmethod
+    def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
+        """A WHERE clause: each column given a value (None = any) equals it, plus ``extra`` (sql, arg) pairs."""
+        items = [(f"{column} = ?", value) for column, value in equal.items() if value is not None] + list(extra)
+        return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
+
+    def _where(
+        self,
+        base: str | None,
+        representation: Representation | str | None,
+        models: Sequence[str] | None,
+        base_hash: str | None = None,
+    ) -> tuple[str, list[Any]]:
+        key = representation.key() if isinstance(representation, Representation) else representation
+        extra = [("list_contains(?, model)", list(models))] if models is not None else []
+        return self._clauses(extra, base=base, params=key, base_hash=base_hash)
+
+    @contextmanager
+    def for_thread(self) -> Iterator[Self]:
+        """The same store through a DuckDB connection of its own, for another thread than the one that opened it
+        (DuckDB connections are not shared across threads), closed on leaving; the vector file is shared (its
+        reads are positional, its appends locked)."""
+        view = copy.copy(self)
+        view.con = self.con.cursor()
+        try:
+            yield view
+        finally:
+            view.con.close()
+
+    # --- the vectors ---------------------------------------------------------------------------------
+    def metadata(
+        self,
+        base: str | None = None,
+        representation: Representation | str | None = None,
+        models: Sequence[str] | None = None,
+        base_hash: str | None = None,
+    ) -> pd.DataFrame:
+        """One row per stored vector (no vectors), ordered by model; ``base_hash``: only those embedded against that
+        version of the base."""
+        where, args = self._where(base, representation, models, base_hash)
+        return self.con.execute(
+            f"SELECT {meta_select(self.con)} FROM vectors {where} ORDER BY model, base, params, base_hash", args
+        ).df()
+
+    def select(
+        self,
+        base: str | None = None,
+        representation: Representation | str | None = None,
+        models: Sequence[str] | None = None,
+        base_hash: str | None = None,
+    ) -> tuple[Selection, pd.DataFrame]:
+        """Where the selected vectors are (no vector read) and their metadata, rows ordered by model.
+
+        All selected vectors must share a dimension: select one base and one representation."""
+        where, args = self._where(base, representation, models, base_hash)
+        rows = self.con.execute(
+            f"""SELECT "offset", vector_hash, {meta_select(self.con)} FROM vectors {where}
+                ORDER BY model, base, params, base_hash""",
+            args,
+        ).df()
+        meta = rows[list(META_COLUMNS)].reset_index(drop=True)
+        if not rows.empty and rows["dim"].nunique() != 1:
+            raise ValueError("the selected vectors have different dimensions: select one base and one representation")
+        dim = int(rows["dim"].iloc[0]) if not rows.empty else 0
+        return Selection(rows["model"].tolist(), rows["offset"].tolist(), rows["vector_hash"].tolist(), dim), meta
+
+    def load(
+        self,
+        base: str | None = None,
+        representation: Representation | str | None = None,
+        models: Sequence[str] | None = None,
+    ) -> tuple[np.ndarray, pd.DataFrame]:
+        """Vectors as one float32 matrix and their metadata, rows ordered by model (the analysis of many vectors
+        reads them in blocks instead: :meth:`products`).
+
+        Each vector is copied once, from the vector file into the matrix, and checked against its checksum (a
+        damaged store raises :class:`StoreError` naming the model).
+        """
+        selection, meta = self.select(base, representation, models)
+        if not len(selection):
+            return np.zeros((0, 0), np.float32), meta
+        matrix = self.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models)
+        return matrix, meta
+
+    def products(
+        self,
+        selection: Selection,
+        *,
+        cache: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        standardize: bool = False,
+        verify: bool = True,
+        device: str = "auto",
+    ) -> Products:
+        """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.products.gram`);
+        with ``cache`` (a name for the selection, e.g. its base and representation) those of vectors seen before
+        come from beside the store and the new ones are kept there. ``standardize``: of the vectors with every
+        feature scaled to zero mean and unit variance over the selection (one more pass; their ``cache`` must name
+        exactly these vectors, whose means they depend on: :meth:`Population.standardized`). ``verify``: read and
+        check every vector even where all their products are kept (what catches bytes damaged since: a quick query
+        may skip it). ``device``: the torch device of the float32 products (auto: CUDA where a GPU is visible; the
+        CPU's are numpy's BLAS)."""
+        transform = None
+        if standardize:
+            mean, sd = feature_moments(self.vector_file, selection)
+            transform = lambda A: (A - mean) / sd
+        folder = KeptFolder(self.path)
+        known = folder.known(cache, selection) if cache is not None else None
+        result = gram(
+            self.vector_file,
+            selection,
+            known=known,
+            progress=progress,
+            transform=transform,
+            verify=verify,
+            device=device,
+        )
+        if cache is not None and (result.computed_rows or result.damaged):
+            # a damaged vector's products go too
+            folder.keep_products(cache, [selection.hashes[i] for i in result.positions], result.gram)
+        return result
+
+    def summary(self) -> pd.DataFrame:
+        """Counts per base and representation; ``params_json``: the representation's fields (JSON), as the vectors table holds them."""
+        return self.con.execute(
+            """SELECT base, params, architecture, count(*) AS models, any_value(dim) AS dim,
+                      round(avg(seconds), 3) AS mean_seconds, any_value(params_json) AS params_json
+               FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
+        ).df()
+
+    def has(self, model: str, model_version: str, base: str, base_version: str, representation: Representation) -> bool:
+        """Whether a current vector exists (same weights, same base weights, same representation)."""
+        hit = self.con.execute(
+            "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
+            [model, model_version, base, base_version, representation.key()],
+        ).fetchall()
+        return bool(hit)
+
+    def stored_version(self, model: str, base: str, base_version: str, representation: Representation) -> str | None:
+        """The version of ``model`` (``model_hash``) whose vector is stored against this base and representation."""
+        row = self.con.execute(
+            "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ?",
+            [model, base, base_version, representation.key()],
+        ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def card_of(self, model: str, base: str) -> tuple[str | None, list[str], str | None] | None:
+        """What is stored of ``model``'s card with ``base``: (its hash, the dataset labels, their source); None where
+        the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
+        row = self.con.execute(
+            f"SELECT {select_list(self.con, VECTORS, ['card_hash', 'datasets', 'label_source'])} FROM vectors "
+            "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
+            [model, base],
+        ).fetchone()
+        return (row[0], list(row[1] or []), row[2]) if row is not None else None
+
+    def same_files(
+        self, files_id: str, model: str, base: str, base_version: str, representation: Representation
+    ) -> str | None:
+        """The stored model (another name than ``model``) whose vector was made from the very weight files
+        ``files_id`` names, against this base and under this representation: ``model`` is its alias."""
+        if "files_id" not in set(columns_of(self.con, "vectors")):
+            return None
+        row = self.con.execute(
+            "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
+            "ORDER BY model LIMIT 1",
+            [files_id, model, base, base_version, representation.key()],
+        ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def same_vector(
+        self, digest: str, model: str, base: str, base_version: str, representation: Representation
+    ) -> str | None:
+        """A stored model (another name than ``model``) whose vector has the checksum ``digest`` against this base and
+        representation: the same weights, bit for bit, in every row read."""
+        row = self.con.execute(
+            "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
+            "AND params = ? ORDER BY model LIMIT 1",
+            [digest, model, base, base_version, representation.key()],
+        ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def aliases(self, base: str | None = None) -> dict[str, str]:
+        """Every second name of a stored model (of ``base``; None: any): alias -> the model it names."""
+        if "aliases" not in self._tables():
+            return {}
+        where, args = self._clauses(base=base)
+        return dict(self.con.execute(f"SELECT alias, model FROM aliases {where} ORDER BY alias", args).fetchall())
+
+    # --- failures, the catalogue, the traces ---------------------------------------------------------
+    def failures(self) -> pd.DataFrame:
+        return self.con.execute(
+            "SELECT model, base, params, error, coalesce(kind, CASE WHEN model_hash IS NULL THEN 'transient' ELSE 'content' END) "
+            "AS kind, created_at FROM failures ORDER BY model"
+        ).df()
+
+    def known_failure(self, model: str, model_version: str, base: str, representation: Representation) -> str | None:
+        """The recorded error when these very weights already failed, by their content, with this base and representation.
+
+        Resource and transient failures are not properties of the model: they are never returned here.
+        """
+        rows = self.con.execute(
+            "SELECT error FROM failures WHERE model = ? AND model_hash = ? AND base = ? AND params = ? "
+            "AND coalesce(kind, 'content') = 'content'",
+            [model, model_version, base, representation.key()],
+        ).fetchall()
+        return rows[0][0] if rows else None
+
+    def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
+        """Discovered models (one row per base and model), most downloaded first."""
+        where, args = self._clauses(base=base, kept=kept, model=model)
+        return self.con.execute(
+            f"SELECT {catalogue_select(self.con)}, discovered_at FROM catalogue {where} "
+            "ORDER BY base, downloads DESC NULLS LAST, model",
+            args,
+        ).df()
+
+    def base_sha(self, base: str) -> str | None:
+        """The base revision recorded at the last discovery."""
+        rows = self.con.execute("SELECT sha FROM bases WHERE base = ?", [base]).fetchall()
+        return rows[0][0] if rows else None
+
+    def discovery(self, base: str) -> pd.DataFrame:
+        """How far the discovery of ``base`` went (see :data:`~modelvec.store.schema.DISCOVERY`): no rows when none was
+        stored page by page (a catalogue stored whole, or none)."""
+        if "discovery" not in self._tables():
+            return pd.DataFrame(columns=[c for c, _ in DISCOVERY.columns])
+        return self.con.execute("SELECT * FROM discovery WHERE base = ? ORDER BY seq", [base]).df()
+
+    def traces(
+        self,
+        base: str,
+        params: str,
+        base_hash: str | None = None,
+        *,
+        read: bool = True,
+        models: Sequence[str] | None = None,
+    ) -> StoredTraces:
+        """The traces stored for ``base`` under the representation key ``params`` (and ``base_hash``: against that
+        version of the base; None: any; ``models``: only theirs), in model order: their rows (model, base_hash,
+        levels, scale, parent, zeros, along, sketch_hash, norm...) and their sketches, one (n, dim) float32 matrix
+        read from the vector file, each checked against its checksum (a damaged one is named in ``damaged`` and left
+        out). ``read=False``: the rows alone (no sketch read). Empty in a store older than traces."""
+        columns = [
+            "model",
+            "base_hash",
+            "levels",
+            "scale",
+            "parent",
+            "zeros",
+            "along",
+            "zeros_bf16",
+            "precision",
+            "rounding",
+            "norm",
+            "mini",
+            "sketch_hash",
+        ]
+        tables = columns_by_table(self.con)
+        if "traces" not in tables:
+            return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
+        extra = [("list_contains(?, model)", list(models))] if models is not None else []
+        where, args = self._clauses(extra, base=base, params=params, base_hash=base_hash)
+        listed = select_list(self.con, TRACES, columns, tables)
+        df = self.con.execute(
+            f'SELECT {listed}, "offset", dim FROM traces {where} ORDER BY model, base_hash', args
+        ).df()
+        dim = int(df["dim"].max()) if len(df) else 0
+        if len(df) and (df["dim"] != dim).any():
+            raise StoreError(base, f"its stored traces under {params} differ in size: re-embed them with --force")
+        if not read:
+            return StoredTraces(df.drop(columns=["offset", "dim"]), np.zeros((0, dim), np.float32))
+        selection = Selection(list(df["model"]), list(df["offset"]), list(df["sketch_hash"]), dim)
+        reader = BlockReader(self.vector_file, selection, len(selection))
+        sketches, sound = reader.read(range(len(selection)))
+        damaged = {m: line.replace("stored vector", "stored trace") for m, line in reader.damaged.items()}
+        frame = df.drop(columns=["offset", "dim"])[sound].reset_index(drop=True)
+        return StoredTraces(frame, sketches if sound.all() else sketches[sound], damaged)  # read once, not copied
