@@ -53,7 +53,7 @@ $(FLOORS_STAMP): pyproject.toml .ci/floors.py
 		|| $(FLOORS_PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(FLOORS_PY) .ci/floors.py ray gguf > $(FLOORS_VENV)/floors.txt
 	$(FLOORS_PY) -m pip install --quiet --no-cache-dir --prefer-binary -c $(FLOORS_VENV)/floors.txt -e ".[ray,gguf]" \
-		pytest pytest-xdist hypothesis peft sentencepiece
+		pytest pytest-xdist hypothesis peft sentencepiece import-linter
 	@touch $(FLOORS_STAMP)
 
 test-floors: $(FLOORS_STAMP)
