@@ -365,3 +365,20 @@ def cli_json(*args: str):
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+def shard_in_two(folder: Path, out: Path) -> Path:
+    """``folder``'s model.safetensors as two shards with an index in ``out`` (as save_pretrained writes large models)."""
+    state = load_file(str(folder / "model.safetensors"))
+    keys = sorted(state)
+    out.mkdir()
+    (out / "config.json").write_text((folder / "config.json").read_text())
+    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
+    for name, part in zip(SHARDS, halves):
+        save_file({k: state[k] for k in part}, str(out / name))
+    index = {"metadata": {}, "weight_map": {k: SHARDS[i] for i, part in enumerate(halves) for k in part}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out

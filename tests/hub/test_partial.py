@@ -11,9 +11,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import llama_pair
+from conftest import SHARDS, llama_pair, shard_in_two
 from modelvec import DeltaEmbedder, Representation, Store, embed
 from modelvec.hub.client import HubSettings
 from modelvec.hub.partial import partial_folder
@@ -23,21 +23,6 @@ from modelvec.testing.localhub import LocalHub
 # the weights' own sketch: these checkpoints are matrices only (no model to run on the probe; what the probe's Hub base
 # fetches is tests/run/test_probe_inputs.py's)
 ROWS = Representation(rows=0.05, projection="countsketch", probe="none")
-SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-
-
-def shard(folder, out):
-    """``folder``'s model.safetensors as two shards with an index (as save_pretrained writes large models)."""
-    state = load_file(str(folder / "model.safetensors"))
-    keys = sorted(state)
-    out.mkdir()
-    (out / "config.json").write_text((folder / "config.json").read_text())
-    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
-    for name, part in zip(SHARDS, halves):
-        save_file({k: state[k] for k in part}, str(out / name))
-    index = {"metadata": {}, "weight_map": {k: SHARDS[i] for i, part in enumerate(halves) for k in part}}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +32,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm")
     base, ft = llama_pair(root / "a", 1024, 4096, 2, torch.bfloat16, scale=1e-2)
     _, other = llama_pair(root / "b", 1024, 4096, 2, torch.bfloat16, scale=1e-2, seed=0)
-    yield {"base": base, "sharded": shard(ft, root / "sharded"), "single": other}
+    yield {"base": base, "sharded": shard_in_two(ft, root / "sharded"), "single": other}
     shutil.rmtree(root, ignore_errors=True)  # ~230 MB, for this module only
 
 

@@ -4,14 +4,12 @@ file's header parsed once (where it comes from the Hub, not again from the local
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from conftest import llama_pair
+from conftest import SHARDS, llama_pair, shard_in_two
 from modelvec import Representation, embed
 from modelvec.hub import partial
 from modelvec.hub.client import HubSettings
@@ -20,29 +18,14 @@ from modelvec.represent import blocks, embedder
 from modelvec.testing.localhub import LocalHub
 
 ROWS = Representation(rows=0.05, projection="countsketch", probe="none")
-SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 FT = "org/ft"
-
-
-def sharded(folder: Path, out: Path) -> Path:
-    """``folder``'s weights as two shards and an index: a model of several weight files."""
-    state = load_file(str(folder / "model.safetensors"))
-    keys = sorted(state)
-    out.mkdir()
-    (out / "config.json").write_text((folder / "config.json").read_text())
-    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
-    for name, part in zip(SHARDS, halves):
-        save_file({k: state[k] for k in part}, str(out / name))
-    index = {"metadata": {}, "weight_map": {k: SHARDS[i] for i, part in enumerate(halves) for k in part}}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
 
 
 def test_one_hub_model_is_opened_parsed_and_planned_once(tmp_path, monkeypatch):
     base, ft = llama_pair(tmp_path / "m", 256, 1024, 2, torch.bfloat16, scale=1e-2)
     hub = LocalHub(tmp_path / "hub")
     hub.publish("org/base", base, link=True)
-    hub.publish(FT, sharded(ft, tmp_path / "sharded"), link=True)
+    hub.publish(FT, shard_in_two(ft, tmp_path / "sharded"), link=True)
 
     opens: Counter[str] = Counter()
     parses: Counter[str] = Counter()  # by weight file of the model: from the Hub, and from the local copy
