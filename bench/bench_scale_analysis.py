@@ -147,7 +147,7 @@ from modelvec.analyse.scores import Scoring, coordinates_of, knn_dataset_score, 
 from modelvec.plots.maps import plot_html, plot_png
 from modelvec.store import Population
 from modelvec.store.kept import read_kept
-from modelvec.store.products import ProductsCache
+from modelvec.store.keptfolder import KeptFolder
 stages = {}
 def stage(name, fn):
     peak[0] = rss(); t = time.perf_counter(); value = fn()
@@ -156,7 +156,7 @@ def stage(name, fn):
 rep = Representation(size=size)
 with Store(store, read_only=True) as db:
     pop = stage("population (the base's version, the copies)", lambda: Population(db, base, rep))
-    kept = ProductsCache(db.path, pop.cache_key()).path
+    kept = KeptFolder(db.path).products_path(pop.cache_key())
     stage("verification: every kept row's checksum", lambda: read_kept(kept))
     products, meta = stage("products (kept beside the store, verified)", pop.products)
     scoring, _ = pop.resolve(Scoring(), list(meta["adapter"]))

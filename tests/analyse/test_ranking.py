@@ -51,6 +51,27 @@ def test_hits_within_equal_counting_in_the_sorted_order(seed):
     np.testing.assert_array_equal(hits_within(D, wanted, depth), expected)
 
 
+def test_off_limits_is_each_row_itself_and_its_group():
+    columns = np.array([0, 2, 3, 5, 8, 9])
+    block = np.array([1, 2, 3, 9])  # 1 is not a column: it excludes only its group
+    groups = np.array([0, 1, 1, -1, 2, 0, 2, 2, 1, -1])
+    expected = (columns[None, :] == block[:, None]) | ranking.same_group(groups, block, columns)
+    np.testing.assert_array_equal(ranking.off_limits(block, columns, groups), expected)
+    np.testing.assert_array_equal(ranking.off_limits(block, columns, None), columns[None, :] == block[:, None])
+    assert ranking.off_limits(block, columns[:0], None).shape == (4, 0)
+
+
+def test_take_reads_what_indexing_would(tmp_path):
+    G = np.arange(120.0).reshape(12, 10)
+    path = tmp_path / "g"
+    G.tofile(path)
+    mapped = np.memmap(path, dtype=np.float64, shape=(12, 10), mode="r")
+    runs, scattered = np.arange(3, 7), np.array([0, 4, 5, 9])
+    for rows in (runs, scattered, scattered[:0]):
+        for columns in (runs, scattered, np.array([7])):
+            np.testing.assert_array_equal(ranking.take(mapped, rows, columns), G[rows][:, columns])
+
+
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
 def test_every_pair_equals_each_pair_scaled(metric, monkeypatch):
     X = np.random.default_rng(3).normal(size=(70, 9))

@@ -158,6 +158,7 @@ def test_every_kept_file_is_there_and_verified_on_the_next_run(kept, base):
     assert {"store", "vectors", "products"} <= names and any(".spread-" in n for n in names), names
     assert any(".tree." in n for n in names), names
     assert any(".pairs-" in n for n in names) and any(".map-" in n for n in names), names  # cluster's
+    assert any(".blocks-" in n for n in names), names
     assert json.loads(first["cluster"][1])["scaling"] == "mutual-proximity"
 
 
@@ -240,6 +241,38 @@ def test_the_map_is_kept_and_laid_out_again_where_its_file_does_not_verify(kept,
         assert code == 0 and answer(out) == answer(first["cluster"][1]) and reduce.call_count == 1
     assert err.count("\n") == 1 and err.startswith(f"note: {path}"), err
     np.testing.assert_array_equal(read_kept(path).arrays["xy"], xy)
+
+
+def test_the_per_block_scores_are_kept_and_computed_again_where_they_do_not_hold(kept, base, zoo, tmp_path):
+    """A later ``cluster`` reads the per-block scores kept for exactly these vectors and labels (none computed); a
+    damaged kept file is computed again, the same, and said in one line; other labels (a label source kept alone)
+    compute them again."""
+    from unittest import mock
+
+    from modelvec.report import clusters
+
+    root, _, first = kept
+    store = copy_store(root, tmp_path)
+    path = next(p for name, p in kept_files(store, base).items() if ".blocks-" in name)
+    scores = np.array(read_kept(path).arrays["scores"])
+    with mock.patch.object(clusters, "block_knn_scores", side_effect=AssertionError("computed again")):
+        code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
+        assert code == 0 and answer(out) == answer(first["cluster"][1]), err
+    start = read_kept(path).arrays["scores"].offset
+    with open(path, "r+b") as fh:
+        fh.seek(start + 2)
+        fh.write(b"\x5a\x5a")
+    with mock.patch.object(clusters, "block_knn_scores", wraps=clusters.block_knn_scores) as computed:
+        code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
+        assert code == 0 and answer(out) == answer(first["cluster"][1]) and computed.call_count == 1
+    assert err.count("\n") == 1 and err.startswith(f"note: {path}"), err
+    np.testing.assert_array_equal(read_kept(path).arrays["scores"], scores)
+    args = ["cluster", str(base), "--store", str(store), "--out", str(tmp_path / "o"), "--reduce", "pca", "--json"]
+    with mock.patch.object(clusters, "block_knn_scores", wraps=clusters.block_knn_scores) as computed:
+        code, out, err = invoke(*args, "--label-source", "tag")  # the zoo's labels are its cards': none left
+        assert code == 0 and computed.call_count == 1, err
+        assert "note:" not in err
+        assert json.loads(out)["per_block"] != json.loads(first["cluster"][1])["per_block"]
 
 
 # --- 4: a vector damaged after its products were kept -----------------------------------------------------

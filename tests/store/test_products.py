@@ -85,6 +85,40 @@ def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
     assert list(damaged) == ["m0005"] and np.isnan(dots[5]) and not np.isnan(np.delete(dots, 5)).any()
 
 
+def flip(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_vectors_damaged_after_their_products_were_kept_are_caught_on_every_thread(tmp_path, monkeypatch):
+    """Every product kept: each vector is still read once and checked (on two threads here, each a run of the
+    file), and the damaged ones, one in each thread's run, are named in file order and left out."""
+    X = vectors(20, 40, 6)
+    with Store(tmp_path / "s.duckdb") as db:
+        db.put_many(rows(X))
+        db.products(db.select()[0], cache="base|key")
+        offsets = dict(db.con.execute('SELECT model, "offset" FROM vectors').fetchall())
+    for model in ("m0016", "m0003"):
+        flip(tmp_path / "s.duckdb.vectors", offsets[model] + 5)
+    monkeypatch.setattr(module, "cores", lambda: 2)
+    with Store(tmp_path / "s.duckdb", read_only=True) as db:
+        selection, _ = db.select()
+        reads: list[int] = []
+        original = db.vector_file.read_raw
+        monkeypatch.setattr(
+            db.vector_file, "read_raw", lambda offset, raw: reads.append(offset) or original(offset, raw)
+        )
+        got = db.products(selection, cache="base|key")
+    assert got.computed_rows == 0 and sorted(reads) == sorted(selection.offsets)
+    assert list(got.damaged) == ["m0003", "m0016"]
+    keep = [i for i in range(20) if i not in (3, 16)]
+    assert got.positions.tolist() == keep
+    np.testing.assert_allclose(got.gram, X[keep].astype(np.float64) @ X[keep].T, rtol=1e-5, atol=1e-4)
+
+
 def test_a_query_reads_each_vector_once(tmp_path, monkeypatch):
     X = vectors(25, 30, 4)
     with Store(tmp_path / "s.duckdb") as db:

@@ -7,23 +7,16 @@ the blocks' order, at most a few blocks ahead of the consumer, so memory stays a
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
+from ..core.machine import cores
+
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def cores() -> int:
-    """The cores this process may run on (its affinity, as a container or ``taskset`` limits it), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def in_order(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -> Iterator[R]:

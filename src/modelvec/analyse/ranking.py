@@ -38,10 +38,18 @@ def candidates(
     """The ranked distances of ``block`` to ``columns`` with the columns a row may not have as neighbours at +inf:
     itself, and those of its group (``groups``: int codes, -1 = no group)."""
     D = geo.ranked_distances(block, columns, scaling)
-    D[columns[None, :] == block[:, None]] = np.inf
-    if groups is not None:
-        D[same_group(groups, block, columns)] = np.inf
+    D[off_limits(block, columns, groups)] = np.inf
     return D
+
+
+def off_limits(block: np.ndarray, columns: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+    """Which ``columns`` each row of ``block`` may not have as a neighbour (boolean): itself, and its group's
+    (``groups``: int codes, -1 = no group). ``columns`` is sorted: a row finds itself by a binary search."""
+    off = same_group(groups, block, columns) if groups is not None else np.zeros((len(block), len(columns)), bool)
+    at = np.minimum(np.searchsorted(columns, block), len(columns) - 1)
+    mine = np.flatnonzero(columns[at] == block) if len(columns) else at[:0]
+    off[mine, at[mine]] = True
+    return off
 
 
 def ranked(
@@ -111,20 +119,24 @@ def _few(D: np.ndarray, depth: int) -> np.ndarray | None:
 
 def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """For each row, how many of its ``depth[r]`` nearest columns by (value, index) are ``wanted`` (boolean, as D):
-    the count a stable argsort's first ``depth[r]`` would give, from the value at that depth (one partition), ties
+    the count a stable argsort's first ``depth[r]`` would give, from the value at that depth (a partition of the rows
+    of each depth), ties
     at it taken by index. Rows of depth 0 count 0; ``depth[r]`` must not pass the row's finite values."""
     out = np.zeros(len(D), dtype=np.int64)
     live = np.flatnonzero(depth > 0)
     if not len(live):
         return out
     D, wanted, depth = D[live], wanted[live], depth[live]
-    cut = np.partition(D, np.unique(depth - 1), axis=1)[np.arange(len(live)), depth - 1]
+    cut = np.empty(len(live))
+    for d in np.unique(depth):  # one depth a partition: several at once take up to five times as long
+        rows = np.flatnonzero(depth == d)
+        cut[rows] = np.partition(D[rows] if len(rows) < len(D) else D, d - 1, axis=1)[:, d - 1]
     below = cut[:, None] > D
     at = cut[:, None] == D
-    hits = (below & wanted).sum(axis=1)
-    slots = depth - below.sum(axis=1)  # how many of the values at the cut are among the first depth
-    crowded = at.sum(axis=1) > slots
-    hits += np.where(crowded, 0, (at & wanted).sum(axis=1))
+    hits = np.count_nonzero(below & wanted, axis=1)
+    slots = depth - np.count_nonzero(below, axis=1)  # how many of the values at the cut are among the first depth
+    crowded = np.count_nonzero(at, axis=1) > slots
+    hits += np.where(crowded, 0, np.count_nonzero(at & wanted, axis=1))
     for r in np.flatnonzero(crowded):
         hits[r] += int(wanted[r, np.flatnonzero(at[r])[: slots[r]]].sum())
     out[live] = hits
@@ -133,8 +145,14 @@ def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndar
 
 def take(G: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """``G[rows][:, columns]``, read as directly as the indices allow: a run of indices is a slice, so a memory map
-    reads only those rows' pages (a view where both are runs: copy before writing)."""
-    return G[_run(rows), _run(columns)] if isinstance(_run(rows), slice) else G[rows][:, _run(columns)]
+    reads only those rows' pages, or only that run of each row's columns (a view where both are runs: copy before
+    writing); else the entries asked, gathered at once."""
+    at_rows, at_columns = _run(rows), _run(columns)
+    if isinstance(at_rows, slice):
+        return G[at_rows, at_columns]
+    if isinstance(at_columns, slice):
+        return G[:, at_columns][at_rows]
+    return G[np.ix_(at_rows, at_columns)]  # one gather: no copy of the rows whole first
 
 
 def _run(at: np.ndarray) -> slice | np.ndarray:

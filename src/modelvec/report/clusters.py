@@ -7,6 +7,9 @@ dataset score, predictions for unlabelled models and the clustering scores, redu
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -122,14 +125,15 @@ def _block_sample(pop: Population, kept: np.ndarray, meta: pd.DataFrame) -> tupl
 
 def _per_block(
     pop: Population,
-    kept: np.ndarray,
+    products: Products,
     meta: pd.DataFrame,
     files: str | None,
     scoring: Scoring,
 ) -> tuple[list[dict[str, Any]] | None, str | None, int]:
     """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none, and how
     many models it was computed on. Blocks that are zeros in every vector (the head's, where no model has one; a
-    layer no model changed) are left out."""
+    layer no model changed) are left out. Kept beside the store for exactly these vectors, labels and blocks
+    (:meth:`~modelvec.store.Population.derived`): computed only where none is kept."""
     if files is None:
         return (
             None,
@@ -142,15 +146,29 @@ def _per_block(
         return None, f"no per-block scores: the base's files could not be laid out ({exc})", 0
     if not blocks or blocks[-1].stop != pop.selection.dim:
         return None, "no per-block scores: the stored vectors do not match the base's layout", 0
-    X, rows = _block_sample(pop, kept, meta)
-    labels = [list(meta["datasets"].iloc[i]) for i in rows]
-    blocks = [b for b in blocks if X[:, b.start : b.stop].any()]  # a block no model has (a head) scores nothing
-    bounds = [(b.start, b.stop) for b in blocks]
-    scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
+
+    def computed() -> dict[str, np.ndarray]:
+        X, rows = _block_sample(pop, products.positions, meta)
+        labels = [list(meta["datasets"].iloc[i]) for i in rows]
+        live = [i for i, b in enumerate(blocks) if X[:, b.start : b.stop].any()]  # a block no model has scores nothing
+        bounds = [(blocks[i].start, blocks[i].stop) for i in live]
+        scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
+        return {"blocks": np.array(live, np.int64), "scores": scores, "sampled": np.array([len(X)], np.int64)}
+
+    inputs = json.dumps(
+        [
+            BLOCK_SAMPLE,
+            [sorted(d) for d in meta["datasets"]],
+            [[b.stack, b.layer, b.family, b.start, b.stop] for b in blocks],
+        ]
+    )
+    name = f"blocks-{scoring.metric}-{scoring.scaling}"
+    kept = pop.derived(products, name, computed, inputs=hashlib.sha256(inputs.encode()).hexdigest())
     found = [
-        {"stack": b.stack, "layer": b.layer, "family": b.family, "knn_score": float(v)} for b, v in zip(blocks, scores)
+        {"stack": blocks[i].stack, "layer": blocks[i].layer, "family": blocks[i].family, "knn_score": float(v)}
+        for i, v in zip(kept["blocks"].tolist(), kept["scores"])
     ]
-    return found, None, len(X)
+    return found, None, int(kept["sampled"][0])
 
 
 def cluster(
@@ -193,6 +211,7 @@ def cluster(
     compute = with_options(Compute, compute, taken_from(Compute, options), "cluster")
     reduction = with_options(Reduction, reduction, options, "cluster")
     with ExitStack() as stack, opened(store, read_only=True) as db, ThreadPoolExecutor(1) as beside:
+        beside.submit(_import_ahead)
         pop = Population(db, base, representation)
         products, meta = pop.products(progress, device=compute.device)
         if label_sources is not None:
@@ -213,7 +232,7 @@ def cluster(
         report = _scores(geo, meta, pop, resolved, seed, label_sources)
         report.scaling_note = scaling_note
         files = pop.base_files(hub_settings or HubSettings())
-        report.per_block, report.per_block_note, sampled = _per_block(pop, products.positions, meta, files, resolved)
+        report.per_block, report.per_block_note, sampled = _per_block(pop, products, meta, files, resolved)
         xy = layout.result()
     report.damaged, report.population = dict(pop.damaged), pop.describe()
     report.notes, report.repaired = pop.left_out(), list(pop.repaired)
@@ -228,6 +247,28 @@ def cluster(
     report.reduce, report.reduce_note = reduce, note
     _draw(report, xy, meta, folder, pop.representation, tree)
     return report
+
+
+#: What the scores and the figures import when first used (about 1.3 s on 2 cores): imported on the thread beside
+#: while the store is read and its vectors checked, which wait on the disk and run outside Python's lock.
+AHEAD = (
+    "scipy.linalg",
+    "sklearn.cluster",
+    "sklearn.metrics",
+    "sklearn.utils.extmath",
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+    "plotly.graph_objects",
+)
+
+
+def _import_ahead() -> None:
+    """Import :data:`AHEAD`; one that fails is left to fail where it is used, with its own message."""
+    for name in AHEAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
 
 
 def _map_tree(pop: Population, meta: pd.DataFrame) -> Tree | None:

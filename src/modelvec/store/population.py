@@ -249,11 +249,13 @@ class Population:
         compute: Callable[[], dict[str, np.ndarray]],
         *,
         mapped: bool = False,
+        inputs: str = "",
     ) -> dict[str, np.ndarray]:
         """Arrays that follow from exactly the vectors of ``products`` (a spread, a map's coordinates), kept beside
         the store under ``name``: read where they were kept for these very vectors and verify (a file that does not
-        is said in ``repaired``), else ``compute()`` and kept. ``mapped``: kept arrays as memory maps (large ones)."""
-        hashes = [self.selection.hashes[i] for i in products.positions]
+        is said in ``repaired``), else ``compute()`` and kept. ``mapped``: kept arrays as memory maps (large ones).
+        ``inputs``: a digest of what else they follow from (the labels, say): kept for other inputs is not kept."""
+        hashes = [self.selection.hashes[i] for i in products.positions] + ([inputs] if inputs else [])
         found, note = self.folder.derived(self.cache_key(), hashes, name, mapped=mapped)
         if note is not None:
             self.repaired.append(note)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.machine import cores
 from ..core.settings import setting, validate
 from .blocks import BLOCK_FLOATS, BlockReader, Selection, transformed
 from .keptfolder import Known
@@ -289,8 +290,7 @@ def gram(
         if progress is not None:
             progress(min(start + held, len(order)), len(order))
     if not order and verify:  # every product from the cache: the vectors are still read once, to catch damage since
-        for theirs, _, ok in _streamed(lambda r, p, into: r.read(p, into=into), reader, others, buffers):
-            work.bad.update(p for p, good in zip(theirs, ok) if not good)
+        work.bad.update(reader.check(others, cores()))
     bad = work.bad
     sound = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
     notes = [known.note] if known is not None and known.note else []
