@@ -11,10 +11,12 @@ At each N, each in a fresh process (peak RSS from ``/usr/bin/time``):
 - ``modelvec cluster BASE`` with no products kept (the first run: every pairwise product read and computed; where a
   GPU is visible, also with ``--device cpu`` and ``--device cuda`` side by side), then again (the products and the
   map's layout read from beside the store: the run a user repeats), again held to 2 cores with ``taskset`` beside all
-  the machine's cores, and again with the map laid out anew (what a store that gained models costs);
+  the machine's cores, and again with the map and the per-block scores computed anew (what a store that gained models
+  costs);
 - ``modelvec neighbors model-00007`` (a stored model) and ``modelvec export --parquet``;
-- the stages in one process (seconds and peak RSS of each): the products (kept), the scores (every pair's mutual
-  proximity, kNN, the author check, the predictions, the clusterers on their sample), the coordinates, each
+- the stages in one process (seconds and peak RSS of each): the products (kept), the libraries the scores and
+  figures import (``cluster`` imports them beside the reading), the coordinates, the scores (every pair's mutual
+  proximity, kNN, the author check, the predictions, the clusterers on their sample), the per-block scores, each
   reduction (PCA, UMAP, t-SNE: to choose ``auto``; laid out anew), the PNG and the HTML map.
 Then the growth law of each (seconds = a N^b, fitted on log-log) and what 100,000 models would need.
 
@@ -117,10 +119,11 @@ def _batches(base: Path, start: int, stop: int, dim: int, params: object) -> Ite
 
 
 def timed(command: list[str], env: dict[str, str], fresh_map: Path | None = None) -> dict:
-    """Wall seconds and peak RSS (GNU time's %M) of one command in a fresh process (``fresh_map``: the kept maps in
-    that folder removed first, so the map is laid out again)."""
-    for kept_map in fresh_map.glob("*.map-*.kept") if fresh_map is not None else ():
-        kept_map.unlink()
+    """Wall seconds and peak RSS (GNU time's %M) of one command in a fresh process (``fresh_map``: the kept maps and
+    per-block scores in that folder removed first, so both are computed again, as for a store that gained models)."""
+    for kept in fresh_map.glob("*.kept") if fresh_map is not None else ():
+        if ".map-" in kept.name or ".blocks-" in kept.name:  # what a store that gained models computes again
+            kept.unlink()
     done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True, env=env)
     last = done.stderr.strip().splitlines()[-1].split()
     out = {"seconds": float(last[0]), "peak_rss_gib": int(last[1]) / 2**20, "status": done.returncode}
@@ -165,6 +168,9 @@ with Store(store, read_only=True) as db:
     geo = stage("geometry (spreads kept beside the store, verified)", lambda: pop.geometry(products, scoring))
 labels = [list(d) for d in meta["datasets"]]
 scaling = scoring.scaling
+import importlib
+from modelvec.report.clusters import AHEAD
+stage("imports (cluster takes them beside the reading)", lambda: [importlib.import_module(m) for m in AHEAD])
 coords = stage("coordinates (64 principal above 1,024 models)", lambda: coordinates_of(products.gram))
 t_scores = time.perf_counter()
 stage("scores: every pair's mutual proximity", lambda: geo.rank_all(scaling))
@@ -173,6 +179,15 @@ stage("scores: kNN, other authors", lambda: knn_dataset_score(geo, labels, scali
 stage("scores: predictions", lambda: predict_datasets(geo, labels, k=5, scaling=scaling))
 stage("scores: clusterers (a sample of 2,000)", lambda: clustering_scores(geo, labels))
 stages["scores (all of the above)"] = {"seconds": time.perf_counter() - t_scores, "peak_rss_gib": max(v["peak_rss_gib"] for k, v in stages.items() if k.startswith("scores:"))}
+from modelvec.report.clusters import _block_sample
+from modelvec.represent import blocks_of
+from modelvec.analyse.scores import block_knn_scores
+def per_block():
+    with Store(store, read_only=True) as db:
+        X, rows = _block_sample(Population(db, base, rep), products.positions, meta)
+    bounds = [(b.start, b.stop) for b in blocks_of(base, rep) if X[:, b.start : b.stop].any()]
+    return block_knn_scores(X, [labels[i] for i in rows], bounds, scaling=scaling)
+stage("per-block scores (500 models; kept: 0 s)", per_block)
 from modelvec.analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS
 known = lambda m: geo.neighbours(UMAP_NEIGHBOURS + 1) if m == "umap" and len(meta) >= UMAP_KNOWN_FROM else None
 maps = {m: stage(f"reduce: {m}", lambda m=m: reduce(coords, m, metric="cosine", neighbours=known(m))) for m in sys.argv[5].split(",")}
@@ -278,7 +293,7 @@ def one_size(
         if len(os.sched_getaffinity(0)) > 2:  # the same run held to 2 of the cores, side by side
             row["cluster again, 2 cores"] = timed(["taskset", "-c", "0,1", *cluster], env)
         row["cluster again, all cores"] = timed(cluster, env)
-        row["cluster again, map laid out again"] = timed(cluster, env, fresh_map=Path(f"{store}.products"))
+        row["cluster again, map and per-block anew"] = timed(cluster, env, fresh_map=Path(f"{store}.products"))
         row["neighbors"] = timed(
             [str(BIN / "modelvec"), "neighbors", "model-00007", "--store", str(store), *option], env
         )

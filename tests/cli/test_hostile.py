@@ -1,6 +1,7 @@
 """Every command against hostile environments: one line, exit status 2, nothing stored lost.
 
-Each case runs a real command in a fresh process (what a user sees) against one environment built for it: a store on
+Each case runs a real command in a process of its own (what a user sees: forked from one that has imported the
+commands once, :mod:`zygote`) against one environment built for it: a store on
 a read-only file system, a file that is no DuckDB database, a truncated store, outputs into a missing folder, a
 read-only folder, a path through a regular file, a full disk under the outputs or under the store. A command that
 cannot do its work says so in exactly one line on stderr, ``error: <the path>: <the cause in words>``, and exits with
@@ -30,6 +31,7 @@ import modelvec
 from conftest import planted_finetune
 from modelvec.store import Store
 from modelvec.testing.localhub import LocalHub
+from zygote import Zygote
 
 # --- the world: a real store of four tiny fine-tunes, a fifth to embed, a local Hub for discover --------------------
 
@@ -41,6 +43,7 @@ class World:
     new: Path  # a fine-tune not in it
     store: Path  # the store as embed left it; each case works on a copy
     env: dict[str, str]  # the environment of the commands' processes
+    commands: Zygote  # what starts them
 
     def copy_store(self, folder: Path) -> Path:
         """The store's files (the DuckDB file, its vectors) copied into ``folder``, written out in full (no sparse
@@ -69,7 +72,11 @@ def world(tiny_bert, tmp_path_factory) -> Iterator[World]:
     with hub.serve() as server:
         env = {k: v for k, v in os.environ.items() if k not in ("MODELVEC_DEBUG", "MODELVEC_STORE")}
         env.update(COLUMNS="80", HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(root / "hub-cache"))
-        yield World(tiny_bert, stored, new, store, env)
+        commands = Zygote(env)
+        try:
+            yield World(tiny_bert, stored, new, store, env, commands)
+        finally:
+            commands.close()
 
 
 # --- mounts --------------------------------------------------------------------------------------------------------
@@ -342,11 +349,8 @@ def expand(template: str, w: World, place: Place) -> str:
 
 
 def run(w: World, place: Place, command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``modelvec COMMAND ...`` in a fresh process, as a user runs it."""
-    args = [expand(a, w, place) for a in COMMANDS[command]]
-    return subprocess.run(
-        [sys.executable, "-m", "modelvec.cli", *args], capture_output=True, text=True, env=w.env, cwd=cwd, timeout=300
-    )
+    """``modelvec COMMAND ...`` in a process of its own, as a user runs it."""
+    return w.commands.run([expand(a, w, place) for a in COMMANDS[command]], cwd)
 
 
 def held(place: Place) -> dict[object, object]:
@@ -450,9 +454,7 @@ def test_a_checkpoint_the_full_disk_cut_off_fails_the_command_and_the_next_reads
     filler.unlink()
     for command in ("show", "cluster"):
         args = [expand(a, world, place) for a in COMMANDS[command]] + ["--json"]
-        out = subprocess.run(
-            [sys.executable, "-m", "modelvec.cli", *args], capture_output=True, text=True, env=world.env, timeout=300
-        )
+        out = world.commands.run(args, tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         assert "damaged" not in out.stderr and not RAW.search(out.stdout + out.stderr), out.stderr[-3000:]
         said = [line for line in out.stderr.splitlines() if line.strip()]  # a reader leaves the bytes: said each time

@@ -509,7 +509,7 @@ def test_an_adapter_named_by_hub_id_on_a_fine_tune_with_the_base_in_a_folder_is_
 
 # --- the fault harness ----------------------------------------------------------------------------------------
 
-FILES = ("store", "vectors", "products", "spread", "tree", "map", "pairs")
+FILES = ("store", "vectors", "products", "spread", "tree", "map", "pairs", "blocks")
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -524,7 +524,7 @@ def test_any_byte_range_damaged_in_any_kept_file_is_the_same_answer_or_one_line(
     here = tmp_path_factory.mktemp("damaged")
     store = copy_store(root, here)
     files = kept_files(store, base)
-    mark = {"spread": ".spread-", "tree": ".tree.", "map": ".map-", "pairs": ".pairs-"}
+    mark = {"spread": ".spread-", "tree": ".tree.", "map": ".map-", "pairs": ".pairs-", "blocks": ".blocks-"}
     path = files[which] if which in files else next(p for name, p in files.items() if mark[which] in name)
     size = path.stat().st_size
     offset = min(int(where * size), size - 1)
