@@ -131,14 +131,12 @@ def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndar
     for d in np.unique(depth):  # one depth a partition: several at once take up to five times as long
         rows = np.flatnonzero(depth == d)
         cut[rows] = np.partition(D[rows] if len(rows) < len(D) else D, d - 1, axis=1)[:, d - 1]
-    below = cut[:, None] > D
-    at = cut[:, None] == D
-    hits = np.count_nonzero(below & wanted, axis=1)
-    slots = depth - np.count_nonzero(below, axis=1)  # how many of the values at the cut are among the first depth
-    crowded = np.count_nonzero(at, axis=1) > slots
-    hits += np.where(crowded, 0, np.count_nonzero(at & wanted, axis=1))
-    for r in np.flatnonzero(crowded):
-        hits[r] += int(wanted[r, np.flatnonzero(at[r])[: slots[r]]].sum())
+    within = D <= cut[:, None]  # exactly the first depth, unless values tied at the cut run past it
+    hits = np.count_nonzero(within & wanted, axis=1)
+    for r in np.flatnonzero(np.count_nonzero(within, axis=1) > depth):  # crowded at the cut: ties taken by index
+        below = D[r] < cut[r]
+        at = np.flatnonzero(D[r] == cut[r])[: depth[r] - np.count_nonzero(below)]
+        hits[r] = np.count_nonzero(below & wanted[r]) + np.count_nonzero(wanted[r, at])
     out[live] = hits
     return out
 
