@@ -131,7 +131,7 @@ def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndar
     for d in np.unique(depth):  # one depth a partition: several at once take up to five times as long
         rows = np.flatnonzero(depth == d)
         cut[rows] = np.partition(D[rows] if len(rows) < len(D) else D, d - 1, axis=1)[:, d - 1]
-    within = D <= cut[:, None]  # exactly the first depth, unless values tied at the cut run past it
+    within = cut[:, None] >= D  # exactly the first depth, unless values tied at the cut run past it
     hits = np.count_nonzero(within & wanted, axis=1)
     for r in np.flatnonzero(np.count_nonzero(within, axis=1) > depth):  # crowded at the cut: ties taken by index
         below = D[r] < cut[r]
