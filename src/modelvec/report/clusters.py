@@ -102,6 +102,11 @@ class ClusterReport:
 BLOCK_SAMPLE = 500
 
 
+#: The per-block scores' code: kept scores are read only where they were computed by the same (raise it when the
+#: scores change what they give for the same vectors and labels).
+PER_BLOCK_VERSION = 1
+
+
 def _block_sample(pop: Population, kept: np.ndarray, meta: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """The vectors the per-block scores are computed on (all, up to :data:`BLOCK_SAMPLE` models; above, a seeded
     sample taken in turn from each dataset) and their rows of ``meta``."""
@@ -157,6 +162,7 @@ def _per_block(
 
     inputs = json.dumps(
         [
+            PER_BLOCK_VERSION,
             BLOCK_SAMPLE,
             [sorted(d) for d in meta["datasets"]],
             [[b.stack, b.layer, b.family, b.start, b.stop] for b in blocks],
@@ -267,7 +273,7 @@ def _import_ahead() -> None:
     for name in AHEAD:
         try:
             importlib.import_module(name)
-        except ImportError:
+        except Exception:  # said where it is imported again, by the step that needs it
             pass
 
 
