@@ -417,6 +417,22 @@ def test_discovery_refresh_keeps_vectors_and_updates_labels(server, hub_settings
     db.close()
 
 
+def test_a_discovery_that_cannot_start_leaves_no_empty_store_behind(server, hub_settings, tmp_path):
+    """A new store is made once the Hub has answered: a base the Hub does not have is one error and no store; the
+    same store is then made and filled by a discovery that starts, and discovered into again as it is."""
+    from modelvec.core.errors import ModelvecError
+
+    store = tmp_path / "new.duckdb"
+    with pytest.raises(ModelvecError):
+        discover("nobody/no-such-base", store=store, hub_settings=hub_settings)
+    assert not list(tmp_path.iterdir())
+    found = discover(BASE, store=store, hub_settings=hub_settings)
+    with Store(store, read_only=True) as db:
+        assert len(db.catalogue(BASE)) == len(found.entries) > 0
+    again = discover(BASE, store=store, hub_settings=hub_settings)
+    assert [e.model for e in again.entries] == [e.model for e in found.entries]
+
+
 # --- download ---------------------------------------------------------------------------------------
 
 

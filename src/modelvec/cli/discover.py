@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -26,9 +27,14 @@ def discover(
 ) -> None:
     """Find the fine-tunes of BASE on the Hub (HF_ENDPOINT) and store the catalogue; vectors are kept."""
     from ..run import discover as find
+    from ..store import default_store_path
 
-    with open_store(store) as db:
-        found = find(base, scope, store=db)
+    where = store if store is not None else default_store_path()
+    if os.path.lexists(where):  # opened first: a wait for another process's run is said before any progress
+        with open_store(store) as db:
+            found = find(base, scope, store=db)
+    else:  # made once the Hub has answered: a discovery that cannot start leaves no empty store behind
+        found = find(base, scope, store=where)
     if as_json:
         print_json(found.as_json())
         return
@@ -62,4 +68,4 @@ def discover(
     if quantized and not show_rejected:
         what = "quantization" if len(quantized) == 1 else "quantizations"
         say(console, f"{len(quantized)} {what} recorded, not mapped (--rejected lists them)")
-    say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {printable(db.path)}")
+    say(console, f"kept {len(found.kept)}, rejected {len(found.rejected)} -> catalogue in {printable(where)}")

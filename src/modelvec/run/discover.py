@@ -3,6 +3,7 @@ catalogue written to the store page by page, so that a stopped discovery goes on
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -52,8 +53,17 @@ def discover(
         return search_finetunes(
             base, scope, hub_settings=hub_settings, progress=progress, matcher=ArchitectureMatcher()
         )
+    answered = None
+    if not isinstance(store, Store) and not os.path.lexists(store):  # a new store: made once the Hub has answered, so
+        pages = stream_finetunes(  # a discovery that cannot start (no network, no such base) leaves no empty store
+            base, scope, hub_settings=hub_settings, progress=progress, matcher=ArchitectureMatcher()
+        )
+        answered = itertools.chain([next(pages)], pages)
     with opened(store) as db:
-        *_, last = discover_pages(base, scope, db, hub_settings=hub_settings, progress=progress, refresh=True)
+        if answered is None:
+            *_, last = discover_pages(base, scope, db, hub_settings=hub_settings, progress=progress, refresh=True)
+        else:
+            *_, last = stored_pages(base, scope, db, None, pages=answered)
         return Discovery(last.base, last.base_sha, last.entries, last.notes)
 
 
@@ -102,12 +112,17 @@ def stored_pages(
     *,
     hub_settings: HubSettings | None = None,
     progress: Progress | None = None,
+    pages: Iterator[Page] | None = None,
 ) -> Iterator[Page]:
     """:func:`discover_pages` from ``resume`` (see :func:`resumable`); it touches the store only through
-    :meth:`Store.put_discovery_page`, so it may run in a thread of its own."""
+    :meth:`Store.put_discovery_page`, so it may run in a thread of its own. ``pages``: the Hub's pages, already
+    asked for (from ``resume``)."""
     key = _scope_key(scope)
-    matcher = ArchitectureMatcher()
-    pages = stream_finetunes(base, scope, hub_settings=hub_settings, progress=progress, matcher=matcher, resume=resume)
+    if pages is None:
+        matcher = ArchitectureMatcher()
+        pages = stream_finetunes(
+            base, scope, hub_settings=hub_settings, progress=progress, matcher=matcher, resume=resume
+        )
     for page in pages:
         listings = [(x.key, json.dumps(x.query, sort_keys=True), x.cursor, x.done) for x in page.listings]
         db.put_discovery_page(page.base, page.base_sha, page.entries, listings, scope=key, done=page.done)
