@@ -34,7 +34,7 @@ PRELOAD = (
 )
 
 SERVER = r"""
-import atexit, importlib, json, os, sys, traceback
+import importlib, json, os, sys, traceback
 for name in json.loads(sys.argv[1]):
     try:
         importlib.import_module(name)
@@ -69,12 +69,8 @@ for line in sys.stdin:
         except BaseException:
             traceback.print_exc()
             code = 1
-        finally:
-            try:
-                atexit._run_exitfuncs()
-            except BaseException:
-                pass
-            try:
+        finally:  # its files flushed, then out at once: the interpreter's teardown of torch and the rest is ~1 s a
+            try:  # command; modelvec registers no exit functions (test_hostile checks), the CLI closes its store
                 sys.stdout.flush(); sys.stderr.flush()
             finally:
                 os._exit(code)

@@ -79,6 +79,13 @@ def world(tiny_bert, tmp_path_factory) -> Iterator[World]:
             commands.close()
 
 
+def test_modelvec_registers_no_exit_functions():
+    """The commands here leave their forked processes as soon as their files are flushed (:mod:`zygote`): that is
+    their whole exit only while nothing of modelvec waits for the interpreter's exit functions."""
+    src = Path(modelvec.__file__).parent
+    assert not [p for p in src.rglob("*.py") if re.search(r"\batexit\b", p.read_text())]
+
+
 # --- mounts --------------------------------------------------------------------------------------------------------
 
 
