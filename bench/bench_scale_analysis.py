@@ -146,7 +146,7 @@ size = int(size) if size.isdigit() else size
 from modelvec import Representation, Store
 from modelvec.analyse.reduction import reduce
 from modelvec.analyse.clustering import clustering_scores
-from modelvec.analyse.scores import Scoring, coordinates_of, knn_dataset_score, predict_datasets
+from modelvec.analyse.scores import Scoring, knn_dataset_score, predict_datasets
 from modelvec.plots.maps import plot_html, plot_png
 from modelvec.store import Population
 from modelvec.store.kept import read_kept

@@ -149,6 +149,14 @@ def copy_store(root: Path, into: Path) -> Path:
     return into / "s.duckdb"
 
 
+def overwrite(path: Path, array: str, at: int) -> None:
+    """Two bytes overwritten ``at`` bytes into the kept array ``array`` of the kept file ``path``."""
+    start = read_kept(path).arrays[array].offset
+    with open(path, "r+b") as fh:
+        fh.seek(start + at)
+        fh.write(b"\x5a\x5a")
+
+
 # --- 2, 3: kept files damaged -------------------------------------------------------------------------
 
 
@@ -229,13 +237,10 @@ def test_the_map_is_kept_and_laid_out_again_where_its_file_does_not_verify(kept,
     store = copy_store(root, tmp_path)
     path = next(p for name, p in kept_files(store, base).items() if ".map-pca-" in name)
     xy = np.array(read_kept(path).arrays["xy"])
-    start = read_kept(path).arrays["xy"].offset
     with mock.patch.object(clusters, "reduce_to_2d", side_effect=AssertionError("laid out again")):
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]), err
-    with open(path, "r+b") as fh:
-        fh.seek(start + 8 * 3 + 2)  # inside the layout's second row
-        fh.write(b"\x5a\x5a")
+    overwrite(path, "xy", 8 * 3 + 2)  # inside the layout's second row
     with mock.patch.object(clusters, "reduce_to_2d", wraps=clusters.reduce_to_2d) as reduce:
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]) and reduce.call_count == 1
@@ -258,10 +263,7 @@ def test_the_per_block_scores_are_kept_and_computed_again_where_they_do_not_hold
     with mock.patch.object(clusters, "block_knn_scores", side_effect=AssertionError("computed again")):
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]), err
-    start = read_kept(path).arrays["scores"].offset
-    with open(path, "r+b") as fh:
-        fh.seek(start + 2)
-        fh.write(b"\x5a\x5a")
+    overwrite(path, "scores", 2)  # inside the first block's score
     with mock.patch.object(clusters, "block_knn_scores", wraps=clusters.block_knn_scores) as computed:
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]) and computed.call_count == 1

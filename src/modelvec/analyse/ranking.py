@@ -33,12 +33,18 @@ def blocks(rows: np.ndarray, n_columns: int) -> Iterator[np.ndarray]:
 
 
 def candidates(
-    geo: Ranks, block: np.ndarray, columns: np.ndarray, groups: np.ndarray | None, scaling: str
+    geo: Ranks,
+    block: np.ndarray,
+    columns: np.ndarray,
+    groups: np.ndarray | None,
+    scaling: str,
+    off: np.ndarray | None = None,
 ) -> np.ndarray:
     """The ranked distances of ``block`` to ``columns`` with the columns a row may not have as neighbours at +inf:
-    itself, and those of its group (``groups``: int codes, -1 = no group)."""
+    itself, and those of its group (``groups``: int codes, -1 = no group); ``off``: those columns, where the
+    caller has them already (:func:`off_limits`)."""
     D = geo.ranked_distances(block, columns, scaling)
-    D[off_limits(block, columns, groups)] = np.inf
+    D[off_limits(block, columns, groups) if off is None else off] = np.inf
     return D
 
 
@@ -120,8 +126,8 @@ def _few(D: np.ndarray, depth: int) -> np.ndarray | None:
 def hits_within(D: np.ndarray, wanted: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """For each row, how many of its ``depth[r]`` nearest columns by (value, index) are ``wanted`` (boolean, as D):
     the count a stable argsort's first ``depth[r]`` would give, from the value at that depth (a partition of the rows
-    of each depth), ties
-    at it taken by index. Rows of depth 0 count 0; ``depth[r]`` must not pass the row's finite values."""
+    of each depth), ties at it taken by index. Rows of depth 0 count 0; ``depth[r]`` must not pass the row's finite
+    values."""
     out = np.zeros(len(D), dtype=np.int64)
     live = np.flatnonzero(depth > 0)
     if not len(live):

@@ -56,7 +56,7 @@ from .neighbours import (
     yardstick,
 )
 from .parallel import in_order
-from .ranking import blocks, hits_within, nearest_distances, off_limits, ranked
+from .ranking import blocks, candidates, hits_within, nearest_distances, off_limits, ranked
 
 __all__ = [
     "AUTO",
@@ -162,10 +162,8 @@ def knn_dataset_score(
         off = off_limits(block, columns, groups)  # f itself is not one of "the other" k-1, nor its group's
         same = shares(block, columns)  # shares a label; unlabelled never do
         same[off] = False
-        D = geo.ranked_distances(block, columns, scaling)
-        D[off] = np.inf  # as ranking.candidates has it
         k_minus_1 = np.count_nonzero(same, axis=1)
-        return block, hits_within(D, same, k_minus_1), k_minus_1
+        return block, hits_within(candidates(geo, block, columns, groups, scaling, off), same, k_minus_1), k_minus_1
 
     for block, hits, k_minus_1 in in_order(of_block, blocks(np.flatnonzero(labelled), len(columns))):
         scored = k_minus_1 > 0

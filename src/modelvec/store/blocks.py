@@ -47,7 +47,7 @@ class BlockReader:
             raw = out[j].view(np.uint8)
             cause = self.file.problem(self.file.read_raw(self.sel.offsets[i], raw), raw, self.sel.hashes[i])
             if cause is not None:  # its file missing, cut short, or bytes that do not match: said as it is
-                self.damaged[self.sel.models[i]] = f"{self.sel.models[i]}: {cause}"
+                self._said(i, cause)
                 out[j] = 0.0
                 sound[j] = False
         return out, sound
@@ -70,8 +70,12 @@ class BlockReader:
         with ThreadPoolExecutor(max(1, len(runs))) as pool:
             causes = [found for part in pool.map(one, runs) for found in part]
         for i, cause in causes:  # said in the order given, whatever thread found it
-            self.damaged[self.sel.models[i]] = f"{self.sel.models[i]}: {cause}"
+            self._said(i, cause)
         return {i for i, _ in causes}
+
+    def _said(self, position: int, cause: str) -> None:
+        model = self.sel.models[position]
+        self.damaged[model] = f"{model}: {cause}"
 
 
 def transformed(

@@ -285,9 +285,9 @@ class Population:
         """Which of these positions of ``selection`` hold vectors whose bytes match their checksums (the others are
         named in ``damaged``): what a query that reads only the kept products checks of what it shows."""
         reader = BlockReader(self.db.vector_file, self.selection, 1)
-        sound = [int(i) for i in positions if reader.read([int(i)])[1][0]]
+        bad = reader.check([int(i) for i in positions])
         self.damaged.update(reader.damaged)
-        return sound
+        return [int(i) for i in positions if int(i) not in bad]
 
     # --- the traces ----------------------------------------------------------------------------------
     def traces(self, *, read: bool = True) -> StoredTraces:
