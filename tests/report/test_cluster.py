@@ -492,7 +492,7 @@ def test_per_block_knn_score_finds_the_planted_block_and_draws_the_heat_map(tiny
 
 
 def test_the_map_is_chosen_by_size_and_says_so(planted, tmp_path):
-    """reduce='auto' draws t-SNE for a hundred models or fewer (UMAP compiles for seconds on every run) and UMAP from
+    """reduce='auto' draws t-SNE for a hundred models or fewer and UMAP from
     there; the report names what it drew and why."""
     from modelvec.analyse.reduction import AUTO_UMAP_FROM, Reduction
 

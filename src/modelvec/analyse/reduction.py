@@ -10,9 +10,10 @@ the parameters validated once before any work. Three methods:
   t-SNE uses no random numbers: its result does not depend on ``seed``.) The exact gradient up to
   ``TSNE_EXACT_MAX_N`` = 200 models (under a second; Barnes-Hut can take ~40 s for 5 points whose
   layout flies apart), Barnes-Hut above.
-- ``"umap"``: :class:`umap.UMAP` with ``random_state=seed`` (which makes it deterministic and
-  single-threaded) and ``n_neighbors = min(15, n - 1)``. umap is imported lazily: importing it
-  compiles numba code, which takes seconds.
+- ``"umap"``: UMAP (:mod:`modelvec.analyse.layout`: umap-learn's method and defaults, its numba code compiled once
+  per machine and kept, the rows laid out in parallel, deterministically) of each row's ``min(15, n - 1)`` nearest
+  rows (itself included, as umap-learn's ``n_neighbors``), started from the top principal coordinates and seeded
+  by ``seed``; 500 epochs, 200 from ``UMAP_KNOWN_FROM`` rows.
 
 Vectors longer than there are models (d > n, as model vectors are) are first written in a basis of
 their own span (:func:`row_space`, n x n): the same inner products, so every method sees the same
@@ -26,7 +27,7 @@ Small n (documented behaviour, never a crash):
 - PCA with fewer components than asked for (n_components > min(n, d)): the missing coordinates
   are zeros (e.g. 2 models give a line: PC 2 is 0).
 - t-SNE and UMAP need neighbourhoods; with fewer than ``MIN_NEIGHBOUR_N`` = 4 models (or
-  n < n_components + 2) there are none to speak of (and umap itself fails). Then the map is
+  n < n_components + 2) there are none to speak of. Then the map is
   the exact metric layout instead: classical multidimensional scaling of the pairwise
   distances in ``metric``, which places 2 or 3 points at exactly their distances (when those
   obey the triangle inequality), and a :class:`UserWarning` says so.
@@ -42,13 +43,15 @@ import numpy as np
 from ..core.settings import setting, validate
 
 REDUCERS = ("pca", "tsne", "umap")
-#: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (UMAP's numba code compiles for ~15 s on
-#: every run, while the map of a hundred models is as readable with t-SNE, in under a second).
+#: From this many models ``reduce="auto"`` draws UMAP; below, t-SNE (the map of a hundred models is as readable with
+#: t-SNE, in under a second, and UMAP's compiled code may not be kept yet: ~5 s the first time on a machine).
 AUTO_UMAP_FROM = 101
 MIN_NEIGHBOUR_N = 4  # below this t-SNE and UMAP have no neighbourhoods; see the module docstring
 TSNE_EXACT_MAX_N = 200  # t-SNE's exact gradient up to here, Barnes-Hut above
 UMAP_NEIGHBOURS = 15
 UMAP_KNOWN_FROM = 2000  # from here UMAP takes the nearest neighbours given (they cost it most of its time)
+UMAP_EPOCHS = 500  # UMAP's epochs below UMAP_KNOWN_FROM rows (umap-learn's up to 10,000)
+UMAP_EPOCHS_KNOWN = 200  # and from there (umap-learn's above 10,000): a map of thousands needs fewer
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Reduction:
             return self.reduce, None
         if n_models >= AUTO_UMAP_FROM:
             return "umap", f"umap: {n_models} models"
-        return "tsne", f"t-SNE for {n_models} models (UMAP compiles for ~15 s on every run; --reduce umap draws it)"
+        return "tsne", f"t-SNE for {n_models} models (--reduce umap draws UMAP)"
 
 
 def reduce(
@@ -89,12 +92,11 @@ def reduce(
     ``standardize`` scales every feature to zero mean and unit variance first (sklearn's
     :class:`~sklearn.preprocessing.StandardScaler`; constant features stay 0), so that one
     feature with a huge scale does not decide the map on its own. ``metric`` is the distance
-    t-SNE and UMAP use (any name scikit-learn's ``pairwise_distances`` and umap both know,
+    t-SNE and UMAP use (any name scikit-learn's ``pairwise_distances`` knows,
     e.g. ``"cosine"``, ``"euclidean"``); PCA ignores it. ``seed`` fixes every random choice.
     ``neighbours``: each row's nearest rows and their distances in ``metric`` (indices and distances, nearest
     first, the row itself first at 0), known already (from the vectors' products): from :data:`UMAP_KNOWN_FROM`
-    rows UMAP takes them instead of searching for them, and runs 200 epochs (its own choice above 10,000 rows),
-    a fraction of its time on thousands of models.
+    rows UMAP takes them instead of searching for them, and runs 200 epochs.
 
     Raises ValueError for an unknown reducer, bad parameters, or an ``X`` that is not a finite
     2-D array with at least one row.
@@ -180,20 +182,22 @@ def _tsne(X: np.ndarray, n_components: int, seed: int, metric: str) -> np.ndarra
 def _umap(
     X: np.ndarray, n_components: int, seed: int, metric: str, neighbours: tuple[np.ndarray, np.ndarray] | None
 ) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ImportWarning)  # "Tensorflow not installed; ParametricUMAP unavailable"
-        import umap
+    """UMAP (:func:`modelvec.analyse.layout.layout`) of each row's nearest rows: those given, else found exactly
+    (scikit-learn, every pair's distance: a map's few thousand rows), from the rows' top principal coordinates."""
+    from .layout import layout
 
-    k = min(UMAP_NEIGHBOURS, X.shape[0] - 1)
-    known: dict = {}
-    if neighbours is not None and neighbours[0].shape[1] >= k:
-        known = {"precomputed_knn": (neighbours[0][:, :k], neighbours[1][:, :k], None), "n_epochs": 200}
-    model = umap.UMAP(
-        n_components=n_components, n_neighbors=k, metric=metric, random_state=seed, n_jobs=1, **known
-    )  # n_jobs=1: what random_state implies anyway, without the warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "precomputed_knn ... no search index": nothing is added later
-        return _pad(model.fit_transform(X), n_components)
+    n = X.shape[0]
+    k = min(UMAP_NEIGHBOURS, n - 1)  # neighbours counting the row itself, as umap-learn's n_neighbors
+    if neighbours is None or neighbours[0].shape[1] < k:
+        from sklearn.neighbors import NearestNeighbors
+
+        distances, indices = NearestNeighbors(n_neighbors=k, metric=metric, algorithm="brute").fit(X).kneighbors()
+        indices = np.hstack([np.arange(n)[:, None], indices[:, : k - 1]])
+        distances = np.hstack([np.zeros((n, 1)), distances[:, : k - 1]])
+    else:
+        indices, distances = neighbours[0][:, :k], neighbours[1][:, :k]
+    epochs = UMAP_EPOCHS if n < UMAP_KNOWN_FROM else UMAP_EPOCHS_KNOWN
+    return layout(indices, distances, _pca(X, n_components, seed), n_epochs=epochs, seed=seed)
 
 
 def _classical_mds(X: np.ndarray, n_components: int, metric: str) -> np.ndarray:

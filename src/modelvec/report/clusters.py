@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.clustering import clustering_scores
+from ..analyse.layout import taken_notes
 from ..analyse.parallel import one_blas_thread
 from ..analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS, Reduction
 from ..analyse.reduction import reduce as reduce_to_2d
@@ -241,7 +242,7 @@ def cluster(
         report.per_block, report.per_block_note, sampled = _per_block(pop, products, meta, files, resolved)
         xy = layout.result()
     report.damaged, report.population = dict(pop.damaged), pop.describe()
-    report.notes, report.repaired = pop.left_out(), list(pop.repaired)
+    report.notes, report.repaired = pop.left_out(), [*pop.repaired, *taken_notes()]
     folder = Path(out)
     if report.per_block:
         title = f"which layers and families separate the datasets ({pop.representation.key()})"
@@ -259,6 +260,7 @@ def cluster(
 #: while the store is read and its vectors checked, which wait on the disk and run outside Python's lock.
 AHEAD = (
     "scipy.linalg",
+    "numba",
     "sklearn.cluster",
     "sklearn.metrics",
     "sklearn.utils.extmath",
@@ -335,14 +337,14 @@ def _scores(
 
 #: The map's layout code: a kept layout is used only where it was made by the same (raise it when the reductions
 #: change what they give for the same coordinates).
-MAP_VERSION = 1
+MAP_VERSION = 2
 
 
 def _layout_version() -> str:
     """What a kept map was laid out by: :data:`MAP_VERSION` and the versions of the libraries that lay maps out."""
     from importlib.metadata import version
 
-    return f"v{MAP_VERSION}-umap{version('umap-learn')}-sklearn{version('scikit-learn')}"
+    return f"v{MAP_VERSION}-numba{version('numba')}-sklearn{version('scikit-learn')}"
 
 
 def _kept_layout(
