@@ -4,6 +4,10 @@ source does."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from sklearn.neighbors import NearestNeighbors
@@ -120,3 +124,24 @@ def test_kept_code_that_cannot_be_loaded_is_compiled_anew_and_said(monkeypatch):
     assert np.isfinite(Y).all()
     (note,) = layout.taken_notes()
     assert "could not be loaded (EOFError): compiled anew" in note
+
+
+def test_maps_laid_out_from_two_threads_at_once_on_any_threading_layer(tmp_path):
+    """numba's workqueue layer (where neither TBB nor OpenMP is installed) aborts a process that launches parallel
+    code from two threads at once: two maps asked at once are laid out in turn, each as if alone."""
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import threading, numpy as np\n"
+        "from modelvec.analyse.reduction import reduce\n"
+        "X = np.random.default_rng(0).normal(size=(600, 12))\n"
+        "alone = [reduce(X, 'umap', seed=s) for s in (0, 1)]\n"
+        "out = [None, None]\n"
+        "def run(s): out[s] = reduce(X, 'umap', seed=s)\n"
+        "threads = [threading.Thread(target=run, args=(s,)) for s in (0, 1)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "import numba; print(numba.threading_layer(), all(np.array_equal(a, b) for a, b in zip(alone, out)))\n"
+    )
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["workqueue", "True"]

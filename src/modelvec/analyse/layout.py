@@ -23,6 +23,7 @@ umap-learn's):
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -128,9 +129,16 @@ def _scaled_start(start: np.ndarray, seed: int) -> np.ndarray:
     return np.ascontiguousarray(10.0 * (Y - low) / np.where(high > low, high - low, 1.0))
 
 
+#: One descent at a time in a process: numba's workqueue threading layer (where neither TBB nor OpenMP is there)
+#: aborts the process when two threads launch parallel code at once.
+_ONE_AT_A_TIME = threading.Lock()
+
+
 def _descend(*args: object) -> None:
-    """The descent (:func:`modelvec.analyse.descent.descend`), numba's kept code where it does what its source does."""
-    _kernel()(*args)
+    """The descent (:func:`modelvec.analyse.descent.descend`), numba's kept code where it does what its source does;
+    one at a time (:data:`_ONE_AT_A_TIME`)."""
+    with _ONE_AT_A_TIME:
+        _kernel()(*args)
 
 
 #: What the layout redid since :func:`taken_notes` was last called: one line each (numba's kept code not trusted).
@@ -144,7 +152,7 @@ def taken_notes() -> list[str]:
     return taken
 
 
-@functools.cache
+@functools.cache  # called under _ONE_AT_A_TIME: made once
 def _kernel() -> Callable[..., None]:
     """numba's compiled descent, loaded from its kept code where that is there, once a process: trusted only where
     it gives what the Python source gives on a small graph (numba keeps no checksum of the code it keeps), else

@@ -197,7 +197,9 @@ def _umap(
     else:
         indices, distances = neighbours[0][:, :k], neighbours[1][:, :k]
     epochs = UMAP_EPOCHS if n < UMAP_KNOWN_FROM else UMAP_EPOCHS_KNOWN
-    return layout(indices, distances, _pca(X, n_components, seed), n_epochs=epochs, seed=seed)
+    flat = not np.ptp(X, axis=0).any()  # every row the same: no principal direction to start from
+    start = np.zeros((n, n_components)) if flat else _pca(X, n_components, seed)
+    return layout(indices, distances, start, n_epochs=epochs, seed=seed)
 
 
 def _classical_mds(X: np.ndarray, n_components: int, metric: str) -> np.ndarray:
