@@ -33,7 +33,7 @@ browser:
 
 # The tests start a few hundred Python processes that import modelvec from src/ (an editable install, which pip does
 # not byte-compile): compiled once here, so that none compiles it again where PYTHONDONTWRITEBYTECODE is set. pytest
-# runs on two workers (pyproject.toml's addopts).
+# runs on a worker more than the cores (pyproject.toml's addopts, tests/conftest.py).
 test: $(STAMP) browser lint
 	$(PY) -m compileall -q src/modelvec
 	$(PY) -m pytest
