@@ -29,6 +29,8 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from ..core.machine import cores
+
 MIN_DIST = 0.1  # umap-learn's defaults: how close points may pack, and the scale of the layout
 SPREAD = 1.0
 
@@ -137,7 +139,11 @@ _ONE_AT_A_TIME = threading.Lock()
 def _descend(*args: object) -> None:
     """The descent (:func:`modelvec.analyse.descent.descend`), numba's kept code where it does what its source does;
     one at a time (:data:`_ONE_AT_A_TIME`)."""
+    import numba
+
     with _ONE_AT_A_TIME:
+        if numba.get_num_threads() > cores():  # numba counts the machine's CPUs, not those this process may use
+            numba.set_num_threads(cores())
         _kernel()(*args)
 
 
