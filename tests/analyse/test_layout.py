@@ -145,3 +145,26 @@ def test_maps_laid_out_from_two_threads_at_once_on_any_threading_layer(tmp_path)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["workqueue", "True"]
+
+
+def test_maps_are_laid_out_where_numba_has_no_folder_to_keep_code_in(tmp_path):
+    """numba refuses ``cache=True`` at decoration where none of its cache folders can be written (a read-only
+    install and home): the kernel is then compiled in each process, and the map is the same."""
+    script = tmp_path / "nowhere.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import numba.core.caching as caching\n"
+        "impl = getattr(caching, 'CacheImpl', None) or caching._CacheImpl  # its name from numba 0.59\n"
+        "impl._locator_classes = []  # no folder will do (numba's own list of them, emptied for the test)\n"
+        "from modelvec.analyse import descent, layout\n"
+        "from modelvec.analyse.reduction import reduce\n"
+        "X = np.random.default_rng(0).normal(size=(300, 8))\n"
+        "Y = reduce(X, 'umap')\n"
+        "print(descent.descend._cache.__class__.__name__, layout.taken_notes() == [])\n"
+        "np.save(__import__('sys').argv[1], Y)\n"
+    )
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "Y.npy")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["NullCache", "True"]
+    X = np.random.default_rng(0).normal(size=(300, 8))
+    assert np.array_equal(np.load(tmp_path / "Y.npy"), reduce(X, "umap"))

@@ -1,5 +1,6 @@
 """The descent of :mod:`modelvec.analyse.layout`: one numba kernel, compiled once per machine and kept
-(``cache=True``), apart so that numba is imported only where a map is laid out."""
+(``cache=True``; where numba finds no folder to keep it in, compiled in each process), apart so that numba is
+imported only where a map is laid out."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from numba import njit, prange
 NEGATIVE_RATE = 5  # negative samples for each sample of an edge (umap-learn's negative_sample_rate)
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def descend(
+def descend_source(
     Y: np.ndarray,
     indptr: np.ndarray,
     tails: np.ndarray,
@@ -63,3 +63,9 @@ def descend(
                             Y[i, c] += alpha * min(4.0, max(-4.0, push * (Y[i, c] - before[m, c])))
                 next_negative[e] += draws * every_negative[e]
             states[i] = state
+
+
+try:
+    descend = njit(cache=True, parallel=True, nogil=True)(descend_source)
+except RuntimeError:  # no folder numba may keep compiled code in (it refuses at decoration): compiled each process
+    descend = njit(parallel=True, nogil=True)(descend_source)
