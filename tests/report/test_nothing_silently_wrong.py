@@ -226,26 +226,34 @@ def test_a_damaged_spread_file_is_computed_again_never_a_bug(kept, base, zoo, tm
     assert "note:" not in answers(store, base, zoo[0], tmp_path / "out")["neighbors"][2]
 
 
-def test_the_map_is_kept_and_laid_out_again_where_its_file_does_not_verify(kept, base, zoo, tmp_path):
-    """A later ``cluster`` draws the layout kept for exactly these vectors (no reduction run); a damaged kept layout
-    is laid out again, the same, and said in one line."""
+def kept_then_redone(kept, base, zoo, tmp_path, mark: str, step: str, array: str, at: int) -> tuple[Path, Path]:
+    """A later ``cluster`` answers from the file kept beside the store whose name holds ``mark`` (``clusters.step``
+    not run); that file's ``array`` damaged ``at`` bytes in, ``step`` runs once, the answer is the same, the note
+    is one line and the file is kept again as it was. The store copied for it, and the file."""
     from unittest import mock
 
     from modelvec.report import clusters
 
     root, _, first = kept
     store = copy_store(root, tmp_path)
-    path = next(p for name, p in kept_files(store, base).items() if ".map-pca-" in name)
-    xy = np.array(read_kept(path).arrays["xy"])
-    with mock.patch.object(clusters, "reduce_to_2d", side_effect=AssertionError("laid out again")):
+    path = next(p for name, p in kept_files(store, base).items() if mark in name)
+    before = np.array(read_kept(path).arrays[array])
+    with mock.patch.object(clusters, step, side_effect=AssertionError(f"{step} run again")):
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]), err
-    overwrite(path, "xy", 8 * 3 + 2)  # inside the layout's second row
-    with mock.patch.object(clusters, "reduce_to_2d", wraps=clusters.reduce_to_2d) as reduce:
+    overwrite(path, array, at)
+    with mock.patch.object(clusters, step, wraps=getattr(clusters, step)) as run:
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
-        assert code == 0 and answer(out) == answer(first["cluster"][1]) and reduce.call_count == 1
+        assert code == 0 and answer(out) == answer(first["cluster"][1]) and run.call_count == 1
     assert err.count("\n") == 1 and err.startswith(f"note: {path}"), err
-    np.testing.assert_array_equal(read_kept(path).arrays["xy"], xy)
+    np.testing.assert_array_equal(read_kept(path).arrays[array], before)
+    return store, path
+
+
+def test_the_map_is_kept_and_laid_out_again_where_its_file_does_not_verify(kept, base, zoo, tmp_path):
+    """A later ``cluster`` draws the layout kept for exactly these vectors (no reduction run); a damaged kept layout
+    is laid out again, the same, and said in one line."""
+    kept_then_redone(kept, base, zoo, tmp_path, ".map-pca-", "reduce_to_2d", "xy", 8 * 3 + 2)  # in its second row
 
 
 def test_the_per_block_scores_are_kept_and_computed_again_where_they_do_not_hold(kept, base, zoo, tmp_path):
@@ -256,19 +264,8 @@ def test_the_per_block_scores_are_kept_and_computed_again_where_they_do_not_hold
 
     from modelvec.report import clusters
 
-    root, _, first = kept
-    store = copy_store(root, tmp_path)
-    path = next(p for name, p in kept_files(store, base).items() if ".blocks-" in name)
-    scores = np.array(read_kept(path).arrays["scores"])
-    with mock.patch.object(clusters, "block_knn_scores", side_effect=AssertionError("computed again")):
-        code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
-        assert code == 0 and answer(out) == answer(first["cluster"][1]), err
-    overwrite(path, "scores", 2)  # inside the first block's score
-    with mock.patch.object(clusters, "block_knn_scores", wraps=clusters.block_knn_scores) as computed:
-        code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
-        assert code == 0 and answer(out) == answer(first["cluster"][1]) and computed.call_count == 1
-    assert err.count("\n") == 1 and err.startswith(f"note: {path}"), err
-    np.testing.assert_array_equal(read_kept(path).arrays["scores"], scores)
+    first = kept[2]
+    store, _ = kept_then_redone(kept, base, zoo, tmp_path, ".blocks-", "block_knn_scores", "scores", 2)  # 1st block
     args = ["cluster", str(base), "--store", str(store), "--out", str(tmp_path / "o"), "--reduce", "pca", "--json"]
     with mock.patch.object(clusters, "block_knn_scores", wraps=clusters.block_knn_scores) as computed:
         code, out, err = invoke(*args, "--label-source", "tag")  # the zoo's labels are its cards': none left
