@@ -97,7 +97,6 @@ def test_kept_code_that_lays_out_otherwise_than_its_source_is_compiled_anew_and_
         kept(Y, *args)
         Y += 1e-3
 
-    damaged.py_func = descent.descend.py_func  # type: ignore[attr-defined]
     monkeypatch.setattr(descent, "descend", damaged)
     layout._kernel.cache_clear()
     try:
@@ -113,7 +112,6 @@ def test_kept_code_that_cannot_be_loaded_is_compiled_anew_and_said(monkeypatch):
     def unreadable(*args):
         raise EOFError("Ran out of input")
 
-    unreadable.py_func = descent.descend.py_func  # type: ignore[attr-defined]
     monkeypatch.setattr(descent, "descend", unreadable)
     layout._kernel.cache_clear()
     try:

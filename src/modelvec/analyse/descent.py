@@ -4,6 +4,8 @@ imported only where a map is laid out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -65,7 +67,12 @@ def descend_source(
             states[i] = state
 
 
+def compiled(*, cache: bool) -> Callable[..., None]:
+    """:func:`descend_source` compiled by numba (on its first call), its code kept across runs where ``cache``."""
+    return njit(cache=cache, parallel=True, nogil=True)(descend_source)
+
+
 try:
-    descend = njit(cache=True, parallel=True, nogil=True)(descend_source)
+    descend = compiled(cache=True)
 except RuntimeError:  # no folder numba may keep compiled code in (it refuses at decoration): compiled each process
-    descend = njit(parallel=True, nogil=True)(descend_source)
+    descend = compiled(cache=False)

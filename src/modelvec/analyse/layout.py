@@ -59,10 +59,14 @@ def layout(
     a, b = curve_parameters(SPREAD, MIN_DIST)
     Y = _scaled_start(start, seed)
     states = np.random.default_rng(seed).integers(1, 2**63 - 1, size=n, dtype=np.int64)
-    every = graph.data.max() / graph.data  # how many epochs apart each edge is sampled
-    indptr, tails = graph.indptr.astype(np.int64), graph.indices.astype(np.int64)
-    _descend(Y, indptr, tails, every, a, b, int(n_epochs), states, PULL)
+    _descend(Y, *_edges(graph), a, b, int(n_epochs), states, PULL)
     return Y
+
+
+def _edges(graph: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The descent's view of ``graph``: each row's edges (``indptr``, their tails) and how many epochs apart each
+    is sampled (the strongest every epoch)."""
+    return graph.indptr.astype(np.int64), graph.indices.astype(np.int64), graph.data.max() / graph.data
 
 
 def fuzzy_graph(indices: np.ndarray, distances: np.ndarray) -> sp.csr_matrix:
@@ -166,18 +170,16 @@ def _kernel() -> Callable[..., None]:
     from . import descent
 
     try:
-        if _agrees(descent.descend, descent.descend.py_func):
+        if _agrees(descent.descend, descent.descend_source):
             return descent.descend
         cause = "gives other layouts than its source"
     except Exception as exc:  # the kept code unreadable: numba's own error
         cause = f"could not be loaded ({type(exc).__name__})"
-    import numba
-
     NOTES.append(
         f"numba's kept code of the map's layout {cause}: compiled anew (kept again once its files, descent.descend-*"
         " in numba's cache beside modelvec/analyse/descent.py or under NUMBA_CACHE_DIR, are removed)"
     )
-    return numba.njit(parallel=True, nogil=True)(descent.descend.py_func)
+    return descent.compiled(cache=False)
 
 
 def _agrees(compiled: Callable[..., None], source: Callable[..., None]) -> bool:
@@ -186,10 +188,8 @@ def _agrees(compiled: Callable[..., None], source: Callable[..., None]) -> bool:
     n, k = 40, 5
     indices = np.hstack([np.arange(n)[:, None], rng.integers(0, n, size=(n, k - 1))])
     graph = fuzzy_graph(indices, np.hstack([np.zeros((n, 1)), np.sort(rng.random((n, k - 1)), axis=1)]))
-    every = graph.data.max() / graph.data
     start = rng.random((n, 2)) * 10
     laid = [start.copy(), start.copy()]
     for run, Y in zip((compiled, source), laid):
-        states = np.arange(1, n + 1, dtype=np.int64) * 7919
-        run(Y, graph.indptr.astype(np.int64), graph.indices.astype(np.int64), every, 1.5, 0.9, 8, states, 2.0)
+        run(Y, *_edges(graph), 1.5, 0.9, 8, np.arange(1, n + 1, dtype=np.int64) * 7919, 2.0)
     return bool(np.allclose(laid[0], laid[1], rtol=1e-9, atol=1e-12))

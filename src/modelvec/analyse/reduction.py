@@ -191,9 +191,10 @@ def _umap(
     if neighbours is None or neighbours[0].shape[1] < k:
         from sklearn.neighbors import NearestNeighbors
 
-        distances, indices = NearestNeighbors(n_neighbors=k, metric=metric, algorithm="brute").fit(X).kneighbors()
-        indices = np.hstack([np.arange(n)[:, None], indices[:, : k - 1]])
-        distances = np.hstack([np.zeros((n, 1)), distances[:, : k - 1]])
+        found = NearestNeighbors(n_neighbors=k - 1, metric=metric, algorithm="brute").fit(X)
+        distances, indices = found.kneighbors()  # each row's k - 1 nearest but itself; itself put first below
+        indices = np.hstack([np.arange(n)[:, None], indices])
+        distances = np.hstack([np.zeros((n, 1)), distances])
     else:
         indices, distances = neighbours[0][:, :k], neighbours[1][:, :k]
     epochs = UMAP_EPOCHS if n < UMAP_KNOWN_FROM else UMAP_EPOCHS_KNOWN
