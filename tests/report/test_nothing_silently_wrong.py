@@ -106,9 +106,32 @@ def answer(out: str) -> str:
 
 
 def answers(store: Path, base: Path, query: Path, out: Path) -> dict[str, tuple[int, str, str]]:
-    """Every analysis command's answer (``--json``) on the store: exit status, stdout and stderr."""
+    """Every analysis command's answer (``--json``) on the store: exit status, stdout and stderr. ``cluster``'s answer
+    carries its map's coordinates too (``map``, to 6 digits of the map's extent), taken where the figures would be
+    drawn: what a kept layout gives is compared, not pixels (the figures are drawn and checked in tests/plots and
+    tests/report/test_cluster.py; the per-block scores' figure draws what the answer's ``per_block`` holds)."""
+    from unittest import mock
+
+    from modelvec.report import clusters
+
+    maps: list[list[list[float]]] = []
+
+    def draw(report, coords, *rest) -> None:
+        scale = float(np.abs(coords).max()) or 1.0
+        maps.append((np.round(np.asarray(coords, dtype=np.float64) / scale, 6) + 0.0).tolist())  # no -0.0
+
+    with (
+        mock.patch.object(clusters, "_draw", draw),
+        mock.patch.object(clusters, "plot_block_scores", lambda *a, **k: ""),
+    ):
+        code, out_, err = invoke(
+            "cluster", str(base), "--store", str(store), "--out", str(out), "--reduce", "pca", "--json"
+        )
+    if code == 0:
+        assert len(maps) == 1, err
+        out_ = json.dumps({**json.loads(out_), "map": maps[0]})
     return {
-        "cluster": invoke("cluster", str(base), "--store", str(store), "--out", str(out), "--reduce", "pca", "--json"),
+        "cluster": (code, out_, err),
         "neighbors": invoke("neighbors", str(query), "--store", str(store), "--json"),
         "tree": invoke("tree", str(base), "--store", str(store), "--json", "--out", str(out)),
         "show": invoke("show", "--store", str(store), "--json"),

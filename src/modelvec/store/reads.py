@@ -21,14 +21,14 @@ from .blocks import BlockReader, Selection, feature_moments
 from .keptfolder import KeptFolder
 from .products import Products, gram
 from .schema import (
+    CATALOGUE,
+    CATALOGUE_COLUMNS,
     DISCOVERY,
     META_COLUMNS,
     TRACES,
     VECTORS,
-    catalogue_select,
     columns_by_table,
-    columns_of,
-    meta_select,
+    first_row,
     select_list,
 )
 from .vectorfile import VectorFile
@@ -58,9 +58,22 @@ class StoreReads:
     vector_file: VectorFile
     read_only: bool
 
+    _schema: dict[str, list[str]] | None = None
+
     # --- the connection ------------------------------------------------------------------------------
+    def schema(self) -> dict[str, list[str]]:
+        """Every table of the store with its columns, asked of DuckDB once: they change only where a writer brings
+        the store up to date as it opens it (the :class:`~modelvec.store.Store` forgets them then), and no other
+        process writes while it is open. A run asks which columns an older store has before many of its reads."""
+        if self._schema is None:
+            self._schema = columns_by_table(self.con)
+        return self._schema
+
     def _tables(self) -> set[str]:
-        return {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        return set(self.schema())
+
+    def _meta_select(self) -> str:
+        return select_list(self.con, VECTORS, META_COLUMNS, self.schema())
 
     @staticmethod
     def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
@@ -103,7 +116,7 @@ class StoreReads:
         version of the base."""
         where, args = self._where(base, representation, models, base_hash)
         return self.con.execute(
-            f"SELECT {meta_select(self.con)} FROM vectors {where} ORDER BY model, base, params, base_hash", args
+            f"SELECT {self._meta_select()} FROM vectors {where} ORDER BY model, base, params, base_hash", args
         ).df()
 
     def select(
@@ -118,7 +131,7 @@ class StoreReads:
         All selected vectors must share a dimension: select one base and one representation."""
         where, args = self._where(base, representation, models, base_hash)
         rows = self.con.execute(
-            f"""SELECT "offset", vector_hash, {meta_select(self.con)} FROM vectors {where}
+            f"""SELECT "offset", vector_hash, {self._meta_select()} FROM vectors {where}
                 ORDER BY model, base, params, base_hash""",
             args,
         ).df()
@@ -202,20 +215,24 @@ class StoreReads:
 
     def stored_version(self, model: str, base: str, base_version: str, representation: Representation) -> str | None:
         """The version of ``model`` (``model_hash``) whose vector is stored against this base and representation."""
-        row = self.con.execute(
-            "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ?",
-            [model, base, base_version, representation.key()],
-        ).fetchone()
+        row = first_row(
+            self.con.execute(
+                "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ? LIMIT 1",
+                [model, base, base_version, representation.key()],
+            )
+        )
         return str(row[0]) if row is not None else None
 
     def card_of(self, model: str, base: str) -> tuple[str | None, list[str], str | None] | None:
         """What is stored of ``model``'s card with ``base``: (its hash, the dataset labels, their source); None where
         the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
-        row = self.con.execute(
-            f"SELECT {select_list(self.con, VECTORS, ['card_hash', 'datasets', 'label_source'])} FROM vectors "
-            "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
-            [model, base],
-        ).fetchone()
+        row = first_row(
+            self.con.execute(
+                f"SELECT {select_list(self.con, VECTORS, ['card_hash', 'datasets', 'label_source'], self.schema())} FROM vectors "
+                "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
+                [model, base],
+            )
+        )
         return (row[0], list(row[1] or []), row[2]) if row is not None else None
 
     def same_files(
@@ -223,13 +240,15 @@ class StoreReads:
     ) -> str | None:
         """The stored model (another name than ``model``) whose vector was made from the very weight files
         ``files_id`` names, against this base and under this representation: ``model`` is its alias."""
-        if "files_id" not in set(columns_of(self.con, "vectors")):
+        if "files_id" not in self.schema().get("vectors", ()):
             return None
-        row = self.con.execute(
-            "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
-            "ORDER BY model LIMIT 1",
-            [files_id, model, base, base_version, representation.key()],
-        ).fetchone()
+        row = first_row(
+            self.con.execute(
+                "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
+                "ORDER BY model LIMIT 1",
+                [files_id, model, base, base_version, representation.key()],
+            )
+        )
         return str(row[0]) if row is not None else None
 
     def same_vector(
@@ -237,11 +256,13 @@ class StoreReads:
     ) -> str | None:
         """A stored model (another name than ``model``) whose vector has the checksum ``digest`` against this base and
         representation: the same weights, bit for bit, in every row read."""
-        row = self.con.execute(
-            "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
-            "AND params = ? ORDER BY model LIMIT 1",
-            [digest, model, base, base_version, representation.key()],
-        ).fetchone()
+        row = first_row(
+            self.con.execute(
+                "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
+                "AND params = ? ORDER BY model LIMIT 1",
+                [digest, model, base, base_version, representation.key()],
+            )
+        )
         return str(row[0]) if row is not None else None
 
     def aliases(self, base: str | None = None) -> dict[str, str]:
@@ -274,7 +295,7 @@ class StoreReads:
         """Discovered models (one row per base and model), most downloaded first."""
         where, args = self._clauses(base=base, kept=kept, model=model)
         return self.con.execute(
-            f"SELECT {catalogue_select(self.con)}, discovered_at FROM catalogue {where} "
+            f"SELECT {select_list(self.con, CATALOGUE, CATALOGUE_COLUMNS, self.schema())}, discovered_at FROM catalogue {where} "
             "ORDER BY base, downloads DESC NULLS LAST, model",
             args,
         ).df()
@@ -320,7 +341,7 @@ class StoreReads:
             "mini",
             "sketch_hash",
         ]
-        tables = columns_by_table(self.con)
+        tables = self.schema()
         if "traces" not in tables:
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         extra = [("list_contains(?, model)", list(models))] if models is not None else []

@@ -270,13 +270,22 @@ MIGRATIONS = tuple(
 )
 
 
-def missing_tables(con: duckdb.DuckDBPyConnection, *, readable: bool = False) -> list[str]:
-    """The tables and columns this version needs that the store lacks (none once :func:`migrate` ran).
+def first_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
+    """The first row of a query that gives at most one, its result read to the end (None: no row). DuckDB 2 refuses
+    a relation (``con.sql``, what the store's large reads use) on a connection whose last result is not read to its
+    end, as a ``fetchone`` leaves it."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
 
-    ``readable``: only those a reader cannot do without (a column added later reads as NULL: :func:`meta_select`)."""
+
+def missing_tables(tables: Mapping[str, Sequence[str]], *, readable: bool = False) -> list[str]:
+    """The tables and columns this version needs that a store with ``tables`` (its columns by table:
+    :func:`columns_by_table`) lacks (none once :func:`migrate` ran).
+
+    ``readable``: only those a reader cannot do without (a column added later reads as NULL: :func:`select_list`)."""
     missing = []
     for table in TABLES:
-        have = set(_columns(con, table.name))
+        have = set(tables.get(table.name, ()))
         if not have:
             if not (readable and table.name in _TABLES_ADDED_LATER):
                 missing.append(f"table {table.name}")
@@ -303,16 +312,6 @@ def select_list(
     return ", ".join(name if name in have else f"NULL::{kinds[name]} AS {name}" for name in columns)
 
 
-def meta_select(con: duckdb.DuckDBPyConnection) -> str:
-    """The SELECT list of :data:`META_COLUMNS` (see :func:`select_list`)."""
-    return select_list(con, VECTORS, META_COLUMNS)
-
-
-def catalogue_select(con: duckdb.DuckDBPyConnection) -> str:
-    """The SELECT list of :data:`CATALOGUE_COLUMNS` (see :func:`select_list`: the model tree's columns came later)."""
-    return select_list(con, CATALOGUE, CATALOGUE_COLUMNS)
-
-
 def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
     """Create the tables, or bring an older store's up to date (columns added; ``FLOAT[]`` vectors moved out)."""
     if "vector" in _columns(con, "vectors"):
@@ -320,11 +319,6 @@ def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
     con.execute(SCHEMA)
     for statement in MIGRATIONS:
         con.execute(statement)
-
-
-def columns_of(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
-    """The columns ``table`` has in this store (none: no such table)."""
-    return _columns(con, table)
 
 
 def columns_by_table(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from ..represent.representation import Representation
 from .blocks import Selection
 from .reads import StoreReads
-from .schema import META_COLUMNS, VECTORS, columns_by_table, select_list
+from .schema import META_COLUMNS, VECTORS, select_list
 from .versions import version_now
 
 
@@ -30,7 +30,7 @@ class Snapshot:
     ``db``, with what says each base's version now."""
 
     def __init__(self, db: StoreReads, names: Sequence[str] | None, representation: Representation) -> None:
-        tables = columns_by_table(db.con)
+        tables = db.schema()
         recorded = (
             "(SELECT list({'identity': r.identity, 'base_hash': r.base_hash} ORDER BY r.recorded_at DESC) "
             "FROM base_versions r WHERE r.base = v.base)"

@@ -40,7 +40,7 @@ from ..core import constants
 from ..core.errors import NothingStoredError, ResourceError, StoreError
 from ..represent.representation import Representation
 from .lock import connect, default_wait, store_error
-from .schema import TABLES, migrate, missing_tables
+from .schema import TABLES, first_row, migrate, missing_tables
 from .vectorfile import VectorFile, identity_of, new_identity, remove_leftovers, vector_path
 from .writes import StoreWrites
 
@@ -144,10 +144,12 @@ class Store(StoreWrites):
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
+            self._schema = None  # what the vector file's checks saw: the tables a writer is about to bring up to date
             if read_only:
                 self._check_readable()
             else:
                 migrate(self.con, self.vector_file)
+                self._schema = None
             if past:
                 self._recovered(past, on_note or on_wait or _log.warning)
         except BaseException:
@@ -156,7 +158,7 @@ class Store(StoreWrites):
 
     def _check_readable(self) -> None:
         """A store opened read-only must already have the tables of this version (a writing command adds them)."""
-        missing = missing_tables(self.con, readable=True)
+        missing = missing_tables(self.schema(), readable=True)
         if missing:
             raise StoreError(
                 str(self.path),
@@ -218,20 +220,20 @@ class Store(StoreWrites):
     def _points_into_vector_file(self, tables: set[str]) -> bool:
         """Whether rows of the store point into its vector file (those of a store from before it, whose vectors are
         inside DuckDB, do not)."""
-        offsets = self.con.execute(
-            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'vectors' AND column_name = 'offset'"
-        ).fetchone()
-        pointing = (["vectors"] if offsets and offsets[0] else []) + (["traces"] if "traces" in tables else [])
+        offsets = "offset" in self.schema().get("vectors", ())
+        pointing = (["vectors"] if offsets else []) + (["traces"] if "traces" in tables else [])
         return any(
-            bool((self.con.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone() or [0])[0]) for t in pointing
+            bool((first_row(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM {t})")) or [0])[0]) for t in pointing
         )
 
     def _stored_identity(self) -> str | None:
         """The store's identity, kept as the comment on its table ``store_meta`` (in DuckDB's catalogue: a row would
         cost every store two more blocks of 256 KiB); None: a store written before identities."""
-        row = self.con.execute(
-            "SELECT comment FROM duckdb_tables() WHERE table_name = 'store_meta' AND schema_name = 'main'"
-        ).fetchone()
+        row = first_row(
+            self.con.execute(
+                "SELECT comment FROM duckdb_tables() WHERE table_name = 'store_meta' AND schema_name = 'main'"
+            )
+        )
         found = _IDENTITY.fullmatch(row[0] or "") if row else None
         return found[1] if found else None
 
@@ -251,10 +253,12 @@ class Store(StoreWrites):
         checkpoint on a full disk, a killed process): DuckDB's header names the blocks written before, its
         write-ahead log what was committed since, so they are no damage. DuckDB writes whole blocks and drops free
         ones at the end of the file: a file shorter than ``total_blocks`` is whole while it holds every block used."""
-        row = self.con.execute(
-            "SELECT total_blocks, used_blocks, block_size FROM pragma_database_size() "
-            "WHERE database_name = current_database()"
-        ).fetchone()
+        row = first_row(
+            self.con.execute(
+                "SELECT total_blocks, used_blocks, block_size FROM pragma_database_size() "
+                "WHERE database_name = current_database()"
+            )
+        )
         if row is None:
             return 0
         size, (total, used, block) = self.path.stat().st_size, (int(v) for v in row)

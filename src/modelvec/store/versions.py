@@ -12,7 +12,7 @@ import pandas as pd
 from ..core.names import is_hub_id
 from ..represent.representation import Representation
 from .reads import StoreReads
-from .schema import BASE_VERSIONS, transaction
+from .schema import BASE_VERSIONS, first_row, transaction
 
 
 class BaseVersions(StoreReads):
@@ -59,9 +59,9 @@ class BaseVersions(StoreReads):
         if "base_versions" not in self._tables():
             return None
         where, args = self._clauses(base=base, identity=stamp)
-        row = self.con.execute(
-            f"SELECT base_hash FROM base_versions {where} ORDER BY recorded_at DESC LIMIT 1", args
-        ).fetchone()
+        row = first_row(
+            self.con.execute(f"SELECT base_hash FROM base_versions {where} ORDER BY recorded_at DESC LIMIT 1", args)
+        )
         return str(row[0]) if row else None
 
     def stamps(self, base: str, base_hash: str) -> list[str]:
