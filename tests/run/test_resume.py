@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import planted_finetune
+from zygote import Zygote
 
 N_MODELS = 240  # the run must still be going when the signal lands (the sketch got faster)
 
@@ -27,22 +27,19 @@ def _count(store: Path) -> tuple[int, int]:
 
 
 def _embed(tiny_bert: Path, models: list[Path], store: Path) -> list[str]:
-    """``modelvec embed`` of ``models`` into ``store``, as a user types it."""
-    return [
-        sys.executable,
-        "-m",
-        "modelvec.cli",
-        "embed",
-        "--base",
-        str(tiny_bert),
-        *map(str, models),
-        "--store",
-        str(store),
-    ]
+    """``modelvec embed`` of ``models`` into ``store``'s arguments, as a user types them."""
+    return ["embed", "--base", str(tiny_bert), *map(str, models), "--store", str(store)]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+@pytest.fixture(scope="module")
+def commands() -> Iterator[Zygote]:
+    """The commands in processes forked from one that imported them once (:mod:`zygote`; each takes SIGKILL, or
+    SIGINT as Ctrl-C, as a fresh Python does), one torch thread."""
+    zygote = Zygote({**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        yield zygote
+    finally:
+        zygote.close()
 
 
 @pytest.fixture(scope="module")
@@ -53,29 +50,21 @@ def finetunes(tiny_bert, tmp_path_factory) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def clean(tiny_bert, finetunes, tmp_path_factory) -> Path:
+def clean(tiny_bert, finetunes, commands, tmp_path_factory) -> Path:
     """The store of one uninterrupted run over the fine-tunes: what every resumed store must hold."""
     store = tmp_path_factory.mktemp("resume-clean") / "clean.duckdb"
-    subprocess.run(_embed(tiny_bert, finetunes, store), env=_env(), check=True, capture_output=True, timeout=300)
+    out = commands.run(_embed(tiny_bert, finetunes, store), store.parent)
+    assert out.returncode == 0, out.stderr
     return store
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
-def test_interrupted_mid_run_then_resume(sig, tiny_bert, finetunes, clean, tmp_path):
+def test_interrupted_mid_run_then_resume(sig, tiny_bert, finetunes, clean, commands, tmp_path):
     from modelvec.store import Store
 
     store = tmp_path / "s.duckdb"
-    cmd = _embed(tiny_bert, finetunes, store)
-    env = _env()
-    # Ctrl-C as in a terminal: a shell's background job (CI started with `&`) hands its children SIGINT
-    # ignored, and Python keeps an inherited ignore; restore the default for the child.
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    args = _embed(tiny_bert, finetunes, store)
+    proc = commands.start(args, tmp_path)
     wal = Path(str(store) + ".wal")
     deadline = time.monotonic() + 120
     # kill as soon as a few rows are committed (the write-ahead log grows with each one)
@@ -86,9 +75,10 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, finetunes, clean, tmp_p
     assert proc.poll() is None, "the run ended before it could be killed: raise N_MODELS"
     os.kill(proc.pid, sig)
     assert proc.wait(timeout=60) != 0
+    proc.outputs()
     done, distinct = _count(store)
     assert 0 < done < N_MODELS and done == distinct  # killed mid-run; what was committed survived, once
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = commands.run(args, tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"embedded {N_MODELS - done}, skipped {done}" in out.stdout
     assert _count(store) == (N_MODELS, N_MODELS)

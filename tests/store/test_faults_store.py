@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,7 @@ from conftest import planted_finetune
 from modelvec.represent import Representation
 from modelvec.store import Failure, Store, StoreError, StoreLockedError, VectorRow
 from modelvec.store.vectorfile import VectorFile
+from zygote import Forked, Zygote
 
 N_MODELS = 160
 ENV = {
@@ -86,7 +87,7 @@ def _opened(pid: int, path: Path) -> bool:
     return False
 
 
-def _wait_opened(proc: subprocess.Popen, store: Path, timeout: float = 120) -> float:
+def _wait_opened(proc: subprocess.Popen | Forked, store: Path, timeout: float = 120) -> float:
     """Poll until ``proc`` has the store open; the monotonic time it was seen."""
     heap = Path(f"{store}.vectors")
     deadline = time.monotonic() + timeout
@@ -150,23 +151,32 @@ def corpus(tiny_bert, tmp_path_factory) -> Corpus:
     return Corpus(models, dict(zip(order, result.vectors)), order, t_run)
 
 
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory) -> Iterator[Zygote]:
+    """``modelvec`` commands in processes forked from one that imported them once, with :data:`ENV` (the first kill
+    of a run starts a fresh process: it lands while the command still imports)."""
+    zygote = Zygote(ENV)
+    try:
+        yield zygote
+    finally:
+        zygote.close()
+
+
 # --- 1. two processes on one store --------------------------------------------------------------
-def test_two_embed_processes_on_one_store_serialise(corpus, tmp_path):
+def test_two_embed_processes_on_one_store_serialise(corpus, commands, tmp_path):
     """Started at once with overlapping lists: one waits for the other's lock (and says so with its
     PID), both exit 0, every model is stored exactly once, bit for bit as a serial run."""
-    _two_at_once(corpus, tmp_path / "shared.duckdb")
+    _two_at_once(corpus, commands, tmp_path / "shared.duckdb")
 
 
-def _two_at_once(corpus: Corpus, store: Path) -> None:
+def _two_at_once(corpus: Corpus, commands: Zygote, store: Path) -> None:
     third = N_MODELS // 3
     lists = [corpus.models[: 2 * third], corpus.models[third:]]
-    procs = [
-        subprocess.Popen(_embed_cmd(models, store), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for models in lists
-    ]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_out, errs) in zip(procs, outs):
-        assert p.returncode == 0, errs
+    procs = [commands.start(_embed_cmd(models, store)[3:], store.parent) for models in lists]
+    done = [p.completed(300) for p in procs]
+    outs = [(d.stdout, d.stderr) for d in done]
+    for d in done:
+        assert d.returncode == 0, d.stderr
     waited = [i for i, (_, errs) in enumerate(outs) if "waiting for it to finish" in errs]
     assert len(waited) == 1, [errs for _, errs in outs]  # the runs overlap: one held the store, the other waited
     second, first = waited[0], 1 - waited[0]
@@ -180,15 +190,13 @@ def _two_at_once(corpus: Corpus, store: Path) -> None:
     assert models == corpus.order and not failures  # each model once, vectors as the serial run's
 
 
-def test_embed_gives_up_waiting_with_one_clear_line(corpus, tmp_path):
+def test_embed_gives_up_waiting_with_one_clear_line(corpus, commands, tmp_path):
     """While this process holds the store, ``modelvec embed --wait 0.5`` says it waits, then fails
     with one line naming the store and the holder's PID, and writes nothing."""
     store = tmp_path / "held.duckdb"
     with Store(store) as db:
         heap_size = db.vector_file.path.stat().st_size
-        out = subprocess.run(
-            _embed_cmd(corpus.models[:3], store, "--wait", "0.5"), env=ENV, capture_output=True, text=True, timeout=120
-        )
+        out = commands.run(_embed_cmd(corpus.models[:3], store, "--wait", "0.5")[3:], tmp_path, timeout=120)
         assert db.con.execute("SELECT count(*) FROM vectors").fetchall() == [(0,)]
         assert db.vector_file.path.stat().st_size == heap_size  # only the lock holder appends to the vector file
     assert out.returncode == 2, out.stderr
@@ -271,22 +279,29 @@ def test_other_open_errors_are_not_waited_for(tmp_path):
 
 
 # --- 2. kill -9 at random moments ---------------------------------------------------------------
-def test_embed_killed_at_random_moments_then_resumed(corpus, tmp_path):
-    """Five seeded kills of a real ``modelvec embed`` process: one during start-up, one the moment
-    the store is opened, three spread over what remains of the run. After each, the store is whole;
-    the last run embeds exactly the missing models, and the store equals an uninterrupted run's."""
-    log = _kill_and_resume(corpus, tmp_path / "s.duckdb", seed=4)
+def test_embed_killed_at_random_moments_then_resumed(corpus, commands, tmp_path):
+    """Five seeded kills of a real ``modelvec embed`` process: one during start-up (a fresh Python, still
+    importing), one the moment the store is opened, three spread over what remains of the run (processes forked
+    from one that imported the command: :mod:`zygote`). After each, the store is whole; the last run embeds exactly
+    the missing models, and the store equals an uninterrupted run's."""
+    log = _kill_and_resume(corpus, commands, tmp_path / "s.duckdb", seed=4)
     print("kills (trial, seconds after start, rows committed by that run, uncommitted bytes left):", log)
 
 
-def _kill_and_resume(corpus: Corpus, store: Path, seed: int, trials: int = 5) -> list[tuple[int, float, int, bool]]:
+def _kill_and_resume(
+    corpus: Corpus, commands: Zygote, store: Path, seed: int, trials: int = 5
+) -> list[tuple[int, float, int, bool]]:
     rng = random.Random(seed)
     cmd = _embed_cmd(corpus.models, store)
     done: list[str] = []
     log = []
     for trial in range(trials):
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc: subprocess.Popen | Forked
+        if trial == 0:
+            proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            proc = commands.start(cmd[3:], store.parent)
         if trial == 0:  # start-up: imports, before the store is opened
             time.sleep(rng.uniform(0.3, 1.5))
             assert not _opened(proc.pid, Path(f"{store}.vectors"))
@@ -304,7 +319,7 @@ def _kill_and_resume(corpus: Corpus, store: Path, seed: int, trials: int = 5) ->
         log.append((trial, round(moment, 2), len(models) - len(done), tail > 0))
         done = models
     assert 0 < len(done) < N_MODELS, log
-    out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    out = commands.run(cmd[3:], store.parent)
     assert out.returncode == 0, out.stderr
     assert _summary(out.stdout) == (N_MODELS - len(done), len(done))  # exactly the missing ones
     models, failures, _ = _check(store, corpus.reference.get)
