@@ -13,7 +13,7 @@ import pytest
 
 from modelvec import Representation, Store
 from modelvec.store import StoreError, VectorRow
-from modelvec.store.schema import _columns
+from modelvec.store.schema import columns_by_table
 from modelvec.store.vectorfile import VectorFile, header
 
 PARAMS = Representation(rank=4)
@@ -143,7 +143,7 @@ def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
     X = vectors(300, dim=500)
     path = old_store(tmp_path / "old.duckdb", [(f"m{i:03d}", "bh", X[i], [f"ds{i % 3}"]) for i in range(len(X))])
     with Store(path) as db:
-        assert "vector" not in _columns(db.con, "vectors")
+        assert "vector" not in columns_by_table(db.con)["vectors"]
         loaded, meta = db.load(representation=PARAMS)
         np.testing.assert_array_equal(loaded, X)
         assert meta["datasets"].map(list).tolist() == [[f"ds{i % 3}"] for i in range(len(X))]
@@ -166,7 +166,7 @@ def test_a_store_without_the_adapter_column_reads_and_is_brought_up_to_date(tmp_
         db.con.execute("ALTER TABLE vectors DROP COLUMN adapter")
     with Store(path, read_only=True) as db:
         loaded, meta = db.load(representation=PARAMS)
-        assert "adapter" not in _columns(db.con, "vectors")
+        assert "adapter" not in columns_by_table(db.con)["vectors"]
     np.testing.assert_array_equal(loaded, X)
     assert meta["adapter"].isna().all()
     with Store(path) as db:

@@ -73,7 +73,7 @@ class StoreReads:
         return set(self.schema())
 
     def _meta_select(self) -> str:
-        return select_list(self.con, VECTORS, META_COLUMNS, self.schema())
+        return select_list(VECTORS, META_COLUMNS, self.schema())
 
     @staticmethod
     def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
@@ -228,7 +228,7 @@ class StoreReads:
         the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
         row = first_row(
             self.con.execute(
-                f"SELECT {select_list(self.con, VECTORS, ['card_hash', 'datasets', 'label_source'], self.schema())} FROM vectors "
+                f"SELECT {select_list(VECTORS, ['card_hash', 'datasets', 'label_source'], self.schema())} FROM vectors "
                 "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
                 [model, base],
             )
@@ -295,7 +295,7 @@ class StoreReads:
         """Discovered models (one row per base and model), most downloaded first."""
         where, args = self._clauses(base=base, kept=kept, model=model)
         return self.con.execute(
-            f"SELECT {select_list(self.con, CATALOGUE, CATALOGUE_COLUMNS, self.schema())}, discovered_at FROM catalogue {where} "
+            f"SELECT {select_list(CATALOGUE, CATALOGUE_COLUMNS, self.schema())}, discovered_at FROM catalogue {where} "
             "ORDER BY base, downloads DESC NULLS LAST, model",
             args,
         ).df()
@@ -346,7 +346,7 @@ class StoreReads:
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         extra = [("list_contains(?, model)", list(models))] if models is not None else []
         where, args = self._clauses(extra, base=base, params=params, base_hash=base_hash)
-        listed = select_list(self.con, TRACES, columns, tables)
+        listed = select_list(TRACES, columns, tables)
         df = self.con.execute(
             f'SELECT {listed}, "offset", dim FROM traces {where} ORDER BY model, base_hash', args
         ).df()
