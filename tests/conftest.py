@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -364,6 +366,31 @@ def as_printed(value):
     from modelvec.core.output import json_text
 
     return json.loads(json_text(value))
+
+
+@contextmanager
+def maps_not_drawn() -> Iterator[list[list[list[float]]]]:
+    """``cluster``'s figures not drawn, its map's coordinates recorded instead (one list a run: each coordinate over
+    the map's extent, to 6 digits, no -0.0): for tests that run ``cluster`` many times to compare its answers, not
+    its pictures (the figures are drawn and checked in tests/plots and tests/report/test_cluster.py; the per-block
+    figure draws what the answer's ``per_block`` holds)."""
+    from unittest import mock
+
+    import numpy as np
+
+    from modelvec.report import clusters
+
+    maps: list[list[list[float]]] = []
+
+    def draw(report, coords, *rest) -> None:
+        xy = np.asarray(coords, dtype=np.float64)
+        maps.append((np.round(xy / (float(np.abs(xy).max()) or 1.0), 6) + 0.0).tolist())
+
+    with (
+        mock.patch.object(clusters, "_draw", draw),
+        mock.patch.object(clusters, "plot_block_scores", lambda *a, **k: ""),
+    ):
+        yield maps
 
 
 def cli_json(*args: str):

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import peft_adapter, save_state, tiny_bert_config
+from conftest import maps_not_drawn, peft_adapter, save_state, tiny_bert_config
 from modelvec import Store
 from modelvec.analyse.lineage import infer_tree
 from modelvec.analyse.tree import Node, Tree
@@ -107,23 +107,9 @@ def answer(out: str) -> str:
 
 def answers(store: Path, base: Path, query: Path, out: Path) -> dict[str, tuple[int, str, str]]:
     """Every analysis command's answer (``--json``) on the store: exit status, stdout and stderr. ``cluster``'s answer
-    carries its map's coordinates too (``map``, to 6 digits of the map's extent), taken where the figures would be
-    drawn: what a kept layout gives is compared, not pixels (the figures are drawn and checked in tests/plots and
-    tests/report/test_cluster.py; the per-block scores' figure draws what the answer's ``per_block`` holds)."""
-    from unittest import mock
-
-    from modelvec.report import clusters
-
-    maps: list[list[list[float]]] = []
-
-    def draw(report, coords, *rest) -> None:
-        scale = float(np.abs(coords).max()) or 1.0
-        maps.append((np.round(np.asarray(coords, dtype=np.float64) / scale, 6) + 0.0).tolist())  # no -0.0
-
-    with (
-        mock.patch.object(clusters, "_draw", draw),
-        mock.patch.object(clusters, "plot_block_scores", lambda *a, **k: ""),
-    ):
+    carries its map's coordinates too (``map``), taken where its figures would be drawn (:func:`maps_not_drawn`):
+    what a kept layout gives is compared, not pixels."""
+    with maps_not_drawn() as maps:
         code, out_, err = invoke(
             "cluster", str(base), "--store", str(store), "--out", str(out), "--reduce", "pca", "--json"
         )

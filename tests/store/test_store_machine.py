@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import modelvec
-from conftest import planted_dataset_finetune
+from conftest import maps_not_drawn, planted_dataset_finetune
 from modelvec.core.errors import ModelvecError
 from modelvec.report import cluster
 from modelvec.store import Store
@@ -39,13 +39,15 @@ def files_of(folder: Path, name: str) -> dict[str, tuple[int, str]]:
 
 
 def answer(base: Path, store: Path, out: Path) -> dict:
-    """``cluster``'s answer as JSON, floats rounded (products kept or computed may differ in their last bits), or
-    the one line of its error."""
+    """``cluster``'s answer as JSON with its map's coordinates (``map``: :func:`maps_not_drawn`), floats rounded
+    (products kept or computed may differ in their last bits), or the one line of its error."""
     try:
-        report = cluster(base, store=store, out=out, reduce="pca").as_json()
+        with maps_not_drawn() as maps:
+            report = cluster(base, store=store, out=out, reduce="pca").as_json()
     except ModelvecError as exc:
         return {"error": str(exc).replace(str(store), "STORE")}
     report.pop("files", None)
+    report["map"] = maps[0] if maps else None
 
     def rounded(value):
         if isinstance(value, float):
