@@ -26,23 +26,23 @@ SHARED = {
     "tests/run/test_ray.py": "ray",
     "tests/run/test_crawl.py": "ray",
 }
-#: The slowest modules (and groups), slowest first (their test time in a 2-core run, 2026-11-29): started first, so
-#: that no worker is left alone in a long one at the end. Only the order of the run depends on this list.
+#: The slowest modules (and groups), slowest first (their test time in the suite, 3 workers on 2 cores, 2026-11-29):
+#: started first, so that no worker is left alone in a long one at the end. Only the order of the run depends on this.
 SLOW = (
-    "ray",  # 88 s
-    "tests/report/test_nothing_silently_wrong.py",  # 67 s
-    "tests/store/test_faults_store.py",  # 40 s
-    "tests/cli/test_hostile.py",  # 31 s: ~90 CLI processes, forked
-    "tests/hub/test_hub.py",  # 25 s
-    "tests/report/test_cluster.py",  # 25 s
-    "tests/hub/test_partial.py",  # 24 s
-    "tests/run/test_resume.py",  # 24 s
-    "tests/plots/test_plots.py",  # 21 s
-    "tests/analyse/test_evidence.py",  # 18 s
-    "tests/hub/test_faults_hub.py",  # 18 s
-    "tests/represent/test_llm.py",  # 15 s
-    "tests/analyse/test_layout.py",  # 14 s
-    "tests/cli/test_cli_json.py",  # 14 s
+    "ray",  # 140 s: Ray's daemons beside two other workers (69 s alone)
+    "tests/report/test_nothing_silently_wrong.py",  # 42 s
+    "tests/cli/test_hostile.py",  # 37 s: ~90 CLI processes, forked
+    "tests/analyse/test_layout.py",  # 33 s
+    "tests/store/test_faults_store.py",  # 33 s
+    "tests/hub/test_hub.py",  # 31 s
+    "tests/hub/test_partial.py",  # 31 s
+    "tests/plots/test_plots.py",  # 28 s
+    "tests/report/test_cluster.py",  # 27 s
+    "tests/analyse/test_evidence.py",  # 21 s
+    "tests/run/test_resume.py",  # 21 s
+    "tests/hub/test_faults_hub.py",  # 20 s
+    "tests/bench/test_bench_cuda.py",  # 17 s
+    "tests/report/test_tree_merges.py",  # 15 s
 )
 
 
@@ -50,7 +50,8 @@ SLOW = (
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: a worker more than the cores (pyproject.toml's ``--maxprocesses`` caps it). A fifth of the
     suite's time its tests wait, not compute (killed processes' seeded moments, servers' backoff, Ray's starts),
-    and one more worker fills it: on 2 cores 334 s with 2 workers, 298 s with 3, 309 s with 4 (2026-11-29)."""
+    and one more worker fills it: on 2 cores 334 s with 2 workers, 298 s with 3, 309 s with 4 (2026-11-29); 275 s
+    with 3 and 282 s with 4 once the suite's CPU time fell (the same day, later)."""
     return len(os.sched_getaffinity(0)) + 1
 
 

@@ -188,7 +188,7 @@ class Zygote:
         self._replies = read
         deadline = time.monotonic() + 120
         while not self._ready and time.monotonic() < deadline:
-            self._read(deadline - time.monotonic())
+            self._read(max(0.0, deadline - time.monotonic()))
         assert self._ready, "the zygote did not start"
 
     def _read(self, timeout: float | None) -> None:
