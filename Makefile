@@ -45,7 +45,7 @@ FLOORS_VENV  ?= .venv-floors
 FLOORS_PY    := $(FLOORS_VENV)/bin/python
 FLOORS_STAMP := $(FLOORS_VENV)/.modelvec-floors
 FLOORS_TESTS ?= tests/hub tests/run/test_resume.py tests/read tests/analyse tests/core tests/cli/test_cli_json.py \
-                tests/run/test_ray.py
+                tests/run/test_ray.py tests/store/test_store.py tests/store/test_population_reads.py
 
 $(FLOORS_STAMP): pyproject.toml .ci/floors.py
 	@test -x $(FLOORS_PY) || python3 -m venv $(FLOORS_VENV)

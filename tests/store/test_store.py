@@ -47,8 +47,8 @@ def test_duckdb_holds_rows_not_vector_bytes(tmp_path):
         db.put_many([row(f"m{i:03d}", x) for i, x in enumerate(X)])
         db.con.execute("CHECKPOINT")
         in_duckdb = sum(r[1] for r in db.con.execute("SELECT * FROM duckdb_memory()").fetchall())
-    assert (tmp_path / "s.duckdb").stat().st_size < X.nbytes / 20
-    assert in_duckdb < X.nbytes / 20
+    assert (tmp_path / "s.duckdb").stat().st_size < X.nbytes / 10  # ~0.5 MB at DuckDB 2, ~1 MB at 1.2: not 16 MB
+    assert in_duckdb < X.nbytes / 10
 
 
 def test_replacing_a_vector_points_at_the_new_bytes(tmp_path):
@@ -257,3 +257,16 @@ def test_migration_keeps_rows_that_differ_only_in_base_hash(tmp_path):
         got = db.vector_file.read([r[1] for r in rows], 50, [r[2] for r in rows], ["m", "m"])
     assert [r[0] for r in rows] == ["bh0", "bh1"]
     np.testing.assert_array_equal(got, X)
+
+
+def test_the_columns_from_duckdbs_catalogue_are_information_schemas(tmp_path):
+    """The store's columns by table, asked of DuckDB's own catalogue (fast), are what information_schema says (the
+    standard's view: DuckDB 1.x's catalogue also lists its own views in the store's schema, which must not count)."""
+    with Store(tmp_path / "s.duckdb") as db:
+        db.con.execute("CREATE VIEW mine AS SELECT 1 AS x")
+        standard: dict[str, list[str]] = {}
+        for table, column in db.con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns ORDER BY table_name, ordinal_position"
+        ).fetchall():
+            standard.setdefault(table, []).append(column)
+        assert columns_by_table(db.con) == standard and "vectors" in standard and "mine" in standard

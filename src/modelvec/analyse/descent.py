@@ -4,6 +4,7 @@ imported only where a map is laid out."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -67,8 +68,10 @@ def descend_source(
             states[i] = state
 
 
+@functools.cache
 def compiled(*, cache: bool) -> Callable[..., None]:
-    """:func:`descend_source` compiled by numba (on its first call), its code kept across runs where ``cache``."""
+    """:func:`descend_source` compiled by numba (on its first call), its code kept across runs where ``cache``; one
+    of each a process (code compiled anew where the kept code fails is compiled once however often it is asked)."""
     return njit(cache=cache, parallel=True, nogil=True)(descend_source)
 
 

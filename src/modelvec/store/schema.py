@@ -323,7 +323,7 @@ def columns_by_table(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     """Every table of this store with its columns, in one query (a table it lacks is not there)."""
     rows = con.execute(  # DuckDB's own catalogue: information_schema took ~10 ms on a store just opened, this ~1
         "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
-        "AND schema_name = 'main' ORDER BY table_name, column_index"
+        "AND schema_name = 'main' AND NOT internal ORDER BY table_name, column_index"  # 1.x lists its own views there
     ).fetchall()
     out: dict[str, list[str]] = {}
     for table, column in rows:
@@ -351,7 +351,8 @@ def _move_vectors_out(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -
             "offset": [],
             "vector_hash": [],
         }
-        reader = con.sql("SELECT model, base, base_hash, params, vector FROM vectors").to_arrow_reader(256)
+        relation = con.sql("SELECT model, base, base_hash, params, vector FROM vectors")
+        reader = (getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader)(256)  # 1.x: fetch_
         for batch in reader:  # 256 vectors in memory at a time
             vectors = [vector_bytes(np.asarray(v.values, np.float32)) for v in batch.column(4)]
             for name in ("model", "base", "base_hash", "params"):
