@@ -58,22 +58,22 @@ class StoreReads:
     vector_file: VectorFile
     read_only: bool
 
-    _schema: dict[str, list[str]] | None = None
+    _columns: dict[str, list[str]] | None = None
 
     # --- the connection ------------------------------------------------------------------------------
-    def schema(self) -> dict[str, list[str]]:
+    def columns_by_table(self) -> dict[str, list[str]]:
         """Every table of the store with its columns, asked of DuckDB once: they change only where a writer brings
         the store up to date as it opens it (the :class:`~modelvec.store.Store` forgets them then), and no other
         process writes while it is open. A run asks which columns an older store has before many of its reads."""
-        if self._schema is None:
-            self._schema = columns_by_table(self.con)
-        return self._schema
+        if self._columns is None:
+            self._columns = columns_by_table(self.con)
+        return self._columns
 
     def _tables(self) -> set[str]:
-        return set(self.schema())
+        return set(self.columns_by_table())
 
     def _meta_select(self) -> str:
-        return select_list(VECTORS, META_COLUMNS, self.schema())
+        return select_list(VECTORS, META_COLUMNS, self.columns_by_table())
 
     @staticmethod
     def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
@@ -228,7 +228,7 @@ class StoreReads:
         the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
         row = first_row(
             self.con.execute(
-                f"SELECT {select_list(VECTORS, ['card_hash', 'datasets', 'label_source'], self.schema())} FROM vectors "
+                f"SELECT {select_list(VECTORS, ['card_hash', 'datasets', 'label_source'], self.columns_by_table())} FROM vectors "
                 "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
                 [model, base],
             )
@@ -240,7 +240,7 @@ class StoreReads:
     ) -> str | None:
         """The stored model (another name than ``model``) whose vector was made from the very weight files
         ``files_id`` names, against this base and under this representation: ``model`` is its alias."""
-        if "files_id" not in self.schema().get("vectors", ()):
+        if "files_id" not in self.columns_by_table().get("vectors", ()):
             return None
         row = first_row(
             self.con.execute(
@@ -295,7 +295,7 @@ class StoreReads:
         """Discovered models (one row per base and model), most downloaded first."""
         where, args = self._clauses(base=base, kept=kept, model=model)
         return self.con.execute(
-            f"SELECT {select_list(CATALOGUE, CATALOGUE_COLUMNS, self.schema())}, discovered_at FROM catalogue {where} "
+            f"SELECT {select_list(CATALOGUE, CATALOGUE_COLUMNS, self.columns_by_table())}, discovered_at FROM catalogue {where} "
             "ORDER BY base, downloads DESC NULLS LAST, model",
             args,
         ).df()
@@ -341,7 +341,7 @@ class StoreReads:
             "mini",
             "sketch_hash",
         ]
-        tables = self.schema()
+        tables = self.columns_by_table()
         if "traces" not in tables:
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         extra = [("list_contains(?, model)", list(models))] if models is not None else []

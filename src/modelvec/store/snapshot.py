@@ -31,7 +31,7 @@ class Snapshot:
     ``db``, with what says each base's version now."""
 
     def __init__(self, db: StoreReads, names: Sequence[str] | None, representation: Representation) -> None:
-        tables = db.schema()
+        tables = db.columns_by_table()
         recorded = (
             "(SELECT list({'identity': r.identity, 'base_hash': r.base_hash} ORDER BY r.recorded_at DESC) "
             "FROM base_versions r WHERE r.base = v.base)"

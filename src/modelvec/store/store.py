@@ -144,12 +144,12 @@ class Store(StoreWrites):
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
-            self._schema = None  # what the vector file's checks saw: the tables a writer is about to bring up to date
+            self._columns = None  # what the vector file's checks saw: the tables a writer is about to bring up to date
             if read_only:
                 self._check_readable()
             else:
                 migrate(self.con, self.vector_file)
-                self._schema = None
+                self._columns = None
             if past:
                 self._recovered(past, on_note or on_wait or _log.warning)
         except BaseException:
@@ -158,7 +158,7 @@ class Store(StoreWrites):
 
     def _check_readable(self) -> None:
         """A store opened read-only must already have the tables of this version (a writing command adds them)."""
-        missing = missing_tables(self.schema(), readable=True)
+        missing = missing_tables(self.columns_by_table(), readable=True)
         if missing:
             raise StoreError(
                 str(self.path),
@@ -220,7 +220,7 @@ class Store(StoreWrites):
     def _points_into_vector_file(self, tables: set[str]) -> bool:
         """Whether rows of the store point into its vector file (those of a store from before it, whose vectors are
         inside DuckDB, do not)."""
-        offsets = "offset" in self.schema().get("vectors", ())
+        offsets = "offset" in self.columns_by_table().get("vectors", ())
         pointing = (["vectors"] if offsets else []) + (["traces"] if "traces" in tables else [])
         return any(
             bool((first_row(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM {t})")) or [0])[0]) for t in pointing
