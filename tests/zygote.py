@@ -228,6 +228,12 @@ class Zygote:
         """``modelvec *args`` in ``cwd``, in a process forked for it: its status, stdout and stderr."""
         return self.start(args, cwd).completed(timeout)
 
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.process.stdin is not None:
             self.process.stdin.close()

@@ -72,11 +72,8 @@ def world(tiny_bert, tmp_path_factory) -> Iterator[World]:
     with hub.serve() as server:
         env = {k: v for k, v in os.environ.items() if k not in ("MODELVEC_DEBUG", "MODELVEC_STORE")}
         env.update(COLUMNS="80", HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(root / "hub-cache"))
-        commands = Zygote(env)
-        try:
+        with Zygote(env) as commands:
             yield World(tiny_bert, stored, new, store, env, commands)
-        finally:
-            commands.close()
 
 
 def test_modelvec_registers_no_exit_functions():

@@ -35,11 +35,8 @@ def _embed(tiny_bert: Path, models: list[Path], store: Path) -> list[str]:
 def commands() -> Iterator[Zygote]:
     """The commands in processes forked from one that imported them once (:mod:`zygote`; each takes SIGKILL, or
     SIGINT as Ctrl-C, as a fresh Python does), one torch thread."""
-    zygote = Zygote({**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
+    with Zygote({**os.environ, "OMP_NUM_THREADS": "1"}) as zygote:
         yield zygote
-    finally:
-        zygote.close()
 
 
 @pytest.fixture(scope="module")

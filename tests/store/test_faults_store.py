@@ -155,11 +155,8 @@ def corpus(tiny_bert, tmp_path_factory) -> Corpus:
 def commands(tmp_path_factory) -> Iterator[Zygote]:
     """``modelvec`` commands in processes forked from one that imported them once, with :data:`ENV` (the first kill
     of a run starts a fresh process: it lands while the command still imports)."""
-    zygote = Zygote(ENV)
-    try:
+    with Zygote(ENV) as zygote:
         yield zygote
-    finally:
-        zygote.close()
 
 
 # --- 1. two processes on one store --------------------------------------------------------------
