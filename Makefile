@@ -32,9 +32,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # The tests start a few hundred Python processes that import modelvec from src/ (an editable install, which pip does
-# not byte-compile): compiled once here, so that none compiles it again where PYTHONDONTWRITEBYTECODE is set. pytest
-# runs on a worker more than the cores (pyproject.toml's addopts, tests/conftest.py).
-test: $(STAMP) browser lint
+# not byte-compile): compiled once here, so that none compiles it again where PYTHONDONTWRITEBYTECODE is set; the
+# map's numba kernel too, laid out once beside the lint (~5 s of one core where it is not kept yet, which every
+# worker would otherwise spend at once). pytest runs on a worker more than the cores (pyproject.toml's addopts,
+# tests/conftest.py).
+WARM_KERNEL = import numpy as np; from modelvec.analyse.reduction import reduce; \
+              reduce(np.random.default_rng(0).normal(size=(40, 3)), "umap")
+test: $(STAMP) browser
+	@$(PY) -c '$(WARM_KERNEL)' & $(MAKE) --no-print-directory lint && wait $$!
 	$(PY) -m compileall -q src/modelvec
 	$(PY) -m pytest
 
