@@ -216,22 +216,20 @@ class StoreReads:
     def stored_version(self, model: str, base: str, base_version: str, representation: Representation) -> str | None:
         """The version of ``model`` (``model_hash``) whose vector is stored against this base and representation."""
         row = first_row(
-            self.con.execute(
-                "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ? LIMIT 1",
-                [model, base, base_version, representation.key()],
-            )
+            self.con,
+            "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ? LIMIT 1",
+            [model, base, base_version, representation.key()],
         )
         return str(row[0]) if row is not None else None
 
     def card_of(self, model: str, base: str) -> tuple[str | None, list[str], str | None] | None:
         """What is stored of ``model``'s card with ``base``: (its hash, the dataset labels, their source); None where
         the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
+        card = select_list(VECTORS, ["card_hash", "datasets", "label_source"], self.columns_by_table())
         row = first_row(
-            self.con.execute(
-                f"SELECT {select_list(VECTORS, ['card_hash', 'datasets', 'label_source'], self.columns_by_table())} FROM vectors "
-                "WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
-                [model, base],
-            )
+            self.con,
+            f"SELECT {card} FROM vectors WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
+            [model, base],
         )
         return (row[0], list(row[1] or []), row[2]) if row is not None else None
 
@@ -243,11 +241,10 @@ class StoreReads:
         if "files_id" not in self.columns_by_table().get("vectors", ()):
             return None
         row = first_row(
-            self.con.execute(
-                "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
-                "ORDER BY model LIMIT 1",
-                [files_id, model, base, base_version, representation.key()],
-            )
+            self.con,
+            "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
+            "ORDER BY model LIMIT 1",
+            [files_id, model, base, base_version, representation.key()],
         )
         return str(row[0]) if row is not None else None
 
@@ -257,11 +254,10 @@ class StoreReads:
         """A stored model (another name than ``model``) whose vector has the checksum ``digest`` against this base and
         representation: the same weights, bit for bit, in every row read."""
         row = first_row(
-            self.con.execute(
-                "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
-                "AND params = ? ORDER BY model LIMIT 1",
-                [digest, model, base, base_version, representation.key()],
-            )
+            self.con,
+            "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
+            "AND params = ? ORDER BY model LIMIT 1",
+            [digest, model, base, base_version, representation.key()],
         )
         return str(row[0]) if row is not None else None
 
@@ -294,9 +290,9 @@ class StoreReads:
     def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
         """Discovered models (one row per base and model), most downloaded first."""
         where, args = self._clauses(base=base, kept=kept, model=model)
+        listed = select_list(CATALOGUE, CATALOGUE_COLUMNS, self.columns_by_table())
         return self.con.execute(
-            f"SELECT {select_list(CATALOGUE, CATALOGUE_COLUMNS, self.columns_by_table())}, discovered_at FROM catalogue {where} "
-            "ORDER BY base, downloads DESC NULLS LAST, model",
+            f"SELECT {listed}, discovered_at FROM catalogue {where} ORDER BY base, downloads DESC NULLS LAST, model",
             args,
         ).df()
 

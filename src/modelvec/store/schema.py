@@ -270,11 +270,11 @@ MIGRATIONS = tuple(
 )
 
 
-def first_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
-    """The first row of a query that gives at most one, its result read to the end (None: no row). DuckDB 2 refuses
-    a relation (``con.sql``, what the store's large reads use) on a connection whose last result is not read to its
-    end, as a ``fetchone`` leaves it."""
-    rows = result.fetchall()
+def first_row(con: duckdb.DuckDBPyConnection, sql: str, args: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+    """The first row of ``sql``, a query that gives at most one, its result read to the end (None: no row). DuckDB 2
+    refuses a relation (``con.sql``, what the store's large reads use) on a connection whose last result is not read
+    to its end, as a ``fetchone`` leaves it."""
+    rows = con.execute(sql, list(args)).fetchall()
     return rows[0] if rows else None
 
 
@@ -307,9 +307,9 @@ def select_list(table: Table, columns: Sequence[str], tables: Mapping[str, Seque
     return ", ".join(name if name in have else f"NULL::{kinds[name]} AS {name}" for name in columns)
 
 
-def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile) -> None:
-    """Create the tables, or bring an older store's up to date (columns added; ``FLOAT[]`` vectors moved out)."""
-    tables = columns_by_table(con)
+def migrate(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, tables: Mapping[str, Sequence[str]]) -> None:
+    """Create the tables, or bring an older store's up to date (columns added; ``FLOAT[]`` vectors moved out);
+    ``tables``: its columns by table now (:func:`columns_by_table`)."""
     if "vector" in tables.get("vectors", ()):
         _move_vectors_out(con, vector_file)
     elif not missing_tables(tables):

@@ -144,12 +144,11 @@ class Store(StoreWrites):
             self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
         try:
-            self._columns = None  # what the vector file's checks saw: the tables a writer is about to bring up to date
             if read_only:
                 self._check_readable()
             else:
-                migrate(self.con, self.vector_file)
-                self._columns = None
+                migrate(self.con, self.vector_file, self.columns_by_table())
+                self._columns = None  # asked again once brought up to date
             if past:
                 self._recovered(past, on_note or on_wait or _log.warning)
         except BaseException:
@@ -222,17 +221,13 @@ class Store(StoreWrites):
         inside DuckDB, do not)."""
         offsets = "offset" in self.columns_by_table().get("vectors", ())
         pointing = (["vectors"] if offsets else []) + (["traces"] if "traces" in tables else [])
-        return any(
-            bool((first_row(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM {t})")) or [0])[0]) for t in pointing
-        )
+        return any(bool((first_row(self.con, f"SELECT EXISTS (SELECT 1 FROM {t})") or [0])[0]) for t in pointing)
 
     def _stored_identity(self) -> str | None:
         """The store's identity, kept as the comment on its table ``store_meta`` (in DuckDB's catalogue: a row would
         cost every store two more blocks of 256 KiB); None: a store written before identities."""
         row = first_row(
-            self.con.execute(
-                "SELECT comment FROM duckdb_tables() WHERE table_name = 'store_meta' AND schema_name = 'main'"
-            )
+            self.con, "SELECT comment FROM duckdb_tables() WHERE table_name = 'store_meta' AND schema_name = 'main'"
         )
         found = _IDENTITY.fullmatch(row[0] or "") if row else None
         return found[1] if found else None
@@ -254,10 +249,9 @@ class Store(StoreWrites):
         write-ahead log what was committed since, so they are no damage. DuckDB writes whole blocks and drops free
         ones at the end of the file: a file shorter than ``total_blocks`` is whole while it holds every block used."""
         row = first_row(
-            self.con.execute(
-                "SELECT total_blocks, used_blocks, block_size FROM pragma_database_size() "
-                "WHERE database_name = current_database()"
-            )
+            self.con,
+            "SELECT total_blocks, used_blocks, block_size FROM pragma_database_size() "
+            "WHERE database_name = current_database()",
         )
         if row is None:
             return 0

@@ -60,7 +60,7 @@ class BaseVersions(StoreReads):
             return None
         where, args = self._clauses(base=base, identity=stamp)
         row = first_row(
-            self.con.execute(f"SELECT base_hash FROM base_versions {where} ORDER BY recorded_at DESC LIMIT 1", args)
+            self.con, f"SELECT base_hash FROM base_versions {where} ORDER BY recorded_at DESC LIMIT 1", args
         )
         return str(row[0]) if row else None
 
