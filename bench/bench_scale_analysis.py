@@ -169,7 +169,7 @@ with Store(store, read_only=True) as db:
 labels = [list(d) for d in meta["datasets"]]
 scaling = scoring.scaling
 import importlib
-from modelvec.report.clusters import AHEAD
+from modelvec.report.cluster_parts import AHEAD
 stage("imports (cluster takes them beside the reading)", lambda: [importlib.import_module(m) for m in AHEAD])
 coords = stage("coordinates (64 principal above 1,024 models; computed once, for the clusterers and the map)", geo.coordinates)
 t_scores = time.perf_counter()
@@ -180,12 +180,12 @@ stage("scores: predictions", lambda: predict_datasets(geo, labels, k=5, scaling=
 stage("scores: clusterers (a sample of 2,000)", lambda: clustering_scores(geo, labels))
 stages["scores (all of the above)"] = {"seconds": time.perf_counter() - t_scores, "peak_rss_gib": max(v["peak_rss_gib"] for k, v in stages.items() if k.startswith("scores:"))}
 stages["scores, every pair's mutual proximity kept (cluster again)"] = {"seconds": sum(v["seconds"] for k, v in stages.items() if k.startswith("scores:") and "every pair" not in k), "peak_rss_gib": stages["scores (all of the above)"]["peak_rss_gib"]}
-from modelvec.report.clusters import _block_sample
+from modelvec.report.cluster_parts import block_sample
 from modelvec.represent import blocks_of
 from modelvec.analyse.scores import block_knn_scores
 def per_block():
     with Store(store, read_only=True) as db:
-        X, rows = _block_sample(Population(db, base, rep), products.positions, meta)
+        X, rows = block_sample(Population(db, base, rep), products.positions, meta)
     bounds = [(b.start, b.stop) for b in blocks_of(base, rep) if X[:, b.start : b.stop].any()]
     return block_knn_scores(X, [labels[i] for i in rows], bounds, scaling=scaling)
 stage("per-block scores (500 models; kept: 0 s)", per_block)

@@ -379,7 +379,7 @@ def maps_not_drawn() -> Iterator[list[list[list[float]]]]:
 
     import numpy as np
 
-    from modelvec.report import clusters
+    from modelvec.report import cluster_parts
 
     maps: list[list[list[float]]] = []
 
@@ -388,8 +388,8 @@ def maps_not_drawn() -> Iterator[list[list[list[float]]]]:
         maps.append((np.round(xy / (float(np.abs(xy).max()) or 1.0), 6) + 0.0).tolist())
 
     with (
-        mock.patch.object(clusters, "_draw", draw),
-        mock.patch.object(clusters, "plot_block_scores", lambda *a, **k: ""),
+        mock.patch.object(cluster_parts, "draw", draw),
+        mock.patch.object(cluster_parts, "plot_block_scores", lambda *a, **k: ""),
     ):
         yield maps
 

@@ -130,7 +130,7 @@ def test_clusterers_above_the_exact_size_run_on_a_stratified_sample_with_interva
     for key in clustering.CLUSTERING_KEYS:
         assert out[f"{key}_low"] <= out[key] <= out[f"{key}_high"], key
     assert out["kmeans_ari"] > 0.9 and out["silhouette"] > 0.3  # three clear clusters found in the sample
-    pick = clustering._stratified(truth, 150, 3)
+    pick = clustering.stratified(truth, 150, 3)
     assert len(pick) == 150 and np.bincount(truth[pick]).tolist() == [113, 22, 15]  # each in its share
     assert out == clustering.clustering_scores(X, labels, seed=3)  # seeded
 

@@ -236,13 +236,15 @@ def test_a_damaged_spread_file_is_computed_again_never_a_bug(kept, base, zoo, tm
 
 
 def kept_then_redone(kept, base, zoo, tmp_path, mark: str, step: str, array: str, at: int) -> tuple[Path, Path]:
-    """A later ``cluster`` answers from the file kept beside the store whose name holds ``mark`` (``clusters.step``
-    not run); that file's ``array`` damaged ``at`` bytes in, ``step`` runs once, the answer is the same, the note
-    is one line and the file is kept again as it was. The store copied for it, and the file."""
+    """A later ``cluster`` answers from the file kept beside the store whose name holds ``mark`` (``step``, a
+    function of the cluster report's modules, not run); that file's ``array`` damaged ``at`` bytes in, ``step`` runs
+    once, the answer is the same, the note is one line and the file is kept again as it was. The store copied for
+    it, and the file."""
     from unittest import mock
 
-    from modelvec.report import clusters
+    from modelvec.report import cluster_parts, clusters
 
+    clusters = clusters if hasattr(clusters, step) else cluster_parts
     root, _, first = kept
     store = copy_store(root, tmp_path)
     path = next(p for name, p in kept_files(store, base).items() if mark in name)
@@ -271,12 +273,12 @@ def test_the_per_block_scores_are_kept_and_computed_again_where_they_do_not_hold
     compute them again."""
     from unittest import mock
 
-    from modelvec.report import clusters
+    from modelvec.report import cluster_parts
 
     first = kept[2]
     store, _ = kept_then_redone(kept, base, zoo, tmp_path, ".blocks-", "block_knn_scores", "scores", 2)  # 1st block
     args = ["cluster", str(base), "--store", str(store), "--out", str(tmp_path / "o"), "--reduce", "pca", "--json"]
-    with mock.patch.object(clusters, "block_knn_scores", wraps=clusters.block_knn_scores) as computed:
+    with mock.patch.object(cluster_parts, "block_knn_scores", wraps=cluster_parts.block_knn_scores) as computed:
         code, out, err = invoke(*args, "--label-source", "tag")  # the zoo's labels are its cards': none left
         assert code == 0 and computed.call_count == 1, err
         assert "note:" not in err

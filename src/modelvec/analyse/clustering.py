@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,26 +41,55 @@ def clustering_scores(
     distances; ``n_clustered`` is then the sample, ``n_clusterable`` all such models, and each score has a 95 %
     bootstrap interval over the sampled models (``<score>_low``, ``<score>_high``; the clusterers run once).
     """
-    from sklearn.cluster import HDBSCAN, KMeans
-    from sklearn.metrics import silhouette_samples
-
     geo = geometry_of(X, metric)
-    sets = label_sets(labels, len(geo))
+    picked = clustered(labels, len(geo), seed)
+    if picked is None:
+        return {**{key: float("nan") for key in CLUSTERING_KEYS}, "n_clustered": 0.0}
+    return scores_of(geo, picked, metric=metric, seed=seed)
+
+
+@dataclass(frozen=True)
+class Clustered:
+    """The models the clusterers run on: ``rows`` (sorted), each one's dataset as a code (``truth``), how many datasets
+    (``n_clusters``), and how many models could have been (``everyone``: more than ``rows`` where they are a
+    sample)."""
+
+    rows: np.ndarray
+    truth: np.ndarray
+    n_clusters: int
+    everyone: int
+
+
+def clustered(labels: Sequence[Sequence[str]], n: int, seed: int = 0) -> Clustered | None:
+    """The models :func:`clustering_scores` runs on (None: fewer than two datasets with two single-label models):
+    those with one label whose dataset has two such, a stratified seeded sample of :data:`CLUSTER_SAMPLE` above
+    :data:`EXACT_COORDINATES`."""
+    sets = label_sets(labels, n)
     single = Counter(next(iter(s)) for s in sets if len(s) == 1)
     kept = sorted(name for name, count in single.items() if count >= 2)
     if len(kept) < 2:
-        return {**{key: float("nan") for key in CLUSTERING_KEYS}, "n_clustered": 0.0}
+        return None
     code = {name: c for c, name in enumerate(kept)}
     rows = np.array([i for i, s in enumerate(sets) if len(s) == 1 and next(iter(s)) in code])
     truth = np.array([code[next(iter(sets[i]))] for i in rows])
     everyone = len(rows)
     if everyone > EXACT_COORDINATES:
-        pick = _stratified(truth, CLUSTER_SAMPLE, seed)
+        pick = stratified(truth, CLUSTER_SAMPLE, seed)
         rows, truth = rows[pick], truth[pick]
+    return Clustered(rows, truth, len(kept), everyone)
+
+
+def scores_of(geo: Geometry, picked: Clustered, *, metric: str = "cosine", seed: int = 0) -> dict[str, float]:
+    """The clustering scores of the models ``picked`` (their rows of ``geo``; a geometry of those models alone will
+    do, their rows renumbered), with intervals where they are a sample."""
+    from sklearn.cluster import HDBSCAN, KMeans
+    from sklearn.metrics import silhouette_samples
+
+    rows, truth, everyone = picked.rows, picked.truth, picked.everyone
     # n points span at most n dimensions: their coordinates in that span (U·Σ) keep every euclidean distance, so
     # k-means runs on n columns instead of the vector's hundreds of thousands (0.6 s -> ms for 20 models)
     Z = geo.coordinates(rows)
-    kmeans = KMeans(n_clusters=len(kept), n_init=10, random_state=seed).fit_predict(Z)
+    kmeans = KMeans(n_clusters=picked.n_clusters, n_init=10, random_state=seed).fit_predict(Z)
     D = geo.distances(rows, rows)
     D += D.T  # each pair's two roundings made one: precomputed metrics check symmetry, which a near copy's
     D /= 2.0  # sqrt(2 D) near 0 would fail by 1e-8 (a symmetric D: unchanged)
@@ -96,7 +126,7 @@ def _agreement(truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silho
     ]
 
 
-def _stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
+def stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
     """A seeded sample of ``size`` positions (sorted), each class in proportion to its count (largest remainders
     rounded up; at least 2 of each class that has them, so that every dataset can still form a cluster)."""
     if len(truth) <= size:

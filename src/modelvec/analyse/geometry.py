@@ -90,23 +90,31 @@ def coordinates_of(gram: np.ndarray) -> np.ndarray:
     return principal_coordinates(len(gram), lambda rows, columns: np.array(take(gram, rows, columns), np.float64))
 
 
-def principal_coordinates(n: int, products: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+def principal_coordinates(
+    n: int, products: Callable[[np.ndarray, np.ndarray], np.ndarray], sample: np.ndarray | None = None
+) -> np.ndarray:
     """Coordinates Z of n rows known by their inner products (``products(rows, columns)``, a new float64 array),
     largest direction first: exact (Z Z^T the whole Gram matrix: n columns, every eigenvector) up to
     :data:`EXACT_COORDINATES` rows. Above, the top :data:`TOP_COORDINATES` principal directions of a seeded sample
     of :data:`COORDINATE_SAMPLE` rows (their Gram matrix's randomized eigendecomposition), every row projected on
     them exactly (the Nystrom extension: the sample's products with every row, read in blocks), so the
-    work grows as n, not n^2; the sample's own coordinates are what the whole matrix's would be at that size."""
+    work grows as n, not n^2; the sample's own coordinates are what the whole matrix's would be at that size.
+    ``sample``: the rows whose products with every row are known (sorted), in place of the seeded one."""
     every = np.arange(n)
-    if n <= EXACT_COORDINATES:
+    if n <= EXACT_COORDINATES and sample is None:
         w, V = np.linalg.eigh(products(every, every))
         order = np.argsort(w)[::-1]
         return np.ascontiguousarray(V[:, order] * np.sqrt(np.clip(w[order], 0.0, None)))
     from sklearn.utils.extmath import randomized_svd
 
-    sample = np.sort(np.random.default_rng(0).choice(n, min(n, COORDINATE_SAMPLE), replace=False))
+    if sample is None:
+        sample = np.sort(np.random.default_rng(0).choice(n, min(n, COORDINATE_SAMPLE), replace=False))
     U, S, _ = randomized_svd(
-        products(sample, sample), n_components=TOP_COORDINATES, n_oversamples=16, n_iter=3, random_state=0
+        products(sample, sample),
+        n_components=min(TOP_COORDINATES, len(sample)),
+        n_oversamples=16,
+        n_iter=3,
+        random_state=0,
     )
     live = S[0] * 1e-12 < S if len(S) and S[0] > 0 else np.zeros(len(S), dtype=bool)
     basis = np.zeros((len(sample), len(S)))

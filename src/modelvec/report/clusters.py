@@ -7,9 +7,6 @@ dataset score, predictions for unlabelled models and the clustering scores, redu
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,24 +25,21 @@ from ..analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS, Reduction
 from ..analyse.reduction import reduce as reduce_to_2d
 from ..analyse.scores import (
     Geometry,
+    KnnScore,
+    Predictions,
     Scoring,
-    block_knn_scores,
     coordinates_of,
     knn_dataset_score,
     predict_datasets,
 )
-from ..analyse.tree import Tree
-from ..core.errors import ModelvecError, NothingStoredError
-from ..core.names import display_name
+from ..core.errors import ModelvecError
 from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings
 from ..hub.labels import matches_source
-from ..plots.blocks import plot_block_scores
-from ..plots.maps import plot_html, plot_png
-from ..represent import blocks_of
 from ..represent.representation import Representation
 from ..store import Population, Store, opened
 from ..store.products import Compute, Products
+from . import cluster_parts as parts
 
 PathLike = str | os.PathLike[str]
 
@@ -97,87 +91,6 @@ class ClusterReport:
         return out
 
 
-#: The per-block scores are computed on at most this many models (a sample spread over the datasets): each block's
-#: own products would cost as much as all of them again, and each block's mutual proximity grows as the square of
-#: the sample (224 blocks of an 8B base at 1,000 models took 6.7 s of a 10,000-model `cluster`'s 21 s).
-BLOCK_SAMPLE = 500
-
-
-#: The per-block scores' code: kept scores are read only where they were computed by the same (raise it when the
-#: scores change what they give for the same vectors and labels).
-PER_BLOCK_VERSION = 1
-
-
-def _block_sample(pop: Population, kept: np.ndarray, meta: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The vectors the per-block scores are computed on (all, up to :data:`BLOCK_SAMPLE` models; above, a seeded
-    sample taken in turn from each dataset) and their rows of ``meta``."""
-    n = len(kept)
-    if n <= BLOCK_SAMPLE:
-        rows = np.arange(n)
-    else:
-        rng = np.random.default_rng(0)
-        groups: dict[str, list[int]] = {}
-        for i, d in enumerate(meta["datasets"]):
-            groups.setdefault(min(d) if len(d) else "", []).append(i)
-        queues = [list(rng.permutation(g)) for _, g in sorted(groups.items())]
-        picked: list[int] = []
-        while len(picked) < BLOCK_SAMPLE:
-            for q in queues:
-                if q and len(picked) < BLOCK_SAMPLE:
-                    picked.append(int(q.pop()))
-        rows = np.sort(np.array(picked))
-    return pop.rows(kept[rows]), rows
-
-
-def _per_block(
-    pop: Population,
-    products: Products,
-    meta: pd.DataFrame,
-    files: str | None,
-    scoring: Scoring,
-) -> tuple[list[dict[str, Any]] | None, str | None, int]:
-    """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none, and how
-    many models it was computed on. Blocks that are zeros in every vector (the head's, where no model has one; a
-    layer no model changed) are left out. Kept beside the store for exactly these vectors, labels and blocks
-    (:meth:`~modelvec.store.Population.derived`): computed only where none is kept."""
-    if files is None:
-        return (
-            None,
-            "no per-block scores: the base's files are not on this machine (nor in the Hub cache, HF_HUB_CACHE)",
-            0,
-        )
-    try:
-        blocks = blocks_of(files, pop.representation)
-    except ModelvecError as exc:
-        return None, f"no per-block scores: the base's files could not be laid out ({exc})", 0
-    if not blocks or blocks[-1].stop != pop.selection.dim:
-        return None, "no per-block scores: the stored vectors do not match the base's layout", 0
-
-    def computed() -> dict[str, np.ndarray]:
-        X, rows = _block_sample(pop, products.positions, meta)
-        labels = [list(meta["datasets"].iloc[i]) for i in rows]
-        live = [i for i, b in enumerate(blocks) if X[:, b.start : b.stop].any()]  # a block no model has scores nothing
-        bounds = [(blocks[i].start, blocks[i].stop) for i in live]
-        scores = block_knn_scores(X, labels, bounds, metric=scoring.metric, scaling=scoring.scaling)
-        return {"blocks": np.array(live, np.int64), "scores": scores, "sampled": np.array([len(X)], np.int64)}
-
-    inputs = json.dumps(
-        [
-            PER_BLOCK_VERSION,
-            BLOCK_SAMPLE,
-            [sorted(d) for d in meta["datasets"]],
-            [[b.stack, b.layer, b.family, b.start, b.stop] for b in blocks],
-        ]
-    )
-    name = f"blocks-{scoring.metric}-{scoring.scaling}"
-    kept = pop.derived(products, name, computed, inputs=hashlib.sha256(inputs.encode()).hexdigest())
-    found = [
-        {"stack": blocks[i].stack, "layer": blocks[i].layer, "family": blocks[i].family, "knn_score": float(v)}
-        for i, v in zip(kept["blocks"].tolist(), kept["scores"])
-    ]
-    return found, None, int(kept["sampled"][0])
-
-
 def cluster(
     base: PathLike | str,
     *,
@@ -218,96 +131,117 @@ def cluster(
     compute = with_options(Compute, compute, taken_from(Compute, options), "cluster")
     reduction = with_options(Reduction, reduction, options, "cluster")
     with ExitStack() as stack, opened(store, read_only=True) as db, ThreadPoolExecutor(1) as beside:
-        beside.submit(_import_ahead)
+        beside.submit(parts.import_ahead)
         pop = Population(db, base, representation)
-        products, meta = pop.products(progress, device=compute.device)
-        if label_sources is not None:
-            meta = meta.assign(
-                datasets=[
-                    list(lab) if matches_source(src if isinstance(src, str) else None, label_sources) else []
-                    for lab, src in zip(meta["datasets"], meta["label_source"])
-                ]
-            )
+        on_lists = compute.neighbours_for(len(pop.selection)) == "lists"
+        if on_lists and reduction.standardize:
+            raise ModelvecError(pop.name, STANDARDIZE_ON_LISTS)
+        products, meta = (None, pop.meta) if on_lists else pop.products(progress, device=compute.device)
+        meta = _from_sources(meta, label_sources)
         resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
-        stack.enter_context(one_blas_thread())  # what follows the products: small LAPACK calls, row blocks on threads
-        geo = pop.geometry(products, resolved)
-        standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
         reduce, note = reduction.reducer_for(len(meta))
-        layout = beside.submit(_kept_layout, pop, products, standardized, geo, reduce, seed)  # beside the scores
-        pop.rank_all(geo, products, resolved.scaling)  # every pair's mutual proximity, kept beside the store
-        tree = _map_tree(pop, meta)
-        report = _scores(geo, meta, pop, resolved, seed, label_sources)
+        if on_lists:
+            report, xy, meta, positions = _scored_on_lists(pop, meta, resolved, reduce, seed, label_sources, stack)
+        else:
+            assert products is not None
+            stack.enter_context(one_blas_thread())  # what follows the products: small LAPACK calls, row blocks
+            geo = pop.geometry(products, resolved)
+            standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
+            layout = beside.submit(_kept_layout, pop, products, standardized, geo, reduce, seed)  # beside the scores
+            pop.rank_all(geo, products, resolved.scaling)  # every pair's mutual proximity, kept beside the store
+            report = _report(pop, meta, resolved, label_sources, *_scores(geo, meta, resolved, seed))
+            positions = products.positions
+            xy = layout.result()
+        tree = parts.map_tree(pop, meta)
         report.scaling_note = scaling_note
         files = pop.base_files(hub_settings or HubSettings())
-        report.per_block, report.per_block_note, sampled = _per_block(pop, products, meta, files, resolved)
-        xy = layout.result()
+        report.per_block, report.per_block_note, sampled = parts.per_block(pop, positions, meta, files, resolved)
     report.damaged, report.population = dict(pop.damaged), pop.describe()
     report.notes, report.repaired = pop.left_out(), [*pop.repaired, *taken_notes()]
     folder = Path(out)
-    if report.per_block:
-        title = f"which layers and families separate the datasets ({pop.representation.key()})"
-        if sampled < len(meta):
-            title += f"; a sample of {sampled:,} of {len(meta):,} models"
-        report.files["blocks"] = str(
-            plot_block_scores(pd.DataFrame(report.per_block), folder / "blocks-knn.png", title=title)
-        )
+    parts.draw_blocks(report, folder, pop.representation, sampled, len(meta))
     report.reduce, report.reduce_note = reduce, note
-    _draw(report, xy, meta, folder, pop.representation, tree)
+    parts.draw(report, xy, meta, folder, pop.representation, tree)
     return report
 
 
-#: What the scores and the figures import when first used (about 1.3 s on 2 cores): imported on the thread beside
-#: while the store is read and its vectors checked, which wait on the disk and run outside Python's lock.
-AHEAD = (
-    "scipy.linalg",
-    "numba",
-    "sklearn.cluster",
-    "sklearn.metrics",
-    "sklearn.utils.extmath",
-    "matplotlib.figure",
-    "matplotlib.backends.backend_agg",
-    "plotly.graph_objects",
+#: Why ``--standardize`` is refused where the scores read nearest lists.
+STANDARDIZE_ON_LISTS = (
+    "--standardize needs every pair's products of the standardised vectors, which are not computed above "
+    "16,384 models (each model's nearest lists are): leave it out, or --neighbours pairs where they fit"
 )
 
 
-def _import_ahead() -> None:
-    """Import :data:`AHEAD`; one that fails is left to fail where it is used, with its own message."""
-    for name in AHEAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # said where it is imported again, by the step that needs it
-            pass
-
-
-def _map_tree(pop: Population, meta: pd.DataFrame) -> Tree | None:
-    """The model tree the HTML map shows (its kinds, each model's parents and children, what the cards declare), at
-    any size: None for fewer than two models, or where the store holds no traces (a map without a tree, no error)."""
-    if len(meta) < 2:
-        return None
-    from .tree import tree_of
-
-    try:
-        return tree_of(pop)
-    except NothingStoredError:
-        return None
+def _from_sources(meta: pd.DataFrame, label_sources: Sequence[str] | None) -> pd.DataFrame:
+    """``meta`` with only the labels from ``label_sources`` (None: all of them)."""
+    if label_sources is None:
+        return meta
+    return meta.assign(
+        datasets=[
+            list(lab) if matches_source(src if isinstance(src, str) else None, label_sources) else []
+            for lab, src in zip(meta["datasets"], meta["label_source"])
+        ]
+    )
 
 
 def _scores(
-    geo: Geometry,
-    meta: pd.DataFrame,
-    pop: Population,
-    scoring: Scoring,
-    seed: int,
-    label_sources: Sequence[str] | None,
-) -> ClusterReport:
-    """Every score of the report, from the vectors' geometry (``scoring`` resolved: its scaling is not ``auto``)."""
+    geo: Geometry, meta: pd.DataFrame, scoring: Scoring, seed: int
+) -> tuple[KnnScore, KnnScore, Predictions, dict[str, float]]:
+    """Every score of the report from the vectors' geometry (``scoring`` resolved: its scaling is not ``auto``): the
+    kNN score, the same without same-author neighbours, the predictions and the clustering scores."""
     labels = [list(d) for d in meta["datasets"]]
     metric, pool, scaling = scoring.metric, scoring.pool, scoring.scaling
     knn = knn_dataset_score(geo, labels, metric=metric, pool=pool, scaling=scaling)
     authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
     by_author = knn_dataset_score(geo, labels, metric=metric, pool=pool, exclude_same=authors, scaling=scaling)
-    counts = pd.Series([a for a in authors if a]).value_counts()
     pred = predict_datasets(geo, labels, k=scoring.k, metric=metric, scaling=scaling)
+    return knn, by_author, pred, clustering_scores(geo, labels, metric=metric, seed=seed)
+
+
+def _scored_on_lists(
+    pop: Population,
+    meta: pd.DataFrame,
+    scoring: Scoring,
+    reduce: str,
+    seed: int,
+    label_sources: Sequence[str] | None,
+    stack: ExitStack,
+) -> tuple[ClusterReport, np.ndarray | None, pd.DataFrame, np.ndarray]:
+    """The report's scores and map from each model's nearest lists (:mod:`~modelvec.report.lists`), and the models
+    they cover (the population's sound vectors: their rows of ``meta``, their positions)."""
+    from . import lists
+
+    g = lists.on_lists(pop, meta, scoring)
+    stack.enter_context(one_blas_thread())
+    meta = meta.iloc[g.positions].reset_index(drop=True)
+    knn, by_author = lists.knn_scores(g, meta, scoring)
+    pred = lists.predictions(g, meta, scoring)
+    clustering = lists.clusterers(pop, meta, g.positions, scoring.metric, seed)
+    report = _report(pop, meta, scoring, label_sources, knn, by_author, pred, clustering)
+
+    def laid_out() -> dict[str, np.ndarray]:
+        coordinates = lists.coordinates(g, scoring.metric)
+        known = lists.map_neighbours(g, UMAP_NEIGHBOURS + 1) if reduce == "umap" else None
+        return {"xy": reduce_to_2d(coordinates, reduce, seed=seed, metric=scoring.metric, neighbours=known)}
+
+    name = f"map-{reduce}-{scoring.metric}-{seed}-lists-{parts.layout_version()}"
+    xy = pop.derived(g.positions, name, laid_out)["xy"] if len(meta) >= 3 else None
+    return report, xy, meta, g.positions
+
+
+def _report(
+    pop: Population,
+    meta: pd.DataFrame,
+    scoring: Scoring,
+    label_sources: Sequence[str] | None,
+    knn: KnnScore,
+    by_author: KnnScore,
+    pred: Predictions,
+    clustering: dict[str, float],
+) -> ClusterReport:
+    """The report of these scores (``scoring`` resolved)."""
+    authors = [a if isinstance(a, str) and a else None for a in meta["author"]]
+    counts = pd.Series([a for a in authors if a]).value_counts()
     predictions = [
         {"model": m, "predicted": p, "confidence": float(c), "vote_share": float(v), "closeness": float(n)}
         for m, p, c, v, n in zip(meta["model"], pred.predicted, pred.confidence, pred.vote_share, pred.closeness)
@@ -317,34 +251,22 @@ def _scores(
         base=pop.name,
         params=pop.representation.key(),
         n_models=len(meta),
-        metric=metric,
-        pool=pool,
+        metric=scoring.metric,
+        pool=scoring.pool,
         knn_score=knn.score,
         n_scored=knn.n_scored,
         per_dataset={d: {"score": s, "count": n} for d, (s, n) in knn.per_dataset.items()},
         loo_accuracy=pred.loo_accuracy,
-        clustering=clustering_scores(geo, labels, metric=metric, seed=seed),
+        clustering=clustering,
         predictions=predictions,
         knn_score_other_authors=by_author.score,
         n_scored_other_authors=by_author.n_scored,
         n_authors=len(counts),
         largest_author_share=float(counts.iloc[0] / len(meta)) if len(counts) else float("nan"),
         label_sources=list(label_sources) if label_sources is not None else None,
-        scaling=scaling,
+        scaling=scoring.scaling,
         k=scoring.k,
     )
-
-
-#: The map's layout code: a kept layout is used only where it was made by the same (raise it when the reductions
-#: change what they give for the same coordinates).
-MAP_VERSION = 2
-
-
-def _layout_version() -> str:
-    """What a kept map was laid out by: :data:`MAP_VERSION` and the versions of the libraries that lay maps out."""
-    from importlib.metadata import version
-
-    return f"v{MAP_VERSION}-numba{version('numba')}-sklearn{version('scikit-learn')}"
 
 
 def _kept_layout(
@@ -370,28 +292,4 @@ def _kept_layout(
         return {"xy": reduce_to_2d(coordinates, reduce, seed=seed, metric=geo.metric, neighbours=known)}
 
     kind = "-standardized" if standardized is not None else ""
-    return pop.derived(products, f"map-{reduce}-{geo.metric}-{seed}{kind}-{_layout_version()}", laid_out)["xy"]
-
-
-def _draw(
-    report: ClusterReport,
-    coords: np.ndarray | None,
-    meta: pd.DataFrame,
-    folder: Path,
-    representation: Representation,
-    tree: Tree | None,
-) -> None:
-    """The map (PNG and HTML) of the layout ``coords`` (None: fewer than three models, no map)."""
-    reduce = report.reduce
-    if coords is None:
-        return
-    title = f"{len(meta)} fine-tunes of {display_name(report.base)}"
-    subtitle = f"{representation.key()} · {reduce.upper()} · kNN dataset score {report.knn_score:.2f} ({report.n_scored} scored)"
-    report.files["png"] = str(
-        plot_png(coords, meta, folder / f"clusters-{reduce}.png", reducer=reduce, title=title, subtitle=subtitle)
-    )
-    report.files["html"] = str(
-        plot_html(
-            coords, meta, folder / f"clusters-{reduce}.html", reducer=reduce, title=f"{title} — {subtitle}", tree=tree
-        )
-    )
+    return pop.derived(products, f"map-{reduce}-{geo.metric}-{seed}{kind}-{parts.layout_version()}", laid_out)["xy"]

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.copies import Copy
+from ..analyse.graph import Lists
 from ..analyse.proximity import SCALED_MAX_N
 from ..analyse.scores import Geometry, Scoring
 from ..core.errors import NothingStoredError, ResourceError
@@ -40,6 +41,7 @@ from .blocks import BlockReader, Selection, products_with
 from .copies import copies as find_copies
 from .copies import declared
 from .keptfolder import KeptFolder, checksum_of
+from .neighbours import Landmarks, Wanted, landmark_positions, landmarks, nearest_lists
 from .products import Products, held_bytes
 from .reads import StoredTraces
 from .snapshot import Snapshot
@@ -244,7 +246,7 @@ class Population:
 
     def derived(
         self,
-        products: Products,
+        products: Products | np.ndarray,
         name: str,
         compute: Callable[[], dict[str, np.ndarray]],
         *,
@@ -255,7 +257,8 @@ class Population:
         the store under ``name``: read where they were kept for these very vectors and verify (a file that does not
         is said in ``repaired``), else ``compute()`` and kept. ``mapped``: kept arrays as memory maps (large ones).
         ``inputs``: a digest of what else they follow from (the labels, say): kept for other inputs is not kept."""
-        hashes = [self.selection.hashes[i] for i in products.positions] + ([inputs] if inputs else [])
+        at = products.positions if isinstance(products, Products) else products
+        hashes = [self.selection.hashes[i] for i in at] + ([inputs] if inputs else [])
         found, note = self.folder.derived(self.cache_key(), hashes, name, mapped=mapped)
         if note is not None:
             self.repaired.append(note)
@@ -264,6 +267,41 @@ class Population:
         arrays = compute()
         self.folder.keep_derived(self.cache_key(), hashes, name, arrays)
         return arrays
+
+    # --- each model's nearest, where every pair's products would not fit ---------------------------
+    def landmarks(self) -> Landmarks:
+        """Every vector's products with the landmarks (:mod:`~modelvec.store.neighbours`), kept beside the store for
+        exactly these vectors; where they were kept, every vector is still read once and checked (``damaged``)."""
+        every = np.arange(len(self.selection))
+        found: list[Landmarks] = []
+
+        def compute() -> dict[str, np.ndarray]:
+            lm = landmarks(self.db.vector_file, self.selection, landmark_positions(self.selection))
+            found.append(lm)
+            return {"positions": lm.positions, "dots": lm.dots, "squares": lm.squares}
+
+        kept = self.derived(every, "landmarks", compute)
+        if found:
+            self.damaged.update(found[0].damaged)
+        else:
+            self.check(every)
+        return Landmarks(kept["positions"], kept["dots"], kept["squares"])
+
+    def nearest(
+        self, wanted: Sequence[Wanted], *, metric: str, stats: tuple[np.ndarray, np.ndarray] | None, inputs: str
+    ) -> dict[str, Lists]:
+        """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
+        store for exactly these vectors and ``inputs`` (a digest of what the lists follow from: the labels, the
+        ranking): computed only where none is kept."""
+
+        def compute() -> dict[str, np.ndarray]:
+            lists, damaged = nearest_lists(self.db.vector_file, self.selection, wanted, metric=metric, stats=stats)
+            self.damaged.update(damaged)
+            return {f"{name}.{part}": getattr(lst, part) for name, lst in lists.items() for part in _PARTS}
+
+        every = np.arange(len(self.selection))
+        kept = self.derived(every, f"nearest-{metric}", compute, inputs=inputs)
+        return {w.name: Lists(*(kept[f"{w.name}.{part}"] for part in _PARTS)) for w in wanted}
 
     def products_with(self, vector: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One pass over the vectors: their inner products with ``vector`` and their squared norms, at ``positions``
@@ -362,6 +400,9 @@ class Population:
     def declared(self) -> dict[str, tuple[str | None, list[str]]]:
         """What each model's card declares (relation, parents as stored names; the base by its stored name)."""
         return declared(self.db, self.name, self.models, self.names_in_cards())
+
+
+_PARTS = ("indptr", "index", "value", "distance")
 
 
 def check_fits(n: int, dim: int) -> None:

@@ -56,12 +56,32 @@ DEVICE_HELP = (
 )
 
 
+#: Up to this many models the reports read every pair's products (kept beside the store, n x n float64: 2 GiB);
+#: above, each model's nearest lists from row blocks (:mod:`~modelvec.store.neighbours`).
+PAIRS_UP_TO = 16384
+NEIGHBOURS = ("auto", "pairs", "lists")
+NEIGHBOURS_HELP = (
+    "How each model's nearest are found: pairs (every pair's products, kept beside the store: n x n in memory), "
+    f"lists (each model's nearest, as deep as its dataset, from row blocks: n x k), auto (pairs up to {PAIRS_UP_TO:,} "
+    "models, lists above)."
+)
+
+
 @dataclass(frozen=True)
 class Compute:
-    """Where the vectors' pairwise products are computed, declared once (the CLI's ``--device`` is made from it):
-    ``device`` has the meaning it has for ``embed`` (:func:`modelvec.represent.resolve_device`)."""
+    """Where and how the vectors' pairwise products are computed, declared once (the CLI's ``--device`` and
+    ``--neighbours`` are made from it): ``device`` has the meaning it has for ``embed``
+    (:func:`modelvec.represent.resolve_device`); ``neighbours`` whether the reports read every pair's products or
+    each model's nearest lists."""
 
     device: str = setting("auto", DEVICE_HELP, metavar="DEVICE")
+    neighbours: str = setting("auto", NEIGHBOURS_HELP, choices=NEIGHBOURS)
+
+    def neighbours_for(self, n: int) -> str:
+        """``pairs`` or ``lists`` for a population of ``n`` models (``auto`` resolved)."""
+        if self.neighbours != "auto":
+            return self.neighbours
+        return "pairs" if n <= PAIRS_UP_TO else "lists"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -172,15 +192,23 @@ def _chunk_rows(dim: int, block_floats: int) -> int:
     return max(1, min(CHUNK_ROWS, _held_rows(dim, block_floats)))
 
 
+#: What a pass of products hands each block of them to instead of an n x n matrix: ``(rows, columns, P, squares of
+#: the rows, squares of the columns)``, each pair of positions in one block (rows and columns overlap only where a
+#: held block meets itself: its entries are then in P both ways).
+Consumer = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+
+
 @dataclass
 class _Pass:
-    """What one computation of products writes to: ``G`` (selection order), each position's squared norm (float64,
-    NaN until read), the positions whose vectors are damaged, and the entries computed again in float64."""
+    """What one computation of products writes to: ``G`` (selection order; or a ``consumer`` takes each block), each
+    position's squared norm (float64, NaN until read), the positions whose vectors are damaged, and the entries
+    computed again in float64."""
 
-    G: np.ndarray
+    G: np.ndarray | None
     squares: np.ndarray
     bad: set[int] = field(default_factory=set)
     rechecked: int = 0
+    consumer: Consumer | None = None
 
     def norms(self, positions: Sequence[int], block: np.ndarray) -> np.ndarray:
         at = np.asarray(positions, dtype=np.int64)
@@ -192,7 +220,12 @@ class _Pass:
         return self.squares[at]
 
     def put(self, rows: Sequence[int], cols: Sequence[int], P: np.ndarray) -> None:
-        """Write ``P`` at (rows, cols) and its transpose at (cols, rows)."""
+        """Write ``P`` at (rows, cols) and its transpose at (cols, rows), or hand it to the consumer."""
+        if self.consumer is not None:
+            r, c = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+            self.consumer(r, c, P, self.squares[r], self.squares[c])
+            return
+        assert self.G is not None
         self.G[np.ix_(rows, cols)] = P
         self.G[np.ix_(cols, rows)] = P.T
 
@@ -247,6 +280,7 @@ def gram(
     verify: bool = True,
     device: str = "cpu",
     exact_up_to: int | None = None,
+    consumer: Consumer | None = None,
 ) -> Products:
     """All inner products of the selection's vectors, from the vector file a block at a time: each pair once.
 
@@ -257,9 +291,14 @@ def gram(
     in chunks: the symmetric product, half the work of a general one. ``progress(done, total)`` after each held
     block. ``transform`` maps each block of vectors before it is multiplied (e.g. standardised features).
     ``device``: the torch device of the float32 products (``cpu``: numpy's BLAS); up to ``exact_up_to``
-    multiply-adds (default :data:`EXACT_UP_TO`) the products are float64 on the CPU."""
+    multiply-adds (default :data:`EXACT_UP_TO`) the products are float64 on the CPU. ``consumer``: each block of
+    products is handed to it instead (:data:`Consumer`; no n x n matrix is made: ``gram`` is empty); with ``known``
+    saying which vectors' products it has, only the others' are computed (each against every vector)."""
     read, n, dim = transformed(transform), len(selection), selection.dim
-    if known is not None and len(known.have) == n:
+    if consumer is not None:
+        G = None
+        todo = [i for i in range(n) if known is None or not known.have[i]]
+    elif known is not None and len(known.have) == n:
         G, todo = known.gram, [i for i in range(n) if not known.have[i]]  # its rows and columns of new vectors: below
     else:
         G, todo = np.zeros((n, n)), list(range(n))
@@ -272,7 +311,7 @@ def gram(
     held, chunk = _held_rows(dim, block_floats), _chunk_rows(dim, block_floats)
     reader = BlockReader(vector_file, selection, held)
     buffers = [np.empty((chunk, dim), np.float32) for _ in range(2)]
-    work = _Pass(G, np.full(n, np.nan))
+    work = _Pass(G, np.full(n, np.nan), consumer=consumer)
     for start in range(0, len(order), held):
         mine = order[start : start + held]
         H, sound = read(reader, mine, None)
@@ -284,8 +323,10 @@ def gram(
         for theirs, C, ok in _streamed(read, reader, order[start + held :] + others, buffers):
             work.bad.update(p for p, good in zip(theirs, ok) if not good)
             P = np.asarray(mult.times(C), dtype=np.float64)
-            if check:
-                work.rechecked += _recheck(P, H, C, work.norms(mine, H), work.norms(theirs, C))
+            if check or consumer is not None:
+                sq_h, sq_c = work.norms(mine, H), work.norms(theirs, C)
+                if check:
+                    work.rechecked += _recheck(P, H, C, sq_h, sq_c)
             work.put(mine, theirs, P)
         if progress is not None:
             progress(min(start + held, len(order)), len(order))
@@ -294,4 +335,6 @@ def gram(
     bad = work.bad
     sound = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
     notes = [known.note] if known is not None and known.note else []
+    if G is None:
+        return Products(np.zeros((0, 0)), sound, dict(reader.damaged), len(order), notes)
     return Products(G[np.ix_(sound, sound)] if bad else G, sound, dict(reader.damaged), len(order), notes)
