@@ -67,6 +67,23 @@ class Lists:
         source = np.repeat(self.indptr[rows], counts) + (np.arange(counts.sum()) - np.repeat(indptr[:-1], counts))
         return Lists(indptr, self.index[source], self.value[source], self.distance[source])
 
+    def placed(self, source: np.ndarray) -> Lists:
+        """Lists in a new order of rows: row ``i`` holds what row ``source[i]`` held (nothing where it is -1)."""
+        source = np.asarray(source, np.int64)
+        counts = (
+            np.where(source >= 0, self.lengths()[np.maximum(source, 0)], 0)
+            if len(self)
+            else np.zeros(len(source), np.int64)
+        )
+        indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        start = (
+            np.where(source >= 0, self.indptr[np.maximum(source, 0)], 0)
+            if len(self)
+            else np.zeros(len(source), np.int64)
+        )
+        at = np.repeat(start, counts) + (np.arange(counts.sum()) - np.repeat(indptr[:-1], counts))
+        return Lists(indptr, self.index[at], self.value[at], self.distance[at])
+
     def remapped(self, position: np.ndarray) -> Lists:
         """The lists with every column ``j`` renamed ``position[j]`` and the columns mapped to -1 dropped (rows are
         unchanged; each row stays sorted where ``position`` keeps the columns' order)."""
@@ -163,6 +180,27 @@ class Nearest:
         last = self.start[rows] + keep - 1
         self.cut[rows[full]] = self.value[last[full]]
         self.cut_index[rows[full]] = self.index[last[full]]
+
+    def hold(self, lists: Lists, rows: np.ndarray) -> None:
+        """Start each of ``rows`` (none offered anything yet) from its nearest in ``lists`` (sorted, as
+        :meth:`lists` gives them; at most its depth kept)."""
+        rows = np.asarray(rows, np.int64)
+        counts = np.minimum(lists.lengths()[rows], self.depth[rows])
+        source = np.repeat(lists.indptr[rows], counts) + (
+            np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        )
+        owner = np.repeat(rows, counts)
+        rank = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+        at = self.start[owner] + rank
+        self.index[at], self.value[at], self.distance[at] = (
+            lists.index[source],
+            lists.value[source],
+            lists.distance[source],
+        )
+        self.fill[rows] = counts
+        full = rows[counts == self.depth[rows]]
+        last = self.start[full] + self.depth[full] - 1
+        self.cut[full], self.cut_index[full] = self.value[last], self.index[last]
 
     def lists(self) -> Lists:
         """Every row's nearest, nearest first (the buffers compacted)."""

@@ -77,12 +77,8 @@ def on_lists(pop: Population, meta: pd.DataFrame, scoring: Scoring) -> OnLists:
         wanted.append(Wanted("nearest", np.where(sound, 1, 0), labelled, "plain"))
     if scoring.pool != "labelled":
         wanted.append(Wanted("voters", np.where(sound, scoring.k, 0), labelled, rank))
-    digest = hashlib.sha256(
-        json.dumps(
-            [[w.name, w.ranking, w.depths.tolist(), np.flatnonzero(w.eligible).tolist()] for w in wanted]
-        ).encode()
-    ).hexdigest()
-    found = pop.nearest(wanted, metric=metric, stats=stats, inputs=f"{scaling}:{digest}")
+    marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
+    found = pop.nearest(wanted, metric=metric, stats=stats, ranking=json.dumps([scaling, marks]))
     at = np.flatnonzero(sound)  # the damaged left out: rows and columns renumbered among the sound
     where = np.full(n, -1, np.int64)
     where[at] = np.arange(len(at))

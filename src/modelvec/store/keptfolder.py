@@ -139,6 +139,27 @@ class KeptFolder:
         """Keep ``arrays`` for exactly the vectors ``hashes`` (written whole, then renamed; a failure keeps nothing)."""
         write_kept(self.derived_path(key, name), {"digest": checksum_of(hashes)}, arrays)
 
+    # --- what is kept row by row, for whichever vectors it was computed for -------------------------
+    def rows(self, key: str, name: str) -> tuple[Kept | None, str | None]:
+        """The arrays kept under ``name`` beside the products of ``key`` for the vectors its ``hashes`` name (any
+        vectors: the caller takes the rows it can use), verified (None: none kept, or it did not verify), and what
+        did not verify, one line."""
+        path = self.derived_path(key, name)
+        kept = self._read(path)
+        if kept is None:
+            return None, None
+        if kept.problem is None and any(len(rows) for rows in kept.damaged.values()):
+            kept.problem = "its arrays do not match their checksums"
+        if kept.problem is None and not isinstance(kept.meta.get("hashes"), list):
+            kept.problem = "its header does not say which vectors it holds"
+        if kept.problem is not None:
+            return None, f"{path}: {kept.problem}: computed again"
+        return kept, None
+
+    def keep_rows(self, key: str, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Keep ``arrays`` computed for the vectors ``meta["hashes"]`` under ``name`` (written whole, then renamed)."""
+        write_kept(self.derived_path(key, name), meta, arrays)
+
     # --- the model tree ------------------------------------------------------------------------------
     def tree(self, name: str, key: str) -> tuple[dict[str, Any] | None, str | None]:
         """The model tree kept under ``name`` for exactly ``key`` (what it was inferred from), verified (None: none,

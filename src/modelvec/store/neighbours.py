@@ -26,10 +26,25 @@ from ..analyse.geometry import _from_gram
 from ..analyse.graph import Lists, Nearest
 from ..analyse.proximity import Stats, scaled
 from .blocks import BlockReader, Selection
+from .kept import Kept
+from .keptfolder import Known
 from .products import EXACT_UP_TO, PAIRS_UP_TO, gram
 from .vectorfile import VectorFile
 
-__all__ = ["LANDMARKS", "MAP_NEAR", "NEAR", "PAIRS_UP_TO", "Landmarks", "Wanted", "landmarks", "nearest_lists"]
+__all__ = [
+    "LANDMARKS",
+    "MAP_NEAR",
+    "NEAR",
+    "PAIRS_UP_TO",
+    "PARTS",
+    "Earlier",
+    "Landmarks",
+    "Wanted",
+    "earlier_lists",
+    "landmarks",
+    "nearest_lists",
+    "update_landmarks",
+]
 #: The landmarks: every model's products with these many stored vectors (every one where there are no more).
 LANDMARKS = 256
 #: How deep every model's list of nearest models goes (``neighbors --k`` up to this, the map's 15).
@@ -48,6 +63,8 @@ class Landmarks:
     dots: np.ndarray
     squares: np.ndarray
     damaged: dict[str, str] = field(default_factory=dict)
+    #: the rows read (and checked) by the pass that made these (the others were kept)
+    computed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def subset(self, rows: np.ndarray) -> Landmarks:
         """The landmarks of the vectors at ``rows`` alone (renumbered in that order; a landmark not among them
@@ -98,26 +115,75 @@ def landmark_positions(selection: Selection, count: int = LANDMARKS) -> np.ndarr
 
 
 def landmarks(
-    vector_file: VectorFile, selection: Selection, positions: np.ndarray, *, block_rows: int = 512
+    vector_file: VectorFile,
+    selection: Selection,
+    positions: np.ndarray,
+    *,
+    rows: Sequence[int] | None = None,
+    block_rows: int = 512,
 ) -> Landmarks:
-    """One pass over the selection's vectors in file order: each one's products with the vectors at ``positions``
-    and its squared norm (float64), the products float64 where they are few (:data:`EXACT_UP_TO` multiply-adds, as
-    the pairwise products), else float32."""
+    """One pass over the selection's vectors (those at ``rows``, default all) in file order: each one's products
+    with the vectors at ``positions`` and its squared norm (float64; the others' rows zeros), the products float64
+    where they are few (:data:`EXACT_UP_TO` multiply-adds, as the pairwise products), else float32."""
     n = len(selection)
-    exact = n * len(positions) * selection.dim <= EXACT_UP_TO
+    todo = list(range(n)) if rows is None else [int(i) for i in rows]
+    exact = len(todo) * len(positions) * selection.dim <= EXACT_UP_TO
     kind: type[np.floating] = np.float64 if exact else np.float32
     reader = BlockReader(vector_file, selection, max(len(positions), 1))
     L = np.array(reader.read([int(p) for p in positions])[0][: len(positions)], dtype=kind)
     dots, squares = np.zeros((n, len(positions))), np.zeros(n)
-    rows = BlockReader(vector_file, selection, block_rows)
-    order = sorted(range(n), key=lambda i: selection.offsets[i])
-    for start in range(0, n, block_rows):
+    rows_reader = BlockReader(vector_file, selection, block_rows)
+    order = sorted(todo, key=lambda i: selection.offsets[i])
+    for start in range(0, len(order), block_rows):
         mine = order[start : start + block_rows]
-        X = rows.read(mine)[0][: len(mine)]
+        X = rows_reader.read(mine)[0][: len(mine)]
         at = np.asarray(mine, np.int64)
         dots[at] = np.asarray(X, dtype=kind) @ L.T
         squares[at] = np.einsum("ij,ij->i", X, X, dtype=np.float64)
-    return Landmarks(np.asarray(positions, np.int64), dots, squares, {**reader.damaged, **rows.damaged})
+    damaged = {**reader.damaged, **rows_reader.damaged}
+    return Landmarks(np.asarray(positions, np.int64), dots, squares, damaged, computed=np.asarray(order, np.int64))
+
+
+def update_landmarks(
+    vector_file: VectorFile,
+    selection: Selection,
+    earlier: tuple[list[str], list[str], np.ndarray, np.ndarray] | None,
+) -> tuple[Landmarks, int]:
+    """The selection's landmarks, from those kept (``earlier``: the vectors' checksums, the landmarks', their dots
+    and squares) where every landmark is still there: only new vectors' rows computed; else drawn and computed
+    anew (:func:`landmark_positions`). And how many rows were computed."""
+    where = {h: i for i, h in enumerate(selection.hashes)}
+    if earlier is None or any(h not in where for h in earlier[1]) or len(selection) <= LANDMARKS:
+        lm = landmarks(vector_file, selection, landmark_positions(selection))
+        return lm, len(selection)
+    hashes, marks, dots, squares = earlier
+    before = {h: i for i, h in enumerate(hashes)}
+    source = np.array([before.get(h, -1) for h in selection.hashes], dtype=np.int64)
+    positions = np.array([where[h] for h in marks], dtype=np.int64)
+    new = np.flatnonzero(source < 0)
+    lm = landmarks(vector_file, selection, positions, rows=new.tolist())
+    old = source >= 0
+    lm.dots[old], lm.squares[old] = np.asarray(dots)[source[old]], np.asarray(squares)[source[old]]
+    return lm, len(new)
+
+
+def earlier_lists(kept: Kept | None, names: Sequence[str]) -> Earlier | None:
+    """The lists a kept file holds (:meth:`~modelvec.store.population.Population.nearest` keeps them), None where
+    it lacks one of ``names``."""
+    if kept is None or any(f"{name}.indptr" not in kept.arrays for name in names):
+        return None
+    a = kept.arrays
+    lists = {name: Lists(*(np.asarray(a[f"{name}.{part}"]) for part in PARTS)) for name in names}
+    return Earlier(
+        list(kept.meta["hashes"]),
+        lists,
+        {name: np.asarray(a[f"{name}.depths"]) for name in names},
+        {name: np.asarray(a[f"{name}.eligible"], dtype=bool) for name in names},
+    )
+
+
+#: The arrays a list is kept as.
+PARTS = ("indptr", "index", "value", "distance")
 
 
 @dataclass(frozen=True)
@@ -131,11 +197,31 @@ class Wanted:
     ranking: str = "plain"
 
 
-class _Offers:
-    """The consumer of a pass of products: each block's distances offered to every wanted list, both ways."""
+@dataclass
+class Earlier:
+    """Lists kept from an earlier pass: the checksums of the vectors they were computed for (their rows, in order),
+    and, per list, the lists (columns: those rows), the depths and which columns were eligible."""
 
-    def __init__(self, n: int, metric: str, wanted: Sequence[Wanted], stats: Stats | None) -> None:
+    hashes: list[str]
+    lists: dict[str, Lists]
+    depths: dict[str, np.ndarray]
+    eligible: dict[str, np.ndarray]
+
+
+class _Offers:
+    """The consumer of a pass of products: each block's distances offered to every wanted list, both ways; a row
+    ``fresh`` (computed anew) takes every column, the others only those ``changed`` for the list (new ones)."""
+
+    def __init__(
+        self,
+        metric: str,
+        wanted: Sequence[Wanted],
+        stats: Stats | None,
+        fresh: np.ndarray,
+        changed: dict[str, np.ndarray],
+    ) -> None:
         self.metric, self.wanted, self.stats = metric, list(wanted), stats
+        self.fresh, self.changed = fresh, changed
         self.nearest = {w.name: Nearest(w.depths) for w in self.wanted}
 
     def __call__(self, rows: np.ndarray, cols: np.ndarray, P: np.ndarray, sq_r: np.ndarray, sq_c: np.ndarray) -> None:
@@ -151,6 +237,7 @@ class _Offers:
     def _offer(self, rows: np.ndarray, cols: np.ndarray, D: np.ndarray) -> None:
         ranked = None
         own = rows[:, None] == cols[None, :]
+        kept = ~self.fresh[rows]
         for w in self.wanted:
             if w.ranking == "plain":
                 V = D.copy()
@@ -162,7 +249,43 @@ class _Offers:
                 V = ranked.copy()
             V[:, ~w.eligible[cols]] = np.inf
             V[own] = np.inf
+            if kept.any():  # a row kept from before already holds every column but the new ones
+                V[np.ix_(kept, ~self.changed[w.name][cols])] = np.inf
             self.nearest[w.name].offer(rows, cols, V, D)
+
+
+def _from_earlier(
+    earlier: Earlier, selection: Selection, wanted: Sequence[Wanted]
+) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Lists]]:
+    """What a pass must compute where ``earlier`` lists are kept: the rows computed anew (new vectors, newly
+    eligible ones, and rows whose kept lists no longer hold what they need), per list the columns the other rows
+    must be offered (new or newly eligible), and the kept lists in the selection's order (columns renumbered, the
+    gone and no longer eligible dropped)."""
+    n = len(selection)
+    where = {h: i for i, h in enumerate(earlier.hashes)}
+    source = np.array([where.get(h, -1) for h in selection.hashes], dtype=np.int64)
+    position = np.full(len(earlier.hashes), -1, np.int64)
+    position[source[source >= 0]] = np.flatnonzero(source >= 0)
+    fresh = source < 0
+    changed, kept = {}, {}
+    for w in wanted:
+        was = np.zeros(n, dtype=bool)
+        was[source >= 0] = earlier.eligible[w.name][source[source >= 0]]
+        changed[w.name] = w.eligible & ~was
+        fresh |= changed[w.name]
+        lists = earlier.lists[w.name].placed(source)
+        still = np.full(len(earlier.hashes), -1, np.int64)
+        ok = position >= 0
+        still[ok] = np.where(w.eligible[position[ok]], position[ok], -1)
+        lists = lists.remapped(still)
+        depth_then = np.zeros(n, np.int64)
+        depth_then[source >= 0] = earlier.depths[w.name][source[source >= 0]]
+        eligible_then = int(np.count_nonzero(earlier.eligible[w.name]))
+        held_all = depth_then >= eligible_then - was  # the kept list held every eligible column
+        short = (lists.lengths() < w.depths) & ~held_all
+        fresh |= short | (w.depths > depth_then) & ~held_all
+        kept[w.name] = lists
+    return fresh, changed, kept
 
 
 def nearest_lists(
@@ -172,17 +295,30 @@ def nearest_lists(
     *,
     metric: str = "cosine",
     stats: Stats | None = None,
+    earlier: Earlier | None = None,
     progress: Callable[[int, int], None] | None = None,
     **pass_options: object,
-) -> tuple[dict[str, Lists], dict[str, str]]:
-    """Every model's ``wanted`` lists from one pass of products over the selection's vectors (each pair once), and
-    the vectors found damaged (model -> line: left out of every list). ``stats``: each model's spread, for lists
-    ranked by mutual proximity."""
-    offers = _Offers(len(selection), metric, wanted, stats)
-    products = gram(vector_file, selection, consumer=offers, progress=progress, **pass_options)  # type: ignore[arg-type]
+) -> tuple[dict[str, Lists], dict[str, str], int]:
+    """Every model's ``wanted`` lists from one pass of products over the selection's vectors (each pair once), the
+    vectors found damaged (model -> line: left out of every list) and the rows computed. ``stats``: each model's
+    spread, for lists ranked by mutual proximity. ``earlier``: lists kept from before (for the same ranking and
+    spreads): only the rows they cannot answer are computed, against every vector, and the others are offered the
+    new columns alone: the same lists as a pass over all of them."""
+    n = len(selection)
+    if earlier is None:
+        kept: dict[str, Lists] = {}
+        fresh, changed = np.ones(n, dtype=bool), {w.name: w.eligible for w in wanted}
+    else:
+        fresh, changed, kept = _from_earlier(earlier, selection, wanted)
+    offers = _Offers(metric, wanted, stats, fresh, changed)
+    for w in wanted:
+        if w.name in kept:
+            offers.nearest[w.name].hold(kept[w.name], np.flatnonzero(~fresh))
+    known = Known(np.zeros((0, 0)), ~fresh)
+    products = gram(vector_file, selection, known=known, consumer=offers, progress=progress, **pass_options)  # type: ignore[arg-type]
     found = {name: nb.lists() for name, nb in offers.nearest.items()}
     if products.damaged:  # a damaged vector was read as zeros: out of every list
-        keep = np.full(len(selection), -1, np.int64)
+        keep = np.full(n, -1, np.int64)
         keep[products.positions] = products.positions
         found = {name: lists.remapped(keep) for name, lists in found.items()}
-    return found, dict(products.damaged)
+    return found, dict(products.damaged), int(fresh.sum())

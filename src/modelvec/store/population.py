@@ -41,7 +41,7 @@ from .blocks import BlockReader, Selection, products_with
 from .copies import copies as find_copies
 from .copies import declared
 from .keptfolder import KeptFolder, checksum_of
-from .neighbours import Landmarks, Wanted, landmark_positions, landmarks, nearest_lists
+from .neighbours import PARTS, Landmarks, Wanted, earlier_lists, nearest_lists, update_landmarks
 from .products import Products, held_bytes
 from .reads import StoredTraces
 from .snapshot import Snapshot
@@ -270,38 +270,55 @@ class Population:
 
     # --- each model's nearest, where every pair's products would not fit ---------------------------
     def landmarks(self) -> Landmarks:
-        """Every vector's products with the landmarks (:mod:`~modelvec.store.neighbours`), kept beside the store for
-        exactly these vectors; where they were kept, every vector is still read once and checked (``damaged``)."""
-        every = np.arange(len(self.selection))
-        found: list[Landmarks] = []
-
-        def compute() -> dict[str, np.ndarray]:
-            lm = landmarks(self.db.vector_file, self.selection, landmark_positions(self.selection))
-            found.append(lm)
-            return {"positions": lm.positions, "dots": lm.dots, "squares": lm.squares}
-
-        kept = self.derived(every, "landmarks", compute)
-        if found:
-            self.damaged.update(found[0].damaged)
-        else:
-            self.check(every)
-        return Landmarks(kept["positions"], kept["dots"], kept["squares"])
+        """Every vector's products with the landmarks (:mod:`~modelvec.store.neighbours`), kept beside the store:
+        a later run computes only new vectors' rows (the landmarks kept as they were drawn, unless one is gone);
+        every vector is read once and checked (``damaged``)."""
+        sel, name = self.selection, "landmarks"
+        kept, note = self.folder.rows(self.cache_key(), name)
+        self.repaired += [note] if note else []
+        earlier = None
+        if kept is not None and isinstance(kept.meta.get("landmarks"), list):
+            earlier = (kept.meta["hashes"], kept.meta["landmarks"], kept.arrays["dots"], kept.arrays["squares"])
+        lm, computed = update_landmarks(self.db.vector_file, sel, earlier)
+        self.damaged.update(lm.damaged)
+        if computed < len(sel):  # the rows kept: their vectors are still read once and checked
+            read = set(lm.computed.tolist())
+            self.check([i for i in range(len(sel)) if i not in read])
+        if computed:
+            meta = {"hashes": list(sel.hashes), "landmarks": [sel.hashes[i] for i in lm.positions]}
+            self.folder.keep_rows(self.cache_key(), name, meta, {"dots": lm.dots, "squares": lm.squares})
+        return lm
 
     def nearest(
-        self, wanted: Sequence[Wanted], *, metric: str, stats: tuple[np.ndarray, np.ndarray] | None, inputs: str
+        self, wanted: Sequence[Wanted], *, metric: str, stats: tuple[np.ndarray, np.ndarray] | None, ranking: str
     ) -> dict[str, Lists]:
         """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
-        store for exactly these vectors and ``inputs`` (a digest of what the lists follow from: the labels, the
-        ranking): computed only where none is kept."""
-
-        def compute() -> dict[str, np.ndarray]:
-            lists, damaged = nearest_lists(self.db.vector_file, self.selection, wanted, metric=metric, stats=stats)
-            self.damaged.update(damaged)
-            return {f"{name}.{part}": getattr(lst, part) for name, lst in lists.items() for part in _PARTS}
-
-        every = np.arange(len(self.selection))
-        kept = self.derived(every, f"nearest-{metric}", compute, inputs=inputs)
-        return {w.name: Lists(*(kept[f"{w.name}.{part}"] for part in _PARTS)) for w in wanted}
+        store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
+        each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks)."""
+        sel, name = self.selection, f"nearest-{metric}"
+        kept, note = self.folder.rows(self.cache_key(), name)
+        self.repaired += [note] if note else []
+        earlier = (
+            earlier_lists(kept, [w.name for w in wanted]) if kept and kept.meta.get("ranking") == ranking else None
+        )
+        if (
+            earlier is not None
+            and earlier.hashes == list(sel.hashes)
+            and all(
+                np.array_equal(earlier.depths[w.name], w.depths)
+                and np.array_equal(earlier.eligible[w.name], w.eligible)
+                for w in wanted
+            )
+        ):
+            return earlier.lists
+        lists, damaged, _ = nearest_lists(self.db.vector_file, sel, wanted, metric=metric, stats=stats, earlier=earlier)
+        self.damaged.update(damaged)
+        arrays = {f"{w.name}.{part}": getattr(lists[w.name], part) for w in wanted for part in PARTS}
+        arrays.update({f"{w.name}.depths": w.depths for w in wanted})
+        arrays.update({f"{w.name}.eligible": w.eligible for w in wanted})
+        if not damaged:  # lists without a damaged vector's row are not what the next run asks for
+            self.folder.keep_rows(self.cache_key(), name, {"hashes": list(sel.hashes), "ranking": ranking}, arrays)
+        return lists
 
     def products_with(self, vector: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One pass over the vectors: their inner products with ``vector`` and their squared norms, at ``positions``
@@ -400,9 +417,6 @@ class Population:
     def declared(self) -> dict[str, tuple[str | None, list[str]]]:
         """What each model's card declares (relation, parents as stored names; the base by its stored name)."""
         return declared(self.db, self.name, self.models, self.names_in_cards())
-
-
-_PARTS = ("indptr", "index", "value", "distance")
 
 
 def check_fits(n: int, dim: int) -> None:

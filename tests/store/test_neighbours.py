@@ -1,0 +1,167 @@
+"""Each model's nearest lists from row blocks: equal to what every pair's distances give (whatever the blocks, with
+ties, duplicate vectors, zero vectors and datasets of one model), the scores read from them equal to the pairwise
+ones, and kept lists brought up to date by computing only the rows that changed, as a fresh pass would give them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modelvec import Representation, Store
+from modelvec.analyse.geometry import Geometry
+from modelvec.analyse.graph import depths_for, knn_from_lists, predictions_from_lists
+from modelvec.analyse.inputs import group_codes, label_sets
+from modelvec.analyse.neighbours import ruler
+from modelvec.analyse.scores import knn_dataset_score, predict_datasets
+from modelvec.store import VectorRow
+from modelvec.store import neighbours as module
+from modelvec.store import products
+
+PARAMS = Representation(rank=4)
+
+
+def store_of(path, X, labels, authors=None):
+    with Store(path) as db:
+        db.put_many(
+            [
+                VectorRow(f"m{i:04d}", f"h{i}", "base", "bh", PARAMS, "bert", x, lab, "local", 0.1, author=a)
+                for i, (x, lab, a) in enumerate(zip(X, labels, authors or [None] * len(X)))
+            ]
+        )
+    return path
+
+
+def made(n: int, dim: int, seed: int, *, ties: bool = True):
+    rng = np.random.default_rng(seed)
+    X = rng.integers(-2, 3, (n, dim)).astype(np.float32) if ties else rng.standard_normal((n, dim)).astype(np.float32)
+    if n > 4:
+        X[3] = X[1]  # a duplicate
+        X[4] = 0.0  # a zero vector
+    labels = [[f"d{rng.integers(4)}"] if rng.random() < 0.8 else [] for _ in range(n)]
+    if n > 6:
+        labels[6] = ["alone"]  # a dataset of one model
+    authors = [f"a{rng.integers(3)}" for _ in range(n)]
+    return X, labels, authors
+
+
+def every_pair(db):
+    selection, meta = db.select()
+    G = products.gram(db.vector_file, selection).gram
+    return selection, meta, Geometry.from_products(G)
+
+
+def ranked_rows(geo, scaling, eligible):
+    """Every row's columns by (ranked distance, index), the ineligible and itself left out: the stable sort."""
+    n = len(geo)
+    everyone = np.arange(n)
+    D = geo.ranked_distances(everyone, everyone, scaling)
+    out = []
+    for i in range(n):
+        order = np.argsort(D[i], kind="stable")
+        out.append([j for j in order if j != i and eligible[j]])
+    return out, D
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(2, 45),
+    dim=st.integers(1, 30),
+    block=st.integers(1, 3000),
+    seed=st.integers(0, 2**16),
+    scaling=st.sampled_from(["none", "mutual-proximity"]),
+)
+def test_lists_from_blocks_are_the_stable_sort_of_every_pair(tmp_path_factory, n, dim, block, seed, scaling):
+    X, labels, authors = made(n, dim, seed)
+    path = store_of(tmp_path_factory.mktemp("s") / "s.duckdb", X, labels, authors)
+    with Store(path, read_only=True) as db:
+        selection, meta, geo = every_pair(db)
+        rng = np.random.default_rng(seed)
+        depths = rng.integers(0, n + 1, n)
+        eligible = rng.random(n) < 0.7
+        lm = module.landmarks(db.vector_file, selection, module.landmark_positions(selection))
+        stats = lm.spread("cosine") if scaling != "none" else None
+        if stats is not None:  # every vector a landmark: the spread of every pair
+            expected_stats = geo.spread(scaling)
+            np.testing.assert_allclose(stats[0], expected_stats[0], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(stats[1], expected_stats[1], rtol=1e-7, atol=1e-12)
+            geo.use_spread(scaling, stats)
+        ranking = "plain" if scaling == "none" else "rank"
+        wanted = [module.Wanted("w", depths, eligible, ranking)]
+        found, damaged, computed = module.nearest_lists(
+            db.vector_file, selection, wanted, stats=stats, block_floats=block
+        )
+    assert damaged == {} and computed == n
+    expected, D = ranked_rows(geo, scaling, eligible)
+    lists = found["w"]
+    for i in range(n):
+        cols, values, distances = lists.row(i)
+        assert cols.tolist() == expected[i][: depths[i]]
+        np.testing.assert_allclose(values, D[i, cols], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("scaling", ["none", "mutual-proximity"])
+def test_scores_from_lists_are_the_pairwise_scores(tmp_path, scaling):
+    X, labels, authors = made(60, 12, 5, ties=False)
+    path = store_of(tmp_path / "s.duckdb", X, labels, authors)
+    with Store(path, read_only=True) as db:
+        selection, meta, geo = every_pair(db)
+        labels = [list(d) for d in meta["datasets"]]
+        sets = label_sets(labels, len(labels))
+        labelled = np.array([bool(s) for s in sets])
+        groups = group_codes(list(meta["author"]), len(labels))
+        stats = geo.spread(scaling)
+        depths = depths_for(sets, labelled, groups=groups, votes=5)
+        ranking = "plain" if scaling == "none" else "rank"
+        wanted = [module.Wanted("scored", depths, labelled, ranking)]
+        lists = module.nearest_lists(db.vector_file, selection, wanted, stats=stats)[0]["scored"]
+    knn = knn_dataset_score(geo, labels, scaling=scaling)
+    got = knn_from_lists(lists, labels, labelled, scaling=scaling)
+    assert got.score == pytest.approx(knn.score) and got.per_dataset.keys() == knn.per_dataset.keys()
+    for name, (score, count) in knn.per_dataset.items():
+        assert got.per_dataset[name] == (pytest.approx(score), count)
+    np.testing.assert_array_equal(np.isnan(got.per_model), np.isnan(knn.per_model))
+    by_author = knn_dataset_score(geo, labels, scaling=scaling, exclude_same=list(meta["author"]))
+    got = knn_from_lists(lists, labels, labelled, scaling=scaling, exclude_same=groups)
+    assert got.score == pytest.approx(by_author.score) and got.n_scored == by_author.n_scored
+    pred = predict_datasets(geo, labels, k=5, scaling=scaling)
+    stick = ruler(geo, np.flatnonzero(labelled), scaling)
+    plain = geo.distances(np.arange(len(labels)), np.flatnonzero(labelled))
+    plain[np.arange(len(labels))[:, None] == np.flatnonzero(labelled)[None, :]] = np.inf
+    mine = predictions_from_lists(lists, labels, stick, plain.min(axis=1), k=5, scaling=scaling)
+    assert mine.predicted == pred.predicted and mine.loo_accuracy == pred.loo_accuracy
+    np.testing.assert_allclose(mine.confidence, pred.confidence, equal_nan=True)
+
+
+def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path):
+    """New vectors, a label added and one taken away: only those rows (and rows whose datasets outgrew their lists)
+    are computed, against every vector; the lists are those of a fresh pass."""
+    X, labels, authors = made(80, 10, 7, ties=False)
+    path = tmp_path / "s.duckdb"
+    store_of(path, X[:60], labels[:60], authors[:60])
+
+    def lists_of(db, earlier=None):
+        selection, meta = db.select()
+        labs = [list(d) for d in meta["datasets"]]
+        sets = label_sets(labs, len(labs))
+        eligible = np.array([bool(s) for s in sets])
+        depths = depths_for(sets, eligible, votes=3, slack=0.25)
+        wanted = [module.Wanted("near", np.full(len(labs), 6), np.ones(len(labs), bool)), module.Wanted("scored", depths, eligible)]
+        found, _, computed = module.nearest_lists(db.vector_file, selection, wanted, earlier=earlier)
+        kept = module.Earlier(list(selection.hashes), found, {w.name: w.depths for w in wanted}, {w.name: w.eligible for w in wanted})
+        return found, computed, kept
+
+    with Store(path, read_only=True) as db:
+        _, computed, kept = lists_of(db)
+    assert computed == 60
+    labels[10] = []  # a label taken away
+    labels[11] = ["d0"]
+    store_of(path, X, labels, authors)  # twenty new vectors, two cards edited
+    with Store(path, read_only=True) as db:
+        updated, computed, _ = lists_of(db, kept)
+        fresh, _, _ = lists_of(db)
+    assert 20 <= computed < 80
+    for name in ("near", "scored"):
+        for part in ("indptr", "index", "value", "distance"):
+            np.testing.assert_array_equal(getattr(updated[name], part), getattr(fresh[name], part), err_msg=name)
