@@ -650,13 +650,13 @@ def test_a_store_too_large_for_the_memory_left_is_one_line_saying_what_fits(tmp_
     from modelvec.store import population as stored
 
     store, _ = _made_store(tmp_path / "s.duckdb")
-    monkeypatch.setattr(stored, "available_memory", lambda: 100_000)
+    monkeypatch.setattr(stored.machine, "available_memory", lambda: 100_000)
     with pytest.raises(
         ResourceError, match=r"^36 models: their pairwise products need about .* GiB are free: about \d+ models fit"
     ):
         cluster("base", store=store, out=tmp_path / "out", reduce="pca")
     assert not Path(f"{store}.products").exists()  # nothing was computed
-    monkeypatch.setattr(stored, "available_memory", lambda: None)  # a kernel that does not say: no check
+    monkeypatch.setattr(stored.machine, "available_memory", lambda: None)  # a kernel that does not say: no check
     assert cluster("base", store=store, out=tmp_path / "out", reduce="pca").n_models == 36
 
 

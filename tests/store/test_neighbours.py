@@ -15,9 +15,8 @@ from modelvec.analyse.graph import depths_for, knn_from_lists, predictions_from_
 from modelvec.analyse.inputs import group_codes, label_sets
 from modelvec.analyse.neighbours import ruler
 from modelvec.analyse.scores import knn_dataset_score, predict_datasets
-from modelvec.store import VectorRow
+from modelvec.store import VectorRow, products
 from modelvec.store import neighbours as module
-from modelvec.store import products
 
 PARAMS = Representation(rank=4)
 
@@ -147,9 +146,14 @@ def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path):
         sets = label_sets(labs, len(labs))
         eligible = np.array([bool(s) for s in sets])
         depths = depths_for(sets, eligible, votes=3, slack=0.25)
-        wanted = [module.Wanted("near", np.full(len(labs), 6), np.ones(len(labs), bool)), module.Wanted("scored", depths, eligible)]
+        wanted = [
+            module.Wanted("near", np.full(len(labs), 6), np.ones(len(labs), bool)),
+            module.Wanted("scored", depths, eligible),
+        ]
         found, _, computed = module.nearest_lists(db.vector_file, selection, wanted, earlier=earlier)
-        kept = module.Earlier(list(selection.hashes), found, {w.name: w.depths for w in wanted}, {w.name: w.eligible for w in wanted})
+        kept = module.Earlier(
+            list(selection.hashes), found, {w.name: w.depths for w in wanted}, {w.name: w.eligible for w in wanted}
+        )
         return found, computed, kept
 
     with Store(path, read_only=True) as db:

@@ -128,7 +128,9 @@ def _agreement(truth: np.ndarray, kmeans: np.ndarray, hdbscan: np.ndarray, silho
 
 def stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
     """A seeded sample of ``size`` positions (sorted), each class in proportion to its count (largest remainders
-    rounded up; at least 2 of each class that has them, so that every dataset can still form a cluster)."""
+    rounded up; at least 2 of each class that has them, so that every dataset can still form a cluster). Where the
+    classes are too many for two of each (thousands of small datasets), each position is drawn with the same chance
+    and a class drawn once gets a second: each dataset drawn in its share, able to form a cluster."""
     if len(truth) <= size:
         return np.arange(len(truth))
     classes, counts = np.unique(truth, return_counts=True)
@@ -139,8 +141,23 @@ def stratified(truth: np.ndarray, size: int, seed: int) -> np.ndarray:
     take += np.maximum(short, 0)
     take[np.argmax(take)] -= int(np.maximum(short, 0).sum())  # what the small classes gained, from the largest
     rng = np.random.default_rng(seed)
+    if take.min() < np.minimum(counts, 2).min() or take.max() < 2:
+        return _drawn(truth, size, rng)
     picked = [rng.choice(np.flatnonzero(truth == c), t, replace=False) for c, t in zip(classes, take)]
     return np.sort(np.concatenate(picked))
+
+
+def _drawn(truth: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` positions drawn alike, then a second of each class drawn once (where it has one)."""
+    picked = rng.choice(len(truth), size, replace=False)
+    classes, counts = np.unique(truth[picked], return_counts=True)
+    chosen = set(picked.tolist())
+    more = []
+    for c in classes[counts == 1]:
+        others = [int(i) for i in np.flatnonzero(truth == c) if int(i) not in chosen]
+        if others:
+            more.append(int(rng.choice(others)))
+    return np.sort(np.concatenate([picked, np.array(more, dtype=np.int64)]))
 
 
 def _intervals(

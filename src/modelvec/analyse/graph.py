@@ -131,24 +131,57 @@ class Nearest:
         take = (values < cut) | ((values == cut) & (columns[None, :] < cut_index))
         take &= np.isfinite(values)
         take &= (self.depth[rows] > 0)[:, None]
+        self._thin(take, values, self.depth[rows])
         r, c = np.nonzero(take)
         if not len(r):
             return
         value = values[r, c]
         distance = value if distances is None else np.asarray(distances, dtype=np.float64)[r, c]
-        counts = np.bincount(r, minlength=len(rows))
-        mine = rows[r]
-        over = np.flatnonzero(self.fill[rows] + counts > self.capacity[rows])
-        if len(over):  # rows whose buffer would overflow: compacted with what they are offered now
-            self._compact(rows[over], (mine, columns[c], value, distance))
-            keep = ~np.isin(r, over)
-            r, c, value, distance, mine = r[keep], c[keep], value[keep], distance[keep], mine[keep]
-            counts[over] = 0
-        if not len(r):
+        self.add(rows[r], columns[c], value, distance)
+
+    @staticmethod
+    def _thin(take: np.ndarray, values: np.ndarray, depth: np.ndarray) -> None:
+        """Where a row is offered many more entries than its depth (a streamed row, offered a whole held block), keep
+        only those at or below its ``depth``-th smallest value (ties all kept): none of the others can be among its
+        nearest, and its buffer takes a few times its depth, not thousands. Rows are taken by depth rounded up to a
+        power of two (a handful of partitions)."""
+        offered = np.count_nonzero(take, axis=1)
+        many = np.flatnonzero(offered > 4 * np.maximum(depth, 1))
+        if not len(many):
             return
-        before = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        at = self.start[mine] + self.fill[mine] + (np.arange(len(r)) - before[r])
-        self.index[at], self.value[at], self.distance[at] = columns[c], value, distance
+        width = 1 << np.ceil(np.log2(np.maximum(depth[many], 1))).astype(np.int64)
+        for w in np.unique(width):
+            at = many[width == w]
+            sub = np.where(take[at], values[at], np.inf)
+            bound = np.partition(sub, int(w) - 1, axis=1)[:, int(w) - 1]
+            take[at] &= values[at] <= bound[:, None]
+
+    def add(self, owner: np.ndarray, columns: np.ndarray, values: np.ndarray, distances: np.ndarray) -> None:
+        """Offer each entry (``owner`` row, column, value, distance) to its row: what :meth:`offer` does with the
+        entries of a block it keeps, and how lists found apart are merged (their rows' nearest of the union is
+        the nearest of their nearest)."""
+        owner, columns = np.asarray(owner, np.int64), np.asarray(columns, np.int64)
+        if not len(owner):
+            return
+        keep = (self.depth[owner] > 0) & np.isfinite(values)
+        keep &= (values < self.cut[owner]) | ((values == self.cut[owner]) & (columns < self.cut_index[owner]))
+        owner, columns, values, distances = owner[keep], columns[keep], values[keep], distances[keep]
+        if not len(owner):
+            return
+        order = np.argsort(owner, kind="stable")
+        owner, columns, values, distances = owner[order], columns[order], values[order], distances[order]
+        rows, counts = np.unique(owner, return_counts=True)
+        over = rows[self.fill[rows] + counts > self.capacity[rows]]
+        if len(over):  # rows whose buffer would overflow: compacted with what they are offered now
+            self._compact(over, (owner, columns, values, distances))
+            keep = ~np.isin(owner, over)
+            owner, columns, values, distances = owner[keep], columns[keep], values[keep], distances[keep]
+            rows, counts = np.unique(owner, return_counts=True)
+        if not len(owner):
+            return
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        at = self.start[owner] + self.fill[owner] + (np.arange(len(owner)) - first)
+        self.index[at], self.value[at], self.distance[at] = columns, values, distances
         self.fill[rows] += counts
 
     def _compact(self, rows: np.ndarray, offered: tuple[np.ndarray, ...] | None = None) -> None:

@@ -11,6 +11,7 @@ from rich.table import Table
 from ..analyse.reduction import Reduction
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
+from ..run.engines import Execution
 from ..store.products import Compute
 from .app import command, left_out, open_store
 from .options import JsonOpt, StoreOpt, WaitOpt, split_values, with_settings
@@ -18,6 +19,13 @@ from .printing import console, fmt, notes, print_json, printable, products_progr
 
 if TYPE_CHECKING:
     from ..report.clusters import ClusterReport
+
+#: What cluster's engine options mean to it: where the nearest lists' pass runs.
+EXECUTION_HELPS = {
+    "engine": "Where the nearest lists' pass runs (--neighbours lists, above 16,384 models): local, or ray (its held "
+    "blocks as tasks on a Ray cluster; every node must see the store's files at the same path).",
+    "workers": "--engine ray: tasks at once (default one per CPU of the cluster).",
+}
 
 #: The clustering scores as a table says them (keys of ``ClusterReport.clustering``).
 _CLUSTERING_WORDS = {
@@ -34,6 +42,7 @@ _CLUSTERING_WORDS = {
 @with_settings(Scoring, "scoring")
 @with_settings(Reduction, "reduction")
 @with_settings(Compute, "compute")
+@with_settings(Execution, "execution", only=("engine", "workers", "address"), helps=EXECUTION_HELPS)
 def cluster(
     base: str = typer.Argument(
         ..., metavar="BASE", help="The base whose stored fine-tunes to cluster (path or stored id)."
@@ -51,6 +60,7 @@ def cluster(
     ),
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
     compute: Compute = None,  # type: ignore[assignment]  # its options: with_settings
+    execution: Execution = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     wait: float | None = WaitOpt,
 ) -> None:
@@ -68,6 +78,7 @@ def cluster(
             label_sources=split_values(label_source) or None,
             progress=progress,
             compute=compute,
+            execution=execution,
         )
     if as_json:
         print_json(report.as_json())

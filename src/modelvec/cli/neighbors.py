@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..analyse.scores import NEIGHBORS_SCORING, Scoring
 from ..represent.representation import Representation
+from ..store.products import Compute
 from .app import command, left_out, open_store
 from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
 from .printing import (
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     defaults=NEIGHBORS_SCORING,
     helps={"k": "How many nearest stored models are listed (and vote for the predicted dataset)."},
 )
+@with_settings(Compute, "compute", only=("neighbours",))
 def neighbors(
     model: str = typer.Argument(
         ..., metavar="MODEL", help="A model: stored, or a local folder or Hub id to embed on the fly."
@@ -48,6 +50,7 @@ def neighbors(
     ),
     scoring: Scoring = None,  # type: ignore[assignment]  # its options: with_settings
     representation: Representation = None,  # type: ignore[assignment]  # its options: with_settings
+    compute: Compute = None,  # type: ignore[assignment]  # its options: with_settings
     store: Path | None = StoreOpt,
     wait: float | None = WaitOpt,
     as_json: bool = JsonOpt,
@@ -63,7 +66,15 @@ def neighbors(
     from ..report import neighbors as find
 
     with open_store(store, wait, read_only=True) as db:
-        found = find(model, representation=representation, scoring=scoring, store=db, base=base, explain=explain)
+        found = find(
+            model,
+            representation=representation,
+            scoring=scoring,
+            store=db,
+            base=base,
+            explain=explain,
+            neighbours=compute.neighbours,
+        )
     if as_json:
         print_json(found.as_json())
         notes(found.notes + found.repaired)

@@ -14,6 +14,7 @@ STORE_WAIT = "MODELVEC_STORE_WAIT"
 DEBUG = "MODELVEC_DEBUG"
 HUB_BACKOFF = "MODELVEC_HUB_BACKOFF"
 HUB_TIMEOUT = "MODELVEC_HUB_TIMEOUT"
+BLOCK_MB = "MODELVEC_BLOCK_MB"
 
 #: name -> (what it means, its default): the table of docs/commands.md.
 ENVIRONMENT = {
@@ -27,6 +28,11 @@ ENVIRONMENT = {
     HUB_TIMEOUT: (
         "Seconds a Hub metadata call (`model_info`, the HEAD before a download) may take.",
         "huggingface_hub's `HF_HUB_ETAG_TIMEOUT` (10)",
+    ),
+    BLOCK_MB: (
+        "Megabytes of vectors a pass of nearest lists holds at once (`cluster --neighbours lists`): the fewer, the more "
+        "often a vector file larger than the memory is read again.",
+        "4096, at most a quarter of the memory free",
     ),
 }
 
@@ -68,3 +74,17 @@ def hub_backoff() -> float:
 def hub_timeout(default: float) -> float:
     """``$MODELVEC_HUB_TIMEOUT`` (seconds), else ``default`` (huggingface_hub's, which the caller knows)."""
     return float(_read(HUB_TIMEOUT) or default)
+
+
+def block_mb() -> float | None:
+    """``$MODELVEC_BLOCK_MB``, if set; a ``ValueError`` in one line if it is not a number of megabytes > 0."""
+    text = _read(BLOCK_MB)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{BLOCK_MB}={text!r}: not a number of megabytes") from None
+    if not value > 0:
+        raise ValueError(f"{BLOCK_MB}={text!r}: give a number of megabytes > 0")
+    return value

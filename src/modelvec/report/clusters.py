@@ -37,7 +37,9 @@ from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings
 from ..hub.labels import matches_source
 from ..represent.representation import Representation
+from ..run.engines import Execution
 from ..store import Population, Store, opened
+from ..store.neighbours import TaskRunner
 from ..store.products import Compute, Products
 from . import cluster_parts as parts
 
@@ -104,6 +106,7 @@ def cluster(
     hub_settings: HubSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
     compute: Compute | None = None,
+    execution: Execution | None = None,
     **options: Any,
 ) -> ClusterReport:
     """Score and map the stored vectors of ``base``; writes ``out/clusters-<reduce>.png`` and ``.html``.
@@ -125,11 +128,16 @@ def cluster(
     inner products are read from the vector file in blocks and kept beside the store, verified (a later run computes
     only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``; the per-block scores read
     a sample of at most :data:`BLOCK_SAMPLE` vectors. ``compute`` says where their float32 products run
-    (:class:`~modelvec.store.products.Compute`: ``device="auto"``, a GPU where one is visible).
+    (:class:`~modelvec.store.products.Compute`: ``device="auto"``, a GPU where one is visible) and whether the scores
+    read every pair's products or each model's nearest lists (``neighbours``: lists above
+    :data:`~modelvec.store.products.PAIRS_UP_TO` models, :mod:`~modelvec.report.lists`); ``execution``'s ``engine``
+    ``"ray"`` runs the lists' pass as tasks on a Ray cluster (:mod:`~modelvec.run.ray_blocks`; its ``address`` and
+    ``workers``).
     """
     scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "cluster")
     compute = with_options(Compute, compute, taken_from(Compute, options), "cluster")
-    reduction = with_options(Reduction, reduction, options, "cluster")
+    reduction = with_options(Reduction, reduction, taken_from(Reduction, options), "cluster")
+    execution = with_options(Execution, execution, options, "cluster")
     with ExitStack() as stack, opened(store, read_only=True) as db, ThreadPoolExecutor(1) as beside:
         beside.submit(parts.import_ahead)
         pop = Population(db, base, representation)
@@ -141,7 +149,9 @@ def cluster(
         resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
         reduce, note = reduction.reducer_for(len(meta))
         if on_lists:
-            report, xy, meta, positions = _scored_on_lists(pop, meta, resolved, reduce, seed, label_sources, stack)
+            report, xy, meta, positions = _scored_on_lists(
+                pop, meta, resolved, (reduce, seed), label_sources, stack, _runner(execution), progress
+            )
         else:
             assert products is not None
             stack.enter_context(one_blas_thread())  # what follows the products: small LAPACK calls, row blocks
@@ -198,20 +208,34 @@ def _scores(
     return knn, by_author, pred, clustering_scores(geo, labels, metric=metric, seed=seed)
 
 
+def _runner(execution: Execution) -> TaskRunner | None:
+    """Where the nearest lists' pass runs: here (None), or as tasks on the Ray cluster ``execution`` names."""
+    if execution.engine == "local":
+        return None
+    if execution.engine != "ray":
+        raise ValueError(f"cluster runs its pass here (local) or on a Ray cluster (ray), not on {execution.engine!r}")
+    from ..run.ray_blocks import ray_runner
+
+    return ray_runner(execution.address, execution.workers)
+
+
 def _scored_on_lists(
     pop: Population,
     meta: pd.DataFrame,
     scoring: Scoring,
-    reduce: str,
-    seed: int,
+    drawn: tuple[str, int],
     label_sources: Sequence[str] | None,
     stack: ExitStack,
+    runner: TaskRunner | None,
+    progress: Callable[[int, int], None] | None,
 ) -> tuple[ClusterReport, np.ndarray | None, pd.DataFrame, np.ndarray]:
-    """The report's scores and map from each model's nearest lists (:mod:`~modelvec.report.lists`), and the models
-    they cover (the population's sound vectors: their rows of ``meta``, their positions)."""
+    """The report's scores and map (``drawn``: its reducer and seed) from each model's nearest lists
+    (:mod:`~modelvec.report.lists`), and the models they cover (the population's sound vectors: their rows of
+    ``meta``, their positions)."""
     from . import lists
 
-    g = lists.on_lists(pop, meta, scoring)
+    reduce, seed = drawn
+    g = lists.on_lists(pop, meta, scoring, runner, progress)
     stack.enter_context(one_blas_thread())
     meta = meta.iloc[g.positions].reset_index(drop=True)
     knn, by_author = lists.knn_scores(g, meta, scoring)

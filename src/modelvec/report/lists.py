@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +27,7 @@ from ..analyse.neighbours import Yardstick
 from ..analyse.proximity import scaled
 from ..analyse.scores import KnnScore, Predictions, Scoring
 from ..store import Population
-from ..store.neighbours import MAP_NEAR, NEAR, Landmarks, Wanted
+from ..store.neighbours import MAP_NEAR, NEAR, Landmarks, TaskRunner, Wanted
 from ..store.products import EXACT_UP_TO
 
 #: Room in each model's list beyond what its dataset needs now (a share): a dataset that grows by as much is scored
@@ -56,9 +56,16 @@ class OnLists:
     groups: np.ndarray | None
 
 
-def on_lists(pop: Population, meta: pd.DataFrame, scoring: Scoring) -> OnLists:
+def on_lists(
+    pop: Population,
+    meta: pd.DataFrame,
+    scoring: Scoring,
+    runner: TaskRunner | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> OnLists:
     """The population's nearest lists for ``scoring`` (resolved) and the labels in ``meta`` (one row a model of the
-    population's selection), kept beside the store or computed in one pass of products."""
+    population's selection), kept beside the store or computed in one pass of products (its held blocks run by
+    ``runner``: a Ray cluster's tasks; ``progress(done, total)`` after each)."""
     lm = pop.landmarks()
     n, metric, scaling = len(meta), scoring.metric, scoring.scaling
     sound = np.ones(n, dtype=bool)
@@ -78,7 +85,9 @@ def on_lists(pop: Population, meta: pd.DataFrame, scoring: Scoring) -> OnLists:
     if scoring.pool != "labelled":
         wanted.append(Wanted("voters", np.where(sound, scoring.k, 0), labelled, rank))
     marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
-    found = pop.nearest(wanted, metric=metric, stats=stats, ranking=json.dumps([scaling, marks]))
+    found = pop.nearest(
+        wanted, metric=metric, stats=stats, ranking=json.dumps([scaling, marks]), runner=runner, progress=progress
+    )
     at = np.flatnonzero(sound)  # the damaged left out: rows and columns renumbered among the sound
     where = np.full(n, -1, np.int64)
     where[at] = np.arange(len(at))

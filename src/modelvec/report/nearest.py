@@ -30,9 +30,10 @@ from ..analyse.scores import (
 )
 from ..core.errors import ModelvecError, NothingStoredError, StoreError
 from ..core.names import is_hub_id, model_id
-from ..core.settings import with_options
+from ..core.settings import taken_from, with_options
 from ..represent.representation import Representation
 from ..store import Population, Products, Store, opened
+from ..store.products import Compute
 
 if TYPE_CHECKING:
     from ..hub.client import HubSettings
@@ -152,11 +153,23 @@ def neighbors(
     copies of the base left out). Their kept products are verified; the vectors are read only for those the answer
     shows (the query's, its nearest and the voters): one whose bytes are damaged is left out (``damaged``).
     """
-    scoring = with_options(Scoring, scoring, options, "neighbors", default=NEIGHBORS_SCORING)
+    scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "neighbors", default=NEIGHBORS_SCORING)
+    compute = with_options(Compute, None, options, "neighbors")
     k = scoring.k
     with opened(store, read_only=True) as db:
         pop = Population.of_query(db, model, base, representation)
         asked, copied, name = _asked(pop, model)
+        notes = pop.left_out()
+        if copied is not None:
+            notes.insert(
+                0, f"{asked} is {copied.describe(pop.name)}: off the map, {name} stands for it: its neighbours"
+            )
+        if compute.neighbours_for(len(pop.selection)) == "lists":
+            from .nearest_lists import neighbors_on_lists
+
+            return neighbors_on_lists(
+                pop, asked, name, model, scoring, hub_settings=hub_settings, notes=notes, explain=explain
+            )
         products, meta = pop.products(verify=False)
         query = _Query(name, model, meta, pop, hub_settings, products)
         resolved, scaling_note = pop.resolve(scoring, query.kinds)
@@ -178,9 +191,6 @@ def neighbors(
         if base_files is not None and neighbours is not None
         else None
     )
-    notes = pop.left_out()
-    if copied is not None:
-        notes.insert(0, f"{asked} is {copied.describe(pop.name)}: off the map, {name} stands for it: its neighbours")
     return Neighbors(
         query=asked,
         base=pop.name,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from ..hub.client import HubSettings
 from ..represent.representation import Representation
@@ -93,26 +94,10 @@ class RayEngine:
         first = next(todo, None)
         if first is None:  # everything was stored or failed before: no cluster, no base
             return
-        started = not ray.is_initialized()
-        if started:
-            try:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
-            except Exception as exc:
-                where = f"at {self.address}" if self.address else "here"
-                hint = ""
-                if self.address not in (None, "auto", "local") and "RAY_AUTH_MODE" not in os.environ:
-                    hint = (
-                        " (a cluster started by `ray start` uses token authentication: set RAY_AUTH_MODE=token and "
-                        "its token, RAY_AUTH_TOKEN or ~/.ray/auth_token, here)"
-                    )
-                raise ValueError(f"cannot start or reach the Ray cluster {where}: {one_line(exc)}{hint}") from None
-        try:
+        with connected(self.address):
             yield from Dispatcher(
                 self, base, representation, hub_settings, keep_weights, _chain(first, todo)
             ).outcomes()
-        finally:
-            if started:
-                ray.shutdown()
 
     def size(self) -> int:
         """How many actors at most: ``workers``, or one per CPU (GPU) of the cluster now."""
@@ -125,6 +110,33 @@ class RayEngine:
                 raise ValueError(f"device {self.device}: the Ray cluster has no GPUs")
             return gpus
         return max(1, int(resources.get("CPU", 1)))
+
+
+@contextmanager
+def connected(address: str | None) -> Iterator[None]:
+    """Ray connected for what runs inside: to the cluster at ``address`` (``None``: one started on this machine, or a
+    local one started for the run, shut down after it); a connection this process already has is used and left
+    open. A cluster that cannot be started or reached is a ValueError in one line."""
+    if ray is None:
+        raise ValueError(MISSING)
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except Exception as exc:
+            where = f"at {address}" if address else "here"
+            hint = ""
+            if address not in (None, "auto", "local") and "RAY_AUTH_MODE" not in os.environ:
+                hint = (
+                    " (a cluster started by `ray start` uses token authentication: set RAY_AUTH_MODE=token and "
+                    "its token, RAY_AUTH_TOKEN or ~/.ray/auth_token, here)"
+                )
+            raise ValueError(f"cannot start or reach the Ray cluster {where}: {one_line(exc)}{hint}") from None
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _chain(first: Task, rest: Iterator[Task]) -> Iterator[Task]:

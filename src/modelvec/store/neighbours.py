@@ -16,19 +16,24 @@ Two passes over the vectors, each vector checked against its checksum as it is r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import xxhash
+from scipy.special import ndtri
 
 from ..analyse.geometry import _from_gram
 from ..analyse.graph import Lists, Nearest
-from ..analyse.proximity import Stats, scaled
-from .blocks import BlockReader, Selection
+from ..analyse.proximity import Stats, side
+from ..core import constants
+from ..core.machine import available_memory
+from .blocks import BLOCK_FLOATS, BlockReader, Selection
 from .kept import Kept
 from .keptfolder import Known
-from .products import EXACT_UP_TO, PAIRS_UP_TO, gram
+from .products import EXACT_UP_TO, PAIRS_UP_TO, gram, held_blocks_of
 from .vectorfile import VectorFile
 
 __all__ = [
@@ -39,10 +44,13 @@ __all__ = [
     "PARTS",
     "Earlier",
     "Landmarks",
+    "Task",
+    "TaskRunner",
     "Wanted",
     "earlier_lists",
     "landmarks",
     "nearest_lists",
+    "run_task",
     "update_landmarks",
 ]
 #: The landmarks: every model's products with these many stored vectors (every one where there are no more).
@@ -51,6 +59,20 @@ LANDMARKS = 256
 NEAR = 32
 #: The map's neighbours (UMAP's 15, the row itself counted).
 MAP_NEAR = 16
+#: Floats of the block of vectors a pass of nearest lists holds (4 GiB of float32; at most a quarter of the memory
+#: free): every pair's products are computed once, but each held block reads the vectors after it again, so the
+#: larger it is, the fewer times a file larger than the memory is read (100,000 models: 40 GB, about 5 times).
+LIST_BLOCK_FLOATS = 1 << 30
+
+
+def list_block_floats() -> int:
+    """The floats a pass of nearest lists holds at once here: ``$MODELVEC_BLOCK_MB``, else :data:`LIST_BLOCK_FLOATS`
+    or a quarter of the memory free, at least the products' block."""
+    asked = constants.block_mb()
+    if asked is not None:
+        return max(1, int(asked * 2**20 / 4))
+    free = available_memory()
+    return LIST_BLOCK_FLOATS if free is None else max(BLOCK_FLOATS, min(LIST_BLOCK_FLOATS, free // 16))
 
 
 @dataclass
@@ -229,24 +251,53 @@ class _Offers:
         if self.metric == "cosine":
             block *= np.multiply.outer(_scale(sq_r), _scale(sq_c))
         D = _from_gram(block, self.metric, sq_r, sq_c)
-        self._offer(rows, cols, D)
+        R = self._ranked(rows, cols, D)
+        self._offer(rows, cols, D, R)
         inside = np.isin(rows, cols)
         if (~inside).any():  # the pairs' other side (a held block against itself holds both already)
-            self._offer(cols, rows[~inside], D[~inside].T)
+            self._offer(cols, rows[~inside], D[~inside].T, None if R is None else R[~inside].T)
 
-    def _offer(self, rows: np.ndarray, cols: np.ndarray, D: np.ndarray) -> None:
-        ranked = None
+    def _ranked(self, rows: np.ndarray, cols: np.ndarray, D: np.ndarray) -> np.ndarray | None:
+        """The pairs' -log mutual proximity (the same both ways), for the entries that may still enter a list ranked
+        by it (+inf for the others: their own side alone already ranks them past the row's cut,
+        :meth:`_within_reach`); None where no list is ranked by it."""
+        if self.stats is None or all(w.ranking == "plain" for w in self.wanted):
+            return None
+        mu, sd = self.stats
+        reach = self._within_reach()
+        near = (reach[rows][:, None] >= D) | (reach[cols][None, :] >= D)
+        R = np.full(D.shape, np.inf)
+        r, c = np.nonzero(near)
+        if len(r):
+            d = D[r, c]
+            R[r, c] = side(d, mu[rows][r], sd[rows][r]) + side(d, mu[cols][c], sd[cols][c])
+        return R
+
+    def _within_reach(self) -> np.ndarray:
+        """Per row, the largest distance an entry may have and still enter one of its lists ranked by mutual
+        proximity: the pair's value is at least the row's own side, -log P(X > d), which must not pass the list's
+        cut (a little beyond it, for rounding); +inf while a list is not full."""
+        mu, sd = self.stats  # type: ignore[misc]
+        reach = np.full(len(mu), -np.inf)
+        for w in self.wanted:
+            if w.ranking == "plain":
+                continue
+            cut = self.nearest[w.name].cut
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                q = ndtri(np.exp(-cut))  # side(d) <= cut  <=>  (mu - d) / sd >= q
+                d = mu - sd * q
+                d += 1e-9 * (np.abs(mu) + np.abs(sd * q)) + 1e-12
+            flat = ~(sd > 0)  # a side of no spread is log 2 whatever the distance
+            d = np.where(flat, np.where(np.log(2.0) <= cut * (1 + 1e-12), np.inf, -np.inf), d)
+            d = np.where(np.isfinite(cut), d, np.inf)
+            reach = np.maximum(reach, np.nan_to_num(d, nan=np.inf))
+        return reach
+
+    def _offer(self, rows: np.ndarray, cols: np.ndarray, D: np.ndarray, R: np.ndarray | None) -> None:
         own = rows[:, None] == cols[None, :]
         kept = ~self.fresh[rows]
         for w in self.wanted:
-            if w.ranking == "plain":
-                V = D.copy()
-            else:
-                if ranked is None:
-                    assert self.stats is not None
-                    mu, sd = self.stats
-                    ranked = scaled(D, (mu[rows], sd[rows]), (mu[cols], sd[cols]))
-                V = ranked.copy()
+            V = D.copy() if w.ranking == "plain" else np.array(R)
             V[:, ~w.eligible[cols]] = np.inf
             V[own] = np.inf
             if kept.any():  # a row kept from before already holds every column but the new ones
@@ -288,6 +339,48 @@ def _from_earlier(
     return fresh, changed, kept
 
 
+@dataclass(frozen=True)
+class Task:
+    """One held block of a pass of nearest lists, as a worker runs it (:func:`run_task`): the vector file's path,
+    the selection, what is wanted, and which rows are computed anew (``fresh``) and which columns are new to the
+    others (``changed``); the ``block`` held, of ``blocks``."""
+
+    path: str
+    selection: Selection
+    wanted: tuple[Wanted, ...]
+    metric: str
+    stats: Stats | None
+    fresh: np.ndarray
+    changed: dict[str, np.ndarray]
+    block_floats: int
+    block: int
+
+
+def run_task(task: Task) -> tuple[dict[str, Lists], dict[str, str]]:
+    """One held block's part of every model's lists: its rows against every vector after them (the same products,
+    in the same blocks, as the whole pass), and the vectors it found damaged. The vector file is opened at
+    ``task.path``: a worker on another machine reads it from a shared path."""
+    vector_file = VectorFile(Path(task.path), read_only=True)
+    try:
+        offers = _Offers(task.metric, task.wanted, task.stats, task.fresh, task.changed)
+        products = gram(
+            vector_file,
+            task.selection,
+            known=Known(np.zeros((0, 0)), ~task.fresh),
+            consumer=offers,
+            block_floats=task.block_floats,
+            held_blocks=[task.block],
+        )
+    finally:
+        vector_file.close()
+    return {name: nb.lists() for name, nb in offers.nearest.items()}, dict(products.damaged)
+
+
+#: How a pass's held blocks are run elsewhere (a Ray cluster: :mod:`modelvec.run.ray_blocks`): each task's result,
+#: in any order.
+TaskRunner = Callable[[Sequence[Task]], Iterable[tuple[dict[str, Lists], dict[str, str]]]]
+
+
 def nearest_lists(
     vector_file: VectorFile,
     selection: Selection,
@@ -297,13 +390,16 @@ def nearest_lists(
     stats: Stats | None = None,
     earlier: Earlier | None = None,
     progress: Callable[[int, int], None] | None = None,
-    **pass_options: object,
+    runner: TaskRunner | None = None,
+    block_floats: int | None = None,
 ) -> tuple[dict[str, Lists], dict[str, str], int]:
     """Every model's ``wanted`` lists from one pass of products over the selection's vectors (each pair once), the
     vectors found damaged (model -> line: left out of every list) and the rows computed. ``stats``: each model's
     spread, for lists ranked by mutual proximity. ``earlier``: lists kept from before (for the same ranking and
     spreads): only the rows they cannot answer are computed, against every vector, and the others are offered the
-    new columns alone: the same lists as a pass over all of them."""
+    new columns alone: the same lists as a pass over all of them. ``runner``: the pass's held blocks run as tasks
+    (:class:`Task`) elsewhere, their lists merged here (the nearest of the union is the nearest of each part's):
+    the same lists."""
     n = len(selection)
     if earlier is None:
         kept: dict[str, Lists] = {}
@@ -314,11 +410,27 @@ def nearest_lists(
     for w in wanted:
         if w.name in kept:
             offers.nearest[w.name].hold(kept[w.name], np.flatnonzero(~fresh))
-    known = Known(np.zeros((0, 0)), ~fresh)
-    products = gram(vector_file, selection, known=known, consumer=offers, progress=progress, **pass_options)  # type: ignore[arg-type]
+    floats = list_block_floats() if block_floats is None else block_floats
+    if runner is None:
+        known = Known(np.zeros((0, 0)), ~fresh)
+        products = gram(vector_file, selection, known=known, consumer=offers, progress=progress, block_floats=floats)
+        damaged = dict(products.damaged)
+    else:
+        blocks = held_blocks_of(int(fresh.sum()), selection.dim, floats)
+        tasks = [
+            Task(os.path.abspath(vector_file.path), selection, tuple(wanted), metric, stats, fresh, changed, floats, b)
+            for b in range(blocks)
+        ]
+        damaged = {}
+        for done, (part, bad) in enumerate(runner(tasks), 1):
+            for name, lists in part.items():
+                owner = np.repeat(np.arange(len(lists)), lists.lengths())
+                offers.nearest[name].add(owner, lists.index, lists.value, lists.distance)
+            damaged.update(bad)
+            if progress is not None:
+                progress(done, blocks)
     found = {name: nb.lists() for name, nb in offers.nearest.items()}
-    if products.damaged:  # a damaged vector was read as zeros: out of every list
-        keep = np.full(n, -1, np.int64)
-        keep[products.positions] = products.positions
+    if damaged:  # a damaged vector was read as zeros: out of every list
+        keep = np.array([-1 if m in damaged else i for i, m in enumerate(selection.models)], dtype=np.int64)
         found = {name: lists.remapped(keep) for name, lists in found.items()}
-    return found, dict(products.damaged), int(fresh.sum())
+    return found, damaged, int(fresh.sum())

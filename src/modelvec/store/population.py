@@ -33,6 +33,7 @@ from ..analyse.copies import Copy
 from ..analyse.graph import Lists
 from ..analyse.proximity import SCALED_MAX_N
 from ..analyse.scores import Geometry, Scoring
+from ..core import machine
 from ..core.errors import NothingStoredError, ResourceError
 from ..core.names import is_hub_id
 from ..represent.representation import Representation
@@ -41,7 +42,7 @@ from .blocks import BlockReader, Selection, products_with
 from .copies import copies as find_copies
 from .copies import declared
 from .keptfolder import KeptFolder, checksum_of
-from .neighbours import PARTS, Landmarks, Wanted, earlier_lists, nearest_lists, update_landmarks
+from .neighbours import PARTS, Landmarks, TaskRunner, Wanted, earlier_lists, nearest_lists, update_landmarks
 from .products import Products, held_bytes
 from .reads import StoredTraces
 from .snapshot import Snapshot
@@ -269,10 +270,11 @@ class Population:
         return arrays
 
     # --- each model's nearest, where every pair's products would not fit ---------------------------
-    def landmarks(self) -> Landmarks:
+    def landmarks(self, *, verify: bool = True) -> Landmarks:
         """Every vector's products with the landmarks (:mod:`~modelvec.store.neighbours`), kept beside the store:
         a later run computes only new vectors' rows (the landmarks kept as they were drawn, unless one is gone);
-        every vector is read once and checked (``damaged``)."""
+        every vector is read once and checked (``damaged``; ``verify=False``: only those read: a query checks what
+        its answer shows)."""
         sel, name = self.selection, "landmarks"
         kept, note = self.folder.rows(self.cache_key(), name)
         self.repaired += [note] if note else []
@@ -281,7 +283,7 @@ class Population:
             earlier = (kept.meta["hashes"], kept.meta["landmarks"], kept.arrays["dots"], kept.arrays["squares"])
         lm, computed = update_landmarks(self.db.vector_file, sel, earlier)
         self.damaged.update(lm.damaged)
-        if computed < len(sel):  # the rows kept: their vectors are still read once and checked
+        if computed < len(sel) and verify:  # the rows kept: their vectors are still read once and checked
             read = set(lm.computed.tolist())
             self.check([i for i in range(len(sel)) if i not in read])
         if computed:
@@ -289,12 +291,35 @@ class Population:
             self.folder.keep_rows(self.cache_key(), name, meta, {"dots": lm.dots, "squares": lm.squares})
         return lm
 
+    def kept_nearest(self, metric: str, ranking: str) -> dict[str, Lists] | None:
+        """The nearest lists kept beside the store for exactly these vectors and ``ranking`` (as ``cluster`` kept
+        them, for whatever labels), verified; None where none are."""
+        kept, note = self.folder.rows(self.cache_key(), f"nearest-{metric}")
+        self.repaired += [note] if note else []
+        if (
+            kept is None
+            or kept.meta.get("ranking") != ranking
+            or kept.meta.get("hashes") != list(self.selection.hashes)
+        ):
+            return None
+        names = sorted({key.split(".")[0] for key in kept.arrays})
+        earlier = earlier_lists(kept, names)
+        return earlier.lists if earlier is not None else None
+
     def nearest(
-        self, wanted: Sequence[Wanted], *, metric: str, stats: tuple[np.ndarray, np.ndarray] | None, ranking: str
+        self,
+        wanted: Sequence[Wanted],
+        *,
+        metric: str,
+        stats: tuple[np.ndarray, np.ndarray] | None,
+        ranking: str,
+        runner: TaskRunner | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, Lists]:
         """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
         store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
-        each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks)."""
+        each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks);
+        ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`)."""
         sel, name = self.selection, f"nearest-{metric}"
         kept, note = self.folder.rows(self.cache_key(), name)
         self.repaired += [note] if note else []
@@ -423,7 +448,7 @@ def check_fits(n: int, dim: int) -> None:
     """One line, before any work, when the products of ``n`` vectors would not fit in the memory left (they and a
     few copies of n x n during the scores, and two blocks of vectors): what would fit instead."""
     need = 4 * 8 * n * n + held_bytes(n, dim)
-    free = available_memory()
+    free = machine.available_memory()
     if free is not None and need > free:
         fits = int(((free - held_bytes(n, dim)) / 32) ** 0.5)
         raise ResourceError(
@@ -431,15 +456,3 @@ def check_fits(n: int, dim: int) -> None:
             f"their pairwise products need about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free: "
             f"about {max(fits, 0):,} models fit at once here",
         )
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None where it does not say."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

@@ -183,6 +183,11 @@ def held_bytes(n: int, dim: int) -> int:
     return 4 * min(BLOCK_FLOATS + 2 * CHUNK_ROWS * max(dim, 1), 2 * n * max(dim, 1))
 
 
+def held_blocks_of(todo: int, dim: int, block_floats: int = BLOCK_FLOATS) -> int:
+    """How many blocks a pass holds to compute the products of ``todo`` vectors of ``dim`` floats."""
+    return -(-todo // _held_rows(dim, block_floats))
+
+
 def _held_rows(dim: int, block_floats: int) -> int:
     """Rows of the held block: ``block_floats`` of them (the two chunks streamed past it come on top)."""
     return max(1, block_floats // max(1, dim))
@@ -281,6 +286,7 @@ def gram(
     device: str = "cpu",
     exact_up_to: int | None = None,
     consumer: Consumer | None = None,
+    held_blocks: Sequence[int] | None = None,
 ) -> Products:
     """All inner products of the selection's vectors, from the vector file a block at a time: each pair once.
 
@@ -293,7 +299,9 @@ def gram(
     ``device``: the torch device of the float32 products (``cpu``: numpy's BLAS); up to ``exact_up_to``
     multiply-adds (default :data:`EXACT_UP_TO`) the products are float64 on the CPU. ``consumer``: each block of
     products is handed to it instead (:data:`Consumer`; no n x n matrix is made: ``gram`` is empty); with ``known``
-    saying which vectors' products it has, only the others' are computed (each against every vector)."""
+    saying which vectors' products it has, only the others' are computed (each against every vector).
+    ``held_blocks``: only these of the held blocks (by their place: :func:`held_blocks_of` says how many), each with
+    every vector after it: the same products, the same blocks, as the whole pass makes (the pass split in tasks)."""
     read, n, dim = transformed(transform), len(selection), selection.dim
     if consumer is not None:
         G = None
@@ -313,6 +321,8 @@ def gram(
     buffers = [np.empty((chunk, dim), np.float32) for _ in range(2)]
     work = _Pass(G, np.full(n, np.nan), consumer=consumer)
     for start in range(0, len(order), held):
+        if held_blocks is not None and start // held not in held_blocks:
+            continue
         mine = order[start : start + held]
         H, sound = read(reader, mine, None)
         H = H[: len(mine)]

@@ -1,0 +1,193 @@
+"""``neighbors`` where the population's scores read nearest lists (above
+:data:`~modelvec.store.products.PAIRS_UP_TO` models, or ``--neighbours lists``): a stored model's nearest and its
+voters are read from the lists ``cluster`` keeps beside the store (no vector read but those the answer shows); a
+model that is not stored, or a store whose lists are not kept for these vectors, is compared with every stored
+vector in one pass over them (exact, the time of one read of the vector file). Each model's spread for mutual
+proximity, and what near and far mean for the prediction's closeness, come from the landmarks."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..analyse.geometry import query_distances
+from ..analyse.graph import Lists
+from ..analyse.neighbours import Yardstick, majority_dataset
+from ..analyse.proximity import scaled
+from ..analyse.scores import Scoring
+from ..core.errors import NothingStoredError, StoreError
+from ..hub.client import HubSettings
+from ..store import Population
+from ..store.neighbours import NEAR, Landmarks
+
+if TYPE_CHECKING:
+    from .nearest import Neighbors
+
+
+def neighbors_on_lists(
+    pop: Population, asked: str, name: str, model: object, scoring: Scoring, **rest: object
+) -> Neighbors:
+    """The answer of :func:`~modelvec.report.nearest.neighbors` for ``name`` (the stored model ``asked`` stands
+    for, or one embedded now from ``model``) from nearest lists; ``rest``: the query's settings there
+    (``hub_settings``, ``notes``)."""
+    from .nearest import Neighbors, _embed_query
+
+    meta = pop.meta
+    models = list(meta["model"])
+    on_the_fly, warning, me = name not in set(models), None, None
+    vector = None
+    if on_the_fly:
+        vector, warning, kind = _embed_query(model, pop, rest.get("hub_settings"))  # type: ignore[arg-type]
+        if not vector.any():
+            from .nearest import IS_A_COPY
+
+            raise NothingStoredError(name, IS_A_COPY)
+        kinds = [*meta["adapter"], kind]
+    else:
+        me = models.index(name)
+        if not pop.check([me]):
+            raise StoreError(name, pop.damaged.get(name, "its stored vector is not readable").removeprefix(f"{name}: "))
+        kinds = list(meta["adapter"])
+    resolved, scaling_note = pop.resolve(scoring, kinds)
+    lm = pop.landmarks(verify=False)
+    stats = lm.spread(scoring.metric) if resolved.scaling != "none" else None
+    marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
+    kept = pop.kept_nearest(scoring.metric, json.dumps([resolved.scaling, marks]))
+    labels = [list(d) for d in meta["datasets"]]
+    labelled = np.array([bool(x) for x in labels])
+    k = resolved.k
+    listed = _from_lists(kept, me, labelled, k) if kept is not None and me is not None else None
+    order, values = listed if listed is not None else _scanned(pop, lm, stats, resolved, me, vector)
+    order, values = _shown(pop, order, values, labelled, k)
+    found = meta.iloc[order[:k]][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
+    found.insert(1, "distance", values[:k])
+    voters = [int(i) for i in order if labelled[i]][:k]
+    predicted, share, near = None, float("nan"), float("nan")
+    votes: dict[str, int] = {}
+    if voters:
+        predicted, share, votes = majority_dataset([labels[i] for i in voters])
+        first = float(values[list(order).index(voters[0])])
+        near = _stick(lm, kept, labelled, stats, resolved.metric).closeness(first)
+    from .nearest import _explain, _place
+
+    explanation = None
+    if rest.get("explain"):
+        files = pop.base_files(rest.get("hub_settings") or HubSettings(), fetch=True)  # type: ignore[arg-type]
+        mine = vector if vector is not None else pop.rows([int(me or 0)])[0]
+        if files is not None:
+            explanation = _explain(mine, pop.rows(order[:k]), found["model"], files, pop.representation)
+    return Neighbors(
+        query=asked,
+        base=pop.name,
+        params=pop.representation.key(),
+        on_the_fly=on_the_fly,
+        nearest=found,
+        predicted=predicted,
+        confidence=share * near,
+        votes=votes,
+        vote_share=share,
+        closeness=near,
+        warning=warning,
+        explanation=explanation,
+        voters=len(voters),
+        scaling=resolved.scaling,
+        scaling_note=scaling_note,
+        damaged=dict(pop.damaged),
+        tree=None if on_the_fly else _place(pop, asked),
+        notes=list(rest.get("notes") or []),  # type: ignore[call-overload]
+        repaired=list(pop.repaired),
+    )
+
+
+def _from_lists(kept: dict[str, Lists], me: int, labelled: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A stored model's nearest from the kept lists: its ``near`` list, and its nearest labelled (``scored``, or
+    ``voters``) merged in order; None where they hold fewer than ``k`` of either that there are."""
+    cols, values, _ = kept["near"].row(me)
+    voters = kept.get("voters", kept["scored"]).row(me)
+    if len(cols) < min(k, len(labelled) - 1) or k > NEAR:
+        return None
+    mine = dict(zip(cols.tolist(), values.tolist()))
+    mine.update(zip(voters[0].tolist(), voters[1].tolist()))
+    order = sorted(mine, key=lambda j: (mine[j], j))
+    if sum(1 for j in order if labelled[j]) < min(k, int(labelled.sum()) - int(labelled[me])):
+        return None
+    return np.array(order, dtype=np.int64), np.array([mine[j] for j in order])
+
+
+def _scanned(
+    pop: Population,
+    lm: Landmarks,
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    scoring: Scoring,
+    me: int | None,
+    vector: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The query's distances to every stored model from one pass over their vectors, ranked (by mutual proximity:
+    the stored models' spreads from the landmarks, the query's from its distances to them), nearest first."""
+    every = np.arange(len(pop.meta))
+    if vector is None:
+        assert me is not None
+        vector = pop.rows([me])[0]
+    dots, squares = pop.products_with(vector, every)
+    D = query_distances(dots, squares, float(np.dot(vector.astype(np.float64), vector)), scoring.metric)
+    if me is not None:
+        D[me] = np.inf
+    if stats is not None:
+        if me is not None:
+            own = (stats[0][[me]], stats[1][[me]])
+        else:
+            to = D[lm.positions]
+            own = (np.array([to.mean()]), np.array([to.std()]))
+        D = scaled(D[None, :], own, stats)[0]
+        if me is not None:
+            D[me] = np.inf
+    order = np.argsort(D, kind="stable")
+    order = order[np.isfinite(D[order])]
+    return order, D[order]
+
+
+def _shown(
+    pop: Population, order: np.ndarray, values: np.ndarray, labelled: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``order`` without the models whose vectors' bytes are damaged among those the answer shows (the ``k`` nearest
+    and the ``k`` nearest labelled): those vectors are read and checked, no other."""
+    good: list[int] = []
+    want = min(k, int(labelled[order].sum()))
+    for start in range(0, len(order), k):
+        chunk = order[start : start + k]
+        sound = set(pop.check(chunk))
+        good += [start + j for j, i in enumerate(chunk) if int(i) in sound]
+        if len(good) >= k and sum(1 for j in good if labelled[order[j]]) >= want:
+            good += list(range(start + len(chunk), len(order)))
+            break
+    return order[good], values[good]
+
+
+def _stick(
+    lm: Landmarks,
+    kept: dict[str, Lists] | None,
+    labelled: np.ndarray,
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    metric: str,
+) -> Yardstick:
+    """What near and far mean among the stored labelled models, from the labelled landmarks: near, the median of
+    their distances to their nearest labelled model (from the kept lists; without them, to their nearest labelled
+    landmark); far, the median of their distances to every other labelled model."""
+    at = lm.positions[labelled[lm.positions]]
+    if len(at) < 1 or labelled.sum() < 2:
+        return Yardstick(float("nan"), float("nan"))
+    D = lm.distances(metric)
+    if stats is not None:
+        D = scaled(D, stats, (stats[0][lm.positions], stats[1][lm.positions]))
+    D = D[:, labelled[lm.positions]]
+    D[at, np.arange(len(at))] = np.inf
+    far = float(np.median(D[labelled][np.isfinite(D[labelled])]))
+    if kept is not None:
+        voters = kept.get("voters", kept["scored"])
+        firsts = [voters.row(int(i))[1][:1] for i in at]
+        near = float(np.median([v[0] for v in firsts if len(v)])) if any(len(v) for v in firsts) else far
+    else:
+        near = float(np.median(D[at].min(axis=1))) if len(at) > 1 else far
+    return Yardstick(near, max(far, near))
