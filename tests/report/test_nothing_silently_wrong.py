@@ -577,3 +577,71 @@ def test_the_tree_is_kept_beside_the_store_and_inferred_again_when_what_it_came_
     with mock.patch.object(report_tree, "infer_tree", side_effect=AssertionError("inferred again")):
         code, _, err = invoke("tree", str(base), "--store", str(store), "--json")
     assert code == 3 and "inferred again" in err  # the added model's trace is not in the kept tree: inferred again
+
+
+# --- the nearest lists kept beside the store (cluster --neighbours lists) ------------------------------
+
+
+def lists_answers(store: Path, base: Path, query: Path, out: Path) -> dict[str, tuple[int, str, str]]:
+    """``cluster`` and ``neighbors`` on the nearest lists (``--neighbours lists``), as :func:`answers` gives them."""
+    with maps_not_drawn() as maps:
+        code, out_, err = invoke(
+            "cluster", str(base), "--store", str(store), "--out", str(out), "--json", "--neighbours", "lists"
+        )
+    if code == 0:
+        out_ = json.dumps({**json.loads(out_), "map": maps[0]})
+    return {
+        "cluster": (code, out_, err),
+        "neighbors": invoke("neighbors", str(query), "--store", str(store), "--json", "--neighbours", "lists"),
+    }
+
+
+@pytest.fixture(scope="module")
+def listed(kept, base, zoo, tmp_path_factory):
+    """The kept store with its nearest lists and landmarks kept too, and the answers read from them."""
+    root = tmp_path_factory.mktemp("listed")
+    store = copy_store(kept[0], root)
+    first = lists_answers(store, base, zoo[0], root / "out")
+    assert all(code == 0 and "note:" not in err for code, _, err in first.values()), first
+    return root, store, first
+
+
+@pytest.mark.parametrize("what", [".landmarks.", ".nearest-"])
+@pytest.mark.parametrize("damage", ["a flipped byte", "cut short", "the header", "another store's", "fewer models'"])
+def test_kept_nearest_lists_damaged_or_not_these_are_computed_again(listed, base, zoo, tmp_path, what, damage):
+    """A kept nearest-lists or landmarks file damaged, cut short, from another store or from a store of fewer models:
+    the answers are the same, the damage said in one line (a file of other vectors is no damage: only the rows it
+    cannot answer are computed, silently)."""
+    root, _, first = listed
+    store = copy_store(root, tmp_path)
+    path = next(p for name, p in kept_files(store, base).items() if what in name)
+    if damage in ("another store's", "fewer models'"):
+        other = tmp_path / "other" / "s.duckdb"
+        other.parent.mkdir()
+        models = zoo[:6] if damage == "fewer models'" else list(reversed(zoo[:8]))
+        assert not modelvec.embed(base, models, store=other, load=False).failed
+        lists_answers(other, base, zoo[0], tmp_path / "other-out")
+        shutil.copy(next(p for name, p in kept_files(other, base).items() if what in name), path)
+    elif damage == "cut short":
+        with open(path, "r+b") as fh:
+            fh.truncate(path.stat().st_size - 7)
+    elif damage == "the header":
+        with open(path, "r+b") as fh:
+            fh.seek(40)
+            fh.write(b"!")
+    else:
+        with open(path, "r+b") as fh:
+            fh.seek(path.stat().st_size - 3)
+            byte = fh.read(1)
+            fh.seek(-1, 1)
+            fh.write(bytes([byte[0] ^ 0x10]))
+    again = lists_answers(store, base, zoo[0], tmp_path / "out")
+    for command in ("cluster", "neighbors"):
+        code, out, err = again[command]
+        assert code == 0 and answer(out) == answer(first[command][1]), (command, err)
+    said = again["cluster"][2]
+    if damage in ("another store's", "fewer models'"):
+        assert "note:" not in said
+    else:
+        assert said.count("\n") == 1 and said.startswith(f"note: {path}") and "computed again" in said, said
+    assert "note:" not in lists_answers(store, base, zoo[0], tmp_path / "out")["cluster"][2]  # kept again, whole

@@ -41,7 +41,7 @@ def made(n: int, dim: int, seed: int, *, ties: bool = True):
     labels = [[f"d{rng.integers(4)}"] if rng.random() < 0.8 else [] for _ in range(n)]
     if n > 6:
         labels[6] = ["alone"]  # a dataset of one model
-    authors = [f"a{rng.integers(3)}" for _ in range(n)]
+    authors = [f"a{rng.integers(3)}" for _ in range(n)] if seed % 3 else [None] * n  # some stores know no authors
     return X, labels, authors
 
 

@@ -274,7 +274,7 @@ def depths_for(
                 same = sum(counts.get(name, 0) for name in s)
             depth[i] = max(0, same - (1 if eligible[i] else 0))
     if groups is not None:
-        mine = np.bincount(groups[(groups >= 0) & eligible], minlength=int(groups.max(initial=-1)) + 1)
+        mine = np.bincount(groups[(groups >= 0) & eligible], minlength=max(1, int(groups.max(initial=-1)) + 1))
         own = np.where(groups >= 0, mine[np.maximum(groups, 0)] - ((groups >= 0) & eligible), 0)
         depth = depth + own
     depth = np.maximum(depth, votes)

@@ -232,10 +232,11 @@ def _scored_on_lists(
     """The report's scores and map (``drawn``: its reducer and seed) from each model's nearest lists
     (:mod:`~modelvec.report.lists`), and the models they cover (the population's sound vectors: their rows of
     ``meta``, their positions)."""
+    from ..store.listed import lists_of
     from . import lists
 
     reduce, seed = drawn
-    g = lists.on_lists(pop, meta, scoring, runner, progress)
+    g = lists_of(pop, meta, scoring, runner, progress)
     stack.enter_context(one_blas_thread())
     meta = meta.iloc[g.positions].reset_index(drop=True)
     knn, by_author = lists.knn_scores(g, meta, scoring)

@@ -13,101 +13,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..analyse.clustering import CLUSTERING_KEYS, Clustered, clustered, scores_of
 from ..analyse.geometry import Geometry, principal_coordinates
-from ..analyse.graph import Lists, depths_for, knn_from_lists, predictions_from_lists
-from ..analyse.inputs import group_codes, label_sets
+from ..analyse.graph import Lists, knn_from_lists, predictions_from_lists
 from ..analyse.neighbours import Yardstick
-from ..analyse.proximity import scaled
+from ..analyse.proximity import Stats, scaled
 from ..analyse.scores import KnnScore, Predictions, Scoring
 from ..store import Population
-from ..store.neighbours import MAP_NEAR, NEAR, Landmarks, TaskRunner, Wanted
+from ..store.listed import OnLists
+from ..store.neighbours import Landmarks
 from ..store.products import EXACT_UP_TO
-
-#: Room in each model's list beyond what its dataset needs now (a share): a dataset that grows by as much is scored
-#: from the kept lists without computing them again.
-SLACK = 0.25
-
-
-@dataclass
-class OnLists:
-    """What the scores and the map of a population read in place of its pairwise products: each model's nearest
-    lists (``near``: by the ranking, among every model; ``map``: by plain distance; ``scored``: among the models the
-    kNN score counts, as deep as their datasets; ``voters``: among the labelled ones), each model's distance to its
-    nearest labelled model (``nearest_plain``), the landmarks and each model's spread; all of them for the models at
-    ``positions`` of the population's selection (its sound vectors), renumbered in that order."""
-
-    positions: np.ndarray
-    near: Lists
-    map: Lists
-    scored: Lists
-    voters: Lists
-    nearest_plain: np.ndarray
-    landmarks: Landmarks
-    stats: tuple[np.ndarray, np.ndarray] | None
-    eligible: np.ndarray
-    labelled: np.ndarray
-    groups: np.ndarray | None
-
-
-def on_lists(
-    pop: Population,
-    meta: pd.DataFrame,
-    scoring: Scoring,
-    runner: TaskRunner | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> OnLists:
-    """The population's nearest lists for ``scoring`` (resolved) and the labels in ``meta`` (one row a model of the
-    population's selection), kept beside the store or computed in one pass of products (its held blocks run by
-    ``runner``: a Ray cluster's tasks; ``progress(done, total)`` after each)."""
-    lm = pop.landmarks()
-    n, metric, scaling = len(meta), scoring.metric, scoring.scaling
-    sound = np.ones(n, dtype=bool)
-    sound[[i for i, m in enumerate(meta["model"]) if m in pop.damaged]] = False
-    sets = label_sets([list(d) for d in meta["datasets"]], n)
-    labelled = np.array([bool(s) for s in sets]) & sound
-    eligible = labelled if scoring.pool == "labelled" else sound.copy()
-    groups = group_codes([a if isinstance(a, str) and a else None for a in meta["author"]], n)
-    stats = lm.spread(metric) if scaling != "none" else None
-    rank = "plain" if scaling == "none" else "rank"
-    votes = scoring.k if scoring.pool == "labelled" else 0
-    depth = np.where(sound, depths_for(sets, eligible, groups=groups, votes=votes, slack=SLACK), 0)
-    wanted = [Wanted("near", np.where(sound, NEAR, 0), sound, rank), Wanted("scored", depth, eligible, rank)]
-    if scaling != "none":
-        wanted.append(Wanted("map", np.where(sound, MAP_NEAR, 0), sound, "plain"))
-        wanted.append(Wanted("nearest", np.where(sound, 1, 0), labelled, "plain"))
-    if scoring.pool != "labelled":
-        wanted.append(Wanted("voters", np.where(sound, scoring.k, 0), labelled, rank))
-    marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
-    found = pop.nearest(
-        wanted, metric=metric, stats=stats, ranking=json.dumps([scaling, marks]), runner=runner, progress=progress
-    )
-    at = np.flatnonzero(sound)  # the damaged left out: rows and columns renumbered among the sound
-    where = np.full(n, -1, np.int64)
-    where[at] = np.arange(len(at))
-    lists = {name: found[name].subset(at).remapped(where) for name in found}
-    scored = lists["scored"]
-    nearest = lists.get("nearest", scored)
-    first = [nearest.row(i)[2] for i in range(len(at))]
-    return OnLists(
-        positions=at,
-        near=lists["near"],
-        map=lists.get("map", lists["near"]),
-        scored=scored,
-        voters=lists.get("voters", scored),
-        nearest_plain=np.array([d[0] if len(d) else np.inf for d in first]),
-        landmarks=lm.subset(at),
-        stats=(stats[0][at], stats[1][at]) if stats is not None else None,
-        eligible=eligible[at],
-        labelled=labelled[at],
-        groups=groups[at] if groups is not None else None,
-    )
 
 
 def knn_scores(g: OnLists, meta: pd.DataFrame, scoring: Scoring) -> tuple[KnnScore, KnnScore]:
@@ -120,28 +40,40 @@ def knn_scores(g: OnLists, meta: pd.DataFrame, scoring: Scoring) -> tuple[KnnSco
     )
 
 
-def ranked_to_landmarks(g: OnLists, metric: str) -> np.ndarray:
-    """Every model's distance to each landmark as neighbours are ranked (plain, or -log mutual proximity)."""
-    D = g.landmarks.distances(metric)
-    if g.stats is None:
-        return D
-    at = g.landmarks.positions
-    return scaled(D, g.stats, (g.stats[0][at], g.stats[1][at]))
+#: Labelled models whose distances to the landmarks say what "far" means (a seeded sample of them above).
+FAR_ROWS = 4096
 
 
-def stick(g: OnLists, metric: str) -> Yardstick:
+def stick_of(
+    lm: Landmarks, labelled: np.ndarray, stats: Stats | None, metric: str, voters: Lists | None = None
+) -> Yardstick:
     """What near and far mean among the labelled models (:class:`~modelvec.analyse.neighbours.Yardstick`), from the
-    labelled landmarks: near, the median of their distances to their nearest labelled model; far, the median of
-    their distances to every other labelled model."""
-    at = g.landmarks.positions
-    mine = np.flatnonzero(g.labelled[at])
-    if len(mine) < 1 or g.labelled.sum() < 2:
+    labelled landmarks: near, the median of their distances to their nearest labelled model (from ``voters``, the
+    lists of nearest labelled models; without them, to their nearest labelled landmark); far, the median of their
+    distances to the other labelled models (up to :data:`FAR_ROWS` of them, a seeded sample beyond), ranked as
+    ``stats`` say (mutual proximity; None: plain distance)."""
+    at = lm.positions[labelled[lm.positions]]
+    if len(at) < 1 or labelled.sum() < 2:
         return Yardstick(float("nan"), float("nan"))
-    firsts = [g.voters.row(int(at[j]))[1] for j in mine]
-    near = float(np.median([v[0] for v in firsts if len(v)]))
-    D = ranked_to_landmarks(g, metric)[:, mine]
-    others = g.labelled[:, None] & (np.arange(len(D))[:, None] != at[mine][None, :])
-    far = float(np.median(D[others]))
+    rows = np.flatnonzero(labelled)
+    if len(rows) > FAR_ROWS:
+        rows = np.sort(np.random.default_rng(0).choice(rows, FAR_ROWS, replace=False))
+    mine = labelled[lm.positions]
+
+    def ranked(rows: np.ndarray) -> np.ndarray:
+        D = lm.distances(metric, rows)[:, mine]
+        if stats is not None:
+            D = scaled(D, (stats[0][rows], stats[1][rows]), (stats[0][at], stats[1][at]))
+        D[rows[:, None] == at[None, :]] = np.inf
+        return D
+
+    D = ranked(rows)
+    far = float(np.median(D[np.isfinite(D)]))
+    if voters is not None:
+        firsts = [voters.row(int(i))[1][:1] for i in at]
+        near = float(np.median([v[0] for v in firsts if len(v)])) if any(len(v) for v in firsts) else far
+    else:
+        near = float(np.median(ranked(at).min(axis=1))) if len(at) > 1 else far
     return Yardstick(near, max(far, near))
 
 
@@ -150,7 +82,7 @@ def predictions(g: OnLists, meta: pd.DataFrame, scoring: Scoring) -> Predictions
     return predictions_from_lists(
         g.voters,
         labels,
-        stick(g, scoring.metric),
+        stick_of(g.landmarks, g.labelled, g.stats, scoring.metric, g.voters),
         g.nearest_plain,
         k=scoring.k,
         metric=scoring.metric,
@@ -158,18 +90,33 @@ def predictions(g: OnLists, meta: pd.DataFrame, scoring: Scoring) -> Predictions
     )
 
 
+#: The clustering scores' code: kept scores are read only where they were computed by the same.
+CLUSTERERS_VERSION = 1
+
+
 def clusterers(pop: Population, meta: pd.DataFrame, positions: np.ndarray, metric: str, seed: int) -> dict[str, float]:
     """The clustering scores on their seeded sample of models (:func:`~modelvec.analyse.clustering.clustered`), its
-    vectors read from the vector file and compared exactly."""
-    picked = clustered([list(d) for d in meta["datasets"]], len(meta), seed)
+    vectors read from the vector file and compared exactly; kept beside the store for exactly these vectors and
+    labels (:meth:`~modelvec.store.Population.derived`)."""
+    labels = [list(d) for d in meta["datasets"]]
+    picked = clustered(labels, len(meta), seed)
     if picked is None:
         return {**{key: float("nan") for key in CLUSTERING_KEYS}, "n_clustered": 0.0}
-    X = pop.rows(positions[picked.rows])
-    exact = len(X) ** 2 * X.shape[1] <= EXACT_UP_TO  # as the pairwise products are taken: float64 while it is quick
-    G = X.astype(np.float64) @ X.astype(np.float64).T if exact else np.asarray(X @ X.T, dtype=np.float64)
-    geo = Geometry.from_products(G, metric)
-    own = Clustered(np.arange(len(picked.rows)), picked.truth, picked.n_clusters, picked.everyone)
-    return scores_of(geo, own, metric=metric, seed=seed)
+
+    def computed() -> dict[str, np.ndarray]:
+        X = pop.rows(positions[picked.rows])
+        exact = len(X) ** 2 * X.shape[1] <= EXACT_UP_TO  # as the pairwise products are taken: float64 while quick
+        G = X.astype(np.float64) @ X.astype(np.float64).T if exact else np.asarray(X @ X.T, dtype=np.float64)
+        geo = Geometry.from_products(G, metric)
+        own = Clustered(np.arange(len(picked.rows)), picked.truth, picked.n_clusters, picked.everyone)
+        found = scores_of(geo, own, metric=metric, seed=seed)
+        names = np.frombuffer(json.dumps(sorted(found)).encode(), np.uint8)
+        return {"names": names, "values": np.array([found[k] for k in sorted(found)], dtype=np.float64)}
+
+    inputs = label_digest([[str(CLUSTERERS_VERSION), str(seed)], *labels])
+    kept = pop.derived(positions, f"clusterers-{metric}-{seed}", computed, inputs=inputs)
+    names = json.loads(bytes(np.asarray(kept["names"], np.uint8)).decode())
+    return {str(k): float(v) for k, v in zip(names, kept["values"])}
 
 
 def coordinates(g: OnLists, metric: str) -> np.ndarray:

@@ -14,13 +14,15 @@ import numpy as np
 
 from ..analyse.geometry import query_distances
 from ..analyse.graph import Lists
-from ..analyse.neighbours import Yardstick, majority_dataset
+from ..analyse.neighbours import majority_dataset
 from ..analyse.proximity import scaled
 from ..analyse.scores import Scoring
 from ..core.errors import NothingStoredError, StoreError
 from ..hub.client import HubSettings
 from ..store import Population
+from ..store.listed import kept_lists, landmarks_of
 from ..store.neighbours import NEAR, Landmarks
+from .lists import stick_of
 
 if TYPE_CHECKING:
     from .nearest import Neighbors
@@ -51,10 +53,10 @@ def neighbors_on_lists(
             raise StoreError(name, pop.damaged.get(name, "its stored vector is not readable").removeprefix(f"{name}: "))
         kinds = list(meta["adapter"])
     resolved, scaling_note = pop.resolve(scoring, kinds)
-    lm = pop.landmarks(verify=False)
+    lm = landmarks_of(pop, verify=False)
     stats = lm.spread(scoring.metric) if resolved.scaling != "none" else None
     marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
-    kept = pop.kept_nearest(scoring.metric, json.dumps([resolved.scaling, marks]))
+    kept = kept_lists(pop, scoring.metric, json.dumps([resolved.scaling, marks]))
     labels = [list(d) for d in meta["datasets"]]
     labelled = np.array([bool(x) for x in labels])
     k = resolved.k
@@ -69,7 +71,8 @@ def neighbors_on_lists(
     if voters:
         predicted, share, votes = majority_dataset([labels[i] for i in voters])
         first = float(values[list(order).index(voters[0])])
-        near = _stick(lm, kept, labelled, stats, resolved.metric).closeness(first)
+        voting = kept.get("voters", kept["scored"]) if kept is not None else None
+        near = stick_of(lm, labelled, stats, resolved.metric, voting).closeness(first)
     from .nearest import _explain, _place
 
     explanation = None
@@ -163,31 +166,3 @@ def _shown(
             good += list(range(start + len(chunk), len(order)))
             break
     return order[good], values[good]
-
-
-def _stick(
-    lm: Landmarks,
-    kept: dict[str, Lists] | None,
-    labelled: np.ndarray,
-    stats: tuple[np.ndarray, np.ndarray] | None,
-    metric: str,
-) -> Yardstick:
-    """What near and far mean among the stored labelled models, from the labelled landmarks: near, the median of
-    their distances to their nearest labelled model (from the kept lists; without them, to their nearest labelled
-    landmark); far, the median of their distances to every other labelled model."""
-    at = lm.positions[labelled[lm.positions]]
-    if len(at) < 1 or labelled.sum() < 2:
-        return Yardstick(float("nan"), float("nan"))
-    D = lm.distances(metric)
-    if stats is not None:
-        D = scaled(D, stats, (stats[0][lm.positions], stats[1][lm.positions]))
-    D = D[:, labelled[lm.positions]]
-    D[at, np.arange(len(at))] = np.inf
-    far = float(np.median(D[labelled][np.isfinite(D[labelled])]))
-    if kept is not None:
-        voters = kept.get("voters", kept["scored"])
-        firsts = [voters.row(int(i))[1][:1] for i in at]
-        near = float(np.median([v[0] for v in firsts if len(v)])) if any(len(v) for v in firsts) else far
-    else:
-        near = float(np.median(D[at].min(axis=1))) if len(at) > 1 else far
-    return Yardstick(near, max(far, near))

@@ -17,8 +17,11 @@ import threading
 import time
 from types import TracebackType
 
+from ..analyse.inputs import Scoring
 from ..represent.representation import Representation
 from ..store import Population, Store
+from ..store.listed import lists_of
+from ..store.products import Compute
 
 #: The fewest new vectors an update computes during a run (the run's end takes whatever is left).
 STEP = 256
@@ -119,16 +122,22 @@ class ProductsKeeper:
         try:
             with self.db.for_thread() as view:
                 population = Population(view, self.base, self.representation)
-                if len(population.selection) < self.products_from:
-                    self._looked(added, len(population.selection))
+                n = len(population.selection)
+                if n < self.products_from:
+                    self._looked(added, n)
                     return
-                products, _ = population.products(verify=False, device=self.device)
+                if Compute().neighbours_for(n) == "lists":  # too many for every pair: the nearest lists cluster reads
+                    scoring, _ = population.resolve(Scoring(), list(population.meta["adapter"]))
+                    computed = lists_of(population, population.meta, scoring).computed
+                else:
+                    products, _ = population.products(verify=False, device=self.device)
+                    n, computed = len(products.positions), products.computed_rows
         except Exception as exc:  # whatever it is, the run goes on (said in its line); cluster computes the rest
             self._problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return
         self._problem = ""
-        self._looked(added, len(products.positions))
-        self.computed.append(products.computed_rows)
+        self._looked(added, n)
+        self.computed.append(computed)
         self.seconds.append(time.perf_counter() - started)
 
     def _looked(self, added: int, population: int) -> None:

@@ -97,14 +97,16 @@ class Landmarks:
         keep = where[self.positions] >= 0
         return Landmarks(where[self.positions[keep]], self.dots[rows][:, keep], self.squares[rows])
 
-    def distances(self, metric: str) -> np.ndarray:
-        """Every vector's plain distance to each landmark (n x L), as the pairwise products' geometry gives it."""
-        P = self.dots.copy()
+    def distances(self, metric: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """Every vector's (those at ``rows``) plain distance to each landmark, as the pairwise products' geometry
+        gives it."""
+        at = np.arange(len(self.squares)) if rows is None else np.asarray(rows, np.int64)
+        P = self.dots[at].copy()
         sq_l = self.squares[self.positions]
         if metric == "cosine":
             scale = _scale(self.squares)
-            P *= np.multiply.outer(scale, scale[self.positions])
-        return _from_gram(P, metric, self.squares, sq_l)
+            P *= np.multiply.outer(scale[at], scale[self.positions])
+        return _from_gram(P, metric, self.squares[at], sq_l)
 
     def spread(self, metric: str) -> Stats:
         """Each vector's mean and standard deviation of distance to the landmarks other than itself (to every other
@@ -183,7 +185,11 @@ def update_landmarks(
     source = np.array([before.get(h, -1) for h in selection.hashes], dtype=np.int64)
     positions = np.array([where[h] for h in marks], dtype=np.int64)
     new = np.flatnonzero(source < 0)
-    lm = landmarks(vector_file, selection, positions, rows=new.tolist())
+    if len(new):
+        lm = landmarks(vector_file, selection, positions, rows=new.tolist())
+    else:  # nothing new: no vector read
+        dim = np.asarray(dots).shape[1]
+        lm = Landmarks(positions, np.zeros((len(selection), dim)), np.zeros(len(selection)))
     old = source >= 0
     lm.dots[old], lm.squares[old] = np.asarray(dots)[source[old]], np.asarray(squares)[source[old]]
     return lm, len(new)

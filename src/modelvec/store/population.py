@@ -30,7 +30,6 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.copies import Copy
-from ..analyse.graph import Lists
 from ..analyse.proximity import SCALED_MAX_N
 from ..analyse.scores import Geometry, Scoring
 from ..core import machine
@@ -42,7 +41,6 @@ from .blocks import BlockReader, Selection, products_with
 from .copies import copies as find_copies
 from .copies import declared
 from .keptfolder import KeptFolder, checksum_of
-from .neighbours import PARTS, Landmarks, TaskRunner, Wanted, earlier_lists, nearest_lists, update_landmarks
 from .products import Products, held_bytes
 from .reads import StoredTraces
 from .snapshot import Snapshot
@@ -268,82 +266,6 @@ class Population:
         arrays = compute()
         self.folder.keep_derived(self.cache_key(), hashes, name, arrays)
         return arrays
-
-    # --- each model's nearest, where every pair's products would not fit ---------------------------
-    def landmarks(self, *, verify: bool = True) -> Landmarks:
-        """Every vector's products with the landmarks (:mod:`~modelvec.store.neighbours`), kept beside the store:
-        a later run computes only new vectors' rows (the landmarks kept as they were drawn, unless one is gone);
-        every vector is read once and checked (``damaged``; ``verify=False``: only those read: a query checks what
-        its answer shows)."""
-        sel, name = self.selection, "landmarks"
-        kept, note = self.folder.rows(self.cache_key(), name)
-        self.repaired += [note] if note else []
-        earlier = None
-        if kept is not None and isinstance(kept.meta.get("landmarks"), list):
-            earlier = (kept.meta["hashes"], kept.meta["landmarks"], kept.arrays["dots"], kept.arrays["squares"])
-        lm, computed = update_landmarks(self.db.vector_file, sel, earlier)
-        self.damaged.update(lm.damaged)
-        if computed < len(sel) and verify:  # the rows kept: their vectors are still read once and checked
-            read = set(lm.computed.tolist())
-            self.check([i for i in range(len(sel)) if i not in read])
-        if computed:
-            meta = {"hashes": list(sel.hashes), "landmarks": [sel.hashes[i] for i in lm.positions]}
-            self.folder.keep_rows(self.cache_key(), name, meta, {"dots": lm.dots, "squares": lm.squares})
-        return lm
-
-    def kept_nearest(self, metric: str, ranking: str) -> dict[str, Lists] | None:
-        """The nearest lists kept beside the store for exactly these vectors and ``ranking`` (as ``cluster`` kept
-        them, for whatever labels), verified; None where none are."""
-        kept, note = self.folder.rows(self.cache_key(), f"nearest-{metric}")
-        self.repaired += [note] if note else []
-        if (
-            kept is None
-            or kept.meta.get("ranking") != ranking
-            or kept.meta.get("hashes") != list(self.selection.hashes)
-        ):
-            return None
-        names = sorted({key.split(".")[0] for key in kept.arrays})
-        earlier = earlier_lists(kept, names)
-        return earlier.lists if earlier is not None else None
-
-    def nearest(
-        self,
-        wanted: Sequence[Wanted],
-        *,
-        metric: str,
-        stats: tuple[np.ndarray, np.ndarray] | None,
-        ranking: str,
-        runner: TaskRunner | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> dict[str, Lists]:
-        """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
-        store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
-        each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks);
-        ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`)."""
-        sel, name = self.selection, f"nearest-{metric}"
-        kept, note = self.folder.rows(self.cache_key(), name)
-        self.repaired += [note] if note else []
-        earlier = (
-            earlier_lists(kept, [w.name for w in wanted]) if kept and kept.meta.get("ranking") == ranking else None
-        )
-        if (
-            earlier is not None
-            and earlier.hashes == list(sel.hashes)
-            and all(
-                np.array_equal(earlier.depths[w.name], w.depths)
-                and np.array_equal(earlier.eligible[w.name], w.eligible)
-                for w in wanted
-            )
-        ):
-            return earlier.lists
-        lists, damaged, _ = nearest_lists(self.db.vector_file, sel, wanted, metric=metric, stats=stats, earlier=earlier)
-        self.damaged.update(damaged)
-        arrays = {f"{w.name}.{part}": getattr(lists[w.name], part) for w in wanted for part in PARTS}
-        arrays.update({f"{w.name}.depths": w.depths for w in wanted})
-        arrays.update({f"{w.name}.eligible": w.eligible for w in wanted})
-        if not damaged:  # lists without a damaged vector's row are not what the next run asks for
-            self.folder.keep_rows(self.cache_key(), name, {"hashes": list(sel.hashes), "ranking": ranking}, arrays)
-        return lists
 
     def products_with(self, vector: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One pass over the vectors: their inner products with ``vector`` and their squared norms, at ``positions``

@@ -13,7 +13,7 @@ A vector whose bytes do not match its checksum is left out and named (``damaged`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +214,10 @@ class _Pass:
     bad: set[int] = field(default_factory=set)
     rechecked: int = 0
     consumer: Consumer | None = None
+    #: the consumer's thread (each block handed to it while the next is multiplied) and the block it is taking
+    beside: ThreadPoolExecutor | None = None
+    taking: Future[None] | None = None
+    buffers: list[np.ndarray] = field(default_factory=list)  # the two chunks streamed past the held block
 
     def norms(self, positions: Sequence[int], block: np.ndarray) -> np.ndarray:
         at = np.asarray(positions, dtype=np.int64)
@@ -228,11 +232,21 @@ class _Pass:
         """Write ``P`` at (rows, cols) and its transpose at (cols, rows), or hand it to the consumer."""
         if self.consumer is not None:
             r, c = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
-            self.consumer(r, c, P, self.squares[r], self.squares[c])
+            self.taken()  # one block at a time: the one before is taken before this one is handed on
+            if self.beside is None:
+                self.consumer(r, c, P, self.squares[r], self.squares[c])
+            else:
+                self.taking = self.beside.submit(self.consumer, r, c, P, self.squares[r].copy(), self.squares[c].copy())
             return
         assert self.G is not None
         self.G[np.ix_(rows, cols)] = P
         self.G[np.ix_(cols, rows)] = P.T
+
+    def taken(self) -> None:
+        """Wait for the consumer to take the block handed to it (its error raised here)."""
+        if self.taking is not None:
+            taking, self.taking = self.taking, None
+            taking.result()
 
 
 def _within(work: _Pass, mult: Multiplier, mine: list[int], H: np.ndarray, chunk: int, check: bool) -> None:
@@ -272,6 +286,33 @@ def _streamed(
             if k + 1 < len(pieces):
                 future = pool.submit(read, reader, pieces[k + 1], buffers[(k + 1) % 2])
             yield piece, block[: len(piece)], sound
+
+
+def _held_block(
+    work: _Pass,
+    mult: Multiplier,
+    read: Callable[[BlockReader, Sequence[int], np.ndarray | None], tuple[np.ndarray, np.ndarray]],
+    reader: BlockReader,
+    positions: tuple[list[int], list[int]],
+) -> None:
+    """One held block's products: the block (``positions[0]``) with itself and with the vectors streamed past it
+    (``positions[1]``), float32 products checked in float64 where a distance would cancel."""
+    mine, rest = positions
+    chunk = len(work.buffers[0])
+    H, sound = read(reader, mine, None)
+    H = H[: len(mine)]
+    work.bad.update(p for p, ok in zip(mine, sound) if not ok)
+    check = not mult.exact and H.dtype == np.float32
+    mult.hold(H)
+    _within(work, mult, mine, H, chunk, check)
+    for theirs, C, ok in _streamed(read, reader, rest, work.buffers):
+        work.bad.update(p for p, good in zip(theirs, ok) if not good)
+        P = np.asarray(mult.times(C), dtype=np.float64)
+        if check or work.consumer is not None:
+            sq_h, sq_c = work.norms(mine, H), work.norms(theirs, C)
+            if check:
+                work.rechecked += _recheck(P, H, C, sq_h, sq_c)
+        work.put(mine, theirs, P)
 
 
 def gram(
@@ -319,27 +360,18 @@ def gram(
     held, chunk = _held_rows(dim, block_floats), _chunk_rows(dim, block_floats)
     reader = BlockReader(vector_file, selection, held)
     buffers = [np.empty((chunk, dim), np.float32) for _ in range(2)]
-    work = _Pass(G, np.full(n, np.nan), consumer=consumer)
-    for start in range(0, len(order), held):
-        if held_blocks is not None and start // held not in held_blocks:
-            continue
-        mine = order[start : start + held]
-        H, sound = read(reader, mine, None)
-        H = H[: len(mine)]
-        work.bad.update(p for p, ok in zip(mine, sound) if not ok)
-        check = not exact and H.dtype == np.float32
-        mult.hold(H)
-        _within(work, mult, mine, H, chunk, check)
-        for theirs, C, ok in _streamed(read, reader, order[start + held :] + others, buffers):
-            work.bad.update(p for p, good in zip(theirs, ok) if not good)
-            P = np.asarray(mult.times(C), dtype=np.float64)
-            if check or consumer is not None:
-                sq_h, sq_c = work.norms(mine, H), work.norms(theirs, C)
-                if check:
-                    work.rechecked += _recheck(P, H, C, sq_h, sq_c)
-            work.put(mine, theirs, P)
-        if progress is not None:
-            progress(min(start + held, len(order)), len(order))
+    beside = ThreadPoolExecutor(1, thread_name_prefix="modelvec-consumer") if consumer is not None else None
+    work = _Pass(G, np.full(n, np.nan), consumer=consumer, beside=beside, buffers=buffers)
+    try:
+        for start in range(0, len(order), held):
+            if held_blocks is None or start // held in held_blocks:
+                _held_block(work, mult, read, reader, (order[start : start + held], order[start + held :] + others))
+                if progress is not None:
+                    progress(min(start + held, len(order)), len(order))
+        work.taken()
+    finally:
+        if beside is not None:
+            beside.shutdown(wait=True)
     if not order and verify:  # every product from the cache: the vectors are still read once, to catch damage since
         work.bad.update(reader.check(others, cores()))
     bad = work.bad

@@ -156,6 +156,14 @@ class VectorFile:
             return f"its stored vector in {self.path} does not match its checksum; re-embed it with --force"
         return None
 
+    def signature(self) -> list[int] | None:
+        """What says the file is as it was: its inode, size and modification and change times (ns); None without a
+        file. Any write through the file system changes it (the change time cannot be set back)."""
+        if self._fd < 0:
+            return None
+        st = os.fstat(self._fd)
+        return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
     def read_raw(self, offset: int, raw: np.ndarray) -> int:
         """Read ``raw.nbytes`` bytes at ``offset`` into ``raw`` (one copy, no page faults); the bytes read (0: no file)."""
         return os.preadv(self._fd, [raw.data], offset) if self._fd >= 0 else 0
