@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,55 +41,9 @@ from ..store import Population, Store, opened
 from ..store.neighbours import TaskRunner
 from ..store.products import Compute, Products
 from . import cluster_parts as parts
+from .cluster_parts import ClusterReport
 
 PathLike = str | os.PathLike[str]
-
-
-@dataclass
-class ClusterReport:
-    """Scores and written files of one ``cluster`` run; ``as_json()`` is the CLI's ``--json``."""
-
-    base: str
-    params: str
-    n_models: int
-    metric: str
-    pool: str
-    knn_score: float
-    n_scored: int
-    per_dataset: dict[str, dict[str, float]]
-    loo_accuracy: float
-    clustering: dict[str, float]
-    predictions: list[dict[str, Any]]
-    files: dict[str, str] = field(default_factory=dict)
-    # Author effect: the kNN score when a model's same-author neighbours do not count.
-    knn_score_other_authors: float = float("nan")
-    n_scored_other_authors: int = 0
-    n_authors: int = 0
-    largest_author_share: float = float("nan")  # share of the models uploaded by the most prolific author
-    label_sources: list[str] | None = None  # the label sources kept (None: all)
-    #: the kNN dataset score of each block alone (stack, layer, family, knn_score); None when the base's
-    #: files were not at hand to lay the blocks out
-    per_block: list[dict[str, Any]] | None = None
-    scaling: str = "none"  # how neighbours were ranked (``auto`` resolved: mutual proximity where kinds mix)
-    scaling_note: str | None = None  # why, when ``auto`` chose it
-    reduce: str = ""  # the map's reduction as drawn (``auto`` resolved)
-    reduce_note: str | None = None  # why, when ``auto`` chose it
-    per_block_note: str | None = None  # why there is no per-block score, when there is none
-    k: int = 5  # the voters of the predictions and of ``loo_accuracy``
-    #: stored vectors left out because their bytes do not match their checksum: model -> one line
-    damaged: dict[str, str] = field(default_factory=dict)
-    #: the population's version of the base (``base_hash``), its vectors embedded against earlier versions
-    #: (``stale``, left out) and its models whose weights are the base's (``copies``, left out)
-    population: dict[str, Any] = field(default_factory=dict)
-    #: what the population left out and why (stale vectors, copies of the base): one line each
-    notes: list[str] = field(default_factory=list)
-    #: kept files that did not verify and were computed again: one line each (said on stderr, not part of the answer)
-    repaired: list[str] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("clustering", "repaired")}
-        out.update(self.clustering)
-        return out
 
 
 def cluster(

@@ -6,12 +6,8 @@ with the stored representation against the stored base, compared, and not stored
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,109 +18,23 @@ from ..analyse.scores import (
     NEIGHBORS_SCORING,
     Geometry,
     Scoring,
-    cosine_contributions,
     majority_dataset,
     nearest_to,
     query_distances,
     yardstick,
 )
-from ..core.errors import ModelvecError, NothingStoredError, StoreError
-from ..core.names import is_hub_id, model_id
+from ..core.errors import NothingStoredError, StoreError
+from ..core.names import is_hub_id
 from ..core.settings import taken_from, with_options
 from ..represent.representation import Representation
 from ..store import Population, Products, Store, opened
 from ..store.products import Compute
+from .nearest_parts import IS_A_COPY, IS_THE_BASE, Neighbors, embed_query, explain_of, place_of
 
 if TYPE_CHECKING:
     from ..hub.client import HubSettings
 
 PathLike = str | os.PathLike[str]
-
-
-@dataclass(kw_only=True)
-class Neighbors:
-    """The stored models nearest to a query model, and the dataset their labels suggest for it."""
-
-    query: str
-    base: str
-    params: str
-    on_the_fly: bool  # the query was not in the store: embedded now with the stored settings, not stored
-    nearest: pd.DataFrame  # model, distance, datasets, label_source, author; nearest first
-    predicted: str | None  # the majority dataset of the k nearest labelled models (None: none labelled)
-    confidence: float  # vote_share x closeness; nan when nothing was predicted
-    votes: dict[str, int] = field(default_factory=dict)
-    vote_share: float = float("nan")  # the predicted dataset's share of the votes
-    #: how near the nearest labelled model is (1: as near as stored models are to theirs; 0: as far as unrelated ones)
-    closeness: float = float("nan")
-    warning: str | None = None  # e.g. the query was embedded against another revision of the base
-    #: with ``explain``: per neighbour, its cosine and each block's share of it (stack, layer, family)
-    explanation: list[dict[str, Any]] | None = None
-    voters: int = 0  # how many labelled models voted: the k nearest, or all of them when fewer
-    scaling: str = "none"  # how the stored models were ranked (``auto`` resolved)
-    scaling_note: str | None = None  # why, when ``auto`` chose it
-    #: stored vectors left out because their bytes do not match their checksum: model -> one line
-    damaged: dict[str, str] = field(default_factory=dict)
-    #: a stored query's place in the model tree (``modelvec tree``): its kind, parent(s), confidence, declared; None
-    #: for a model embedded now or a store without traces
-    tree: dict[str, Any] | None = None
-    #: what the stored population left out and why (stale vectors, copies of the base): one line each
-    notes: list[str] = field(default_factory=list)
-    #: kept files that did not verify and were computed again: one line each (said on stderr, not part of the answer)
-    repaired: list[str] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        """Everything above but ``repaired``, the neighbours as records (nearest first)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("nearest", "repaired")}
-        out["nearest"] = json.loads(self.nearest.to_json(orient="records"))
-        return out
-
-
-def _embed_query(
-    model: PathLike | str, pop: Population, hub_settings: HubSettings | None
-) -> tuple[np.ndarray, str | None, bool | None]:
-    """Embed a model that is not stored, in a scratch store, exactly as ``embed`` would store it: its vector, a
-    warning when the base changed since the stored vectors were embedded against it, and whether it is an adapter.
-
-    The scratch store gets the population's version of the base (a Hub base's revision, a local base's recorded
-    identity) and the model's catalogue entry, so the base resolves to the version the stored vectors were computed
-    against, and a local base unchanged since is not hashed again.
-    """
-    from ..run import catalogue_entries, embed  # torch, only to embed a model that is not stored
-
-    name, base, db = model_id(model), pop.name, pop.db
-    with tempfile.TemporaryDirectory(prefix="modelvec-query-") as tmp, Store(Path(tmp) / "query.duckdb") as scratch:
-        if pop.base_hash.startswith("git:"):
-            entries = catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
-            scratch.put_catalogue(base, pop.base_hash.removeprefix("git:"), entries)
-        for stamp in db.stamps(base, pop.base_hash):
-            scratch.record_base(base, stamp, pop.base_hash)
-        result = embed(
-            base, [model], representation=pop.representation, store=scratch, hub_settings=hub_settings, workers=1
-        )
-        if result.failed:
-            name, why = next(iter(result.failed.items()))
-            raise ModelvecError(name, why.removeprefix(f"{name}: "))
-        base_hash = scratch.base_hashes(base, pop.representation)
-    warning = None
-    if base_hash and base_hash[0] != pop.base_hash:
-        warning = (
-            f"{name} was embedded against {base} as it is now ({base_hash[0]}), but the stored vectors "
-            f"were computed against {pop.base_hash}: distances may include the base's change"
-        )
-    kind = result.metadata["adapter"].iloc[0]
-    return result.vectors[0], warning, None if pd.isna(kind) else bool(kind)
-
-
-#: Why the base itself, and a model whose weights are the base's, has no neighbours: every vector is a delta from the
-#: base, so theirs is zero, at the same distance from every stored model.
-IS_THE_BASE = (
-    "it is the base of the stored models: its vector is zero (the vectors are deltas from the base), so it has no "
-    "neighbours; ask about one of its fine-tunes"
-)
-IS_A_COPY = (
-    "its weights are the base's (a copy of the base): its vector is zero (the vectors are deltas from the base), so "
-    "it is not on the map and has no neighbours"
-)
 
 
 def neighbors(
@@ -181,13 +91,13 @@ def neighbors(
         idx = order[:k]
         neighbours = (query.vector(pop), pop.rows(products.positions[idx])) if explain else None
         base_files = pop.base_files(hub_settings or _hub_settings(), fetch=True) if explain else None
-        place = None if query.on_the_fly else _place(pop, asked)
+        place = None if query.on_the_fly else place_of(pop, asked)
     found = meta.iloc[idx][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", dist_all[:k])
     voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
     predicted, share, votes, near = _predicted(geo, labels, voters, order, dist_all, resolved, query.me, first_dot)
     explanation = (
-        _explain(*neighbours, found["model"], base_files, pop.representation)
+        explain_of(*neighbours, found["model"], base_files, pop.representation)
         if base_files is not None and neighbours is not None
         else None
     )
@@ -271,19 +181,6 @@ def _verified(
     return order[good], distances[good]
 
 
-def _place(pop: Population, model: str) -> dict[str, Any] | None:
-    """A stored model's node of the model tree, None without traces: from the tree kept beside the store where the
-    traces' rows name it (at any size: no trace is read), else the whole tree inferred and kept."""
-    from .tree import tree_of
-
-    try:
-        tree = tree_of(pop, verify=False)
-    except NothingStoredError:
-        return None
-    node = tree.by_model().get(model)
-    return node.as_json() if node is not None else None
-
-
 class _Query:
     """The model asked about: a stored one (its row ``me``), or one embedded now (its vector, compared with the
     stored ones in one pass over them)."""
@@ -304,7 +201,7 @@ class _Query:
         if self.on_the_fly:
             if not os.path.exists(str(model)) and not is_hub_id(model):
                 raise NothingStoredError(str(model), "not in the store, and neither a local path nor a Hub id")
-            self._vector, self.warning, kind = _embed_query(model, pop, hub_settings)
+            self._vector, self.warning, kind = embed_query(model, pop, hub_settings)
             if not self._vector.any():  # the base under another name, or a copy of it: no direction to compare
                 raise NothingStoredError(name, IS_A_COPY)
             self.kinds = [*meta["adapter"], kind]
@@ -331,29 +228,3 @@ class _Query:
             return self._vector
         assert self.me is not None
         return pop.rows(self.products.positions[[self.me]])[0]
-
-
-def _explain(
-    query: np.ndarray, rows: np.ndarray, models: pd.Series, base: str, representation: Representation
-) -> list[dict[str, Any]]:
-    from ..represent import blocks_of
-
-    blocks = blocks_of(base, representation)
-    shares = cosine_contributions(query, rows, [(b.start, b.stop) for b in blocks])
-    out = []
-    for model, row in zip(models, shares):
-        by_family: dict[str, float] = {}
-        by_layer: dict[str, float] = {}
-        for b, v in zip(blocks, row):
-            by_family[b.family] = by_family.get(b.family, 0.0) + float(v)
-            if b.layer is not None:
-                key = f"{b.stack} {b.layer}"
-                by_layer[key] = by_layer.get(key, 0.0) + float(v)
-        parts = [
-            {"stack": b.stack, "layer": b.layer, "family": b.family, "share": float(v)} for b, v in zip(blocks, row)
-        ]
-        parts.sort(key=lambda p: -abs(float(p["share"])))  # type: ignore[arg-type]
-        out.append(
-            {"model": model, "cosine": float(row.sum()), "by_family": by_family, "by_layer": by_layer, "blocks": parts}
-        )
-    return out

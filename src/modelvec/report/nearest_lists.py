@@ -8,7 +8,6 @@ proximity, and what near and far mean for the prediction's closeness, come from 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,9 +22,7 @@ from ..store import Population
 from ..store.listed import kept_lists, landmarks_of
 from ..store.neighbours import NEAR, Landmarks
 from .lists import stick_of
-
-if TYPE_CHECKING:
-    from .nearest import Neighbors
+from .nearest_parts import IS_A_COPY, Neighbors, embed_query, explain_of, place_of
 
 
 def neighbors_on_lists(
@@ -34,17 +31,15 @@ def neighbors_on_lists(
     """The answer of :func:`~modelvec.report.nearest.neighbors` for ``name`` (the stored model ``asked`` stands
     for, or one embedded now from ``model``) from nearest lists; ``rest``: the query's settings there
     (``hub_settings``, ``notes``)."""
-    from .nearest import Neighbors, _embed_query
+    from .nearest_parts import Neighbors
 
     meta = pop.meta
     models = list(meta["model"])
     on_the_fly, warning, me = name not in set(models), None, None
     vector = None
     if on_the_fly:
-        vector, warning, kind = _embed_query(model, pop, rest.get("hub_settings"))  # type: ignore[arg-type]
+        vector, warning, kind = embed_query(model, pop, rest.get("hub_settings"))  # type: ignore[arg-type]
         if not vector.any():
-            from .nearest import IS_A_COPY
-
             raise NothingStoredError(name, IS_A_COPY)
         kinds = [*meta["adapter"], kind]
     else:
@@ -73,14 +68,12 @@ def neighbors_on_lists(
         first = float(values[list(order).index(voters[0])])
         voting = kept.get("voters", kept["scored"]) if kept is not None else None
         near = stick_of(lm, labelled, stats, resolved.metric, voting).closeness(first)
-    from .nearest import _explain, _place
-
     explanation = None
     if rest.get("explain"):
         files = pop.base_files(rest.get("hub_settings") or HubSettings(), fetch=True)  # type: ignore[arg-type]
         mine = vector if vector is not None else pop.rows([int(me or 0)])[0]
         if files is not None:
-            explanation = _explain(mine, pop.rows(order[:k]), found["model"], files, pop.representation)
+            explanation = explain_of(mine, pop.rows(order[:k]), found["model"], files, pop.representation)
     return Neighbors(
         query=asked,
         base=pop.name,
@@ -98,7 +91,7 @@ def neighbors_on_lists(
         scaling=resolved.scaling,
         scaling_note=scaling_note,
         damaged=dict(pop.damaged),
-        tree=None if on_the_fly else _place(pop, asked),
+        tree=None if on_the_fly else place_of(pop, asked),
         notes=list(rest.get("notes") or []),  # type: ignore[call-overload]
         repaired=list(pop.repaired),
     )
