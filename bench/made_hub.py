@@ -123,17 +123,27 @@ def vectors(made: Made, sigma: float, dim: int, start: int, stop: int, seed: int
         yield (v * (0.1 if made.adapter[i] else 1.0)).astype(np.float32)
 
 
-def fill(store: Path, base: str, made: Made, sigma: float, dim: int, size: object = None, batch: int = 128) -> float:
-    """Store the population's vectors (as ``embed`` stores them) against ``base``; the seconds it took."""
+def fill(
+    store: Path,
+    base: str,
+    made: Made,
+    sigma: float,
+    dim: int,
+    start: int = 0,
+    stop: int | None = None,
+    batch: int = 128,
+) -> float:
+    """Store the population's models ``start`` .. ``stop`` - 1 (as ``embed`` stores their vectors) against ``base``;
+    the seconds it took."""
     from modelvec import Representation, Store
     from modelvec.store import VectorRow
 
-    params = Representation() if size is None else Representation(size=size)  # type: ignore[arg-type]
+    params = Representation()
     started = time.perf_counter()
-    n = len(made.dataset)
+    n = len(made.dataset) if stop is None else stop
     with Store(store) as db:
         db.record_base(base, "stamp", "bh")
-        for lo in range(0, n, batch):
+        for lo in range(start, n, batch):
             hi = min(n, lo + batch)
             rows = [
                 VectorRow(

@@ -25,7 +25,6 @@ torch.set_num_threads(1)  # tests are tiny; one thread keeps them reproducible a
 SHARED = {
     "tests/run/test_ray.py": "ray",
     "tests/run/test_crawl.py": "ray",
-    "tests/run/test_ray_lists.py": "ray",
 }
 #: The slowest modules (and groups), slowest first (their test time in the suite, 3 workers on 2 cores, 2026-11-29):
 #: started first, so that no worker is left alone in a long one at the end. Only the order of the run depends on this.

@@ -1,4 +1,6 @@
-"""The Ray engine on a local ``ray.init`` (and one test on a cluster started with ``ray start``).
+"""The Ray engine on a local ``ray.init``, and on a cluster of two nodes started with ``ray start``: ``embed``'s
+actors, and the held blocks of ``cluster``'s nearest lists as tasks (the same lists, a worker killed in its block
+redone).
 
 The vectors must equal the local engine's; a bad model, a dead worker and a bad base must each do
 what the local engine's contract says. Nothing of modelvec's or Ray's is mocked: the dead worker is
@@ -7,6 +9,7 @@ a real worker process that exits in the middle of a task.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -15,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
@@ -39,6 +43,7 @@ from modelvec.run.ray_actors import IN_FLIGHT  # noqa: E402
 from modelvec.run.ray_engine import RayEngine  # noqa: E402
 from modelvec.run.tasks import base_spec, task_of  # noqa: E402
 from modelvec.run.work import BaseSpec, Task  # noqa: E402
+from modelvec.store import VectorRow  # noqa: E402
 
 PARAMS = Representation(rank=4)
 BIN = Path(sys.executable).parent
@@ -311,74 +316,204 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cli_on_an_existing_cluster_started_with_ray_start(tiny_bert, finetunes, tmp_path):
-    """`ray start --head` in a subprocess, then `modelvec embed --engine ray --address` as another."""
-    port = free_port()
-    temp_dir = tempfile.mkdtemp(prefix="mvray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    # `ray start` turns on token authentication; a driver naming --address must say so and bring the token
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex, RAY_USAGE_STATS_ENABLED="0")
-    env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen(
+def test_cli_on_an_existing_cluster_started_with_ray_start(two_nodes, tiny_bert, finetunes, tmp_path):
+    """A cluster of two nodes started by `ray start` in subprocesses, then `modelvec embed --engine ray --address`
+    as another."""
+    address, env = two_nodes
+    store = tmp_path / "cluster.duckdb"
+    run = subprocess.run(
         [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--port",
-            str(port),
-            "--num-cpus",
-            "2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            "--temp-dir",
-            temp_dir,
+            str(BIN / "modelvec"),
+            "embed",
+            "--engine",
+            "ray",
+            "--address",
+            address,
+            "--base",
+            str(tiny_bert),
+            *map(str, finetunes[:3]),
+            "--rank",
+            "4",
+            "--store",
+            str(store),
         ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert "embedded 3, skipped 0 (already stored), failed 0" in run.stdout
+    assert "Connecting to existing Ray cluster" in run.stderr  # not a local instance of its own
+    assert_store_holds_reference(store, tiny_bert, finetunes[:3])
+
+
+# --- the nearest lists' pass on a cluster of two nodes started by `ray start` ---------------------------
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--block", "--num-cpus", "1", "--disable-usage-stats", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+    log = []
+    for line in proc.stdout:  # --block: it prints this, then stays until it is told to stop
+        log.append(line)
+        if "Ray runtime started" in line:
+            return proc
+    pytest.fail("ray start did not start:\n" + "".join(log[-20:]))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)  # `ray start --block` stops its node's processes as it exits
     try:
-        log = []
-        for line in head.stdout:  # --block: it prints this, then stays until it is told to stop
-            log.append(line)
-            if "Ray runtime started" in line:
-                break
-        else:
-            pytest.fail("ray start did not start:\n" + "".join(log[-20:]))
-        store = tmp_path / "cluster.duckdb"
-        run = subprocess.run(
-            [
-                str(BIN / "modelvec"),
-                "embed",
-                "--engine",
-                "ray",
-                "--address",
-                f"127.0.0.1:{port}",
-                "--base",
-                str(tiny_bert),
-                *map(str, finetunes[:3]),
-                "--rank",
-                "4",
-                "--store",
-                str(store),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-        assert "embedded 3, skipped 0 (already stored), failed 0" in run.stdout
-        assert "Connecting to existing Ray cluster" in run.stderr  # not a local instance of its own
-    finally:
-        head.send_signal(signal.SIGTERM)  # `ray start --block` stops its cluster's processes as it exits
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A head and a second node, one CPU each, on this machine: the address and the environment to reach them."""
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="mvrl-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    head = _start(["--head", "--port", str(port), "--include-dashboard=false", "--temp-dir", temp_dir], env)
+    try:
+        node = _start(["--address", f"127.0.0.1:{port}"], env)
         try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        head.stdout.close()
+            yield f"127.0.0.1:{port}", env
+        finally:
+            _stop(node)
+    finally:
+        _stop(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
-    assert_store_holds_reference(store, tiny_bert, finetunes[:3])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """300 vectors of 40 floats in 6 datasets, a fifth unlabelled, a third marked adapters (ranked by mutual
+    proximity), several authors."""
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((6, 40))
+    path = tmp_path_factory.mktemp("ray-lists") / "s.duckdb"
+    rows = []
+    for i in range(300):
+        d = int(rng.integers(6))
+        x = (centres[d] + 1.5 * rng.standard_normal(40)).astype(np.float32)
+        labels = [f"ds{d}"] if rng.random() > 0.2 else []
+        rows.append(
+            VectorRow(
+                f"m{i:04d}",
+                f"h{i}",
+                "base",
+                "bh",
+                PARAMS,
+                "bert",
+                x,
+                labels,
+                "card",
+                0.1,
+                author=f"a{i % 7}",
+                adapter=i % 3 == 0,
+            )
+        )
+    with Store(path) as db:
+        db.put_many(rows)
+    return path
+
+
+def cluster_json(store: Path, out: Path, env: dict[str, str], *engine: str) -> dict:
+    """``modelvec cluster`` on the lists (each held block 8,000 floats: 50 vectors, six blocks of tasks) as JSON,
+    its files' paths left out."""
+    run = subprocess.run(
+        [
+            str(BIN / "modelvec"),
+            "cluster",
+            "base",
+            "--store",
+            str(store),
+            "--out",
+            str(out),
+            "--json",
+            "--neighbours",
+            "lists",
+            "--rank",
+            "4",
+            *engine,
+        ],
+        env=dict(env, MODELVEC_BLOCK_MB=str(8000 * 4 / 2**20)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    answer = json.loads(run.stdout)
+    answer.pop("files")
+    return answer
+
+
+def test_cluster_on_two_ray_nodes_answers_as_the_pass_run_here(two_nodes, store, tmp_path):
+    address, env = two_nodes
+    here = cluster_json(store, tmp_path / "here", env)
+    shutil.rmtree(f"{store}.products")  # nothing kept: the cluster's tasks compute every list
+    there = cluster_json(store, tmp_path / "there", env, "--engine", "ray", "--address", address)
+    assert there == here
+    assert here["scaling"] == "mutual-proximity" and here["n_scored"] > 200
+
+
+KILLED_ONCE = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    from modelvec import Store
+    from modelvec.store import neighbours
+    from modelvec.run.ray_blocks import ray_runner
+    from modelvec.analyse.graph import depths_for
+    from modelvec.analyse.inputs import label_sets
+
+    store, marker, address = sys.argv[1:4]
+
+    def killed_once(task):
+        # the first time block 2 runs, its worker dies in the middle of it (after the block's first products)
+        if task.block == 2 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return neighbours.run_task(task)
+
+    with Store(store, read_only=True) as db:
+        selection, meta = db.select()
+        sets = label_sets([list(d) for d in meta["datasets"]], len(meta))
+        eligible = np.array([bool(s) for s in sets])
+        wanted = [neighbours.Wanted("scored", depths_for(sets, eligible, votes=5), eligible)]
+        common = dict(block_floats=50 * selection.dim)
+        here = neighbours.nearest_lists(db.vector_file, selection, wanted, **common)[0]["scored"]
+        there, damaged, _ = neighbours.nearest_lists(
+            db.vector_file, selection, wanted, runner=ray_runner(address, fn=killed_once), **common
+        )
+    there = there["scored"]
+    same = all(np.array_equal(getattr(here, p), getattr(there, p)) for p in ("indptr", "index", "value", "distance"))
+    print(json.dumps({"same": same, "killed": os.path.exists(marker), "damaged": damaged}))
+    """
+)
+
+
+def test_a_worker_killed_in_its_block_has_the_block_run_again(two_nodes, store, tmp_path):
+    address, env = two_nodes
+    marker = tmp_path / "killed"
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_ONCE, str(store), str(marker), address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"same": True, "killed": True, "damaged": {}}

@@ -63,7 +63,7 @@ def ranked_rows(geo, scaling, eligible):
     return out, D
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     n=st.integers(2, 45),
     dim=st.integers(1, 30),
