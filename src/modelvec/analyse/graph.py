@@ -466,3 +466,34 @@ def predictions_from_lists(
         metric=metric,
         scaling=scaling,
     )
+
+
+def nearest_rows(rows: np.ndarray, depth: int, *, block: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``depth`` nearest other rows by euclidean distance and its ``depth`` nearest by cosine, merged
+    (n x 2 depth, -1 where fewer), with their inner products (float64, from the float32 rows' products), from the
+    rows' products a block at a time, each pair once: what a model's parents are looked for among where every pair
+    would be too many (the model tree of tens of thousands of traces). Memory: a block of products (``block`` x n)
+    and the lists, beside the rows."""
+    t = np.ascontiguousarray(rows, dtype=np.float32)
+    n = len(t)
+    squares = np.einsum("ij,ij->i", t, t, dtype=np.float64)
+    norms = np.sqrt(squares)
+    inverse = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    near, along = Nearest(np.full(n, min(depth, n - 1))), Nearest(np.full(n, min(depth, n - 1)))
+    for a0 in range(0, n, block):
+        a1 = min(n, a0 + block)
+        P = (t[a0:a1] @ t[a0:].T).astype(np.float64)  # this block against itself and every row after it
+        cols = np.arange(a0, n)
+        mine = np.arange(a0, a1)
+        D = np.sqrt(np.maximum(squares[mine, None] + squares[None, a0:] - 2 * P, 0.0))
+        C = 1.0 - P * np.multiply.outer(inverse[mine], inverse[a0:])
+        for V, nb in ((D, near), (C, along)):
+            V[np.arange(a1 - a0), np.arange(a1 - a0)] = np.inf  # itself
+            nb.offer(mine, cols, V, P)  # the product kept as the entry's "distance": what the tree asks
+            if a1 < n:  # the other side of the pairs beyond the block (its own square holds both)
+                nb.offer(cols[a1 - a0 :], mine, V[:, a1 - a0 :].T, P[:, a1 - a0 :].T)
+    index, dots = np.full((n, 2 * depth), -1, np.int64), np.zeros((n, 2 * depth))
+    for k, nb in enumerate((near, along)):
+        index[:, k * depth : (k + 1) * depth], dots[:, k * depth : (k + 1) * depth] = nb.lists().first(depth)
+    dots[index < 0] = 0.0
+    return index, dots

@@ -44,6 +44,10 @@ from .tree import Node, Tree
 #: Models up to which the whole tree's inner products are made at once (16,384 x 16,384 float32: 1 GiB; 10,000
 #: models: 0.4 GB and 7.7 s on 2 cores, one symmetric product).
 GRAM_UP_TO = 16384
+#: Above :data:`GRAM_UP_TO`, a model's parents are looked for among its nearest traces: these many by distance and
+#: as many by cosine (:func:`~modelvec.analyse.graph.nearest_rows`; each pair's product once, no n x n held). A
+#: fine-tune's parent is the nearest model it goes beyond, a merge's parents the traces it leans along most.
+TREE_NEAR = 64
 
 
 def infer_tree(
@@ -175,6 +179,10 @@ class _Inference:
                 )
         self._merges: dict[int, Merge | None] = {}
         self._gram: np.ndarray | None = None
+        #: above GRAM_UP_TO, each model's nearest traces (the only ones its dots are computed with) and the last rows
+        self._near: np.ndarray | None = None
+        self._near_dots = np.zeros((0, 0))
+        self._rows: dict[int, np.ndarray] = {}
         #: the copies (identical weights, re-saves) among the models: never a parent of anything, never a merge's
         self.copies = {self.index[m]: c for m, c in (copies or {}).items() if m in self.index}
         usable = np.array([k == "fine-tune" for k in self.kind], dtype=bool) & (self.norms > 0)
@@ -185,10 +193,29 @@ class _Inference:
 
     def dots(self, i: int) -> np.ndarray:
         """Every trace's inner product with ``i``'s: from the Gram matrix, made once where every node is asked for
-        (and it fits: :data:`GRAM_UP_TO` models), else one pass over the traces."""
-        if self._gram is None and self.all and len(self.models) <= GRAM_UP_TO:
+        (and it fits: :data:`GRAM_UP_TO` models); above it, where every node is asked for, with its nearest traces
+        (:data:`TREE_NEAR`) and 0 with the others, which are then never its parent, merge parent or child; else
+        one pass over the traces."""
+        n = len(self.models)
+        if self._gram is None and self.all and n <= GRAM_UP_TO:
             self._gram = gram_of(self.t)
-        return (self._gram[i] if self._gram is not None else self.t @ self.t[i]).astype(np.float64)
+        if self._gram is not None:
+            return self._gram[i].astype(np.float64)
+        if not self.all:
+            return (self.t @ self.t[i]).astype(np.float64)
+        if self._near is None:
+            from .graph import nearest_rows
+
+            self._near, self._near_dots = nearest_rows(self.t, TREE_NEAR)
+        if i not in self._rows:
+            if len(self._rows) > 256:
+                self._rows.pop(next(iter(self._rows)))
+            cols = self._near[i]
+            row = np.zeros(n)
+            row[cols[cols >= 0]] = self._near_dots[i][cols >= 0]
+            row[i] = self.norms[i] ** 2
+            self._rows[i] = row
+        return self._rows[i]
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]

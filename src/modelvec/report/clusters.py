@@ -103,7 +103,14 @@ def cluster(
         reduce, note = reduction.reducer_for(len(meta))
         if on_lists:
             report, xy, meta, positions = _scored_on_lists(
-                pop, meta, resolved, (reduce, seed), label_sources, stack, _runner(execution), progress
+                pop,
+                meta,
+                resolved,
+                (reduce, seed),
+                label_sources,
+                stack,
+                (_runner(execution), compute.device),
+                progress,
             )
         else:
             assert products is not None
@@ -179,17 +186,18 @@ def _scored_on_lists(
     drawn: tuple[str, int],
     label_sources: Sequence[str] | None,
     stack: ExitStack,
-    runner: TaskRunner | None,
+    where: tuple[TaskRunner | None, str],
     progress: Callable[[int, int], None] | None,
 ) -> tuple[ClusterReport, np.ndarray | None, pd.DataFrame, np.ndarray]:
     """The report's scores and map (``drawn``: its reducer and seed) from each model's nearest lists
     (:mod:`~modelvec.report.lists`), and the models they cover (the population's sound vectors: their rows of
-    ``meta``, their positions)."""
+    ``meta``, their positions). ``where``: the pass's runner (a Ray cluster's) and device here."""
     from ..store.listed import lists_of
     from . import lists
 
     reduce, seed = drawn
-    g = lists_of(pop, meta, scoring, runner, progress)
+    runner, device = where
+    g = lists_of(pop, meta, scoring, runner, progress, device)
     stack.enter_context(one_blas_thread())
     meta = meta.iloc[g.positions].reset_index(drop=True)
     knn, by_author = lists.knn_scores(g, meta, scoring)

@@ -66,6 +66,7 @@ def lists_of(
     scoring: Scoring,
     runner: TaskRunner | None = None,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
 ) -> OnLists:
     """The population's nearest lists for ``scoring`` (resolved) and the labels in ``meta`` (one row a model of the
     population's selection), kept beside the store or computed in one pass of products (its held blocks run by
@@ -90,7 +91,14 @@ def lists_of(
         wanted.append(Wanted("voters", np.where(sound, scoring.k, 0), labelled, rank))
     marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
     found, computed = nearest_of(
-        pop, wanted, metric=metric, stats=stats, ranking=json.dumps([scaling, marks]), runner=runner, progress=progress
+        pop,
+        wanted,
+        metric=metric,
+        stats=stats,
+        ranking=json.dumps([scaling, marks]),
+        runner=runner,
+        progress=progress,
+        device=device,
     )
     at = np.flatnonzero(sound)  # the damaged left out: rows and columns renumbered among the sound
     where = np.full(n, -1, np.int64)
@@ -167,6 +175,7 @@ def nearest_of(
     ranking: str,
     runner: TaskRunner | None = None,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
 ) -> tuple[dict[str, Lists], int]:
     """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
     store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
@@ -194,6 +203,7 @@ def nearest_of(
         earlier=earlier,
         runner=runner,
         progress=progress,
+        device=device,
     )
     pop.damaged.update(damaged)
     arrays = {f"{w.name}.{part}": getattr(lists[w.name], part) for w in wanted for part in PARTS}

@@ -398,6 +398,7 @@ def nearest_lists(
     progress: Callable[[int, int], None] | None = None,
     runner: TaskRunner | None = None,
     block_floats: int | None = None,
+    device: str = "cpu",
 ) -> tuple[dict[str, Lists], dict[str, str], int]:
     """Every model's ``wanted`` lists from one pass of products over the selection's vectors (each pair once), the
     vectors found damaged (model -> line: left out of every list) and the rows computed. ``stats``: each model's
@@ -405,7 +406,8 @@ def nearest_lists(
     spreads): only the rows they cannot answer are computed, against every vector, and the others are offered the
     new columns alone: the same lists as a pass over all of them. ``runner``: the pass's held blocks run as tasks
     (:class:`Task`) elsewhere, their lists merged here (the nearest of the union is the nearest of each part's):
-    the same lists."""
+    the same lists. ``device``: where the pass's float32 products run here (:class:`~modelvec.store.products.Compute`;
+    a Ray cluster's tasks run theirs on their CPU)."""
     n = len(selection)
     if earlier is None:
         kept: dict[str, Lists] = {}
@@ -419,7 +421,9 @@ def nearest_lists(
     floats = list_block_floats() if block_floats is None else block_floats
     if runner is None:
         known = Known(np.zeros((0, 0)), ~fresh)
-        products = gram(vector_file, selection, known=known, consumer=offers, progress=progress, block_floats=floats)
+        products = gram(
+            vector_file, selection, known=known, consumer=offers, progress=progress, block_floats=floats, device=device
+        )
         damaged = dict(products.damaged)
     else:
         blocks = held_blocks_of(int(fresh.sum()), selection.dim, floats)
