@@ -67,7 +67,7 @@ def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
     """The exact kNN same-dataset score (by distance, pool labelled) of ``rows`` sampled labelled models, from their
     products with every stored vector, against the score the kept lists give the same models."""
     from modelvec import Representation, Store
-    from modelvec.analyse.graph import need_of
+    from modelvec.analyse.graph_scores import need_of
     from modelvec.analyse.inputs import Scoring, label_sets
     from modelvec.report.lists import knn_scores
     from modelvec.store import Population

@@ -476,7 +476,7 @@ KILLED_ONCE = textwrap.dedent(
     from modelvec import Store
     from modelvec.store import neighbours
     from modelvec.run.ray_blocks import ray_runner
-    from modelvec.analyse.graph import depths_for
+    from modelvec.analyse.graph_scores import depths_for
     from modelvec.analyse.inputs import label_sets
 
     store, marker, address = sys.argv[1:4]

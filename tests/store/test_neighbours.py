@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from modelvec import Representation, Store
 from modelvec.analyse.geometry import Geometry
-from modelvec.analyse.graph import depths_for, knn_from_lists, predictions_from_lists
+from modelvec.analyse.graph_scores import depths_for, knn_from_lists, predictions_from_lists
 from modelvec.analyse.inputs import group_codes, label_sets
 from modelvec.analyse.neighbours import ruler
 from modelvec.analyse.scores import knn_dataset_score, predict_datasets

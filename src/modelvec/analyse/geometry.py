@@ -71,6 +71,13 @@ def _from_gram(
     return np.sqrt(D, out=D)
 
 
+def distances_of(products: np.ndarray, metric: str, sq_a: np.ndarray, sq_b: np.ndarray) -> np.ndarray:
+    """Distances from inner products (overwritten), as every geometry gives them: for cosine, of rows already scaled
+    to unit norm (the products divided by the two norms; a zero row's are 0); for euclidean, of the raw rows given
+    their squared norms ``sq_a`` and ``sq_b``. Never negative."""
+    return _from_gram(products, metric, sq_a, sq_b)
+
+
 def query_distances(dots: np.ndarray, squares: np.ndarray, square: float, metric: str = "cosine") -> np.ndarray:
     """A query's distances to the rows from its inner products with them (``dots``, raw vectors), their squared
     norms and its own: the distances :func:`~modelvec.analyse.neighbours.nearest` ranks, for a query compared in

@@ -168,15 +168,22 @@ def knn_dataset_score(
     for block, hits, k_minus_1 in in_order(of_block, blocks(np.flatnonzero(labelled), len(columns))):
         scored = k_minus_1 > 0
         per_model[block[scored]] = hits[scored] / k_minus_1[scored]
+    return knn_score_of(per_model, names, member, metric=metric, pool=pool, scaling=scaling)
+
+
+def knn_score_of(
+    per_model: np.ndarray, names: Sequence[str], member: np.ndarray, *, metric: str, pool: str, scaling: str
+) -> KnnScore:
+    """The :class:`KnnScore` of these models' own scores (``per_model``: nan where a model is not scored), each
+    dataset's the mean of its members' (``names``, ``member``: :func:`~modelvec.analyse.inputs.membership`)."""
     scored = ~np.isnan(per_model)
     per_dataset = {}
     for j, name in enumerate(names):
         mask = scored & member[:, j]
         if mask.any():
             per_dataset[name] = (float(per_model[mask].mean()), int(mask.sum()))
-    score = float(per_model[scored].mean()) if scored.any() else float("nan")
     return KnnScore(
-        score=score,
+        score=float(per_model[scored].mean()) if scored.any() else float("nan"),
         n_scored=int(scored.sum()),
         per_dataset=per_dataset,
         per_model=per_model,

@@ -102,26 +102,16 @@ def cluster(
         resolved, scaling_note = pop.resolve(scoring, list(meta["adapter"]))
         reduce, note = reduction.reducer_for(len(meta))
         if on_lists:
+            where = (_runner(execution), compute.device)
+            drawn = (reduce, seed)
             report, xy, meta, positions = _scored_on_lists(
-                pop,
-                meta,
-                resolved,
-                (reduce, seed),
-                label_sources,
-                stack,
-                (_runner(execution), compute.device),
-                progress,
+                pop, meta, resolved, drawn, label_sources, stack, where, progress
             )
         else:
             assert products is not None
-            stack.enter_context(one_blas_thread())  # what follows the products: small LAPACK calls, row blocks
-            geo = pop.geometry(products, resolved)
-            standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
-            layout = beside.submit(_kept_layout, pop, products, standardized, geo, reduce, seed)  # beside the scores
-            pop.rank_all(geo, products, resolved.scaling)  # every pair's mutual proximity, kept beside the store
-            report = _report(pop, meta, resolved, label_sources, *_scores(geo, meta, resolved, seed))
-            positions = products.positions
-            xy = layout.result()
+            report, xy, positions = _scored_on_pairs(
+                pop, products, meta, resolved, reduction, seed, label_sources, stack, beside
+            )
         tree = parts.map_tree(pop, meta)
         report.scaling_note = scaling_note
         files = pop.base_files(hub_settings or HubSettings())
@@ -133,6 +123,29 @@ def cluster(
     report.reduce, report.reduce_note = reduce, note
     parts.draw(report, xy, meta, folder, pop.representation, tree)
     return report
+
+
+def _scored_on_pairs(
+    pop: Population,
+    products: Products,
+    meta: pd.DataFrame,
+    scoring: Scoring,
+    reduction: Reduction,
+    seed: int,
+    label_sources: Sequence[str] | None,
+    stack: ExitStack,
+    beside: ThreadPoolExecutor,
+) -> tuple[ClusterReport, np.ndarray | None, np.ndarray]:
+    """The report's scores and map from every pair's products (``scoring`` resolved), the map laid out on the
+    thread ``beside`` the scores; and the positions they cover."""
+    stack.enter_context(one_blas_thread())  # what follows the products: small LAPACK calls, row blocks on threads
+    geo = pop.geometry(products, scoring)
+    standardized = pop.standardized() if reduction.standardize and len(meta) >= 3 else None
+    reduce, _ = reduction.reducer_for(len(meta))
+    layout = beside.submit(_kept_layout, pop, products, standardized, geo, reduce, seed)  # beside the scores
+    pop.rank_all(geo, products, scoring.scaling)  # every pair's mutual proximity, kept beside the store
+    report = _report(pop, meta, scoring, label_sources, *_scores(geo, meta, scoring, seed))
+    return report, layout.result(), products.positions
 
 
 #: Why ``--standardize`` is refused where the scores read nearest lists.

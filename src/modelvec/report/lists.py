@@ -20,7 +20,8 @@ import pandas as pd
 
 from ..analyse.clustering import CLUSTERING_KEYS, Clustered, clustered, scores_of
 from ..analyse.geometry import Geometry, principal_coordinates
-from ..analyse.graph import Lists, knn_from_lists, predictions_from_lists
+from ..analyse.graph import Lists
+from ..analyse.graph_scores import knn_from_lists, predictions_from_lists
 from ..analyse.neighbours import Yardstick
 from ..analyse.proximity import Stats, scaled
 from ..analyse.scores import KnnScore, Predictions, Scoring

@@ -69,11 +69,7 @@ def neighbors(
     with opened(store, read_only=True) as db:
         pop = Population.of_query(db, model, base, representation)
         asked, copied, name = _asked(pop, model)
-        notes = pop.left_out()
-        if copied is not None:
-            notes.insert(
-                0, f"{asked} is {copied.describe(pop.name)}: off the map, {name} stands for it: its neighbours"
-            )
+        notes = _notes(pop, asked, copied, name)
         if compute.neighbours_for(len(pop.selection)) == "lists":
             from .nearest_lists import neighbors_on_lists
 
@@ -96,11 +92,9 @@ def neighbors(
     found.insert(1, "distance", dist_all[:k])
     voters = [i for i in order.tolist() if labels[i]][:k]  # the k nearest labelled models, in the same order
     predicted, share, votes, near = _predicted(geo, labels, voters, order, dist_all, resolved, query.me, first_dot)
-    explanation = (
-        explain_of(*neighbours, found["model"], base_files, pop.representation)
-        if base_files is not None and neighbours is not None
-        else None
-    )
+    explanation = None
+    if base_files is not None and neighbours is not None:
+        explanation = explain_of(neighbours[0], neighbours[1], found["model"], base_files, pop.representation)
     return Neighbors(
         query=asked,
         base=pop.name,
@@ -122,6 +116,14 @@ def neighbors(
         notes=notes,
         repaired=list(pop.repaired),
     )
+
+
+def _notes(pop: Population, asked: str, copied: Copy | None, name: str) -> list[str]:
+    """What the answer says besides: what the population left out, and that a copy's original answers for it."""
+    notes = pop.left_out()
+    if copied is not None:
+        notes.insert(0, f"{asked} is {copied.describe(pop.name)}: off the map, {name} stands for it: its neighbours")
+    return notes
 
 
 def _asked(pop: Population, model: PathLike | str) -> tuple[str, Copy | None, str]:

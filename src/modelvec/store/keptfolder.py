@@ -124,13 +124,9 @@ class KeptFolder:
         kept, or they did not verify), and what did not verify, one line. ``mapped``: the verified file's memory
         maps, not copies (large arrays, read and never written)."""
         path = self.derived_path(key, name)
-        kept = self._read(path)
+        kept, note = self._whole(path)
         if kept is None:
-            return None, None
-        if kept.problem is None and any(len(rows) for rows in kept.damaged.values()):
-            kept.problem = "its arrays do not match their checksums"
-        if kept.problem is not None:
-            return None, f"{path}: {kept.problem}: computed again"
+            return None, note
         if kept.meta.get("digest") != checksum_of(hashes):
             return None, None  # kept for other vectors
         return {k: v if mapped else np.array(v) for k, v in kept.arrays.items()}, None
@@ -145,16 +141,10 @@ class KeptFolder:
         vectors: the caller takes the rows it can use), verified (None: none kept, or it did not verify), and what
         did not verify, one line."""
         path = self.derived_path(key, name)
-        kept = self._read(path)
-        if kept is None:
-            return None, None
-        if kept.problem is None and any(len(rows) for rows in kept.damaged.values()):
-            kept.problem = "its arrays do not match their checksums"
-        if kept.problem is None and not isinstance(kept.meta.get("hashes"), list):
-            kept.problem = "its header does not say which vectors it holds"
-        if kept.problem is not None:
-            return None, f"{path}: {kept.problem}: computed again"
-        return kept, None
+        kept, note = self._whole(path)
+        if kept is not None and not isinstance(kept.meta.get("hashes"), list):
+            return None, f"{path}: its header does not say which vectors it holds: computed again"
+        return kept, note
 
     def keep_rows(self, key: str, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Keep ``arrays`` computed for the vectors ``meta["hashes"]`` under ``name`` (written whole, then renamed)."""
@@ -193,6 +183,18 @@ class KeptFolder:
             return None, f"computed for another {changed}"
         if damaged := [name for name, rows in kept.damaged.items() if len(rows)]:
             return None, f"{len(damaged)} arrays do not match their checksums"
+        return kept, None
+
+    def _whole(self, path: Path) -> tuple[Kept | None, str | None]:
+        """The kept file at ``path`` where every row of it verifies (None: none kept, or it does not verify), and
+        what did not verify, one line."""
+        kept = self._read(path)
+        if kept is None:
+            return None, None
+        if kept.problem is None and any(len(rows) for rows in kept.damaged.values()):
+            kept.problem = "its arrays do not match their checksums"
+        if kept.problem is not None:
+            return None, f"{path}: {kept.problem}: computed again"
         return kept, None
 
     def _read(self, path: Path) -> Kept | None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..analyse.graph import Lists, depths_for
+from ..analyse.graph import Lists
+from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
 from .neighbours import (
     MAP_NEAR,
