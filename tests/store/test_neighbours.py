@@ -16,6 +16,7 @@ from modelvec.analyse.inputs import group_codes, label_sets
 from modelvec.analyse.neighbours import ruler
 from modelvec.analyse.scores import knn_dataset_score, predict_datasets
 from modelvec.store import VectorRow, products
+from modelvec.store import landmarks as marks
 from modelvec.store import neighbours as module
 
 PARAMS = Representation(rank=4)
@@ -79,7 +80,7 @@ def test_lists_from_blocks_are_the_stable_sort_of_every_pair(tmp_path_factory, n
         rng = np.random.default_rng(seed)
         depths = rng.integers(0, n + 1, n)
         eligible = rng.random(n) < 0.7
-        lm = module.landmarks(db.vector_file, selection, module.landmark_positions(selection))
+        lm = marks.landmarks(db.vector_file, selection, marks.landmark_positions(selection))
         stats = lm.spread("cosine") if scaling != "none" else None
         if stats is not None:  # every vector a landmark: the spread of every pair
             expected_stats = geo.spread(scaling)

@@ -5,7 +5,7 @@ Every score is the one the pairwise products give, from lists kept beside the st
 one without same-author neighbours (each model's k - 1 nearest, k its dataset's size: the lists are that deep),
 the predictions and their leave-one-out accuracy. Each model's spread for mutual proximity, what "far" means for a
 prediction's closeness and the map's starting coordinates come from every model's distances to the landmarks
-(:func:`~modelvec.store.neighbours.landmarks`); the clusterers run on their seeded sample of models, read from the
+(:func:`~modelvec.store.landmarks.landmarks`); the clusterers run on their seeded sample of models, read from the
 vector file; the map is laid out from each model's 15 nearest.
 """
 
@@ -26,8 +26,8 @@ from ..analyse.neighbours import Yardstick
 from ..analyse.proximity import Stats, scaled
 from ..analyse.scores import KnnScore, Predictions, Scoring
 from ..store import Population
+from ..store.landmarks import Landmarks
 from ..store.listed import OnLists
-from ..store.neighbours import Landmarks
 from ..store.products import EXACT_UP_TO
 
 

@@ -19,8 +19,9 @@ from ..analyse.scores import Scoring
 from ..core.errors import NothingStoredError, StoreError
 from ..hub.client import HubSettings
 from ..store import Population
+from ..store.landmarks import Landmarks
 from ..store.listed import kept_lists, landmarks_of
-from ..store.neighbours import NEAR, Landmarks
+from ..store.neighbours import NEAR
 from .lists import stick_of
 from .nearest_parts import IS_A_COPY, Neighbors, embed_query, explain_of, place_of
 

@@ -21,17 +21,8 @@ import pandas as pd
 from ..analyse.graph import Lists
 from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
-from .neighbours import (
-    MAP_NEAR,
-    NEAR,
-    PARTS,
-    Landmarks,
-    TaskRunner,
-    Wanted,
-    earlier_lists,
-    nearest_lists,
-    update_landmarks,
-)
+from .landmarks import Landmarks, update_landmarks
+from .neighbours import MAP_NEAR, NEAR, PARTS, TaskRunner, Wanted, earlier_lists, nearest_lists
 from .population import Population
 
 #: Room in each model's list beyond what its dataset needs now (a share): a dataset that grows by as much is scored

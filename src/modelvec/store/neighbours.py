@@ -32,26 +32,22 @@ from ..core.machine import available_memory
 from .blocks import BLOCK_FLOATS, Selection
 from .kept import Kept
 from .keptfolder import Known
-from .landmarks import LANDMARKS, Landmarks, landmarks, scale_of, update_landmarks
+from .landmarks import scale_of
 from .products import PAIRS_UP_TO, gram, held_blocks_of
 from .vectorfile import VectorFile
 
 __all__ = [
-    "LANDMARKS",
     "MAP_NEAR",
     "NEAR",
     "PAIRS_UP_TO",
     "PARTS",
     "Earlier",
-    "Landmarks",
     "Task",
     "TaskRunner",
     "Wanted",
     "earlier_lists",
-    "landmarks",
     "nearest_lists",
     "run_task",
-    "update_landmarks",
 ]
 #: How deep every model's list of nearest models goes (``neighbors --k`` up to this, the map's 15).
 NEAR = 32
