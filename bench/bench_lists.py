@@ -71,7 +71,7 @@ def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
     from modelvec.analyse.inputs import Scoring, label_sets
     from modelvec.report.lists import knn_scores
     from modelvec.store import Population
-    from modelvec.store.blocks import products_with
+    from modelvec.store.landmarks import landmarks
     from modelvec.store.listed import lists_of
 
     with Store(store, read_only=True) as db:
@@ -85,12 +85,12 @@ def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
         need = need_of(sets, labelled)
         rng = np.random.default_rng(seed)
         pick = rng.choice(np.flatnonzero(labelled & (need > 0)), rows, replace=False)
-        X = pop.rows(pick)
+        pick = np.sort(pick)
+        lm = landmarks(db.vector_file, pop.selection, pick)  # every vector's products with the sample: one pass
+        D = lm.distances("cosine")  # n x rows
         exact = []
-        for i, x in zip(pick, X):
-            dots, squares, _ = products_with(db.vector_file, pop.selection, x)
-            cos = dots / np.sqrt(np.maximum(squares * float(x.astype(np.float64) @ x), 1e-300))
-            d = 1.0 - cos
+        for c, i in enumerate(pick):
+            d = D[:, c].copy()
             d[i] = np.inf
             d[~labelled] = np.inf
             order = np.argsort(d, kind="stable")[: need[i]]
