@@ -494,11 +494,11 @@ KILLED_ONCE = textwrap.dedent(
         eligible = np.array([bool(s) for s in sets])
         wanted = [neighbours.Wanted("scored", depths_for(sets, eligible, votes=5), eligible)]
         common = dict(block_floats=50 * selection.dim)
-        here = neighbours.nearest_lists(db.vector_file, selection, wanted, **common)[0]["scored"]
-        there, damaged, _ = neighbours.nearest_lists(
+        here = neighbours.nearest_lists(db.vector_file, selection, wanted, **common).lists["scored"]
+        found = neighbours.nearest_lists(
             db.vector_file, selection, wanted, runner=ray_runner(address, fn=killed_once), **common
         )
-    there = there["scored"]
+    there, damaged = found.lists["scored"], found.damaged
     same = all(np.array_equal(getattr(here, p), getattr(there, p)) for p in ("indptr", "index", "value", "distance"))
     print(json.dumps({"same": same, "killed": os.path.exists(marker), "damaged": damaged}))
     """

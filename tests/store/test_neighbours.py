@@ -89,12 +89,14 @@ def test_lists_from_blocks_are_the_stable_sort_of_every_pair(tmp_path_factory, n
             geo.use_spread(scaling, stats)
         ranking = "plain" if scaling == "none" else "rank"
         wanted = [module.Wanted("w", depths, eligible, ranking)]
-        found, damaged, computed = module.nearest_lists(
-            db.vector_file, selection, wanted, stats=stats, block_floats=block
-        )
-    assert damaged == {} and computed == n
+        found = module.nearest_lists(db.vector_file, selection, wanted, stats=stats, block_floats=block)
+    assert found.damaged == {} and found.computed == n
+    if stats is not None:  # the lists ranked by every pair's spread, summed in the pass (to its last bits' order)
+        np.testing.assert_allclose(found.stats[0], geo.spread(scaling)[0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(found.stats[1], geo.spread(scaling)[1], rtol=1e-7, atol=1e-12)
+        geo.use_spread(scaling, found.stats)
     expected, D = ranked_rows(geo, scaling, eligible)
-    lists = found["w"]
+    lists = found.lists["w"]
     for i in range(n):
         cols, values, distances = lists.row(i)
         assert cols.tolist() == expected[i][: depths[i]]
@@ -115,7 +117,7 @@ def test_scores_from_lists_are_the_pairwise_scores(tmp_path, scaling):
         depths = depths_for(sets, labelled, groups=groups, votes=5)
         ranking = "plain" if scaling == "none" else "rank"
         wanted = [module.Wanted("scored", depths, labelled, ranking)]
-        lists = module.nearest_lists(db.vector_file, selection, wanted, stats=stats)[0]["scored"]
+        lists = module.nearest_lists(db.vector_file, selection, wanted, stats=stats).lists["scored"]
     knn = knn_dataset_score(geo, labels, scaling=scaling)
     got = knn_from_lists(lists, labels, labelled, scaling=scaling)
     assert got.score == pytest.approx(knn.score) and got.per_dataset.keys() == knn.per_dataset.keys()
@@ -134,7 +136,8 @@ def test_scores_from_lists_are_the_pairwise_scores(tmp_path, scaling):
     np.testing.assert_allclose(mine.confidence, pred.confidence, equal_nan=True)
 
 
-def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path):
+@pytest.mark.parametrize("scaling", ["none", "mutual-proximity"])
+def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path, scaling):
     """New vectors, a label added and one taken away: only those rows (and rows whose datasets outgrew their lists)
     are computed, against every vector; the lists are those of a fresh pass."""
     X, labels, authors = made(80, 10, 7, ties=False)
@@ -147,15 +150,16 @@ def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path):
         sets = label_sets(labs, len(labs))
         eligible = np.array([bool(s) for s in sets])
         depths = depths_for(sets, eligible, votes=3, slack=0.25)
+        ranking = "plain" if scaling == "none" else "rank"
+        stats = (np.full(len(labs), 0.5), np.full(len(labs), 0.1)) if scaling != "none" else None  # landmarks' stand-in
         wanted = [
-            module.Wanted("near", np.full(len(labs), 6), np.ones(len(labs), bool)),
-            module.Wanted("scored", depths, eligible),
+            module.Wanted("near", np.full(len(labs), 6), np.ones(len(labs), bool), ranking),
+            module.Wanted("scored", depths, eligible, ranking),
         ]
-        found, _, computed = module.nearest_lists(db.vector_file, selection, wanted, earlier=earlier)
-        kept = module.Earlier(
-            list(selection.hashes), found, {w.name: w.depths for w in wanted}, {w.name: w.eligible for w in wanted}
-        )
-        return found, computed, kept
+        found = module.nearest_lists(db.vector_file, selection, wanted, earlier=earlier, stats=stats)
+        depths, eligible = {w.name: w.depths for w in wanted}, {w.name: w.eligible for w in wanted}
+        kept = module.Earlier(list(selection.hashes), found.drawn, depths, eligible, found.sums)
+        return found, found.computed, kept
 
     with Store(path, read_only=True) as db:
         _, computed, kept = lists_of(db)
@@ -167,6 +171,13 @@ def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path):
         updated, computed, _ = lists_of(db, kept)
         fresh, _, _ = lists_of(db)
     assert 20 <= computed < 80
+    np.testing.assert_allclose(updated.sums, fresh.sums, rtol=1e-12)  # every row's sums, in another order
     for name in ("near", "scored"):
-        for part in ("indptr", "index", "value", "distance"):
-            np.testing.assert_array_equal(getattr(updated[name], part), getattr(fresh[name], part), err_msg=name)
+        for part in ("indptr", "index", "value", "distance"):  # the lists as drawn: bit for bit
+            np.testing.assert_array_equal(getattr(updated.drawn[name], part), getattr(fresh.drawn[name], part))
+        a, b = updated.lists[name], fresh.lists[name]  # ranked by the exact spreads: to their rounding
+        np.testing.assert_array_equal(a.indptr, b.indptr)
+        for i in range(len(a)):
+            (ia, va, _), (ib, vb, _) = a.row(i), b.row(i)
+            assert sorted(ia) == sorted(ib)
+            np.testing.assert_allclose(va[np.argsort(ia)], vb[np.argsort(ib)], rtol=1e-9, atol=1e-15)

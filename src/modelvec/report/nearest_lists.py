@@ -52,12 +52,15 @@ def neighbors_on_lists(
     lm = landmarks_of(pop, verify=False)
     stats = lm.spread(scoring.metric) if resolved.scaling != "none" else None
     marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
-    kept = kept_lists(pop, scoring.metric, json.dumps([resolved.scaling, marks]))
+    listed = kept_lists(pop, scoring.metric, json.dumps([resolved.scaling, marks]))
+    kept = listed[0] if listed is not None else None
+    if listed is not None and listed[1] is not None:  # the exact spreads the kept lists were ranked by
+        stats = listed[1]
     labels = [list(d) for d in meta["datasets"]]
     labelled = np.array([bool(x) for x in labels])
     k = resolved.k
-    listed = _from_lists(kept, me, labelled, k) if kept is not None and me is not None else None
-    order, values = listed if listed is not None else _scanned(pop, lm, stats, resolved, me, vector)
+    from_kept = _from_lists(kept, me, labelled, k) if kept is not None and me is not None else None
+    order, values = from_kept if from_kept is not None else _scanned(pop, lm, stats, resolved, me, vector)
     order, values = _shown(pop, order, values, labelled, k)
     found = meta.iloc[order[:k]][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", values[:k])

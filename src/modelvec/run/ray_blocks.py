@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
+
 from ..analyse.graph import Lists
 from ..store.neighbours import Task, TaskRunner, run_task
 from .ray_actors import one_line
@@ -26,7 +28,7 @@ except ImportError:  # the optional extra is not installed: ray_runner says so
 
 #: Times a task whose worker died is run again (Ray's ``max_retries``).
 RETRIES = 3
-Part = tuple[dict[str, Lists], dict[str, str]]
+Part = tuple[dict[str, Lists], dict[str, str], np.ndarray]
 
 
 def ray_runner(

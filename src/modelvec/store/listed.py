@@ -21,8 +21,20 @@ import pandas as pd
 from ..analyse.graph import Lists
 from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
+from ..analyse.proximity import Stats
 from .landmarks import Landmarks, update_landmarks
-from .neighbours import MAP_NEAR, NEAR, PARTS, TaskRunner, Wanted, earlier_lists, nearest_lists
+from .neighbours import (
+    MAP_NEAR,
+    NEAR,
+    PARTS,
+    TaskRunner,
+    Wanted,
+    earlier_lists,
+    exact_lists,
+    nearest_lists,
+    ranked_by,
+    spread_of,
+)
 from .population import Population
 
 #: Room in each model's list beyond what its dataset needs now (a share): a dataset that grows by as much is scored
@@ -82,7 +94,7 @@ def lists_of(
     if scoring.pool != "labelled":
         wanted.append(Wanted("voters", np.where(sound, scoring.k, 0), labelled, rank))
     marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
-    found, computed = nearest_of(
+    found, computed, exact = nearest_of(
         pop,
         wanted,
         metric=metric,
@@ -107,7 +119,7 @@ def lists_of(
         voters=lists.get("voters", scored),
         nearest_plain=np.array([d[0] if len(d) else np.inf for d in first]),
         landmarks=lm.subset(at),
-        stats=(stats[0][at], stats[1][at]) if stats is not None else None,
+        stats=(exact[0][at], exact[1][at]) if exact is not None else None,
         eligible=eligible[at],
         labelled=labelled[at],
         groups=groups[at] if groups is not None else None,
@@ -146,16 +158,21 @@ def landmarks_of(pop: Population, *, verify: bool = True) -> Landmarks:
     return lm
 
 
-def kept_lists(pop: Population, metric: str, ranking: str) -> dict[str, Lists] | None:
+def kept_lists(pop: Population, metric: str, ranking: str) -> tuple[dict[str, Lists], Stats | None] | None:
     """The nearest lists kept beside the store for exactly these vectors and ``ranking`` (as ``cluster`` kept
-    them, for whatever labels), verified; None where none are."""
+    them, for whatever labels), verified, and each model's exact spread kept with them; None where none are."""
     kept, note = pop.folder.rows(pop.cache_key(), f"nearest-{metric}")
     pop.repaired += [note] if note else []
     if kept is None or kept.meta.get("ranking") != ranking or kept.meta.get("hashes") != list(pop.selection.hashes):
         return None
-    names = sorted({key.split(".")[0] for key in kept.arrays})
+    names = sorted({key.split(".")[0] for key in kept.arrays if key.endswith(".indptr")})
     earlier = earlier_lists(kept, names)
-    return earlier.lists if earlier is not None else None
+    if earlier is None:
+        return None
+    exact = spread_of(earlier.sums) if earlier.sums is not None else None
+    ranked = set(kept.meta.get("ranked") or [])
+    lists = {n: ranked_by(lst, exact) if n in ranked and exact is not None else lst for n, lst in earlier.lists.items()}
+    return lists, exact
 
 
 def nearest_of(
@@ -168,11 +185,13 @@ def nearest_of(
     runner: TaskRunner | None = None,
     progress: Callable[[int, int], None] | None = None,
     device: str = "cpu",
-) -> tuple[dict[str, Lists], int]:
+) -> tuple[dict[str, Lists], int, Stats | None]:
     """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
     store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
     each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks);
-    ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`)."""
+    ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`). And how many
+    rows were computed, and (``stats`` given: lists by mutual proximity) each model's exact spread, from its
+    distances to every other."""
     sel, name = pop.selection, f"nearest-{metric}"
     kept, note = pop.folder.rows(pop.cache_key(), name)
     pop.repaired += [note] if note else []
@@ -185,8 +204,10 @@ def nearest_of(
             for w in wanted
         )
     ):
-        return earlier.lists, 0
-    lists, damaged, computed = nearest_lists(
+        exact = spread_of(earlier.sums) if stats is not None and earlier.sums is not None else None
+        if stats is None or exact is not None:
+            return exact_lists(earlier.lists, wanted, exact), 0, exact
+    found = nearest_lists(
         pop.db.vector_file,
         sel,
         wanted,
@@ -197,10 +218,13 @@ def nearest_of(
         progress=progress,
         device=device,
     )
-    pop.damaged.update(damaged)
-    arrays = {f"{w.name}.{part}": getattr(lists[w.name], part) for w in wanted for part in PARTS}
+    pop.damaged.update(found.damaged)
+    arrays = {f"{w.name}.{part}": getattr(found.drawn[w.name], part) for w in wanted for part in PARTS}
     arrays.update({f"{w.name}.depths": w.depths for w in wanted})
     arrays.update({f"{w.name}.eligible": w.eligible for w in wanted})
-    if not damaged:  # lists without a damaged vector's row are not what the next run asks for
-        pop.folder.keep_rows(pop.cache_key(), name, {"hashes": list(sel.hashes), "ranking": ranking}, arrays)
-    return lists, computed
+    arrays["sums"] = found.sums
+    if not found.damaged:  # lists without a damaged vector's row are not what the next run asks for
+        ranked = [w.name for w in wanted if w.ranking == "rank"]
+        meta = {"hashes": list(sel.hashes), "ranking": ranking, "ranked": ranked}
+        pop.folder.keep_rows(pop.cache_key(), name, meta, arrays)
+    return found.lists, found.computed, found.stats

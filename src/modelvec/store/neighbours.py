@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +42,12 @@ __all__ = [
     "PAIRS_UP_TO",
     "PARTS",
     "Earlier",
+    "Found",
     "Task",
     "TaskRunner",
     "Wanted",
     "earlier_lists",
+    "exact_lists",
     "nearest_lists",
     "run_task",
 ]
@@ -72,7 +74,7 @@ def list_block_floats() -> int:
 def earlier_lists(kept: Kept | None, names: Sequence[str]) -> Earlier | None:
     """The lists a kept file holds (:meth:`~modelvec.store.population.Population.nearest` keeps them), None where
     it lacks one of ``names``."""
-    if kept is None or any(f"{name}.indptr" not in kept.arrays for name in names):
+    if kept is None or not names or any(f"{name}.indptr" not in kept.arrays for name in names):
         return None
     a = kept.arrays
     lists = {name: Lists(*(np.asarray(a[f"{name}.{part}"]) for part in PARTS)) for name in names}
@@ -81,6 +83,7 @@ def earlier_lists(kept: Kept | None, names: Sequence[str]) -> Earlier | None:
         lists,
         {name: np.asarray(a[f"{name}.depths"]) for name in names},
         {name: np.asarray(a[f"{name}.eligible"], dtype=bool) for name in names},
+        np.asarray(a["sums"]) if "sums" in a else None,
     )
 
 
@@ -108,6 +111,8 @@ class Earlier:
     lists: dict[str, Lists]
     depths: dict[str, np.ndarray]
     eligible: dict[str, np.ndarray]
+    #: each row's sum of distances and of squared distances to every other row, and how many (None: not kept)
+    sums: np.ndarray | None = None
 
 
 class _Offers:
@@ -121,10 +126,15 @@ class _Offers:
         stats: Stats | None,
         fresh: np.ndarray,
         changed: dict[str, np.ndarray],
+        new: np.ndarray | None = None,
     ) -> None:
         self.metric, self.wanted, self.stats = metric, list(wanted), stats
         self.fresh, self.changed = fresh, changed
         self.nearest = {w.name: Nearest(w.depths) for w in self.wanted}
+        #: each row's sum of distances, of squared distances and their count, over the pairs this pass computes that
+        #: its kept sums do not hold (a fresh row: all; a kept one: those with ``new`` rows, absent before)
+        self.sums = np.zeros((len(fresh), 3))
+        self.new = fresh if new is None else new
 
     def __call__(self, rows: np.ndarray, cols: np.ndarray, P: np.ndarray, sq_r: np.ndarray, sq_c: np.ndarray) -> None:
         block = np.array(P, dtype=np.float64)
@@ -133,9 +143,20 @@ class _Offers:
         D = distances_of(block, self.metric, sq_r, sq_c)
         R = self._ranked(rows, cols, D)
         self._offer(rows, cols, D, R)
+        self._sum(rows, cols, D)
         inside = np.isin(rows, cols)
         if (~inside).any():  # the pairs' other side (a held block against itself holds both already)
             self._offer(cols, rows[~inside], D[~inside].T, None if R is None else R[~inside].T)
+            self._sum(cols, rows[~inside], D[~inside].T)
+
+    def _sum(self, rows: np.ndarray, cols: np.ndarray, D: np.ndarray) -> None:
+        """Each row's distances to these columns added to its sums (itself left out; a kept row's, only those to new
+        columns: the others are in its kept sums)."""
+        take = (rows[:, None] != cols[None, :]) & (self.fresh[rows][:, None] | self.new[cols][None, :])
+        W = np.where(take, D, 0.0)
+        self.sums[rows, 0] += W.sum(axis=1)
+        self.sums[rows, 1] += np.einsum("ij,ij->i", W, W)
+        self.sums[rows, 2] += np.count_nonzero(take, axis=1)
 
     def _ranked(self, rows: np.ndarray, cols: np.ndarray, D: np.ndarray) -> np.ndarray | None:
         """The pairs' -log mutual proximity (the same both ways), for the entries that may still enter a list ranked
@@ -187,7 +208,7 @@ class _Offers:
 
 def _from_earlier(
     earlier: Earlier, selection: Selection, wanted: Sequence[Wanted]
-) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Lists]]:
+) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Lists], np.ndarray]:
     """What a pass must compute where ``earlier`` lists are kept: the rows computed anew (new vectors, newly
     eligible ones, and rows whose kept lists no longer hold what they need), per list the columns the other rows
     must be offered (new or newly eligible), and the kept lists in the selection's order (columns renumbered, the
@@ -198,6 +219,7 @@ def _from_earlier(
     position = np.full(len(earlier.hashes), -1, np.int64)
     position[source[source >= 0]] = np.flatnonzero(source >= 0)
     fresh = source < 0
+    new = fresh.copy()
     changed, kept = {}, {}
     for w in wanted:
         was = np.zeros(n, dtype=bool)
@@ -216,7 +238,7 @@ def _from_earlier(
         short = (lists.lengths() < w.depths) & ~held_all
         fresh |= short | (w.depths > depth_then) & ~held_all
         kept[w.name] = lists
-    return fresh, changed, kept
+    return fresh, changed, kept, new
 
 
 @dataclass(frozen=True)
@@ -234,15 +256,17 @@ class Task:
     changed: dict[str, np.ndarray]
     block_floats: int
     block: int
+    new: np.ndarray | None = None
 
 
-def run_task(task: Task) -> tuple[dict[str, Lists], dict[str, str]]:
+def run_task(task: Task) -> tuple[dict[str, Lists], dict[str, str], np.ndarray]:
     """One held block's part of every model's lists: its rows against every vector after them (the same products,
-    in the same blocks, as the whole pass), and the vectors it found damaged. The vector file is opened at
-    ``task.path``: a worker on another machine reads it from a shared path."""
+    in the same blocks, as the whole pass), the vectors it found damaged and its part of each row's sums of
+    distances. The vector file is opened at ``task.path``: a worker on another machine reads it from a shared
+    path."""
     vector_file = VectorFile(Path(task.path), read_only=True)
     try:
-        offers = _Offers(task.metric, task.wanted, task.stats, task.fresh, task.changed)
+        offers = _Offers(task.metric, task.wanted, task.stats, task.fresh, task.changed, task.new)
         products = gram(
             vector_file,
             task.selection,
@@ -253,12 +277,28 @@ def run_task(task: Task) -> tuple[dict[str, Lists], dict[str, str]]:
         )
     finally:
         vector_file.close()
-    return {name: nb.lists() for name, nb in offers.nearest.items()}, dict(products.damaged)
+    return {name: nb.lists() for name, nb in offers.nearest.items()}, dict(products.damaged), offers.sums
 
 
 #: How a pass's held blocks are run elsewhere (a Ray cluster: :mod:`modelvec.run.ray_blocks`): each task's result,
 #: in any order.
-TaskRunner = Callable[[Sequence[Task]], Iterable[tuple[dict[str, Lists], dict[str, str]]]]
+TaskRunner = Callable[[Sequence[Task]], Iterable[tuple[dict[str, Lists], dict[str, str], np.ndarray]]]
+
+
+@dataclass
+class Found:
+    """What a pass of nearest lists found: the ``lists``, the vectors ``damaged`` (model -> line), how many rows it
+    ``computed`` anew, each row's ``sums`` (of distances, of squared distances, their count, over every other row)
+    and, where lists are ranked by mutual proximity, each row's exact spread from them (``stats``: the lists'
+    values ranked by it)."""
+
+    lists: dict[str, Lists]
+    damaged: dict[str, str]
+    computed: int
+    sums: np.ndarray
+    stats: Stats | None = None
+    #: the lists as the pass drew them (by the landmarks' spreads): what a later pass brings up to date
+    drawn: dict[str, Lists] = field(default_factory=dict)
 
 
 def nearest_lists(
@@ -273,48 +313,111 @@ def nearest_lists(
     runner: TaskRunner | None = None,
     block_floats: int | None = None,
     device: str = "cpu",
-) -> tuple[dict[str, Lists], dict[str, str], int]:
-    """Every model's ``wanted`` lists from one pass of products over the selection's vectors (each pair once), the
-    vectors found damaged (model -> line: left out of every list) and the rows computed. ``stats``: each model's
-    spread, for lists ranked by mutual proximity. ``earlier``: lists kept from before (for the same ranking and
-    spreads): only the rows they cannot answer are computed, against every vector, and the others are offered the
-    new columns alone: the same lists as a pass over all of them. ``runner``: the pass's held blocks run as tasks
-    (:class:`Task`) elsewhere, their lists merged here (the nearest of the union is the nearest of each part's):
-    the same lists. ``device``: where the pass's float32 products run here (:class:`~modelvec.store.products.Compute`;
+) -> Found:
+    """Every model's ``wanted`` lists from one pass of products over the selection's vectors (each pair once).
+    ``stats``: each model's spread from the landmarks, by which the lists ranked by mutual proximity are drawn; their
+    values are then those of each model's exact spread, from its distances to every other (summed in the pass), each
+    list sorted by them. ``earlier``: lists kept from before (for the same ranking): only the rows they cannot answer
+    are computed, against every vector, and the others are offered the new columns alone: the same lists as a pass
+    over all of them (a vector gone since: every row computed). ``runner``: the pass's held blocks run as tasks
+    (:class:`Task`) elsewhere, their lists merged here (the nearest of the union is the nearest of each part's): the
+    same lists. ``device``: where the pass's float32 products run here (:class:`~modelvec.store.products.Compute`;
     a Ray cluster's tasks run theirs on their CPU)."""
     n = len(selection)
+    if earlier is not None and (earlier.sums is None or set(earlier.hashes) - set(selection.hashes)):
+        earlier = None  # a vector gone: its distances are in every kept sum
+    kept: dict[str, Lists] = {}
+    sums = np.zeros((n, 3))
     if earlier is None:
-        kept: dict[str, Lists] = {}
-        fresh, changed = np.ones(n, dtype=bool), {w.name: w.eligible for w in wanted}
+        fresh, changed, new = np.ones(n, dtype=bool), {w.name: w.eligible for w in wanted}, np.ones(n, dtype=bool)
     else:
-        fresh, changed, kept = _from_earlier(earlier, selection, wanted)
-    offers = _Offers(metric, wanted, stats, fresh, changed)
+        fresh, changed, kept, new = _from_earlier(earlier, selection, wanted)
+        where = {h: i for i, h in enumerate(earlier.hashes)}
+        source = np.array([where.get(h, -1) for h in selection.hashes], dtype=np.int64)
+        assert earlier.sums is not None
+        sums[~fresh] = np.asarray(earlier.sums)[source[~fresh]]
+    offers = _Offers(metric, wanted, stats, fresh, changed, new)
     for w in wanted:
         if w.name in kept:
             offers.nearest[w.name].hold(kept[w.name], np.flatnonzero(~fresh))
+    damaged = _passed(vector_file, selection, offers, runner, progress, block_floats, device)
+    sums += offers.sums
+    found = {name: nb.lists() for name, nb in offers.nearest.items()}
+    if damaged:  # a damaged vector was read as zeros: out of every list
+        keep = np.array([-1 if m in damaged else i for i, m in enumerate(selection.models)], dtype=np.int64)
+        found = {name: lists.remapped(keep) for name, lists in found.items()}
+    exact = spread_of(sums) if stats is not None else None
+    return Found(exact_lists(found, wanted, exact), damaged, int(fresh.sum()), sums, exact, found)
+
+
+def exact_lists(drawn: dict[str, Lists], wanted: Sequence[Wanted], exact: Stats | None) -> dict[str, Lists]:
+    """The lists as drawn, those ranked by mutual proximity ranked again by each model's ``exact`` spread."""
+    rank = {w.name for w in wanted if w.ranking == "rank"}
+    return {
+        name: ranked_by(lists, exact) if name in rank and exact is not None else lists for name, lists in drawn.items()
+    }
+
+
+def _passed(
+    vector_file: VectorFile,
+    selection: Selection,
+    offers: _Offers,
+    runner: TaskRunner | None,
+    progress: Callable[[int, int], None] | None,
+    block_floats: int | None,
+    device: str,
+) -> dict[str, str]:
+    """The pass itself, here or as a runner's tasks (merged into ``offers``): the vectors it found damaged."""
     floats = list_block_floats() if block_floats is None else block_floats
+    fresh = offers.fresh
     if runner is None:
         known = Known(np.zeros((0, 0)), ~fresh)
         products = gram(
             vector_file, selection, known=known, consumer=offers, progress=progress, block_floats=floats, device=device
         )
-        damaged = dict(products.damaged)
-    else:
-        blocks = held_blocks_of(int(fresh.sum()), selection.dim, floats)
-        tasks = [
-            Task(os.path.abspath(vector_file.path), selection, tuple(wanted), metric, stats, fresh, changed, floats, b)
-            for b in range(blocks)
-        ]
-        damaged = {}
-        for done, (part, bad) in enumerate(runner(tasks), 1):
-            for name, lists in part.items():
-                owner = np.repeat(np.arange(len(lists)), lists.lengths())
-                offers.nearest[name].add(owner, lists.index, lists.value, lists.distance)
-            damaged.update(bad)
-            if progress is not None:
-                progress(done, blocks)
-    found = {name: nb.lists() for name, nb in offers.nearest.items()}
-    if damaged:  # a damaged vector was read as zeros: out of every list
-        keep = np.array([-1 if m in damaged else i for i, m in enumerate(selection.models)], dtype=np.int64)
-        found = {name: lists.remapped(keep) for name, lists in found.items()}
-    return found, damaged, int(fresh.sum())
+        return dict(products.damaged)
+    blocks = held_blocks_of(int(fresh.sum()), selection.dim, floats)
+    path = os.path.abspath(vector_file.path)
+    tasks = [
+        Task(
+            path,
+            selection,
+            tuple(offers.wanted),
+            offers.metric,
+            offers.stats,
+            fresh,
+            offers.changed,
+            floats,
+            b,
+            offers.new,
+        )
+        for b in range(blocks)
+    ]
+    damaged: dict[str, str] = {}
+    for done, (part, bad, sums) in enumerate(runner(tasks), 1):
+        for name, lists in part.items():
+            owner = np.repeat(np.arange(len(lists)), lists.lengths())
+            offers.nearest[name].add(owner, lists.index, lists.value, lists.distance)
+        offers.sums += sums
+        damaged.update(bad)
+        if progress is not None:
+            progress(done, blocks)
+    return damaged
+
+
+def spread_of(sums: np.ndarray) -> Stats:
+    """Each row's mean and standard deviation of distance from its sums (of distances, of squares, their count)."""
+    count = np.maximum(sums[:, 2], 1.0)
+    mean = sums[:, 0] / count
+    return mean, np.sqrt(np.maximum(sums[:, 1] / count - mean**2, 0.0))
+
+
+def ranked_by(lists: Lists, stats: Stats) -> Lists:
+    """``lists`` (their plain distances kept) with each entry's value the pair's -log mutual proximity under
+    ``stats``, each row sorted by it (ties to the lower index)."""
+    owner = np.repeat(np.arange(len(lists)), lists.lengths())
+    mu, sd = stats
+    d = lists.distance
+    value = side(d, mu[owner], sd[owner]) + side(d, mu[lists.index], sd[lists.index])
+    order = np.lexsort((lists.index, value, owner))
+    return Lists(lists.indptr, lists.index[order], value[order], d[order])
