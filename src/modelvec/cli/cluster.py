@@ -27,6 +27,9 @@ EXECUTION_HELPS = {
     "workers": "--engine ray: tasks at once (default one per CPU of the cluster).",
 }
 
+#: Predictions a table shows (the most confident first); --json gives every one.
+SHOWN_PREDICTIONS = 25
+
 #: The clustering scores as a table says them (keys of ``ClusterReport.clustering``).
 _CLUSTERING_WORDS = {
     "silhouette": "silhouette of the datasets (-1 to 1: how far apart)",
@@ -146,7 +149,10 @@ def _show_more(report: ClusterReport) -> None:
         preds = Table(
             whole_column("unlabelled model"), whole_column("predicted dataset"), "votes", "closeness", "confidence"
         )
-        for p in report.predictions:
+        ordered = report.predictions  # as the models are; where there are too many, the most confident first
+        if len(ordered) > SHOWN_PREDICTIONS:
+            ordered = sorted(ordered, key=lambda p: -p["confidence"] if p["confidence"] == p["confidence"] else 1)
+        for p in ordered[:SHOWN_PREDICTIONS]:
             preds.add_row(
                 short_name(p["model"]),
                 printable(p["predicted"]),
@@ -155,6 +161,8 @@ def _show_more(report: ClusterReport) -> None:
                 fmt(p["confidence"]),
             )
         console.print(preds)
+        if len(ordered) > SHOWN_PREDICTIONS:
+            say(console, f"{len(ordered) - SHOWN_PREDICTIONS:,} more predictions (the most confident shown): --json")
         say(
             console,
             "confidence = the winner's share of the votes x closeness (1: its nearest labelled model is as "
