@@ -179,43 +179,38 @@ class _Inference:
                 )
         self._merges: dict[int, Merge | None] = {}
         self._gram: np.ndarray | None = None
-        #: above GRAM_UP_TO, each model's nearest traces (the only ones its dots are computed with) and the last rows
+        #: above GRAM_UP_TO, each model's nearest traces and its products with them
         self._near: np.ndarray | None = None
         self._near_dots = np.zeros((0, 0))
-        self._rows: dict[int, np.ndarray] = {}
         #: the copies (identical weights, re-saves) among the models: never a parent of anything, never a merge's
         self.copies = {self.index[m]: c for m, c in (copies or {}).items() if m in self.index}
         usable = np.array([k == "fine-tune" for k in self.kind], dtype=bool) & (self.norms > 0)
         usable[list(self.copies)] = False  # a copy would share its original's weight; its original stands for it
         self.parentable = usable  # full models (merges among them) that may be a model's parent
-        self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats, rule, scale)
+        #: above GRAM_UP_TO where every node is asked for: each model's nearest traces are its only candidates
+        self.listed = every and len(models) > GRAM_UP_TO
+        near = self.near if self.listed else None
+        self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats, rule, scale, near=near)
         self.declared: dict[int, list[int]] = {}  # merges whose cards name stored parents: fitted on them first
 
     def dots(self, i: int) -> np.ndarray:
         """Every trace's inner product with ``i``'s: from the Gram matrix, made once where every node is asked for
-        (and it fits: :data:`GRAM_UP_TO` models); above it, where every node is asked for, with its nearest traces
-        (:data:`TREE_NEAR`) and 0 with the others, which are then never its parent, merge parent or child; else
-        one pass over the traces."""
-        n = len(self.models)
-        if self._gram is None and self.all and n <= GRAM_UP_TO:
+        (and it fits: :data:`GRAM_UP_TO` models), else one pass over the traces (above it, where every node is asked
+        for, :meth:`near` stands for this)."""
+        if self._gram is None and self.all and len(self.models) <= GRAM_UP_TO:
             self._gram = gram_of(self.t)
-        if self._gram is not None:
-            return self._gram[i].astype(np.float64)
-        if not self.all:
-            return (self.t @ self.t[i]).astype(np.float64)
+        return (self._gram[i] if self._gram is not None else self.t @ self.t[i]).astype(np.float64)
+
+    def near(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """``i``'s nearest traces (:data:`TREE_NEAR` by distance and as many by cosine, each pair's product once for
+        the whole tree: :func:`~modelvec.analyse.graph.nearest_rows`) and its inner products with them."""
         if self._near is None:
             from .graph import nearest_rows
 
             self._near, self._near_dots = nearest_rows(self.t, TREE_NEAR)
-        if i not in self._rows:
-            if len(self._rows) > 256:
-                self._rows.pop(next(iter(self._rows)))
-            cols = self._near[i]
-            row = np.zeros(n)
-            row[cols[cols >= 0]] = self._near_dots[i][cols >= 0]
-            row[i] = self.norms[i] ** 2
-            self._rows[i] = row
-        return self._rows[i]
+        cols, at = np.unique(self._near[i], return_index=True)
+        keep = cols >= 0
+        return cols[keep], self._near_dots[i][at[keep]]
 
     def node(self, i: int, base: str, embedded_on: str | None) -> Node:
         m, kind = self.models[i], self.kind[i]
@@ -269,20 +264,21 @@ class _Inference:
         distance from every candidate."""
         norms = self.norms
         lo, hi = self.rule.beyond
-        dots = self.dots(i)
-        share = dots / np.maximum(norms**2, 1e-300)
-        distance = np.sqrt(np.maximum(norms[i] ** 2 + norms**2 - 2 * dots, 0))
-        can = self.parentable.copy()
+        cols, dots = self.near(i) if self.listed else (np.arange(len(norms)), self.dots(i))
+        share = dots / np.maximum(norms[cols] ** 2, 1e-300)
+        distance = np.sqrt(np.maximum(norms[i] ** 2 + norms[cols] ** 2 - 2 * dots, 0))
+        can = self.parentable[cols] & (cols != i)
         if self.kind[i] != "quantization":
-            can &= (norms < norms[i]) & (share >= lo) & (share <= hi)
-        can[i] = False
+            can &= (norms[cols] < norms[i]) & (share >= lo) & (share <= hi)
         best: list[tuple[float, int]] = [(float(norms[i]), -1)]  # the base: T = 0, always gone beyond
         found = np.flatnonzero(can)
-        for j in found[np.argsort(distance[found], kind="stable")]:  # nearest first: the two nearest that qualify
-            merge = self.merge(int(j))
-            if merge is not None and not self._holds(i, merge, share):
+        held = dict(zip(cols.tolist(), share.tolist()))
+        for at in found[np.argsort(distance[found], kind="stable")]:  # nearest first: the two nearest that qualify
+            j = int(cols[at])
+            merge = self.merge(j)
+            if merge is not None and not self._holds(i, merge, held):
                 continue  # a merge is a parent only of a model that holds each of its parents' deltas in full
-            best.append((float(distance[j]), int(j)))
+            best.append((float(distance[at]), j))
             if len(best) == 3:
                 break
         best.sort()
@@ -290,8 +286,19 @@ class _Inference:
             return -1, 1.0
         return best[0][1], margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0
 
-    def _holds(self, i: int, merge: Merge, share: np.ndarray) -> bool:
+    def _holds(self, i: int, merge: Merge, held: dict[int, float]) -> bool:
         """Whether ``i`` holds each of ``merge``'s parents' deltas at least at its weight in the merge (its child
-        does; a sibling of one parent holds that one's direction and none of the others'); never a parent's own."""
+        does; a sibling of one parent holds that one's direction and none of the others'); never a parent's own.
+        ``held``: the share of each model's delta ``i`` holds, where known (else from their products)."""
         lo = self.rule.beyond[0]
-        return i not in merge.parents and all(j < 0 or share[j] >= lo * w for j, w in zip(merge.parents, merge.weights))
+        if i in merge.parents:
+            return False
+        for j, w in zip(merge.parents, merge.weights):
+            if j < 0:
+                continue
+            share = held.get(j)
+            if share is None:
+                share = float(self._products([i, j])[0, 1]) / max(float(self.norms[j]) ** 2, 1e-300)
+            if share < lo * w:
+                return False
+        return True

@@ -107,10 +107,13 @@ class MergeFinder:
         statistics: Mapping[str, Sequence[Any]],
         rule: TreeRule,
         scale: float = 0.0,
+        near: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         """``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``,
-        ``rounding``; a missing one: none kept); ``scale``: the base's weights' size in the traces' map."""
-        self.scale = scale
+        ``rounding``; a missing one: none kept); ``scale``: the base's weights' size in the traces' map. ``near``:
+        where every model's products are too many, a model's candidates (its nearest traces) and its products with
+        them, the only models a merge is fitted on (``dots`` is then not asked)."""
+        self.scale, self.near = scale, near
         self.dots, self.products, self.norms, self.usable, self.rule = dots, products, norms, usable, rule
         n = len(norms)
 
@@ -147,6 +150,12 @@ class MergeFinder:
         """The models nearest ``i`` in direction that may be its parents: usable, pointing its way, not
         near-duplicates of it, and (``level`` > 0) not explained at ``level`` - 1 as merges of others."""
         norms = self.norms
+        if self.near is not None:  # its nearest traces alone
+            cols, dots = self.near(i)
+            cos = dots / np.maximum(norms[cols] * norms[i], 1e-300)
+            ok = self.usable[cols] & (cos > 0) & (cos < self.rule.duplicate) & (cols != i)
+            order = np.argsort(-cos[ok], kind="stable")
+            return self._primitive(cols[ok][order], level)
         cos = self.dots(i) / np.maximum(norms * norms[i], 1e-300)
         ok = self.usable & (cos > 0) & (cos < self.rule.duplicate)
         ok[i] = False
@@ -154,13 +163,19 @@ class MergeFinder:
         found = np.flatnonzero(ok)
         if len(found) > 2 * k:  # the 2k nearest, without sorting every model
             found = found[np.argpartition(-cos[found], 2 * k - 1)[: 2 * k]]
-        order = [int(j) for j in found[np.argsort(-cos[found], kind="stable")]]
-        if level > 0:  # asked of the 2k nearest only: each answer is a fit of its own
+        return self._primitive(found[np.argsort(-cos[found], kind="stable")], level)
+
+    def _primitive(self, nearest: np.ndarray, level: int) -> list[int]:
+        """The first ``merge_candidates`` of ``nearest`` (nearest first) not explained at ``level`` - 1, asked of the
+        2k nearest only (each answer is a fit of its own)."""
+        k = self.rule.merge_candidates
+        order = [int(j) for j in nearest[: 2 * k]]
+        if level > 0:
             order = [j for j in order if not self.explained(j, level - 1)]
         return order[:k]
 
     def _fit(self, i: int, candidates: list[int]) -> _Fit:
-        gram, dots, target = self.products(candidates), self.dots(i)[candidates], float(self.norms[i] ** 2)
+        gram, dots, target = self.products(candidates), self._dots(i, candidates), float(self.norms[i] ** 2)
         weights, residual, _ = nnls_from_products(gram, dots, target)
         singles = np.sqrt(np.maximum(target - np.maximum(dots, 0) ** 2 / np.maximum(np.diag(gram), 1e-300), 0.0))
         return _Fit(candidates, weights, residual, singles, target)
@@ -182,7 +197,7 @@ class MergeFinder:
         if found is not None or mine is None:
             return found
         theirs = self.zeros_bf16 if self.precision[i] == "bfloat16" else self.zeros  # in the merge's own precision
-        beyond = self._beyond(i)
+        beyond = dict(zip(candidates, self._beyond(i, candidates)))
         fewer = [
             j for j in candidates if (z := theirs[j]) is not None and z <= mine - rule.trimmed_zeros and not beyond[j]
         ]
@@ -191,14 +206,27 @@ class MergeFinder:
         fit = self._pruned(i, self._fit(i, fewer))
         return self._merge(i, fit, rule.trimmed_ratio, trimmed=True, gain=rule.trimmed_gain)
 
-    def _beyond(self, i: int) -> np.ndarray:
+    def _dots(self, i: int, cols: Sequence[int]) -> np.ndarray:
+        """``i``'s trace's inner products with those of ``cols``."""
+        if self.near is None:
+            return self.dots(i)[list(cols)]
+        near, dots = self.near(i)  # its nearest's products are known; any other's computed
+        at = np.searchsorted(near, cols)
+        known = (at < len(near)) & (near[np.minimum(at, len(near) - 1)] == np.asarray(cols, np.int64))
+        out = np.where(known, dots[np.minimum(at, len(near) - 1)], 0.0) if len(near) else np.zeros(len(cols))
+        if not known.all():
+            others = [int(c) for c, k in zip(cols, known) if not k]
+            out[~known] = self.products([i, *others])[0, 1:]
+        return out
+
+    def _beyond(self, i: int, cols: Sequence[int]) -> np.ndarray:
         """Which models go beyond ``i`` as its fine-tune would (hold its whole delta, ``TreeRule.beyond``, and are
         larger): a later fine-tune of it or a merge of it, never a trimmed merge's parent, which holds a part of the
         merge, its drop noise and rescale added (a chain's first member, leaving more entries as the base's than
         its descendants do, was fitted on them)."""
         lo, hi = self.rule.beyond
-        share = self.dots(i) / max(float(self.norms[i]) ** 2, 1e-300)
-        return (share >= lo) & (share <= hi) & (self.norms > self.norms[i])
+        share = self._dots(i, cols) / max(float(self.norms[i]) ** 2, 1e-300)
+        return (share >= lo) & (share <= hi) & (self.norms[list(cols)] > self.norms[i])
 
     def _pruned(self, i: int, fit: _Fit) -> _Fit:
         """A trimmed fit without the parents that add less than ``trimmed_gain`` of what it explains to what the
