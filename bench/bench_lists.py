@@ -35,6 +35,7 @@ from made_hub import fill, noise_for, truth
 
 BIN = Path(sys.executable).parent
 BASE = "made-base"
+LISTS = ("--neighbours", "lists")  # below 16,384 models ``auto`` reads every pair's products
 
 
 def timed(command: list[str], env: dict[str, str]) -> dict:
@@ -139,10 +140,18 @@ def main() -> None:
         row: dict = {"fill_seconds": grown(store, made, sigma, args.dim, have, n)}
         have = n
         forget(store)
-        row["first"] = cluster(store, args.store / "out", env)
-        row["again"] = cluster(store, args.store / "out", env)
+        row["first"] = cluster(store, args.store / "out", env, *LISTS)
+        row["again"] = cluster(store, args.store / "out", env, *LISTS)
         row["neighbors"] = timed(
-            [str(BIN / "modelvec"), "neighbors", f"org{made.author[7]}/model-000007", "--store", str(store), "--json"],
+            [
+                str(BIN / "modelvec"),
+                "neighbors",
+                f"org{made.author[7]}/model-000007",
+                "--store",
+                str(store),
+                "--json",
+                *LISTS,
+            ],
             env,
         )
         row["exact_sample"] = exact_sample(store)
@@ -158,7 +167,7 @@ def main() -> None:
             }
         if n >= 10000 and "added" not in results:
             grown(store, made, sigma, args.dim, n, n + 1000)
-            again = cluster(store, args.store / "out", env)
+            again = cluster(store, args.store / "out", env, *LISTS)
             results["added"] = {"from": n, "to": n + 1000, "cluster": again}
             forget(store)  # the next size starts with nothing kept
             have = n + 1000

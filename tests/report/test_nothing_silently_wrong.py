@@ -645,3 +645,34 @@ def test_kept_nearest_lists_damaged_or_not_these_are_computed_again(listed, base
     else:
         assert said.count("\n") == 1 and said.startswith(f"note: {path}") and "computed again" in said, said
     assert "note:" not in lists_answers(store, base, zoo[0], tmp_path / "out")["cluster"][2]  # kept again, whole
+
+
+def test_a_model_not_stored_is_placed_by_walking_the_kept_lists(listed, base, tmp_path):
+    """``neighbors`` of a model that is not stored, where the lists are kept: found by walking them (said in one
+    line), the nearest and the prediction the comparison with every stored vector gives; a damaged vector it reaches is left out and
+    named."""
+    root, _, _ = listed
+    query = finetune(base, tmp_path / "new-news", 0, 77)
+    store = copy_store(root, tmp_path)
+    args = ("--store", str(store), "--json", "--neighbours", "lists")
+    code, walked, err = invoke("neighbors", str(query), *args)
+    assert code == 0 and err.count("\n") == 1 and "walking the kept nearest lists" in err, err
+    (tmp_path / "scanned").mkdir()
+    scanned = copy_store(root, tmp_path / "scanned")
+    next(p for name, p in kept_files(scanned, base).items() if ".nearest-" in name).unlink()
+    code, out, err = invoke("neighbors", str(query), "--store", str(scanned), "--json", "--neighbours", "lists")
+    assert code == 0 and "walking" not in err
+    walk, scan = json.loads(walked), json.loads(out)
+    assert [r["model"] for r in walk["nearest"]] == [r["model"] for r in scan["nearest"]]
+    assert (walk["predicted"], walk["votes"]) == (scan["predicted"], scan["votes"])
+    # the walk's products in float64 from the float32 vectors, the scan's in float32
+    assert np.allclose([r["distance"] for r in walk["nearest"]], [r["distance"] for r in scan["nearest"]], rtol=1e-6)
+    nearest = json.loads(walked)["nearest"][0]["model"]
+    with Store(store, read_only=True) as db:
+        offset = db.con.execute('SELECT "offset" FROM vectors WHERE model = ?', [nearest]).fetchone()[0]
+    with open(f"{store}.vectors", "r+b") as fh:
+        fh.seek(offset + 12)
+        fh.write(b"\x01\x02\x03")
+    code, out, err = invoke("neighbors", str(query), *args)
+    assert code == 1 and f"left out: {nearest}: its stored vector" in err, err
+    assert nearest not in [row["model"] for row in json.loads(out)["nearest"]]

@@ -13,6 +13,9 @@ nearest, k its dataset's size, so a row's depth follows its labels.
 
 from __future__ import annotations
 
+import bisect
+import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -270,3 +273,56 @@ def nearest_rows(rows: np.ndarray, depth: int, *, block: int = 512) -> tuple[np.
         index[:, k * depth : (k + 1) * depth], dots[:, k * depth : (k + 1) * depth] = nb.lists().first(depth)
     dots[index < 0] = 0.0
     return index, dots
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What :func:`search` found: the nearest it reached (positions, their exact distances, nearest first) and how
+    many rows it computed a distance for."""
+
+    order: np.ndarray
+    values: np.ndarray
+    computed: int
+
+
+def search(
+    lists: list[Lists],
+    distances: Callable[[np.ndarray], np.ndarray],
+    entries: np.ndarray,
+    *,
+    width: int,
+    batch: int = 4,
+) -> Searched:
+    """A query's nearest rows found by walking the rows' nearest lists (an HNSW layer's best-first search on the
+    kept graph): from the ``entries``, the ``batch`` nearest rows not yet expanded are expanded together (their
+    lists' columns not yet seen get their exact ``distances(columns)``, one call) until the nearest unexpanded row is
+    farther than the ``width``-th nearest found. Every distance is exact; what a row's lists never lead to is not
+    found (its recall is measured: ``bench/bench_search.py``). A row whose distance is not finite is not kept."""
+    seen = np.zeros(len(lists[0]), dtype=bool)
+    entries = np.unique(np.asarray(entries, dtype=np.int64))
+    seen[entries] = True
+    d = distances(entries)
+    frontier = [(float(v), int(i)) for v, i in zip(d, entries) if np.isfinite(v)]
+    heapq.heapify(frontier)
+    best = sorted(frontier)[:width]  # the ``width`` nearest found, as (distance, row)
+    computed = len(entries)
+    while frontier:
+        worst = best[-1][0] if len(best) >= width else np.inf
+        take = [heapq.heappop(frontier) for _ in range(min(batch, len(frontier)))]
+        take = [t for t in take if t[0] <= worst]
+        if not take:
+            break
+        rows = [t[1] for t in take]
+        cols = np.unique(np.concatenate([lst.row(r)[0] for lst in lists for r in rows]))
+        cols = cols[~seen[cols]]
+        if not len(cols):
+            continue
+        seen[cols] = True
+        computed += len(cols)
+        for v, j in zip(distances(cols), cols.tolist()):
+            if np.isfinite(v) and (len(best) < width or v < best[-1][0]):
+                heapq.heappush(frontier, (float(v), j))
+                bisect.insort(best, (float(v), j))
+                del best[width:]
+    order = np.array([j for _, j in best], dtype=np.int64)
+    return Searched(order, np.array([v for v, _ in best]), computed)

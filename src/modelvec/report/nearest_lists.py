@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from ..analyse.geometry import query_distances
-from ..analyse.graph import Lists
+from ..analyse.graph import Lists, Searched, search
 from ..analyse.neighbours import majority_dataset
 from ..analyse.proximity import scaled
 from ..analyse.scores import Scoring
@@ -36,6 +36,7 @@ def neighbors_on_lists(
 
     meta = pop.meta
     models = list(meta["model"])
+    notes: list[str] = list(rest.get("notes") or [])  # type: ignore[call-overload]
     on_the_fly, warning, me = name not in set(models), None, None
     vector = None
     if on_the_fly:
@@ -59,8 +60,7 @@ def neighbors_on_lists(
     labels = [list(d) for d in meta["datasets"]]
     labelled = np.array([bool(x) for x in labels])
     k = resolved.k
-    from_kept = _from_lists(kept, me, labelled, k) if kept is not None and me is not None else None
-    order, values = from_kept if from_kept is not None else _scanned(pop, lm, stats, resolved, me, vector)
+    order, values = _ordered(pop, lm, kept, stats, resolved, me, vector, labelled, notes)
     order, values = _shown(pop, order, values, labelled, k)
     found = meta.iloc[order[:k]][["model", "datasets", "label_source", "author"]].reset_index(drop=True)
     found.insert(1, "distance", values[:k])
@@ -96,9 +96,34 @@ def neighbors_on_lists(
         scaling_note=scaling_note,
         damaged=dict(pop.damaged),
         tree=None if on_the_fly else place_of(pop, asked),
-        notes=list(rest.get("notes") or []),  # type: ignore[call-overload]
+        notes=notes,
         repaired=list(pop.repaired),
     )
+
+
+def _ordered(
+    pop: Population,
+    lm: Landmarks,
+    kept: dict[str, Lists] | None,
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    scoring: Scoring,
+    me: int | None,
+    vector: np.ndarray | None,
+    labelled: np.ndarray,
+    notes: list[str],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The query's nearest stored models, nearest first, with their values: a stored model's from its kept lists,
+    a model not stored by walking them (said in ``notes``), else from every stored vector."""
+    k = scoring.k
+    from_kept = _from_lists(kept, me, labelled, k) if kept is not None and me is not None else None
+    if from_kept is not None:
+        return from_kept
+    if kept is not None and vector is not None:
+        searched = searched_of(pop, lm, kept, stats, scoring.metric, vector)
+        if labelled[searched.order].sum() >= min(k, labelled.sum()):  # else too few to vote: every vector
+            notes.append(_walked(searched.computed, len(labelled)))
+            return searched.order, searched.values
+    return _scanned(pop, lm, stats, scoring, me, vector)
 
 
 def _from_lists(kept: dict[str, Lists], me: int, labelled: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -146,6 +171,81 @@ def _scanned(
     order = np.argsort(D, kind="stable")
     order = order[np.isfinite(D[order])]
     return order, D[order]
+
+
+#: How many of a query's nearest a walk of the kept lists keeps looking for (its width; :func:`searched_of`).
+SEARCH_WIDTH = 64
+
+
+def searched_of(
+    pop: Population,
+    lm: Landmarks,
+    kept: dict[str, Lists],
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    metric: str,
+    vector: np.ndarray,
+    width: int = SEARCH_WIDTH,
+) -> Searched:
+    """A query's nearest stored models found by walking the kept lists (:func:`~modelvec.analyse.graph.search`),
+    entered from the landmarks and from the :data:`ENTRIES` models whose distances to the landmarks correlate best
+    with the query's: each distance exact, from the vectors read (each checked) as the walk reaches them, never
+    every vector. By mutual proximity (``stats``: the stored models' spreads), every model reached is ranked by it,
+    the query's own spread from its distances to the landmarks. Its recall against every vector compared is
+    measured by ``bench/bench_search.py``."""
+    vector = vector.astype(np.float64)
+    square = float(np.dot(vector, vector))
+    known: dict[int, float] = {}
+
+    def distances(cols: np.ndarray) -> np.ndarray:
+        new = np.array([j for j in cols.tolist() if j not in known], dtype=np.int64)
+        d = np.full(len(new), np.inf)
+        try:
+            sound = np.arange(len(new))
+            rows = pop.rows(new).astype(np.float64)
+        except StoreError:  # a damaged vector among them: named in ``damaged``, the others read
+            sound = np.flatnonzero(np.isin(new, pop.check(new)))
+            rows = pop.rows(new[sound]).astype(np.float64)
+        if len(sound):
+            d[sound] = query_distances(rows @ vector, np.einsum("ij,ij->i", rows, rows), square, metric)
+        known.update(zip(new.tolist(), d.tolist()))
+        return np.array([known[j] for j in cols.tolist()])
+
+    to = distances(lm.positions)
+    entries = np.concatenate([lm.positions, _alike(lm.distances(metric), to)])
+    found = search([kept[name] for name in ("near", "map") if name in kept], distances, entries, width=width)
+    if stats is None:
+        return Searched(found.order, found.values, len(known))
+    reached = np.array(sorted(j for j, v in known.items() if np.isfinite(v)), dtype=np.int64)
+    D = np.array([known[j] for j in reached.tolist()])
+    fine = np.isfinite(to)
+    own = (np.array([to[fine].mean()]), np.array([to[fine].std()]))
+    R = scaled(D[None, :], own, (stats[0][reached], stats[1][reached]))[0]
+    order = np.lexsort((reached, R))[:width]
+    return Searched(reached[order], R[order], len(known))
+
+
+#: How many models beside the landmarks a walk of the kept lists starts from: those whose distances to the
+#: landmarks correlate best with the query's.
+ENTRIES = 64
+
+
+def _alike(profiles: np.ndarray, mine: np.ndarray) -> np.ndarray:
+    """The :data:`ENTRIES` rows of ``profiles`` (each model's distances to the landmarks) most correlated with
+    ``mine`` (the query's)."""
+    fine = np.isfinite(mine)
+    P = profiles[:, fine] - profiles[:, fine].mean(axis=1, keepdims=True)
+    q = mine[fine] - mine[fine].mean()
+    score = (P @ q) / np.maximum(np.linalg.norm(P, axis=1) * np.linalg.norm(q), 1e-300)
+    score[~np.isfinite(score)] = -np.inf
+    take = min(ENTRIES, len(score))
+    return np.argpartition(-score, take - 1)[:take] if take else np.zeros(0, np.int64)
+
+
+def _walked(computed: int, n: int) -> str:
+    return (
+        f"its nearest found by walking the kept nearest lists: {computed:,} of the {n:,} stored vectors read, "
+        "each distance exact (bench/bench_search.py measures what the walk misses)"
+    )
 
 
 def _shown(
