@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .graph import Lists
 from .parallel import each
 from .ranking import blocks, take
 
@@ -149,3 +150,21 @@ def scaled(D: np.ndarray, rows: Stats, columns: Stats) -> np.ndarray:
 
 def sub(stats: Stats, idx: np.ndarray) -> Stats:
     return stats[0][idx], stats[1][idx]
+
+
+def spread_of(sums: np.ndarray) -> Stats:
+    """Each row's mean and standard deviation of distance from its sums (of distances, of squares, their count)."""
+    count = np.maximum(sums[:, 2], 1.0)
+    mean = sums[:, 0] / count
+    return mean, np.sqrt(np.maximum(sums[:, 1] / count - mean**2, 0.0))
+
+
+def ranked_by(lists: Lists, stats: Stats) -> Lists:
+    """``lists`` (their plain distances kept) with each entry's value the pair's -log mutual proximity under
+    ``stats``, each row sorted by it (ties to the lower index)."""
+    owner = np.repeat(np.arange(len(lists)), lists.lengths())
+    mu, sd = stats
+    d = lists.distance
+    value = side(d, mu[owner], sd[owner]) + side(d, mu[lists.index], sd[lists.index])
+    order = np.lexsort((lists.index, value, owner))
+    return Lists(lists.indptr, lists.index[order], value[order], d[order])

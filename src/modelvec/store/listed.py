@@ -21,7 +21,7 @@ import pandas as pd
 from ..analyse.graph import Lists
 from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
-from ..analyse.proximity import Stats
+from ..analyse.proximity import Stats, ranked_by, spread_of
 from .landmarks import Landmarks, update_landmarks
 from .neighbours import (
     MAP_NEAR,
@@ -32,8 +32,6 @@ from .neighbours import (
     earlier_lists,
     exact_lists,
     nearest_lists,
-    ranked_by,
-    spread_of,
 )
 from .population import Population
 

@@ -3,7 +3,7 @@ where a population's pairwise products would not fit (:data:`PAIRS_UP_TO`), O(n 
 
 Two passes over the vectors, each vector checked against its checksum as it is read:
 
-- **landmarks** (:func:`landmarks`): every vector's inner products with a seeded sample of :data:`LANDMARKS`
+- **landmarks** (:func:`~modelvec.store.landmarks.landmarks`): every vector's inner products with a seeded sample of :data:`LANDMARKS`
   stored vectors (all of them in a smaller population). From them: each model's spread for mutual proximity (its
   distances to the landmarks: every other model's where the population is that small, so the same as from every
   pair), what "far" means for a prediction's closeness, the map's starting coordinates, and the exact rows against
@@ -26,7 +26,7 @@ from scipy.special import ndtri
 
 from ..analyse.geometry import distances_of
 from ..analyse.graph import Lists, Nearest
-from ..analyse.proximity import Stats, side
+from ..analyse.proximity import Stats, ranked_by, side, spread_of
 from ..core import constants
 from ..core.machine import available_memory
 from .blocks import BLOCK_FLOATS, Selection
@@ -378,19 +378,9 @@ def _passed(
         return dict(products.damaged)
     blocks = held_blocks_of(int(fresh.sum()), selection.dim, floats)
     path = os.path.abspath(vector_file.path)
+    wanted, fresh, changed, new = tuple(offers.wanted), offers.fresh, offers.changed, offers.new
     tasks = [
-        Task(
-            path,
-            selection,
-            tuple(offers.wanted),
-            offers.metric,
-            offers.stats,
-            fresh,
-            offers.changed,
-            floats,
-            b,
-            offers.new,
-        )
+        Task(path, selection, wanted, offers.metric, offers.stats, fresh, changed, floats, b, new)
         for b in range(blocks)
     ]
     damaged: dict[str, str] = {}
@@ -403,21 +393,3 @@ def _passed(
         if progress is not None:
             progress(done, blocks)
     return damaged
-
-
-def spread_of(sums: np.ndarray) -> Stats:
-    """Each row's mean and standard deviation of distance from its sums (of distances, of squares, their count)."""
-    count = np.maximum(sums[:, 2], 1.0)
-    mean = sums[:, 0] / count
-    return mean, np.sqrt(np.maximum(sums[:, 1] / count - mean**2, 0.0))
-
-
-def ranked_by(lists: Lists, stats: Stats) -> Lists:
-    """``lists`` (their plain distances kept) with each entry's value the pair's -log mutual proximity under
-    ``stats``, each row sorted by it (ties to the lower index)."""
-    owner = np.repeat(np.arange(len(lists)), lists.lengths())
-    mu, sd = stats
-    d = lists.distance
-    value = side(d, mu[owner], sd[owner]) + side(d, mu[lists.index], sd[lists.index])
-    order = np.lexsort((lists.index, value, owner))
-    return Lists(lists.indptr, lists.index[order], value[order], d[order])
