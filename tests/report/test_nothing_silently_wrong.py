@@ -676,3 +676,21 @@ def test_a_model_not_stored_is_placed_by_walking_the_kept_lists(listed, base, tm
     code, out, err = invoke("neighbors", str(query), *args)
     assert code == 1 and f"left out: {nearest}: its stored vector" in err, err
     assert nearest not in [row["model"] for row in json.loads(out)["nearest"]]
+
+
+def test_lists_of_each_ranking_are_kept_side_by_side(listed, base, tmp_path):
+    """Lists ranked by distance alone (``--scaling none``) are kept beside those by mutual proximity, not over them:
+    the default's answer afterwards is read from its own kept file, left as it was."""
+    root, _, first = listed
+    store = copy_store(root, tmp_path)
+    ranked = next(p for name, p in kept_files(store, base).items() if ".nearest-" in name)
+    before = ranked.read_bytes()
+    args = ("cluster", str(base), "--store", str(store), "--out", str(tmp_path / "o"), "--json", "--neighbours", "lists")
+    with maps_not_drawn():
+        code, _, err = invoke(*args, "--scaling", "none")
+    assert code == 0 and "note:" not in err, err
+    assert len([name for name in kept_files(store, base) if ".nearest-" in name]) == 2
+    with maps_not_drawn():
+        code, out, _ = invoke(*args)
+    assert code == 0 and json.loads(out)["knn_score"] == json.loads(first["cluster"][1])["knn_score"]
+    assert ranked.read_bytes() == before

@@ -156,10 +156,16 @@ def landmarks_of(pop: Population, *, verify: bool = True) -> Landmarks:
     return lm
 
 
+def kept_name(metric: str, ranking: str) -> str:
+    """The name the lists of ``metric`` ranked by ``ranking`` (its scaling first) are kept under: one file for
+    each ranking, so that asking for the other keeps both."""
+    return f"nearest-{metric}-{json.loads(ranking)[0]}"
+
+
 def kept_lists(pop: Population, metric: str, ranking: str) -> tuple[dict[str, Lists], Stats | None] | None:
     """The nearest lists kept beside the store for exactly these vectors and ``ranking`` (as ``cluster`` kept
     them, for whatever labels), verified, and each model's exact spread kept with them; None where none are."""
-    kept, note = pop.folder.rows(pop.cache_key(), f"nearest-{metric}")
+    kept, note = pop.folder.rows(pop.cache_key(), kept_name(metric, ranking))
     pop.repaired += [note] if note else []
     if kept is None or kept.meta.get("ranking") != ranking or kept.meta.get("hashes") != list(pop.selection.hashes):
         return None
@@ -190,7 +196,7 @@ def nearest_of(
     ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`). And how many
     rows were computed, and (``stats`` given: lists by mutual proximity) each model's exact spread, from its
     distances to every other."""
-    sel, name = pop.selection, f"nearest-{metric}"
+    sel, name = pop.selection, kept_name(metric, ranking)
     kept, note = pop.folder.rows(pop.cache_key(), name)
     pop.repaired += [note] if note else []
     earlier = earlier_lists(kept, [w.name for w in wanted]) if kept and kept.meta.get("ranking") == ranking else None
