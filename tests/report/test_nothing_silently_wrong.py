@@ -685,7 +685,8 @@ def test_lists_of_each_ranking_are_kept_side_by_side(listed, base, tmp_path):
     store = copy_store(root, tmp_path)
     ranked = next(p for name, p in kept_files(store, base).items() if ".nearest-" in name)
     before = ranked.read_bytes()
-    args = ("cluster", str(base), "--store", str(store), "--out", str(tmp_path / "o"), "--json", "--neighbours", "lists")
+    args = ("cluster", str(base), "--store", str(store), "--out", str(tmp_path / "o"), "--json")
+    args += ("--neighbours", "lists")
     with maps_not_drawn():
         code, _, err = invoke(*args, "--scaling", "none")
     assert code == 0 and "note:" not in err, err
