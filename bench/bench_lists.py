@@ -65,11 +65,13 @@ def forget(store: Path) -> None:
 
 
 def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
-    """The exact kNN same-dataset score (by distance, pool labelled) of ``rows`` sampled labelled models, from their
-    products with every stored vector, against the score the kept lists give the same models."""
+    """The exact kNN same-dataset score of ``rows`` sampled labelled models as ``cluster`` scores them (its default
+    ranking: mutual proximity here, each model's exact spread kept with the lists), from their products with every
+    stored vector (one pass), against the score the kept lists give the same models (read, not computed again)."""
     from modelvec import Representation, Store
     from modelvec.analyse.graph_scores import need_of
     from modelvec.analyse.inputs import Scoring, label_sets
+    from modelvec.analyse.proximity import scaled
     from modelvec.report.lists import knn_scores
     from modelvec.store import Population
     from modelvec.store.landmarks import landmarks
@@ -78,20 +80,22 @@ def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
     with Store(store, read_only=True) as db:
         pop = Population(db, BASE, Representation())
         meta = pop.meta
-        scoring = Scoring(scaling="none")
+        scoring = pop.resolve(Scoring())[0]
         g = lists_of(pop, meta, scoring)
+        assert g.computed == 0, "the lists were computed again"
         listed = knn_scores(g, meta.iloc[g.positions].reset_index(drop=True), scoring)[0].per_model
         sets = label_sets([list(d) for d in meta["datasets"]], len(meta))
         labelled = np.array([bool(s) for s in sets])
         need = need_of(sets, labelled)
         rng = np.random.default_rng(seed)
-        pick = rng.choice(np.flatnonzero(labelled & (need > 0)), rows, replace=False)
-        pick = np.sort(pick)
+        pick = np.sort(rng.choice(np.flatnonzero(labelled & (need > 0)), rows, replace=False))
         lm = landmarks(db.vector_file, pop.selection, pick)  # every vector's products with the sample: one pass
-        D = lm.distances("cosine")  # n x rows
+        D = lm.distances("cosine").T  # rows x n
+        if g.stats is not None:
+            D = scaled(D, (g.stats[0][pick], g.stats[1][pick]), g.stats)
         exact = []
         for c, i in enumerate(pick):
-            d = D[:, c].copy()
+            d = D[c].copy()
             d[i] = np.inf
             d[~labelled] = np.inf
             order = np.argsort(d, kind="stable")[: need[i]]
@@ -101,6 +105,7 @@ def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
     boot = rng.choice(diff, (1000, len(diff))).mean(axis=1)
     return {
         "rows": rows,
+        "scaling": scoring.scaling,
         "exact": float(np.mean(exact)),
         "lists": float(np.mean(mine)),
         "difference": float(diff.mean()),
@@ -127,11 +132,12 @@ def main() -> None:
     ap.add_argument("--store", type=Path, default=Path(".cache/bench-lists"))
     ap.add_argument("--dim", type=int, default=99998)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--spare", type=int, default=0, help="made models beyond those stored (bench_search's queries)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     args.store.mkdir(parents=True, exist_ok=True)
     store = args.store / "made.duckdb"
-    made = truth(max(sizes) + 1000)
+    made = truth(max(sizes) + 1000 + args.spare)
     sigma = noise_for(type(made)(**{k: v[: max(sizes)] for k, v in made.__dict__.items()}), dim=args.dim)
     env = dict(os.environ)
     results: dict = {"noise": sigma, "sizes": {}}
@@ -169,7 +175,8 @@ def main() -> None:
             grown(store, made, sigma, args.dim, n, n + 1000)
             again = cluster(store, args.store / "out", env, *LISTS)
             results["added"] = {"from": n, "to": n + 1000, "cluster": again}
-            forget(store)  # the next size starts with nothing kept
+            if n != sizes[-1]:
+                forget(store)  # the next size starts with nothing kept
             have = n + 1000
         for part in row.values():
             if isinstance(part, dict):

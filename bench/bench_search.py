@@ -2,14 +2,15 @@
 lists (:func:`modelvec.report.nearest_lists.searched_of`) against every stored vector compared, on the made Hub-like
 population of :mod:`made_hub` (the store :mod:`bench_lists` grows, its lists kept by its last ``cluster``).
 
-The queries are the made population's next models (``--models`` .. ``--models`` + ``--queries``: their datasets are
-the stored ones', none of their vectors stored), ranked as ``neighbors`` ranks them (mutual proximity where the
+The queries are the made population's models after those stored (``--queries`` of them: their datasets are the
+stored ones', none of their vectors stored), ranked as ``neighbors`` ranks them (mutual proximity where the
 population mixes adapters and full fine-tunes, as it does). For each query: the walk's 15 nearest against the exact
 15 (every stored vector compared, in one pass for all the queries), the vectors it read, its seconds. The width is
 chosen on the first half of the queries (the smallest whose mean recall@15 reaches 0.95) and reported on the second,
 with a bootstrap interval.
 
-Run: ``python bench/bench_search.py --store .cache/bench-lists/made.duckdb --models 30000 [--queries 200]``.
+Run: ``python bench/bench_search.py --store .cache/bench-lists/made.duckdb --size 30000 [--spare 0] [--queries 200]``
+(``--size`` and ``--spare``: the store's ``bench_lists.py`` run's largest size and spare models).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +60,11 @@ def interval(x: np.ndarray, seed: int = 0) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, default=Path(".cache/bench-lists/made.duckdb"))
-    ap.add_argument("--models", type=int, default=30000, help="the models stored (the first of the made population)")
+    ap.add_argument("--size", type=int, default=30000, help="bench_lists' largest size (its made population's)")
+    ap.add_argument("--spare", type=int, default=0, help="bench_lists' --spare")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--dim", type=int, default=99998)
+    ap.add_argument("--scaling", default="auto", help="auto (as neighbors ranks), none, mutual-proximity")
     args = ap.parse_args()
     import json as _json
 
@@ -70,13 +74,15 @@ def main() -> None:
     from modelvec.store import Population
     from modelvec.store.listed import kept_lists, landmarks_of
 
-    made = truth(args.models + 1000)
-    sigma = noise_for(type(made)(**{k: v[: args.models] for k, v in made.__dict__.items()}), dim=args.dim)
-    Q = np.stack(list(vectors(made, sigma, args.dim, args.models, args.models + args.queries))).astype(np.float64)
+    made = truth(args.size + 1000 + args.spare)
+    sigma = noise_for(type(made)(**{k: v[: args.size] for k, v in made.__dict__.items()}), dim=args.dim)
     with Store(args.store, read_only=True) as db:
         pop = Population(db, BASE, Representation())
-        assert len(pop.meta) == args.models, (len(pop.meta), args.models)
-        resolved, _ = pop.resolve(NEIGHBORS_SCORING, [*pop.meta["adapter"], False])
+        stored = len(pop.meta)
+        assert stored + args.queries <= len(made.dataset), "too few made models beyond those stored: --spare"
+        Q = np.stack(list(vectors(made, sigma, args.dim, stored, stored + args.queries))).astype(np.float64)
+        scoring = replace(NEIGHBORS_SCORING, scaling=args.scaling)
+        resolved, _ = pop.resolve(scoring, [*pop.meta["adapter"], False])
         lm = landmarks_of(pop, verify=False)
         marks = [pop.selection.hashes[i] for i in lm.positions] if resolved.scaling != "none" else []
         listed = kept_lists(pop, resolved.metric, _json.dumps([resolved.scaling, marks]))
@@ -98,7 +104,7 @@ def main() -> None:
     half = len(Q) // 2
     chosen = next((w for w in WIDTHS if np.mean([r[0] for r in rows[w][:half]]) >= 0.95), WIDTHS[-1])
     out: dict = {
-        "models": args.models,
+        "models": stored,
         "queries": len(Q),
         "scaling": resolved.scaling,
         "scan_seconds_a_query_in_one_pass": scan,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,11 +22,13 @@ from ..analyse.graph import Lists
 from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
 from ..analyse.proximity import Stats, ranked_by, spread_of
+from .kept import Kept
 from .landmarks import Landmarks, update_landmarks
 from .neighbours import (
     MAP_NEAR,
     NEAR,
     PARTS,
+    Earlier,
     TaskRunner,
     Wanted,
     earlier_lists,
@@ -156,6 +158,30 @@ def landmarks_of(pop: Population, *, verify: bool = True) -> Landmarks:
     return lm
 
 
+def _earlier(
+    kept: Kept | None, wanted: Sequence[Wanted], ranking: str, stats: Stats | None, hashes: Sequence[str]
+) -> Earlier | None:
+    """The kept lists a pass can bring up to date: those of the same scaling. Where the landmarks have moved since
+    (models added), the lists ranked by mutual proximity have their values restated by the landmarks' spreads now
+    (each entry's plain distance kept), so that new columns are offered against the same ranking."""
+    was = kept.meta.get("ranking") if kept is not None else None
+    if kept is None or not isinstance(was, str) or json.loads(was)[0] != json.loads(ranking)[0]:
+        return None
+    earlier = earlier_lists(kept, [w.name for w in wanted])
+    if earlier is None or was == ranking or stats is None:
+        return earlier
+    return restated(earlier, {w.name for w in wanted if w.ranking == "rank"}, stats, hashes)
+
+
+def restated(earlier: Earlier, ranked: set[str], stats: Stats, hashes: Sequence[str]) -> Earlier:
+    """``earlier`` with the lists named in ``ranked`` ranked by ``stats`` (each model's spread now, for the vectors
+    ``hashes``), each entry's plain distance kept: kept lists brought to the spreads a pass now draws by."""
+    at = {h: i for i, h in enumerate(hashes)}
+    rows = np.array([at.get(h, 0) for h in earlier.hashes], dtype=np.int64)  # a row gone: dropped by the pass
+    now = (stats[0][rows], stats[1][rows])
+    return replace(earlier, lists={n: ranked_by(lst, now) if n in ranked else lst for n, lst in earlier.lists.items()})
+
+
 def kept_name(metric: str, ranking: str) -> str:
     """The name the lists of ``metric`` ranked by ``ranking`` (its scaling first) are kept under: one file for
     each ranking, so that asking for the other keeps both."""
@@ -199,7 +225,7 @@ def nearest_of(
     sel, name = pop.selection, kept_name(metric, ranking)
     kept, note = pop.folder.rows(pop.cache_key(), name)
     pop.repaired += [note] if note else []
-    earlier = earlier_lists(kept, [w.name for w in wanted]) if kept and kept.meta.get("ranking") == ranking else None
+    earlier = _earlier(kept, wanted, ranking, stats, sel.hashes)
     if (
         earlier is not None
         and earlier.hashes == list(sel.hashes)
