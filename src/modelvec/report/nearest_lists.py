@@ -212,7 +212,7 @@ def searched_of(
 
     to = distances(lm.positions)
     entries = np.concatenate([lm.positions, _alike(lm.distances(metric), to)])
-    found = search([kept[name] for name in ("near", "map") if name in kept], distances, entries, width=width)
+    found = search([kept[name] for name in WALKED if name in kept], distances, entries, width=width)
     if stats is None:
         return Searched(found.order, found.values, len(known))
     reached = np.array(sorted(j for j, v in known.items() if np.isfinite(v)), dtype=np.int64)
@@ -223,6 +223,9 @@ def searched_of(
     order = np.lexsort((reached, R))[:width]
     return Searched(reached[order], R[order], len(known))
 
+
+#: The kept lists a walk follows: each model's nearest (by the ranking, and plain under mutual proximity).
+WALKED = ("near", "map")
 
 #: How many models beside the landmarks a walk of the kept lists starts from: those whose distances to the
 #: landmarks correlate best with the query's.
