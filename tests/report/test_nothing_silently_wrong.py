@@ -695,3 +695,29 @@ def test_lists_of_each_ranking_are_kept_side_by_side(listed, base, tmp_path):
         code, out, _ = invoke(*args)
     assert code == 0 and json.loads(out)["knn_score"] == json.loads(first["cluster"][1])["knn_score"]
     assert ranked.read_bytes() == before
+
+
+def test_kept_lists_ranked_for_a_few_rows_are_those_rows_of_every_row_ranked(listed, base):
+    """What ``neighbors`` of a stored model reads (its own row and the landmarks', ranked by the exact spreads) is
+    those rows of the lists ranked whole."""
+    from modelvec import Representation
+    from modelvec.store import Population
+    from modelvec.store.listed import kept_lists
+
+    _, store, _ = listed
+    path = next(p for name, p in kept_files(store, base).items() if ".nearest-" in name)
+    ranking = read_kept(path).meta["ranking"]
+    with Store(store, read_only=True) as db:
+        pop = Population(db, str(base), Representation())
+        whole, exact = kept_lists(pop, "cosine", ranking)
+        rows = np.array([2, 7])
+        some, same = kept_lists(pop, "cosine", ranking, rows)
+    assert exact is not None and np.array_equal(exact[0], same[0])
+    assert json.loads(ranking)[0] == "mutual-proximity" and set(some) == set(whole)
+    for name in whole:
+        for i in range(len(whole[name])):
+            a, b = whole[name].row(i), some[name].row(i)
+            if i in rows or name not in read_kept(path).meta["ranked"]:
+                assert all(np.array_equal(x, y) for x, y in zip(a, b)), (name, i)
+            else:
+                assert len(b[0]) == 0

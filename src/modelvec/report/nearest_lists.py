@@ -53,7 +53,8 @@ def neighbors_on_lists(
     lm = landmarks_of(pop, verify=False)
     stats = lm.spread(scoring.metric) if resolved.scaling != "none" else None
     marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
-    listed = kept_lists(pop, scoring.metric, json.dumps([resolved.scaling, marks]))
+    rows = None if me is None else np.union1d([me], lm.positions)  # a stored model: its own lists, the landmarks'
+    listed = kept_lists(pop, scoring.metric, json.dumps([resolved.scaling, marks]), rows)
     kept = listed[0] if listed is not None else None
     if listed is not None and listed[1] is not None:  # the exact spreads the kept lists were ranked by
         stats = listed[1]

@@ -188,9 +188,13 @@ def kept_name(metric: str, ranking: str) -> str:
     return f"nearest-{metric}-{json.loads(ranking)[0]}"
 
 
-def kept_lists(pop: Population, metric: str, ranking: str) -> tuple[dict[str, Lists], Stats | None] | None:
+def kept_lists(
+    pop: Population, metric: str, ranking: str, rows: np.ndarray | None = None
+) -> tuple[dict[str, Lists], Stats | None] | None:
     """The nearest lists kept beside the store for exactly these vectors and ``ranking`` (as ``cluster`` kept
-    them, for whatever labels), verified, and each model's exact spread kept with them; None where none are."""
+    them, for whatever labels), verified, and each model's exact spread kept with them; None where none are.
+    ``rows``: the lists ranked by mutual proximity are ranked by the exact spreads for these rows alone (the
+    others' lists come back empty): what a query that reads a few rows needs."""
     kept, note = pop.folder.rows(pop.cache_key(), kept_name(metric, ranking))
     pop.repaired += [note] if note else []
     if kept is None or kept.meta.get("ranking") != ranking or kept.meta.get("hashes") != list(pop.selection.hashes):
@@ -201,7 +205,14 @@ def kept_lists(pop: Population, metric: str, ranking: str) -> tuple[dict[str, Li
         return None
     exact = spread_of(earlier.sums) if earlier.sums is not None else None
     ranked = set(kept.meta.get("ranked") or [])
-    lists = {n: ranked_by(lst, exact) if n in ranked and exact is not None else lst for n, lst in earlier.lists.items()}
+    lists = dict(earlier.lists)
+    for name in ranked & set(lists) if exact is not None else ():
+        wanted = lists[name]
+        if rows is not None:
+            source = np.full(len(wanted), -1, np.int64)
+            source[rows] = rows
+            wanted = wanted.placed(source)
+        lists[name] = ranked_by(wanted, exact)  # type: ignore[arg-type]
     return lists, exact
 
 
