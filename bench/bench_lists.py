@@ -14,10 +14,10 @@ At each N, each command in a fresh process (``/usr/bin/time``: wall seconds, pea
 - ``neighbors`` of a stored model (its lists kept);
 - at the first size from 10,000 on: 1,000 more models stored, then ``cluster`` (the lists brought up to date: the
   rows computed, against a first run's);
-- the exact kNN same-dataset score (by distance) of 200 sampled labelled models, from one pass of their products
-  with every stored vector, against the lists' score for the same models.
+- the exact kNN same-dataset score (ranked as `cluster` ranks: mutual proximity here) of 200 sampled labelled
+  models, from one pass of their products with every stored vector, against the lists' score for the same models.
 
-Run: ``python bench/bench_lists.py [--sizes 1000,10000,30000,100000] [--store DIR] [--json FILE]``.
+Run: ``python bench/bench_lists.py [--sizes 1000,10000,30000,100000] [--store DIR] [--json FILE] [--spare N]``.
 """
 
 from __future__ import annotations
