@@ -51,13 +51,13 @@ def neighbors_on_lists(
         kinds = list(meta["adapter"])
     resolved, scaling_note = pop.resolve(scoring, kinds)
     lm = landmarks_of(pop, verify=False)
-    stats = lm.spread(scoring.metric) if resolved.scaling != "none" else None
-    marks = [pop.selection.hashes[i] for i in lm.positions] if stats is not None else []
+    marks = [pop.selection.hashes[i] for i in lm.positions] if resolved.scaling != "none" else []
     rows = None if me is None else np.union1d([me], lm.positions)  # a stored model: its own lists, the landmarks'
     listed = kept_lists(pop, scoring.metric, json.dumps([resolved.scaling, marks]), rows)
     kept = listed[0] if listed is not None else None
-    if listed is not None and listed[1] is not None:  # the exact spreads the kept lists were ranked by
-        stats = listed[1]
+    stats = None  # each model's spread: the exact ones the kept lists were ranked by, else the landmarks'
+    if resolved.scaling != "none":
+        stats = listed[1] if listed is not None and listed[1] is not None else lm.spread(scoring.metric)
     labels = [list(d) for d in meta["datasets"]]
     labelled = np.array([bool(x) for x in labels])
     k = resolved.k

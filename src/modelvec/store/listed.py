@@ -21,7 +21,7 @@ import pandas as pd
 from ..analyse.graph import Lists
 from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
-from ..analyse.proximity import Stats, ranked_by, spread_of
+from ..analyse.proximity import Stats, spread_of
 from .kept import Kept
 from .landmarks import Landmarks, update_landmarks
 from .neighbours import (
@@ -32,8 +32,9 @@ from .neighbours import (
     TaskRunner,
     Wanted,
     earlier_lists,
-    exact_lists,
     nearest_lists,
+    ranked_names,
+    reranked,
 )
 from .population import Population
 
@@ -170,7 +171,7 @@ def _earlier(
     earlier = earlier_lists(kept, [w.name for w in wanted])
     if earlier is None or was == ranking or stats is None:
         return earlier
-    return restated(earlier, {w.name for w in wanted if w.ranking == "rank"}, stats, hashes)
+    return restated(earlier, ranked_names(wanted), stats, hashes)
 
 
 def restated(earlier: Earlier, ranked: set[str], stats: Stats, hashes: Sequence[str]) -> Earlier:
@@ -179,7 +180,7 @@ def restated(earlier: Earlier, ranked: set[str], stats: Stats, hashes: Sequence[
     at = {h: i for i, h in enumerate(hashes)}
     rows = np.array([at.get(h, 0) for h in earlier.hashes], dtype=np.int64)  # a row gone: dropped by the pass
     now = (stats[0][rows], stats[1][rows])
-    return replace(earlier, lists={n: ranked_by(lst, now) if n in ranked else lst for n, lst in earlier.lists.items()})
+    return replace(earlier, lists=reranked(earlier.lists, ranked, now))
 
 
 def kept_name(metric: str, ranking: str) -> str:
@@ -204,16 +205,7 @@ def kept_lists(
     if earlier is None:
         return None
     exact = spread_of(earlier.sums) if earlier.sums is not None else None
-    ranked = set(kept.meta.get("ranked") or [])
-    lists = dict(earlier.lists)
-    for name in ranked & set(lists) if exact is not None else ():
-        wanted = lists[name]
-        if rows is not None:
-            source = np.full(len(wanted), -1, np.int64)
-            source[rows] = rows
-            wanted = wanted.placed(source)
-        lists[name] = ranked_by(wanted, exact)  # type: ignore[arg-type]
-    return lists, exact
+    return reranked(earlier.lists, set(kept.meta.get("ranked") or []), exact, rows), exact
 
 
 def nearest_of(
@@ -247,7 +239,7 @@ def nearest_of(
     ):
         exact = spread_of(earlier.sums) if stats is not None and earlier.sums is not None else None
         if stats is None or exact is not None:
-            return exact_lists(earlier.lists, wanted, exact), 0, exact
+            return reranked(earlier.lists, ranked_names(wanted), exact), 0, exact
     found = nearest_lists(
         pop.db.vector_file,
         sel,
@@ -265,7 +257,6 @@ def nearest_of(
     arrays.update({f"{w.name}.eligible": w.eligible for w in wanted})
     arrays["sums"] = found.sums
     if not found.damaged:  # lists without a damaged vector's row are not what the next run asks for
-        ranked = [w.name for w in wanted if w.ranking == "rank"]
-        meta = {"hashes": list(sel.hashes), "ranking": ranking, "ranked": ranked}
+        meta = {"hashes": list(sel.hashes), "ranking": ranking, "ranked": sorted(ranked_names(wanted))}
         pop.folder.keep_rows(pop.cache_key(), name, meta, arrays)
     return found.lists, found.computed, found.stats

@@ -17,7 +17,7 @@ Two passes over the vectors, each vector checked against its checksum as it is r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +47,9 @@ __all__ = [
     "TaskRunner",
     "Wanted",
     "earlier_lists",
-    "exact_lists",
     "nearest_lists",
+    "ranked_names",
+    "reranked",
     "run_task",
 ]
 #: How deep every model's list of nearest models goes (``neighbors --k`` up to this, the map's 15).
@@ -347,15 +348,29 @@ def nearest_lists(
         keep = np.array([-1 if m in damaged else i for i, m in enumerate(selection.models)], dtype=np.int64)
         found = {name: lists.remapped(keep) for name, lists in found.items()}
     exact = spread_of(sums) if stats is not None else None
-    return Found(exact_lists(found, wanted, exact), damaged, int(fresh.sum()), sums, exact, found)
+    return Found(reranked(found, ranked_names(wanted), exact), damaged, int(fresh.sum()), sums, exact, found)
 
 
-def exact_lists(drawn: dict[str, Lists], wanted: Sequence[Wanted], exact: Stats | None) -> dict[str, Lists]:
-    """The lists as drawn, those ranked by mutual proximity ranked again by each model's ``exact`` spread."""
-    rank = {w.name for w in wanted if w.ranking == "rank"}
-    return {
-        name: ranked_by(lists, exact) if name in rank and exact is not None else lists for name, lists in drawn.items()
-    }
+def ranked_names(wanted: Sequence[Wanted]) -> set[str]:
+    """The names of the ``wanted`` lists ranked by mutual proximity."""
+    return {w.name for w in wanted if w.ranking == "rank"}
+
+
+def reranked(
+    lists: dict[str, Lists], ranked: Collection[str], stats: Stats | None, rows: np.ndarray | None = None
+) -> dict[str, Lists]:
+    """``lists``, those named in ``ranked`` ranked again by ``stats`` (each model's spread; None: all as they are),
+    their plain distances kept; ``rows``: those lists for these rows alone (the others' come back empty)."""
+    if stats is None:
+        return dict(lists)
+    out = {}
+    for name, found in lists.items():
+        if name in ranked and rows is not None:
+            source = np.full(len(found), -1, np.int64)
+            source[rows] = rows
+            found = found.placed(source)
+        out[name] = ranked_by(found, stats) if name in ranked else found
+    return out
 
 
 def _passed(
