@@ -1,5 +1,6 @@
 """The commands that only read the store import no torch, for the default representation on BERT too (its vector
-ends in the vocabulary head's block, whose size comes from the shapes, not from reading the embeddings)."""
+ends in the vocabulary head's block, whose size comes from the shapes, not from reading the embeddings); those
+that read a stored model's answer import no Hub client either (the console script imports only its command)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from modelvec import embed
 
 CODE = (
     "import sys\nfrom modelvec.cli import main\nsys.argv = ['modelvec', *sys.argv[1:]]\n"
-    "try:\n    main()\nexcept SystemExit as exc:\n    print('exit', exc.code)\nprint('torch' in sys.modules)"
+    "try:\n    main()\nexcept SystemExit as exc:\n    print('exit', exc.code)\nprint('torch' in sys.modules, 'huggingface_hub' in sys.modules)"
 )
 
 
@@ -31,4 +32,6 @@ def test_reading_commands_import_no_torch(tiny_bert, tiny_finetunes, tmp_path):
         )
         lines = out.stdout.strip().splitlines()
         assert out.returncode == 0 and lines[-2] == "exit 0", (name, out.stdout[-800:], out.stderr[-800:])
-        assert lines[-1] == "False", f"{name} imported torch"
+        torch, hub = lines[-1].split()
+        assert torch == "False", f"{name} imported torch"
+        assert hub == "False" or name not in ("show", "neighbors"), f"{name} imported huggingface_hub"

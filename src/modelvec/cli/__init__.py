@@ -6,18 +6,39 @@ prints exactly the API's answer (``as_json()``). Failures are handled in one pla
 damaged store, a Hub that does not answer, nothing stored: :class:`~modelvec.core.errors.NothingStoredError`)
 or a ``ValueError`` (a bad option value) prints one line on stderr and exits with status 2.
 Options that take several values accept them repeated or comma-separated
-(``--threshold 0.5,0.9 --threshold 0.99``). Nothing heavy is imported until a command runs, so
-``modelvec --help`` and ``modelvec show`` start without torch.
+(``--threshold 0.5,0.9 --threshold 0.99``). Nothing heavy is imported until a command runs, and the
+console script imports only the command it runs, so ``modelvec --help`` and ``modelvec show`` start
+without torch and ``modelvec neighbors`` without the Hub client.
 """
 
 from __future__ import annotations
 
-from . import cluster, compact, discover, embed, evaluate, export, neighbors, rank, show, tree
-from .app import app
+import importlib
+import sys
+from typing import Any
 
-__all__ = ["app", "main"]
+#: The commands, each the module of this package that defines it.
+COMMANDS = ("cluster", "compact", "discover", "embed", "evaluate", "export", "neighbors", "rank", "show", "tree")
+
+__all__ = ["COMMANDS", "app", "main"]
+
+
+def _app(names: tuple[str, ...] = COMMANDS) -> Any:
+    """The app with the commands ``names`` registered (their modules imported)."""
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    from .shell import app
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # the whole app, every command registered
+        return _app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    """The console script: ``modelvec ...``."""
-    app(prog_name="modelvec")
+    """The console script: ``modelvec ...``; only the command named is imported (every one for the app's help)."""
+    first = sys.argv[1] if len(sys.argv) > 1 else None
+    _app((first,) if first in COMMANDS else COMMANDS)(prog_name="modelvec")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .app import command, open_store
 from .options import StoreOpt
 from .printing import console, printable, say, short_name
+from .shell import command, open_store
 
 
 @command()

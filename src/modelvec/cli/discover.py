@@ -9,9 +9,9 @@ import typer
 from rich.table import Table
 
 from ..core.tree import Scope
-from .app import command, open_store
 from .options import JsonOpt, StoreOpt, with_settings
 from .printing import console, print_json, print_table, printable, say, whole_column
+from .shell import command, open_store
 
 
 @command()

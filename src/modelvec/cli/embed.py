@@ -13,9 +13,9 @@ import typer
 from ..core.tree import Scope
 from ..represent.representation import Representation
 from ..run.engines import Execution
-from .app import EXIT_SOME_FAILED, command, open_store
 from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
 from .printing import console, err, print_json, printable, say, short_name
+from .shell import EXIT_SOME_FAILED, command, open_store
 
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn

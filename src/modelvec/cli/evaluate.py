@@ -11,9 +11,9 @@ from rich.table import Table
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
 from ..studies.sweep import SWEPT, Sweep
-from .app import command
 from .options import JsonOpt, StoreOpt, split_values, with_settings
 from .printing import console, err, fmt, print_json, printable, say
+from .shell import command
 from .sweeps import with_sweeps
 
 if TYPE_CHECKING:

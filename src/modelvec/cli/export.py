@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from .app import command, left_out, open_store
 from .options import StoreOpt, WaitOpt
 from .printing import console, printable, say
+from .shell import command, left_out, open_store
 
 
 @command()

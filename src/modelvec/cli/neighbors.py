@@ -11,7 +11,6 @@ from rich.table import Table
 from ..analyse.scores import NEIGHBORS_SCORING, Scoring
 from ..represent.representation import Representation
 from ..store.products import Compute
-from .app import command, left_out, open_store
 from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
 from .printing import (
     console,
@@ -26,6 +25,7 @@ from .printing import (
     short_name,
     whole_column,
 )
+from .shell import command, left_out, open_store
 
 if TYPE_CHECKING:
     from ..report.nearest import Neighbors

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from ..spectra.energy import Ranks
-from .app import command
 from .options import JsonOpt, StoreOpt, with_settings
 from .printing import console, err, print_json, printable, say, short_name, whole_column
+from .shell import command
 
 if TYPE_CHECKING:
     from ..studies.depth import DepthStudy

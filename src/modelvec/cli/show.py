@@ -9,9 +9,9 @@ from rich.table import Table
 
 from ..represent.representation import Representation
 from ..store import overview
-from .app import command, open_store
 from .options import JsonOpt, StoreOpt, WaitOpt
 from .printing import console, print_json, print_table, printable, say, short_name, whole_column
+from .shell import command, open_store
 
 
 @command()

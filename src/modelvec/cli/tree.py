@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..represent.representation import Representation
-from .app import command, left_out, open_store
 from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
 from .printing import console, notes, print_json, printable, say, short_name
+from .shell import command, left_out, open_store
 
 if TYPE_CHECKING:
     from ..analyse.tree import Node

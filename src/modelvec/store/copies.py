@@ -16,7 +16,6 @@ from ..analyse.copies import Copy, Traced, find_copies
 from ..analyse.rule import TreeRule
 from ..core.errors import ModelvecError
 from ..core.files import oldest_time
-from ..hub.cards import model_card
 from .store import Store
 from .vectorfile import zero_checksum
 
@@ -155,6 +154,8 @@ def _from_card(source: str) -> Declared:
     folder = source if os.path.isdir(source) else str(Path(source).parent) if os.path.isfile(source) else ""
     if not folder:
         return None, []
+    from ..hub.cards import model_card  # the Hub's client only where a local card is read
+
     card = model_card(folder, source)
     return card.relation, card.parents
 

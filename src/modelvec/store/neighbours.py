@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.special import ndtri
 
 from ..analyse.geometry import distances_of
 from ..analyse.graph import Lists, Nearest
@@ -186,6 +185,8 @@ class _Offers:
                 continue
             cut = self.nearest[w.name].cut
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                from scipy.special import ndtri  # only for a pass (its import is a third of a query's)
+
                 q = ndtri(np.exp(-cut))  # side(d) <= cut  <=>  (mu - d) / sd >= q
                 d = mu - sd * q
                 d += 1e-9 * (np.abs(mu) + np.abs(sd * q)) + 1e-12

@@ -1,4 +1,4 @@
-"""The command line's app: its one-line errors and exit statuses, the command class every command uses, and the
+"""The command line's shell: its app, its one-line errors and exit statuses, the command class every command uses, and the
 store a command opens (so that an error of the store's file names it).
 
 Each command is a module of this package, a thin shell over one API call; what they share is here, in
@@ -166,6 +166,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Turn fine-tuned transformers into vectors from their weight deltas.\n\n" + EXIT_STATUSES,
 )
+
+
+@app.callback()
+def _group() -> None:
+    # A group even where the console script registered only the command it runs (modelvec.cli.main).
+    pass
 
 
 def open_store(path: Path | None, wait: float | None = None, *, read_only: bool = False) -> Store:
