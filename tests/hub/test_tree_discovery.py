@@ -31,7 +31,8 @@ def files(folder: Path, meta: dict) -> dict[str, bytes | Path]:
 @pytest.fixture(scope="module")
 def tree(tiny_bert, tmp_path_factory):
     """base -> a (fine-tune) -> b (its fine-tune) -> c (b's) -> d (c's: 4 deep); base -> lora (adapter);
-    a -> lora-on-a (an adapter on a fine-tune); base + a -> merged (a merge); a -> a-gguf (a quantization);
+    a -> lora-on-a (an adapter on a fine-tune); base + a -> merged (a merge); a -> a-gguf (a GGUF quantization, its
+    file four bytes), a -> a-gptq (a GPTQ one);
     base -> selfish (names itself too); a -> cyc1 -> cyc2 -> cyc1 (a cycle of declared bases)."""
     root = tmp_path_factory.mktemp("tree")
     hub = LocalHub(root / "hub")
@@ -49,6 +50,8 @@ def tree(tiny_bert, tmp_path_factory):
     hub.publish("u/lora-on-a", {**adapter, "README.md": b"---\nbase_model: u/a\n---\n"})
     hub.publish("u/merged", files(made["y"], {"base_model": [BASE, "u/a"]}))
     hub.publish("u/a-gguf", {"model.Q4_K_M.gguf": b"GGUF", "README.md": b"---\nbase_model: u/a\n---\n"})
+    gptq = {"quantize_config.json": b'{"bits": 4}', "model.safetensors": made["x"] / "model.safetensors"}
+    hub.publish("u/a-gptq", {**gptq, "README.md": b"---\nbase_model: u/a\nbase_model_relation: quantized\n---\n"})
     hub.publish("u/lora-on-gguf", {**adapter, "README.md": b"---\nbase_model: u/a-gguf\n---\n"})
     hub.publish("u/selfish", files(made["y"], {"base_model": [BASE, "u/selfish"], "base_model_relation": "finetune"}))
     # a cycle of declared bases: cyc1 names a and cyc2, cyc2 names cyc1
@@ -78,15 +81,17 @@ def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_
     assert found.notes == [
         "u/cyc1: a cycle of declared bases (u/cyc1 -> u/cyc2 -> u/cyc1); followed once, stopped there"
     ]
-    gguf = by["u/a-gguf"]
-    assert gguf.relation == "quantized" and not gguf.kept
-    assert gguf.reason.startswith("a quantization of u/a (GGUF): recorded, not mapped")
+    gptq = by["u/a-gptq"]
+    assert not gptq.kept and gptq.reason.startswith("a quantization of u/a (a quantized format): recorded, not mapped")
+    gguf = by["u/a-gguf"]  # kept: read by byte ranges, placed by its weights
+    assert gguf.relation == "quantized" and gguf.kept
+    assert gguf.reason.endswith("GGUF (declares u/a): read by byte ranges, placed by its weights")
     on_a = by["u/lora-on-a"]
     assert on_a.relation == "adapter" and on_a.kept and "an adapter on u/a: embedded on its delta" in on_a.reason
     assert not by["u/selfish"].kept and "names itself as its base" in by["u/selfish"].reason
     assert {e.model for e in shallow.entries} == {"u/a", "u/lora", "u/merged", "u/selfish"}  # one level
-    on_gguf = by["u/lora-on-gguf"]  # an adapter on a model that is not mapped (a quantization) is not either
-    assert not on_gguf.kept and "an adapter on u/a-gguf (not mapped)" in on_gguf.reason
+    on_gguf = by["u/lora-on-gguf"]  # an adapter on a quantization is not mapped: its delta is not a fine-tune's
+    assert not on_gguf.kept and "an adapter on u/a-gguf (a quantization)" in on_gguf.reason
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
         stored = db.catalogue(base=BASE).set_index("model")
     assert stored.loc["u/d", "depth"] == 4 and stored.loc["u/d", "relation"] == "finetune"
@@ -120,6 +125,7 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
     names = [line.split("│")[1].rstrip()[1:] for line in out.stdout.splitlines() if line.count("│") > 2]
     assert names == [
         "u/a",
+        "  u/a-gguf",  # kept: its bytes are read (and found to be no GGUF)
         "  u/b",
         "    u/c",
         "      u/d",
@@ -198,8 +204,8 @@ def test_a_stored_catalogue_is_put_in_the_order_asked_and_cut_at_the_limit():
 
 
 def test_a_quantization_nobody_read_is_placed_where_its_card_says_and_marked_not_read(tree, tmp_path):
-    """u/a-gguf (a GGUF repository on the Hub, recorded by discovery, not read) stands in the tree under the parent
-    its card declares, marked as not read; the models that were read are placed by their weights."""
+    """u/a-gguf (a GGUF repository on the Hub whose file is no GGUF: four bytes) stands in the tree under the parent
+    its card declares, marked as not read, with why; the models that were read are placed by their weights."""
     from modelvec.report.tree import model_tree
     from modelvec.run import embed_discovered
 
@@ -210,5 +216,7 @@ def test_a_quantization_nobody_read_is_placed_where_its_card_says_and_marked_not
     nodes = {n.model: n for n in model_tree(BASE, store=store).nodes}
     gguf = nodes["u/a-gguf"]
     assert gguf.kind == "quantization" and gguf.parents == ["u/a"] and gguf.confidence == 0.0
-    assert gguf.note is not None and gguf.note.startswith("not read (a quantization of u/a (GGUF)")
+    assert gguf.note is not None and gguf.note.startswith(
+        "not read (u/a-gguf: model.Q4_K_M.gguf: truncated: the file (4 bytes) ends inside its header)"
+    )
     assert "u/a" in nodes and nodes["u/a"].note is None  # read: placed by its weights

@@ -12,9 +12,10 @@ only what it lacks.
 
 The folder lives in the repository's folder of the huggingface_hub cache (``<repo>/.modelvec/partial/<sha>``,
 beside huggingface_hub's own ``snapshots``), pinned to the commit sha, and is deleted by :func:`release_partial`
-(``--no-keep-weights``, under its lock, with its lock file) as a snapshot is. Only safetensors can be read so: a pickled ``.bin`` has no byte layout
-to read it by, and a LoRA adapter is small; :func:`open_partial` returns None for those and the caller downloads
-them whole.
+(``--no-keep-weights``, under its lock, with its lock file) as a snapshot is. Safetensors and GGUF can be read so
+(a GGUF repository: the finest of its quantizations, :func:`~modelvec.core.gguf.gguf_weights`; its header is its
+metadata and tensor table): a pickled ``.bin`` has no byte layout to read it by, and a LoRA adapter is small;
+:func:`open_partial` returns None for those and the caller downloads them whole.
 """
 
 from __future__ import annotations
@@ -37,18 +38,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..core.errors import CheckpointError, FetchError
+from ..core.errors import CheckpointError, FetchError, shown
 from ..core.files import CONFIG, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX, weight_format
+from ..core.gguf import gguf_weights, split_parts
 from ..core.partial import Marker, MarkerFault, Spans, marker_text, read_marker, span_key
 from ..core.spans import merge, missing
 from .answers import RemoteFile
 from .cache import repo_folder, write_atomic
+from .cards import CARD
 from .client import HubSettings
 from .download import download_file, list_files, pin
 from .ids import is_commit_sha
 from .names import check_filename, check_repo_id, check_revision, shard_names
 from .ranges import REQUEST_CAP, RangeJob, RangeStats, fetch_many, gap_worth
-from .remote_header import SafetensorsHeader, fetch_safetensors_header
+from .remote_header import GGUFHeader, SafetensorsHeader, fetch_gguf_header, fetch_safetensors_header
 
 _LOCK = threading.Lock()  # guards _LOCKS
 _LOCKS: dict[Path, threading.Lock] = {}  # per folder: one process's threads fill one folder's marker in turn
@@ -148,8 +151,8 @@ class PartialFolder:
             os.chmod(self.path / PARTIAL, 0o644)
 
     def make(self, files: Sequence[str] | None, hub_settings: HubSettings) -> bool:
-        """The folder with every weight file's header in place (under the lock); False where the weights are not
-        safetensors (a ``.bin``, an adapter: downloaded whole). One made before is checked before it is trusted."""
+        """The folder with every weight file's header in place (under the lock); False where the weights are
+        neither safetensors nor GGUF (a ``.bin``, an adapter: downloaded whole). One made before is checked before it is trusted."""
         marker = self.marker()
         held, sums = (marker.files, marker.sums) if marker is not None else ({}, {})
         if held and all((self.path / name).is_file() for name in held):
@@ -167,22 +170,40 @@ class PartialFolder:
             with open(self.path / name, "wb") as f:  # sparse: only the header takes disk
                 f.truncate(header.file.size)
                 f.write(header.raw)
-            held[name] = [(0, header.data_start)]
+            held[name] = [(0, len(header.raw))]  # the header, and any data its requests brought
             sums[name] = {}
-            self.headers[name] = header
+            if isinstance(header, SafetensorsHeader):
+                self.headers[name] = header
         self.write_marker(held, sums)
         return True
 
+    def opens(self) -> Path:
+        """What a reader opens: the folder, or the GGUF file it holds (the first part of a split one)."""
+        marker = self.marker()
+        ggufs = sorted(name for name in (marker.files if marker is not None else {}) if name.lower().endswith(".gguf"))
+        return self.path / ggufs[0] if ggufs else self.path
+
     def _copy_small_files(self, files: Sequence[str], hub_settings: HubSettings) -> list[str] | None:
-        """``config.json`` and the shard index copied in (whole, through the cache); the weight files' names (None:
-        the weights are not safetensors)."""
+        """``config.json``, the card and the shard index copied in (whole, through the cache); the weight files' names (None:
+        the weights are neither safetensors nor GGUF; a GGUF needs no other file)."""
         repo_id, revision = self.repo_id, self.revision
         fmt = weight_format(files)
-        if fmt not in ("safetensors", "safetensors-sharded"):
+        ggufs = gguf_weights(files) if fmt is None else None  # the finest of its quantizations
+        if ggufs is None and fmt not in ("safetensors", "safetensors-sharded"):
             return None
         self.path.mkdir(parents=True, exist_ok=True)
-        if CONFIG in files:
-            shutil.copyfile(download_file(repo_id, CONFIG, revision, hub_settings), self.path / CONFIG)
+        for small in (CONFIG, CARD):  # its card: what it declares (labels, relation, parents)
+            if small in files:
+                shutil.copyfile(download_file(repo_id, small, revision, hub_settings), self.path / small)
+        if ggufs is not None:
+            for name in ggufs:
+                check_filename(repo_id, name)
+            if (parts := split_parts(ggufs)) is not None:
+                have, said = parts
+                raise CheckpointError(
+                    repo_id, f"{shown(ggufs[0])}: a GGUF split in {said} files ({have} in the repository): not read yet"
+                )
+            return ggufs
         if fmt == "safetensors-sharded":
             index_path = download_file(repo_id, SAFETENSORS_INDEX, revision, hub_settings)
             try:
@@ -292,13 +313,21 @@ def open_partial(
         return folder if folder.make(files, hub_settings) else None
 
 
-def _headers(repo_id: str, revision: str, names: Sequence[str], hub_settings: HubSettings) -> list[SafetensorsHeader]:
-    """The headers of a checkpoint's weight files, requested together: one round trip for all shards, not one a
-    shard (an 8B Llama's 4 shards, or 7 here and there, before its first row). The first failure is raised."""
+def _headers(
+    repo_id: str, revision: str, names: Sequence[str], hub_settings: HubSettings
+) -> list[SafetensorsHeader | GGUFHeader]:
+    """The headers of a checkpoint's weight files (safetensors or GGUF, by name), requested together: one round
+    trip for all shards, not one a shard (an 8B Llama's 4 shards, or 7 here and there, before its first row). The
+    first failure is raised."""
+
+    def header(name: str) -> SafetensorsHeader | GGUFHeader:
+        fetch = fetch_gguf_header if name.lower().endswith(".gguf") else fetch_safetensors_header
+        return fetch(repo_id, revision, name, hub_settings)
+
     if len(names) <= 1:
-        return [fetch_safetensors_header(repo_id, revision, name, hub_settings) for name in names]
+        return [header(name) for name in names]
     with ThreadPoolExecutor(min(IN_FLIGHT, len(names)), thread_name_prefix="headers") as pool:
-        return list(pool.map(lambda name: fetch_safetensors_header(repo_id, revision, name, hub_settings), names))
+        return list(pool.map(header, names))
 
 
 def release_partial(repo_id: str, revision: str, hub_settings: HubSettings) -> int:

@@ -1,22 +1,26 @@
-"""The header of a safetensors file on the Hub, read by range requests without downloading the file.
+"""The header of a safetensors or GGUF file on the Hub, read by range requests without downloading the file.
 
 :func:`fetch_safetensors_header` reads its first 128 KiB (:data:`HEADER_PROBE`), and the rest of the header if it is
 longer, and learns the file's size from the answer (:mod:`.answers` checks each). A server that ignores ``Range`` is
 read only as far as the header goes, then hung up on. A header that is no sound safetensors header (checked by the
 parser a local file's header goes through, :mod:`modelvec.core.safetensors`) is the file's fault: a
-:class:`~modelvec.core.errors.CheckpointError`.
+:class:`~modelvec.core.errors.CheckpointError`. A GGUF's header (:func:`fetch_gguf_header`) is read the same way, as far
+as its metadata and tensor table go (:mod:`modelvec.core.gguf`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from huggingface_hub import hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError
 
 from ..core.errors import BadRangeAnswer, CheckpointError, FetchError, ModelvecError, raise_if_resource, shown
+from ..core.gguf import GGUFFault, NeedMore, header_extent
 from ..core.safetensors import MAX_HEADER, HeaderFault, data_start, header_length, parse_header
 from .answers import (
     RemoteFile,
@@ -60,11 +64,20 @@ def _header_need(buffer: bytearray | bytes) -> int:
     return 8 if length > MAX_HEADER else 8 + length
 
 
-def _read_first(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
-    """The first bytes of the file (its first :data:`HEADER_PROBE` bytes, or to the header's end if the server sends
-    the whole file) and the file's size."""
+def _safetensors_need(buffer: bytes | bytearray, size: int) -> int:
+    return min(_header_need(buffer), size)
+
+
+def _read_first(
+    url: str,
+    hub_settings: HubSettings,
+    need: Callable[[bytearray | bytes, int], int] = _safetensors_need,
+    probe: int = HEADER_PROBE,
+) -> tuple[bytes, int]:
+    """The first bytes of the file (its first ``probe`` bytes, or as far as ``need`` says its header goes if the
+    server sends the whole file) and the file's size."""
     try:
-        return _read_first_answer(url, hub_settings)
+        return _read_first_answer(url, hub_settings, need, probe)
     except HfHubHTTPError as exc:  # 416 to bytes=0-...: the file is empty; its size is in Content-Range
         m = _UNSATISFIED.fullmatch(exc.response.headers.get("Content-Range") or "")
         if exc.response.status_code == 416 and m is not None and int(m.group(1)) == 0:
@@ -72,21 +85,23 @@ def _read_first(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
         raise
 
 
-def _read_first_answer(url: str, hub_settings: HubSettings) -> tuple[bytes, int]:
-    with stream_get(url, range_headers(hub_settings, 0, HEADER_PROBE), hub_settings) as response:
+def _read_first_answer(
+    url: str, hub_settings: HubSettings, need: Callable[[bytearray | bytes, int], int], probe: int
+) -> tuple[bytes, int]:
+    with stream_get(url, range_headers(hub_settings, 0, probe), hub_settings) as response:
         if response.status_code == 200:  # Range ignored: read what the header needs and hang up
             announced = content_length(response)
             if announced is None:
                 raise BadRangeAnswer("the server ignored Range and did not say the file's size")
             size: int = announced
-            data = read_until(response, lambda got: min(_header_need(got), size))
-            if len(data) < min(_header_need(data), size):
+            data = read_until(response, lambda got: need(got, size))
+            if len(data) < need(data, size):
                 raise BadRangeAnswer(f"the answer ended after {len(data)} of the file's {size} bytes")
             return data, size
         first, last, total = content_range(response)
-        if total is None or first != 0 or not (last == min(HEADER_PROBE, total) - 1):
+        if total is None or first != 0 or not (last == min(probe, total) - 1):
             raise BadRangeAnswer(
-                f"asked for bytes 0-{HEADER_PROBE - 1}, the answer says it has bytes {first}-{last} of {total}"
+                f"asked for bytes 0-{probe - 1}, the answer says it has bytes {first}-{last} of {total}"
             )
         data = read_until(response, lambda _: last + 1)
         if len(data) != last + 1:
@@ -142,3 +157,69 @@ def fetch_safetensors_header(
         raise_if_resource(exc, repo_id)
         raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {cause_of(exc)}") from exc
     return SafetensorsHeader(RemoteFile(repo_id, revision, filename, total), raw, header, start)
+
+
+#: Bytes asked for by the first request of a GGUF's header; its metadata holds the tokenizer (a 49k-token
+#: vocabulary: 1.8 MB), so a longer one takes one more request for what the first says is left (its vocabulary at
+#: the mean token length read), and more only where that was short (each asking for twice as much).
+GGUF_PROBE = 1 << 18
+#: The longest GGUF header read (a 256k-token vocabulary with its merges is under 20 MB).
+GGUF_MAX_HEADER = 1 << 28
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """The header of a remote GGUF file: ``raw`` is the file's first bytes verbatim as fetched (its metadata, tensor
+    table and the padding before the data at ``data_start``, and whatever data the last request brought: what to
+    write at offset 0 of the local file, held from then on)."""
+
+    file: RemoteFile
+    raw: bytes
+    data_start: int
+
+
+def _gguf_need(buffer: bytes | bytearray, size: int) -> int:
+    try:
+        return header_extent(buffer, size).data_start
+    except NeedMore as more:
+        return min(more.size, size)
+    except GGUFFault:
+        return len(buffer)  # enough: the fault is said once the bytes are in
+
+
+def fetch_gguf_header(repo_id: str, revision: str, filename: str, hub_settings: HubSettings) -> GGUFHeader:
+    """The header of a GGUF file on the Hub and the file's size, without downloading the file: its first 256 KiB,
+    then what the header says is left (its vocabulary at the mean token length read, :data:`GGUF_PROBE`; else twice
+    as much), each request retried as the settings say. A header that is no
+    sound GGUF header (:func:`~modelvec.core.gguf.header_extent`: a bad magic, a tensor table that puts a tensor
+    beyond the file, a file that ends in its header) is a :class:`CheckpointError`; failing to reach it is a
+    :class:`FetchError`."""
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    refuse_offline(repo_id, filename, hub_settings)
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
+    what = f"{repo_id}/{filename}"
+    try:
+        data, total = with_retries(lambda: _read_first(url, hub_settings, _gguf_need, GGUF_PROBE), hub_settings, what)
+        while True:
+            try:
+                start = header_extent(data, total).data_start
+                break
+            except NeedMore as more:
+                if more.size > min(total, GGUF_MAX_HEADER):
+                    raise GGUFFault(
+                        f"truncated: the file ({total:,} bytes) ends inside its header"
+                        if more.size > total
+                        else f"a header of over {GGUF_MAX_HEADER:,} bytes"
+                    ) from None
+                got = len(data)  # what the header says is left, else twice as much
+                upto = min(total, more.estimate if more.estimate > more.size else max(more.size, 2 * got))
+                data += with_retries(partial(_read_span, url, hub_settings, got, upto, total), hub_settings, what)
+    except GGUFFault as fault:
+        raise CheckpointError(repo_id, f"{shown(filename)}: {fault}") from None
+    except ModelvecError:
+        raise
+    except Exception as exc:
+        raise_if_resource(exc, repo_id)
+        raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {cause_of(exc)}") from exc
+    return GGUFHeader(RemoteFile(repo_id, revision, filename, total), bytes(data), start)

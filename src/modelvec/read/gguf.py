@@ -281,13 +281,15 @@ class GGUFCheckpoint(Checkpoint):
                 merged.append((a, b))
         return {self.path: merged}
 
-    def require_rows(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> None:
-        """A local GGUF file holds every row."""
+    def _file_of(self, key: str) -> Path:
+        self.gguf_name(key)
+        return self.path
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor, dequantized to float32, in the Hugging Face checkpoint's storage layout."""
         name = self.gguf_name(key)
         qtype, shape = self._infos[name]
+        self.require_rows({key: [(0, self._infos[name][1][0] if shape else 1)]})  # a partial download: every row
         tensor = self._tensors[name] if self._reader is not None else self._reopen(name)
         if qtype.name in ("I8", "I16", "I32", "I64"):
             raise CheckpointError(self.name, f"tensor {key} has type {qtype.name}, expected a float or quantized type")

@@ -134,6 +134,12 @@ class _Inputs:
             if not catalogue.empty
             else catalogue
         )
+        if not self.unread.empty:  # a quantization that was read and failed: why, in its error's words
+            failed = pop.db.failures()
+            errors = dict(zip(failed["model"], failed["error"])) if not failed.empty else {}
+            self.unread = self.unread.assign(
+                reason=[errors.get(m, r) for m, r in zip(self.unread["model"], self.unread["reason"])]
+            )
         self.base = name if name is not None else pop.name
         self.names = list(dict.fromkeys([*pop.names_in_cards(), model_id(self.base), "base"]))
         #: the population's copies (its one rule), the base named as the tree names it
@@ -157,8 +163,8 @@ class _Inputs:
         self.key = hashlib.sha1(json.dumps(said, default=str).encode()).hexdigest()
 
     def not_read(self) -> list[Node]:
-        """The quantizations the catalogue records and nobody read (GPTQ and AWQ repositories, GGUF ones on the Hub):
-        placed under the parent their card declares, marked not read."""
+        """The quantizations the catalogue records and nobody read (GPTQ and AWQ repositories, a GGUF whose bytes
+        could not be read: its error said): placed under the parent their card declares, marked not read."""
         root = {n.lower() for n in self.names}
         out = []
         for row in self.unread.itertuples():

@@ -233,4 +233,8 @@ def _hub_entry(repo_id: str, base: str, db: Store, hub_settings: HubSettings) ->
         raise FetchError(
             repo_id, f"no local file or folder of that name, and on the Hub: {describe_error(exc)}"
         ) from exc
-    return describe(info, base, True, "named by the user")
+    entry = describe(info, base, True, "named by the user")
+    declared = [t.split(":")[1] for t in entry.tags if t.startswith("base_model:") and t.count(":") == 2]
+    entry.relation = declared[0] if declared else None  # what its card declares, as the Hub's tags say it
+    entry.parents = [t.split(":", 1)[1] for t in entry.tags if t.startswith("base_model:") and t.count(":") == 1]
+    return entry

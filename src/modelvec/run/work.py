@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import Kind, ModelvecError, error_of
+from ..core.files import weight_format
+from ..core.gguf import gguf_weights
 from ..hub.cache import release, repo_folder, snapshot_folder
 from ..hub.cards import ModelCard, model_card
 from ..hub.client import HubSettings
@@ -163,16 +165,18 @@ def open_hub(
 ) -> Opened:
     """A Hub model at commit ``sha``, fetched as ``representation`` needs it.
 
-    Where the representation reads a share of rows and the weights are safetensors, only those rows' byte
-    ranges come (a partial download: :mod:`modelvec.hub.partial`), unless a whole snapshot is already in the
-    cache: the checkpoint is opened once, its read plan and the plan's byte ranges are worked out once, from the
+    Where the representation reads a share of rows and the weights are safetensors, or the repository's weights are
+    GGUF (the finest of its quantizations: :func:`~modelvec.core.gguf.gguf_weights`), only those rows' byte ranges
+    come (a partial download: :mod:`modelvec.hub.partial`), unless a whole snapshot is already in the cache: the
+    checkpoint is opened once, its read plan and the plan's byte ranges are worked out once, from the
     headers the fetch parsed, and the checkpoint carries them (``checkpoint.reads``) to whatever reads it next.
     Otherwise the files come whole (:func:`~modelvec.hub.download.fetch`); ``checkpoint.note`` then says why,
     where a share was asked for (a pickled ``.bin``; a server that ignored ``Range``).
     """
     reads_rows = representation is not None and representation.reads_share
     cached = _has_weights(snapshot_folder(repo, sha, hub_settings))
-    if reads_rows and not cached:
+    ggufs = files is not None and weight_format(files) is None and gguf_weights(files) is not None
+    if (reads_rows or (ggufs and representation is not None)) and not cached:  # a GGUF: by ranges, whatever is read
         folder = open_partial(repo, sha, files, hub_settings)  # the headers, in a sparse folder
         if folder is not None:
             return Opened(_fill(folder, name, representation, base, hub_settings))  # type: ignore[arg-type]
@@ -195,7 +199,7 @@ def _fill(
     """The partial ``folder`` opened once (with the headers its fetch parsed), its read plan and the plan's byte
     ranges worked out once (:meth:`~modelvec.read.checkpoint.Checkpoint.plan_reads`), those bytes fetched, and what
     it then holds read from its marker."""
-    ck = open_checkpoint(folder.path, name=name)
+    ck = open_checkpoint(folder.opens(), name=name)
     ck.take_headers({file: (header.data_start, header.header) for file, header in folder.headers.items()})
     spans = ck.plan_reads(plan_of(ck, representation, base=base))
     got = folder.fill({f.name: s for f, s in (spans or {}).items()}, hub_settings)

@@ -24,8 +24,18 @@ def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(folder: Path, path: Path, arch: str, qtype=Q.F32) -> Path:
-    """The safetensors folder as a GGUF file: llama.cpp's names, metadata and layout; 2-D weights in ``qtype``."""
+def write_gguf(
+    folder: Path,
+    path: Path,
+    arch: str,
+    qtype=Q.F32,
+    *,
+    extra: dict[str, tuple[np.ndarray, Q]] | None = None,
+    vocabulary: int = 0,
+) -> Path:
+    """The safetensors folder as a GGUF file: llama.cpp's names, metadata and layout; 2-D weights in ``qtype``.
+    ``extra``: more tensors, each stored bytes (uint8, a row of blocks a row) of its type; ``vocabulary``: that many
+    tokens in the metadata (``tokenizer.ggml.tokens``: a header of megabytes, as a real model's)."""
     config = json.loads((folder / "config.json").read_text())
     state = load_file(str(folder / "model.safetensors"))
     writer = gguf.GGUFWriter(path, arch)
@@ -71,6 +81,10 @@ def write_gguf(folder: Path, path: Path, arch: str, qtype=Q.F32) -> Path:
             writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, data)
+    if vocabulary:
+        writer.add_token_list([f"token-{i:07d}-{'x' * (i % 23)}" for i in range(vocabulary)])
+    for name, (raw, kind) in (extra or {}).items():
+        writer.add_tensor(name, raw, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

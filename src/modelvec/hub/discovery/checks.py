@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.files import adapter_files, weight_format
+from ...core.gguf import gguf_weights
 from ..client import HubSettings, describe_error, with_retries
 from ..download import download_file
 from ..ids import BaseId
@@ -21,14 +22,20 @@ def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, 
 
     Its declared parents come from its ``base_model:<id>`` tags. A fine-tune (of the base or of a fine-tune) and
     a merge are their weights; an adapter needs its adapter files, and is its own delta on the base itself, or on a
-    fine-tune of the tree (``found``, kept) that fine-tune's delta plus its own (embedded so, said so); a
-    quantized repo is recorded as a quantization of its parent and never placed on the map, unless it holds
-    plain float weights (a dequantized re-upload, read as weights).
+    fine-tune of the tree (``found``, kept) that fine-tune's delta plus its own (embedded so, said so); a GGUF
+    repository is kept, read by byte ranges (the finest of its files) and placed by its weights; another quantized
+    repo (GPTQ, AWQ, bitsandbytes) is recorded as a quantization of its parent and never placed on the map, unless it
+    holds plain float weights (a dequantized re-upload, read as weights).
     """
     entry.parents = [t.split(":", 1)[1] for t in entry.tags if t.startswith("base_model:") and t.count(":") == 1]
     root = {n.lower() for n in base_id.names}
     if any(p.lower() == entry.model.lower() for p in entry.parents):
         entry.kept, entry.reason = False, f"{entry.reason}; but names itself as its base"
+        return
+    readable_gguf = weight_format(entry.files) is None and gguf_weights(entry.files) is not None
+    if readable_gguf:  # whatever its card says: its bytes say what it rounds
+        what = ", ".join(entry.parents) or "no declared base"
+        entry.reason = f"{entry.reason}; GGUF (declares {what}): read by byte ranges, placed by its weights"
         return
     if entry.relation == "quantized" and (_quantized(entry) or weight_format(entry.files) is None):
         what = ", ".join(entry.parents) or "its declared base"
@@ -36,9 +43,17 @@ def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, 
         return
     if entry.relation == "adapter" and not any(p.lower() in root for p in entry.parents):
         parent = next((found[p.lower()] for p in entry.parents if p.lower() in found), None)
-        if parent is None or not parent.kept or parent.relation == "adapter":
+        if parent is None or not parent.kept or parent.relation in ("adapter", "quantized"):
             what = ", ".join(entry.parents) or "no declared base"
-            why = "not found in the tree" if parent is None else "not mapped" if not parent.kept else "an adapter"
+            why = (
+                "not found in the tree"
+                if parent is None
+                else "not mapped"
+                if not parent.kept
+                else "a quantization"
+                if parent.relation == "quantized"
+                else "an adapter"
+            )
             entry.kept = False
             entry.reason = f"{entry.reason}; an adapter on {what} ({why}): its delta would lack its parent's"
             return
@@ -87,7 +102,7 @@ def _check_weights(entry: CatalogueEntry) -> None:
 
     Full PyTorch weights, or a PEFT adapter (``adapter_config.json`` and its weights).
     """
-    if weight_format(entry.files) is None and adapter_files(entry.files) is None:
+    if weight_format(entry.files) is None and adapter_files(entry.files) is None and gguf_weights(entry.files) is None:
         entry.kept = False
         entry.reason = f"{entry.reason}; but no PyTorch weights (has: {', '.join(entry.formats) or 'no weight files'})"
 
