@@ -45,7 +45,6 @@ from ..core.partial import Marker, MarkerFault, Spans, marker_text, read_marker,
 from ..core.spans import merge, missing
 from .answers import RemoteFile
 from .cache import repo_folder, write_atomic
-from .cards import CARD
 from .client import HubSettings
 from .download import download_file, list_files, pin
 from .ids import is_commit_sha
@@ -184,7 +183,7 @@ class PartialFolder:
         return self.path / ggufs[0] if ggufs else self.path
 
     def _copy_small_files(self, files: Sequence[str], hub_settings: HubSettings) -> list[str] | None:
-        """``config.json``, the card and the shard index copied in (whole, through the cache); the weight files' names (None:
+        """``config.json`` and the shard index copied in (whole, through the cache); the weight files' names (None:
         the weights are neither safetensors nor GGUF; a GGUF needs no other file)."""
         repo_id, revision = self.repo_id, self.revision
         fmt = weight_format(files)
@@ -192,9 +191,8 @@ class PartialFolder:
         if ggufs is None and fmt not in ("safetensors", "safetensors-sharded"):
             return None
         self.path.mkdir(parents=True, exist_ok=True)
-        for small in (CONFIG, CARD):  # its card: what it declares (labels, relation, parents)
-            if small in files:
-                shutil.copyfile(download_file(repo_id, small, revision, hub_settings), self.path / small)
+        if CONFIG in files:
+            shutil.copyfile(download_file(repo_id, CONFIG, revision, hub_settings), self.path / CONFIG)
         if ggufs is not None:
             for name in ggufs:
                 check_filename(repo_id, name)
