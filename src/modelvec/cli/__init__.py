@@ -15,30 +15,24 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+from ..core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .whole import app
 
 #: The commands, each the module of this package that defines it.
 COMMANDS = ("cluster", "compact", "discover", "embed", "evaluate", "export", "neighbors", "rank", "show", "tree")
 
-__all__ = ["COMMANDS", "app", "main"]
-
-
-def _app(names: tuple[str, ...] = COMMANDS) -> Any:
-    """The app with the commands ``names`` registered (their modules imported)."""
-    for name in names:
-        importlib.import_module(f"{__name__}.{name}")
-    from .shell import app
-
-    return app
-
-
-def __getattr__(name: str) -> Any:
-    if name == "app":  # the whole app, every command registered
-        return _app()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {"whole": ("app",)}, eager=("COMMANDS", "main"))
 
 
 def main() -> None:
     """The console script: ``modelvec ...``; only the command named is imported (every one for the app's help)."""
     first = sys.argv[1] if len(sys.argv) > 1 else None
-    _app((first,) if first in COMMANDS else COMMANDS)(prog_name="modelvec")
+    for name in (first,) if first in COMMANDS else COMMANDS:
+        importlib.import_module(f"{__name__}.{name}")
+    from .shell import app as registered
+
+    registered(prog_name="modelvec")

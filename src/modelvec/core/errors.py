@@ -102,6 +102,25 @@ class HeaderFault(ValueError):
     kind: ClassVar[Kind] = Kind.CONTENT
 
 
+class GGUFFault(ValueError):
+    """What is wrong with a GGUF file's header, in a few words, where the model is not known
+    (:mod:`modelvec.core.gguf`): the file's fault (``kind`` content), said as a :class:`CheckpointError` of the model."""
+
+    kind: ClassVar[Kind] = Kind.CONTENT
+
+
+class NeedMore(Exception):
+    """A buffer ends inside a GGUF header: at least ``size`` bytes from the file's start are needed, and about
+    ``estimate`` where it ends inside an array of strings (the vocabulary: the rest at the mean length so far). Only a
+    fetcher sees it (it asks for the bytes); ``kind`` content where it escapes: the file ends in its header."""
+
+    kind: ClassVar[Kind] = Kind.CONTENT
+
+    def __init__(self, size: int, estimate: int = 0) -> None:
+        super().__init__(size)
+        self.size, self.estimate = size, max(size, estimate)
+
+
 class MarkerFault(ValueError):
     """A partial download's marker that cannot be read (:mod:`modelvec.core.partial`), in a few words, where the
     model is not known: the reader says it as a :class:`CheckpointError` of the model (``kind`` content); the fetcher

@@ -18,6 +18,10 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .errors import GGUFFault, NeedMore
+
+__all__ = ["GGUFExtent", "GGUFFault", "NeedMore", "gguf_weights", "header_extent", "split_parts"]
+
 MAGIC = b"GGUF"
 #: The data's alignment where ``general.alignment`` does not say (llama.cpp's ``GGUF_DEFAULT_ALIGNMENT``).
 ALIGNMENT = 32
@@ -29,19 +33,6 @@ _STRING, _ARRAY = 8, 9
 _SLACK = 1 << 16
 #: A split file's name: its stem, its part and the number of parts.
 SPLIT = re.compile(r"(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})\.gguf", re.IGNORECASE)
-
-
-class GGUFFault(ValueError):
-    """The bytes are no sound GGUF header: one line, said as the file's fault."""
-
-
-class NeedMore(Exception):
-    """The buffer ends inside the header: at least ``size`` bytes from the file's start are needed, and about
-    ``estimate`` where it ends inside an array of strings (the vocabulary: the rest at the mean length so far)."""
-
-    def __init__(self, size: int, estimate: int = 0) -> None:
-        super().__init__(size)
-        self.size, self.estimate = size, max(size, estimate)
 
 
 @dataclass(frozen=True)

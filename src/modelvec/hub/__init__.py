@@ -8,8 +8,9 @@ checkpoint is :mod:`modelvec.core.files`, and whether a candidate matches its ba
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .cache import release
@@ -18,26 +19,14 @@ if TYPE_CHECKING:
     from .download import fetch, resolve_revision
     from .ids import BaseId, resolve_base
 
-#: Where each name lives: imported when first asked for (``huggingface_hub`` is a third of a second to import).
-_HOMES = {
-    "release": "cache",
-    "HubSettings": "client",
-    "describe_error": "client",
-    "with_retries": "client",
-    "CatalogueEntry": "discovery",
-    "Discovery": "discovery",
-    "Matcher": "discovery",
-    "search_finetunes": "discovery",
-    "fetch": "download",
-    "resolve_revision": "download",
-    "BaseId": "ids",
-    "resolve_base": "ids",
-}
-
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# each name imported when first asked for (huggingface_hub is a third of a second to import)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "cache": ("release",),
+        "client": ("HubSettings", "describe_error", "with_retries"),
+        "discovery": ("CatalogueEntry", "Discovery", "Matcher", "search_finetunes"),
+        "download": ("fetch", "resolve_revision"),
+        "ids": ("BaseId", "resolve_base"),
+    },
+)
