@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from huggingface_hub import hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError
@@ -40,6 +40,7 @@ from .names import check_repo_id, check_revision
 #: Llama: ~30 KB), so one request; and small beside what a small model's share of rows costs (3 shards of SmolLM2
 #: at 1 MiB each were 1.4 % of its matrices' bytes).
 HEADER_PROBE = 1 << 17
+_Header = TypeVar("_Header")
 _UNSATISFIED = re.compile(r"\s*bytes\s+\*/(\d+)\s*", re.IGNORECASE)
 
 
@@ -135,12 +136,8 @@ def fetch_safetensors_header(
     data exactly) is a :class:`CheckpointError` (the file is bad), said in the words a local file's fault is said in
     (one parser: :func:`~modelvec.core.safetensors.parse_header`); failing to reach it is a :class:`FetchError`.
     """
-    check_repo_id(repo_id)
-    check_revision(repo_id, revision)
-    refuse_offline(repo_id, filename, hub_settings)
-    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
-    what = f"{repo_id}/{filename}"
-    try:
+
+    def read(url: str, what: str) -> SafetensorsHeader:
         data, total = with_retries(lambda: _read_first(url, hub_settings), hub_settings, what)
         start = data_start(data, total)
         if len(data) < start:
@@ -149,14 +146,35 @@ def fetch_safetensors_header(
             data += rest
         raw = data[:start]
         header = parse_header(raw[8:], total - start)
-    except HeaderFault as fault:  # the file's fault, in the words a local file's would be said in
-        raise CheckpointError(repo_id, f"{shown(filename)}: {fault}") from None
+        return SafetensorsHeader(RemoteFile(repo_id, revision, filename, total), raw, header, start)
+
+    return _fetched(repo_id, revision, filename, hub_settings, HeaderFault, read)
+
+
+def _fetched(
+    repo_id: str,
+    revision: str,
+    filename: str,
+    hub_settings: HubSettings,
+    fault: type[Exception],
+    read: Callable[[str, str], _Header],
+) -> _Header:
+    """``read(url, what)`` of a Hub file's header, its names checked first: the file's ``fault`` (its header is
+    unsound) as a :class:`CheckpointError`, in the words a local file's would be said in; anything else that stops
+    it as a one-line :class:`FetchError` (the machine's own, as a resource error)."""
+    check_repo_id(repo_id)
+    check_revision(repo_id, revision)
+    refuse_offline(repo_id, filename, hub_settings)
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
+    try:
+        return read(url, f"{repo_id}/{filename}")
+    except fault as exc:
+        raise CheckpointError(repo_id, f"{shown(filename)}: {exc}") from None
     except ModelvecError:
         raise
     except Exception as exc:
         raise_if_resource(exc, repo_id)
         raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {cause_of(exc)}") from exc
-    return SafetensorsHeader(RemoteFile(repo_id, revision, filename, total), raw, header, start)
 
 
 #: Bytes asked for by the first request of a GGUF's header; its metadata holds the tokenizer (a 49k-token
@@ -190,16 +208,11 @@ def _gguf_need(buffer: bytes | bytearray, size: int) -> int:
 def fetch_gguf_header(repo_id: str, revision: str, filename: str, hub_settings: HubSettings) -> GGUFHeader:
     """The header of a GGUF file on the Hub and the file's size, without downloading the file: its first 256 KiB,
     then what the header says is left (its vocabulary at the mean token length read, :data:`GGUF_PROBE`; else twice
-    as much), each request retried as the settings say. A header that is no
-    sound GGUF header (:func:`~modelvec.core.gguf.header_extent`: a bad magic, a tensor table that puts a tensor
+    as much), each request retried as the settings say. A header that is no sound GGUF header (:func:`~modelvec.core.gguf.header_extent`: a bad magic, a tensor table that puts a tensor
     beyond the file, a file that ends in its header) is a :class:`CheckpointError`; failing to reach it is a
     :class:`FetchError`."""
-    check_repo_id(repo_id)
-    check_revision(repo_id, revision)
-    refuse_offline(repo_id, filename, hub_settings)
-    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=hub_settings.endpoint)
-    what = f"{repo_id}/{filename}"
-    try:
+
+    def read(url: str, what: str) -> GGUFHeader:
         data, total = with_retries(lambda: _read_first(url, hub_settings, _gguf_need, GGUF_PROBE), hub_settings, what)
         while True:
             try:
@@ -215,11 +228,6 @@ def fetch_gguf_header(repo_id: str, revision: str, filename: str, hub_settings: 
                 got = len(data)  # what the header says is left, else twice as much
                 upto = min(total, more.estimate if more.estimate > more.size else max(more.size, 2 * got))
                 data += with_retries(partial(_read_span, url, hub_settings, got, upto, total), hub_settings, what)
-    except GGUFFault as fault:
-        raise CheckpointError(repo_id, f"{shown(filename)}: {fault}") from None
-    except ModelvecError:
-        raise
-    except Exception as exc:
-        raise_if_resource(exc, repo_id)
-        raise FetchError(repo_id, f"{shown(filename)}: could not read its header: {cause_of(exc)}") from exc
-    return GGUFHeader(RemoteFile(repo_id, revision, filename, total), bytes(data), start)
+        return GGUFHeader(RemoteFile(repo_id, revision, filename, total), bytes(data), start)
+
+    return _fetched(repo_id, revision, filename, hub_settings, GGUFFault, read)

@@ -289,7 +289,7 @@ class GGUFCheckpoint(Checkpoint):
         """One tensor, dequantized to float32, in the Hugging Face checkpoint's storage layout."""
         name = self.gguf_name(key)
         qtype, shape = self._infos[name]
-        self.require_rows({key: [(0, self._infos[name][1][0] if shape else 1)]})  # a partial download: every row
+        self.require_rows({key: [(0, shape[0] if shape else 1)]})  # a partial download: every row
         tensor = self._tensors[name] if self._reader is not None else self._reopen(name)
         if qtype.name in ("I8", "I16", "I32", "I64"):
             raise CheckpointError(self.name, f"tensor {key} has type {qtype.name}, expected a float or quantized type")
