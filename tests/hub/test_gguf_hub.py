@@ -130,7 +130,7 @@ def placed(llama_family, tmp_path_factory):
     """The tiny Llama family on the Hub with GGUF repositories of its models (the default representation): a
     truthful card, a card naming a sibling, the base quantized, a card skipping a level (c's, c not stored, naming the
     base), and faulty files beside them: one cut inside its header, one cut inside its data, one whose tensor table
-    puts a tensor beyond the file, a split one with a part missing."""
+    puts a tensor beyond the file, a split one with a part missing; and a's Q4_0 split in three files, read as one."""
     base, a, b, c = llama_family
     root = tmp_path_factory.mktemp("gguf-tree")
     made = {
@@ -156,34 +156,57 @@ def placed(llama_family, tmp_path_factory):
     faulty = {"head-cut": whole[:100], "data-cut": whole[: extent.data_start + 64], "lying": bytes(lying)}
     for repo, data in faulty.items():
         hub.publish(f"u/{repo}", {"model-Q8_0.gguf": data, "README.md": card("u/a")})
-    hub.publish("u/split", {"m-Q8_0-00001-of-00002.gguf": made["a8"], "README.md": card("u/a")})  # a part missing
+    (root / "split").mkdir()
+    first = write_gguf(a, root / "split" / "a-Q4_0.gguf", "llama", Q.Q4_0, split=7)
+    made["a4"] = write_gguf(a, root / "a4.gguf", "llama", Q.Q4_0)
+    parts = {p.name: p for p in sorted(first.parent.iterdir())}
+    assert len(parts) == 3
+    hub.publish("u/a-split", {**parts, "README.md": card("u/a")})
+    lost = {n: p for n, p in parts.items() if "-00002-" not in n}
+    hub.publish("u/split", {**lost, "README.md": card("u/a")})  # a part missing
     store = root / "s.duckdb"
     with hub.serve() as srv:
         settings = settings_of(srv, root)
-        models = ["u/a", "u/b", "u/a-gguf", "u/b-gguf", "u/base-gguf", "u/c-gguf", *(f"u/{r}" for r in faulty)]
+        models = ["u/a", "u/b", "u/a-gguf", "u/b-gguf", "u/base-gguf", "u/c-gguf", "u/a-split"]
+        models += [f"u/{r}" for r in faulty]
         models.append("u/split")
         result = embed("u/base", models, hub_settings=settings, store=store)
-    return store, result, settings
+    return store, result, {"base": base, "a4": made["a4"]}
 
 
-def test_each_hub_quantization_is_placed_under_what_it_rounds_and_a_lying_card_is_flagged(placed):
+def test_each_hub_quantization_is_placed_under_what_it_rounds_and_a_lying_card_is_flagged(placed, tmp_path):
     from modelvec.report.tree import model_tree
 
-    store, result, settings = placed
-    assert sorted(result.embedded) == sorted(["u/a", "u/b", "u/a-gguf", "u/b-gguf", "u/base-gguf", "u/c-gguf"])
+    store, result, files = placed
+    assert sorted(result.embedded) == sorted(
+        ["u/a", "u/b", "u/a-gguf", "u/b-gguf", "u/base-gguf", "u/c-gguf", "u/a-split"]
+    )
     nodes = {n.model: n for n in model_tree("u/base", store=store).nodes}
-    for name, parent in (("u/a-gguf", "u/a"), ("u/b-gguf", "u/b"), ("u/base-gguf", "u/base"), ("u/c-gguf", "u/base")):
+    placed = {"u/a-gguf": "u/a", "u/b-gguf": "u/b", "u/base-gguf": "u/base", "u/c-gguf": "u/base", "u/a-split": "u/a"}
+    for name, parent in placed.items():
         node = nodes[name]
         assert node.kind == "quantization" and node.parent == parent, (name, node.kind, node.parent)
     assert nodes["u/a-gguf"].agrees and not nodes["u/b-gguf"].agrees  # the card naming a, of b's rounding, is flagged
+    assert (nodes["u/a-gguf"].quantized, nodes["u/b-gguf"].quantized, nodes["u/a-split"].quantized) == (
+        "Q8_0",
+        "Q4_0",
+        "Q4_0",
+    )
+    assert (
+        nodes["u/a"].quantized is None
+        and model_tree("u/base", store=store).as_json() == model_tree("u/base", store=store).as_json()
+    )
+    vectors = dict(zip(result.metadata["model"], result.vectors))
+    whole = embed(files["base"], [files["a4"]], store=tmp_path / "local.duckdb").vectors[0]
+    np.testing.assert_array_equal(vectors["u/a-split"], whole)  # three files, one model: the one file's vector
 
 
 def test_a_faulty_gguf_on_the_hub_is_one_line_and_recorded_and_nothing_else_is_lost(placed):
     _, result, _ = placed
     said = {m: line.splitlines() for m, line in result.failed.items()}
     assert set(said) == {"u/head-cut", "u/data-cut", "u/lying", "u/split"} and all(len(v) == 1 for v in said.values())
-    assert "a GGUF split in 2 files (1 in the repository): not read yet" in said["u/split"][0]
+    assert "a GGUF split in 3 files, 2 of them in the repository" in said["u/split"][0]
     assert "truncated: the file (100 bytes) ends inside its header" in said["u/head-cut"][0]
     assert re.search(r"its tensor table puts '.+' at byte [\d,]+ of [\d,]+", said["u/data-cut"][0])
     assert re.search(r"its tensor table puts '.+' at byte [\d,]+ of [\d,]+", said["u/lying"][0])
-    assert len(result.embedded) == 6  # the others embedded beside them
+    assert len(result.embedded) == 7  # the others embedded beside them

@@ -244,3 +244,29 @@ def test_corrupt_truncated_and_unknown_gguf_give_one_line_errors(gguf_files, tmp
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "unsupported GGUF architecture" in result.stderr
     result = CliRunner().invoke(app, ["rank", str(tmp_path / "truncated.gguf"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "cannot read truncated.gguf: it is truncated or corrupt" in result.stderr
+
+
+def test_a_split_gguf_is_one_model_from_any_part_and_a_part_lost_or_misnamed_is_one_line(llama, gguf_files, tmp_path):
+    """``gguf-split``'s parts read as the one file they were cut from: the same tensors and ranks, each tensor's bytes
+    asked of the part holding it; a part missing, or a part of another set under its name, is one line."""
+    first = write_gguf(llama, tmp_path / "llama-q8_0.gguf", "llama", Q.Q8_0, split=6)
+    parts = sorted(first.parent.glob("llama-q8_0-*-of-*.gguf"))
+    assert len(parts) >= 3 and parts[0] == first
+    whole, split = open_checkpoint(gguf_files["q8_0"]), open_checkpoint(parts[-1])  # any part opens the set
+    assert split.files == parts and split.keys() == whole.keys()
+    for key in sorted(whole.keys()):
+        assert torch.equal(split.get(key), whole.get(key)), key
+    key = next(k for k in split.keys() if k.endswith("layers.1.mlp.down_proj.weight"))
+    (holder,) = split.byte_ranges({key: [(2, 5)]})
+    assert holder in parts and holder != first and split.byte_ranges({key: [(2, 5)]})[holder]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QuantizationWarning)
+        assert _ranks(spectra(first)) == _ranks(spectra(gguf_files["q8_0"]))
+    parts[1].rename(tmp_path / "aside.gguf")
+    with pytest.raises(CheckpointError) as info:
+        open_checkpoint(first)
+    assert str(info.value) == f"{first}: a GGUF split in {len(parts)} files lacks {parts[1].name}"
+    parts[2].rename(parts[1])  # another part under the lost one's name
+    (tmp_path / "aside.gguf").rename(parts[2])
+    with pytest.raises(CheckpointError, match=rf"{parts[1].name} says it is part 3 of {len(parts)}, its name part 2"):
+        open_checkpoint(first)

@@ -70,3 +70,17 @@ def test_a_quantization_is_no_point_on_the_map(zoo, tmp_path):
     assert any("4 quantizations (GGUF) left off the map" in line for line in report.notes)
     near = modelvec.neighbors(base.parent / "a", store=store, k=5)
     assert not {str(p) for p in files.values()} & set(near.nearest["model"])
+
+
+def test_the_tree_says_each_quantizations_type_on_its_line(zoo):
+    from typer.testing import CliRunner
+
+    from modelvec.cli import app
+
+    base, store, files, _ = zoo
+    out = CliRunner().invoke(app, ["tree", str(base), "--store", str(store)], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    lines = {name: [line for line in out.output.splitlines() if f"{name}/model-" in line] for name in files}
+    for name in files:
+        (line,) = lines[name]
+        assert f": quantization {name.split('-')[1]} (" in line, line

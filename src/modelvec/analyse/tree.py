@@ -33,6 +33,8 @@ class Node:
     #: why the node is placed as it is where the weights could not place it (no trace; a card's parent; a cycle)
     note: str | None = None
     method: str | None = None  # a merge's method as its weights tell it (:data:`~modelvec.analyse.merges.METHODS`)
+    #: the quantized types its weights were read in (a GGUF's ``Q4_K``...), None: float weights
+    quantized: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -54,6 +56,8 @@ class Node:
             out["original_by"] = self.original_by
         if self.note is not None:
             out["note"] = self.note
+        if self.quantized is not None:
+            out["quantized"] = self.quantized
         return out
 
     @classmethod
@@ -75,6 +79,7 @@ class Node:
             original_by=data.get("original_by"),
             note=data.get("note"),
             method=data.get("method"),
+            quantized=data.get("quantized"),
         )
 
 

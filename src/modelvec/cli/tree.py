@@ -84,7 +84,8 @@ def _line(node: Node, base: str) -> str:
         how = f" ({printable(node.method)})" if node.method else ""
         line = f"{name}: merge{how} of {parts or ' + '.join(map(short_name, node.parents))} ({node.confidence:.2f})"
     else:
-        line = f"{name}: {node.kind} ({node.confidence:.2f})"
+        types = f" {printable(node.quantized)}" if node.quantized and node.kind == "quantization" else ""
+        line = f"{name}: {node.kind}{types} ({node.confidence:.2f})"
     if node.note is not None and node.kind != "untraced":
         line += f"; {printable(node.note)}"
     if not node.agrees:

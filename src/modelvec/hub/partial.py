@@ -196,10 +196,10 @@ class PartialFolder:
         if ggufs is not None:
             for name in ggufs:
                 check_filename(repo_id, name)
-            if (parts := split_parts(ggufs)) is not None:
+            if (parts := split_parts(ggufs)) is not None and parts[0] != parts[1]:
                 have, said = parts
                 raise CheckpointError(
-                    repo_id, f"{shown(ggufs[0])}: a GGUF split in {said} files ({have} in the repository): not read yet"
+                    repo_id, f"{shown(ggufs[0])}: a GGUF split in {said} files, {have} of them in the repository"
                 )
             return ggufs
         if fmt == "safetensors-sharded":

@@ -11,7 +11,8 @@ The config comes from the metadata (``<arch>.block_count``, ``<arch>.embedding_l
 that is silent from the tensors the file stores (T5's gated feed-forward), as
 :data:`~modelvec.read.gguf_families.FAMILIES` declares.
 
-Each ``get`` dequantizes one tensor (``gguf.quants.dequantize``), so memory stays bounded by the
+A GGUF split in parts (``-00001-of-00003.gguf``, llama.cpp's ``gguf-split``) is one model: any part's path opens
+all of them (the metadata is the first part's), a part missing is one line. Each ``get`` dequantizes one tensor (``gguf.quants.dequantize``), so memory stays bounded by the
 largest matrix. Quantization noise raises the measured rank: the rank study warns
 (:class:`QuantizationWarning`, naming the quant types) and refuses deltas between quantized
 checkpoints, whose noise is as large as a fine-tuning delta.
@@ -28,6 +29,8 @@ import numpy as np
 import torch
 
 from ..core.errors import CheckpointError, first_line, shown
+from ..core.gguf import SPLIT
+from ..core.spans import merge
 from .architectures import ARCHITECTURES
 from .checkpoint import Checkpoint
 from .gguf_families import FAMILIES
@@ -74,6 +77,7 @@ class GGUFCheckpoint(Checkpoint):
             )
         self._gguf = _gguf(self.name)
         self.path = path
+        self.parts = split_files(path, self.name)
         self._reader: Any = None
         reader = self._open_reader()
         fields = reader.fields
@@ -90,7 +94,8 @@ class GGUFCheckpoint(Checkpoint):
             )
         self.family = family
         self._infos = {
-            t.name: (t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in reader.tensors
+            name: (t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist())))
+            for name, t in self._tensors.items()
         }
         self._gguf_config = self._config_from(fields)
         super().__init__(path, self.name)  # the hooks below give the files and the config
@@ -98,28 +103,54 @@ class GGUFCheckpoint(Checkpoint):
 
     # --- the Checkpoint hooks ------------------------------------------------------------------
     def _locate_weights(self) -> tuple[list[Path], None]:
-        return [self.path], None
+        return list(self.parts), None
 
     def _read_config(self) -> dict[str, Any]:
         return self._gguf_config
 
     # --- reading -----------------------------------------------------------------------------------
     def _open_reader(self) -> Any:
+        """The first part's reader (its metadata is the model's), every part's tensors gathered by name."""
         if self._reader is None:
-            try:
-                reader = self._gguf.GGUFReader(self.path, "r")
-            except Exception as exc:  # the reader raises ValueError, IndexError and numpy errors for a bad file
-                with open(self.path, "rb") as fh:
-                    magic = fh.read(4)
-                what = "is truncated or corrupt" if magic == b"GGUF" else "is not a GGUF file (no GGUF magic)"
-                raise CheckpointError(
-                    self.name, f"cannot read {self.path.name}: it {what} ({first_line(exc)})"
-                ) from None
-            if reader.byte_order != "I":
-                raise CheckpointError(self.name, f"{self.path.name} is a GGUF of the other byte order (not supported)")
-            self._reader = reader
-            self._tensors = {t.name: t for t in reader.tensors}
+            readers = [self._read_part(part) for part in self.parts]
+            tensors: dict[str, Any] = {}
+            part_of: dict[str, Path] = {}
+            for part, reader in zip(self.parts, readers):
+                for t in reader.tensors:
+                    if t.name in tensors:
+                        raise CheckpointError(
+                            self.name, f"tensor {shown(t.name)} is in both {part_of[t.name].name} and {part.name}"
+                        )
+                    tensors[t.name], part_of[t.name] = t, part
+            self._reader, self._tensors, self._part_of = readers[0], tensors, part_of
+            self._check_split(readers)
         return self._reader
+
+    def _read_part(self, part: Path) -> Any:
+        try:
+            reader = self._gguf.GGUFReader(part, "r")
+        except Exception as exc:  # the reader raises ValueError, IndexError and numpy errors for a bad file
+            with open(part, "rb") as fh:
+                magic = fh.read(4)
+            what = "is truncated or corrupt" if magic == b"GGUF" else "is not a GGUF file (no GGUF magic)"
+            raise CheckpointError(self.name, f"cannot read {part.name}: it {what} ({first_line(exc)})") from None
+        if reader.byte_order != "I":
+            raise CheckpointError(self.name, f"{part.name} is a GGUF of the other byte order (not supported)")
+        return reader
+
+    def _check_split(self, readers: Sequence[Any]) -> None:
+        """The parts' own word (``split.no``, ``split.count``) against their names: a part renamed or of
+        another split set is one line."""
+        if len(readers) == 1:
+            return
+        for i, (part, reader) in enumerate(zip(self.parts, readers)):
+            no, count = self._meta(reader.fields, "split.no"), self._meta(reader.fields, "split.count")
+            if no is not None and count is not None and (int(no), int(count)) != (i, len(self.parts)):
+                raise CheckpointError(
+                    self.name,
+                    f"{part.name} says it is part {int(no) + 1} of {int(count)}, its name part {i + 1} of "
+                    f"{len(self.parts)}",
+                )
 
     def _meta(self, fields: dict[str, Any], key: str) -> Any:
         f = fields.get(key)
@@ -264,7 +295,7 @@ class GGUFCheckpoint(Checkpoint):
     def byte_ranges(self, rows: Mapping[str, Sequence[tuple[int, int]]]) -> dict[Path, list[tuple[int, int]]] | None:
         """Where the given rows' blocks lie in the file, sorted and merged where they touch (what a prefetch asks the
         kernel to read)."""
-        spans: list[tuple[int, int]] = []
+        spans: dict[Path, list[tuple[int, int]]] = {}
         for key, ranges in rows.items():
             name = self.gguf_name(key)
             tensor = self._tensors[name] if self._reader is not None else self._reopen(name)
@@ -272,18 +303,16 @@ class GGUFCheckpoint(Checkpoint):
             per_row = data.nbytes // max(1, data.shape[0])
             start = int(tensor.data_offset)
             wanted = self.row_of(key, np.concatenate([np.arange(a, b) for a, b in ranges] or [np.zeros(0, int)]))
-            spans += [(start + int(r) * per_row, start + (int(r) + 1) * per_row) for r in np.sort(wanted)]
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted(spans):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
-            else:
-                merged.append((a, b))
-        return {self.path: merged}
+            spans.setdefault(self._part_of[name], []).extend(
+                (start + int(r) * per_row, start + (int(r) + 1) * per_row) for r in np.sort(wanted)
+            )
+        return {part: merge(found) for part, found in spans.items()}
 
     def _file_of(self, key: str) -> Path:
-        self.gguf_name(key)
-        return self.path
+        name = self.gguf_name(key)
+        if self._reader is None:
+            self._open_reader()
+        return self._part_of[name]
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor, dequantized to float32, in the Hugging Face checkpoint's storage layout."""
@@ -322,6 +351,26 @@ class GGUFCheckpoint(Checkpoint):
         super().close()
         self._reader = None
         self._tensors = {}
+        self._part_of = {}
+
+
+def split_files(path: Path, name: str) -> tuple[Path, ...]:
+    """Every part of the split GGUF that ``path`` is a part of, in order (``path`` alone where it is not split); a
+    part missing is one line."""
+    split = SPLIT.fullmatch(path.name)
+    if split is None:
+        return (path,)
+    count = int(split.group("parts"))
+    width = len(split.group("part"))
+    parts = tuple(
+        path.with_name(f"{split.group('stem')}-{i:0{width}d}-of-{split.group('parts')}.gguf")
+        for i in range(1, count + 1)
+    )
+    lost = [p.name for p in parts if not p.is_file()]
+    if lost:
+        shown_lost = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
+        raise CheckpointError(name, f"a GGUF split in {count} files lacks {shown_lost}")
+    return parts
 
 
 def _unpermute(w: torch.Tensor, n_head: int, model: str, key: str) -> torch.Tensor:

@@ -81,6 +81,8 @@ def tree_of(
         tree = Tree.from_json(kept)
     else:
         tree = inputs.infer(stored, only)
+        for node in tree.nodes:
+            node.quantized = inputs.quantized.get(node.model)
         tree.nodes += [n for n in inputs.not_read() if only is None or n.model in only]
         if only is None:
             pop.keep_tree(inputs.key, tree.as_json())
@@ -123,7 +125,10 @@ class _Inputs:
             if m not in traced
         }
         adapters = set(meta.loc[meta["adapter"].fillna(False).astype(bool), "model"])
-        self.quantized = set(meta.loc[meta["quantized"].notna(), "model"])
+        #: the quantizations read, with the types their weights were read in (one node a repository: its finest file)
+        self.quantized = dict(
+            zip(meta.loc[meta["quantized"].notna(), "model"], meta.loc[meta["quantized"].notna(), "quantized"])
+        )
         self.embedded_on = {
             m: (p if isinstance(p, str) else None) for m, p in zip(traces["model"], traces["parent"]) if m in adapters
         }
@@ -156,7 +161,7 @@ class _Inputs:
             sorted(self.untraced.items()),
             sorted((m, list(d)) for m, d in self.declared.items()),
             sorted(self.embedded_on.items(), key=str),
-            sorted(self.quantized),
+            sorted(self.quantized.items()),
             sorted((m, c.original, c.exact, c.chosen_by) for m, c in self.copies.items()),
             self.unread[["model", "reason"]].astype(str).values.tolist() if not self.unread.empty else [],
         ]

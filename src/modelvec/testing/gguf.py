@@ -32,13 +32,16 @@ def write_gguf(
     *,
     extra: dict[str, tuple[np.ndarray, Q]] | None = None,
     vocabulary: int = 0,
+    split: int = 0,
 ) -> Path:
     """The safetensors folder as a GGUF file: llama.cpp's names, metadata and layout; 2-D weights in ``qtype``.
     ``extra``: more tensors, each stored bytes (uint8, a row of blocks a row) of its type; ``vocabulary``: that many
-    tokens in the metadata (``tokenizer.ggml.tokens``: a header of megabytes, as a real model's)."""
+    tokens in the metadata (``tokenizer.ggml.tokens``: a header of megabytes, as a real model's); ``split``: at most that
+    many tensors a file, as ``gguf-split --split-max-tensors`` writes them (``<stem>-00001-of-0000N.gguf``: the first
+    part's path is returned)."""
     config = json.loads((folder / "config.json").read_text())
     state = load_file(str(folder / "model.safetensors"))
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, arch, split_max_tensors=split)
     if arch == "gpt2":
         n_layers, width, ff, heads = (
             config["n_layer"],
@@ -89,4 +92,5 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    parts = writer.format_shard_names(path)
+    return parts[0]
