@@ -137,10 +137,12 @@ def interval(k: int, n: int) -> str:
 
 
 def score(made: list[dict], nodes: dict[str, Any], requests: list[dict]) -> list[str]:
-    lines = ["| half | kind | placed under what it rounds | card flagged right | max share of a file fetched |"]
-    lines.append("|---|---|---|---|---|")
+    lines = [
+        "| half | kind | placed under what it rounds | card flagged right | max share of a file fetched | requests a repo |"
+    ]
+    lines.append("|---|---|---|---|---|---|")
     for half in ("selection", "report", "all"):
-        for kind in sorted({q["kind"] for q in made}) + ["every kind"]:
+        for kind in [*sorted({q["kind"] for q in made}), "every kind"]:
             rows = [q for q in made if half in (q["half"], "all") and kind in (q["kind"], "every kind")]
             placed = [q for q in rows if _placed(nodes.get(q["repo"]), q)]
             flagged = [q for q in rows if _flag_right(nodes.get(q["repo"]), q)]
@@ -152,9 +154,10 @@ def score(made: list[dict], nodes: dict[str, Any], requests: list[dict]) -> list
             ]
             whole = any(got < 0 for q in rows for got in fetched(requests, q["repo"]).values())
             share = "a file whole" if whole else f"{max(shares):.1%}" if shares else "-"
+            asked = [sum(1 for r in requests if f"/{q['repo']}/" in r["path"]) for q in rows]
             lines.append(
                 f"| {half} | {kind} | {interval(len(placed), len(rows))} | {interval(len(flagged), len(rows))} | "
-                f"{share} |"
+                f"{share} | {sum(asked) / max(1, len(asked)):.1f} |"
             )
     return lines
 
