@@ -18,31 +18,25 @@ torch.set_num_threads(1)  # tests are tiny; one thread keeps them reproducible a
 
 # --- parallel runs: pytest-xdist workers (pyproject.toml's addopts: `-n auto --dist loadfile`) ---------------------
 
-#: Modules whose tests share something two workers must not hold at once: the modules of a group run on one worker,
-#: one after another. Ray: a local ray.init for test_ray's module, `ray start` heads in both (ports, Ray's session
-#: folders, the machine's CPUs). (xdist_group marks with --dist loadgroup would say the same, but pytest 9.2's
-#: structured node ids break loadgroup in pytest-xdist 3.8: its groups are silently ignored, pytest-xdist#1386.)
-SHARED = {
-    "tests/run/test_ray.py": "ray",
-    "tests/run/test_crawl.py": "ray",
-}
-#: The slowest modules (and groups), slowest first (their test time in the suite, 3 workers on 2 cores, 2026-11-29):
-#: started first, so that no worker is left alone in a long one at the end. Only the order of the run depends on this.
+#: The slowest modules, slowest first (their test time in the suite, 3 workers on 2 cores): collected first, so that
+#: xdist's ``--dist loadfile`` hands them out first and no worker is left alone in a long one at the end. Only the
+#: order of the run depends on this.
 SLOW = (
-    "ray",  # 140 s: Ray's daemons beside two other workers (69 s alone)
-    "tests/report/test_nothing_silently_wrong.py",  # 42 s
-    "tests/cli/test_hostile.py",  # 37 s: ~90 CLI processes, forked
-    "tests/analyse/test_layout.py",  # 33 s
-    "tests/store/test_faults_store.py",  # 33 s
-    "tests/hub/test_hub.py",  # 31 s
-    "tests/hub/test_partial.py",  # 31 s
-    "tests/plots/test_plots.py",  # 28 s
-    "tests/report/test_cluster.py",  # 27 s
-    "tests/analyse/test_evidence.py",  # 21 s
-    "tests/run/test_resume.py",  # 21 s
-    "tests/hub/test_faults_hub.py",  # 20 s
-    "tests/bench/test_bench_cuda.py",  # 17 s
-    "tests/report/test_tree_merges.py",  # 15 s
+    "tests/run/test_ray.py",  # Ray's daemons beside two other workers
+    "tests/run/test_crawl.py",
+    "tests/report/test_nothing_silently_wrong.py",
+    "tests/cli/test_hostile.py",  # ~90 CLI processes, forked
+    "tests/analyse/test_layout.py",
+    "tests/store/test_faults_store.py",
+    "tests/hub/test_hub.py",
+    "tests/hub/test_partial.py",
+    "tests/plots/test_plots.py",
+    "tests/report/test_cluster.py",
+    "tests/analyse/test_evidence.py",
+    "tests/run/test_resume.py",
+    "tests/hub/test_faults_hub.py",
+    "tests/bench/test_bench_cuda.py",
+    "tests/report/test_tree_merges.py",
 )
 
 
@@ -50,37 +44,43 @@ SLOW = (
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: a worker more than the cores (pyproject.toml's ``--maxprocesses`` caps it). A fifth of the
     suite's time its tests wait, not compute (killed processes' seeded moments, servers' backoff, Ray's starts),
-    and one more worker fills it: on 2 cores 334 s with 2 workers, 298 s with 3, 309 s with 4 (2026-11-29); 275 s
-    with 3 and 282 s with 4 once the suite's CPU time fell (the same day, later)."""
+    and one more worker fills it (on 2 cores: 334 s with 2 workers, 298 s with 3, 309 s with 4)."""
     return len(os.sched_getaffinity(0)) + 1
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``: each module's tests on one worker, one after another (module-scoped fixtures built once,
-    as in a serial run), the modules of a :data:`SHARED` group as one, the :data:`SLOW` ones first."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from collections import OrderedDict
+def pytest_collection_modifyitems(config, items) -> None:
+    """The :data:`SLOW` modules' tests first (a stable sort: each module's own order kept), in every process alike."""
+    rank = {module: i for i, module in enumerate(SLOW)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
-    from xdist.scheduler import LoadScopeScheduling
 
-    class Modules(LoadScopeScheduling):
-        ordered = False
+@contextmanager
+def _ray_turn(tmp_path_factory) -> Iterator[None]:
+    """An exclusive lock on a file every worker of the run shares, held while Ray runs (``ray.init``, ``ray start``
+    heads: ports, Ray's session folders, the machine's CPUs), so that two workers never start Ray at once."""
+    import fcntl
 
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return SHARED.get(module, module)
+    shared = tmp_path_factory.getbasetemp().parent  # a run's workers share it (each has its own basetemp below)
+    with open(shared / "modelvec-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
-        def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # once, when the work queue is first drawn from: the slow units first
-                rank = {scope: i for i, scope in enumerate(SLOW)}
-                units = sorted(self.workqueue.items(), key=lambda unit: rank.get(unit[0], len(rank)))
-                self.workqueue = OrderedDict(units)
-                self.ordered = True
-            super()._assign_work_unit(node)
 
-    return Modules(config, log)
+@pytest.fixture(scope="module")
+def one_ray_at_a_time(tmp_path_factory) -> Iterator[None]:
+    """Ray's turn for a whole module (its module-scoped Ray instance)."""
+    with _ray_turn(tmp_path_factory):
+        yield
+
+
+@pytest.fixture
+def ray_turn(tmp_path_factory) -> Iterator[None]:
+    """Ray's turn for one test."""
+    with _ray_turn(tmp_path_factory):
+        yield
 
 
 #: The terminal's size as the controller's Python sees it. Once imported, readline puts COLUMNS and LINES into the

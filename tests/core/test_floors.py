@@ -6,9 +6,9 @@ import importlib.util
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,3 +49,15 @@ def test_every_dependency_states_one_floor_and_the_constraints_pin_it():
     ).stdout
     pinned = dict(line.split("==") for line in out.split())
     assert pinned == {name: floor for name, floor in stated.items() if name != "torch"}
+
+
+def test_the_python_floor_is_the_one_the_lint_checks_the_code_against():
+    """requires-python's floor is the grammar ruff checks (``target-version``) and the typing mypy checks
+    (``python_version``) on every ``make test``: code needing a newer Python fails the lint, not a user's install."""
+    floor = re.fullmatch(r">=(\d+)\.(\d+)", _project()["requires-python"])
+    assert floor is not None, "requires-python states one floor"
+    major, minor = floor.groups()
+    tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    assert tools["ruff"]["target-version"] == f"py{major}{minor}"
+    assert tools["mypy"]["python_version"] == f"{major}.{minor}"
+    assert sys.version_info[:2] >= (int(major), int(minor))

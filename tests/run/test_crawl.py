@@ -91,7 +91,7 @@ def test_a_crawl_killed_at_a_random_point_resumes_losing_nothing(world, whole, t
     _assert_resumed_equals(resumed, tmp_path / "s.duckdb", reference)
 
 
-def test_the_same_on_a_ray_cluster_with_two_workers(world, whole, tmp_path):
+def test_the_same_on_a_ray_cluster_with_two_workers(world, whole, tmp_path, ray_turn):
     pytest.importorskip("ray")
     reference, run, _ = whole
     hub = world.hub()

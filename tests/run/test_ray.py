@@ -45,6 +45,8 @@ from modelvec.run.tasks import base_spec, task_of  # noqa: E402
 from modelvec.run.work import BaseSpec, Task  # noqa: E402
 from modelvec.store import VectorRow  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_ray_at_a_time")  # one module with Ray at a time
+
 PARAMS = Representation(rank=4)
 BIN = Path(sys.executable).parent
 

@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Any, ClassVar
 
 
-class Kind(str, Enum):
+class Kind(str, Enum):  # noqa: UP042  (str() and format() as an Enum's: the reports' words)
     """What a failure says about the model, and so what a later run does with it."""
 
     CONTENT = "content"  # the files are bad: skipped while they are unchanged

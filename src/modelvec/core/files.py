@@ -84,13 +84,13 @@ def is_gguf(path: str | Path) -> bool:
 def oldest_time(files: Iterable[Path]) -> str | None:
     """When a local model was made, as far as its files say: their oldest modification time (ISO, UTC, to the
     second); None where one cannot be read."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     try:
         oldest = min(f.stat().st_mtime for f in files)
     except (OSError, ValueError):
         return None
-    return datetime.fromtimestamp(oldest, timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(oldest, UTC).isoformat(timespec="seconds")
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:

@@ -22,7 +22,7 @@ ATTENTION = ("q", "k", "v", "o")
 CROSS_ATTENTION = ("cross_q", "cross_k", "cross_v", "cross_o")
 
 
-class Orientation(str, Enum):
+class Orientation(str, Enum):  # noqa: UP042  (str() and format() as an Enum's: the reports' words)
     """How a weight is stored. modelvec always uses W in R^{in x out} (x @ W), as the description."""
 
     LINEAR = "linear"  # torch.nn.Linear stores [out, in]: transposed on read

@@ -32,14 +32,14 @@ _IGNORED_DIRS = {".git"}  # like upload_folder, also .cache/huggingface (local_d
 
 
 def now() -> str:
-    return iso(_dt.datetime.now(_dt.timezone.utc))
+    return iso(_dt.datetime.now(_dt.UTC))
 
 
 def iso(when: _dt.datetime) -> str:
     """The Hub's date format, ``2024-05-01T12:00:00.000Z`` (UTC, milliseconds)."""
     if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    when = when.astimezone(_dt.timezone.utc)
+        when = when.replace(tzinfo=_dt.UTC)
+    when = when.astimezone(_dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
@@ -47,7 +47,7 @@ def _normalize_date(value: Any) -> str:
     if isinstance(value, _dt.datetime):
         return iso(value)
     if isinstance(value, _dt.date):
-        return iso(_dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc))
+        return iso(_dt.datetime(value.year, value.month, value.day, tzinfo=_dt.UTC))
     text = str(value).strip()
     if text.endswith("Z"):
         text = text[:-1] + "+00:00"
