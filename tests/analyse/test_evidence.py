@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import BertModel
 
 import modelvec
-from conftest import planted_dataset_finetune
+from builders import planted_dataset_finetune
 from modelvec import Representation
 from modelvec.analyse import clustering_scores
 from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
@@ -243,7 +243,7 @@ def test_evaluate_scores_variants_with_mutual_proximity(mixed_zoo, tmp_path):
 
 
 def test_evaluate_command_prints_the_api_answer_with_a_split(mixed_zoo, tmp_path):
-    from conftest import TIMINGS, as_printed, cli_json
+    from builders import TIMINGS, as_printed, cli_json
     from modelvec.studies.grid import variants
     from modelvec.studies.sweep import Sweep
 

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from conftest import llama_pair
+from builders import llama_pair
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

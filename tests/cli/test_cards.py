@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.cli import app
 from modelvec.hub.cards import card_of
 from modelvec.store import Store

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import TIMINGS, as_printed, cli_json, planted_finetune
+from builders import TIMINGS, as_printed, cli_json, planted_finetune
 from modelvec.analyse.scores import Scoring
 from modelvec.cli import app
 from modelvec.hub.client import HubSettings

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import modelvec
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.store import Store
 from modelvec.testing.localhub import LocalHub
 from zygote import Zygote

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.cli import app
 from modelvec.cli.printing import printable
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import planted_finetune
+from builders import planted_finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import typer
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.cli import app
 from modelvec.testing.localhub import LocalHub
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import modelvec
-from conftest import planted_finetune, save_state
+from builders import planted_finetune, save_state
 from modelvec.core import errors as E
 from modelvec.core.errors import Kind, ModelvecError, error_of
 from modelvec.hub import client as _hub_client  # noqa: F401  (teaches error_of the Hub's errors)

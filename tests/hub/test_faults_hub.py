@@ -31,7 +31,7 @@ import torch
 from huggingface_hub import constants as hf_constants
 from safetensors.torch import load_file, save_file
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.core.errors import FetchError
 from modelvec.hub.cache import release
 from modelvec.hub.client import HubSettings

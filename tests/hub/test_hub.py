@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import planted_finetune, tiny_bert_config
+from builders import planted_finetune, tiny_bert_config
 from modelvec.analyse.scores import Scoring
 from modelvec.core.files import formats, weight_format
 from modelvec.hub.cache import release, snapshot_folder

@@ -534,7 +534,7 @@ def test_name_guess_with_extra_known_datasets():
 )
 def test_the_same_card_gives_the_same_labels_for_a_local_and_a_hub_model(tiny_bert, tmp_path, card):
     """One path for labels: a local folder's card and the same card on the Hub go through dataset_labels alike."""
-    from conftest import planted_finetune
+    from builders import planted_finetune
     from modelvec import Store, embed
     from modelvec.hub.client import HubSettings
     from modelvec.testing.localhub import LocalHub

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SHARDS, llama_pair, shard_in_two
+from builders import SHARDS, llama_pair, shard_in_two
 from modelvec import DeltaEmbedder, Representation, Store, embed
 from modelvec.hub.client import HubSettings
 from modelvec.hub.partial import partial_folder

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import SHARDS, llama_pair, shard_in_two
+from builders import SHARDS, llama_pair, shard_in_two
 from modelvec import Representation, embed
 from modelvec.hub import partial
 from modelvec.hub.client import HubSettings

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import peft_adapter, planted_finetune
+from builders import peft_adapter, planted_finetune
 from modelvec.hub.client import HubSettings
 from modelvec.run import discover
 from modelvec.store import Store

@@ -18,7 +18,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
 import modelvec
-from conftest import tiny_bert_config, write_tiny_tokenizer
+from builders import tiny_bert_config, write_tiny_tokenizer
 from modelvec import Checkpoint, DeltaEmbedder, ModelvecError
 from modelvec.core.errors import CheckpointError
 from modelvec.core.files import adapter_files, is_adapter

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import planted_finetune, save_state
+from builders import planted_finetune, save_state
 from modelvec import ArchitectureError, Checkpoint, CheckpointError, DeltaEmbedder, IncompatibleError
 
 

@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import modelvec
-from conftest import save_state
+from builders import save_state
 from modelvec import Checkpoint, CheckpointError, DeltaEmbedder, ModelvecError, Store
 from modelvec.read.headers import _DTYPE_BITS
 from modelvec.read.headers import safetensors_fault as _safetensors_fault

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import save_state
+from builders import save_state
 from modelvec.cli import app
 from modelvec.core.errors import CheckpointError
 from modelvec.read import Checkpoint, open_checkpoint
@@ -78,7 +78,7 @@ def _model(kind: str, folder: Path) -> Path:
     elif kind == "bert":
         from transformers import BertModel
 
-        from conftest import tiny_bert_config
+        from builders import tiny_bert_config
 
         BertModel(tiny_bert_config()).save_pretrained(folder)
     else:

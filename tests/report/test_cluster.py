@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import PLANTED_DATASETS, planted_dataset_finetune
+from builders import PLANTED_DATASETS, planted_dataset_finetune
 from modelvec import Checkpoint, Representation
 from modelvec.analyse.evaluation import REFERENCE, REFERENCE_BN
 from modelvec.analyse.scores import Scoring

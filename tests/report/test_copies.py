@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 import modelvec
-from conftest import PLANTED_DATASETS, cli_json, planted_dataset_finetune, save_state
+from builders import PLANTED_DATASETS, cli_json, planted_dataset_finetune, save_state
 from modelvec.report.tree import model_tree
 from modelvec.store import Population, Store
 
@@ -294,7 +294,7 @@ def test_a_card_naming_the_base_by_its_hub_id_agrees_where_the_base_is_a_hub_cac
 def test_evaluate_scores_each_model_once_and_a_card_naming_only_its_parent_claims_no_kind(zoo, tmp_path):
     """``evaluate`` reads the vectors through the population (a re-save beside the fine-tunes is left out, scored once
     as its original); an adapter whose card names its parent without a relation agrees with the weights."""
-    from conftest import peft_adapter
+    from builders import peft_adapter
     from modelvec.represent import Representation
     from modelvec.studies.compare import evaluate
 

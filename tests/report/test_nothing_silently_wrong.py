@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import maps_not_drawn, peft_adapter, save_state, tiny_bert_config
+from builders import maps_not_drawn, peft_adapter, save_state, tiny_bert_config
 from modelvec import Store
 from modelvec.analyse.lineage import infer_tree
 from modelvec.analyse.tree import Node, Tree

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import modelvec
-from conftest import trained
+from builders import trained
 from modelvec.report.tree import model_tree
 
 

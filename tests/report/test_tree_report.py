@@ -15,7 +15,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
-from conftest import int8_round_trip, perturb_layers, save_state, tiny_bert_config
+from builders import int8_round_trip, perturb_layers, save_state, tiny_bert_config
 from modelvec import embed
 from modelvec.report.tree import model_tree
 

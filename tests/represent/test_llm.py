@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import llama_pair as _llama_pair
-from conftest import save_state
+from builders import llama_pair as _llama_pair
+from builders import save_state
 from modelvec import DeltaEmbedder
 from modelvec.read import Checkpoint
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import llama_pair, save_state
+from builders import llama_pair, save_state
 from modelvec import DeltaEmbedder, Representation
 from modelvec.read import Checkpoint, MatrixRef, Orientation
 from modelvec.read.headers import header_of, row_bytes

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_tiny_tokenizer
+from builders import write_tiny_tokenizer
 from modelvec import DeltaEmbedder
 from modelvec.read import open_checkpoint
 from modelvec.represent import Representation
@@ -142,7 +142,7 @@ def test_the_probe_reads_the_rows_the_delta_reads(zoo):
 def test_a_base_that_lacks_tensors_its_forward_needs_is_refused_never_run_on_random_weights(tmp_path):
     """A checkpoint of matrices only (no embeddings, no norms): transformers would fill them with random values, so
     the probe refuses it in one line naming the model and what it lacks, and the delta itself still embeds it."""
-    from conftest import llama_pair
+    from builders import llama_pair
     from modelvec.core.errors import CheckpointError
 
     base, ft = llama_pair(tmp_path, 64, 128, 2, torch.bfloat16)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec import Checkpoint, DeltaEmbedder, Representation
 from modelvec.core.settings import settings_of
 from modelvec.represent import sketch_matrix

@@ -17,7 +17,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
-from conftest import int8_round_trip, perturb_layers, save_state, tiny_bert_config
+from builders import int8_round_trip, perturb_layers, save_state, tiny_bert_config
 from modelvec import DeltaEmbedder, embed
 from modelvec.core.errors import CheckpointError
 from modelvec.store import Store

@@ -13,7 +13,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import planted_finetune, save_state, tiny_bert_config, write_tiny_tokenizer
+from builders import planted_finetune, save_state, tiny_bert_config, write_tiny_tokenizer
 from modelvec import Representation
 from modelvec.analyse import knn_dataset_score
 from modelvec.cli import app

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec import Representation, Store, embed
 from modelvec.core.settings import choices_of, settings_of
 from modelvec.hub.client import HubSettings

@@ -6,7 +6,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 import modelvec
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.hub.client import HubSettings
 from modelvec.hub.download import weights_identity
 from modelvec.store import Population, Store

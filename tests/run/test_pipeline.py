@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import planted_finetune, save_state
+from builders import planted_finetune, save_state
 from modelvec import DeltaEmbedder, Representation, Store
 from modelvec.cli import app
 from modelvec.represent import canonical_signs, truncated_svd

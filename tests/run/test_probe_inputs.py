@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import modelvec
-from conftest import write_tiny_tokenizer
+from builders import write_tiny_tokenizer
 from modelvec.represent import probe as probe_module
 from modelvec.store.inputs import inputs_meta, inputs_path, read_inputs
 from modelvec.store.kept import read_kept

@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 ray = pytest.importorskip("ray")
 
 import modelvec  # noqa: E402
-from conftest import planted_finetune  # noqa: E402
+from builders import planted_finetune  # noqa: E402
 from modelvec import Representation, Store  # noqa: E402
 from modelvec.cli import app  # noqa: E402
 from modelvec.core.errors import CheckpointError, Kind, ModelvecError  # noqa: E402

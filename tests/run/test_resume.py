@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from zygote import Zygote
 
 N_MODELS = 240  # the run must still be going when the signal lands (the sketch got faster)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.hub.client import HubSettings
 from modelvec.hub.discovery import Scope
 from modelvec.run import embed, embed_discovered

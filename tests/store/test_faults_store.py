@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec.represent import Representation
 from modelvec.store import Failure, Store, StoreError, StoreLockedError, VectorRow
 from modelvec.store.vectorfile import VectorFile
@@ -50,7 +50,7 @@ ENV = {
     **os.environ,
     "OMP_NUM_THREADS": "1",
     "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-}  # conftest for the helper
+}  # builders and zygote for the helper
 KEY = "model, base, base_hash, params"
 
 

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import planted_finetune
+from builders import planted_finetune
 from modelvec import Representation, Store
 from modelvec.cli import app
 from modelvec.store import StoreError, VectorRow

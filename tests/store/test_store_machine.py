@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import modelvec
-from conftest import maps_not_drawn, planted_dataset_finetune
+from builders import maps_not_drawn, planted_dataset_finetune
 from modelvec.core.errors import ModelvecError
 from modelvec.report import cluster
 from modelvec.store import Store

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import modelvec
-from conftest import save_state
+from builders import save_state
 from modelvec.cli import app
 from modelvec.spectra import aggregate_energy_ranks as aggregate
 from modelvec.spectra import energy_rank, rank_of_energies
@@ -462,7 +462,7 @@ def planted_depth(tmp_path_factory):
     key matrices zig-zag (ranks 8, 1, 8, 1, …: no law can follow them)."""
     from transformers import BertModel
 
-    from conftest import tiny_bert_config
+    from builders import tiny_bert_config
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("deep")
