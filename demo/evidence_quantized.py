@@ -56,7 +56,7 @@ def makers() -> dict[str, Maker]:
     out: dict[str, Maker] = {
         "gguf-Q8_0": gguf_maker(Q.Q8_0),
         "gguf-Q4_0": gguf_maker(Q.Q4_0),
-        "gguf-Q5_0+Q4_0": gguf_maker(Q.Q5_0, Q.Q4_0),
+        "gguf-Q5_0-and-Q4_0": gguf_maker(Q.Q5_0, Q.Q4_0),
     }
     if importlib.util.find_spec("modelvec.testing.quantized") is not None:
         from modelvec.testing import quantized

@@ -48,8 +48,8 @@ class Scoring:
 
     def scaling_for(self, adapter: Sequence[object]) -> tuple[str, str | None]:
         """The scaling to rank these models by, and why when ``auto`` chose it. ``adapter``: per model, True for a
-        LoRA adapter, False for a full fine-tune, None (or NaN) where the store does not know (kept since
-        2026-11-25)."""
+        LoRA adapter, False for a full fine-tune, None (or NaN) where the store does not know (a
+        store written before it kept it)."""
         if self.scaling != AUTO:
             return self.scaling, None
         kinds = [bool(a) if isinstance(a, (bool, np.bool_)) else None for a in adapter]

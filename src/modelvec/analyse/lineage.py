@@ -73,7 +73,7 @@ def infer_tree(
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs); ``untraced``:
     the models without a trace, each with why (and what to do), placed by their cards where those name a model;
     ``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``: see
-    :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as before 2026-11-26); ``quantized``: the
+    :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as in a store written before traces were); ``quantized``: the
     models known from their files to be quantizations (GGUF); ``copies``: the copies among the models, each with its
     original (:mod:`modelvec.analyse.copies`; a population's, which reads the cards), default found from the traces
     alone."""

@@ -1,75 +1,23 @@
-"""The representation: fine-tuning deltas turned into one vector, as ``vectors.md`` describes.
+"""The representation: fine-tuning deltas turned into one vector, as ``vectors.md`` describes, and its parameters.
 
-For every stack, layer and family: dW = W_ft - W_base in R^{n x m} (x @ W orientation), a rank-r
-truncated SVD dW ~ U S V^T, and the n x r factor kept (U, or U S), flattened column by column
-(singular vector after singular vector). Per layer the families are concatenated in the
-architecture table's order; layers are pooled (``mean`` as described, or ``concat``); the stacks
-(encoder, decoder) are concatenated.
+For every stack, layer and family: dW = W_ft - W_base in R^{n x m} (x @ W orientation), a rank-r truncated SVD
+dW ~ U S V^T and the n x r factor kept (``factor``: U, U S, S), flattened singular vector after singular vector; per
+layer the families concatenated in the architecture table's order, layers pooled (``pooling``: mean or concat), the
+stacks (encoder, decoder) concatenated. Singular vectors are signed (``sign``); columns beyond min(n, m) or of a
+numerically zero singular value are zeros.
 
-Where the description is open, :class:`Representation` makes the choice explicit:
+Where the description is open, :class:`Representation` makes the choice explicit, each parameter a declared setting
+with its help, values and bounds (:mod:`modelvec.core.settings`): ``factor="sketch"`` is a fixed, seeded
+projection of dW shared by all models (``projection``: CountSketch by default, a Johnson-Lindenstrauss embedding of
+each block), linear in dW so that every model's sketch lives in one space, with no SVD; ``rows`` reads a seeded
+share (or, ``auto``, a number) of each matrix's stored rows, the same for every model and the base
+(:mod:`modelvec.represent.plans`); ``block_norm`` scales each block to unit norm before pooling; ``head`` appends
+the masked-LM head's vocabulary prior; ``probe`` takes each delta through the base's own inputs on a packaged text
+(:mod:`modelvec.represent.probe`); ``solver`` is randomized block Krylov or exact LAPACK.
 
-- ``factor``: ``"U"`` (as the original study), ``"US"`` (U scaled by the singular values),
-  ``"S"`` (the singular values alone), or ``"sketch"``: a fixed, seeded random projection of dW
-  shared by all models (``projection`` says which); linear in dW, so sketches of different models
-  live in one space, with no SVD.
-- ``projection`` (the sketch's): ``"shared"``, dW @ Omega with one Gaussian Omega (m x r) per
-  matrix width for every layer, so a mean over layers adds cross-layer terms to every inner
-  product; ``"gaussian"``, an independent Omega per layer and matrix, so those terms have
-  expectation zero and the mean is an unbiased estimate of the concatenated inner product;
-  ``"countsketch"``, each block's entries hashed with random signs into as many buckets as the
-  Gaussian sketch has floats (independent per layer and matrix): a Johnson-Lindenstrauss embedding
-  of the whole block, which keeps low-rank deltas (adapters) apart where a one-sided sketch of
-  rank r sees only r directions of them.
-- ``rows``: the share of each matrix's rows, as stored, that is read (1: all). The rows are chosen
-  once from the seed, in contiguous blocks (:mod:`modelvec.represent.plans`), the same for every
-  model and the base, so a Hub model costs a few range requests and a local one a few pages of its
-  mapped file. The sketch needs no more: a fixed random share of rows keeps the task vectors'
-  geometry (docs/evidence.md). The SVD factors need whole matrices (a share is ignored for them).
-  ``"auto"`` (the default) reads ``auto_rows`` rows of each matrix (64) where the vector's matrices hold 50M
-  values or more (bert-base's 85M, an 8B model's 7.0G: about 1 % of its bytes) and every row below
-  (all-MiniLM-L6-v2's 10.6M): a number of rows, not a share, because a sketch's error follows how many rows
-  it reads (a small model's 5%, 20 rows of 384, moved the evidence zoo's score by 0.040 over four seeds, every
-  row's by 0.013), while an 8B model's 5% is 0.71 GB a fine-tune. Decided from the shapes alone, so a base and
-  its fine-tunes read the same rows. ``auto_rows="share"`` is the rule before 2026-11-27 (5% of the rows).
-  The default (CountSketch, auto rows, rank 32, mean, block-normed) was chosen by ``modelvec evaluate`` on the
-  evidence zoo (docs/evidence.md).
-- ``block_norm``: each layer-and-family block scaled to unit norm before pooling, so the large
-  feed-forward blocks do not drown the attention blocks.
-- ``pooling``: ``"mean"`` over layers (as described) or ``"concat"``.
-- ``solver``: ``"randomized"`` (randomized block Krylov with a fixed seed: deterministic, within
-  ~1e-3 of the exact vector on real fine-tunes at the default 4 iterations, ~25x faster on
-  bert-base) or ``"exact"`` (full LAPACK SVD; slow, the reference).
-- ``head``: ``"vocabulary"`` appends one block over the vocabulary, the head's vocabulary prior
-  E (beta_ft - beta_base): what the norm before a tied vocabulary projection (BERT's masked-LM
-  head, GPT-2's ``ln_f``) adds to every token's logit whatever the input, read through the
-  base's embeddings E (:class:`~modelvec.read.roles.VocabularyHead`; beta_base is 0 when
-  the base has no such head, as HF initialises it). Centred over the vocabulary (logits are
-  shift-invariant) and scaled to the norm of the rest of the vector, so it weighs as much as all
-  the deltas together; zeros for a model without that head (a classifier). A language-modelling
-  fine-tune's texts are there, not in its encoder's deltas (docs/evidence.md, "Where the texts
-  are"). ``"none"`` leaves heads out, as the description does. ``"auto"`` (the default) appends it where
-  the family's head is a masked-LM head (:attr:`~modelvec.read.roles.VocabularyHead.default`: BERT,
-  RoBERTa, DistilBERT), and nothing elsewhere (GPT-2's ``ln_f``, unmeasured; Llama, T5 and others, whose
-  norms have no bias): on the evidence zoo's mixed report half it lifts the default from 0.760 to 0.983
-  (docs/evidence.md).
-- ``probe``: a number of tokens takes each matrix's delta through the base's own inputs to it on that many tokens of
-  a packaged probe text (:mod:`~modelvec.represent.probe`): the CountSketch of dW·H, the first-order change of the
-  layer's output on inputs the base really sees, instead of dW's entries; an adapter's is L (R^T H). ``none``
-  sketches dW itself. ``auto`` (the default since 2026-11-28) takes what the family's architecture entry says
-  (:attr:`~modelvec.read.roles.Architecture.probe`): 32 tokens for the Llama family, where on the same-texts
-  decoder zoo it lifts the mixed report half from 0.667 to 1.000; the delta itself elsewhere (docs/evidence.md).
-  The same rows are read either way.
-- ``sign``: singular vectors are defined only up to sign, so U from two models is not comparable
-  column by column and a mean over layers would mix arbitrary signs. ``"max-abs"`` flips each
-  singular vector so that its largest-magnitude entry is positive (ties: the first such entry);
-  ``"none"`` keeps what the solver returned.
-
-A PEFT LoRA adapter is a fine-tune whose delta comes factored, dW = L R^T (:mod:`modelvec.read.adapters`):
-its vector is computed from the thin factors and equals the merged model's, whatever the factor.
-
-Columns beyond min(n, m), and those whose singular value is numerically zero (below
-max(n, m) * eps * sigma_1, e.g. an untouched layer), are zeros: a zero delta has no directions,
-and arbitrary ones would only add noise.
+A PEFT LoRA adapter's vector is computed from its thin factors, dW = L R^T (:mod:`modelvec.read.adapters`), and
+equals the merged model's. Why each default is what it is, measured: docs/representation.md and docs/evidence.md
+(``modelvec evaluate`` chose the defaults on the evidence zoo's selection half).
 """
 
 from __future__ import annotations
@@ -87,7 +35,7 @@ SOLVERS = ("randomized", "exact")
 SIGNS = ("max-abs", "none")
 HEADS = ("auto", "none", "vocabulary")
 #: ``rows="auto"``: where the vector's matrices hold at least ``AUTO_FROM`` values, ``AUTO_ROWS`` rows of each matrix
-#: (``auto_rows``; ``"share"``: ``AUTO_SHARE`` of them, the rule before 2026-11-27); every row below.
+#: (``auto_rows``; ``"share"``: ``AUTO_SHARE`` of them); every row below.
 AUTO_SHARE = 0.05
 AUTO_FROM = 50_000_000
 AUTO_ROWS = 64
@@ -166,7 +114,7 @@ class Representation:
         AUTO_ROWS,
         "With rows auto, the rows read of each matrix of a checkpoint whose matrices hold "
         f"{AUTO_FROM / 1e6:g}M values or more: a number ({AUTO_ROWS}: about 1 % of an 8B model's bytes), or share: "
-        f"{AUTO_SHARE:.0%} of them (the rule before 2026-11-27).",
+        f"{AUTO_SHARE:.0%} of them.",
         minimum=1,
         words=("share",),
         kind=int,

@@ -55,7 +55,7 @@ class KeptFolder:
     file whose header does not is computed again whole, and either is said in one line (``Known.note``). Arrays
     that reports compute from the products are kept beside them the same way (:meth:`derived`)."""
 
-    #: the first line of the unchecked files kept before 2026-11-26: read as no cache, and replaced
+    #: the first line of the unchecked files an earlier version kept: read as no cache, and replaced
     UNCHECKED = b"modelvec products float64 v1\n"
 
     def __init__(self, store_path: Path) -> None:

@@ -85,7 +85,7 @@ VECTORS = Table(
         ("adapter", "BOOLEAN"),  # a LoRA adapter (True) or a full fine-tune (False); NULL: stored before it was kept
         ("quantized", "VARCHAR"),  # the block-quantized types of a GGUF's weights (Q4_K, ...); NULL: float weights
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
-        # What the model's card declares, read with it (NULL: stored before 2026-11-28, or no card): an xxh3 of the
+        # What the model's card declares, read with it (NULL: stored by an earlier version, or no card): an xxh3 of the
         # card's bytes (a changed card is read again), its relation and the parents it names (``base_model``)
         ("card_hash", "VARCHAR"),
         ("relation", "VARCHAR"),
@@ -159,7 +159,7 @@ TRACES = Table(
         ("scale", "DOUBLE NOT NULL"),
         ("parent", "VARCHAR"),
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
-        ("zeros", "DOUBLE"),  # the share of entries left as the base's (NULL: an adapter, or kept before 2026-11-26)
+        ("zeros", "DOUBLE"),  # the share of entries left as the base's (NULL: an adapter, or kept by an earlier version)
         ("along", "DOUBLE"),  # the delta's component along the base's weights (the same)
         ("zeros_bf16", "DOUBLE"),  # the share left as the base's, both rounded to bf16 (the same)
         ("precision", "VARCHAR"),  # the model's stored dtype (the same)

@@ -43,7 +43,7 @@ class VectorFile:
     from the page cache into the result, and writing keeps nothing in the process.
     """
 
-    MAGIC = b"modelvec vectors float32-le v1\n".ljust(64, b"\0")  # the header without an identity (before 2026-11-28)
+    MAGIC = b"modelvec vectors float32-le v1\n".ljust(64, b"\0")  # the header without an identity (an earlier version's)
     ALIGN = 64
 
     def __init__(self, path: Path, *, read_only: bool = False, identity: str | None = None) -> None:
@@ -219,7 +219,7 @@ _SUFFIX = re.compile(r"(?:.*\.vectors\.)?([0-9a-f]{12})")  # what a store record
 
 def vector_path(store: Path, recorded: str | None) -> Path:
     """The vector file of the store at ``store``: ``<its name>.vectors``, or after a compaction that name and the 12
-    hex digits that end the name the store records. Only those digits are read (stores compacted before 2026-11-28
+    hex digits that end the name the store records. Only those digits are read (stores compacted by an earlier version
     record the whole name, as this version still does, for older versions): a store copied or renamed with its
     files, as cp and mv do, finds its own file, never the original's."""
     name = f"{store.name}.vectors"
