@@ -140,14 +140,17 @@ class GPTQ(Scheme):
             raise QuantFault(f"tensor {qweight.name} or {scales.name} is not a matrix")
         groups, out = scales.shape
         per = 32 // bits
-        _check(qweight, ("I32",), (qweight.shape[0], out), f" ({bits}-bit, {out} outputs as {scales.name} says)")
-        inputs = qweight.shape[0] * per
-        if out % per:
-            raise QuantFault(f"tensor {scales.name}: {out} outputs do not pack into {bits}-bit words")
-        _check(qzeros, ("I32",), (groups, out // per), f" ({groups} groups, {out} outputs at {bits} bits)")
         g_idx = parts.get(module + ".g_idx")
         if g_idx is not None:
-            _check(g_idx, ("I32",), (inputs,), f" (one group a input of {qweight.name})")
+            _check(g_idx, ("I32",))
+        inputs = g_idx.shape[0] if g_idx is not None and len(g_idx.shape) == 1 else qweight.shape[0] * per
+        if out % per or inputs % per:
+            raise QuantFault(f"tensor {qweight.name}: [{out}, {inputs}] does not pack into {bits}-bit words")
+        said = f" ({bits}-bit, {inputs} inputs and {out} outputs as {(g_idx or scales).name} says)"
+        _check(qweight, ("I32",), (inputs // per, out), said)
+        _check(qzeros, ("I32",), (groups, out // per), f" ({groups} groups, {out} outputs at {bits} bits)")
+        if g_idx is not None:
+            _check(g_idx, ("I32",), (inputs,), " (one group an input)")
         elif inputs % groups:
             raise QuantFault(f"tensor {scales.name}: {groups} groups do not divide {inputs} inputs")
         named = {"qweight": qweight, "qzeros": qzeros, "scales": scales, **({"g_idx": g_idx} if g_idx else {})}
@@ -317,7 +320,10 @@ class BnB8(Scheme):
         _check(weight, ("I8",))
         _check(scb, ("F32",), (weight.shape[0],), f" (a scale a row of {weight.name})")
         shape = (weight.shape[0], weight.shape[1])
-        return QLinear(module + ".weight", self, {"weight": weight, "SCB": scb}, shape, "bitsandbytes int8")
+        named = {"weight": weight, "SCB": scb}
+        if module + ".weight_format" in parts:  # its row-major layout's mark (0), saved for older readers
+            named["format"] = parts[module + ".weight_format"]
+        return QLinear(module + ".weight", self, named, shape, "bitsandbytes int8")
 
     def spans(self, ql: QLinear, ranges: Sequence[tuple[int, int]]) -> Spans:
         m = ql.shape[1]
