@@ -11,10 +11,12 @@ weight's quantization state, a JSON that holds the matrix's shape): a partial do
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from .files import CONFIG, QUANT_CONFIGS
+from .safetensors import HeaderFault, data_start, parse_header
 
 #: The methods read (``quantization_config.quant_method``).
 METHODS = ("gptq", "awq", "bitsandbytes")
@@ -67,3 +69,18 @@ def state_spans(header: dict[str, Any]) -> list[tuple[int, int]]:
             begin, end = entry["data_offsets"]
             spans.append((int(begin), int(end)))
     return sorted(spans)
+
+
+def file_states(path: Path) -> list[tuple[int, int]]:
+    """The absolute byte ranges of a safetensors file's quantization states, from the header it holds (none where it
+    is no safetensors file or its header is unsound: the reader says what is wrong with it)."""
+    if path.suffix != ".safetensors":
+        return []
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = data_start(fh.read(8), size)
+            header = parse_header(fh.read(start - 8), size - start)
+    except (OSError, HeaderFault):
+        return []
+    return [(start + a, start + b) for a, b in state_spans(header)]

@@ -42,8 +42,7 @@ from ..core.errors import CheckpointError, FetchError, shown
 from ..core.files import CONFIG, PARTIAL, QUANT_CONFIGS, SAFETENSORS, SAFETENSORS_INDEX, weight_format
 from ..core.gguf import gguf_weights, split_parts
 from ..core.partial import Marker, MarkerFault, Spans, marker_text, read_marker, span_key
-from ..core.quantized import state_spans
-from ..core.safetensors import HeaderFault, data_start, parse_header
+from ..core.quantized import file_states
 from ..core.spans import merge, missing
 from .answers import RemoteFile
 from .cache import repo_folder, write_atomic
@@ -252,23 +251,11 @@ class PartialFolder:
         return RangeJob(RemoteFile(self.repo_id, self.revision, name, path.stat().st_size), spans, path)
 
     def states(self) -> dict[str, list[tuple[int, int]]]:
-        """The byte ranges of the quantization states in the weight files (a bitsandbytes 4-bit weight's JSON, which
-        holds its shape: read before the rows are planned), from the headers the files hold."""
+        """The byte ranges of the quantization states in the weight files (:func:`~modelvec.core.quantized.file_states`:
+        a bitsandbytes 4-bit weight's JSON, its shape, read before the rows are planned)."""
         marker = self.marker()
-        out = {}
-        for name in marker.files if marker is not None else {}:
-            if not name.endswith(".safetensors"):
-                continue
-            try:
-                with open(self.path / name, "rb") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    start = data_start(fh.read(8), size)
-                    header = parse_header(fh.read(start - 8), size - start)
-            except (OSError, HeaderFault):  # the reader says what is wrong with it
-                continue
-            if spans := state_spans(header):
-                out[name] = [(start + a, start + b) for a, b in spans]
-        return out
+        found = {name: file_states(self.path / name) for name in (marker.files if marker is not None else {})}
+        return {name: spans for name, spans in found.items() if spans}
 
     def fill(self, wanted: Mapping[str, Sequence[tuple[int, int]]], hub_settings: HubSettings) -> Fetched:
         """Fetch the byte ranges ``wanted`` (per weight file) that the folder does not hold yet; the marker then
