@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.errors import shown
 from ..core.quantized import STATE
 
 #: safetensors dtypes as numpy reads their bytes (bfloat16 as its bits).
@@ -94,6 +95,16 @@ def _check(part: Part, dtypes: Sequence[str], shape: tuple[int, ...] | None = No
         raise QuantFault(f"tensor {part.name} has shape {list(part.shape)}, expected {list(shape)}{what}")
 
 
+def _count(config: Mapping[str, Any], key: str, default: int) -> int:
+    """A count of the quantization config (``bits``), checked."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QuantFault(f"quantization config's {key} is {shown(repr(value), 40)}, not a count")
+    return value
+
+
 def _grid(rows: int, row_bytes: int, ranges: Sequence[tuple[int, int]], item: int) -> list[tuple[int, int]]:
     """The byte ranges of columns ``ranges`` (in elements of ``item`` bytes) of every row of a 2-D tensor."""
     starts = np.arange(rows, dtype=np.int64)[:, None] * row_bytes
@@ -126,7 +137,7 @@ class GPTQ(Scheme):
     method, anchor = "gptq", ".qweight"
 
     def linear(self, module: str, parts: Mapping[str, Part], config: Mapping[str, Any], state: Raw) -> QLinear:
-        bits = int(config.get("bits") or 4)
+        bits = _count(config, "bits", 4)
         if bits not in (2, 4, 8):
             raise QuantFault(f"{bits}-bit GPTQ (read: 2, 4 and 8 bits)")
         fmt = str(config.get("checkpoint_format") or config.get("format") or "gptq").lower()
@@ -207,7 +218,7 @@ class AWQ(Scheme):
     method, anchor = "awq", ".qweight"
 
     def linear(self, module: str, parts: Mapping[str, Part], config: Mapping[str, Any], state: Raw) -> QLinear:
-        bits = int(config.get("bits") or 4)
+        bits = _count(config, "bits", 4)
         version = str(config.get("version") or "gemm").lower()
         if version != "gemm" or bits != 4:
             raise QuantFault(f"AWQ version '{version}' at {bits} bits (read: gemm, 4 bits)")
@@ -356,6 +367,13 @@ def _state(raw: np.ndarray, name: str) -> dict[str, Any]:
         and block > 0
         and js.get("quant_type") in ("nf4", "fp4")
         and js.get("dtype") in _BNB_DTYPES
+        and (
+            "nested_blocksize" not in js
+            or (
+                (isinstance(js["nested_blocksize"], int) and js["nested_blocksize"] > 0)
+                and isinstance(js.get("nested_offset"), (int, float))
+            )
+        )
     )
     if not ok:
         raise QuantFault(f"tensor {name} is not a sound quantization state (quant_type, blocksize, dtype, 2-D shape)")
