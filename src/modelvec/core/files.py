@@ -17,6 +17,8 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 BIN = "pytorch_model.bin"
 CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"
+#: A quantizer's own config beside config.json (auto-gptq's, autoawq's): copied with it where a repository has one.
+QUANT_CONFIGS = ("quantize_config.json", "quant_config.json")
 #: Beside the weight files of a partial download (a few byte ranges of each file fetched, the rest a sparse
 #: hole): ``{"files": {file name: [[start, stop], ...]}}``, the byte ranges that are there.
 PARTIAL = ".modelvec-partial.json"

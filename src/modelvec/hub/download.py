@@ -41,6 +41,7 @@ from ..core.errors import CheckpointError, CorruptDownload, FetchError, Modelvec
 from ..core.files import (
     BIN_INDEX,
     CONFIG,
+    QUANT_CONFIGS,
     SAFETENSORS_INDEX,
     WEIGHT_FORMATS,
     adapter_files,
@@ -85,7 +86,7 @@ def fetch(repo_id: str, revision: str, files: Sequence[str] | None, hub_settings
         if fmt is None:
             have = ", ".join(formats(files)) or "no weight files"
             raise CheckpointError(repo_id, f"no PyTorch weights to read (the repository has: {have})")
-        wanted = ["config.json"] if "config.json" in files else []
+        wanted = [name for name in ("config.json", *QUANT_CONFIGS) if name in files]  # a quantizer's config too
         marker = dict(WEIGHT_FORMATS)[fmt]
         wanted.append(marker)
         if fmt.endswith("-sharded"):  # the index first: it names the shards

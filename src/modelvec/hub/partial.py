@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..core.errors import CheckpointError, FetchError, shown
-from ..core.files import CONFIG, PARTIAL, SAFETENSORS, SAFETENSORS_INDEX, weight_format
+from ..core.files import CONFIG, PARTIAL, QUANT_CONFIGS, SAFETENSORS, SAFETENSORS_INDEX, weight_format
 from ..core.gguf import gguf_weights, split_parts
 from ..core.partial import Marker, MarkerFault, Spans, marker_text, read_marker, span_key
+from ..core.quantized import file_states
 from ..core.spans import merge, missing
 from .answers import RemoteFile
 from .cache import repo_folder, write_atomic
@@ -49,7 +50,7 @@ from .client import HubSettings
 from .download import download_file, list_files, pin
 from .ids import is_commit_sha
 from .names import check_filename, check_repo_id, check_revision, shard_names
-from .ranges import REQUEST_CAP, RangeJob, RangeStats, fetch_many, gap_worth
+from .ranges import REQUEST_CAP, RangeJob, RangeStats, coalesce_ranges, fetch_many, gap_worth
 from .remote_header import GGUFHeader, SafetensorsHeader, fetch_gguf_header, fetch_safetensors_header
 
 _LOCK = threading.Lock()  # guards _LOCKS
@@ -65,6 +66,9 @@ IN_FLIGHT = 16
 GAP = gap_worth(125e6, 0.02, IN_FLIGHT)
 #: The most bytes one request asks for.
 CAP = REQUEST_CAP
+#: How many times a file's own length its ranges' requests may cost before the gaps between them are fetched too
+#: (:func:`_requested`): a bitsandbytes model of 6 MB read at 5 % of its rows costs 3 times, a GPTQ's 250 times.
+WHOLE = 16
 
 
 @dataclass
@@ -191,8 +195,9 @@ class PartialFolder:
         if ggufs is None and fmt not in ("safetensors", "safetensors-sharded"):
             return None
         self.path.mkdir(parents=True, exist_ok=True)
-        if CONFIG in files:
-            shutil.copyfile(download_file(repo_id, CONFIG, revision, hub_settings), self.path / CONFIG)
+        for small in (CONFIG, *QUANT_CONFIGS):  # a quantizer's own config too (auto-gptq's, autoawq's)
+            if small in files:
+                shutil.copyfile(download_file(repo_id, small, revision, hub_settings), self.path / small)
         if ggufs is not None:
             for name in ggufs:
                 check_filename(repo_id, name)
@@ -245,13 +250,24 @@ class PartialFolder:
         path = self.path / name
         return RangeJob(RemoteFile(self.repo_id, self.revision, name, path.stat().st_size), spans, path)
 
+    def states(self) -> dict[str, list[tuple[int, int]]]:
+        """The byte ranges of the quantization states in the weight files (:func:`~modelvec.core.quantized.file_states`:
+        a bitsandbytes 4-bit weight's JSON, its shape, read before the rows are planned)."""
+        marker = self.marker()
+        found = {name: file_states(self.path / name) for name in (marker.files if marker is not None else {})}
+        return {name: spans for name, spans in found.items() if spans}
+
     def fill(self, wanted: Mapping[str, Sequence[tuple[int, int]]], hub_settings: HubSettings) -> Fetched:
         """Fetch the byte ranges ``wanted`` (per weight file) that the folder does not hold yet; the marker then
         lists them. A file a server sent whole (it ignored ``Range``) is held whole from then on."""
         with self.locked():
             marker = self.marker()
         held = marker.files if marker is not None else {}
-        jobs = [self._job(name, need) for name, spans in wanted.items() if (need := missing(spans, held.get(name, [])))]
+        jobs = [
+            self._job(name, _requested(need, self.path / name))
+            for name, spans in wanted.items()
+            if (need := missing(spans, held.get(name, [])))
+        ]
 
         def record(i: int, stats: RangeStats) -> None:  # as each file completes: what it holds survives a later failure
             job = jobs[i]
@@ -308,7 +324,11 @@ def open_partial(
         revision = pin(repo_id, revision, hub_settings)
     folder = PartialFolder(partial_folder(repo_id, revision, hub_settings), repo_id, revision)
     with folder.locked():
-        return folder if folder.make(files, hub_settings) else None
+        if not folder.make(files, hub_settings):
+            return None
+    if states := folder.states():  # fetched once: a later open finds them held
+        folder.fill(states, hub_settings)
+    return folder
 
 
 def _headers(
@@ -326,6 +346,17 @@ def _headers(
         return [header(name) for name in names]
     with ThreadPoolExecutor(min(IN_FLIGHT, len(names)), thread_name_prefix="headers") as pool:
         return list(pool.map(header, names))
+
+
+def _requested(need: Sequence[tuple[int, int]], path: Path) -> list[tuple[int, int]]:
+    """The ranges asked for ``need``: as they are, unless their requests would cost more than :data:`WHOLE` times the
+    whole file (each request weighs :data:`GAP` bytes); then the gaps of up to :data:`GAP` between them are fetched
+    too, whatever their neighbours' length (:func:`~modelvec.hub.ranges.coalesce_ranges` bounds them by it, to keep
+    a share of rows a share of bytes). A GPTQ's or AWQ's rows are a small piece of every packed row: thousands of
+    pieces a matrix, hundreds of times the file's cost in requests; rows stored as rows cost a few times at most."""
+    if len(coalesce_ranges(need, GAP, CAP)) * GAP <= WHOLE * path.stat().st_size:
+        return list(need)
+    return merge(need, GAP)
 
 
 def release_partial(repo_id: str, revision: str, hub_settings: HubSettings) -> int:

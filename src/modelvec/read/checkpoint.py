@@ -211,7 +211,8 @@ class Checkpoint(PlannedReads):
         return float64_of(raw, where.dtype)
 
     def quantized_types(self) -> list[str]:
-        """The quantized tensor types the weights hold (a GGUF's Q4_K, ...): none for safetensors and ``.bin``."""
+        """The quantized tensor types the weights hold (a GGUF's Q4_K, a GPTQ's "GPTQ 4-bit g128"...): none for float
+        safetensors and ``.bin``."""
         return []
 
     def shape(self, key: str) -> tuple[int, ...]:
@@ -371,11 +372,12 @@ class Checkpoint(PlannedReads):
 
 
 def warn_if_quantized(ck: Checkpoint) -> list[str]:
-    """Warn (:class:`QuantizationWarning`) when ``ck`` is quantized (a GGUF's types); returns the types found."""
+    """Warn (:class:`QuantizationWarning`) when ``ck`` is quantized (a GGUF's types, a GPTQ's...); returns the types
+    found."""
     types = ck.quantized_types()
     if types:
         warnings.warn(
-            f"{ck.name}: quantized GGUF ({', '.join(types)}): the ranks are those of the dequantized weights; "
+            f"{ck.name}: quantized weights ({', '.join(types)}): the ranks are those of the dequantized weights; "
             "quantization noise raises the measured rank, most at thresholds near 1 (4- and 5-bit types "
             "can also lower it slightly where the spectrum decays slowly)",
             QuantizationWarning,
@@ -390,7 +392,7 @@ def refuse_quantized_delta(ck: Checkpoint) -> None:
     if types:
         raise CheckpointError(
             ck.name,
-            f"quantized GGUF ({', '.join(types)}): --of delta needs unquantized weights, "
+            f"quantized weights ({', '.join(types)}): --of delta needs unquantized weights, "
             "quantization noise is as large as a fine-tuning delta (use an F32/F16/BF16 "
             "GGUF or the original weights)",
         )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import CheckpointError
 from ..core.files import ADAPTER_CONFIG, is_adapter, is_gguf
+from ..core.quantized import is_quantized
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -44,6 +45,7 @@ class Format:
 FORMATS: list[Format] = [
     Format("gguf", is_gguf, "modelvec.read.gguf:GGUFCheckpoint"),
     Format("peft-lora", is_adapter, "modelvec.read.adapters:AdapterCheckpoint"),
+    Format("quantized", is_quantized, "modelvec.read.quantized:QuantizedCheckpoint"),  # GPTQ, AWQ, bitsandbytes
     Format("weights", lambda _path: True, "modelvec.read.checkpoint:Checkpoint"),
 ]
 
@@ -59,7 +61,8 @@ def format_of(path: PathLike) -> Format:
 
 
 def open_checkpoint(path: PathLike, name: str | None = None) -> Checkpoint:
-    """The reader for any model modelvec accepts: a GGUF file, a PEFT adapter folder, or weights."""
+    """The reader for any model modelvec accepts: a GGUF file, a PEFT adapter folder, a GPTQ, AWQ or bitsandbytes
+    folder, or weights."""
     return format_of(path).open(path, name)
 
 

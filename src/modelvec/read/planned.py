@@ -105,7 +105,7 @@ class PlannedReads:
             held = (self.fetched or {}).get(file, [])
             for a, b in spans:
                 if not any(h0 <= a and b <= h1 for h0, h1 in held):
-                    key = next(k for k in rows if self._file_of(k) == file)
+                    key = next((k for k in rows if self._file_of(k) == file), next(iter(rows)))  # a part elsewhere
                     raise CheckpointError(
                         self.name,
                         f"only some rows of {file.name} were fetched (bytes {a:,}-{b:,} of tensor {shown(key)} "

@@ -96,7 +96,7 @@ def depth_report(
     deltas of every stored fine-tune of ``over_finetunes``; written to ``out`` when given. ``ranks`` says which
     (:class:`~modelvec.spectra.energy.Ranks`; its settings may also be given one by one: ``thresholds=(0.9,)``).
 
-    A quantized GGUF's warning is kept in ``study.warnings`` (the ranks include quantization noise).
+    A quantized checkpoint's warning (GGUF, GPTQ, AWQ, bitsandbytes) is kept in ``study.warnings`` (the ranks include quantization noise).
     """
     ranks = with_options(Ranks, ranks, options, "depth_report")
     of, thresholds = ranks.of, ranks.thresholds

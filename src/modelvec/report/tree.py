@@ -168,8 +168,8 @@ class _Inputs:
         self.key = hashlib.sha1(json.dumps(said, default=str).encode()).hexdigest()
 
     def not_read(self) -> list[Node]:
-        """The quantizations the catalogue records and nobody read (GPTQ and AWQ repositories, a GGUF whose bytes
-        could not be read: its error said): placed under the parent their card declares, marked not read."""
+        """The quantizations the catalogue records and nobody read (a format not read, an EXL2's; a GGUF, GPTQ, AWQ or
+        bitsandbytes one whose bytes could not be read: its error said): placed under the parent their card declares, marked not read."""
         root = {n.lower() for n in self.names}
         out = []
         for row in self.unread.itertuples():

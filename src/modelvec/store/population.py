@@ -55,7 +55,7 @@ class Population:
 
     ``name``: the base as stored; ``base_hash``: its version now; ``selection`` and ``meta``: its models' vectors
     (copies of the base and quantizations left out), rows ordered by model; ``copies``: the models whose weights
-    are the base's; ``quantized``: the quantizations (GGUF files); ``stale``: vectors embedded against an earlier
+    are the base's; ``quantized``: the quantizations (GGUF, GPTQ, AWQ, bitsandbytes); ``stale``: vectors embedded against an earlier
     version of the base, left out."""
 
     def __init__(
@@ -82,7 +82,7 @@ class Population:
         )
         copy = meta["model"].isin(set(self.copies)).to_numpy(dtype=bool)
         rounded = meta["quantized"].notna().to_numpy(dtype=bool) & ~copy
-        #: quantizations (a GGUF's weights): placed in the tree by their traces, no points on the map
+        #: quantizations (GGUF, GPTQ, AWQ, bitsandbytes weights): placed in the tree by their traces, no points on the map
         self.quantized: list[str] = list(meta["model"][rounded])
         at = np.flatnonzero(~copy & ~rounded)
         self.selection = Selection(
@@ -155,7 +155,7 @@ class Population:
         if self.quantized and off_map:
             n = len(self.quantized)
             out.append(
-                f"{n} quantization{'s' if n != 1 else ''} (GGUF) left off the map and out of every score; `modelvec "
+                f"{n} quantization{'s' if n != 1 else ''} left off the map and out of every score; `modelvec "
                 f"tree` places {'them' if n != 1 else 'it'}: {', '.join(self.quantized[:3])}{', ...' if n > 3 else ''}"
             )
         of_base = [m for m, c in self.copies.items() if c.original == self.name]
@@ -334,7 +334,7 @@ class Population:
         model, a re-save) or a quantization; None for a model on the map."""
         if model in self.copies:
             return self.copies[model].describe(self.name)
-        return "a quantization (GGUF): in the tree, off the map" if model in self.quantized else None
+        return "a quantization: in the tree, off the map" if model in self.quantized else None
 
     def describe(self) -> dict[str, Any]:
         """What the population is, for a report's JSON: its base's version, the stale rows, the copies (each with its

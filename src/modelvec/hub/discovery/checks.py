@@ -23,9 +23,10 @@ def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, 
     Its declared parents come from its ``base_model:<id>`` tags. A fine-tune (of the base or of a fine-tune) and
     a merge are their weights; an adapter needs its adapter files, and is its own delta on the base itself, or on a
     fine-tune of the tree (``found``, kept) that fine-tune's delta plus its own (embedded so, said so); a GGUF
-    repository is kept, read by byte ranges (the finest of its files) and placed by its weights; another quantized
-    repo (GPTQ, AWQ, bitsandbytes) is recorded as a quantization of its parent and never placed on the map, unless it
-    holds plain float weights (a dequantized re-upload, read as weights).
+    repository is kept, read by byte ranges (the finest of its files) and placed by its weights, and so is a GPTQ, AWQ
+    or bitsandbytes one (safetensors, dequantized for the rows read); a quantization in a format not read (EXL2, HQQ,
+    AQLM...: :data:`UNREAD`, by its tags; or with no weights modelvec reads) is recorded as a quantization of its
+    parent and never placed on the map.
     """
     entry.parents = [t.split(":", 1)[1] for t in entry.tags if t.startswith("base_model:") and t.count(":") == 1]
     root = {n.lower() for n in base_id.names}
@@ -37,10 +38,19 @@ def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, 
         what = ", ".join(entry.parents) or "no declared base"
         entry.reason = f"{entry.reason}; GGUF (declares {what}): read by byte ranges, placed by its weights"
         return
-    if entry.relation == "quantized" and (_quantized(entry) or weight_format(entry.files) is None):
+    unread = next((kind for kind in UNREAD if kind in {t.lower() for t in entry.tags}), None)
+    if entry.relation == "quantized" and (unread or weight_format(entry.files) is None):
         what = ", ".join(entry.parents) or "its declared base"
-        entry.kept, entry.reason = False, f"a quantization of {what} ({_quant_kind(entry)}): recorded, not mapped"
+        entry.kept, entry.reason = (
+            False,
+            f"a quantization of {what} ({unread or _quant_kind(entry)}): recorded, not mapped",
+        )
         return
+    if entry.relation == "quantized" or _quantized(entry):
+        what = ", ".join(entry.parents) or "no declared base"
+        entry.reason = (
+            f"{entry.reason}; {_quant_kind(entry)} (declares {what}): read by byte ranges, placed by its weights"
+        )
     if entry.relation == "adapter" and not any(p.lower() in root for p in entry.parents):
         parent = next((found[p.lower()] for p in entry.parents if p.lower() in found), None)
         if parent is None or not parent.kept or parent.relation in ("adapter", "quantized"):
@@ -61,6 +71,11 @@ def _check_relation(entry: CatalogueEntry, base_id: BaseId, found: Mapping[str, 
     _check_weights(entry)
 
 
+#: Quantization formats a repository's tags may name that modelvec does not read (their weights are no GPTQ, AWQ,
+#: bitsandbytes or GGUF tensors).
+UNREAD = ("exl2", "exl3", "hqq", "aqlm", "quanto", "eetq", "marlin", "bitblas")
+
+
 def _quantized(entry: CatalogueEntry) -> bool:
     """Whether the repo's weights are quantized: GGUF files, or a GPTQ/AWQ/bitsandbytes quantization config."""
     names = {f.rsplit("/", 1)[-1] for f in entry.files}
@@ -72,6 +87,11 @@ def _quant_kind(entry: CatalogueEntry) -> str:
         return "GGUF"
     tags = {t.lower() for t in entry.tags}
     named = [kind for kind in ("gptq", "awq", "bitsandbytes", "4-bit", "8-bit") if kind in tags]
+    names = {f.rsplit("/", 1)[-1] for f in entry.files}
+    if not named and "quantize_config.json" in names:
+        named = ["gptq"]
+    elif not named and "quant_config.json" in names:
+        named = ["awq"]
     return ", ".join(named) or "a quantized format"
 
 
