@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import llama_pair
+from builders import llama_pair
 from modelvec import DeltaEmbedder, Representation, embed
 from modelvec.core.spans import merge, missing
 from modelvec.hub import partial

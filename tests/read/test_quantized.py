@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import llama_pair, save_state
+from builders import llama_pair, save_state
 from modelvec import DeltaEmbedder, Representation, embed
 from modelvec.core.errors import CheckpointError
 from modelvec.core.files import PARTIAL
