@@ -239,11 +239,14 @@ class _Inference:
             parent = embedded_on if embedded_on is not None and embedded_on in self.index else base
             node = Node(model=m, kind=kind, parent=parent, parents=[parent], confidence=1.0)
         else:
-            j, conf = self.parent(i)
+            j, conf, runner = self.parent(i)
             parent = base if j < 0 else self.models[j]
             node = Node(
                 model=m, kind=kind, parent=parent, parents=[parent], confidence=float(min(self.confidence[i], conf))
             )
+            if kind == "quantization" and runner is not None and conf < self.rule.quantized_sure:
+                near = base if runner < 0 else self.models[runner]
+                node.note = f"unsure: {near} is about as near (its rounding hides which of the two it rounds)"
         return node
 
     def merge(self, i: int) -> Merge | None:
@@ -259,8 +262,9 @@ class _Inference:
         part = self.t[rows]
         return (part @ part.T).astype(np.float64)
 
-    def parent(self, i: int) -> tuple[int, float]:
-        """The nearest model that ``i`` goes beyond (-1: the base), and how clearly it is nearer than the next.
+    def parent(self, i: int) -> tuple[int, float, int | None]:
+        """The nearest model that ``i`` goes beyond (-1: the base), how clearly it is nearer than the next, and the next
+        (None: no other).
 
         A quantization's rounding is far larger than a fine-tune's delta (4 bits: about 20 times), so the share of
         its parent's delta it holds is lost in it: its parent is the nearest model, the rounding the same
@@ -278,7 +282,7 @@ class _Inference:
         held = dict(zip(cols.tolist(), share.tolist()))
         for at in found[np.argsort(distance[found], kind="stable")]:  # nearest first: the two nearest that qualify
             j = int(cols[at])
-            merge = self.merge(j)
+            merge = self.merge(j) if self.kind[i] != "quantization" else None  # a quantization: the nearest
             if merge is not None and not self._holds(i, merge, held):
                 continue  # a merge is a parent only of a model that holds each of its parents' deltas in full
             best.append((float(distance[at]), j))
@@ -286,8 +290,8 @@ class _Inference:
                 break
         best.sort()
         if len(best) == 1:
-            return -1, 1.0
-        return best[0][1], margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0
+            return -1, 1.0, None
+        return best[0][1], margin(best[1][0], best[0][0]) if best[0][0] > 0 else 1.0, best[1][1]
 
     def _holds(self, i: int, merge: Merge, held: dict[int, float]) -> bool:
         """Whether ``i`` holds each of ``merge``'s parents' deltas at least at its weight in the merge (its child

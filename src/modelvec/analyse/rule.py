@@ -20,6 +20,13 @@ class TreeRule:
     quantized_levels: float = setting(
         0.75, "Distinct values a row, against the base's, below which a model is rounded.", above=0, maximum=1
     )
+    quantized_sure: float = setting(
+        0.55,
+        "A quantization's placement confidence (its nearest model against the next) below which its node says it is "
+        "unsure, naming the next: its rounding hides which of the two it rounds.",
+        above=0.5,
+        maximum=1,
+    )
     merge_ratio: float = setting(
         0.5, "A merge's residual against its best single model's, at most (bf16 rounding: ~0.3).", above=0, maximum=1
     )

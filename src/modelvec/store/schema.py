@@ -159,7 +159,10 @@ TRACES = Table(
         ("scale", "DOUBLE NOT NULL"),
         ("parent", "VARCHAR"),
         ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
-        ("zeros", "DOUBLE"),  # the share of entries left as the base's (NULL: an adapter, or kept by an earlier version)
+        (
+            "zeros",
+            "DOUBLE",
+        ),  # the share of entries left as the base's (NULL: an adapter, or kept by an earlier version)
         ("along", "DOUBLE"),  # the delta's component along the base's weights (the same)
         ("zeros_bf16", "DOUBLE"),  # the share left as the base's, both rounded to bf16 (the same)
         ("precision", "VARCHAR"),  # the model's stored dtype (the same)

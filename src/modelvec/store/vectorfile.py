@@ -43,7 +43,9 @@ class VectorFile:
     from the page cache into the result, and writing keeps nothing in the process.
     """
 
-    MAGIC = b"modelvec vectors float32-le v1\n".ljust(64, b"\0")  # the header without an identity (an earlier version's)
+    MAGIC = b"modelvec vectors float32-le v1\n".ljust(
+        64, b"\0"
+    )  # the header without an identity (an earlier version's)
     ALIGN = 64
 
     def __init__(self, path: Path, *, read_only: bool = False, identity: str | None = None) -> None:
