@@ -5,8 +5,8 @@
 The zoo is ``demo/build_tree_zoo.py``'s (real fine-tunes of the packaged base, chains, mergekit merges; ``tree.json``
 their truth). Each of its full models and the base is quantized the way the Hub's quantizers write files: GGUF
 (``Q8_0``, ``Q5_0``, ``Q4_0`` by the gguf package's own quantizers, written as llama.cpp's converter writes them;
-some repositories hold two types, as the Hub's often do), and GPTQ, AWQ and bitsandbytes where
-:mod:`modelvec.testing.quantized` writes them. Each quantization's card names its true parent, a sibling (a lie), or
+some repositories hold two types, as the Hub's often do), GPTQ and AWQ 4-bit (group 128) and bitsandbytes nf4
+(double quantization) and int8, packed as their quantizers pack them (:mod:`modelvec.testing.quantized`). Each quantization's card names its true parent, a sibling (a lie), or
 the base alone (a level skipped), in turn. Everything is published on a local Hub that serves byte ranges and
 counts what it sends, embedded by Hub id with the defaults, and the tree is inferred.
 
@@ -19,7 +19,6 @@ selection half is where a change would be chosen. Bytes: the share of each quant
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import shutil
@@ -51,25 +50,28 @@ def gguf_maker(*types: Any) -> Maker:
     return make
 
 
-def makers() -> dict[str, Maker]:
-    """The quantizations made of each model: GGUF always; GPTQ, AWQ and bitsandbytes where the writers exist."""
+def makers(only: str | None = None) -> dict[str, Maker]:
+    """The quantizations made of each model: GGUF (the gguf package's quantizers), GPTQ, AWQ and bitsandbytes
+    (:func:`modelvec.testing.quantized.write_quantized`, packed as auto-gptq, autoawq and bitsandbytes pack);
+    ``only``: those whose name starts so."""
+    from modelvec.testing.quantized import write_quantized
+
     out: dict[str, Maker] = {
         "gguf-Q8_0": gguf_maker(Q.Q8_0),
         "gguf-Q4_0": gguf_maker(Q.Q4_0),
         "gguf-Q5_0-and-Q4_0": gguf_maker(Q.Q5_0, Q.Q4_0),
+        "gptq-4bit": _folder_maker(lambda src, dst: write_quantized(src, dst, "gptq", bits=4, group=128)),
+        "awq-4bit": _folder_maker(lambda src, dst: write_quantized(src, dst, "awq", group=128)),
+        "bnb-nf4": _folder_maker(lambda src, dst: write_quantized(src, dst, "nf4", nested=True)),
+        "bnb-int8": _folder_maker(lambda src, dst: write_quantized(src, dst, "int8")),
     }
-    if importlib.util.find_spec("modelvec.testing.quantized") is not None:
-        from modelvec.testing import quantized
-
-        for name in getattr(quantized, "WRITERS", {}):
-            out[name] = _folder_maker(quantized.WRITERS[name])
-    return out
+    return {k: v for k, v in out.items() if only is None or k.startswith(tuple(only.split(",")))}
 
 
 def _folder_maker(write: Callable[[Path, Path], Any]) -> Maker:
     def make(parent: Path, folder: Path, arch: str) -> dict[str, Path]:
         write(parent, folder)
-        return {p.name: p for p in folder.iterdir() if p.is_file() and p.name != "README.md"}
+        return {p.name: p for p in folder.iterdir() if p.is_file() and p.name != "README.md"}  # its own card below
 
     return make
 
@@ -78,7 +80,7 @@ def card(parent: str) -> bytes:
     return f"---\nbase_model: {parent}\nbase_model_relation: quantized\n---\n".encode()
 
 
-def build(zoo: Path, work: Path) -> tuple[LocalHub, list[dict], list[str]]:
+def build(zoo: Path, work: Path, only: str | None) -> tuple[LocalHub, list[dict], list[str]]:
     """The zoo's full models and their quantizations on a local Hub; the quantizations' truth, the models to embed."""
     truth = json.loads((zoo / "tree.json").read_text())
     arch = "bert" if truth["base_kind"] == "encoder" else "llama"
@@ -90,7 +92,7 @@ def build(zoo: Path, work: Path) -> tuple[LocalHub, list[dict], list[str]]:
     parents = [{"model": "base", "path": truth["base"], "half": "selection"}, *full]
     siblings = [m["model"] for m in full if m["kind"] == "fine-tune"]
     made: list[dict] = []
-    kinds = makers()
+    kinds = makers(only)
     for i, parent in enumerate(parents):
         for j, (kind, make) in enumerate(kinds.items()):
             folder = work / "q" / f"{parent['model']}-{kind}"
@@ -177,11 +179,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--zoo", type=Path, default=Path(".cache/tree-encoder"))
     ap.add_argument("--out", type=Path, default=Path(".cache/evidence-out"))
+    ap.add_argument("--only", default=None, help="the quantizations made: names' starts, comma-separated (gguf,gptq)")
+    ap.add_argument("--name", default="quantized", help="the report's name (OUT/NAME.md) and work folder")
     args = ap.parse_args()
-    work = args.out / "quantized-hub"
+    work = args.out / f"{args.name}-hub"
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
-    hub, made, models = build(args.zoo.resolve(), work)
+    hub, made, models = build(args.zoo.resolve(), work, args.only)
     with hub.serve() as srv:
         settings = HubSettings(endpoint=srv.endpoint, cache_dir=str(work / "cache"), token=False, retries=1)
         result = embed("zoo/base", models, hub_settings=settings, store=work / "s.duckdb", load=False)
@@ -206,7 +210,7 @@ def main() -> None:
         f"({time.perf_counter() - t0:.0f} s)",
     ]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quantized.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
