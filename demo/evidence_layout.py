@@ -1,4 +1,4 @@
-"""Evidence for the map's layout (modelvec.analyse.layout) against umap-learn's, on real and made data.
+"""Evidence for the map's layout (modelvec.analyse.umap_style) against umap-learn's, on real and made data.
 
 Three sets, each laid out from the same nearest neighbours (15, the row itself first) and the same epochs as
 ``cluster`` gives them, with seeds 0, 1, 2:
@@ -34,7 +34,7 @@ from sklearn.neighbors import NearestNeighbors
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_zoo import base_model_dir, load_bbc, load_tweets
 
-from modelvec.analyse import layout
+from modelvec.analyse import umap_style as layout
 from modelvec.analyse.reduction import UMAP_EPOCHS, UMAP_EPOCHS_KNOWN, UMAP_KNOWN_FROM, reduce
 
 SEEDS = (0, 1, 2)

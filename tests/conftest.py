@@ -27,7 +27,7 @@ SLOW = (
     "tests/run/test_crawl.py",
     "tests/report/test_nothing_silently_wrong.py",
     "tests/cli/test_hostile.py",  # ~90 CLI processes, forked
-    "tests/analyse/test_layout.py",
+    "tests/analyse/test_umap_style.py",
     "tests/store/test_faults_store.py",
     "tests/hub/test_hub.py",
     "tests/hub/test_partial.py",

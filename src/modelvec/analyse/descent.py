@@ -1,4 +1,4 @@
-"""The descent of :mod:`modelvec.analyse.layout`: one numba kernel, compiled once per machine and kept
+"""The descent of :mod:`modelvec.analyse.umap_style`: one numba kernel, compiled once per machine and kept
 (``cache=True``; where numba finds no folder to keep it in, compiled in each process), apart so that numba is
 imported only where a map is laid out."""
 

@@ -10,7 +10,7 @@ the parameters validated once before any work. Three methods:
   t-SNE uses no random numbers: its result does not depend on ``seed``.) The exact gradient up to
   ``TSNE_EXACT_MAX_N`` = 200 models (under a second; Barnes-Hut can take ~40 s for 5 points whose
   layout flies apart), Barnes-Hut above.
-- ``"umap"``: UMAP (:mod:`modelvec.analyse.layout`: umap-learn's method and defaults, its numba code compiled once
+- ``"umap"``: UMAP (:mod:`modelvec.analyse.umap_style`: umap-learn's method and defaults, its numba code compiled once
   per machine and kept, the rows laid out in parallel, deterministically) of each row's ``min(15, n - 1)`` nearest
   rows (itself included, as umap-learn's ``n_neighbors``), started from the top principal coordinates and seeded
   by ``seed``; 500 epochs, 200 from ``UMAP_KNOWN_FROM`` rows.
@@ -182,9 +182,9 @@ def _tsne(X: np.ndarray, n_components: int, seed: int, metric: str) -> np.ndarra
 def _umap(
     X: np.ndarray, n_components: int, seed: int, metric: str, neighbours: tuple[np.ndarray, np.ndarray] | None
 ) -> np.ndarray:
-    """UMAP (:func:`modelvec.analyse.layout.layout`) of each row's nearest rows: those given, else found exactly
+    """UMAP (:func:`modelvec.analyse.umap_style.layout`) of each row's nearest rows: those given, else found exactly
     (scikit-learn, every pair's distance: a map's few thousand rows), from the rows' top principal coordinates."""
-    from .layout import layout
+    from .umap_style import layout
 
     n = X.shape[0]
     k = min(UMAP_NEIGHBOURS, n - 1)  # neighbours counting the row itself, as umap-learn's n_neighbors

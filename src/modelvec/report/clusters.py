@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from ..analyse.clustering import clustering_scores
-from ..analyse.layout import taken_notes
 from ..analyse.parallel import one_blas_thread
 from ..analyse.reduction import UMAP_KNOWN_FROM, UMAP_NEIGHBOURS, Reduction
 from ..analyse.reduction import reduce as reduce_to_2d
@@ -31,6 +30,7 @@ from ..analyse.scores import (
     knn_dataset_score,
     predict_datasets,
 )
+from ..analyse.umap_style import taken_notes
 from ..core.errors import ModelvecError
 from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings

@@ -1,4 +1,4 @@
-"""UMAP's layout (modelvec.analyse.layout): the fuzzy graph is umap-learn's, the layout the same bit for bit on any
+"""UMAP's layout (modelvec.analyse.umap_style): the fuzzy graph is umap-learn's, the layout the same bit for bit on any
 number of threads and as good a map as umap-learn's, and numba's kept code is trusted only where it does what its
 source does."""
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from sklearn.neighbors import NearestNeighbors
 
-from modelvec.analyse import descent, layout
+from modelvec.analyse import descent
+from modelvec.analyse import umap_style as layout
 from modelvec.analyse.reduction import reduce
 
 
@@ -154,7 +155,7 @@ def test_maps_are_laid_out_where_numba_has_no_folder_to_keep_code_in(tmp_path):
         "import numba.core.caching as caching\n"
         "impl = getattr(caching, 'CacheImpl', None) or caching._CacheImpl  # its name from numba 0.59\n"
         "impl._locator_classes = []  # no folder will do (numba's own list of them, emptied for the test)\n"
-        "from modelvec.analyse import descent, layout\n"
+        "from modelvec.analyse import descent, umap_style as layout\n"
         "from modelvec.analyse.reduction import reduce\n"
         "X = np.random.default_rng(0).normal(size=(300, 8))\n"
         "Y = reduce(X, 'umap')\n"

@@ -1,4 +1,4 @@
-"""UMAP's layout of a nearest-neighbour graph, its compiled code kept across runs.
+"""A UMAP-style layout of a nearest-neighbour graph (the map's), its compiled code kept across runs and checked.
 
 umap-learn compiles its numba functions in every process: about 7 s of a fresh map of 10,000 models on 2 cores
 (and 2 s of import), for a layout that then takes 4 s. This is the same method (McInnes, Healy & Melville 2018:
@@ -18,6 +18,11 @@ umap-learn's):
 - Negative samples come from a random stream of each row's own (seeded), not one shared stream.
 - The start is the top two principal coordinates given (umap-learn's ``init="pca"``), scaled as umap-learn scales
   its start, not the graph's spectral layout.
+
+What is checked, once a process: numba's kept code of the descent, a file kept across runs that numba keeps no
+checksum of, is trusted only where it lays out a small graph as the Python source does (:func:`_kernel`); else it is
+compiled anew and the command says so once (:func:`taken_notes`). The tests check the rest (the graph against
+umap-learn's, the layout bit for bit across threads).
 """
 
 from __future__ import annotations
