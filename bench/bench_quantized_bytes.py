@@ -2,7 +2,7 @@
 
 The base is SmolLM2-135M-Instruct dequantized from its packaged llama.cpp GGUF (``demo/build_llm_evidence.py``'s
 base, built once). Its quantizations: that real GGUF itself (Q4_1, as llama.cpp wrote it), a Q8_0 GGUF (the gguf
-package's quantizer, written as llama.cpp's converter writes it), GPTQ and AWQ 4-bit (group 128) and bitsandbytes
+package's quantizer, written as llama.cpp's converter writes it), GPTQ and AWQ 4-bit (group 64: SmolLM2's 576 inputs are 9 of them) and bitsandbytes
 nf4 (double quantization) and int8 (packed as their quantizers pack them: :mod:`modelvec.testing.quantized`). Each is
 published on a local Hub that serves byte ranges and counts what it sends, and embedded by Hub id with the defaults
 (the rows of each matrix that the vector and the trace read).
@@ -60,8 +60,8 @@ def main() -> None:
     made: dict[str, dict[str, Path]] = {"gguf-Q4_1 (llama.cpp's)": {"model-Q4_1.gguf": packaged_gguf()}}
     made["gguf-Q8_0"] = {"model-Q8_0.gguf": write_gguf(base, q / "model-Q8_0.gguf", "llama", Q.Q8_0)}
     for name, method, extra in (
-        ("gptq-4bit", "gptq", {"bits": 4, "group": 128}),
-        ("awq-4bit", "awq", {"group": 128}),
+        ("gptq-4bit", "gptq", {"bits": 4, "group": 64}),
+        ("awq-4bit", "awq", {"group": 64}),
         ("bnb-nf4", "nf4", {"nested": True}),
         ("bnb-int8", "int8", {}),
     ):
