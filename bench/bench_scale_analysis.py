@@ -66,13 +66,13 @@ def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | s
     and in how many seconds."""
     from modelvec import Representation, Store
     from modelvec.read import Checkpoint
+    from modelvec.run.cache_updates import ProductsCacheUpdater
     from modelvec.run.engines import Execution
-    from modelvec.run.keeper import ProductsKeeper
 
     params = Representation(size=size)
     with Store(store) as db:
         db.record_base(str(base), Checkpoint(base).stamp(), "bh")  # as embed records the base it embeds against
-        keeper = ProductsKeeper(db, str(base), params, Execution().products_from if keep else 0, "cpu")
+        keeper = ProductsCacheUpdater(db, str(base), params, Execution().products_from if keep else 0, "cpu")
         started = time.perf_counter()
         with keeper:
             for rows in _batches(base, start, stop, dim, params):
@@ -149,8 +149,8 @@ from modelvec.analyse.clustering import clustering_scores
 from modelvec.analyse.scores import Scoring, knn_dataset_score, predict_datasets
 from modelvec.plots.maps import plot_html, plot_png
 from modelvec.store import Population
-from modelvec.store.kept import read_kept
-from modelvec.store.keptfolder import KeptFolder
+from modelvec.store.cachefile import read_cache_file
+from modelvec.store.cache import CacheFolder
 stages = {}
 def stage(name, fn):
     peak[0] = rss(); t = time.perf_counter(); value = fn()
@@ -159,8 +159,8 @@ def stage(name, fn):
 rep = Representation(size=size)
 with Store(store, read_only=True) as db:
     pop = stage("population (the base's version, the copies)", lambda: Population(db, base, rep))
-    kept = KeptFolder(db.path).products_path(pop.cache_key())
-    stage("verification: every kept row's checksum", lambda: read_kept(kept))
+    kept = CacheFolder(db.path).products_path(pop.cache_key())
+    stage("verification: every kept row's checksum", lambda: read_cache_file(kept))
     products, meta = stage("products (kept beside the store, verified)", pop.products)
     scoring, _ = pop.resolve(Scoring(), list(meta["adapter"]))
     from modelvec.analyse.parallel import one_blas_thread

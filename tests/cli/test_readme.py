@@ -55,7 +55,9 @@ def test_the_readme_quick_start_runs_as_written(tiny_bert, tmp_path):
     assert f"embedded {len(embedded)}, skipped 0 (already stored), failed 0" in said[0], said[0][-2000:]
     printed = re.search(r"│ all\s+│ \d+\s+│ ([01]\.\d{3})", said[1])  # the kNN dataset score of all
     assert printed is not None, said[1][-2000:]
-    again = subprocess.run(["bash", "-c", commands[1] + " --json"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    again = subprocess.run(
+        ["bash", "-c", commands[1] + " --json"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert printed.group(1) == f"{json.loads(again.stdout)['knn_score']:.3f}"  # the score it computed, as computed
     assert list((tmp_path / "my-map").glob("clusters-*.png")), "cluster drew no map"

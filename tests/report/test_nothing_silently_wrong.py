@@ -32,7 +32,7 @@ from modelvec import Store
 from modelvec.analyse.lineage import infer_tree
 from modelvec.analyse.tree import Node, Tree
 from modelvec.cli import app
-from modelvec.store.kept import read_kept
+from modelvec.store.cachefile import read_cache_file
 
 DATASETS = ("news", "tweets", "chat", "reviews")
 
@@ -142,10 +142,10 @@ def kept_files(store: Path, base: Path) -> dict[str, Path]:
     """Every file the store keeps: the store, the vector file, the products (``products``: the population's) and
     the arrays kept beside them, by name."""
     from modelvec.core.names import model_id
-    from modelvec.store.keptfolder import KeptFolder
+    from modelvec.store.cache import CacheFolder
 
     files = {"store": store, "vectors": Path(f"{store}.vectors")}
-    main = KeptFolder(store).products_path(f"{model_id(base)}\n{modelvec.Representation().key()}\n")
+    main = CacheFolder(store).products_path(f"{model_id(base)}\n{modelvec.Representation().key()}\n")
     for path in sorted(Path(f"{store}.products").iterdir()):
         files["products" if path == main else path.name] = path
     return files
@@ -160,7 +160,7 @@ def copy_store(root: Path, into: Path) -> Path:
 
 def overwrite(path: Path, array: str, at: int) -> None:
     """Two bytes overwritten ``at`` bytes into the kept array ``array`` of the kept file ``path``."""
-    start = read_kept(path).arrays[array].offset
+    start = read_cache_file(path).arrays[array].offset
     with open(path, "r+b") as fh:
         fh.seek(start + at)
         fh.write(b"\x5a\x5a")
@@ -187,7 +187,7 @@ def test_damaged_products_are_computed_again_and_the_answer_is_the_same(kept, ba
     root, _, first = kept
     store = copy_store(root, tmp_path)
     path = kept_files(store, base)["products"]
-    gram = read_kept(path).arrays["gram"]
+    gram = read_cache_file(path).arrays["gram"]
     n, start = gram.shape[0], gram.offset
     with open(path, "r+b") as fh:
         if damage == "sixteen bytes":  # inside row 3
@@ -248,7 +248,7 @@ def kept_then_redone(kept, base, zoo, tmp_path, mark: str, step: str, array: str
     root, _, first = kept
     store = copy_store(root, tmp_path)
     path = next(p for name, p in kept_files(store, base).items() if mark in name)
-    before = np.array(read_kept(path).arrays[array])
+    before = np.array(read_cache_file(path).arrays[array])
     with mock.patch.object(clusters, step, side_effect=AssertionError(f"{step} run again")):
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]), err
@@ -257,7 +257,7 @@ def kept_then_redone(kept, base, zoo, tmp_path, mark: str, step: str, array: str
         code, out, err = answers(store, base, zoo[0], tmp_path / "out")["cluster"]
         assert code == 0 and answer(out) == answer(first["cluster"][1]) and run.call_count == 1
     assert err.count("\n") == 1 and err.startswith(f"note: {path}"), err
-    np.testing.assert_array_equal(read_kept(path).arrays[array], before)
+    np.testing.assert_array_equal(read_cache_file(path).arrays[array], before)
     return store, path
 
 
@@ -706,7 +706,7 @@ def test_kept_lists_ranked_for_a_few_rows_are_those_rows_of_every_row_ranked(lis
 
     _, store, _ = listed
     path = next(p for name, p in kept_files(store, base).items() if ".nearest-" in name)
-    ranking = read_kept(path).meta["ranking"]
+    ranking = read_cache_file(path).meta["ranking"]
     with Store(store, read_only=True) as db:
         pop = Population(db, str(base), Representation())
         whole, exact = kept_lists(pop, "cosine", ranking)
@@ -717,7 +717,7 @@ def test_kept_lists_ranked_for_a_few_rows_are_those_rows_of_every_row_ranked(lis
     for name in whole:
         for i in range(len(whole[name])):
             a, b = whole[name].row(i), some[name].row(i)
-            if i in rows or name not in read_kept(path).meta["ranked"]:
+            if i in rows or name not in read_cache_file(path).meta["ranked"]:
                 assert all(np.array_equal(x, y) for x, y in zip(a, b)), (name, i)
             else:
                 assert len(b[0]) == 0

@@ -11,8 +11,8 @@ import pytest
 import modelvec
 from builders import write_tiny_tokenizer
 from modelvec.represent import probe as probe_module
+from modelvec.store.cachefile import read_cache_file
 from modelvec.store.inputs import inputs_meta, inputs_path, read_inputs
-from modelvec.store.kept import read_kept
 
 pytest.importorskip("transformers")
 TOKENS = 16
@@ -42,7 +42,7 @@ def computed(monkeypatch):
 
 def _meta(path, **changed):
     """What the kept file at ``path`` was made for (the base as the store names it, its version), ``changed``."""
-    meta = read_kept(path).meta
+    meta = read_cache_file(path).meta
     return inputs_meta(**{"base": meta["base"], "version": meta["base_version"], "tokens": TOKENS, **changed})
 
 
@@ -84,7 +84,7 @@ def test_made_again_for_another_base_version_or_probe(family, tmp_path, computed
     store = tmp_path / "s.duckdb"
     first = _embed(base, [a], store)
     (path,) = (tmp_path / "s.duckdb.products").glob("*.probe.kept")
-    assert path == inputs_path(store, read_kept(path).meta["base"], TOKENS)
+    assert path == inputs_path(store, read_cache_file(path).meta["base"], TOKENS)
     meta = _meta(path)
     assert read_inputs(path, meta)[0] is not None
     inputs, why = read_inputs(path, _meta(path, version="another"))

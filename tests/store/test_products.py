@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelvec import Representation, Store
-from modelvec.store import VectorRow, blocks, keptfolder
+from modelvec.store import VectorRow, blocks, cache
 from modelvec.store import products as module
-from modelvec.store.keptfolder import KeptFolder
+from modelvec.store.cache import CacheFolder
 
 PARAMS = Representation(rank=4)
 
@@ -60,8 +60,8 @@ def test_cached_products_are_reused_and_only_new_rows_computed(tmp_path):
         third = db.products(selection, cache="base|key")
         assert third.computed_rows == 3
         np.testing.assert_allclose(third.gram, module.gram(db.vector_file, selection).gram, rtol=1e-6, atol=1e-6)
-    assert len(list(KeptFolder(tmp_path / "s.duckdb").folder.iterdir())) == 1
-    assert KeptFolder(tmp_path / "s.duckdb").products_path("base|key").suffix == ".products"
+    assert len(list(CacheFolder(tmp_path / "s.duckdb").folder.iterdir())) == 1
+    assert CacheFolder(tmp_path / "s.duckdb").products_path("base|key").suffix == ".products"
 
 
 def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
@@ -193,7 +193,7 @@ def test_the_torch_path_equals_numpys_within_float32_rounding(tmp_path, monkeypa
         torch_path = module.gram(db.vector_file, selection, block_floats=12 * 300, exact_up_to=0)
         db.put_many(rows(X[40:], prefix="n"))
         more, _ = db.select()
-        known = keptfolder.Known(np.zeros((50, 50)), np.zeros(50, dtype=bool))
+        known = cache.CachedProducts(np.zeros((50, 50)), np.zeros(50, dtype=bool))
         known.gram[:40, :40], known.have[:40] = torch_path.gram, True
         extended = module.gram(db.vector_file, more, known=known, block_floats=12 * 300, exact_up_to=0)
     check_float32_products(torch_path.gram, X[:40])

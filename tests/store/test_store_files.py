@@ -27,7 +27,7 @@ from builders import planted_finetune
 from modelvec import Representation, Store
 from modelvec.cli import app
 from modelvec.store import StoreError, VectorRow
-from modelvec.store.kept import remove_leftovers, write_kept
+from modelvec.store.cachefile import remove_leftovers, write_cache_file
 from modelvec.store.vectorfile import VectorFile, header, identity_of
 
 PARAMS = Representation(rank=4)
@@ -419,7 +419,7 @@ time.sleep(60)
 
 
 def test_temporary_files_a_killed_process_left_are_removed_but_never_one_being_written(tmp_path):
-    """``write_kept`` writes ``.<name>.<8 hex>.tmp`` and renames it; a killed process left it for ever (up to 800 MB
+    """``write_cache_file`` writes ``.<name>.<8 hex>.tmp`` and renames it; a killed process left it for ever (up to 800 MB
     at 10,000 models). The next write of the products folder removes such a file where no process holds its lock;
     one another process is writing (its lock held), a fresh one, and any other name are left."""
     S = tmp_path / "S.duckdb"
@@ -455,7 +455,7 @@ def test_a_kept_file_is_locked_while_it_is_written(tmp_path, monkeypatch):
     (another process keeping products of the same store) leaves it."""
     import fcntl
 
-    import modelvec.store.kept as kept
+    import modelvec.store.cachefile as kept
 
     seen = []
     replace = os.replace
@@ -471,5 +471,5 @@ def test_a_kept_file_is_locked_while_it_is_written(tmp_path, monkeypatch):
         replace(src, dst)
 
     monkeypatch.setattr(kept.os, "replace", check_then_replace)
-    assert write_kept(tmp_path / "a.kept", {"k": 1}, {"x": np.arange(5.0)})
+    assert write_cache_file(tmp_path / "a.kept", {"k": 1}, {"x": np.arange(5.0)})
     assert seen == [[]] and [p.name for p in tmp_path.iterdir()] == ["a.kept"]

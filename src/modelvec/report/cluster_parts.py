@@ -112,7 +112,7 @@ def per_block(
 ) -> tuple[list[dict[str, Any]] | None, str | None, int]:
     """The kNN score of each block alone (the blocks laid out from the base's files), or why there is none, and how
     many models it was computed on. Blocks that are zeros in every vector (the head's, where no model has one; a
-    layer no model changed) are left out. Kept beside the store for exactly these vectors, labels and blocks
+    layer no model changed) are left out. CacheFile beside the store for exactly these vectors, labels and blocks
     (:meth:`~modelvec.store.Population.derived`): computed only where none is kept."""
     if files is None:
         return (

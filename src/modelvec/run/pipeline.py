@@ -28,9 +28,9 @@ from ..hub.discovery import CatalogueEntry, Resume, Scope
 from ..hub.ids import resolve_base
 from ..represent.representation import Representation
 from ..store import Store, opened
+from .cache_updates import ProductsCacheUpdater
 from .discover import catalogue_entries, discovered, resumable, stored_pages
 from .engines import Engine, Execution, make_engine
-from .keeper import ProductsKeeper
 from .ledger import EmbedResult, Ledger, OnStep, Step
 from .tasks import Model, base_spec
 from .work import BaseSpec
@@ -189,7 +189,7 @@ def _run(
     spec = replace(spec, store=str(db.path))  # the base's probe inputs, where it takes them, are kept beside it
     run = Ledger(spec, representation, db, force, report, hub_settings)
     report(Step(status="begin", total=len(models) if isinstance(models, Sized) else None))
-    keeper = ProductsKeeper(db, spec.name, representation, execution.products_from, execution.device)
+    keeper = ProductsCacheUpdater(db, spec.name, representation, execution.products_from, execution.device)
     with keeper, run.writer:  # the writer closes first: the keeper's last update sees every vector
         for outcome in engine.run(spec, representation, run.todo(models), hub_settings, execution.keep_weights):
             if run.record(outcome):

@@ -2,8 +2,8 @@
 
 ``store`` (the :class:`Store`: opening and closing, its files; its ``reads``, its bases' ``versions`` and its
 ``writes``), ``writer`` (rows and the background writer), ``vectorfile`` (the append-only float32 file),
-``blocks`` (vectors read a block at a time, checked), ``products`` (the vectors' inner products), ``keptfolder``
-(the one owner of the files kept beside the store, each a verified ``kept`` file: products, spreads, layouts, the
+``blocks`` (vectors read a block at a time, checked), ``products`` (the vectors' inner products), ``cache``
+(the one owner of the cache files beside the store, each a verified ``cachefile``: products, spreads, layouts, the
 tree, the probe inputs), ``bases`` (which base is stored under which name), ``population`` (one base's vectors as
 the reports read them), ``overview`` (what ``show`` prints), ``schema`` (tables and migrations), ``lock`` (waiting
 for another process) and ``export`` (Parquet).

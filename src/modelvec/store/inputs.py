@@ -1,11 +1,11 @@
 """The base's probe inputs (``Representation.probe``), kept beside the store: computed once per base and probe.
 
 One kept file per base and probe length, ``<store>.products/<id>.probe.kept`` (named by the store's
-:class:`~modelvec.store.keptfolder.KeptFolder`; :mod:`~modelvec.store.kept`: a header with what it was computed for,
+:class:`~modelvec.store.cache.CacheFolder`; :mod:`~modelvec.store.cachefile`: a header with what it was computed for,
 each row checksummed). It is used only where everything verifies and it was computed for this base's version, this
 probe text and this many tokens by this computation (:data:`~modelvec.represent.probe.PROBE_VERSION`); otherwise it
 is computed again and replaces it (the file is this store's own: its name is made from the store's). What is stale
-is the kept folder's to say (:meth:`~modelvec.store.keptfolder.KeptFolder.current`); this module says what the
+is the kept folder's to say (:meth:`~modelvec.store.cache.CacheFolder.current`); this module says what the
 inputs must have been computed for and how they are laid out.
 """
 
@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ..represent.probe import PROBE_VERSION, ProbeInputs, probe_checksum
-from .kept import write_kept
-from .keptfolder import KeptFolder
+from .cache import CacheFolder
+from .cachefile import write_cache_file
 
 KIND = "modelvec probe inputs"
 
 
 def inputs_path(store: str | Path, base: str, tokens: int) -> Path:
     """Where a store keeps ``base``'s inputs on ``tokens`` probe tokens (its kept folder names it)."""
-    return KeptFolder(Path(store)).inputs_path(base, tokens)
+    return CacheFolder(Path(store)).inputs_path(base, tokens)
 
 
 def inputs_meta(base: str, version: str, tokens: int) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def inputs_meta(base: str, version: str, tokens: int) -> dict[str, Any]:
 def read_inputs(path: Path, meta: dict[str, Any]) -> tuple[ProbeInputs | None, str | None]:
     """The kept inputs at ``path`` where they verify and were computed for ``meta``; else None and why (None: there
     was no file)."""
-    kept, why = KeptFolder.current(path, meta)  # what is stale: the kept folder's rule for each of its files
+    kept, why = CacheFolder.current(path, meta)  # what is stale: the kept folder's rule for each of its files
     if kept is None:
         return None, why
     of = kept.meta.get("of")
@@ -46,4 +46,4 @@ def read_inputs(path: Path, meta: dict[str, Any]) -> tuple[ProbeInputs | None, s
 
 def write_inputs(path: Path, meta: dict[str, Any], inputs: ProbeInputs) -> bool:
     """Keep ``inputs`` at ``path`` (False where it could not be written: computed again next time)."""
-    return write_kept(path, {**meta, "of": inputs.of}, inputs.arrays)
+    return write_cache_file(path, {**meta, "of": inputs.of}, inputs.arrays)

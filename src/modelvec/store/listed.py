@@ -1,6 +1,6 @@
 """A population's nearest lists for a scoring and its labels: what ``cluster`` scores from where every pair's products
 would not fit (:mod:`modelvec.report.lists`), and what ``embed`` keeps up to date as a crawl stores vectors
-(:mod:`modelvec.run.keeper`), so that the first ``cluster`` after it reads them.
+(:mod:`modelvec.run.cache_updates`), so that the first ``cluster`` after it reads them.
 
 Which lists (:func:`lists_of`): every model's :data:`~modelvec.store.neighbours.NEAR` nearest among all models by
 the ranking (plain distance, or mutual proximity where the scoring says so), its nearest among the models the kNN
@@ -22,7 +22,7 @@ from ..analyse.graph import Lists
 from ..analyse.graph_scores import depths_for
 from ..analyse.inputs import Scoring, group_codes, label_sets
 from ..analyse.proximity import Stats, spread_of
-from .kept import Kept
+from .cachefile import CacheFile
 from .landmarks import Landmarks, update_landmarks
 from .neighbours import (
     MAP_NEAR,
@@ -160,7 +160,7 @@ def landmarks_of(pop: Population, *, verify: bool = True) -> Landmarks:
 
 
 def _earlier(
-    kept: Kept | None, wanted: Sequence[Wanted], ranking: str, stats: Stats | None, hashes: Sequence[str]
+    kept: CacheFile | None, wanted: Sequence[Wanted], ranking: str, stats: Stats | None, hashes: Sequence[str]
 ) -> Earlier | None:
     """The kept lists a pass can bring up to date: those of the same scaling. Where the landmarks have moved since
     (models added), the lists ranked by mutual proximity have their values restated by the landmarks' spreads now

@@ -29,8 +29,8 @@ from ..analyse.proximity import Stats, ranked_by, side, spread_of
 from ..core import constants
 from ..core.machine import available_memory
 from .blocks import BLOCK_FLOATS, Selection
-from .kept import Kept
-from .keptfolder import Known
+from .cache import CachedProducts
+from .cachefile import CacheFile
 from .landmarks import scale_of
 from .products import PAIRS_UP_TO, gram, held_blocks_of
 from .vectorfile import VectorFile
@@ -71,7 +71,7 @@ def list_block_floats() -> int:
     return LIST_BLOCK_FLOATS if free is None else max(BLOCK_FLOATS, min(LIST_BLOCK_FLOATS, free // 16))
 
 
-def earlier_lists(kept: Kept | None, names: Sequence[str]) -> Earlier | None:
+def earlier_lists(kept: CacheFile | None, names: Sequence[str]) -> Earlier | None:
     """The lists a kept file holds (:meth:`~modelvec.store.population.Population.nearest` keeps them), None where
     it lacks one of ``names``."""
     if kept is None or not names or any(f"{name}.indptr" not in kept.arrays for name in names):
@@ -272,7 +272,7 @@ def run_task(task: Task) -> tuple[dict[str, Lists], dict[str, str], np.ndarray]:
         products = gram(
             vector_file,
             task.selection,
-            known=Known(np.zeros((0, 0)), ~task.fresh),
+            known=CachedProducts(np.zeros((0, 0)), ~task.fresh),
             consumer=offers,
             block_floats=task.block_floats,
             held_blocks=[task.block],
@@ -387,7 +387,7 @@ def _passed(
     floats = list_block_floats() if block_floats is None else block_floats
     fresh = offers.fresh
     if runner is None:
-        known = Known(np.zeros((0, 0)), ~fresh)
+        known = CachedProducts(np.zeros((0, 0)), ~fresh)
         products = gram(
             vector_file, selection, known=known, consumer=offers, progress=progress, block_floats=floats, device=device
         )

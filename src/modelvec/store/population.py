@@ -9,7 +9,7 @@ A :class:`Population` looks the base up once and decides once what belongs to it
   adapter) are ``copies``: counted, left off the map and out of every score.
 
 It gives what the reports compute from, each verified before it is trusted (asked of the store's
-:class:`~modelvec.store.keptfolder.KeptFolder`): the
+:class:`~modelvec.store.cache.CacheFolder`): the
 vectors' inner products kept beside the store (a row that does not verify is computed again), each model's spread
 for mutual proximity (computed again where it does not verify), the traces (a damaged one left out and named), the
 vectors themselves (each checked against its checksum). What it found and redid is ``repaired`` (one line each);
@@ -38,9 +38,9 @@ from ..core.names import is_hub_id
 from ..represent.representation import Representation
 from .bases import base_names, find_base, names_of, query_name, stored_base
 from .blocks import BlockReader, Selection, products_with
+from .cache import CacheFolder, checksum_of
 from .copies import copies as find_copies
 from .copies import declared
-from .keptfolder import KeptFolder, checksum_of
 from .products import Products, held_bytes
 from .reads import StoredTraces
 from .snapshot import Snapshot
@@ -63,7 +63,7 @@ class Population:
     ) -> None:
         self.db = db
         #: the files kept beside the store (products, spreads, pairs, layouts, the tree)
-        self.folder = KeptFolder(db.path)
+        self.folder = CacheFolder(db.path)
         self.representation = representation or Representation()
         names = base_names(base) if base is not None else None
         stored = Snapshot(db, names, self.representation)  # the one read of the store's rows: the rest follows

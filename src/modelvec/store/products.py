@@ -3,7 +3,7 @@
 Every score, map and neighbour query compares vectors only through their inner products, so no analysis
 holds the vectors: :func:`gram` reads them a block at a time (checked against their checksums,
 :mod:`~modelvec.store.blocks`) and accumulates the n x n products, memory n^2 + two blocks. The products of a
-selection are kept beside the store (:class:`~modelvec.store.keptfolder.KeptFolder`), keyed by the vectors'
+selection are kept beside the store (:class:`~modelvec.store.cache.CacheFolder`), keyed by the vectors'
 checksums: a later run computes only the rows of vectors it has not seen (a crawl that added 100 models to 10,000
 costs 100 rows), and a vector replaced or removed is dropped.
 
@@ -22,7 +22,7 @@ import numpy as np
 from ..core.machine import cores
 from ..core.settings import setting, validate
 from .blocks import BLOCK_FLOATS, BlockReader, Selection, transformed
-from .keptfolder import Known
+from .cache import CachedProducts
 from .vectorfile import VectorFile
 
 #: Up to this many multiply-adds products are taken in float64 (a few seconds); above, in float32 (twice as fast).
@@ -319,7 +319,7 @@ def gram(
     vector_file: VectorFile,
     selection: Selection,
     *,
-    known: Known | None = None,
+    known: CachedProducts | None = None,
     block_floats: int = BLOCK_FLOATS,
     progress: Callable[[int, int], None] | None = None,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,

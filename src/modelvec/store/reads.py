@@ -18,7 +18,7 @@ import pandas as pd
 from ..core.errors import StoreError
 from ..represent.representation import Representation
 from .blocks import BlockReader, Selection, feature_moments
-from .keptfolder import KeptFolder
+from .cache import CacheFolder
 from .products import Products, gram
 from .schema import (
     CATALOGUE,
@@ -181,7 +181,7 @@ class StoreReads:
         if standardize:
             mean, sd = feature_moments(self.vector_file, selection)
             transform = lambda A: (A - mean) / sd
-        folder = KeptFolder(self.path)
+        folder = CacheFolder(self.path)
         known = folder.known(cache, selection) if cache is not None else None
         result = gram(
             self.vector_file,

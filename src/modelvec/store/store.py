@@ -10,7 +10,7 @@ interrupted run loses nothing already committed.
 
 The vectors' bytes live beside the DuckDB file in an append-only float32 file
 (``<store>.vectors``, see :class:`VectorFile`); each row holds its offset and an xxh3 of its
-bytes. Kept in DuckDB as ``FLOAT[]``, they made the writer's memory grow with every row (the
+bytes. CacheFile in DuckDB as ``FLOAT[]``, they made the writer's memory grow with every row (the
 buffer pool and checkpoints hold written list blocks: +250 MB per 600 bert-base vectors, and a
 capped ``memory_limit`` made checkpoints fail fatally), and each insert cost 10-15 ms. The bytes
 are fsynced before the row that points at them commits, so a committed row never points at

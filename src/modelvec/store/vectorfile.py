@@ -1,6 +1,6 @@
 """The append-only float32 file that holds the vectors' bytes beside the DuckDB file.
 
-Kept in DuckDB as ``FLOAT[]``, vectors made the writer's memory grow with every row (the buffer pool
+CacheFile in DuckDB as ``FLOAT[]``, vectors made the writer's memory grow with every row (the buffer pool
 and checkpoints hold written list blocks: +250 MB per 600 bert-base vectors, and a capped
 ``memory_limit`` made checkpoints fail fatally), and each insert cost 10-15 ms. The bytes are
 fsynced before the row that points at them commits, so a committed row never points at missing

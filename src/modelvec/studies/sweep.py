@@ -1,6 +1,6 @@
 """A comparison's sweep: the values of the representation's fields that ``evaluate`` compares.
 
-Kept apart from :mod:`modelvec.studies.compare` (which imports torch) so that the command line names the swept
+CacheFile apart from :mod:`modelvec.studies.compare` (which imports torch) so that the command line names the swept
 fields without loading it.
 """
 

@@ -3,11 +3,11 @@ each holds the checksums written with it, so a reader trusts only what verifies.
 
 A kept file is a header, then its arrays. The header says what the file was computed for (``meta``: e.g. the
 checksums of the vectors whose products it holds) and, per array, its type, shape, place and an xxh3 of each row
-(of the whole array, for a 1-D one); the header has an xxh3 of its own. :func:`read_kept` maps the arrays, read
+(of the whole array, for a 1-D one); the header has an xxh3 of its own. :func:`read_cache_file` maps the arrays, read
 only, and checks every row against its checksum (27 GB/s: 30 ms for the 800 MB of 10,000 models' products): a
 row that does not verify is named in ``damaged``, so a reader recomputes that row (one vector's products against
 every other), not the whole file. A header that does not verify, a file cut short or one that is not a kept file
-is :attr:`Kept.problem`, one line, and nothing of it is used. Files are written whole under a temporary name,
+is :attr:`CacheFile.problem`, one line, and nothing of it is used. Files are written whole under a temporary name,
 then renamed, so a reader never sees half of one. The writer holds an ``flock`` on its temporary file until it is
 renamed, so the temporary files a killed process left (up to 800 MB at 10,000 models) are told from one being
 written, and removed when the folder is written next (:func:`remove_leftovers`).
@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 MAGIC = b"modelvec kept file v1\n"
 _ALIGN = 64
-#: The temporary name :func:`write_kept` writes under: ``.<name>.<8 hex>.tmp``
+#: The temporary name :func:`write_cache_file` writes under: ``.<name>.<8 hex>.tmp``
 _TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
 #: A temporary file younger than this is never removed (it may have been made, not yet locked, by its writer);
 #: without ``flock`` (not POSIX) only one older than a day is
@@ -44,7 +44,7 @@ LEFTOVER_AGE = 60.0
 
 
 @dataclass
-class Kept:
+class CacheFile:
     """What a kept file holds: ``meta`` and its ``arrays`` (read-only memory maps), ``damaged``: per array, the rows
     (indices along its first axis; ``[0]`` for a 1-D array: all of it) that do not match their checksums. ``problem``
     (one line) where nothing of the file can be used: then ``meta`` and ``arrays`` are empty."""
@@ -66,7 +66,7 @@ def row_checksums(array: np.ndarray) -> list[str]:
     return [xxhash.xxh3_64_hexdigest(whole[i : i + step]) for i in range(0, whole.nbytes, step)]
 
 
-def write_kept(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bool:
+def write_cache_file(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bool:
     """Keep ``arrays`` (made contiguous, little-endian) with ``meta`` at ``path``: written whole under a temporary
     name, then renamed. False where it could not be written (a cache that cannot be kept is no cache, never an
     error: the next run computes it again)."""
@@ -113,7 +113,7 @@ def write_kept(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndar
 
 
 def remove_leftovers(folder: Path, age: float = LEFTOVER_AGE) -> list[Path]:
-    """Remove the temporary files of :func:`write_kept` in ``folder`` that no process is writing (a killed one's):
+    """Remove the temporary files of :func:`write_cache_file` in ``folder`` that no process is writing (a killed one's):
     only plain files named exactly as it names them, older than ``age`` seconds, whose ``flock`` can be taken (a
     writer holds it until it renames the file; a dead one's is released). The files removed; any that cannot be
     looked at is left (a cache that cannot be tidied is no error)."""
@@ -151,47 +151,47 @@ def _remove_unlocked(path: Path) -> bool:
         os.close(fd)
 
 
-def read_kept(path: Path) -> Kept | None:
+def read_cache_file(path: Path) -> CacheFile | None:
     """The kept file at ``path``, every row checked (None: there is none; a folder or an unreadable path is one)."""
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if fh.read(len(MAGIC)) != MAGIC:
-                return Kept(problem="not a modelvec kept file (bad header)")
+                return CacheFile(problem="not a modelvec kept file (bad header)")
             length = int.from_bytes(fh.read(8), "little")
             digest = fh.read(8)
             if length > size:
-                return Kept(problem="truncated: shorter than its header says")
+                return CacheFile(problem="truncated: shorter than its header says")
             header = fh.read(length)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     except OSError as exc:
-        return Kept(problem=f"cannot be read ({(exc.strerror or str(exc)).lower()})")
+        return CacheFile(problem=f"cannot be read ({(exc.strerror or str(exc)).lower()})")
     if len(header) != length or xxhash.xxh3_64_digest(header) != digest:
-        return Kept(problem="its header does not match its checksum")
+        return CacheFile(problem="its header does not match its checksum")
     try:
         spec = json.loads(header)
         return _mapped(path, spec, size, len(MAGIC) + 16 + length)
     except (ValueError, KeyError, TypeError) as exc:  # a header that verifies but is not ours: another version
-        return Kept(problem=f"its header is not readable ({type(exc).__name__})")
+        return CacheFile(problem=f"its header is not readable ({type(exc).__name__})")
 
 
-def _mapped(path: Path, spec: dict[str, Any], size: int, head: int) -> Kept:
+def _mapped(path: Path, spec: dict[str, Any], size: int, head: int) -> CacheFile:
     """The arrays of a verified header, mapped read-only, each row checked."""
     start = head + (-head % _ALIGN)
-    kept = Kept(meta=dict(spec["meta"]))
+    kept = CacheFile(meta=dict(spec["meta"]))
     for item in spec["arrays"]:
         dtype, shape = np.dtype(item["dtype"]), tuple(int(s) for s in item["shape"])
         at = start + int(item["offset"])
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if at + nbytes > size:
-            return Kept(problem="truncated: shorter than its header says")
+            return CacheFile(problem="truncated: shorter than its header says")
         array = (
             np.memmap(path, dtype, "r", offset=at, shape=shape) if nbytes else np.zeros(shape, dtype)
         )  # an empty array maps nothing
         found = row_checksums(array)
         if len(found) != len(item["rows"]):
-            return Kept(problem="its header is not readable (row checksums)")
+            return CacheFile(problem="its header is not readable (row checksums)")
         kept.arrays[item["name"]] = array
         kept.damaged[item["name"]] = np.array(
             [i for i, (a, b) in enumerate(zip(found, item["rows"])) if a != b], dtype=np.int64

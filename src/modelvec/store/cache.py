@@ -3,8 +3,8 @@
 A store keeps beside its DuckDB file what later runs would otherwise compute again: the vectors' pairwise products
 (``<id>.products``), the arrays that follow from exactly those vectors (``<id>.<name>.kept``: each model's spread, every
 pair's scaled distance, the map's layout), the model tree (``<id>.tree.kept``) and the base's probe inputs
-(``<id>.probe.kept``). :class:`KeptFolder` is the only code that names a file in it; each file is a kept file
-(:mod:`~modelvec.store.kept`: written whole, then renamed, its temporary files left by a killed writer removed as the
+(``<id>.probe.kept``). :class:`CacheFolder` is the only code that names a file in it; each file is a kept file
+(:mod:`~modelvec.store.cachefile`: written whole, then renamed, its temporary files left by a killed writer removed as the
 folder is written next, every row checked as it is read), and what each was computed for is checked here, so a file
 kept for other vectors or another version is stale: not used, computed again and replaced.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .blocks import Selection
-from .kept import Kept, read_kept, write_kept
+from .cachefile import CacheFile, read_cache_file, write_cache_file
 
 
 def checksum_of(hashes: Sequence[str]) -> str:
@@ -34,7 +34,7 @@ def _name(key: str) -> str:
 
 
 @dataclass
-class Known:
+class CachedProducts:
     """Products kept from an earlier run, laid out for a selection: ``gram`` (n x n; rows and columns of vectors the
     cache lacks, or whose kept row did not verify, are zeros, to be computed; a read-only memory map where it holds
     all of them, in order) and ``have``, which vectors it holds. ``note``: what did not verify, one line."""
@@ -44,7 +44,7 @@ class Known:
     note: str | None = None
 
 
-class KeptFolder:
+class CacheFolder:
     """The files kept beside the store at ``store_path``: their names, what each must have been computed for, and
     their reading (verified) and writing (whole or not at all). A file that cannot be read or written is no cache,
     never an error: what it held is computed again.
@@ -52,7 +52,7 @@ class KeptFolder:
     The products of one selection (its ``key``: e.g. the base and representation) are a kept file naming the
     checksums of its vectors and holding their n x n products (float64), each row with its own checksum, read
     through a memory map. A row that does not verify is computed again (one vector's products with every other), a
-    file whose header does not is computed again whole, and either is said in one line (``Known.note``). Arrays
+    file whose header does not is computed again whole, and either is said in one line (``CachedProducts.note``). Arrays
     that reports compute from the products are kept beside them the same way (:meth:`derived`)."""
 
     #: the first line of the unchecked files an earlier version kept: read as no cache, and replaced
@@ -81,7 +81,7 @@ class KeptFolder:
         return self.folder / f"{_name(key)}.probe.kept"
 
     # --- the products --------------------------------------------------------------------------------
-    def known(self, key: str, selection: Selection) -> Known | None:
+    def known(self, key: str, selection: Selection) -> CachedProducts | None:
         """What is kept of the selection's products, every row verified (None: nothing)."""
         path = self.products_path(key)
         kept = self._read(path)
@@ -100,21 +100,21 @@ class KeptFolder:
                 "computed again and kept"
             )
         if not bad and hashes == list(selection.hashes):  # the selection it was kept for: read through the map
-            return Known(cached, np.ones(len(hashes), dtype=bool))
+            return CachedProducts(cached, np.ones(len(hashes), dtype=bool))
         where = {h: i for i, h in enumerate(hashes) if i not in bad}
         cols = np.array([where.get(h, -1) for h in selection.hashes], dtype=np.int64)
         have = cols >= 0
         if not have.any():
-            return Known(np.zeros((0, 0)), np.zeros(0, dtype=bool), note) if note else None
+            return CachedProducts(np.zeros((0, 0)), np.zeros(0, dtype=bool), note) if note else None
         n, mine = len(selection), np.flatnonzero(have)
         G = np.zeros((n, n))
         G[np.ix_(mine, mine)] = cached[np.ix_(cols[mine], cols[mine])]
         del cached
-        return Known(G, have, note)
+        return CachedProducts(G, have, note)
 
     def keep_products(self, key: str, hashes: Sequence[str], gram: np.ndarray) -> None:
         """Keep the products ``gram`` of the vectors ``hashes`` under ``key``."""
-        write_kept(self.products_path(key), {"hashes": list(hashes)}, {"gram": gram})
+        write_cache_file(self.products_path(key), {"hashes": list(hashes)}, {"gram": gram})
 
     # --- what follows from exactly these vectors -----------------------------------------------------
     def derived(
@@ -133,10 +133,10 @@ class KeptFolder:
 
     def keep_derived(self, key: str, hashes: Sequence[str], name: str, arrays: dict[str, np.ndarray]) -> None:
         """Keep ``arrays`` for exactly the vectors ``hashes`` (written whole, then renamed; a failure keeps nothing)."""
-        write_kept(self.derived_path(key, name), {"digest": checksum_of(hashes)}, arrays)
+        write_cache_file(self.derived_path(key, name), {"digest": checksum_of(hashes)}, arrays)
 
     # --- what is kept row by row, for whichever vectors it was computed for -------------------------
-    def rows(self, key: str, name: str) -> tuple[Kept | None, str | None]:
+    def rows(self, key: str, name: str) -> tuple[CacheFile | None, str | None]:
         """The arrays kept under ``name`` beside the products of ``key`` for the vectors its ``hashes`` name (any
         vectors: the caller takes the rows it can use), verified (None: none kept, or it did not verify), and what
         did not verify, one line."""
@@ -148,14 +148,14 @@ class KeptFolder:
 
     def keep_rows(self, key: str, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Keep ``arrays`` computed for the vectors ``meta["hashes"]`` under ``name`` (written whole, then renamed)."""
-        write_kept(self.derived_path(key, name), meta, arrays)
+        write_cache_file(self.derived_path(key, name), meta, arrays)
 
     # --- the model tree ------------------------------------------------------------------------------
     def tree(self, name: str, key: str) -> tuple[dict[str, Any] | None, str | None]:
         """The model tree kept under ``name`` for exactly ``key`` (what it was inferred from), verified (None: none,
         or kept for another ``key``), and what did not verify, one line."""
         path = self.tree_path(name)
-        kept = read_kept(path)
+        kept = read_cache_file(path)
         if kept is None:
             return None, None
         if kept.problem is not None:
@@ -165,15 +165,15 @@ class KeptFolder:
 
     def keep_tree(self, name: str, key: str, tree: dict[str, Any]) -> None:
         """Keep the model tree (its JSON) inferred from ``key`` under ``name``."""
-        write_kept(self.tree_path(name), {"key": key, "tree": tree}, {})
+        write_cache_file(self.tree_path(name), {"key": key, "tree": tree}, {})
 
     # --- what is stale -------------------------------------------------------------------------------
     @staticmethod
-    def current(path: Path, meta: dict[str, Any]) -> tuple[Kept | None, str | None]:
+    def current(path: Path, meta: dict[str, Any]) -> tuple[CacheFile | None, str | None]:
         """The kept file at ``path`` where it verifies and was computed for ``meta`` (each of its keys the same in
         the file's header: e.g. the base's probe inputs, :mod:`~modelvec.store.inputs`); else None and why it is
         stale (None: there was no file)."""
-        kept = read_kept(path)
+        kept = read_cache_file(path)
         if kept is None:
             return None, None
         if kept.problem is not None:
@@ -185,7 +185,7 @@ class KeptFolder:
             return None, f"{len(damaged)} arrays do not match their checksums"
         return kept, None
 
-    def _whole(self, path: Path) -> tuple[Kept | None, str | None]:
+    def _whole(self, path: Path) -> tuple[CacheFile | None, str | None]:
         """The kept file at ``path`` where every row of it verifies (None: none kept, or it does not verify), and
         what did not verify, one line."""
         kept = self._read(path)
@@ -197,7 +197,7 @@ class KeptFolder:
             return None, f"{path}: {kept.problem}: computed again"
         return kept, None
 
-    def _read(self, path: Path) -> Kept | None:
+    def _read(self, path: Path) -> CacheFile | None:
         """The kept file at ``path``; None where there is none, or only an unchecked one of an earlier version."""
         try:
             with open(path, "rb") as fh:
@@ -205,9 +205,9 @@ class KeptFolder:
                     return None
         except OSError:
             pass
-        return read_kept(path)
+        return read_cache_file(path)
 
 
-def _none(path: Path, problem: str) -> Known:
+def _none(path: Path, problem: str) -> CachedProducts:
     """Nothing of the file can be used: every product is computed again, and the note says why."""
-    return Known(np.zeros((0, 0)), np.zeros(0, dtype=bool), f"{path}: {problem}: its products computed again")
+    return CachedProducts(np.zeros((0, 0)), np.zeros(0, dtype=bool), f"{path}: {problem}: its products computed again")

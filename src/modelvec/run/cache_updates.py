@@ -27,7 +27,7 @@ from ..store.products import Compute
 STEP = 256
 
 
-class ProductsKeeper:
+class ProductsCacheUpdater:
     """Keeps the products of ``base``'s vectors under ``representation`` up to date while a run stores them
     (``with keeper:`` around the run, :meth:`added` after each stored vector). ``products_from``: the population it
     starts at (0: never). ``device``: where the float32 products run (``Compute``'s meaning). ``step``: the fewest
@@ -61,7 +61,7 @@ class ProductsKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="modelvec-products", daemon=True)
 
-    def __enter__(self) -> ProductsKeeper:
+    def __enter__(self) -> ProductsCacheUpdater:
         if self.products_from > 0:
             try:
                 self._population = len(Population(self.db, self.base, self.representation).selection)

@@ -10,9 +10,9 @@ import pytest
 import modelvec
 from modelvec import Representation, Store
 from modelvec.core.errors import ResourceError
-from modelvec.run.keeper import ProductsKeeper
+from modelvec.run.cache_updates import ProductsCacheUpdater
 from modelvec.store import Population, VectorRow
-from modelvec.store.keptfolder import KeptFolder
+from modelvec.store.cache import CacheFolder
 
 PARAMS = Representation(rank=4)
 
@@ -28,7 +28,7 @@ def _fresh(path, base: str, representation: Representation) -> np.ndarray:
     """The products a first ``cluster`` computes, with nothing kept."""
     with Store(path) as db:
         population = Population(db, base, representation)
-        KeptFolder(db.path).products_path(population.cache_key()).unlink()
+        CacheFolder(db.path).products_path(population.cache_key()).unlink()
         products, _ = population.products()
         assert products.computed_rows == len(population.selection)
         return np.array(products.gram)
@@ -80,7 +80,7 @@ def test_a_keeper_that_cannot_keep_says_so_and_the_run_goes_on(tiny_bert, tiny_f
     assert "too little memory" in result.kept_products
 
 
-def _wait_for(keeper: ProductsKeeper, updates: int) -> None:
+def _wait_for(keeper: ProductsCacheUpdater, updates: int) -> None:
     deadline = time.monotonic() + 60
     while len(keeper.computed) < updates:
         assert time.monotonic() < deadline, "the keeper made no update"
@@ -95,7 +95,7 @@ def test_updates_during_a_run_compute_each_vector_once_and_equal_a_first_run(tmp
     X = np.random.default_rng(dim).standard_normal((50, dim)).astype(np.float32)
     path = tmp_path / "s.duckdb"
     with Store(path) as db:
-        with ProductsKeeper(db, "base", PARAMS, products_from=10, device="cpu", step=8) as keeper:
+        with ProductsCacheUpdater(db, "base", PARAMS, products_from=10, device="cpu", step=8) as keeper:
             for start, stop in [(0, 12), (12, 30), (30, 50)]:
                 db.put_many(_rows(X[start:stop], start))
                 for _ in range(start, stop):
@@ -116,7 +116,7 @@ def test_updates_during_a_run_compute_each_vector_once_and_equal_a_first_run(tmp
 def test_an_interrupted_run_makes_no_last_update(tmp_path):
     X = np.random.default_rng(0).standard_normal((20, 5)).astype(np.float32)
     db = Store(tmp_path / "s.duckdb")
-    keeper = ProductsKeeper(db, "base", PARAMS, products_from=1, step=1000)
+    keeper = ProductsCacheUpdater(db, "base", PARAMS, products_from=1, step=1000)
     with db, pytest.raises(KeyboardInterrupt), keeper:
         db.put_many(_rows(X, 0))
         for _ in range(20):
