@@ -2,7 +2,8 @@
 
 Candidate laws r(x) are fitted by least squares on y itself to points (x_i, y_i): x the layer position (1..L), y
 the rank or rank fraction of that layer's matrices, so R², adjusted R² and AIC compare across laws.
-:func:`fit_laws` fits them all and ranks them; :func:`shown_law` picks the one a report shows.
+:func:`fit_laws` fits them all and ranks them; :func:`shown_law` picks the one a report shows (defined, and an
+adjusted R² of at least :data:`MIN_ADJ_R2`).
 
 ===================  =============================================  ===  ===========================
 name                 r(x)                                           k    fitted by
