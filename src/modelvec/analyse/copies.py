@@ -1,8 +1,7 @@
 """Copies among one base's models: identical weights, and re-saves in another dtype, each with the model it copies.
 
-The Hub is full of them: mirrors, re-uploads of the base, the same fine-tune in float16, bfloat16 or float32. None
-of them is a fine-tune: a copy is never a parent, never a point on the map, never counted in a score. What tells
-them, from each model's trace (:mod:`modelvec.represent.trace`, linear in the weights):
+Mirrors, re-uploads of the base, the same fine-tune in float16, bfloat16 or float32: a copy is never a parent, never
+a point on the map, never counted in a score. From each model's trace (:mod:`modelvec.represent.trace`, linear):
 
 - **identical weights**: the same trace bit for bit (the same checksum); a zero trace is the base's own weights;
 - **a re-save in a coarser dtype** (float32 -> bfloat16, float16): its trace differs from its original's by the
@@ -10,9 +9,9 @@ them, from each model's trace (:mod:`modelvec.represent.trace`, linear in the we
   rounding to ``m``'s dtype against the weights (kept with the trace) and ``scale`` the base's weights' size in the
   same map. Only a model stored coarser than the other can be its re-save (among one dtype a re-save is exact), and
   only of a model whose own delta is clearly beyond that rounding (``rule.rounding`` times it again), or whose
-  card names it: near the base, nearness alone tells nothing (a short fine-tune's re-save is as near its siblings). A re-save of the base is exact where it can be checked: every entry read is the base's
-  rounded to its dtype (``same``, at least ``rule.resaved``), which a fine-tune of a few steps, its delta as small as
-  the rounding, is not. A fine-tune trained many steps of its dtype is far beyond either.
+  card names it: near the base, nearness alone tells nothing (a short fine-tune's re-save is as near its
+  siblings). A re-save of the base is exact where it can be checked: every entry read is the base's rounded to its
+  dtype (``same``, at least ``rule.resaved``), which a fine-tune whose delta is as small as the rounding is not.
 
 Candidates are found without comparing every pair: a re-save's trace norm is within the same distance of its
 original's (the triangle inequality), so only models of a finer dtype in that window of norms are considered, and of

@@ -1,8 +1,9 @@
 """Which law does the rank of the weight matrices follow with depth?
 
-Candidate laws r(x) are fitted to points (x_i, y_i): x the layer position, y the (numerical) rank
-or rank fraction of that layer's matrices. Every law is fitted by least squares on y itself, so
-R², adjusted R² and AIC are comparable across laws; :func:`fit_laws` fits them all and ranks them.
+Candidate laws r(x) are fitted by least squares on y itself to points (x_i, y_i): x the layer position (1..L), y
+the rank or rank fraction of that layer's matrices, so R², adjusted R² and AIC compare across laws.
+:func:`fit_laws` fits them all and ranks them; :func:`shown_law` picks the one a report shows (defined, and an
+adjusted R² of at least :data:`MIN_ADJ_R2`).
 
 ===================  =============================================  ===  ===========================
 name                 r(x)                                           k    fitted by
@@ -14,37 +15,12 @@ name                 r(x)                                           k    fitted 
 ``quarter_ellipse``  r_min + (r_max − r_min)·√(1 − (x/L)²)          2    lstsq (exact, L fixed)
 ===================  =============================================  ===  ===========================
 
-Choices, so that two readers never disagree about a number:
-
-- **Layer positions.** The library counts layers 1..L and ``depth`` (L) defaults to max(x). The
-  quarter ellipse uses x as given: with x = 1..L the deepest layer sits exactly at r_min and r_max
-  is the value extrapolated to x = 0 (the embeddings). A caller with 0-based positions 0..L−1
-  passes ``depth=L`` and gets r_max at the first layer instead. 1 − (x/L)² is clipped at 0, so the
-  law is defined (flat at r_min) beyond x = L. L is fixed, not fitted: k = 2.
-- **Exponential without offset.** a·exp(b·x) + c is poorly identified on 12–48 layers (c trades
-  off against a when b·x is small, and it tends to linear as b → 0), so only the two-parameter law
-  is fitted.
-- **Positive laws.** Exponential and power laws never reach 0 or change sign, and their start is a
-  fit of log y: they need every y > 0 (power also every x > 0), otherwise the fit is undefined.
-- **No exceptions from fitting.** An undefined or failed fit (fewer points than parameters, a
-  design that cannot identify the parameters, e.g. all x equal, a non-positive y for a positive
-  law, curve_fit not converging) returns a :class:`Fit` with nan coefficients and nan scores; its
-  equation says why. Bad *input* (shapes, NaN/Inf, unknown law, depth ≤ 0) raises ValueError.
-- **Scores.** R² = 1 − RSS/SST, nan when SST = 0 (constant y: nothing to explain). Adjusted
-  R² = 1 − (1 − R²)(n − 1)/(n − k − 1), nan when n − k − 1 ≤ 0. AIC = n·ln(RSS/n) + 2k with RSS
-  floored at n·(1e-10·max|y|)²: residuals below that are rounding, so an exact fit gets a large
-  finite negative AIC and among exact fits the one with fewer parameters wins, rather than
-  whichever rounded to the smaller residual (AIC is finite for constant y too).
-- **Ranking.** Highest adjusted R² first, then (ties, e.g. exact fits at 1.0, or nan) lowest AIC
-  (so fewer parameters among exact fits), then the order of :data:`LAWS`; nan sorts after every
-  number, so failed fits come last.
-- **Which law is shown.** :func:`shown_law` picks the law a report shows and draws: the best whose
-  adjusted R² is defined (n ≥ k + 2 points) and at least :data:`MIN_ADJ_R2`; otherwise none, and it
-  says why (too few layers, the same rank at every layer, or the best adjusted R² it reached).
-- **Equations.** Coefficients are printed to 4 significant digits; a term whose contribution over the
-  fitted x is below the rounding of the largest term (half a unit in its 4th digit) is rounding
-  noise of the fit and is dropped (an exponent is printed as 0), so an exactly flat rank reads
-  ``r(x) = 6``, not ``r(x) = 6 − 3.33e−16·x``. Printed numbers never use e-notation.
+``depth`` (L) defaults to max(x), fixed, not fitted; with x = 1..L the quarter ellipse's deepest layer sits at r_min
+and r_max is extrapolated to x = 0 (0-based positions pass ``depth=L``); 1 − (x/L)² is clipped at 0. The exponential
+has no offset (a·exp(b·x) + c is poorly identified on 12–48 layers); exponential and power laws need every y > 0
+(power every x > 0). An undefined or failed fit is never an exception: a :class:`Fit` with nan coefficients and
+scores whose equation says why; bad *input* (shapes, NaN/Inf, an unknown law, depth ≤ 0) raises ValueError. The
+scores are :class:`Fit`'s, the order :func:`fit_laws`'s; what the laws show on real models: docs/rank.md.
 """
 
 from __future__ import annotations
@@ -85,7 +61,15 @@ rank changes with depth: a report says which law came closest and how close, and
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
-    """One fitted law and its scores; nan coefficients and scores when the fit is undefined or failed."""
+    """One fitted law and its scores; nan coefficients and scores when the fit is undefined or failed.
+
+    R² = 1 − RSS/SST, nan when SST = 0 (constant y: nothing to explain). Adjusted R² = 1 − (1 − R²)(n − 1)/(n − k − 1),
+    nan when n − k − 1 ≤ 0. AIC = n·ln(RSS/n) + 2k with RSS floored at n·(1e-10·max|y|)²: residuals below that are
+    rounding, so an exact fit gets a large finite negative AIC (finite for constant y too). ``equation`` prints each
+    coefficient to 4 significant digits, never in e-notation, and drops a term whose contribution over the fitted x
+    is below half a unit in the 4th digit of the largest term (rounding noise of the fit), so an exactly flat rank
+    reads ``r(x) = 6``, not ``r(x) = 6 − 3.33e−16·x``.
+    """
 
     name: str
     coefficients: dict[str, float] = field(hash=False)  # the law's parameters by name (a, b, c, ...)
@@ -131,7 +115,9 @@ def fit_laws(
     depth: float | None = None,
     laws: Sequence[str] = LAWS,
 ) -> list[Fit]:
-    """Fit every law in ``laws`` and rank them, best first (see the module docstring for the order)."""
+    """Fit every law in ``laws`` and rank them, best first: highest adjusted R², then (ties, e.g. exact fits at 1.0,
+    or nan) lowest AIC, so fewer parameters among exact fits, then the order of :data:`LAWS`; nan sorts after every
+    number, so failed fits come last."""
     fits = [fit_law(name, x, y, depth=depth) for name in laws]
     order = {name: i for i, name in enumerate(LAWS)}
 

@@ -1,36 +1,23 @@
 """Maps: model vectors (n, d) reduced to a few coordinates (n, 2) to look at.
 
-One function, :func:`reduce`, in the scikit-learn spirit: a numpy array in, a numpy array out,
-the parameters validated once before any work. Three methods:
+One function, :func:`reduce`, in the scikit-learn spirit: a numpy array in, a numpy array out, the parameters
+validated once before any work. Three methods:
 
-- ``"pca"``: :class:`sklearn.decomposition.PCA` (linear; the axes mean something: PC 1 carries
-  the most variance). The metric is not used (PCA is Euclidean).
-- ``"tsne"``: :class:`sklearn.manifold.TSNE` with ``init="pca"``, ``random_state=seed`` and the
-  perplexity adapted to small n: ``min(30, (n - 1) / 3)``. (Starting from PCA, scikit-learn's
-  t-SNE uses no random numbers: its result does not depend on ``seed``.) The exact gradient up to
-  ``TSNE_EXACT_MAX_N`` = 200 models (under a second; Barnes-Hut can take ~40 s for 5 points whose
-  layout flies apart), Barnes-Hut above.
-- ``"umap"``: UMAP (:mod:`modelvec.analyse.umap_style`: umap-learn's method and defaults, its numba code compiled once
-  per machine and kept, the rows laid out in parallel, deterministically) of each row's ``min(15, n - 1)`` nearest
-  rows (itself included, as umap-learn's ``n_neighbors``), started from the top principal coordinates and seeded
-  by ``seed``; 500 epochs, 200 from ``UMAP_KNOWN_FROM`` rows.
+- ``"pca"``: :class:`sklearn.decomposition.PCA` (linear, Euclidean; PC 1 carries the most variance).
+- ``"tsne"``: :class:`sklearn.manifold.TSNE` with ``init="pca"`` (so its result does not depend on ``seed``) and
+  perplexity ``min(30, (n - 1) / 3)``; the exact gradient up to ``TSNE_EXACT_MAX_N`` = 200 models (Barnes-Hut can
+  take ~40 s for 5 points whose layout flies apart), Barnes-Hut above.
+- ``"umap"``: :mod:`modelvec.analyse.umap_style` (umap-learn's method and defaults, its numba kernel kept compiled, laid
+  out in parallel and deterministically) of each row's ``min(15, n - 1)`` nearest rows, itself included, started
+  from the top principal coordinates; 500 epochs, 200 from ``UMAP_KNOWN_FROM`` rows.
 
-Vectors longer than there are models (d > n, as model vectors are) are first written in a basis of
-their own span (:func:`row_space`, n x n): the same inner products, so every method sees the same
-distances, cosines and principal components (up to sign), at a fraction of the cost.
-
-Determinism: the same input and parameters give the same array, bit for bit, on one machine.
-
-Small n (documented behaviour, never a crash):
-
-- n == 1: a single point at the origin (zeros).
-- PCA with fewer components than asked for (n_components > min(n, d)): the missing coordinates
-  are zeros (e.g. 2 models give a line: PC 2 is 0).
-- t-SNE and UMAP need neighbourhoods; with fewer than ``MIN_NEIGHBOUR_N`` = 4 models (or
-  n < n_components + 2) there are none to speak of. Then the map is
-  the exact metric layout instead: classical multidimensional scaling of the pairwise
-  distances in ``metric``, which places 2 or 3 points at exactly their distances (when those
-  obey the triangle inequality), and a :class:`UserWarning` says so.
+Vectors longer than there are models (d > n) are first written in a basis of their own span (:func:`row_space`,
+n x n): the same inner products, so every method sees the same distances and principal components (up to sign),
+at a fraction of the cost. The same input gives the same array, bit for bit, on one machine. Small n is documented
+behaviour, never a crash: one model is a point at the origin; PCA's coordinates beyond min(n, d) are zeros; below
+``MIN_NEIGHBOUR_N`` = 4 models (or n < n_components + 2) t-SNE and UMAP have no neighbourhoods, so the map is
+classical multidimensional scaling of the pairwise distances in ``metric`` (2 or 3 points at exactly their
+distances), and a :class:`UserWarning` says so.
 """
 
 from __future__ import annotations
@@ -184,7 +171,7 @@ def _umap(
 ) -> np.ndarray:
     """UMAP (:func:`modelvec.analyse.umap_style.layout`) of each row's nearest rows: those given, else found exactly
     (scikit-learn, every pair's distance: a map's few thousand rows), from the rows' top principal coordinates."""
-    from .umap_style import layout
+    from .layout import layout
 
     n = X.shape[0]
     k = min(UMAP_NEIGHBOURS, n - 1)  # neighbours counting the row itself, as umap-learn's n_neighbors

@@ -1,37 +1,26 @@
 """The Ray engine: the same per-model work as the local engine, run by actors on a Ray cluster.
 
-Why it is built this way:
-
-* **Actors, not plain tasks.** Every model is embedded against the base's matrices; a plain Ray
-  task would read the base once per model. Each actor reads the base once, in its ``__init__``
-  (:func:`~modelvec.run.work.fit_base`), then embeds the models sent to it one at a time with the
-  same :func:`~modelvec.run.work.compute` as the local engine, so a vector does not depend on
-  where it was computed. An actor takes one CPU (``torch`` runs one thread in it) or, with
-  ``device="cuda"``, one GPU; by default there is one actor per CPU (per GPU) of the cluster,
-  started only as there are models for them.
-* **The driver keeps the store.** A worker returns its :class:`~modelvec.run.work.Outcome` (the
-  vector as a numpy array, the labels, or the one-line reason it failed); the driver
-  (:mod:`modelvec.run.pipeline`) writes it. Only the driver needs the store file, and an interrupted
-  run keeps what was written, as with the local engine.
-* **Backpressure.** Tasks are pulled from the driver's iterator only as actors have room, at most
-  ``IN_FLIGHT`` per actor (one running, one whose arguments are already there), so a run over
-  100k models never submits them all, and the driver's skip checks run as the run goes.
-  Outcomes are yielded as they complete, in any order.
-* **Faults.** A model's own faults are its outcome's error (``compute``). When an actor dies
-  (its process killed, out of memory, its node lost), the model it was running is failed with
-  "the Ray worker died" (not kept with the model's identity, so the next run retries it), the
-  models queued behind it go to other actors, and the actor is replaced. When the base cannot be
-  opened on a worker, the run stops with a :class:`~modelvec.core.errors.CheckpointError` naming the
-  base, rather than failing every model. On an interrupt, in-flight tasks are cancelled and the
+* **Actors, not plain tasks**: a plain task would read the base once per model. Each actor reads it once
+  (:func:`~modelvec.run.work.fit_base`), then embeds the models sent to it with the local engine's
+  :func:`~modelvec.run.work.compute`, so a vector does not depend on where it was computed. An actor takes one CPU
+  (``torch`` one thread) or, with ``device="cuda"``, one GPU; by default one per CPU (GPU) of the cluster, started
+  only as there are models for them.
+* **The driver keeps the store**: a worker returns its :class:`~modelvec.run.work.Outcome` (the vector, the labels,
+  or the one-line reason it failed) and the driver (:mod:`modelvec.run.pipeline`) writes it, so only the driver
+  needs the store file and an interrupted run keeps what was written.
+* **Backpressure**: tasks are pulled from the driver's iterator only as actors have room, at most ``IN_FLIGHT`` per
+  actor, so a run over 100k models never submits them all; outcomes come back as they complete, in any order.
+* **Faults**: a model's own faults are its outcome's error. An actor that dies (killed, out of memory, node lost)
+  fails the model it was running with "the Ray worker died" (retried next run); the models queued behind it go to
+  other actors and the actor is replaced. A base that cannot be opened on a worker stops the run with a
+  :class:`~modelvec.core.errors.CheckpointError` naming it. On an interrupt, in-flight tasks are cancelled and the
   actors killed.
 
-Where files live: a local base path and local model paths are opened by the workers, so they must
-be at the same path on every node (a shared filesystem). Hub models are fetched by each worker
-into its node's Hugging Face cache (``HF_HUB_CACHE`` there; ``HF_TOKEN`` or ``hf auth login`` on
-each node for private or gated models); the driver's ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` are
-passed on to the workers, so they fetch from the Hub the driver resolved the revisions on.
-modelvec (``pip install 'modelvec[ray]'``) must be installed on every node, with the same Python
-and torch versions as the driver.
+Local paths (the base, local models) are opened by the workers: the same path on every node (a shared filesystem).
+Hub models are fetched by each worker into its node's Hugging Face cache (``HF_TOKEN`` or ``hf auth login`` there for
+private or gated models); the driver's ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` are passed on. Install modelvec
+(``pip install 'modelvec[ray]'``) on every node, with the driver's Python and torch versions. How to start a
+cluster, and what was measured on one: docs/scale.md.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ that modelvec reaches through ``huggingface_hub`` (model listing with pagination
 the repository tree that ``snapshot_download`` lists, file resolve with HEAD and byte ranges, the Hub's error
 codes), plus fault injection (error statuses, stalls, dropped and reset connections, bodies or headers that do not
 match the file, range requests answered with the whole file or another range; each a number of times, or at a seeded
-random rate across a whole crawl; repositories deleted mid-run), a bandwidth limit and latency (a
-remote Hub's link), a count of the bytes each answer sent, and hostile answers (listings with forged ids, revisions
-and file names) for testing clients against a Hub they cannot trust. Point ``HF_ENDPOINT`` (or
+random rate across a whole crawl; repositories deleted mid-run), a bandwidth limit and latency, a count of the bytes
+each answer sent, and hostile answers (forged ids, revisions and file names). Point ``HF_ENDPOINT`` (or
 ``HfApi(endpoint=...)``) at :attr:`HubServer.endpoint`.
 
 Modules:
