@@ -13,6 +13,7 @@ Run: ``python bench/bench_quantized_bytes.py [--out .cache/bench-quantized]``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -22,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "demo"))
 
-import build_llm_evidence as dec_ev  # noqa: E402
+import build_llm_evidence as dec_ev  # noqa: E402  (sets HF_HUB_OFFLINE for transformers: undone below)
+from huggingface_hub import constants  # noqa: E402
 
 from modelvec import embed  # noqa: E402
 from modelvec.hub.client import HubSettings  # noqa: E402
@@ -52,6 +54,8 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     base = dec_ev.build_base(args.out)
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    constants.HF_HUB_OFFLINE = False  # the local Hub is online
     work = args.out / "hub"
     shutil.rmtree(work, ignore_errors=True)
     q = args.out / "q"

@@ -171,7 +171,7 @@ def _umap(
 ) -> np.ndarray:
     """UMAP (:func:`modelvec.analyse.umap_style.layout`) of each row's nearest rows: those given, else found exactly
     (scikit-learn, every pair's distance: a map's few thousand rows), from the rows' top principal coordinates."""
-    from .layout import layout
+    from .umap_style import layout
 
     n = X.shape[0]
     k = min(UMAP_NEIGHBOURS, n - 1)  # neighbours counting the row itself, as umap-learn's n_neighbors
