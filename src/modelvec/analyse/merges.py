@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from .entries import EntryFit, EntryMerge
 from .rule import TreeRule
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare")
@@ -108,11 +109,13 @@ class MergeFinder:
         rule: TreeRule,
         scale: float = 0.0,
         near: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
+        entries: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``,
         ``rounding``; a missing one: none kept); ``scale``: the base's weights' size in the traces' map. ``near``:
         where every model's products are too many, a model's candidates (its nearest traces) and its products with
-        them, the only models a merge is fitted on (``dots`` is then not asked)."""
+        them, the only models a merge is fitted on (``dots`` is then not asked). ``entries``: each trace's kept
+        delta entries (rows, NaN: none) and the base's weights there (:mod:`.entries`; None: none kept)."""
         self.scale, self.near = scale, near
         self.dots, self.products, self.norms, self.usable, self.rule = dots, products, norms, usable, rule
         n = len(norms)
@@ -124,6 +127,9 @@ class MergeFinder:
         self.rounding = numbers("rounding")
         self.precision = [p if isinstance(p, str) else None for p in statistics.get("precision") or [None] * n]
         self._explained: dict[tuple[int, int], bool] = {}
+        self.entries = None
+        if entries is not None and len(entries[1]) and len(entries[0]) == n:
+            self.entries = EntryFit(entries[0], entries[1], self.precision, rule.dropped_share)
 
     def find(self, i: int, declared: Sequence[int] = ()) -> Merge | None:
         """Whether ``i`` is a merge, of which models and how: its declared parents where they fit, else fitted on the
@@ -188,6 +194,8 @@ class MergeFinder:
         (``trimmed_gain``), a TIES or DARE merge; None where none holds."""
         if not candidates:
             return None
+        if self.entries is not None and (entry := self.entries.fit(i, candidates)) is not None:
+            return self._by_entries(i, entry)
         rule = self.rule
         found = self._merge(i, self._fit(i, candidates), rule.merge_ratio, trimmed=False)
         finer = [j for j in candidates if self._finer(j, i)]
@@ -205,6 +213,14 @@ class MergeFinder:
             return None
         fit = self._pruned(i, self._fit(i, fewer))
         return self._merge(i, fit, rule.trimmed_ratio, trimmed=True, gain=rule.trimmed_gain)
+
+    def _by_entries(self, i: int, found: EntryMerge) -> Merge:
+        """A merge found entry by entry (:mod:`.entries`): its parents, their weights the trace's fit on them (what
+        a child of it holds of each), its confidence the nearer of its two shares to ``dropped_share``."""
+        least = self.rule.dropped_share
+        weights = self._fit(i, found.parents).weights
+        confidence = min(margin(found.alone, least), margin(found.gain, least))
+        return Merge(list(found.parents), np.asarray(weights, np.float64), confidence, found.method)
 
     def _dots(self, i: int, cols: Sequence[int]) -> np.ndarray:
         """``i``'s trace's inner products with those of ``cols``."""

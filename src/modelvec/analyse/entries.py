@@ -1,0 +1,323 @@
+"""A TIES or DARE merge found entry by entry: which of its parents' deltas each entry of its own delta holds.
+
+Each trace keeps a few raw entries of the model's delta (and the base's weights there: :data:`GROUP` consecutive
+ones of a matrix at a time). A trimmed merge is not a weighted average: DARE keeps each entry of each parent's
+delta with probability d and rescales it (1/d), TIES keeps the largest; the signs are elected and ``normalize``
+divides by the weights kept. So each entry of the merge's delta is *exactly* one of a few sums: that of the parents
+that kept it, each delta times a coefficient (rescale, weight, and the normaliser of that subset), or zero. Where
+one parent alone kept an entry, the merge's delta there is that parent's times one constant: the ratios of the
+two pile up on it, a spike no fine-tune, linear merge or sibling shows (theirs are smooth there).
+
+:class:`EntryFit` finds each candidate's spike (its coefficient), counts the entries each subset of the parents
+explains within the merge's rounding (half a unit in its last place, the base's and a finer parent's rounding to
+it, and a relative slack for the rescale's spread over matrices and the arithmetic in the merge's dtype) and
+subtracts the chance: the same count with the predictions shifted by a few tolerances. A merge is named where
+each parent alone explains at least ``TreeRule.dropped_share`` of the merge's telling entries beyond chance (its
+delta exactly absent from the rest) and the parents together explain that much more than the best one alone. Only
+entries whose delta is :data:`TELLING` times the rounding are counted. Its method: ``ties`` where a parent's
+dropped entries are its smallest (magnitude trimming), ``dare`` where they are as large as the kept ones (random).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .copies import BITS
+
+#: Consecutive kept entries from one matrix: a trace keeps a multiple of this many of each (the method's magnitude
+#: test compares a parent's entries within one such group).
+GROUP = 16
+#: An entry tells where the merge's delta is at least this many times its rounding (the rest is chance).
+TELLING = 4.0
+#: The least telling entries a fit is made on.
+LEAST_ENTRIES = 64
+#: The candidates (nearest first) whose spikes are looked for, and the most parents of one merge.
+CANDIDATES, MOST_PARENTS = 8, 4
+#: The scalings (in steps of a merge's band, four times its relative slack) of the predictions that count chance.
+BANDS = (-2.0, -1.0, 1.0, 2.0)
+#: Above this rank statistic a parent's dropped entries are its smallest: TIES' magnitude trimming.
+TRIMMED_AUC = 0.75
+
+
+@dataclass(frozen=True)
+class EntryMerge:
+    """A merge found entry by entry: its ``parents`` (model indices), the share of its telling entries they explain
+    beyond chance (``explained``) and beyond the best of them alone (``gain``), the least share one parent alone
+    explains (``alone``) and the ``method`` (``ties`` or ``dare``)."""
+
+    parents: list[int]
+    explained: float
+    gain: float
+    alone: float
+    method: str
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """What one model's entries say as a merge: its delta, its rounding (``half``), the base's (``base``), the
+    relative slack and the band (the step of the coefficients chance is counted at), which entries tell, and its
+    significand bits."""
+
+    delta: np.ndarray
+    half: np.ndarray
+    base: np.ndarray
+    slack: float
+    band: float
+    telling: np.ndarray
+    bits: int
+
+
+class EntryFit:
+    """Fits models as trimmed merges of others entry by entry. ``entries``: each model's kept delta entries (rows;
+    NaN: none kept), ``base``: the base's weights at them, ``precision``: each model's stored dtype."""
+
+    def __init__(self, entries: np.ndarray, base: np.ndarray, precision: Sequence[str | None], least: float) -> None:
+        self.entries, self.b = np.asarray(entries, np.float32), np.asarray(base, np.float64)
+        self.precision, self.least = list(precision), least
+        n = len(self.precision)
+        self.kept = np.zeros(n, bool)
+        if self.entries.size:
+            self.kept = np.asarray(~np.isnan(self.entries).any(axis=1), bool)
+        self.base_bits = _bits_of(self.b)
+        self._merges: dict[int, _Merge | None] = {}
+        self._singles: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def fit(self, i: int, candidates: Sequence[int]) -> EntryMerge | None:
+        """``i`` as a trimmed merge of some of ``candidates`` (nearest first): None where no two of them explain it
+        entry by entry (or ``i``'s entries do not tell).
+
+        A parent of trimmed merges shares with each the entries it kept alone, exactly: a model is no merge of
+        merges of it. So a parent found is refused where it is itself a merge of ``i`` (and others) that explains
+        it at least as well as it explains ``i``, and ``i`` is fitted again without it."""
+        cands = [j for j in candidates if j != i and self.kept[j]][:CANDIDATES]
+        while True:
+            found = self._fit(i, cands)
+            if found is None:
+                return None
+            back = [(j, self._fit(j, [i, *(k for k in cands if k != j)])) for j in found.parents]
+            merged = [j for j, r in back if r is not None and i in r.parents and r.explained >= found.explained]
+            if not merged:
+                return found
+            cands = [j for j in cands if j not in merged]
+
+    def _fit(self, i: int, cands: Sequence[int]) -> EntryMerge | None:
+        """:meth:`fit` without the check that a parent found is no merge of ``i``."""
+        m = self._merge(i)
+        if m is None:
+            return None
+        singles = {j: self._single(i, j) for j in cands}
+        ranked = sorted((j for j in cands if singles[j][1] >= self.least), key=lambda j: -singles[j][1])
+        if len(ranked) < 2:
+            return None
+        best, score = None, -1.0
+        for pair in itertools.combinations(ranked[:4], 2):
+            value = self._explained(m, list(pair), [singles[p][0] for p in pair])
+            if value > score:
+                best, score = list(pair), value
+        assert best is not None
+        for j in ranked:
+            if j in best or len(best) >= MOST_PARENTS:
+                continue
+            more = [*best, j]
+            value = self._explained(m, more, [singles[p][0] for p in more])
+            if value - score >= self.least:
+                best, score = more, value
+        alone = [self._alone(m, j, [o for o in best if o != j], singles[j][0]) for j in best]
+        gain = score - max(singles[j][1] for j in best)
+        if gain < self.least or min(alone) < self.least:
+            return None
+        method = self._method(m, best, [singles[p][0] for p in best])
+        return EntryMerge(best, score, gain, min(alone), method)
+
+    def _merge(self, i: int) -> _Merge | None:
+        """Model ``i``'s entries as a merge's (None: none kept, an unknown dtype, or too few that tell)."""
+        if i not in self._merges:
+            self._merges[i] = None
+            bits = BITS.get(self.precision[i] or "", 0)
+            if self.kept[i] and bits and len(self.b) == self.entries.shape[1]:
+                delta = self.entries[i].astype(np.float64)
+                half = 0.5 * ulp(self.b + delta, bits)
+                base = 0.5 * ulp(self.b, bits) if self.base_bits > bits else np.zeros_like(half)
+                telling = np.abs(delta) >= TELLING * (half + base) + 1e-30
+                if int(telling.sum()) >= LEAST_ENTRIES:
+                    slack = max(1 / 128, 5 * 2.0**-bits)
+                    self._merges[i] = _Merge(delta, half, base, slack, 4 * slack, telling, bits)
+        return self._merges[i]
+
+    def _delta(self, j: int) -> np.ndarray:
+        return self.entries[j].astype(np.float64)
+
+    def _error(self, m: _Merge, j: int) -> np.ndarray:
+        """How far the merge's view of ``j``'s delta may be from the kept one: ``j``'s and the base's rounding to the
+        merge's dtype, where they are stored finer (mergekit computes in the merge's dtype)."""
+        bits = BITS.get(self.precision[j] or "", 53)
+        own = 0.5 * ulp(self.b + self._delta(j), m.bits) if bits > m.bits else 0.0
+        return m.base + own
+
+    def _single(self, i: int, j: int) -> tuple[float, float]:
+        """``j``'s coefficient in ``i`` where it alone kept an entry (the spike of their ratios), and the share of
+        ``i``'s telling entries it explains so beyond chance (0 where no spike)."""
+        if (i, j) not in self._singles:
+            m = self._merge(i)
+            assert m is not None
+            dj, err = self._delta(j), self._error(m, j)
+            ratio = np.abs(m.delta / np.where(dj == 0, 1.0, dj))
+            coefficient = spike(m.delta, dj, m.half + ratio * err + m.slack * np.abs(m.delta), m)
+            share = 0.0
+            if coefficient is not None:
+                share = excess(m, [coefficient * dj], [m.half + coefficient * err + m.slack * np.abs(coefficient * dj)])
+            self._singles[(i, j)] = (coefficient or 0.0, share)
+        return self._singles[(i, j)]
+
+    def _alone(self, m: _Merge, j: int, others: Sequence[int], coefficient: float) -> float:
+        """The share of the merge's telling entries where every other parent's delta tells too that ``j`` alone
+        explains beyond chance: those the others dropped (an entry a parent left as the base's drops nothing, and a
+        linear merge of parents that left some is their sum, one of them alone there)."""
+        where = m.telling.copy()
+        for o in others:
+            where &= np.abs(self._delta(o)) >= TELLING * (m.half + self._error(m, o)) + 1e-30
+        dj, err = self._delta(j), self._error(m, j)
+        tol = m.half + coefficient * err + m.slack * np.abs(coefficient * dj)
+        return excess(m, [coefficient * dj], [tol], where) if where.sum() >= LEAST_ENTRIES else 0.0
+
+    def _explained(self, m: _Merge, parents: Sequence[int], coefficients: list[float]) -> float:
+        """The share of the merge's telling entries the parents explain beyond chance, the better of two readings of
+        the subsets' sums: each parent's coefficient the same in every subset (no ``normalize``, or DARE-linear's),
+        or divided by the subset's weights (TIES' ``normalize``; the weights from the entries two parents kept)."""
+        deltas, errors = [self._delta(j) for j in parents], [self._error(m, j) for j in parents]
+        best = -1.0
+        normalised = self._weights(m, deltas, coefficients, errors)
+        for weights in [None] + ([normalised] if normalised is not None else []):
+            predictions, tolerances = [], []
+            for size in range(1, len(deltas) + 1):
+                for subset in itertools.combinations(range(len(deltas)), size):
+                    total = sum(weights[k] for k in subset) if weights is not None else 1.0
+                    scale = [coefficients[k] * (weights[k] / total if weights is not None else 1.0) for k in subset]
+                    parts = [a * deltas[k] for a, k in zip(scale, subset)]
+                    predictions.append(np.sum(parts, axis=0))
+                    errs = sum(abs(a) * errors[k] for a, k in zip(scale, subset))
+                    tolerances.append(m.half + errs + m.slack * sum(np.abs(part) for part in parts))
+            best = max(best, excess(m, predictions, tolerances))
+        return best
+
+    def _weights(
+        self, m: _Merge, deltas: list[np.ndarray], coefficients: list[float], errors: list[np.ndarray]
+    ) -> list[float] | None:
+        """The parents' relative weights under TIES' ``normalize`` (the first's 1), each from the entries it and the
+        first kept alone: there the merge is t a_1 d_1 + (1 - t) a_k d_k, t = w_1 / (w_1 + w_k), a spike in t."""
+        weights = [1.0]
+        first = coefficients[0] * deltas[0]
+        for k in range(1, len(deltas)):
+            other = coefficients[k] * deltas[k]
+            apart = first - other
+            tol = m.half + coefficients[0] * errors[0] + coefficients[k] * errors[k] + m.slack * np.abs(first)
+            t = spike(m.delta - other, apart, tol, m, ratio=False)
+            if t is None or not 0 < t < 1:
+                return None
+            weights.append(weights[0] * (1 - t) / t)
+        return weights
+
+    def _method(self, m: _Merge, parents: list[int], coefficients: list[float]) -> str:
+        """``ties`` where each parent's entries absent from the merge (another parent's alone there, its sign the
+        same: no election dropped it) are its smallest within their matrix's group, else ``dare``."""
+        aucs = []
+        for k, j in enumerate(parents):
+            dj = self._delta(j)
+            others = [p for p in parents if p != j]
+            alone = np.zeros(len(dj), bool)
+            for o, c in zip(others, (coefficients[parents.index(p)] for p in others)):
+                tol = m.half + c * self._error(m, o) + m.slack * np.abs(c * self._delta(o))
+                alone |= np.abs(m.delta - c * self._delta(o)) <= tol
+            own = m.half + coefficients[k] * self._error(m, j)
+            single = np.abs(m.delta - coefficients[k] * dj) <= own + m.slack * np.abs(coefficients[k] * dj)
+            shows = m.telling & (np.abs(coefficients[k] * dj) >= TELLING * own)  # its share would show
+            dropped = shows & alone & ~single & (np.sign(dj) == np.sign(m.delta))
+            kept = shows & single
+            if dropped.sum() >= 8 and kept.sum() >= 8:
+                aucs.append(_auc(_in_group(np.abs(dj)), kept, dropped))
+        return "ties" if aucs and float(np.mean(aucs)) >= TRIMMED_AUC else "dare"
+
+
+def excess(
+    m: _Merge, predictions: Sequence[np.ndarray], tolerances: Sequence[np.ndarray], where: np.ndarray | None = None
+) -> float:
+    """The share of ``m``'s telling entries (``where``: those of them) some prediction matches within its tolerance,
+    less the mean share the same predictions scaled by :data:`BANDS` steps of ``m``'s band match: chance, which
+    an entry too coarse to tell one coefficient from a nearby one (a delta of a few units of bf16) matches alike."""
+    telling = m.telling if where is None else where
+    delta = m.delta[telling]
+    parts = [(p[telling], np.broadcast_to(t, m.delta.shape)[telling]) for p, t in zip(predictions, tolerances)]
+
+    def share(factor: float) -> float:
+        hit = np.zeros(len(delta), bool)
+        for p, t in parts:
+            hit |= np.abs(delta - factor * p) <= t
+        return float(hit.mean()) if len(hit) else 0.0
+
+    return share(1.0) - float(np.mean([share(1 + b * m.band) for b in BANDS]))
+
+
+def spike(
+    numerator: np.ndarray, denominator: np.ndarray, tolerance: np.ndarray, m: _Merge, *, ratio: bool = True
+) -> float | None:
+    """The value most of ``numerator / denominator`` pile up on, over ``m``'s telling entries where it is precise
+    (positive ratios, in logarithms, for a coefficient; ``ratio=False``: a share in (0, 1)); None where too few."""
+    ok = m.telling & (denominator != 0)
+    r = numerator[ok] / denominator[ok]
+    width = np.abs(tolerance[ok] / denominator[ok])
+    if ratio:
+        keep = (r > 0) & (width <= 0.1 * np.abs(r) + 1e-300)
+    else:  # a share strictly between the two parents' own (those entries one of them kept alone)
+        keep = (r > 2 * width) & (r < 1 - 2 * width) & (width <= 0.1)
+    if int(keep.sum()) < 8:
+        return None
+    r, width = r[keep], width[keep]
+    x = np.log(r) if ratio else r
+    w = np.log1p(width / r) if ratio else width
+    half = max(float(np.median(w)), m.slack if ratio else 1e-6)
+    order = np.sort(x)
+    counts = np.searchsorted(order, order + half, side="right") - np.searchsorted(order, order - half, side="left")
+    at = int(np.argmax(counts))
+    near = order[np.abs(order - order[at]) <= half]
+    centre = float(np.median(near))
+    return float(np.exp(centre)) if ratio else centre
+
+
+def ulp(values: np.ndarray, bits: int) -> np.ndarray:
+    """The spacing of a ``bits``-bit significand's numbers at each of ``values`` (0 at 0)."""
+    _, exponent = np.frexp(np.asarray(values, np.float64))
+    return np.where(values != 0, np.ldexp(1.0, exponent - bits), 0.0)
+
+
+def _bits_of(values: np.ndarray) -> int:
+    """The coarsest float type every one of ``values`` is exact in: the base's stored precision."""
+    v = values.astype(np.float32)
+    if not len(v) or not np.array_equal(v.astype(np.float64), values):
+        return 53
+    if not (v.view(np.uint32) & 0xFFFF).any():
+        return BITS["bfloat16"]
+    with np.errstate(over="ignore"):
+        return BITS["float16"] if np.array_equal(v.astype(np.float16).astype(np.float32), v) else BITS["float32"]
+
+
+def _in_group(values: np.ndarray) -> np.ndarray:
+    """Each value against the median of its :data:`GROUP` (one matrix's consecutive entries)."""
+    n = len(values) - len(values) % GROUP
+    out = np.ones(len(values))
+    if n:
+        groups = values[:n].reshape(-1, GROUP)
+        out[:n] = (groups / np.maximum(np.median(groups, axis=1, keepdims=True), 1e-300)).reshape(-1)
+    return out
+
+
+def _auc(values: np.ndarray, high: np.ndarray, low: np.ndarray) -> float:
+    """The chance that a value of ``high`` exceeds one of ``low`` (ties half): Mann-Whitney's statistic."""
+    from scipy.stats import rankdata
+
+    a, b = values[high], values[low]
+    ranks = rankdata(np.concatenate([a, b]))
+    return float((ranks[: len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
