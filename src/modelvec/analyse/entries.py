@@ -47,12 +47,14 @@ TRIMMED_AUC = 0.75
 class EntryMerge:
     """A merge found entry by entry: its ``parents`` (model indices), the share of its telling entries they explain
     beyond chance (``explained``) and beyond the best of them alone (``gain``), the least share one parent alone
-    explains (``alone``) and the ``method`` (``ties`` or ``dare``)."""
+    explains where the others tell (``alone``), the share only their sums explain (``together``) and the
+    ``method`` (``ties`` or ``dare``)."""
 
     parents: list[int]
     explained: float
     gain: float
     alone: float
+    together: float
     method: str
 
 
@@ -90,33 +92,22 @@ class EntryFit:
         """``i`` as a trimmed merge of some of ``candidates`` (nearest first): None where no two of them explain it
         entry by entry (or ``i``'s entries do not tell).
 
-        A parent of trimmed merges shares with each the entries it kept alone, exactly: a model is no merge of
-        merges of it. So a parent found is refused where it is itself a merge of ``i`` (and others) that explains
-        it at least as well as it explains ``i``, and ``i`` is fitted again without it."""
-        cands = [j for j in candidates if j != i and self.kept[j]][:CANDIDATES]
-        while True:
-            found = self._fit(i, cands)
-            if found is None:
-                return None
-            back = [(j, self._fit(j, [i, *(k for k in cands if k != j)])) for j in found.parents]
-            merged = [j for j, r in back if r is not None and i in r.parents and r.explained >= found.explained]
-            if not merged:
-                return found
-            cands = [j for j in cands if j not in merged]
-
-    def _fit(self, i: int, cands: Sequence[int]) -> EntryMerge | None:
-        """:meth:`fit` without the check that a parent found is no merge of ``i``."""
+        Each parent alone must explain a share of the entries the others' deltas tell on (they dropped them), and
+        the parents together a share no one of them explains (the entries they all kept): a parent of several
+        trimmed merges shares with each the entries it kept alone, so it is explained by each alone, never by their
+        sum."""
         m = self._merge(i)
         if m is None:
             return None
+        cands = [j for j in candidates if j != i and self.kept[j]][:CANDIDATES]
         singles = {j: self._single(i, j) for j in cands}
         ranked = sorted((j for j in cands if singles[j][1] >= self.least), key=lambda j: -singles[j][1])
         if len(ranked) < 2:
             return None
-        best, score = None, -1.0
+        best, score = None, (-1.0, 0.0)
         for pair in itertools.combinations(ranked[:4], 2):
             value = self._explained(m, list(pair), [singles[p][0] for p in pair])
-            if value > score:
+            if value[0] > score[0]:
                 best, score = list(pair), value
         assert best is not None
         for j in ranked:
@@ -124,14 +115,14 @@ class EntryFit:
                 continue
             more = [*best, j]
             value = self._explained(m, more, [singles[p][0] for p in more])
-            if value - score >= self.least:
+            if value[0] - score[0] >= self.least:
                 best, score = more, value
         alone = [self._alone(m, j, [o for o in best if o != j], singles[j][0]) for j in best]
-        gain = score - max(singles[j][1] for j in best)
-        if gain < self.least or min(alone) < self.least:
+        gain = score[0] - max(singles[j][1] for j in best)
+        if min(gain, score[1], *alone) < self.least:
             return None
         method = self._method(m, best, [singles[p][0] for p in best])
-        return EntryMerge(best, score, gain, min(alone), method)
+        return EntryMerge(best, score[0], gain, min(alone), score[1], method)
 
     def _merge(self, i: int) -> _Merge | None:
         """Model ``i``'s entries as a merge's (None: none kept, an unknown dtype, or too few that tell)."""
@@ -184,24 +175,30 @@ class EntryFit:
         tol = m.half + coefficient * err + m.slack * np.abs(coefficient * dj)
         return excess(m, [coefficient * dj], [tol], where) if where.sum() >= LEAST_ENTRIES else 0.0
 
-    def _explained(self, m: _Merge, parents: Sequence[int], coefficients: list[float]) -> float:
-        """The share of the merge's telling entries the parents explain beyond chance, the better of two readings of
-        the subsets' sums: each parent's coefficient the same in every subset (no ``normalize``, or DARE-linear's),
-        or divided by the subset's weights (TIES' ``normalize``; the weights from the entries two parents kept)."""
+    def _explained(self, m: _Merge, parents: Sequence[int], coefficients: list[float]) -> tuple[float, float]:
+        """The share of the merge's telling entries the parents explain beyond chance, and the share of them only
+        their sums explain (none of them alone), by the better of two readings of the subsets' sums: each parent's
+        coefficient the same in every subset (no ``normalize``, or DARE-linear's), or divided by the subset's weights
+        (TIES' ``normalize``; the weights from the entries two parents kept)."""
         deltas, errors = [self._delta(j) for j in parents], [self._error(m, j) for j in parents]
-        best = -1.0
+        best = (-1.0, 0.0)
         normalised = self._weights(m, deltas, coefficients, errors)
         for weights in [None] + ([normalised] if normalised is not None else []):
-            predictions, tolerances = [], []
+            alone: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+            together: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
             for size in range(1, len(deltas) + 1):
                 for subset in itertools.combinations(range(len(deltas)), size):
                     total = sum(weights[k] for k in subset) if weights is not None else 1.0
                     scale = [coefficients[k] * (weights[k] / total if weights is not None else 1.0) for k in subset]
                     parts = [a * deltas[k] for a, k in zip(scale, subset)]
-                    predictions.append(np.sum(parts, axis=0))
                     errs = sum(abs(a) * errors[k] for a, k in zip(scale, subset))
-                    tolerances.append(m.half + errs + m.slack * sum(np.abs(part) for part in parts))
-            best = max(best, excess(m, predictions, tolerances))
+                    into = alone if size == 1 else together
+                    into[0].append(np.sum(parts, axis=0))
+                    into[1].append(m.half + errs + m.slack * np.sum(np.abs(parts), axis=0))
+            value = excess(m, alone[0] + together[0], alone[1] + together[1])
+            rest = m.telling & ~hits(m, *alone)
+            only = excess(m, *together, rest) * float(rest.sum()) / max(1, int(m.telling.sum()))
+            best = max(best, (value, only))
         return best
 
     def _weights(
@@ -240,6 +237,14 @@ class EntryFit:
             if dropped.sum() >= 8 and kept.sum() >= 8:
                 aucs.append(_auc(_in_group(np.abs(dj)), kept, dropped))
         return "ties" if aucs and float(np.mean(aucs)) >= TRIMMED_AUC else "dare"
+
+
+def hits(m: _Merge, predictions: Sequence[np.ndarray], tolerances: Sequence[np.ndarray]) -> np.ndarray:
+    """Which of ``m``'s entries some prediction matches within its tolerance."""
+    hit = np.zeros(len(m.delta), bool)
+    for p, t in zip(predictions, tolerances):
+        hit |= np.abs(m.delta - p) <= t
+    return hit
 
 
 def excess(

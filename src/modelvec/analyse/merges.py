@@ -219,7 +219,7 @@ class MergeFinder:
         a child of it holds of each), its confidence the nearer of its two shares to ``dropped_share``."""
         least = self.rule.dropped_share
         weights = self._fit(i, found.parents).weights
-        confidence = min(margin(found.alone, least), margin(found.gain, least))
+        confidence = min(margin(v, least) for v in (found.alone, found.gain, found.together))
         return Merge(list(found.parents), np.asarray(weights, np.float64), confidence, found.method)
 
     def _dots(self, i: int, cols: Sequence[int]) -> np.ndarray:
