@@ -101,7 +101,7 @@ class EntryFit:
             return None
         cands = [j for j in candidates if j != i and self.kept[j]][:CANDIDATES]
         singles = {j: self._single(i, j) for j in cands}
-        ranked = sorted((j for j in cands if singles[j][1] >= self.least), key=lambda j: -singles[j][1])
+        ranked = sorted((j for j in cands if singles[j][1] >= self.least / 2), key=lambda j: -singles[j][1])
         if len(ranked) < 2:
             return None
         best, score = None, (-1.0, 0.0)
@@ -117,7 +117,7 @@ class EntryFit:
             value = self._explained(m, more, [singles[p][0] for p in more])
             if value[0] - score[0] >= self.least:
                 best, score = more, value
-        alone = [self._alone(m, j, [o for o in best if o != j], singles[j][0]) for j in best]
+        alone = [self._alone(m, j, {o: singles[o][0] for o in best if o != j}, singles[j][0]) for j in best]
         gain = score[0] - max(singles[j][1] for j in best)
         if min(gain, score[1], *alone) < self.least:
             return None
@@ -164,13 +164,16 @@ class EntryFit:
             self._singles[(i, j)] = (coefficient or 0.0, share)
         return self._singles[(i, j)]
 
-    def _alone(self, m: _Merge, j: int, others: Sequence[int], coefficient: float) -> float:
-        """The share of the merge's telling entries where every other parent's delta tells too that ``j`` alone
-        explains beyond chance: those the others dropped (an entry a parent left as the base's drops nothing, and a
-        linear merge of parents that left some is their sum, one of them alone there)."""
+    def _alone(self, m: _Merge, j: int, others: dict[int, float], coefficient: float) -> float:
+        """The share of the merge's telling entries ``j`` alone explains beyond chance where every other parent's
+        delta tells too and none of them alone explains it: those the others dropped (an entry a parent left as the
+        base's drops nothing; a linear merge of parents that left some is one of them there; a model equal to a
+        parent on some entries explains those as that parent does)."""
         where = m.telling.copy()
-        for o in others:
-            where &= np.abs(self._delta(o)) >= TELLING * (m.half + self._error(m, o)) + 1e-30
+        for o, c in others.items():
+            do, err = self._delta(o), self._error(m, o)
+            where &= np.abs(do) >= TELLING * (m.half + err) + 1e-30
+            where &= ~hits(m, [c * do], [m.half + c * err + m.slack * np.abs(c * do)])
         dj, err = self._delta(j), self._error(m, j)
         tol = m.half + coefficient * err + m.slack * np.abs(coefficient * dj)
         return excess(m, [coefficient * dj], [tol], where) if where.sum() >= LEAST_ENTRIES else 0.0
