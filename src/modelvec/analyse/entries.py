@@ -1,26 +1,27 @@
 """A TIES or DARE merge found entry by entry: which of its parents' deltas each entry of its own delta holds.
 
-Each trace keeps a few raw entries of the model's delta (and the base's weights there: :data:`GROUP` consecutive
-ones of a matrix at a time). A trimmed merge is not a weighted average: DARE keeps each entry of each parent's
-delta with probability d and rescales it (1/d), TIES keeps the largest; the signs are elected and ``normalize``
-divides by the weights kept. So each entry of the merge's delta is *exactly* one of a few sums: that of the parents
-that kept it, each delta times a coefficient (rescale, weight, and the normaliser of that subset), or zero. Where
-one parent alone kept an entry, the merge's delta there is that parent's times one constant: the ratios of the
-two pile up on it, a spike no fine-tune, linear merge or sibling shows (theirs are smooth there).
+Each trace keeps a few raw entries of the model's delta and the base's weights there (:data:`GROUP` consecutive
+ones of a matrix at a time). A trimmed merge is no weighted average: DARE keeps each entry of each parent's delta
+with probability d and rescales it (1/d), TIES keeps the largest; signs are elected and ``normalize`` divides by the
+weights kept. So each entry of the merge's delta is *exactly* one of a few sums, that of the parents that kept it,
+each delta times a coefficient, or zero; where one parent alone kept it, that parent's delta times one constant:
+their ratios pile up on it, a spike no fine-tune, sibling or linear merge shows.
 
-:class:`EntryFit` finds each candidate's spike (its coefficient), counts the entries each subset of the parents
-explains within the merge's rounding (half a unit in its last place, the base's and a finer parent's rounding to
-it, and a relative slack for the rescale's spread over matrices and the arithmetic in the merge's dtype) and
-subtracts the chance: the same count with the predictions shifted by a few tolerances. A merge is named where
-each parent alone explains at least ``TreeRule.dropped_share`` of the merge's telling entries beyond chance (its
-delta exactly absent from the rest) and the parents together explain that much more than the best one alone. Only
-entries whose delta is :data:`TELLING` times the rounding are counted. Its method: ``ties`` where a parent's
-dropped entries are its smallest (magnitude trimming), ``dare`` where they are as large as the kept ones (random).
+:class:`EntryFit` finds each candidate's spike, then counts the entries each subset of the parents explains within
+the merge's rounding (half a unit in its last place; the base's and a finer parent's rounding to its dtype; a
+relative slack for the rescale's spread over matrices and the arithmetic in its dtype), less chance: the count with
+every coefficient scaled a few slacks off, which an entry too coarse to tell them apart (a delta of a few bf16
+steps) matches alike. Only entries where the merge's delta is :data:`TELLING` times its rounding count. A merge is
+named where each parent alone explains ``TreeRule.dropped_share`` of the entries the others' deltas tell on and no
+other parent alone explains (they dropped them), and the parents' sums as much that no one of them explains (the
+entries all kept: a parent of several trimmed merges shares with each the entries it kept alone, never their sum).
+Its method: ``ties`` where a parent's dropped entries are its smallest, ``dare`` where they are as large as the rest.
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,8 +34,8 @@ from .copies import BITS
 GROUP = 16
 #: An entry tells where the merge's delta is at least this many times its rounding (the rest is chance).
 TELLING = 4.0
-#: The least telling entries a fit is made on.
-LEAST_ENTRIES = 64
+#: The least telling entries a fit is made on, and the most telling ones a candidate is screened on first.
+LEAST_ENTRIES, QUICK = 64, 384
 #: The candidates (nearest first) whose spikes are looked for, and the most parents of one merge.
 CANDIDATES, MOST_PARENTS = 8, 4
 #: The scalings (in steps of a merge's band, four times its relative slack) of the predictions that count chance.
@@ -87,6 +88,7 @@ class EntryFit:
         self.base_bits = _bits_of(self.b)
         self._merges: dict[int, _Merge | None] = {}
         self._singles: dict[tuple[int, int], tuple[float, float]] = {}
+        self._quick: dict[int, tuple[_Merge, np.ndarray]] = {}
 
     def fit(self, i: int, candidates: Sequence[int]) -> EntryMerge | None:
         """``i`` as a trimmed merge of some of ``candidates`` (nearest first): None where no two of them explain it
@@ -99,7 +101,7 @@ class EntryFit:
         m = self._merge(i)
         if m is None:
             return None
-        cands = [j for j in candidates if j != i and self.kept[j]][:CANDIDATES]
+        cands = self._screened(i, [j for j in candidates if j != i and self.kept[j]][:CANDIDATES])
         singles = {j: self._single(i, j) for j in cands}
         ranked = sorted((j for j in cands if singles[j][1] >= self.least / 2), key=lambda j: -singles[j][1])
         if len(ranked) < 2:
@@ -136,33 +138,52 @@ class EntryFit:
                 telling = np.abs(delta) >= TELLING * (half + base) + 1e-30
                 if int(telling.sum()) >= LEAST_ENTRIES:
                     slack = max(1 / 128, 5 * 2.0**-bits)
-                    self._merges[i] = _Merge(delta, half, base, slack, 4 * slack, telling, bits)
+                    m = _Merge(delta, half, base, slack, 4 * slack, telling, bits)
+                    self._merges[i] = m
+                    sharp = np.where(telling, np.abs(delta) / (half + base + 1e-300), 0.0)
+                    at = np.sort(np.argsort(-sharp, kind="stable")[:QUICK])
+                    self._quick[i] = (_Merge(delta[at], half[at], base[at], slack, 4 * slack, telling[at], bits), at)
         return self._merges[i]
 
     def _delta(self, j: int) -> np.ndarray:
         return self.entries[j].astype(np.float64)
 
-    def _error(self, m: _Merge, j: int) -> np.ndarray:
+    def _error(self, m: _Merge, j: int, at: np.ndarray | None = None) -> np.ndarray:
         """How far the merge's view of ``j``'s delta may be from the kept one: ``j``'s and the base's rounding to the
-        merge's dtype, where they are stored finer (mergekit computes in the merge's dtype)."""
-        bits = BITS.get(self.precision[j] or "", 53)
-        own = 0.5 * ulp(self.b + self._delta(j), m.bits) if bits > m.bits else 0.0
-        return m.base + own
+        merge's dtype, where they are stored finer (mergekit computes in the merge's dtype); ``at``: at those
+        entries of ``m``'s (a :data:`QUICK` screen's)."""
+        base = m.base if at is None else m.base[at]
+        if BITS.get(self.precision[j] or "", 53) <= m.bits:
+            return base
+        b = self.b if at is None else self.b[at]
+        dj = self._delta(j) if at is None else self.entries[j, at].astype(np.float64)
+        return base + 0.5 * ulp(b + dj, m.bits)
 
     def _single(self, i: int, j: int) -> tuple[float, float]:
         """``j``'s coefficient in ``i`` where it alone kept an entry (the spike of their ratios), and the share of
-        ``i``'s telling entries it explains so beyond chance (0 where no spike)."""
+        ``i``'s telling entries it explains so beyond chance (0 where no spike). Looked for first on ``i``'s
+        :data:`QUICK` most telling entries: a candidate that explains under a quarter of ``dropped_share`` of those
+        is no parent (a fine-tune's every candidate; most of a merge's)."""
         if (i, j) not in self._singles:
             m = self._merge(i)
             assert m is not None
-            dj, err = self._delta(j), self._error(m, j)
-            ratio = np.abs(m.delta / np.where(dj == 0, 1.0, dj))
-            coefficient = spike(m.delta, dj, m.half + ratio * err + m.slack * np.abs(m.delta), m)
-            share = 0.0
-            if coefficient is not None:
-                share = excess(m, [coefficient * dj], [m.half + coefficient * err + m.slack * np.abs(coefficient * dj)])
-            self._singles[(i, j)] = (coefficient or 0.0, share)
+            self._singles[(i, j)] = _spiked(m, self._delta(j), self._error(m, j))
         return self._singles[(i, j)]
+
+    def _screened(self, i: int, cands: list[int]) -> list[int]:
+        """The candidates that explain at least a quarter of ``dropped_share`` of ``i``'s :data:`QUICK` most telling
+        entries alone beyond chance, all screened at once (a fine-tune's every candidate fails, most of a merge's)."""
+        todo = [j for j in cands if (i, j) not in self._singles]
+        if todo:
+            m = self._merge(i)
+            assert m is not None
+            quick, at = self._quick[i]
+            deltas = self.entries[np.ix_(np.asarray(todo, np.int64), at)].astype(np.float64)
+            errors = np.stack([self._error(m, j, at) for j in todo])
+            for j, share in zip(todo, _screen(quick, deltas, errors)):
+                if share < self.least / 4:
+                    self._singles[(i, j)] = (0.0, float(share))
+        return [j for j in cands if (i, j) not in self._singles or self._singles[(i, j)][0] > 0]
 
     def _alone(self, m: _Merge, j: int, others: dict[int, float], coefficient: float) -> float:
         """The share of the merge's telling entries ``j`` alone explains beyond chance where every other parent's
@@ -240,6 +261,52 @@ class EntryFit:
             if dropped.sum() >= 8 and kept.sum() >= 8:
                 aucs.append(_auc(_in_group(np.abs(dj)), kept, dropped))
         return "ties" if aucs and float(np.mean(aucs)) >= TRIMMED_AUC else "dare"
+
+
+def _spiked(m: _Merge, dj: np.ndarray, err: np.ndarray) -> tuple[float, float]:
+    """A candidate's coefficient in ``m`` (its delta ``dj``, its error ``err`` at ``m``'s entries) and the share of
+    ``m``'s telling entries it alone explains beyond chance: (0, 0) where its ratios show no spike."""
+    ratio = np.abs(m.delta / np.where(dj == 0, 1.0, dj))
+    coefficient = spike(m.delta, dj, m.half + ratio * err + m.slack * np.abs(m.delta), m)
+    if coefficient is None:
+        return 0.0, 0.0
+    tolerance = m.half + coefficient * err + m.slack * np.abs(coefficient * dj)
+    return coefficient, excess(m, [coefficient * dj], [tolerance])
+
+
+def _screen(m: _Merge, deltas: np.ndarray, errors: np.ndarray) -> np.ndarray:
+    """:func:`_spiked`'s share for each row of ``deltas`` (candidates at ``m``'s entries; ``errors`` likewise) at
+    once: the spike of each row's ratios (in logarithms, within the median precision of its entries), and the share
+    of ``m``'s telling entries it explains beyond chance (0 where too few ratios are precise)."""
+    k = len(deltas)
+    d, tel = m.delta[None, :], m.telling[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = d / deltas
+        width = (m.half + np.abs(r) * errors + m.slack * np.abs(d)) / np.abs(deltas)
+        keep = tel & (deltas != 0) & (r > 0) & (width <= 0.1 * r)
+        x = np.where(keep, np.log(np.where(keep, r, 1.0)), np.nan)
+        w = np.where(keep, np.log1p(width / np.where(keep, r, 1.0)), np.nan)
+    enough = keep.sum(axis=1) >= 8
+    if not enough.any():
+        return np.zeros(k)
+    half = np.maximum(np.nanmedian(np.where(enough[:, None], w, 0.0), axis=1), m.slack)
+    xs = np.sort(x, axis=1)  # NaN last
+    rows = np.arange(k)[:, None] * 1e4
+    flat = (np.where(np.isnan(xs), 5e3, xs) + rows).reshape(-1)  # one sorted array: each row apart from the next
+    lo = np.searchsorted(flat, (np.where(np.isnan(xs), 5e3, xs) + rows - half[:, None]).reshape(-1), side="left")
+    hi = np.searchsorted(flat, (np.where(np.isnan(xs), 5e3, xs) + rows + half[:, None]).reshape(-1), side="right")
+    counts = np.where(np.isnan(xs), -1, (hi - lo).reshape(k, -1))
+    peak = xs[np.arange(k), np.argmax(counts, axis=1)]
+    near = np.abs(xs - peak[:, None]) <= half[:, None]
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        c = np.exp(np.nanmedian(np.where(near, xs, np.nan), axis=1))
+    c = np.where(enough & np.isfinite(c), c, 0.0)[:, None]
+    prediction, tolerance = c * deltas, m.half + c * errors + m.slack * np.abs(c * deltas)
+    told = max(1, int(m.telling.sum()))
+    share = lambda f: ((np.abs(d - f * prediction) <= tolerance) & tel).sum(axis=1) / told
+    chance = np.mean([share(1 + b * m.band) for b in BANDS], axis=0)
+    return np.where(enough, share(1.0) - chance, 0.0)
 
 
 def hits(m: _Merge, predictions: Sequence[np.ndarray], tolerances: Sequence[np.ndarray]) -> np.ndarray:
