@@ -21,7 +21,6 @@ Its method: ``ties`` where a parent's dropped entries are its smallest, ``dare``
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -102,7 +101,7 @@ class EntryFit:
         if m is None:
             return None
         cands = self._screened(i, [j for j in candidates if j != i and self.kept[j]][:CANDIDATES])
-        singles = {j: self._single(i, j) for j in cands}
+        singles = {j: self._singles[(i, j)] for j in cands}
         ranked = sorted((j for j in cands if singles[j][1] >= self.least / 2), key=lambda j: -singles[j][1])
         if len(ranked) < 2:
             return None
@@ -159,31 +158,29 @@ class EntryFit:
         dj = self._delta(j) if at is None else self.entries[j, at].astype(np.float64)
         return base + 0.5 * ulp(b + dj, m.bits)
 
-    def _single(self, i: int, j: int) -> tuple[float, float]:
-        """``j``'s coefficient in ``i`` where it alone kept an entry (the spike of their ratios), and the share of
-        ``i``'s telling entries it explains so beyond chance (0 where no spike). Looked for first on ``i``'s
-        :data:`QUICK` most telling entries: a candidate that explains under a quarter of ``dropped_share`` of those
-        is no parent (a fine-tune's every candidate; most of a merge's)."""
-        if (i, j) not in self._singles:
-            m = self._merge(i)
-            assert m is not None
-            self._singles[(i, j)] = _spiked(m, self._delta(j), self._error(m, j))
-        return self._singles[(i, j)]
-
     def _screened(self, i: int, cands: list[int]) -> list[int]:
-        """The candidates that explain at least a quarter of ``dropped_share`` of ``i``'s :data:`QUICK` most telling
-        entries alone beyond chance, all screened at once (a fine-tune's every candidate fails, most of a merge's)."""
+        """Each candidate's coefficient in ``i`` where it alone kept an entry (the spike of their ratios) and the
+        share of ``i``'s telling entries it explains so beyond chance, all at once: first on ``i``'s :data:`QUICK` most telling entries, where
+        one that explains under half of ``dropped_share`` alone beyond chance is no parent (a fine-tune's every
+        candidate, most of a merge's), then on every entry; the candidates whose ratios show a spike."""
         todo = [j for j in cands if (i, j) not in self._singles]
         if todo:
             m = self._merge(i)
             assert m is not None
             quick, at = self._quick[i]
-            deltas = self.entries[np.ix_(np.asarray(todo, np.int64), at)].astype(np.float64)
+            rows = np.asarray(todo, np.int64)
             errors = np.stack([self._error(m, j, at) for j in todo])
-            for j, share in zip(todo, _screen(quick, deltas, errors)):
-                if share < self.least / 4:
+            _, shares = _screen(quick, self.entries[np.ix_(rows, at)].astype(np.float64), errors)
+            for j, share in zip(todo, shares):
+                if share < self.least / 2:
                     self._singles[(i, j)] = (0.0, float(share))
-        return [j for j in cands if (i, j) not in self._singles or self._singles[(i, j)][0] > 0]
+            more = [j for j in todo if (i, j) not in self._singles]
+            if more:
+                errors = np.stack([self._error(m, j) for j in more])
+                found = _screen(m, self.entries[np.asarray(more, np.int64)].astype(np.float64), errors)
+                for j, c, share in zip(more, *found):
+                    self._singles[(i, j)] = (float(c), float(share))
+        return [j for j in cands if self._singles[(i, j)][0] > 0]
 
     def _alone(self, m: _Merge, j: int, others: dict[int, float], coefficient: float) -> float:
         """The share of the merge's telling entries ``j`` alone explains beyond chance where every other parent's
@@ -263,21 +260,10 @@ class EntryFit:
         return "ties" if aucs and float(np.mean(aucs)) >= TRIMMED_AUC else "dare"
 
 
-def _spiked(m: _Merge, dj: np.ndarray, err: np.ndarray) -> tuple[float, float]:
-    """A candidate's coefficient in ``m`` (its delta ``dj``, its error ``err`` at ``m``'s entries) and the share of
-    ``m``'s telling entries it alone explains beyond chance: (0, 0) where its ratios show no spike."""
-    ratio = np.abs(m.delta / np.where(dj == 0, 1.0, dj))
-    coefficient = spike(m.delta, dj, m.half + ratio * err + m.slack * np.abs(m.delta), m)
-    if coefficient is None:
-        return 0.0, 0.0
-    tolerance = m.half + coefficient * err + m.slack * np.abs(coefficient * dj)
-    return coefficient, excess(m, [coefficient * dj], [tolerance])
-
-
-def _screen(m: _Merge, deltas: np.ndarray, errors: np.ndarray) -> np.ndarray:
-    """:func:`_spiked`'s share for each row of ``deltas`` (candidates at ``m``'s entries; ``errors`` likewise) at
-    once: the spike of each row's ratios (in logarithms, within the median precision of its entries), and the share
-    of ``m``'s telling entries it explains beyond chance (0 where too few ratios are precise)."""
+def _screen(m: _Merge, deltas: np.ndarray, errors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of ``deltas`` (a candidate's delta at ``m``'s entries; ``errors`` likewise) as a parent alone: the
+    coefficient its ratios pile up on, its spike (in logarithms, within the median precision of its entries; 0: too few precise), and
+    the share of ``m``'s telling entries it explains alone beyond chance."""
     k = len(deltas)
     d, tel = m.delta[None, :], m.telling[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -286,27 +272,26 @@ def _screen(m: _Merge, deltas: np.ndarray, errors: np.ndarray) -> np.ndarray:
         keep = tel & (deltas != 0) & (r > 0) & (width <= 0.1 * r)
         x = np.where(keep, np.log(np.where(keep, r, 1.0)), np.nan)
         w = np.where(keep, np.log1p(width / np.where(keep, r, 1.0)), np.nan)
-    enough = keep.sum(axis=1) >= 8
+    count = keep.sum(axis=1)
+    enough = count >= 8
     if not enough.any():
-        return np.zeros(k)
-    half = np.maximum(np.nanmedian(np.where(enough[:, None], w, 0.0), axis=1), m.slack)
-    xs = np.sort(x, axis=1)  # NaN last
-    rows = np.arange(k)[:, None] * 1e4
-    flat = (np.where(np.isnan(xs), 5e3, xs) + rows).reshape(-1)  # one sorted array: each row apart from the next
-    lo = np.searchsorted(flat, (np.where(np.isnan(xs), 5e3, xs) + rows - half[:, None]).reshape(-1), side="left")
-    hi = np.searchsorted(flat, (np.where(np.isnan(xs), 5e3, xs) + rows + half[:, None]).reshape(-1), side="right")
-    counts = np.where(np.isnan(xs), -1, (hi - lo).reshape(k, -1))
-    peak = xs[np.arange(k), np.argmax(counts, axis=1)]
-    near = np.abs(xs - peak[:, None]) <= half[:, None]
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        c = np.exp(np.nanmedian(np.where(near, xs, np.nan), axis=1))
+        return np.zeros(k), np.zeros(k)
+    row, q = np.arange(k), x.shape[1]
+    half = np.maximum(np.sort(w, axis=1)[row, np.maximum(count - 1, 0) // 2], m.slack)  # NaN last: the median
+    xs = np.sort(x, axis=1)
+    filled = np.where(np.isnan(xs), 5e3, xs) + row[:, None] * 1e4  # one sorted array, each row apart from the next
+    flat = filled.reshape(-1)
+    lo = np.searchsorted(flat, (filled - half[:, None]).reshape(-1), side="left").reshape(k, q) - row[:, None] * q
+    hi = np.searchsorted(flat, (filled + half[:, None]).reshape(-1), side="right").reshape(k, q) - row[:, None] * q
+    at = np.argmax(np.where(np.isnan(xs), -1, hi - lo), axis=1)
+    a, b = lo[row, at], hi[row, at]  # the peak's window, sorted: its median is its middle
+    c = np.exp(0.5 * (xs[row, np.clip((a + b - 1) // 2, 0, q - 1)] + xs[row, np.clip((a + b) // 2, 0, q - 1)]))
     c = np.where(enough & np.isfinite(c), c, 0.0)[:, None]
     prediction, tolerance = c * deltas, m.half + c * errors + m.slack * np.abs(c * deltas)
     told = max(1, int(m.telling.sum()))
     share = lambda f: ((np.abs(d - f * prediction) <= tolerance) & tel).sum(axis=1) / told
     chance = np.mean([share(1 + b * m.band) for b in BANDS], axis=0)
-    return np.where(enough, share(1.0) - chance, 0.0)
+    return c[:, 0], np.where(enough, share(1.0) - chance, 0.0)
 
 
 def hits(m: _Merge, predictions: Sequence[np.ndarray], tolerances: Sequence[np.ndarray]) -> np.ndarray:
