@@ -155,6 +155,18 @@ DARE = [
     ("dare_ties", 0.3, ((1.0, 1.0), False), "float32", ("b", "e")),
     ("dare_linear", 0.6, ((0.3, 0.7), True), "float32", ("c", "e")),
     ("dare_linear", 0.45, ((0.5, 0.5), True), "bfloat16", ("d", "e")),
+    # dense DARE: few entries dropped by every parent, the merge's trace as a fine-tune's on another dataset
+    ("dare_ties", 0.75, ((0.5, 0.5), True), "float32", ("a", "f")),
+    ("dare_ties", 0.75, ((0.5, 0.5), True), "bfloat16", ("b", "f")),
+    ("dare_ties", 0.75, ((0.3, 0.7), True), "float32", ("c", "f")),
+    ("dare_ties", 0.75, ((0.3, 0.7), True), "bfloat16", ("d", "f")),
+    ("dare_ties", 0.9, ((0.5, 0.5), True), "float32", ("e", "f")),
+    ("dare_ties", 0.9, ((0.5, 0.5), True), "bfloat16", ("a", "g")),
+    ("dare_ties", 0.9, ((0.3, 0.7), True), "float32", ("b", "g")),
+    ("dare_ties", 0.9, ((0.3, 0.7), True), "bfloat16", ("c", "g")),
+    ("dare_ties", 0.6, ((0.3, 0.7), True), "float32", ("d", "g")),
+    ("dare_ties", 0.75, ((1.0, 1.0), False), "bfloat16", ("e", "g")),
+    ("dare_ties", 0.9, ((1.0, 1.0), False), "float32", ("f", "g")),
 ]
 
 
@@ -164,11 +176,12 @@ def dare_name(method: str, density: float, weights: tuple[float, float], dtype: 
 
 @pytest.fixture(scope="module")
 def dare(llama_family, tmp_path_factory):
-    """A population of five long fine-tunes (and a sibling of one) and the DARE merges of :data:`DARE`, each built
+    """A population of seven long fine-tunes (and a sibling of one) and the DARE merges of :data:`DARE`, each built
     once: the tree's nodes by folder name."""
     base, a, b, c = llama_family
     root = tmp_path_factory.mktemp("dare")
-    tuned = {"a": a, "b": b, "c": c, "d": trained(base, root / "d", [5], 16), "e": trained(base, root / "e", [6], 17)}
+    more = {n: trained(base, root / n, [d], s) for n, d, s in (("d", 5, 16), ("e", 6, 17), ("f", 7, 18), ("g", 8, 19))}
+    tuned = {"a": a, "b": b, "c": c, **more}
     sibling = trained(base, root / "a-sibling", [1], 14)
     merges = []
     for k, (method, density, (weights, normalize), dtype, pair) in enumerate(DARE):
@@ -198,5 +211,5 @@ def test_a_dare_merge_is_a_merge_of_both_parents_at_any_density_weights_and_dtyp
 
 
 def test_beside_dare_merges_direct_fine_tunes_stay_fine_tunes_of_the_base(dare):
-    for name in ("a", "b", "c", "d", "e", "a-sibling"):
+    for name in ("a", "b", "c", "d", "e", "f", "g", "a-sibling"):
         assert dare[name].kind == "fine-tune" and Path(dare[name].parent).name == "base", (name, dare[name].parents)

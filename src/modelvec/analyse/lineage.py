@@ -66,6 +66,7 @@ def infer_tree(
     statistics: Mapping[str, Sequence[Any]] | None = None,
     quantized: Collection[str] = (),
     copies: Mapping[str, Copy] | None = None,
+    entries: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Tree:
     """The tree of ``models`` (traces ``sketches``, one row each; ``scale``: the base's size; ``levels``) under
     ``base``. ``adapters``: the adapters, each with the model it was embedded on (None: the base); ``declared``:
@@ -77,7 +78,8 @@ def infer_tree(
     ``quantized``: the models known from their files to be quantizations (GGUF, GPTQ, AWQ, bitsandbytes); ``copies``:
     the copies among the models, each with its
     original (:mod:`modelvec.analyse.copies`; a population's, which reads the cards), default found from the traces
-    alone."""
+    alone; ``entries``: each trace's kept delta entries (rows; NaN: none) and the base's weights there, on which a
+    trimmed merge is fitted entry by entry (:mod:`modelvec.analyse.entries`; None: none kept)."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
@@ -86,7 +88,7 @@ def infer_tree(
     rule = rule or TreeRule()
     if copies is None:
         copies = copies_in(models, t, scale, stats, known, base, rule)
-    inference = _Inference(models, t, scale, levels, stats, rule, known, only is None, copies)
+    inference = _Inference(models, t, scale, levels, stats, rule, known, only is None, copies, entries)
     inference.declared = declared_merges(declared, inference.index)
     wanted = [inference.index[m] for m in only if m in inference.index] if only is not None else range(len(models))
     nodes = [inference.node(i, base, adapters.get(models[i])) for i in wanted]
@@ -158,6 +160,7 @@ class _Inference:
         known: Mapping[str, str],
         every: bool = True,
         copies: Mapping[str, Copy] | None = None,
+        entries: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.models, self.t, self.rule, self.all = list(models), t, rule, every
         self.index = {m: i for i, m in enumerate(self.models)}
@@ -193,7 +196,9 @@ class _Inference:
         #: above GRAM_UP_TO where every node is asked for: each model's nearest traces are its only candidates
         self.listed = every and len(models) > GRAM_UP_TO
         near = self.near if self.listed else None
-        self.finder = MergeFinder(self.dots, self._products, self.norms, usable, stats, rule, scale, near=near)
+        self.finder = MergeFinder(
+            self.dots, self._products, self.norms, usable, stats, rule, scale, near=near, entries=entries
+        )
         self.declared: dict[int, list[int]] = {}  # merges whose cards name stored parents: fitted on them first
 
     def dots(self, i: int) -> np.ndarray:

@@ -1,38 +1,24 @@
-"""Merges found in traces: which stored models a model is a weighted combination of, and by which method.
+"""Merges found in traces: which stored models a model is a combination of, and by which method (why each rule is
+as it is, and what it was chosen on: docs/tree.md).
 
-A merge made by mergekit's linear family (linear, task arithmetic, SLERP between nearby models) is, in its delta, a
-weighted sum of its parents' deltas, and so is its trace (:mod:`modelvec.represent.trace`, linear in the weights): a
-non-negative least-squares fit on its parents leaves only the rounding, far less than the best single model does.
-TIES and DARE trim or drop entries of each parent's delta (``density``) and elect signs: the fit leaves more, but
-the merge leaves a far larger share of its entries as the base's than any parent does (``zeros``, compared in the
-merge's own precision). DARE drops each entry of each parent's delta at random (kept with probability d) and
-rescales the rest by 1/d; TIES' sign election keeps the entries agreeing with the weighted sum's sign, and
-``normalize`` divides by the weights of those kept. Its expectation is about (1-d/2) times the parents' sum (an
-entry one parent kept alone is that parent's delta, whole), the entries every parent dropped are the base's ((1-d)^2
-of them), and the rest is per-entry noise of about (1-d)/d times the parents' own size, orthogonal to every trace:
-at d=0.3 the fit leaves 0.85 of the merge's norm and the best parent alone 0.93, a residual ratio of 0.91-0.94
-whatever the weights (beyond ``trimmed_ratio``). So a trimmed fit is judged also by what it *explains*
-(``trimmed_gain``): the share of the fit's explained part that the best parent alone does not explain, blind to that
-noise (0.5 for two equal parents, w1^2 / (w1^2 + w2^2) for unequal ones, 0 for a fine-tune of one model and noise);
-a parent adding less than that to the others is dropped (the noise lets a model holding a share of the parents, an
-unrecognised merge of one of them, take a small weight beside them), and models that go beyond it as its fine-tunes
-would (``TreeRule.beyond``: its later fine-tunes, merges of it) are never its candidates. Where the zeros do not
-tell (d above ~0.8: under 2 % of entries dropped by every parent, the parents' own rounding leaving as many) a
-DARE-TIES merge is as a chain fine-tune on another model's dataset (residual ratio 0.72, the merge's 0.71 at d=0.9)
-and is named a merge only where the fit leaves under ``merge_ratio``. A merge saved in bf16 of float32 parents whose
-deltas are a few bf16 steps leaves the rounding to bf16 besides: a fit that leaves no more than that rounding
-(``rounding``: its expected size) is a merge too, where it explains the model somewhat better than any one parent
-does (among models of one precision, a direct fine-tune is rounded as much, and such a fit tells nothing).
+- **Entry by entry** first (:mod:`.entries`): a TIES or DARE merge holds each parent's delta, rescaled, exactly on
+  the entries the others dropped, and their sum where all kept it; where each parent alone and the parents together
+  explain a share of the merge's telling entries beyond chance (``dropped_share``), it is their merge.
+- **Linear** (linear, task arithmetic, SLERP between nearby models): the trace is the parents' weighted sum, so a
+  non-negative least-squares fit leaves less than ``merge_ratio`` of its least parent's residual alone; a merge
+  saved in bf16 of finer parents may leave its rounding (``rounding``) where that explains it better than any one.
+- **Trimmed, by the trace** (no entries kept, or too few that tell): fitted on the candidates that left
+  ``trimmed_zeros`` fewer entries as the base's; a merge where the fit leaves under ``trimmed_ratio`` or its parents
+  together explain ``trimmed_gain`` more than the best alone (a parent adding less is dropped); never on models that
+  go beyond it as its fine-tunes would (``beyond``).
 
-The fit is made on **primitive** models: those no other stored models explain as a merge. Two merges of the same
-parents (a linear one and a task arithmetic one) are almost the same trace, and a merge explains the other as
-well as the parents do; fitted on primitives, each finds the parents. Near-duplicates of the model itself (cosine
-above ``TreeRule.duplicate``) are never its candidates. Where a model's card names two or more stored parents, they
-are fitted first: the weights check the card. What the weights tell of the method (``method``): ``ties`` or
-``dare`` (trimmed, by how much the fit leaves), ``slerp`` (its delta leans along the base's weights beyond the
-weighted sum: SLERP keeps the weights' norm), ``task_arithmetic`` (weights that do not sum to one), ``linear``;
-None where a trimmed fit leaves no more than the rounding (a linear merge of deltas a bf16 step from the base, its
-rounding putting entries back to the base's, looks trimmed).
+Candidates are the **primitive** models nearest in direction: those no other stored models explain as a merge (two
+levels peeled: two merges of one pair explain each other), never near-duplicates (``duplicate``); a card naming two
+or more stored parents is fitted first, so the weights check it. The method (``method``): from the entries,
+``ties`` (a parent's dropped entries its smallest) or ``dare`` (as large as those kept); from the trace, ``ties``
+or ``dare`` by what the fit leaves (``ties_ratio``), ``slerp`` (a lean along the base's weights beyond the weighted
+sum), ``task_arithmetic`` (weights not summing to one), ``linear``; None where a trimmed fit leaves no more than the
+rounding (a linear merge of deltas a bf16 step from the base looks trimmed).
 """
 
 from __future__ import annotations
@@ -44,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .entries import EntryFit, EntryMerge
 from .rule import TreeRule
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare")
@@ -108,11 +95,13 @@ class MergeFinder:
         rule: TreeRule,
         scale: float = 0.0,
         near: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
+        entries: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """``statistics``: each trace's row statistics by name (``zeros``, ``zeros_bf16``, ``along``, ``precision``,
         ``rounding``; a missing one: none kept); ``scale``: the base's weights' size in the traces' map. ``near``:
         where every model's products are too many, a model's candidates (its nearest traces) and its products with
-        them, the only models a merge is fitted on (``dots`` is then not asked)."""
+        them, the only models a merge is fitted on (``dots`` is then not asked). ``entries``: each trace's kept
+        delta entries (rows, NaN: none) and the base's weights there (:mod:`.entries`; None: none kept)."""
         self.scale, self.near = scale, near
         self.dots, self.products, self.norms, self.usable, self.rule = dots, products, norms, usable, rule
         n = len(norms)
@@ -124,6 +113,9 @@ class MergeFinder:
         self.rounding = numbers("rounding")
         self.precision = [p if isinstance(p, str) else None for p in statistics.get("precision") or [None] * n]
         self._explained: dict[tuple[int, int], bool] = {}
+        self.entries = None
+        if entries is not None and len(entries[1]) and len(entries[0]) == n:
+            self.entries = EntryFit(entries[0], entries[1], self.precision, rule.dropped_share)
 
     def find(self, i: int, declared: Sequence[int] = ()) -> Merge | None:
         """Whether ``i`` is a merge, of which models and how: its declared parents where they fit, else fitted on the
@@ -188,6 +180,8 @@ class MergeFinder:
         (``trimmed_gain``), a TIES or DARE merge; None where none holds."""
         if not candidates:
             return None
+        if self.entries is not None and (entry := self.entries.fit(i, candidates)) is not None:
+            return self._by_entries(i, entry)
         rule = self.rule
         found = self._merge(i, self._fit(i, candidates), rule.merge_ratio, trimmed=False)
         finer = [j for j in candidates if self._finer(j, i)]
@@ -205,6 +199,14 @@ class MergeFinder:
             return None
         fit = self._pruned(i, self._fit(i, fewer))
         return self._merge(i, fit, rule.trimmed_ratio, trimmed=True, gain=rule.trimmed_gain)
+
+    def _by_entries(self, i: int, found: EntryMerge) -> Merge:
+        """A merge found entry by entry (:mod:`.entries`): its parents, their weights the trace's fit on them (what
+        a child of it holds of each), its confidence the nearer of its two shares to ``dropped_share``."""
+        least = self.rule.dropped_share
+        weights = self._fit(i, found.parents).weights
+        confidence = min(margin(v, least) for v in (found.alone, found.gain, found.together))
+        return Merge(list(found.parents), np.asarray(weights, np.float64), confidence, found.method)
 
     def _dots(self, i: int, cols: Sequence[int]) -> np.ndarray:
         """``i``'s trace's inner products with those of ``cols``."""

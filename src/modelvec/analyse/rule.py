@@ -50,6 +50,12 @@ class TreeRule:
         above=0,
         maximum=1,
     )
+    dropped_share: float = setting(
+        0.05,
+        "Share of a merge's telling entries each parent alone explains beyond chance (the others dropped them).",
+        above=0,
+        maximum=1,
+    )
     ties_ratio: float = setting(0.75, "Below this residual ratio a trimmed merge is TIES, above DARE.", above=0)
     slerp_excess: float = setting(
         1e-4,

@@ -80,7 +80,7 @@ def tree_of(
     if kept is not None:
         tree = Tree.from_json(kept)
     else:
-        tree = inputs.infer(stored, only)
+        tree = inputs.infer(pop, stored, only)
         for node in tree.nodes:
             node.quantized = inputs.quantized.get(node.model)
         tree.nodes += [n for n in inputs.not_read() if only is None or n.model in only]
@@ -152,7 +152,7 @@ class _Inputs:
             m: replace(c, original=self.base) if c.original == pop.name else c for m, c in pop.copies.items()
         }
         self.rule = rule
-        rows = traces[["model", "sketch_hash", "levels", "scale", *STATISTICS, "parent"]].astype(str)
+        rows = traces[["model", "sketch_hash", "levels", "scale", *STATISTICS, "parent", "entries_hash"]].astype(str)
         said = [
             self.base,
             self.names,
@@ -188,9 +188,13 @@ class _Inputs:
             )
         return out
 
-    def infer(self, stored: StoredTraces, only: Sequence[str] | None) -> Tree:
+    def infer(self, pop: Population, stored: StoredTraces, only: Sequence[str] | None) -> Tree:
+        """The tree, from the traces and their kept entries (read here: a damaged one is said in ``damaged``, and
+        its model fitted on its trace alone)."""
         traces = stored.frame
         levels = [None if v != v else float(v) for v in traces["levels"]]
+        entries, base_entries, damaged = pop.db.trace_entries(traces)
+        stored.damaged.update(damaged)
         return infer_tree(
             self.base,
             list(traces["model"]),
@@ -206,4 +210,5 @@ class _Inputs:
             statistics={name: list(traces[name]) for name in STATISTICS},
             quantized=self.quantized,
             copies=self.copies,
+            entries=(entries, base_entries) if len(base_entries) else None,
         )

@@ -19,7 +19,7 @@ from .factors import Factoring
 from .probe import ProbeInputs
 from .representation import Representation
 from .sketching import Parent, Sketching
-from .trace import Trace, Tracer
+from .trace import Trace, Tracer, entry_positions
 from .vocabulary import VocabularyReadout
 
 BATCHINGS = ("auto", "layer", "family")
@@ -134,6 +134,8 @@ class DeltaEmbedder(Sketching, Factoring):
             self.base_scale_ = float(np.linalg.norm(self.tracer_.sketch(self.base_traces_)))
             rows = self._map(lambda ref: self._level_rows(ck, layout, ref), layout.refs)
             self.base_rows_ = dict(zip((r.key for r in layout.refs), rows))  # 16 rows a matrix: views of the base
+            shapes_read = {key: (int(r.shape[0]), int(r.shape[1])) for key, r in self.base_rows_.items()}
+            self.entry_positions_ = entry_positions(shapes_read, self.representation.seed)
         self.blocks_ = self._blocks(layout)
         self.dim_ = self.blocks_[-1].stop
         return self

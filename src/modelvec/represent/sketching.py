@@ -153,7 +153,8 @@ class Sketching(EmbedderParts):
                 return None
             try:
                 rows = self._level_rows(ck, layout, ref)
-                return self._raw_sketch(ck, layout, ref), row_stats(rows, self.base_rows_[ref.key])
+                entries = self.__dict__.get("entry_positions_", {}).get(ref.key)  # None: an embedder fitted before
+                return self._raw_sketch(ck, layout, ref), row_stats(rows, self.base_rows_[ref.key], entries)
             except BaseException:
                 failed.set()
                 raise

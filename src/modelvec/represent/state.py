@@ -45,6 +45,7 @@ class EmbedderParts:
     tracer_: Tracer
     base_scale_: float
     base_rows_: dict[Key, torch.Tensor]
+    entry_positions_: dict[Key, np.ndarray]  # the entries of base_rows_ whose delta a trace keeps
     rows_: dict[str, tuple[tuple[int, int], ...]]  # the stored rows the base's plan reads, by tensor
     inputs_: ProbeInputs
 

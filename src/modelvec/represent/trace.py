@@ -1,42 +1,38 @@
-"""A model's trace: what the tree of a base's derivatives is inferred from, taken from the rows the vector reads.
+"""A model's trace: what the tree of a base's derivatives is inferred from (:mod:`modelvec.analyse.lineage`), taken
+from the rows the vector reads; what each part tells: docs/tree.md.
 
-The vector's blocks are normalised, so a delta's size is gone from it, and its mean over layers mixes them. The
-trace keeps what the tree needs (:mod:`modelvec.analyse.tree`):
+- ``sketch``: a CountSketch into :data:`TRACE_FLOATS` buckets (64 KB a model) of every block's raw sketch (before
+  its norm), so of the rows read of W_model - W_base: linear in the weights (a merge's trace is its parents'
+  weighted sum, an adapter on a fine-tune's the fine-tune's plus its own); the distance between two traces
+  estimates the distance between the two models' weights (a Johnson-Lindenstrauss embedding).
+- ``scale``: the base's weights' size in the same map (unrelated weights with its shapes: about sqrt(2) times it).
 
-- ``sketch``: one more CountSketch, into :data:`TRACE_FLOATS` buckets (64 KB a model), of every block's raw sketch (before its
-  norm), so of the rows read of the whole delta W_model - W_base. Linear in the weights: a merge's trace is its
-  parents' weighted sum, an adapter on a fine-tune's is the fine-tune's plus its own, and the distance between
-  two traces estimates the distance between the two models' weights (a Johnson-Lindenstrauss embedding).
-- ``scale``: the size of the base's weights in the same map, against which a delta is small (a derivative) or as
-  large as the weights themselves (unrelated weights with the base's shapes: about sqrt(2) times).
-- ``levels``: how many distinct values the model's stored rows hold (the first rows read of each matrix, each
-  row counted on its own), against the base's same rows rounded to the model's precision: about 1 for a trained
-  model (a fine-tune's or random weights', in fp32 or bf16), far below for a quantization's round trip (at most
-  255 values a row at 8 bits, 16 a group at 4: a row of 384 holds at most 255 or 96), where rows are longer than
-  255 values, as every real model's are.
-  None for an adapter (its factors are not weights).
-- ``zeros``: the share of those rows' entries the model left as the base's (equal in the model's own precision):
-  a few percent for a trained model, a quarter and more for a TIES or DARE merge, which trims or drops entries of
-  each parent's delta (mergekit's ``density``), far more than any of its parents left; ``zeros_bf16``, the same
-  with both rounded to bf16 (what a merge published in bf16 is compared with: a short fp32 delta rounds to the
-  base's value in bf16), and ``precision``, the model's stored dtype.
-- ``rounding``: how large rounding to the model's own precision is against the weights, sqrt(sum ulp(w)^2 / 12 /
-  sum w^2) on the base's same rows: the residual that a merge saved in that precision leaves of its parents' sum
-  (bf16: about 0.16 % of the weights, a short fine-tune's whole delta; float32: nothing).
-- ``along``: the component of the delta along the base's own weights on those rows, <W_base, dW> / |W_base|^2,
-  exact in float64. Linear in the weights, so a linear merge's is its parents' weighted sum; a spherical
-  interpolation (SLERP) keeps the weights' norm, which a linear one does not: it adds (1/cos(theta/2) - 1) times
-  the base's weights, a positive excess over the weighted sum.
+On the first :data:`LEVEL_ROWS` stored rows read of each matrix, beside the base's same rows:
+
+- ``levels``: distinct values a row, against the base's rounded to the model's precision: about 1 for trained
+  weights, far below for a quantization's round trip (at most 255 a row at 8 bits); None for an adapter.
+- ``zeros``: the share of entries left as the base's in the model's own precision (``zeros_bf16``: both rounded
+  to bf16), a quarter and more for a TIES or DARE merge; ``precision``: the model's stored dtype.
+- ``rounding``: sqrt(sum ulp(w)^2 / 12 / sum w^2) on the base's rows, ulp in the model's precision: what a merge
+  saved in it leaves of its parents' sum (bf16: about 0.16 % of the weights; float32: nothing).
+- ``along``: <W_base, dW> / |W_base|^2, exact in float64: linear, so a linear merge's is its parents' weighted sum,
+  and SLERP (which keeps the weights' norm) adds a positive excess.
+- ``entries``: the delta's own values at fixed entries (groups of
+  :data:`~modelvec.analyse.entries.GROUP` consecutive ones of each matrix, at least :data:`ENTRIES` in all), and
+  ``base_entries`` the base's weights there: a TIES or DARE merge is fitted on them entry by entry
+  (:mod:`modelvec.analyse.entries`). None for an adapter.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ..analyse.entries import GROUP
 
 if TYPE_CHECKING:  # the store reads traces without torch: the map and the counts import it when made
     import torch
@@ -47,6 +43,9 @@ if TYPE_CHECKING:  # the store reads traces without torch: the map and the count
 TRACE_FLOATS = 16384
 #: Stored rows of each matrix whose values are counted for ``levels``.
 LEVEL_ROWS = 16
+#: Raw delta entries a trace keeps at least, in groups of :data:`~modelvec.analyse.entries.GROUP` from each matrix
+#: (as many groups from each): 16 KB a model with the base's (SmolLM2-135M's 210 matrices: 3,360 entries).
+ENTRIES = 2048
 
 Key = tuple[str, int, str]
 
@@ -65,6 +64,11 @@ class Trace:
     zeros_bf16: float | None = None
     precision: str | None = None
     rounding: float | None = None
+    entries: np.ndarray | None = None  # the delta at the kept entries (float32)
+    base_entries: np.ndarray | None = None  # the base's weights there
+
+
+_NONE = np.zeros(0, np.float32)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class RowStats:
     base: float = 0.0
     ulps: float = 0.0  # sum of ulp(w)^2 / 12 over the base's same rows, ulp in the model's precision
     precision: str | None = None  # the model's stored dtype (its first matrix's)
+    kept: np.ndarray | None = field(default_factory=lambda: _NONE)  # the delta at the kept entries, matrix after
+    kept_base: np.ndarray = field(default_factory=lambda: _NONE)  # matrix (None: one lacks them); the base's there
 
     def __add__(self, other: RowStats) -> RowStats:
         return RowStats(
@@ -96,6 +102,8 @@ class RowStats:
             base=self.base + other.base,
             ulps=self.ulps + other.ulps,
             precision=self.precision or other.precision,
+            kept=None if self.kept is None or other.kept is None else np.concatenate([self.kept, other.kept]),
+            kept_base=np.concatenate([self.kept_base, other.kept_base]),
         )
 
     def trace(self, sketch: np.ndarray, scale: float) -> Trace:
@@ -109,6 +117,8 @@ class RowStats:
             self.same_bf16 / self.entries if self.entries else None,
             self.precision,
             (self.ulps / self.base) ** 0.5 if self.base else None,
+            self.kept if self.kept is not None and len(self.kept) else None,
+            self.kept_base if self.kept is not None and len(self.kept) else None,
         )
 
 
@@ -148,11 +158,11 @@ def distinct_values(rows: torch.Tensor) -> tuple[int, int]:
     return int(changes) + rows.shape[0], rows.shape[0]
 
 
-def row_stats(rows: torch.Tensor, base: torch.Tensor) -> RowStats:
+def row_stats(rows: torch.Tensor, base: torch.Tensor, entries: np.ndarray | None = None) -> RowStats:
     """A model's first stored rows of one matrix beside the base's same rows (as stored, any float dtypes): their
     :class:`RowStats`. Everything is counted in the model's own precision: the base's distinct values rounded to
     it (a bf16 merge of an fp32 base is not a quantization), an entry the base's where it equals the base's
-    rounded to it."""
+    rounded to it. ``entries``: the flat positions in those rows whose delta is kept (:func:`entry_positions`)."""
     import torch
 
     distinct, count = distinct_values(rows)
@@ -161,6 +171,15 @@ def row_stats(rows: torch.Tensor, base: torch.Tensor) -> RowStats:
     same = int((rows == rounded).sum()) if rows.shape == base.shape else 0
     same_bf16 = int((rows.to(torch.bfloat16) == base.to(torch.bfloat16)).sum()) if rows.shape == base.shape else 0
     b, w = base.double(), rows.double()
+    kept: np.ndarray | None = _NONE
+    at_base = _NONE
+    if entries is not None:
+        at = torch.from_numpy(entries)
+        if rows.shape == base.shape and rows.numel() > int(entries.max(initial=0)):
+            kept = (w.reshape(-1)[at] - b.reshape(-1)[at]).float().numpy()
+            at_base = b.reshape(-1)[at].float().numpy()
+        else:
+            kept, at_base = None, np.full(len(entries), np.nan, np.float32)
     return RowStats(
         distinct=distinct,
         rows=count,
@@ -172,7 +191,23 @@ def row_stats(rows: torch.Tensor, base: torch.Tensor) -> RowStats:
         base=float((b * b).sum()),
         ulps=float((ulp_of(b, rows.dtype) ** 2).sum() / 12),
         precision=str(rows.dtype).removeprefix("torch."),
+        kept=kept,
+        kept_base=at_base,
     )
+
+
+def entry_positions(shapes: Mapping[Key, tuple[int, int]], seed: int) -> dict[Key, np.ndarray]:
+    """The entries of each matrix's first stored rows read (``shapes``: those rows' shape) whose delta a trace keeps:
+    as many groups of :data:`~modelvec.analyse.entries.GROUP` consecutive ones from each matrix as make at least
+    :data:`ENTRIES` in all, at places fixed by ``seed`` and the matrix (the same for every model)."""
+    groups = max(1, -(-ENTRIES // (GROUP * max(1, len(shapes)))))
+    out = {}
+    for key, (n, m) in shapes.items():
+        slots = max(1, (n * m) // GROUP)
+        rng = np.random.default_rng(zlib.crc32(repr((seed, "entries", *key)).encode()))
+        starts = rng.choice(slots, groups, replace=slots < groups) * GROUP
+        out[key] = np.minimum((starts[:, None] + np.arange(GROUP)).reshape(-1), max(0, n * m - 1)).astype(np.int64)
+    return out
 
 
 def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -336,6 +336,9 @@ class StoreReads:
             "norm",
             "mini",
             "sketch_hash",
+            "entries_offset",
+            "entries_dim",
+            "entries_hash",
         ]
         tables = self.columns_by_table()
         if "traces" not in tables:
@@ -357,3 +360,29 @@ class StoreReads:
         damaged = {m: line.replace("stored vector", "stored trace") for m, line in reader.damaged.items()}
         frame = df.drop(columns=["offset", "dim"])[sound].reset_index(drop=True)
         return StoredTraces(frame, sketches if sound.all() else sketches[sound], damaged)  # read once, not copied
+
+    def trace_entries(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+        """The kept entries of the traces in ``frame`` (rows of :meth:`traces`), read from the vector file and checked:
+        each model's delta there, one row each (NaN: none kept, of another size, or damaged: named in the third
+        value), and the base's weights there (empty where no model keeps entries)."""
+        dims = frame["entries_dim"].dropna().astype(np.int64) if "entries_dim" in frame else pd.Series([], dtype=int)
+        if dims.empty:
+            return np.full((len(frame), 0), np.nan, np.float32), np.zeros(0, np.float32), {}
+        dim = int(dims.mode().iloc[0])
+        have = (frame["entries_dim"] == dim).fillna(False).to_numpy(bool) & frame["entries_hash"].notna().to_numpy()
+        at = np.flatnonzero(have)
+        selection = Selection(
+            [frame["model"].iloc[i] for i in at],
+            [int(frame["entries_offset"].iloc[i]) for i in at],
+            [frame["entries_hash"].iloc[i] for i in at],
+            dim,
+        )
+        reader = BlockReader(self.vector_file, selection, min(len(selection), 4096))  # a block at a time
+        out, base = np.full((len(frame), dim // 2), np.nan, np.float32), np.zeros(0, np.float32)
+        for lo in range(0, len(at), len(reader.buffer)):
+            kept, sound = reader.read(range(lo, min(lo + len(reader.buffer), len(at))))
+            out[at[lo : lo + len(sound)][sound]] = kept[: len(sound)][sound, : dim // 2]
+            if not len(base) and sound.any():
+                base = kept[: len(sound)][sound][0, dim // 2 :].copy()
+        damaged = {m: line.replace("stored vector", "stored entries") for m, line in reader.damaged.items()}
+        return out, base, damaged

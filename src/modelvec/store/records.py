@@ -44,11 +44,20 @@ class VectorRow:
     created: str | None = None  # when the model was made (ISO): the Hub's date, or its files' oldest time
     files_id: str | None = None  # a local model's weight files as resolved paths: the same files are one model
 
-    def trace_record(self, offset: int, sketch_hash: str) -> dict[str, Any]:
-        """The ``traces`` columns of this row, its sketch's bytes at ``offset`` of the vector file."""
+    def trace_record(self, offset: int, sketch_hash: str, entries: tuple[int, str] | None = None) -> dict[str, Any]:
+        """The ``traces`` columns of this row, its sketch's bytes at ``offset`` of the vector file (``entries``: its
+        kept entries' offset and checksum, where it keeps them)."""
         assert self.trace is not None
         return trace_record(
-            self.model, self.base, self.base_version, self.representation, self.trace, offset, sketch_hash, self.parent
+            self.model,
+            self.base,
+            self.base_version,
+            self.representation,
+            self.trace,
+            offset,
+            sketch_hash,
+            self.parent,
+            entries,
         )
 
     def record(self, offset: int, vector_hash: str) -> dict[str, Any]:
@@ -94,8 +103,11 @@ def trace_record(
     offset: int,
     sketch_hash: str,
     parent: str | None = None,
+    entries: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
-    """One ``traces`` row: a model's trace, its sketch's bytes at ``offset`` of the vector file."""
+    """One ``traces`` row: a model's trace, its sketch's bytes at ``offset`` of the vector file; ``entries``: the
+    offset and checksum of its :func:`entry_vector` there (None: it keeps none)."""
+    kept = entry_vector(trace)
     return {
         "model": model,
         "base": base,
@@ -114,7 +126,18 @@ def trace_record(
         "norm": float(np.linalg.norm(np.asarray(trace.sketch, np.float32).astype(np.float64))),  # as stored
         "mini": mini_of(np.asarray(trace.sketch, np.float32)).tolist(),
         "parent": parent,
+        "entries_offset": entries[0] if entries is not None and kept is not None else None,
+        "entries_dim": len(kept) if entries is not None and kept is not None else None,
+        "entries_hash": entries[1] if entries is not None and kept is not None else None,
     }
+
+
+def entry_vector(trace: Trace) -> np.ndarray | None:
+    """What the vector file holds of a trace's kept entries: the delta's, then the base's weights there (float32);
+    None where it keeps none."""
+    if trace.entries is None or trace.base_entries is None:
+        return None
+    return np.concatenate([trace.entries, trace.base_entries]).astype(np.float32)
 
 
 @dataclass

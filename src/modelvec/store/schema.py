@@ -169,6 +169,11 @@ TRACES = Table(
         ("rounding", "DOUBLE"),  # rounding to that dtype against the base's weights (the same)
         ("norm", "DOUBLE"),  # the sketch's norm: how copies are found without reading every sketch (NULL: before)
         ("mini", "FLOAT[]"),  # the sketch in 64 buckets (analyse/copies.mini_of): the copies' candidates' filter
+        # the delta's kept entries and the base's weights there, one float32 vector in the vector file at
+        # entries_offset (entries_dim floats: twice the entries), checksum entries_hash (NULL: an adapter, or before)
+        ("entries_offset", "BIGINT"),
+        ("entries_dim", "INTEGER"),
+        ("entries_hash", "VARCHAR"),
     ),
     ("model", "base", "base_hash", "params"),
 )
@@ -239,6 +244,9 @@ _ADDED_LATER = {
     ("traces", "rounding"),
     ("traces", "norm"),
     ("traces", "mini"),
+    ("traces", "entries_offset"),
+    ("traces", "entries_dim"),
+    ("traces", "entries_hash"),
 }
 
 CATALOGUE_COLUMNS = tuple(name for name, _ in CATALOGUE.columns if name != "discovered_at")

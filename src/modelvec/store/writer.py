@@ -9,7 +9,7 @@ from typing import Any
 
 import duckdb
 
-from .records import Alias, CardUpdate, Failure, VectorRow
+from .records import Alias, CardUpdate, Failure, VectorRow, entry_vector
 from .schema import ALIASES, FAILURES, TRACES, VECTORS, transaction
 from .vectorfile import VectorFile, checksum, vector_bytes
 
@@ -20,10 +20,14 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
     """Write vectors (and their traces), failures, cards read again and aliases: the bytes first (fsynced), then
     every row in one transaction."""
     vectors = [vector_bytes(row.vector) for row in rows if isinstance(row, VectorRow)]
-    sketches = [vector_bytes(row.trace.sketch) for row in rows if isinstance(row, VectorRow) and row.trace is not None]
-    written = vector_file.append(vectors + sketches)  # one fsync for both
-    offsets, sketch_offsets = iter(written[: len(vectors)]), iter(written[len(vectors) :])
+    traced = [row.trace for row in rows if isinstance(row, VectorRow) and row.trace is not None]
+    sketches = [vector_bytes(trace.sketch) for trace in traced]
+    kept = [vector_bytes(e) for trace in traced if (e := entry_vector(trace)) is not None]
+    written = vector_file.append(vectors + sketches + kept)  # one fsync for all
+    offsets, sketch_offsets = iter(written[: len(vectors)]), iter(written[len(vectors) : len(vectors) + len(sketches)])
+    kept_offsets = iter(written[len(vectors) + len(sketches) :])
     hashes, sketch_hashes = iter([checksum(v) for v in vectors]), iter([checksum(s) for s in sketches])
+    kept_hashes = iter([checksum(e) for e in kept])
     with transaction(con):
         for row in rows:
             if isinstance(row, (CardUpdate, Alias)):
@@ -33,8 +37,9 @@ def write_rows(con: duckdb.DuckDBPyConnection, vector_file: VectorFile, rows: Se
             table = FAILURES if isinstance(row, Failure) else VECTORS
             con.execute(table.insert(list(record)), list(record.values()))
             if isinstance(row, VectorRow) and row.trace is not None:
-                traced = row.trace_record(next(sketch_offsets), next(sketch_hashes))
-                con.execute(TRACES.insert(list(traced)), list(traced.values()))
+                entries = (next(kept_offsets), next(kept_hashes)) if entry_vector(row.trace) is not None else None
+                trace = row.trace_record(next(sketch_offsets), next(sketch_hashes), entries)
+                con.execute(TRACES.insert(list(trace)), list(trace.values()))
             if isinstance(row, VectorRow):  # a vector replaces its model's failure
                 con.execute(
                     "DELETE FROM failures WHERE model = ? AND base = ? AND params = ?",

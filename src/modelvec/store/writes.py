@@ -108,7 +108,11 @@ class StoreWrites(BaseVersions):
         name change in one commit: a crash at any point leaves the old store or the new one whole.
         Not while a writer of this store is running.
         """
-        tables = [("vectors", "vector_hash")] + ([("traces", "sketch_hash")] if "traces" in self._tables() else [])
+        traced = self.columns_by_table().get("traces", [])
+        tables = [("vectors", "vector_hash")] + ([("traces", "sketch_hash")] if traced else [])
+        pointers = [(t, d, "offset", "dim") for t, d in tables]
+        if "entries_hash" in traced:  # a trace's kept entries: bytes of their own
+            pointers.append(("traces", "entries_hash", "entries_offset", "entries_dim"))
         stale = self.stale() if stale is None else stale
         before = self.vector_file.path.stat().st_size
         new = VectorFile(self.path.parent / f"{self.path.name}.vectors.{uuid.uuid4().hex[:12]}", identity=self.identity)
@@ -119,12 +123,13 @@ class StoreWrites(BaseVersions):
                         self.con.execute(
                             f"DELETE FROM {table} WHERE base = ? AND base_hash = ?", [row.base, row.base_hash]
                         )
-                moved = {table: self._copy_rows(table, digest, new) for table, digest in tables}
-                for table, rows in ((t, r) for t, r in moved.items() if r):
-                    self.con.executemany(
-                        f'UPDATE {table} SET "offset" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
-                        rows,
-                    )
+                for table, digest, at, dim in pointers:
+                    rows = self._copy_rows(table, digest, new, at, dim)
+                    if rows:
+                        self.con.executemany(
+                            f'UPDATE {table} SET "{at}" = ? WHERE model = ? AND base = ? AND base_hash = ? AND params = ?',
+                            rows,
+                        )
                 self.con.execute("INSERT OR REPLACE INTO store_meta VALUES ('vector_file', ?)", [new.path.name])
         except BaseException:
             new.close()
@@ -135,11 +140,15 @@ class StoreWrites(BaseVersions):
         old.path.unlink(missing_ok=True)
         return before, new.path.stat().st_size
 
-    def _copy_rows(self, table: str, digest: str, new: VectorFile) -> list[list[Any]]:
-        """Copy the bytes ``table``'s rows point at to ``new`` (checksums verified), 256 at a time: their new offsets
-        with their keys."""
+    def _copy_rows(
+        self, table: str, digest: str, new: VectorFile, at: str = "offset", dim: str = "dim"
+    ) -> list[list[Any]]:
+        """Copy the bytes ``table``'s rows point at (column ``at``, ``dim`` floats, checksum ``digest``; a row whose
+        ``digest`` is NULL points at none) to ``new`` (checksums verified), 256 at a time: their new offsets with
+        their keys."""
         rows = self.con.execute(
-            f'SELECT model, base, base_hash, params, "offset", dim, {digest} FROM {table} ORDER BY "offset"'
+            f'SELECT model, base, base_hash, params, "{at}", {dim}, {digest} FROM {table} '
+            f'WHERE {digest} IS NOT NULL ORDER BY "{at}"'
         ).fetchall()
         moved = []
         for lo in range(0, len(rows), 256):
