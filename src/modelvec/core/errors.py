@@ -102,6 +102,13 @@ class HeaderFault(ValueError):
     kind: ClassVar[Kind] = Kind.CONTENT
 
 
+class QuantFault(ValueError):
+    """A quantized linear's tensors that do not fit together, in a few words naming the tensor
+    (:mod:`modelvec.read.quant_schemes`): the file's fault (``kind`` content), said as a :class:`CheckpointError`."""
+
+    kind: ClassVar[Kind] = Kind.CONTENT
+
+
 class GGUFFault(ValueError):
     """What is wrong with a GGUF file's header, in a few words, where the model is not known
     (:mod:`modelvec.core.gguf`): the file's fault (``kind`` content), said as a :class:`CheckpointError` of the model."""

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.errors import shown
+from ..core.errors import QuantFault, shown
 from ..core.quantized import STATE
 
 #: safetensors dtypes as numpy reads their bytes (bfloat16 as its bits).
@@ -41,10 +41,6 @@ _TORCH = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 _BNB_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 #: Where AWQ packs output ``8c + t``: the nibble ``REVERSE[t]`` of column c (autoawq's AWQ_REVERSE_ORDER).
 _AWQ_REVERSE = np.array([0, 4, 1, 5, 2, 6, 3, 7])
-
-
-class QuantFault(ValueError):
-    """A quantized linear's tensors that do not fit together (said in a few words, naming the tensor)."""
 
 
 @dataclass(frozen=True)
