@@ -247,10 +247,13 @@ def store_full_but_one_vector(w: World, tmp: Path, m: Mounts) -> Place:
     with Store(w.store, read_only=True) as db:
         dim = db.con.execute("SELECT max(dim) FROM vectors").fetchone()[0]
         trace = db.con.execute("SELECT max(dim) FROM traces").fetchone()[0]  # its trace's bytes follow the vector's
+        entries = db.con.execute("SELECT coalesce(max(entries_dim), 0) FROM traces").fetchone()[0]  # then its entries
     page = os.sysconf("SC_PAGE_SIZE")
     size = (place.store.parent / f"{place.store.name}.vectors").stat().st_size
     end = size + (-size % 64) + 4 * dim
     end += -end % 64 + 4 * trace
+    if entries:
+        end += -end % 64 + 4 * entries
     pages = -(-end // page) - -(-size // page)
     filler = place.notes["filler"]
     assert isinstance(filler, Path)
