@@ -91,6 +91,17 @@ def _check(part: Part, dtypes: Sequence[str], shape: tuple[int, ...] | None = No
         raise QuantFault(f"tensor {part.name} has shape {list(part.shape)}, expected {list(shape)}{what}")
 
 
+def _packed(parts: Mapping[str, Part], module: str, whose: str) -> tuple[Part, Part, Part]:
+    """A packed linear's ``qweight``, ``scales`` and ``qzeros`` (GPTQ's and AWQ's), the scales float, both matrices."""
+    qweight = _need(parts, module, ".qweight", f"{whose} packed weights")
+    scales = _need(parts, module, ".scales", f"{whose} scales")
+    qzeros = _need(parts, module, ".qzeros", f"{whose} zeros")
+    _check(scales, _FLOATS)
+    if len(scales.shape) != 2 or len(qweight.shape) != 2:
+        raise QuantFault(f"tensor {qweight.name} or {scales.name} is not a matrix")
+    return qweight, scales, qzeros
+
+
 def _count(config: Mapping[str, Any], key: str, default: int) -> int:
     """A count of the quantization config (``bits``), checked."""
     value = config.get(key)
@@ -139,12 +150,7 @@ class GPTQ(Scheme):
         fmt = str(config.get("checkpoint_format") or config.get("format") or "gptq").lower()
         if fmt not in ("gptq", "gptq_v2"):
             raise QuantFault(f"GPTQ checkpoint_format '{fmt}' (read: gptq, gptq_v2)")
-        qweight = _need(parts, module, ".qweight", "a GPTQ linear's packed weights")
-        scales = _need(parts, module, ".scales", "a GPTQ linear's scales")
-        qzeros = _need(parts, module, ".qzeros", "a GPTQ linear's zeros")
-        _check(scales, _FLOATS)
-        if len(scales.shape) != 2 or len(qweight.shape) != 2:
-            raise QuantFault(f"tensor {qweight.name} or {scales.name} is not a matrix")
+        qweight, scales, qzeros = _packed(parts, module, "a GPTQ linear's")
         groups, out = scales.shape
         per = 32 // bits
         g_idx = parts.get(module + ".g_idx")
@@ -218,12 +224,7 @@ class AWQ(Scheme):
         version = str(config.get("version") or "gemm").lower()
         if version != "gemm" or bits != 4:
             raise QuantFault(f"AWQ version '{version}' at {bits} bits (read: gemm, 4 bits)")
-        qweight = _need(parts, module, ".qweight", "an AWQ linear's packed weights")
-        scales = _need(parts, module, ".scales", "an AWQ linear's scales")
-        qzeros = _need(parts, module, ".qzeros", "an AWQ linear's zeros")
-        _check(scales, _FLOATS)
-        if len(scales.shape) != 2 or len(qweight.shape) != 2:
-            raise QuantFault(f"tensor {qweight.name} or {scales.name} is not a matrix")
+        qweight, scales, qzeros = _packed(parts, module, "an AWQ linear's")
         groups, out = scales.shape
         inputs = qweight.shape[0]
         _check(qweight, ("I32",), (inputs, out // 8), f" ({out} outputs as {scales.name} says, 8 a word)")
