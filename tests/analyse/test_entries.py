@@ -13,6 +13,9 @@ import torch
 
 from modelvec.analyse.entries import GROUP, EntryFit
 
+# The merges are mergekit's own (a dev tool, not a dependency: `make test-floors` runs without it).
+pytest.importorskip("mergekit")
+
 MATRICES, SHAPE, KEPT = 8, (192, 256), 256  # 2,048 entries kept, as a trace keeps at least
 
 
