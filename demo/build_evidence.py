@@ -112,8 +112,9 @@ class Run:
     targets: str = ""
 
 
-def runs_of(ds: Dataset, unique_seeds: bool = False) -> list[Run]:
-    """Three full fine-tunes and three adapters; a classifier's fresh head wants a higher lr.
+def runs_of(ds: Dataset, unique_seeds: bool = False, full: int = 3) -> list[Run]:
+    """Three full fine-tunes (``full`` 5: two more, 100 and 60 steps) and three adapters; a classifier's fresh head
+    wants a higher lr.
 
     By default run i has seed i on every dataset, so two datasets' runs i start from the same random
     head and LoRA A factors (seed twins: docs/evidence.md). ``unique_seeds`` gives every model of the
@@ -121,10 +122,12 @@ def runs_of(ds: Dataset, unique_seeds: bool = False) -> list[Run]:
     """
     full_lrs = (5e-5, 1e-4, 2e-4) if ds.task == "classify" else (2e-5, 4e-5, 8e-5)
     offset = 100 + 10 * (DATASETS + HELD_OUT).index(ds) if unique_seeds else 0
+    more = [Run("full", offset + 6, full_lrs[1], 100), Run("full", offset + 7, full_lrs[0], 60)][: full - 3]
     return [
         Run("full", offset + 0, full_lrs[0], 120),
         Run("full", offset + 1, full_lrs[1], 80),
         Run("full", offset + 2, full_lrs[2], 40),
+        *more,
         Run("lora", offset + 3, 1e-3, 120, 4, "qv"),
         Run("lora", offset + 4, 5e-4, 80, 16, "qkvo"),
         Run("lora", offset + 5, 1e-3, 50, 32, "all"),
@@ -298,6 +301,7 @@ def main() -> None:
     ap.add_argument("--unique-seeds", action="store_true", help="every model its own seed (no seed twins)")
     ap.add_argument("--held-out", action="store_true", help="build only the held-out datasets (HELD_OUT)")
     ap.add_argument("--datasets", metavar="A,B", help="only these datasets (comma-separated names)")
+    ap.add_argument("--full", type=int, choices=(3, 4, 5), default=3, help="full fine-tunes a dataset (3 adapters)")
     args = ap.parse_args()
     chosen = HELD_OUT if args.held_out else DATASETS
     if args.datasets:
@@ -315,7 +319,7 @@ def main() -> None:
     for ds in chosen:
         print(f"{ds.name} ({ds.task} on {ds.collection})", flush=True)
         data: Data | None = None
-        for run in runs_of(ds, args.unique_seeds):
+        for run in runs_of(ds, args.unique_seeds, args.full):
             name = run_name(ds, run)
             if (out / name).is_dir():
                 print(f"  {name}: cached", flush=True)
