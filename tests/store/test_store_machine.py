@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import modelvec
 from builders import maps_not_drawn, planted_dataset_finetune
@@ -25,6 +32,8 @@ from modelvec.report import cluster
 from modelvec.store import Store
 
 NAMES = ("s0", "s1", "s2")
+
+
 DATASETS = ("imdb", "glue/sst2", "squad")
 
 
@@ -74,6 +83,7 @@ class Stores(RuleBasedStateMachine):
 
     base: Path
     models: list[Path]
+    kills: dict[str, int]  # "mid-run": killed while its embed worked; "after": the embed had ended first
 
     @initialize()
     def start(self) -> None:
@@ -120,7 +130,8 @@ class Stores(RuleBasedStateMachine):
                 os._exit(0)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(pid, 0)
+        self.kills["mid-run" if os.WIFSIGNALED(status) else "after"] += 1
         had = self.held.get(name, set())
         if not self.path(name).exists():
             assert not had
@@ -180,17 +191,17 @@ class Stores(RuleBasedStateMachine):
             assert answer(self.base, self.path(name), self.folder / "out") == self.references[cards], name
 
 
-Stores.TestCase.settings = settings(  # MODELVEC_MACHINE_EXAMPLES / _STEPS: a longer search, by hand
-    max_examples=int(os.environ.get("MODELVEC_MACHINE_EXAMPLES", "3")),
-    stateful_step_count=int(os.environ.get("MODELVEC_MACHINE_STEPS", "8")),
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-TestStores = Stores.TestCase
-
-
-@pytest.fixture(autouse=True)
-def _machine(pool, tmp_path, monkeypatch):
+def test_stores_as_people_use_them(pool, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MACHINE_ROOT", str(tmp_path))
-    Stores.base, Stores.models = pool[0], pool[1]
+    Stores.base, Stores.models = pool
+    Stores.kills = {"mid-run": 0, "after": 0}
+    rules = settings(
+        max_examples=int(os.environ.get("MODELVEC_MACHINE_EXAMPLES", "12")),
+        stateful_step_count=int(os.environ.get("MODELVEC_MACHINE_STEPS", "10")),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    run_state_machine_as_test(Stores, settings=rules)
+    assert Stores.kills["mid-run"] > 0, f"no kill landed while an embed worked: {Stores.kills}"
