@@ -100,6 +100,14 @@ class Projection:
     def finish(self, acc: torch.Tensor) -> torch.Tensor:
         return acc[: self.size] + acc[self.size :] if self.kind == "countsketch" else acc.reshape(-1)
 
+    @property
+    def raw_size(self) -> int:
+        """Floats of a block before :meth:`final` (the block itself: this projection is linear throughout)."""
+        return self.size
+
+    def final(self, block: torch.Tensor) -> torch.Tensor:
+        return block
+
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
         p_sel = p.to(self.device, torch.float64)[self._local]
@@ -176,6 +184,14 @@ class ProbeProjection:
             acc = buckets
         return acc[: self.size] + acc[self.size :]
 
+    @property
+    def raw_size(self) -> int:
+        """Floats of a block before :meth:`final` (the block itself: this projection is linear throughout)."""
+        return self.size
+
+    def final(self, block: torch.Tensor) -> torch.Tensor:
+        return block
+
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
         p_sel = p.to(self.device, torch.float64)[self._local]
@@ -188,3 +204,72 @@ class ProbeProjection:
                 self.sketch_outputs(p_sel[first:stop] @ hq, self.h_out[first:stop], self.s_out[first:stop], acc)
             return self.finish(acc)
         return self.finish((self.h_sel @ p_sel) @ q.mT)
+
+
+class TopProjection:
+    """The block of one matrix's delta kept at its top ``delta_rank`` singular directions (``delta_rank``), then
+    sketched as :class:`ProbeProjection` sketches: the part of a full fine-tune's delta that an adapter of that rank
+    could express, its drift in the other directions dropped; an adapter of at most that rank is kept whole.
+
+    What is truncated is the delta's change of outputs on fixed inputs, Y = dW·H^T (features x T): the base's own
+    inputs where the representation takes the probe, else a seeded Gaussian H (``rank`` rows, a randomized range
+    finder of dW). Until :meth:`final`, a block is Y itself, linear in dW: a fine-tune's Y minus its base's is its
+    delta's, and an adapter's on a parent is the sum of both. :meth:`final` truncates Y by its SVD and CountSketches
+    it into the plan's floats.
+    """
+
+    def __init__(
+        self, plan: MatrixPlan, representation: Representation, place: tuple, device: torch.device, inputs: Any
+    ) -> None:
+        """``inputs``: the probe's H (tokens x the input side's width); None: a Gaussian one seeded by ``place``."""
+        if inputs is None:
+            width = plan.n_cols if plan.contract_rows else plan.n_rows
+            seed = derived_seed(representation.seed, "delta-rank", *place)
+            inputs = sketch_matrix(width, representation.rank, seed).mT.contiguous()
+        self.sketch = ProbeProjection(plan, representation, place, device, inputs)
+        self.plan, self.device, self.top = plan, device, int(representation.delta_rank)
+        self.size = self.sketch.size
+        tokens = self.sketch.tokens
+        self.shape = (plan.n_selected, tokens) if plan.contract_rows else (tokens, plan.n_cols)
+
+    @property
+    def raw_size(self) -> int:
+        """Floats of a block before :meth:`final`: Y, features x tokens."""
+        return self.shape[0] * self.shape[1]
+
+    def start(self) -> torch.Tensor:
+        return torch.zeros(self.shape, dtype=torch.float64, device=self.device)
+
+    def add(self, acc: torch.Tensor, chunk: torch.Tensor, first: int) -> None:
+        """Add a chunk of selected stored rows (k x n_cols, float64), the ``first``-th on of the selection."""
+        stop = first + chunk.shape[0]
+        if self.plan.contract_rows:  # Linear: each stored row is an output feature, its change on every token
+            acc[first:stop] = chunk @ self.sketch.h_t
+        else:  # Conv1D: stored rows are inputs, summed over
+            acc.addmm_(self.sketch.h_sel[:, first:stop], chunk)
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        return acc.reshape(-1)
+
+    def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        """Y of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
+        p_sel = p.to(self.device, torch.float64)[self.sketch._local]
+        q = q.to(self.device, torch.float64)
+        if self.plan.contract_rows:
+            return (p_sel @ (q.mT @ self.sketch.h_t)).reshape(-1)
+        return ((self.sketch.h_sel @ p_sel) @ q.mT).reshape(-1)
+
+    def final(self, block: torch.Tensor) -> torch.Tensor:
+        """The block as the vector holds it: Y at its top singular directions, CountSketched (float64)."""
+        y = block.reshape(self.shape).to(self.device)
+        if min(self.shape) > self.top:
+            u, s, vh = torch.linalg.svd(y, full_matrices=False)
+            y = (u[:, : self.top] * s[: self.top]) @ vh[: self.top]
+        features = y if self.plan.contract_rows else y.mT  # features x tokens
+        buckets = torch.zeros(2 * self.size, dtype=torch.float64, device=self.device)
+        self.sketch.sketch_outputs(features, self.sketch.h_out, self.sketch.s_out, buckets)
+        return (buckets[: self.size] + buckets[self.size :]).cpu()
+
+
+#: Every matrix's map to its block (one per representation: :meth:`Sketching._projections`).
+AnyProjection = Projection | ProbeProjection | TopProjection

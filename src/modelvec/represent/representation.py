@@ -203,6 +203,23 @@ class Representation:
         applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
     )
 
+    delta_rank: int | str = setting(
+        "none",
+        "Keep each matrix's delta at its top R singular directions (what an adapter of rank R can express; a "
+        "full fine-tune's drift in the others dropped) before the CountSketch: of its change on the probe's "
+        "inputs where the probe is taken, else on a seeded Gaussian of --rank columns. none: the whole delta.",
+        minimum=1,
+        maximum=512,
+        words=("none",),
+        kind=int,
+        metavar="R",
+        key="top{}",
+        order=16,
+        omit=("none",),
+        until_added=("none",),
+        applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
+    )
+
     def __post_init__(self) -> None:
         validate(self)
         if self.rows != 1.0 and self.uses_svd:  # the SVD factors need whole matrices: the share is the sketch's
@@ -248,6 +265,11 @@ class Representation:
         if self.probe == "auto":
             return family_probe
         return self.probe if isinstance(self.probe, int) else None
+
+    @property
+    def truncates(self) -> bool:
+        """Whether each delta is kept at its top :attr:`delta_rank` directions (:class:`~.projection.TopProjection`)."""
+        return isinstance(self.delta_rank, int) and self.factor == "sketch" and self.projection == "countsketch"
 
     @property
     def uses_svd(self) -> bool:
@@ -296,6 +318,8 @@ class Representation:
             parts.append(f"through the probe ({self.probe_tokens()} tokens)")
         elif self.probe == "auto" and self.probe_tokens(0) is not None:
             parts.append("auto probe")  # the family's choice (Architecture.probe): 32 tokens for Llama, else none
+        if self.truncates:
+            parts.append(f"top {self.delta_rank} directions")
         text = ", ".join(parts)
         text = text + " + block-norm" if self.block_norm else text
         return text + {"none": "", "vocabulary": " + vocabulary head", "auto": " + auto head"}[self.head]

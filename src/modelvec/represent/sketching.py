@@ -16,7 +16,7 @@ from ..core.errors import CheckpointError, IncompatibleError
 from ..read import Checkpoint, Layout, MatrixRef, Orientation, check_compatible, open_checkpoint
 from .linalg import normalise_blocks
 from .probe import ProbeInputs, compute_inputs
-from .projection import ProbeProjection, Projection
+from .projection import AnyProjection, ProbeProjection, Projection, TopProjection
 from .state import Blocks, EmbedderParts
 from .trace import LEVEL_ROWS, RowStats, Trace, row_stats
 
@@ -55,12 +55,19 @@ class Sketching(EmbedderParts):
 
     def _projections(
         self, ck: Checkpoint, layout: Layout, inputs: ProbeInputs | None
-    ) -> dict[tuple[str, int, str], Projection | ProbeProjection]:
+    ) -> dict[tuple[str, int, str], AnyProjection]:
         """Each matrix's fixed map to its block: a random projection of its delta, or of its delta through the
         base's inputs (``probe``: ``inputs``, computed from the base's folder where not given)."""
         rep = self.representation
         tokens = rep.probe_tokens(layout.arch.probe)
         if tokens is None:
+            if rep.truncates:  # each delta's change on seeded Gaussian inputs, kept at its top directions
+                return {
+                    ref.key: TopProjection(
+                        self.plans_[ref.key], rep, (ref.stack, ref.layer, ref.family), self.device, None
+                    )
+                    for ref in layout.refs
+                }
             omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
             return {
                 ref.key: Projection(self.plans_[ref.key], rep, (ref.stack, ref.layer, ref.family), self.device, omegas)
@@ -72,8 +79,9 @@ class Sketching(EmbedderParts):
             raise ValueError(f"the probe inputs given are not {ck.name}'s on {tokens} tokens")
         self.inputs_ = inputs
         h = {name: torch.from_numpy(np.array(a, np.float64)).to(self.device) for name, a in inputs.arrays.items()}
+        through = TopProjection if rep.truncates else ProbeProjection
         return {
-            ref.key: ProbeProjection(
+            ref.key: through(
                 self.plans_[ref.key],
                 rep,
                 (ref.stack, ref.layer, ref.family),
@@ -83,13 +91,14 @@ class Sketching(EmbedderParts):
             for ref in layout.refs
         }
 
-    def _trace_projections(self, layout: Layout) -> dict[tuple[str, int, str], Projection | ProbeProjection]:
+    def _trace_projections(self, layout: Layout) -> dict[tuple[str, int, str], AnyProjection]:
         """What the traces sketch: the delta's own CountSketch (the tree's evidence was measured on it), the vector's
         projections where they are that already; a second map of the same rows where the vector's go through the
-        probe."""
-        if self.representation.probe_tokens(layout.arch.probe) is None:
+        probe or are kept at their top directions."""
+        rep = self.representation
+        if rep.probe_tokens(layout.arch.probe) is None and not rep.truncates:
             return self.projections_
-        plain = replace(self.representation, probe="none")
+        plain = replace(self.representation, probe="none", delta_rank="none")
         return {
             ref.key: Projection(self.plans_[ref.key], plain, (ref.stack, ref.layer, ref.family), self.device)
             for ref in layout.refs
@@ -167,8 +176,9 @@ class Sketching(EmbedderParts):
     def _sketched(self, raw: dict[tuple[str, int, str], torch.Tensor]) -> np.ndarray:
         """The vector of raw blocks: each normalised in float64, rounded once to float32, then pooled."""
         norm = self.representation.block_norm
+        final = {key: self.projections_[key].final(b) for key, b in raw.items()}  # a truncation's SVD, where it has one
         blocks = {
-            key: (normalise_blocks(b.reshape(1, -1))[0] if norm else b.reshape(-1)).float() for key, b in raw.items()
+            key: (normalise_blocks(b.reshape(1, -1))[0] if norm else b.reshape(-1)).float() for key, b in final.items()
         }
         return self._pooled(self.layout_, lambda refs: [blocks[r.key] for r in refs])
 
@@ -183,8 +193,10 @@ class Sketching(EmbedderParts):
         for ref in self.layout_.refs:
             delta = deltas.get(ref.key)
             if delta is None:
-                raw[ref.key] = torch.zeros(self.representation.plan_floats(self.plans_[ref.key]), dtype=torch.float64)
-                traw[ref.key] = raw[ref.key]
+                raw[ref.key] = torch.zeros(self.projections_[ref.key].raw_size, dtype=torch.float64)
+                tracing = self.trace_projections_[ref.key]
+                same = tracing is self.projections_[ref.key]
+                traw[ref.key] = raw[ref.key] if same else torch.zeros(tracing.raw_size, dtype=torch.float64)
                 continue
             # dW = L R^T (n x m); stored as R L^T (nn.Linear) or L R^T (Conv1D): rows first
             linear = ref.orientation is Orientation.LINEAR

@@ -14,7 +14,7 @@ import torch
 from ..read import Checkpoint, Layout, MatrixRef
 from .plans import MatrixPlan
 from .probe import ProbeInputs
-from .projection import ProbeProjection, Projection
+from .projection import AnyProjection
 from .representation import Representation
 from .trace import Tracer
 from .vocabulary import VocabularyReadout
@@ -38,8 +38,8 @@ class EmbedderParts:
     plans_: dict[Key, MatrixPlan]
     stored_shapes_: dict[str, tuple[int, ...]]
     vocabulary_: VocabularyReadout | None
-    projections_: dict[Key, Projection | ProbeProjection]
-    trace_projections_: dict[Key, Projection | ProbeProjection]
+    projections_: dict[Key, AnyProjection]
+    trace_projections_: dict[Key, AnyProjection]
     base_sketches_: Blocks
     base_traces_: Blocks
     tracer_: Tracer
