@@ -15,9 +15,10 @@ from modelvec.represent import Representation
 from modelvec.represent.probe import probe_ids
 
 pytest.importorskip("transformers")
-from test_probe import _inputs_of  # noqa: E402
-from test_trace import family  # noqa: E402, F401
-from tiny_families import _slice  # noqa: E402
+from test_probe import _inputs_of
+from test_trace import family  # noqa: F401
+
+from tiny_families import _slice
 
 TOKENS = 16
 EXACT = dict(pooling="concat", block_norm=False, size="none", head="none")
@@ -52,13 +53,13 @@ def test_block_is_the_top_directions_of_each_layer_change_on_the_base_inputs(zoo
     items_f = [it for _, _, items in case.spec.items(case.ft) for it in items]
     inputs = _inputs_of(case.base, [it[1] for _, _, it in items_b], ids)
     truncated = 0
-    for block, (stack, layer, (family, mod_b, n_parts, part)), mod_f, x in zip(
+    for block, (stack, layer, (kind, mod_b, n_parts, part)), mod_f, x in zip(
         embedder.blocks_, items_b, [it[1] for it in items_f], inputs, strict=True
     ):
         with torch.no_grad():
             y = (mod_f(x) - mod_b(x)).double()[:, _slice(mod_b, n_parts, part)].numpy()
-        expected = _sketched(embedder.projections_[(stack, layer, family)], _top(y, 2))
-        whole = _sketched(embedder.projections_[(stack, layer, family)], y)
+        expected = _sketched(embedder.projections_[(stack, layer, kind)], _top(y, 2))
+        whole = _sketched(embedder.projections_[(stack, layer, kind)], y)
         truncated += not np.allclose(expected, whole, atol=1e-3 * np.abs(whole).max())
         got = vector[block.start : block.stop]
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
