@@ -88,6 +88,7 @@ def test_settings_added_later_take_the_value_their_declaration_leaves_out_of_the
         "size": ("none",),
         "head": ("none",),
         "probe": ("none",),
+        "delta_rank": ("none",),
     }
     assert UNTIL_ADDED == {
         "projection": "shared",
@@ -96,6 +97,7 @@ def test_settings_added_later_take_the_value_their_declaration_leaves_out_of_the
         "head": "none",
         "size": "none",
         "probe": "none",
+        "delta_rank": "none",
     }
     assert type(UNTIL_ADDED["rows"]) is float
 
