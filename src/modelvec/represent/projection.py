@@ -29,7 +29,22 @@ from .plans import MatrixPlan, derived_seed
 from .representation import Representation
 
 
-class Projection:
+class _Linear:
+    """A projection whose blocks are final as they come (linear throughout): ``raw_size`` is the block's floats and
+    :meth:`final` is the identity; :class:`TopProjection`'s are not."""
+
+    size: int
+
+    @property
+    def raw_size(self) -> int:
+        """Floats of a block before :meth:`final`."""
+        return self.size
+
+    def final(self, block: torch.Tensor) -> torch.Tensor:
+        return block
+
+
+class Projection(_Linear):
     """The fixed random map of one matrix (its :class:`MatrixPlan`) to its block, on ``device``.
 
     Use: ``acc = p.start()``; ``p.add(acc, chunk, first)`` for consecutive chunks of the selected
@@ -100,14 +115,6 @@ class Projection:
     def finish(self, acc: torch.Tensor) -> torch.Tensor:
         return acc[: self.size] + acc[self.size :] if self.kind == "countsketch" else acc.reshape(-1)
 
-    @property
-    def raw_size(self) -> int:
-        """Floats of a block before :meth:`final` (the block itself: this projection is linear throughout)."""
-        return self.size
-
-    def final(self, block: torch.Tensor) -> torch.Tensor:
-        return block
-
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
         p_sel = p.to(self.device, torch.float64)[self._local]
@@ -122,7 +129,7 @@ class Projection:
         return ((self.omega_t @ q) @ p_sel.T).reshape(-1)
 
 
-class ProbeProjection:
+class ProbeProjection(_Linear):
     """The block of one matrix's delta taken through the base's inputs to it: a CountSketch of dW·H (``probe``).
 
     ``inputs`` (tokens x width, the matrix's input side) holds the base's inputs to the matrix on the probe
@@ -183,14 +190,6 @@ class ProbeProjection:
             self.sketch_outputs(acc.mT, self.h_out, self.s_out, buckets)
             acc = buckets
         return acc[: self.size] + acc[self.size :]
-
-    @property
-    def raw_size(self) -> int:
-        """Floats of a block before :meth:`final` (the block itself: this projection is linear throughout)."""
-        return self.size
-
-    def final(self, block: torch.Tensor) -> torch.Tensor:
-        return block
 
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""

@@ -49,6 +49,11 @@ def _svd(r: Any) -> bool:
     return r.factor != "sketch"
 
 
+def _countsketch(r: Any) -> bool:
+    """The CountSketch of each block: what the size budget, the probe and ``delta_rank`` apply to."""
+    return r.factor == "sketch" and r.projection == "countsketch"
+
+
 def _randomized(r: Any) -> bool:
     return r.factor != "sketch" and r.solver == "randomized"
 
@@ -168,7 +173,7 @@ class Representation:
         order=14,
         omit=("none",),
         until_added=("none",),
-        applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
+        applies=_countsketch,
     )
     block_norm: bool = setting(
         True, "Scale each layer-and-family block to unit norm before pooling.", key="bn", order=12
@@ -200,7 +205,7 @@ class Representation:
         order=15,
         omit=("none",),
         until_added=("none",),
-        applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
+        applies=_countsketch,
     )
 
     delta_rank: int | str = setting(
@@ -217,7 +222,7 @@ class Representation:
         order=16,
         omit=("none",),
         until_added=("none",),
-        applies=lambda r: r.factor == "sketch" and r.projection == "countsketch",
+        applies=_countsketch,
     )
 
     def __post_init__(self) -> None:
@@ -249,8 +254,7 @@ class Representation:
     @property
     def size_limit(self) -> int | None:
         """The most floats a vector holds (None: no limit, or a representation the size does not apply to)."""
-        applies = self.factor == "sketch" and self.projection == "countsketch"
-        return self.size if isinstance(self.size, int) and applies else None
+        return self.size if isinstance(self.size, int) and _countsketch(self) else None
 
     def plan_floats(self, plan: PlannedBlock) -> int:
         """Floats of one matrix's block: rank x kept, or what the size budget left it (:func:`within_size`)."""
@@ -260,7 +264,7 @@ class Representation:
         """The probe's tokens where deltas are taken through the base's inputs (None: the deltas themselves);
         ``family_probe``: the base's family's choice (:attr:`~modelvec.read.roles.Architecture.probe`), what
         ``auto`` takes."""
-        if not (self.factor == "sketch" and self.projection == "countsketch"):
+        if not _countsketch(self):
             return None
         if self.probe == "auto":
             return family_probe
@@ -269,7 +273,7 @@ class Representation:
     @property
     def truncates(self) -> bool:
         """Whether each delta is kept at its top :attr:`delta_rank` directions (:class:`~.projection.TopProjection`)."""
-        return isinstance(self.delta_rank, int) and self.factor == "sketch" and self.projection == "countsketch"
+        return isinstance(self.delta_rank, int) and _countsketch(self)
 
     @property
     def uses_svd(self) -> bool:

@@ -60,33 +60,27 @@ class Sketching(EmbedderParts):
         base's inputs (``probe``: ``inputs``, computed from the base's folder where not given)."""
         rep = self.representation
         tokens = rep.probe_tokens(layout.arch.probe)
-        if tokens is None:
-            if rep.truncates:  # each delta's change on seeded Gaussian inputs, kept at its top directions
-                return {
-                    ref.key: TopProjection(
-                        self.plans_[ref.key], rep, (ref.stack, ref.layer, ref.family), self.device, None
-                    )
-                    for ref in layout.refs
-                }
+        if tokens is None and not rep.truncates:
             omegas: dict[int, torch.Tensor] = {}  # the shared projection's Omega^T, one per width
             return {
                 ref.key: Projection(self.plans_[ref.key], rep, (ref.stack, ref.layer, ref.family), self.device, omegas)
                 for ref in layout.refs
             }
-        if inputs is None:
-            inputs = compute_inputs(ck.path if ck.path.is_dir() else ck.path.parent, layout, tokens, ck.name)
-        if inputs.tokens != tokens or any(ref.tensor not in inputs.of for ref in layout.refs):
-            raise ValueError(f"the probe inputs given are not {ck.name}'s on {tokens} tokens")
-        self.inputs_ = inputs
-        h = {name: torch.from_numpy(np.array(a, np.float64)).to(self.device) for name, a in inputs.arrays.items()}
+        h: dict[str, torch.Tensor] = {}  # each matrix's inputs (by tensor); none: TopProjection's seeded Gaussian
+        if tokens is not None:
+            if inputs is None:
+                inputs = compute_inputs(ck.path if ck.path.is_dir() else ck.path.parent, layout, tokens, ck.name)
+            if inputs.tokens != tokens or any(ref.tensor not in inputs.of for ref in layout.refs):
+                raise ValueError(f"the probe inputs given are not {ck.name}'s on {tokens} tokens")
+            self.inputs_ = inputs
+            arrays = {
+                name: torch.from_numpy(np.array(a, np.float64)).to(self.device) for name, a in inputs.arrays.items()
+            }
+            h = {ref.tensor: arrays[inputs.of[ref.tensor]] for ref in layout.refs}
         through = TopProjection if rep.truncates else ProbeProjection
         return {
             ref.key: through(
-                self.plans_[ref.key],
-                rep,
-                (ref.stack, ref.layer, ref.family),
-                self.device,
-                h[inputs.of[ref.tensor]],
+                self.plans_[ref.key], rep, (ref.stack, ref.layer, ref.family), self.device, h.get(ref.tensor)
             )
             for ref in layout.refs
         }
