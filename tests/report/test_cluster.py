@@ -506,6 +506,38 @@ def test_the_map_is_chosen_by_size_and_says_so(planted, tmp_path):
     assert chosen.reduce == "pca" and chosen.reduce_note is None
 
 
+def test_a_map_laid_out_without_numbas_kept_code_says_so_in_every_report_that_lays_one_out(
+    planted, tmp_path, monkeypatch
+):
+    """The layout's kept code not trusted (here: it lays out elsewhere than its source) is a state of the machine, not
+    an event: each report that lays out a map says it, one that lays none out does not."""
+    from modelvec.analyse import descent, umap_style
+
+    base, models, _, _ = planted
+    store, kept, rep = tmp_path / "s.duckdb", descent.descend, Representation(rank=4)
+
+    def damaged(Y, *args):
+        kept(Y, *args)
+        Y += 1e-3
+
+    modelvec.embed(base, models, rank=4, store=store)
+    monkeypatch.setattr(descent, "descend", damaged)
+    umap_style._kernel.cache_clear()
+    try:
+        laid = [
+            cluster(base, representation=rep, store=store, out=tmp_path / f"m{i}", reduce="umap", seed=i)
+            for i in (0, 1)
+        ]
+        pca = cluster(base, representation=rep, store=store, out=tmp_path / "pca", reduce="pca")
+    finally:
+        umap_style._kernel.cache_clear()
+    for report in laid:
+        (line,) = [r for r in report.repaired if "kept code of the map's layout" in r]
+        assert "gives other layouts than its source: compiled anew" in line
+    assert not [r for r in pca.repaired if "kept code" in r]
+    assert umap_style.kept_code_note() is None  # the kernel not made again since: nothing to say
+
+
 def lora_adapter(base: Path, out: Path, seed: int) -> Path:
     """A PEFT LoRA adapter of ``base`` (query and value, r 2), its factors random."""
     from peft import LoraConfig, get_peft_model

@@ -21,8 +21,8 @@ umap-learn's):
 
 What is checked, once a process: numba's kept code of the descent, a file kept across runs that numba keeps no
 checksum of, is trusted only where it lays out a small graph as the Python source does (:func:`_kernel`); else it is
-compiled anew and the command says so once (:func:`taken_notes`). The tests check the rest (the graph against
-umap-learn's, the layout bit for bit across threads).
+compiled anew, and every report that lays out a map says so (:func:`kept_code_note`). The tests check the rest
+(the graph against umap-learn's, the layout bit for bit across threads).
 """
 
 from __future__ import annotations
@@ -153,38 +153,35 @@ def _descend(*args: object) -> None:
     with _ONE_AT_A_TIME:
         if numba.get_num_threads() > cores():  # numba counts the machine's CPUs, not those this process may use
             numba.set_num_threads(cores())
-        _kernel()(*args)
+        _kernel()[0](*args)
 
 
-#: What the layout redid since :func:`taken_notes` was last called: one line each (numba's kept code not trusted).
-NOTES: list[str] = []
+def kept_code_note() -> str | None:
+    """Why this process lays out maps without numba's kept code (None: it runs it, or laid out no map yet).
 
-
-def taken_notes() -> list[str]:
-    """The lines :data:`NOTES` holds, taken from it (a command says them once)."""
-    taken = NOTES[:]
-    del NOTES[: len(taken)]
-    return taken
+    A state of the machine's numba cache, not an event: it holds until the kept files are removed, so each report
+    that lays out a map says it."""
+    return _kernel()[1] if _kernel.cache_info().currsize else None
 
 
 @functools.cache  # called under _ONE_AT_A_TIME: made once
-def _kernel() -> Callable[..., None]:
+def _kernel() -> tuple[Callable[..., None], str | None]:
     """numba's compiled descent, loaded from its kept code where that is there, once a process: trusted only where
     it gives what the Python source gives on a small graph (numba keeps no checksum of the code it keeps), else
-    compiled anew without it, and said."""
+    compiled anew without it; and the line that says so (None: the kept code runs)."""
     from . import descent
 
     try:
         if _agrees(descent.descend, descent.descend_source):
-            return descent.descend
+            return descent.descend, None
         cause = "gives other layouts than its source"
     except Exception as exc:  # the kept code unreadable: numba's own error
         cause = f"could not be loaded ({type(exc).__name__})"
-    NOTES.append(
+    note = (
         f"numba's kept code of the map's layout {cause}: compiled anew (kept again once its files, descent.descend-*"
         " in numba's cache beside modelvec/analyse/descent.py or under NUMBA_CACHE_DIR, are removed)"
     )
-    return descent.compiled(cache=False)
+    return descent.compiled(cache=False), note
 
 
 def _agrees(compiled: Callable[..., None], source: Callable[..., None]) -> bool:

@@ -30,7 +30,7 @@ from ..analyse.scores import (
     knn_dataset_score,
     predict_datasets,
 )
-from ..analyse.umap_style import taken_notes
+from ..analyse.umap_style import kept_code_note
 from ..core.errors import ModelvecError
 from ..core.settings import taken_from, with_options
 from ..hub.client import HubSettings
@@ -117,12 +117,18 @@ def cluster(
         files = pop.base_files(hub_settings or HubSettings())
         report.per_block, report.per_block_note, sampled = parts.per_block(pop, positions, meta, files, resolved)
     report.damaged, report.population = dict(pop.damaged), pop.describe()
-    report.notes, report.repaired = pop.left_out(), [*pop.repaired, *taken_notes()]
+    report.notes, report.repaired = pop.left_out(), [*pop.repaired, *_layout_notes(reduce)]
     folder = Path(out)
     parts.draw_blocks(report, folder, pop.representation, sampled, len(meta))
     report.reduce, report.reduce_note = reduce, note
     parts.draw(report, xy, meta, folder, pop.representation, tree)
     return report
+
+
+def _layout_notes(reduce: str) -> list[str]:
+    """What a UMAP map's layout says of numba's kept code (:func:`~modelvec.analyse.umap_style.kept_code_note`)."""
+    note = kept_code_note() if reduce == "umap" else None
+    return [note] if note else []
 
 
 def _scored_on_pairs(
