@@ -1,7 +1,7 @@
 """What deciding the copies costs every report: a base's population at 1,000 to 10,000 traced models.
 
 Every report reads a base's models through one :class:`~modelvec.store.Population`, which decides once which are
-copies (identical weights, re-saves in another dtype: :mod:`modelvec.analyse.copies`). A store is filled with N
+copies (identical weights, re-saves in another dtype: :mod:`modelvec.analyse.tree.copies`). A store is filled with N
 made models of one base, each with a vector and a trace of the default trace's size (16,384 floats), as a Hub
 population of a popular LLM base is: seven in ten bfloat16 fine-tunes, the rest float32, and 1 % bfloat16 re-saves
 of float32 ones (trace = the original's plus the rounding). At each N, side by side in one process: the population

@@ -6,7 +6,7 @@ On the demo's zoo (real fine-tunes of all-MiniLM-L6-v2, float32, ``make demo`` b
 float16 and in bfloat16 (its weights loaded and saved again in that dtype, a day later than the original, as
 re-uploads are), a byte copy of every fifth one (``cp -p``: the same time), and the base re-saved in float16 and
 bfloat16. All are embedded into one store with the fine-tunes; the population's copies (the rule every report reads,
-:mod:`modelvec.analyse.copies`) are compared with the truth: each re-save and copy named a copy of its own original,
+:mod:`modelvec.analyse.tree.copies`) are compared with the truth: each re-save and copy named a copy of its own original,
 and no fine-tune named a copy. Also each re-save's distance to its original against the rounding it may leave
 (``rule.rounding`` x its expected size), and the nearest two fine-tunes' distance against the same: the margin on
 each side. The rule's thresholds were chosen before (``rounding`` on the tree zoos' selection halves; ``resaved`` as
@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from scipy.stats import binomtest
 
 from modelvec import embed
-from modelvec.analyse.rule import TreeRule
+from modelvec.analyse.tree.rule import TreeRule
 from modelvec.store import Population, Store
 
 

@@ -153,7 +153,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     import modelvec
-    from modelvec.analyse.rule import TreeRule
+    from modelvec.analyse.tree.rule import TreeRule
     from modelvec.report.tree import model_tree
 
     base, truth = build(args.out)

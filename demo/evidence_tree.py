@@ -9,7 +9,7 @@ Every member is embedded with the defaults (an adapter on a fine-tune on its par
 local adapter naming its parent's folder); the tree is inferred from the stored traces alone, without what cards
 declare. ``--choose`` searches the rule's thresholds on the selection half (both zoos together) and prints the
 choice (``--choose-trimmed``: the trimmed merges' two alone); the report half is scored with the defaults of
-:class:`modelvec.analyse.rule.TreeRule`. Writes ``.cache/evidence-out/tree.md``.
+:class:`modelvec.analyse.tree.rule.TreeRule`. Writes ``.cache/evidence-out/tree.md``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 from scipy.stats import binomtest
 
 from modelvec import DeltaEmbedder, embed
-from modelvec.analyse.lineage import infer_tree
-from modelvec.analyse.rule import TreeRule
 from modelvec.analyse.tree import Tree
+from modelvec.analyse.tree.lineage import infer_tree
+from modelvec.analyse.tree.rule import TreeRule
 from modelvec.report.tree import STATISTICS
 from modelvec.represent import Representation
 from modelvec.store import Store

@@ -1,12 +1,12 @@
-"""The copies rule on made traces (:mod:`modelvec.analyse.copies`): which models are copies, of which original, and
+"""The copies rule on made traces (:mod:`modelvec.analyse.tree.copies`): which models are copies, of which original, and
 which rule chose it; a re-save is found by its rounding, a fine-tune as near the base is not."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from modelvec.analyse.copies import BY_BASE, BY_CARD, BY_DATE, BY_NAME, BY_PRECISION, Traced, find_copies, mini_of
-from modelvec.analyse.rule import TreeRule
+from modelvec.analyse.tree.copies import BY_BASE, BY_CARD, BY_DATE, BY_NAME, BY_PRECISION, Traced, find_copies, mini_of
+from modelvec.analyse.tree.rule import TreeRule
 
 D = 4096
 SCALE = 100.0

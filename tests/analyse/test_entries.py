@@ -1,4 +1,4 @@
-"""A trimmed merge fitted entry by entry (:mod:`modelvec.analyse.entries`), on matrices merged by mergekit's own
+"""A trimmed merge fitted entry by entry (:mod:`modelvec.analyse.tree.entries`), on matrices merged by mergekit's own
 merge methods (its DARE drop and l1 rescale, TIES' magnitude trim, the sign election, ``normalize``), computed in
 the merge's dtype as mergekit computes it: each DARE or TIES merge is named with exactly its parents and its
 method, at any density, weights and dtype; no fine-tune, sibling, child, linear merge or parent of merges is."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from modelvec.analyse.entries import GROUP, EntryFit
+from modelvec.analyse.tree.entries import GROUP, EntryFit
 
 # The merges are mergekit's own (a dev tool, not a dependency: `make test-floors` runs without it).
 pytest.importorskip("mergekit")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from modelvec.analyse.merges import MergeFinder
-from modelvec.analyse.rule import TreeRule
+from modelvec.analyse.tree.merges import MergeFinder
+from modelvec.analyse.tree.rule import TreeRule
 
 
 def finder(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from modelvec.analyse.lineage import infer_tree
-from modelvec.analyse.rule import TreeRule
+from modelvec.analyse.tree.lineage import infer_tree
+from modelvec.analyse.tree.rule import TreeRule
 
 SCALE = 1_000.0
 

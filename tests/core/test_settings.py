@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from modelvec.analyse.reduction import Reduction
-from modelvec.analyse.rule import TreeRule
 from modelvec.analyse.scores import Scoring
+from modelvec.analyse.tree.rule import TreeRule
 from modelvec.core.settings import flags, key_of, settings_of
 from modelvec.hub.client import HubSettings
 from modelvec.hub.discovery import Scope

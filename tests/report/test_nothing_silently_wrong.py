@@ -29,8 +29,8 @@ from typer.testing import CliRunner
 import modelvec
 from builders import maps_not_drawn, peft_adapter, save_state, tiny_bert_config
 from modelvec import Store
-from modelvec.analyse.lineage import infer_tree
 from modelvec.analyse.tree import Node, Tree
+from modelvec.analyse.tree.lineage import infer_tree
 from modelvec.cli import app
 from modelvec.store.cachefile import read_cache_file
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.copies import Copy
 from ..analyse.scores import (
     NEIGHBORS_SCORING,
     Geometry,
@@ -23,6 +22,7 @@ from ..analyse.scores import (
     query_distances,
     yardstick,
 )
+from ..analyse.tree.copies import Copy
 from ..core.errors import NothingStoredError, StoreError
 from ..core.names import is_hub_id
 from ..core.settings import taken_from, with_options

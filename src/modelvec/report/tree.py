@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..analyse.lineage import infer_tree
-from ..analyse.rule import TreeRule
 from ..analyse.tree import Node, Tree
+from ..analyse.tree.lineage import infer_tree
+from ..analyse.tree.rule import TreeRule
 from ..core.errors import NothingStoredError
 from ..core.names import model_id
 from ..represent.representation import Representation

@@ -1,4 +1,4 @@
-"""A model's trace: what the tree of a base's derivatives is inferred from (:mod:`modelvec.analyse.lineage`), taken
+"""A model's trace: what the tree of a base's derivatives is inferred from (:mod:`modelvec.analyse.tree.lineage`), taken
 from the rows the vector reads; what each part tells: docs/tree.md.
 
 - ``sketch``: a CountSketch into :data:`TRACE_FLOATS` buckets (64 KB a model) of every block's raw sketch (before
@@ -18,9 +18,9 @@ On the first :data:`LEVEL_ROWS` stored rows read of each matrix, beside the base
 - ``along``: <W_base, dW> / |W_base|^2, exact in float64: linear, so a linear merge's is its parents' weighted sum,
   and SLERP (which keeps the weights' norm) adds a positive excess.
 - ``entries``: the delta's own values at fixed entries (groups of
-  :data:`~modelvec.analyse.entries.GROUP` consecutive ones of each matrix, at least :data:`ENTRIES` in all), and
+  :data:`~modelvec.analyse.tree.entries.GROUP` consecutive ones of each matrix, at least :data:`ENTRIES` in all), and
   ``base_entries`` the base's weights there: a TIES or DARE merge is fitted on them entry by entry
-  (:mod:`modelvec.analyse.entries`). None for an adapter.
+  (:mod:`modelvec.analyse.tree.entries`). None for an adapter.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analyse.entries import GROUP
+from ..analyse.tree.entries import GROUP
 
 if TYPE_CHECKING:  # the store reads traces without torch: the map and the counts import it when made
     import torch
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the store reads traces without torch: the map and the count
 TRACE_FLOATS = 16384
 #: Stored rows of each matrix whose values are counted for ``levels``.
 LEVEL_ROWS = 16
-#: Raw delta entries a trace keeps at least, in groups of :data:`~modelvec.analyse.entries.GROUP` from each matrix
+#: Raw delta entries a trace keeps at least, in groups of :data:`~modelvec.analyse.tree.entries.GROUP` from each matrix
 #: (as many groups from each): 16 KB a model with the base's (SmolLM2-135M's 210 matrices: 3,360 entries).
 ENTRIES = 2048
 
@@ -198,7 +198,7 @@ def row_stats(rows: torch.Tensor, base: torch.Tensor, entries: np.ndarray | None
 
 def entry_positions(shapes: Mapping[Key, tuple[int, int]], seed: int) -> dict[Key, np.ndarray]:
     """The entries of each matrix's first stored rows read (``shapes``: those rows' shape) whose delta a trace keeps:
-    as many groups of :data:`~modelvec.analyse.entries.GROUP` consecutive ones from each matrix as make at least
+    as many groups of :data:`~modelvec.analyse.tree.entries.GROUP` consecutive ones from each matrix as make at least
     :data:`ENTRIES` in all, at places fixed by ``seed`` and the matrix (the same for every model)."""
     groups = max(1, -(-ENTRIES // (GROUP * max(1, len(shapes)))))
     out = {}

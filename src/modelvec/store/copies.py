@@ -1,5 +1,5 @@
 """What a base's stored models are beside each other, from what the store holds: which are copies of which
-(identical weights, re-saves in another dtype: :mod:`modelvec.analyse.copies`), what each card declares, and when
+(identical weights, re-saves in another dtype: :mod:`modelvec.analyse.tree.copies`), what each card declares, and when
 each model was made. The one rule every report reads, through :class:`~modelvec.store.Population`."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analyse.copies import Copy, Traced, find_copies
-from ..analyse.rule import TreeRule
+from ..analyse.tree.copies import Copy, Traced, find_copies
+from ..analyse.tree.rule import TreeRule
 from ..core.errors import ModelvecError
 from ..core.files import oldest_time
 from .store import Store

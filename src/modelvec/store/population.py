@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.copies import Copy
 from ..analyse.proximity import SCALED_MAX_N
 from ..analyse.scores import Geometry, Scoring
+from ..analyse.tree.copies import Copy
 from ..core import machine
 from ..core.errors import NothingStoredError, ResourceError
 from ..core.names import is_hub_id

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analyse.copies import mini_of
+from ..analyse.tree.copies import mini_of
 from ..core.errors import Kind
 from ..represent.representation import Representation
 from ..represent.trace import Trace

@@ -1,6 +1,6 @@
 """The model tree inferred from the weights, as data: each stored model's node (its parent, kind, confidence, and
 what its card declares) and the tree of one base's nodes, with their JSON (a tree kept beside the store is read
-back from it). How a tree is inferred from the traces: :mod:`modelvec.analyse.lineage`."""
+back from it). How a tree is inferred from the traces: :mod:`modelvec.analyse.tree.lineage`."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ class Node:
     agrees: bool = True
     copy_of: str | None = None  # the model (or the base) whose weights this one repeats, or re-saves in its dtype
     resaved: str | None = None  # a copy's dtype where it is a re-save (equal up to rounding), None: identical weights
-    original_by: str | None = None  # why ``copy_of`` is the original (:mod:`modelvec.analyse.copies`)
+    original_by: str | None = None  # why ``copy_of`` is the original (:mod:`modelvec.analyse.tree.copies`)
     #: why the node is placed as it is where the weights could not place it (no trace; a card's parent; a cycle)
     note: str | None = None
-    method: str | None = None  # a merge's method as its weights tell it (:data:`~modelvec.analyse.merges.METHODS`)
+    method: str | None = None  # a merge's method as its weights tell it (:data:`~modelvec.analyse.tree.merges.METHODS`)
     #: the quantized types its weights were read in (a GGUF's ``Q4_K``...), None: float weights
     quantized: str | None = None
 

@@ -1,4 +1,4 @@
-"""Where the weights alone do not place a model (:mod:`modelvec.analyse.lineage`): a model without a trace, and
+"""Where the weights alone do not place a model (:mod:`modelvec.analyse.tree.lineage`): a model without a trace, and
 a traced one whose card names it, placed as the cards say; a parent that would make a model its own ancestor
 refused; and each node's card beside what its weights say."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .tree import DECLARED_KIND, Node
+from .nodes import DECLARED_KIND, Node
 
 
 def declared_merges(

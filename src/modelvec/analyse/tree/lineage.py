@@ -17,10 +17,10 @@ its size beside the base's, and how many distinct values its rows hold. What eac
   is nobody's; a model that repeats another's trace bit for bit is a copy of that model.
 
 The tree is acyclic by construction, whatever the traces: a parent that would make a model its own ancestor is
-refused and the model placed under the base (:func:`~modelvec.analyse.placement.acyclic`). A model without a
+refused and the model placed under the base (:func:`~modelvec.analyse.tree.placement.acyclic`). A model without a
 trace (stored before traces were kept, or its trace damaged) is a node of kind ``untraced`` with the reason and the
 remedy; a traced model whose card names it is placed under it where the weights find no other parent, and the tree
-says it is partial (:mod:`modelvec.analyse.placement`).
+says it is partial (:mod:`modelvec.analyse.tree.placement`).
 
 Each threshold is a field of :class:`TreeRule`, chosen on the selection half of the tree evidence zoo
 (docs/tree.md). Numpy and scipy only: the tree of a stored population needs no torch.
@@ -37,9 +37,9 @@ import xxhash
 
 from .copies import Copy, Traced, find_copies, mini_of
 from .merges import Merge, MergeFinder, margin
+from .nodes import Node, Tree
 from .placement import acyclic, compare, declared_merges, under_untraced, untraced_node
 from .rule import TreeRule
-from .tree import Node, Tree
 
 #: Models up to which the whole tree's inner products are made at once (16,384 x 16,384 float32: 1 GiB; 10,000
 #: models: 0.4 GB and 7.7 s on 2 cores, one symmetric product).
@@ -77,9 +77,9 @@ def infer_tree(
     :class:`~modelvec.represent.trace.Trace`; missing or None: not kept, as in a store written before traces were);
     ``quantized``: the models known from their files to be quantizations (GGUF, GPTQ, AWQ, bitsandbytes); ``copies``:
     the copies among the models, each with its
-    original (:mod:`modelvec.analyse.copies`; a population's, which reads the cards), default found from the traces
+    original (:mod:`modelvec.analyse.tree.copies`; a population's, which reads the cards), default found from the traces
     alone; ``entries``: each trace's kept delta entries (rows; NaN: none) and the base's weights there, on which a
-    trimmed merge is fitted entry by entry (:mod:`modelvec.analyse.entries`; None: none kept)."""
+    trimmed merge is fitted entry by entry (:mod:`modelvec.analyse.tree.entries`; None: none kept)."""
     adapters, untraced, declared = dict(adapters or {}), dict(untraced or {}), dict(declared or {})
     t = np.asarray(sketches if isinstance(sketches, np.ndarray) else np.stack(list(sketches)), np.float32)
     t = t.reshape(len(models), -1) if len(models) else np.zeros((0, 1), np.float32)
@@ -213,7 +213,7 @@ class _Inference:
         """``i``'s nearest traces (:data:`TREE_NEAR` by distance and as many by cosine, each pair's product once for
         the whole tree: :func:`~modelvec.analyse.graph.nearest_rows`) and its inner products with them."""
         if self._near is None:
-            from .graph import nearest_rows
+            from ..graph import nearest_rows
 
             self._near, self._near_dots = nearest_rows(self.t, TREE_NEAR)
         cols, at = np.unique(self._near[i], return_index=True)
@@ -255,7 +255,7 @@ class _Inference:
         return node
 
     def merge(self, i: int) -> Merge | None:
-        """Whether ``i`` is a merge of stored models (:mod:`modelvec.analyse.merges`); fitted once, when first asked."""
+        """Whether ``i`` is a merge of stored models (:mod:`modelvec.analyse.tree.merges`); fitted once, when first asked."""
         if i not in self._merges:
             self._merges[i] = self.finder.find(i, self.declared.get(i, ())) if self.kind[i] == "fine-tune" else None
         return self._merges[i]

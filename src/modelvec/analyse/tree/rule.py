@@ -1,16 +1,16 @@
 """The thresholds by which the model tree is inferred (:mod:`modelvec.analyse.tree`) and its merges found
-(:mod:`modelvec.analyse.merges`): one settings object that both read, so neither module imports the other for it."""
+(:mod:`modelvec.analyse.tree.merges`): one settings object that both read, so neither module imports the other for it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.settings import setting, validate
+from ...core.settings import setting, validate
 
 
 @dataclass(frozen=True, kw_only=True)
 class TreeRule:
-    """The thresholds of the inference (see the module docstring and :mod:`modelvec.analyse.merges`), each declared
+    """The thresholds of the inference (see the module docstring and :mod:`modelvec.analyse.tree.merges`), each declared
     and checked as every setting is; the defaults were chosen on the selection halves of the tree evidence zoos
     (docs/tree.md)."""
 
