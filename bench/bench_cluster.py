@@ -55,7 +55,7 @@ def fill(store: Path, base: Path, n: int, seed: int = 0) -> None:
             v *= 0.05
         rows.append(VectorRow(f"model-{i:03d}", f"h{i}", str(base), "bh", params, "bert", v, [f"ds{d}"], "made", 0.1))
     with Store(store) as db:
-        db.put_many(rows)
+        db.writes.put_many(rows)
 
 
 def run_cli(store: Path, base: Path, out: Path) -> float:

@@ -74,10 +74,10 @@ def timed(work) -> tuple[float, object]:
 def measure(store: Path, n: int) -> dict:
     with Store(store, read_only=True) as db:
         key = Representation().key()
-        select, _ = timed(lambda: db.select(base=BASE, representation=key, base_hash="git:" + "b" * 40))
+        select, _ = timed(lambda: db.reads.select(base=BASE, representation=key, base_hash="git:" + "b" * 40))
         whole, pop = timed(lambda: Population(db, BASE))
         meta = pop.models
-        hashes = list(db.select(base=BASE, representation=key, base_hash=pop.base_hash)[0].hashes)
+        hashes = list(db.reads.select(base=BASE, representation=key, base_hash=pop.base_hash)[0].hashes)
         alone, found = timed(lambda: copies(db, BASE, key, pop.base_hash, meta, hashes, [BASE]))
     resaves = {m for m in meta["model"] if m.endswith("-bf16")}
     return {
@@ -104,9 +104,9 @@ def main() -> None:
         store, have = Path(tmp) / "s.duckdb", 0
         for n in (int(s) for s in args.sizes.split(",")):
             with Store(store) as db:
-                db.record_base(BASE, "git:" + "b" * 40, "git:" + "b" * 40)
+                db.versions.record_base(BASE, "git:" + "b" * 40, "git:" + "b" * 40)
                 for lo in range(have, n, 500):
-                    db.put_many(rows(lo, min(lo + 500, n), args.dim, rng))
+                    db.writes.put_many(rows(lo, min(lo + 500, n), args.dim, rng))
             have = n
             results.append(measure(store, n))
             print(json.dumps(results[-1]))

@@ -71,12 +71,13 @@ def fill(store: Path, base: Path, start: int, stop: int, dim: int, size: int | s
 
     params = Representation(size=size)
     with Store(store) as db:
-        db.record_base(str(base), Checkpoint(base).stamp(), "bh")  # as embed records the base it embeds against
+        # as embed records the base it embeds against
+        db.versions.record_base(str(base), Checkpoint(base).stamp(), "bh")
         keeper = ProductsCacheUpdater(db, str(base), params, Execution().products_from if keep else 0, "cpu")
         started = time.perf_counter()
         with keeper:
             for rows in _batches(base, start, stop, dim, params):
-                db.put_many(rows)
+                db.writes.put_many(rows)
                 for _ in rows:
                     keeper.added()
         return {

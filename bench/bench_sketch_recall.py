@@ -61,7 +61,7 @@ def main() -> None:
         from modelvec import Store
 
         with Store(args.zoo, read_only=True) as db:
-            Z = db.load()[0]
+            Z = db.reads.load()[0]
         found["demo zoo"] = {"models": len(Z), "recall@15": recall(Z, candidates=(5, 10), k=4)}
     print(json.dumps(found, indent=1))
 

@@ -116,9 +116,9 @@ def fill(store: Path, truth: list[dict], traces: np.ndarray, scale: float) -> No
         if row["kind"] == "merge" and "copy" not in row
     ]
     with Store(store) as db:
-        db.put_catalogue(BASE, SHA, cards)
+        db.writes.put_catalogue(BASE, SHA, cards)
         for lo in range(0, len(rows), 200):
-            db.put_many(rows[lo : lo + 200])
+            db.writes.put_many(rows[lo : lo + 200])
 
 
 def timed(args: list[str]) -> dict:

@@ -142,7 +142,7 @@ def fill(
     started = time.perf_counter()
     n = len(made.dataset) if stop is None else stop
     with Store(store) as db:
-        db.record_base(base, "stamp", "bh")
+        db.versions.record_base(base, "stamp", "bh")
         for lo in range(start, n, batch):
             hi = min(n, lo + batch)
             rows = [
@@ -162,7 +162,7 @@ def fill(
                 )
                 for i, v in zip(range(lo, hi), vectors(made, sigma, dim, lo, hi))
             ]
-            db.put_many(rows)
+            db.writes.put_many(rows)
     return time.perf_counter() - started
 
 

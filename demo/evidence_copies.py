@@ -79,7 +79,7 @@ def main() -> None:
     rule = TreeRule()
     with Store(store, read_only=True) as db:
         pop = Population(db, base)
-        traces = db.traces(pop.name, pop.representation.key(), pop.base_hash)
+        traces = db.reads.traces(pop.name, pop.representation.key(), pop.base_hash)
     found = {m: c.original for m, c in pop.copies.items()}
     for what, kind in (
         ("fp16 re-saves, their card the fine-tune's", "-fp16"),

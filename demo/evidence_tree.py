@@ -49,7 +49,7 @@ def traces_of(folder: Path, representation: Representation, force: bool = False)
         print(f"{folder.name}: failed {result.failed}")
     with Store(store, read_only=True) as db:
         base = db.con.execute("SELECT base FROM vectors LIMIT 1").fetchone()[0]
-        traces = db.traces(base, representation.key())
+        traces = db.reads.traces(base, representation.key())
         adapters = set(db.con.execute("SELECT model FROM vectors WHERE adapter").df()["model"])
         quantized = set(db.con.execute("SELECT model FROM vectors WHERE quantized IS NOT NULL").df()["model"])
     return truth, {

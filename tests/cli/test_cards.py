@@ -40,7 +40,7 @@ def test_a_malformed_card_is_said_once_and_the_model_is_embedded_unlabelled(tiny
         ],
     }
     with Store(store) as db:
-        labels = {Path(m).name: list(d) for m, d in zip(db.metadata()["model"], db.metadata()["datasets"])}
+        labels = {Path(m).name: list(d) for m, d in zip(db.reads.metadata()["model"], db.reads.metadata()["datasets"])}
     assert labels == {"bad-card": [], "bert-imdb": ["imdb"], "sound": ["glue/sst2"]}
     again = modelvec.embed(tiny_bert, [bad, named, sound], store=store)  # nothing read again: nothing said again
     assert len(again.skipped) == 3 and again.notes == {}

@@ -361,7 +361,7 @@ def run(w: World, place: Place, command: str, cwd: Path) -> subprocess.Completed
 
 
 def held(place: Place) -> dict[object, object]:
-    """What the store holds: every vector's bytes by (model, base, representation), read through ``Store.load``
+    """What the store holds: every vector's bytes by (model, base, representation), read through ``Store.reads.load``
     (which checks each against its checksum); a damaged store's files byte for byte."""
     if place.damaged:
         files = sorted(f for f in place.store.parent.glob(f"{place.store.name}*") if f.is_file())
@@ -369,7 +369,7 @@ def held(place: Place) -> dict[object, object]:
     vectors: dict[object, object] = {}
     with Store(place.store, read_only=True) as db:
         for base, params in db.con.execute("SELECT DISTINCT base, params FROM vectors").fetchall():
-            matrix, meta = db.load(base, params)
+            matrix, meta = db.reads.load(base, params)
             for model, vector in zip(meta["model"], matrix):
                 vectors[(model, base, params)] = vector.tobytes()
     return vectors

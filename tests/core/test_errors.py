@@ -136,7 +136,7 @@ def test_out_of_memory_is_recorded_as_resource_and_retried_next_run(
     assert not first.embedded and len(first.failed) == 2
     assert all("out of memory" in why and "\n" not in why for why in first.failed.values())
     with Store(store) as db:
-        failures = db.failures()
+        failures = db.reads.failures()
     assert set(failures["kind"]) == {"resource"}
     second = modelvec.embed(tiny_bert, tiny_finetunes[:2], store=store)  # the machine has room now
     assert sorted(second.embedded) == sorted(map(str, tiny_finetunes[:2])) and not second.failed
@@ -157,7 +157,7 @@ def test_a_content_failure_is_not_retried_but_a_resource_one_is(tiny_bert, tmp_p
     assert again.embedded == [str(good)]  # the resource failure is tried again...
     assert str(bad) in again.failed  # ...the content failure is remembered, not re-read
     with Store(store) as db:
-        assert db.failures().set_index("model").loc[str(bad), "kind"] == "content"
+        assert db.reads.failures().set_index("model").loc[str(bad), "kind"] == "content"
 
 
 def test_out_of_memory_batching_per_family_falls_back_to_layers_on_cpu(tiny_bert, tiny_finetunes, monkeypatch):
@@ -260,7 +260,7 @@ def test_a_real_memory_limit_fails_the_embed_then_the_same_command_without_it_em
     why = limited.stdout.strip().splitlines()[-1]
     assert why.startswith(f"{tuned}: out of memory"), why
     with Store(store) as db:
-        assert db.failures()["kind"].tolist() == ["resource"]
+        assert db.reads.failures()["kind"].tolist() == ["resource"]
     free = subprocess.run(
         [
             sys.executable,

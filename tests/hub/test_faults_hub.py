@@ -237,7 +237,7 @@ def test_pickled_code_in_a_bin_never_runs_and_the_run_goes_on(world, server, hub
     assert set(result.failed) == set(bad)
     for name in bad:
         assert "UnpicklingError" in one_line(result.failed[name]) or "weights" in result.failed[name].lower()
-    recorded = db.failures().set_index("model")["error"]
+    recorded = db.reads.failures().set_index("model")["error"]
     assert {name: recorded[name] for name in bad} == {name: result.failed[name] for name in bad}
     db.close()
 
@@ -429,7 +429,7 @@ def test_hostile_names_ids_revisions_and_headers_stay_inside_the_cache(
         assert "unsafe name from the Hub" in failed[repo], failed[repo]
     # config.json comes by one GET whose headers never become a path: its 404 is a missing file, however it is headed
     assert "file not found in the repository" in failed[nocfg], failed[nocfg]
-    recorded = db.failures().set_index("model")["error"]
+    recorded = db.reads.failures().set_index("model")["error"]
     assert {m: recorded[m] for m in failed} == failed
     # hostile names were never even asked for
     asked = [r["path"].split("/resolve/", 1) for r in server.requests if "/resolve/" in r["path"]]
@@ -593,7 +593,7 @@ def test_persistent_faults_fail_the_model_in_one_line_and_the_run_goes_on(
     assert set(result.failed) == set(cases)
     for repo, (_, reason) in cases.items():
         assert reason in one_line(result.failed[repo]), (repo, result.failed[repo])
-    recorded = db.failures().set_index("model")["error"]
+    recorded = db.reads.failures().set_index("model")["error"]
     assert {m: recorded[m] for m in cases} == result.failed
     assert [r["status"] for r in gets(server, "good/ft-p1")] == [500, 500, 500]  # retries=2: three tries
     # nothing half-written or corrupt reached a snapshot
@@ -760,7 +760,7 @@ def test_a_repository_deleted_mid_run_is_recorded_as_transient(tiny_bert, tmp_pa
         assert "x/gone" not in {e.model for e in discover(BASE, hub_settings=hub_settings).entries}  # nor listed
         with Store(tmp_path / "s.duckdb") as db:
             result = embed(BASE, found, store=db, hub_settings=hub_settings, representation=WHOLE)
-            failures = db.failures().set_index("model")
+            failures = db.reads.failures().set_index("model")
     assert result.embedded == ["x/first"]
     assert (
         one_line(result.failed["x/gone"]).startswith("x/gone: ") and "repository not found" in result.failed["x/gone"]

@@ -408,12 +408,12 @@ def test_discovery_limit_sort_and_only_small_files(server, hub_settings):
 def test_discovery_refresh_keeps_vectors_and_updates_labels(server, hub_settings, tmp_path):
     db = Store(tmp_path / "s.duckdb")
     found = discover(BASE, limit=3, hub_settings=hub_settings)
-    db.put_catalogue(found.base, found.base_sha, found.entries)
+    db.writes.put_catalogue(found.base, found.base_sha, found.entries)
     result = embed(BASE, found.kept[:1], store=db, hub_settings=hub_settings)
     assert len(result.embedded) == 1
     again = discover(BASE, hub_settings=hub_settings)
-    db.put_catalogue(again.base, again.base_sha, again.entries)
-    assert len(db.catalogue(BASE)) == len(again.entries) and db.metadata().shape[0] == 1
+    db.writes.put_catalogue(again.base, again.base_sha, again.entries)
+    assert len(db.reads.catalogue(BASE)) == len(again.entries) and db.reads.metadata().shape[0] == 1
     db.close()
 
 
@@ -428,7 +428,7 @@ def test_a_discovery_that_cannot_start_leaves_no_empty_store_behind(server, hub_
     assert not list(tmp_path.iterdir())
     found = discover(BASE, store=store, hub_settings=hub_settings)
     with Store(store, read_only=True) as db:
-        assert len(db.catalogue(BASE)) == len(found.entries) > 0
+        assert len(db.reads.catalogue(BASE)) == len(found.entries) > 0
     again = discover(BASE, store=store, hub_settings=hub_settings)
     assert [e.model for e in again.entries] == [e.model for e in found.entries]
 
@@ -609,9 +609,9 @@ def test_neighbors_of_a_hub_model_not_in_the_store(world, server, hub_settings, 
         made["alice/bert-finetuned-sst2"],
     ]
     assert not embed(BASE, stored, store=db, hub_settings=hub_settings).failed
-    before = len(db.metadata())
+    before = len(db.reads.metadata())
     result = neighbors("alice/bert-finetuned-sst2", store=db, hub_settings=hub_settings, scoring=Scoring(k=2))
-    assert result.on_the_fly and result.base == BASE and len(db.metadata()) == before
+    assert result.on_the_fly and result.base == BASE and len(db.reads.metadata()) == before
     assert result.nearest["model"][0] == str(made["alice/bert-finetuned-sst2"].resolve())
     assert result.nearest["distance"][0] < 1e-6
     db.close()

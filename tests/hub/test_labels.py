@@ -550,7 +550,7 @@ def test_the_same_card_gives_the_same_labels_for_a_local_and_a_hub_model(tiny_be
         hub_settings = HubSettings(endpoint=server.endpoint, cache_dir=str(tmp_path / "cache"), token=False)
         embed("org/tiny-base", ["org/bert-ft"], store=store, hub_settings=hub_settings)
     with Store(store) as db:
-        meta = db.metadata().set_index("model")
+        meta = db.reads.metadata().set_index("model")
     local, remote = meta.loc[str(folder.resolve())], meta.loc["org/bert-ft"]
     assert list(local["datasets"]) == list(remote["datasets"]) == ["glue/sst2"]
     assert local["label_source"] == remote["label_source"]

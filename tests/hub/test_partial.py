@@ -248,7 +248,7 @@ def test_bad_answers_are_recorded_with_their_kind_and_the_run_goes_on(models, hu
     assert "org/ft-sharded: " in result.failed["org/ft-sharded"] and SHARDS[1] in result.failed["org/ft-sharded"]
     assert "claims" in result.failed["org/ft-cut"]
     with Store(store) as db:
-        kinds = dict(zip(db.failures()["model"], db.failures()["kind"]))
+        kinds = dict(zip(db.reads.failures()["model"], db.reads.failures()["kind"]))
     assert kinds == {"org/ft-sharded": "transient", "org/ft-cut": "content"}
 
 

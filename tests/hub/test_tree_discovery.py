@@ -97,7 +97,7 @@ def test_the_whole_tree_is_found_with_each_relation_level_and_parents(tree, tmp_
     on_gguf = by["u/lora-on-gguf"]  # an adapter on a quantization is not mapped: its delta is not a fine-tune's
     assert not on_gguf.kept and "an adapter on u/a-gguf (a quantization)" in on_gguf.reason
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
-        stored = db.catalogue(base=BASE).set_index("model")
+        stored = db.reads.catalogue(base=BASE).set_index("model")
     assert stored.loc["u/d", "depth"] == 4 and stored.loc["u/d", "relation"] == "finetune"
     assert list(stored.loc["u/b", "parents"]) == ["u/a"]
 
@@ -164,7 +164,7 @@ def test_a_hub_adapter_on_a_fine_tune_is_embedded_on_its_parent(tiny_bert, tmp_p
     np.testing.assert_allclose(got, expected.vector, atol=1e-6 * np.abs(expected.vector).max())
     with Store(store, read_only=True) as db:
         key = db.con.execute("SELECT params FROM vectors LIMIT 1").fetchone()[0]
-        traces = db.traces(BASE, key).frame.set_index("model")
+        traces = db.reads.traces(BASE, key).frame.set_index("model")
     assert traces.loc["u/lora-on-ft", "parent"] == "u/ft"
 
 

@@ -267,7 +267,7 @@ def test_batch_run_records_broken_models_and_keeps_the_good(tiny_bert, tiny_fine
         vector = result.vectors[names.index(str(model.resolve()))]
         np.testing.assert_array_equal(vector, alone.embed_one(model))
     with Store(tmp_path / "s.duckdb") as db:
-        failures = dict(zip(db.failures()["model"], db.failures()["error"]))
+        failures = dict(zip(db.reads.failures()["model"], db.reads.failures()["error"]))
     assert failures == result.failed
     for case, folder in broken.items():
         name = str(folder.resolve())
@@ -628,4 +628,4 @@ def test_a_model_name_with_control_characters_still_gives_one_line(tiny_bert, tm
     (reason,) = result.failed.values()
     assert "\n" not in reason and "bad\\nname" in reason and "no weights found" in reason
     with Store(tmp_path / "s.duckdb") as db:
-        assert db.failures()["error"].tolist() == [reason]
+        assert db.reads.failures()["error"].tolist() == [reason]

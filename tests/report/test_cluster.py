@@ -230,7 +230,7 @@ def test_cluster_and_neighbors_rank_by_mutual_proximity_on_request(planted, tmp_
     base, models, _, store = planted
     params = Representation(rank=4)
     with modelvec.Store(store) as db:
-        X, meta = db.load(base=str(Path(base).resolve()), representation=params)
+        X, meta = db.reads.load(base=str(Path(base).resolve()), representation=params)
     labels = [list(d) for d in meta["datasets"]]
     report = cluster(
         base,
@@ -261,7 +261,7 @@ def test_cluster_and_neighbors_rank_by_mutual_proximity_on_request(planted, tmp_
 
 def _rows(store: Path) -> int:
     with modelvec.Store(store) as db:
-        return len(db.metadata())
+        return len(db.reads.metadata())
 
 
 def test_neighbors_of_a_model_not_in_the_store_embeds_it_on_the_fly(planted, tmp_path):
@@ -360,7 +360,7 @@ def test_evaluate_scores_each_variant_over_seeds_with_their_spread(planted, tmp_
     table = evaluate(base, models, variants=variants, store=store, seeds=(0, 1, 2))
     row = table.set_index("method").loc["cs"]
     with modelvec.Store(store) as db:
-        keys = set(db.metadata()["params"])
+        keys = set(db.reads.metadata()["params"])
     assert {Representation(rank=4, projection="countsketch", rows=0.5, seed=s).key() for s in (0, 1, 2)} <= keys
     assert row["params"] == Representation(rank=4, projection="countsketch", rows=0.5).key()
     singles = [
@@ -433,7 +433,7 @@ def test_explain_shares_sum_to_the_cosine_and_find_the_shared_block(tiny_bert, t
     params = Representation(rank=4, pooling="concat")
     modelvec.embed(tiny_bert, paths, representation=params, store=store)
     found = neighbors(paths[0], representation=params, store=store, explain=True, scoring=Scoring(k=2))
-    X, meta = Store(store).load(representation=params)
+    X, meta = Store(store).reads.load(representation=params)
     by_model = dict(zip(meta["model"], X))
     for item, distance in zip(found.explanation, found.nearest["distance"]):
         assert sum(b["share"] for b in item["blocks"]) == pytest.approx(1 - distance, abs=1e-6)
@@ -564,7 +564,7 @@ def test_auto_scaling_ranks_by_mutual_proximity_where_adapters_and_full_finetune
     adapters = [lora_adapter(base, tmp_path / f"lora{i}", seed=i) for i in range(2)]
     assert not modelvec.embed(base, adapters, representation=params, store=store).failed
     with Store(store, read_only=True) as db:
-        X, meta = db.load(representation=params)
+        X, meta = db.reads.load(representation=params)
     kinds = dict(zip(meta["model"], meta["adapter"]))
     assert [kinds[modelvec.core.model_id(a)] for a in adapters] == [True, True]
     assert [kinds[modelvec.core.model_id(m)] for m in models[:4]] == [False] * 4
@@ -596,7 +596,7 @@ def _made_store(path: Path, n: int = 36, dim: int = 300) -> tuple[Path, np.ndarr
     X = np.stack([centres[i % 4] + 0.5 * rng.standard_normal(dim).astype(np.float32) for i in range(n)])
     params = Representation()
     with Store(path) as db:
-        db.put_many(
+        db.writes.put_many(
             [
                 VectorRow(
                     f"m{i:02d}",
@@ -670,7 +670,7 @@ def test_cluster_keeps_the_products_and_a_second_run_reads_them(tmp_path):
     again = cluster("base", store=store, out=tmp_path / "b", reduce="pca", progress=lambda d, t: rows.append((d, t)))
     assert rows == [] and again.knn_score == first.knn_score and again.per_dataset == first.per_dataset
     with Store(store) as db:
-        db.put(VectorRow("new", "hn", "base", "bh", Representation(), "bert", X[0] * 1.01, ["ds0"], "made", 0.1))
+        db.writes.put(VectorRow("new", "hn", "base", "bh", Representation(), "bert", X[0] * 1.01, ["ds0"], "made", 0.1))
     third = cluster("base", store=store, out=tmp_path / "c", reduce="pca", progress=lambda d, t: rows.append((d, t)))
     assert rows == [(1, 1)] and third.n_models == 37
 
@@ -705,7 +705,7 @@ def test_float32_products_leave_the_report_and_the_neighbour_orders_as_float64_h
         report = cluster("base", store=store, out=tmp_path / f"o{exact_up_to}", reduce="pca", device="cpu")
         reports.append({k: v for k, v in report.as_json().items() if k != "files"})
         with Store(store, read_only=True) as db:
-            G = module.gram(db.vector_file, db.select()[0]).gram
+            G = module.gram(db.vector_file, db.reads.select()[0]).gram
         orders.append(Geometry.from_products(G).neighbours(36)[0])
     assert reports[0]["knn_score"] == reports[1]["knn_score"] and reports[0]["per_dataset"] == reports[1]["per_dataset"]
     assert _alike(reports[0], reports[1])  # what is counted exactly equal; continuous scores within float32 rounding

@@ -159,7 +159,7 @@ def test_one_model_given_two_ways_is_one_row_and_counted_once(zoo, tmp_path):
     shown = cli_json("show", "--store", str(store))
     assert sorted({m["model"] for m in shown["models"]}) == sorted(str(m) for m in made)
     with Store(store, read_only=True) as db:
-        assert db.aliases() == {**result.aliases, **again.aliases}
+        assert db.reads.aliases() == {**result.aliases, **again.aliases}
     near = modelvec.neighbors(made[2] / "model.safetensors", store=store, k=3)
     assert near.query == str(made[2]) and not near.on_the_fly  # the alias asked about: the stored model it names
     text = cli_text("embed", "--base", str(base), str(made[5] / "model.safetensors"), "--store", str(store))
@@ -179,7 +179,7 @@ def test_an_edited_card_is_read_again_and_every_report_reads_the_new_labels(zoo,
     report = _cluster(base, store, tmp_path / "o")
     assert report["per_dataset"]["imdb"]["count"] == 2  # cluster scores against the card as it is now: ft00 is beta
     with Store(store, read_only=True) as db:
-        stored = dict(zip(db.metadata()["model"], db.metadata()["datasets"]))
+        stored = dict(zip(db.reads.metadata()["model"], db.reads.metadata()["datasets"]))
         assert list(stored[str(models[0])]) == ["beta"]
     node = {n.model: n for n in model_tree(base, store=store).nodes}[str(models[0])]
     assert node.declared_relation == "adapter" and not node.agrees  # the tree reads the card embed read
@@ -241,7 +241,7 @@ def test_a_hub_model_whose_new_commit_only_edits_its_card_keeps_its_vector_and_t
         again = modelvec.embed(base, ["u/ft"], store=store, hub_settings=settings, load=False)
         assert again.embedded == [] and again.skipped == ["u/ft"]
         with Store(store, read_only=True) as db:
-            row = db.metadata().set_index("model").loc["u/ft"]
+            row = db.reads.metadata().set_index("model").loc["u/ft"]
         assert row["model_hash"] == f"git:{second}" != f"git:{first}" and list(row["datasets"]) == ["beta"]
         other = {**weights, "model.safetensors": made[1] / "model.safetensors"}
         hub.publish("u/ft", {**other, "README.md": b"---\ndatasets:\n- beta\n---\n"})
@@ -270,7 +270,7 @@ def test_a_fine_tune_of_a_few_bf16_steps_is_no_re_save_of_the_base(zoo, tmp_path
     assert modelvec.embed(base, [*made, *short, resaved], store=store, load=False).failed == {}
     with Store(store, read_only=True) as db:
         pop = Population(db, base)
-        traces = db.traces(pop.name, pop.representation.key(), pop.base_hash, read=False).frame.set_index("model")
+        traces = db.reads.traces(pop.name, pop.representation.key(), pop.base_hash, read=False).frame.set_index("model")
     assert list(pop.copies) == [str(resaved)] and pop.copies[str(resaved)].original == pop.name
     rounding = traces["rounding"] * traces["scale"]
     for m in short:  # as near the base as the re-save, within the rounding a re-save may leave

@@ -337,7 +337,7 @@ def test_a_base_saved_again_is_one_population_said_and_dropped_by_compact(base, 
     code, out, err = invoke("cluster", str(here), "--store", str(store), "--out", str(tmp_path / "o"), "--json")
     assert json.loads(out)["population"]["stale"] == 0 and "note:" not in err
     with Store(store, read_only=True) as db:
-        assert len(db.metadata()) == 8 and db.stale().empty
+        assert len(db.reads.metadata()) == 8 and db.versions.stale().empty
 
 
 def test_the_tree_is_acyclic_whatever_it_is_given():

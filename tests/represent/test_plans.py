@@ -402,7 +402,7 @@ def test_the_command_line_takes_a_share_or_auto(tmp_path):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
     with Store(store, read_only=True) as db:
-        keys = set(db.summary()["params"])
+        keys = set(db.reads.summary()["params"])
     assert keys == {_weights(rows="auto").key(), _weights(rows=0.5).key()}
     for args in (["embed", str(ft), "--base", str(base)], ["evaluate", str(ft), "--base", str(base)]):
         bad = CliRunner().invoke(app, [*args, "--store", store, "--rows", "half"])

@@ -128,7 +128,7 @@ def test_embed_stores_traces_and_embeds_a_local_adapter_on_the_fine_tune_it_name
     expected = embedder.embed_traced(family / "adapter-on-a", parent=family / "a")
     with Store(store, read_only=True) as db:
         base, key = db.con.execute("SELECT base, params FROM vectors LIMIT 1").fetchone()
-        stored = db.traces(base, key)
+        stored = db.reads.traces(base, key)
     traces = stored.frame.assign(sketch=list(stored.sketches)).set_index("model")
     adapter, parent = str(family / "adapter-on-a"), str(family / "a")
     got = result.vectors[list(result.metadata["model"]).index(adapter)]
@@ -138,7 +138,7 @@ def test_embed_stores_traces_and_embeds_a_local_adapter_on_the_fine_tune_it_name
     # re-embedded (its old bytes left behind), then compacted: the traces move with the vectors
     embed(family / "base", [family / "a"], store=store, force=True, load=False)
     with Store(store) as db:
-        before, after = db.compact()
-        again = db.traces(base, key)
+        before, after = db.writes.compact()
+        again = db.reads.traces(base, key)
     assert after < before
     np.testing.assert_array_equal(again.sketches, stored.sketches)

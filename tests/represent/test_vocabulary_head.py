@@ -163,7 +163,7 @@ def test_parameters_and_cli(tiny_bert, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.output)["embedded"]) == 1
     with Store(tmp_path / "s.duckdb") as store:
-        X, _ = store.load(base=model_id(tiny_bert), representation=head)
+        X, _ = store.reads.load(base=model_id(tiny_bert), representation=head)
     np.testing.assert_allclose(X[0], DeltaEmbedder(head="vocabulary").fit(tiny_bert).embed_one(ft), rtol=1e-6)
     bad = CliRunner().invoke(app, [*args[:-1], "lm"])
     said = " ".join(bad.output.replace("│", " ").split())  # the error box wraps the line

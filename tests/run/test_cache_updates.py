@@ -97,7 +97,7 @@ def test_updates_during_a_run_compute_each_vector_once_and_equal_a_first_run(tmp
     with Store(path) as db:
         with ProductsCacheUpdater(db, "base", PARAMS, products_from=10, device="cpu", step=8) as keeper:
             for start, stop in [(0, 12), (12, 30), (30, 50)]:
-                db.put_many(_rows(X[start:stop], start))
+                db.writes.put_many(_rows(X[start:stop], start))
                 for _ in range(start, stop):
                     keeper.added()
                 if stop < 50:
@@ -118,7 +118,7 @@ def test_an_interrupted_run_makes_no_last_update(tmp_path):
     db = Store(tmp_path / "s.duckdb")
     keeper = ProductsCacheUpdater(db, "base", PARAMS, products_from=1, step=1000)
     with db, pytest.raises(KeyboardInterrupt), keeper:
-        db.put_many(_rows(X, 0))
+        db.writes.put_many(_rows(X, 0))
         for _ in range(20):
             keeper.added()
         raise KeyboardInterrupt

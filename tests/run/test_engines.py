@@ -116,22 +116,22 @@ def _row(i: int) -> VectorRow:
 
 def test_writer_commits_everything_queued_on_close(tmp_path):
     with Store(tmp_path / "s.duckdb") as db:
-        with db.writer() as writer:
+        with db.writes.writer() as writer:
             for i in range(200):
                 writer.put(_row(i))
             writer.put(Failure("bad", "b", Representation(), "bad: broken", None))
-        X, meta = db.load()
+        X, meta = db.reads.load()
         assert list(meta["model"]) == sorted(f"m{i}" for i in range(200))
         assert np.array_equal(X[:, 0], [int(m[1:]) for m in meta["model"]])
-        assert list(db.failures()["model"]) == ["bad"]
+        assert list(db.reads.failures()["model"]) == ["bad"]
 
 
 def test_a_writer_error_reaches_the_caller_and_nothing_half_written_lands(tmp_path):
     with Store(tmp_path / "s.duckdb") as db:
-        writer = db.writer()
+        writer = db.writes.writer()
         writer.put(_row(0))
         writer.put(VectorRow("x", "h", "b", "bh", None, "bert", np.zeros(3), [], "s", 0.0))  # type: ignore[arg-type]
         with pytest.raises(AttributeError):
             writer.close()
-        assert db.metadata().empty or list(db.metadata()["model"]) == ["m0"]
-        assert "x" not in set(db.metadata()["model"])
+        assert db.reads.metadata().empty or list(db.reads.metadata()["model"]) == ["m0"]
+        assert "x" not in set(db.reads.metadata()["model"])

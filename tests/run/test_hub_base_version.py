@@ -33,7 +33,7 @@ def test_a_card_only_commit_of_the_base_keeps_its_vectors_and_new_weights_do_not
         again = run()
         assert again.embedded == [] and sorted(again.skipped) == ["u/ft0", "u/ft1"]
         with Store(store, read_only=True) as db:
-            assert db.base_now("org/base") == f"git:{first}"
+            assert db.versions.base_now("org/base") == f"git:{first}"
             assert len(Population(db, "org/base", modelvec.Representation(rank=4)).selection) == 2
         weights = load_file(str(tiny_bert / "model.safetensors"))
         key = next(k for k in weights if k.endswith("query.weight"))
@@ -46,15 +46,16 @@ def test_a_card_only_commit_of_the_base_keeps_its_vectors_and_new_weights_do_not
         third = run()
         assert sorted(third.embedded) == ["u/ft0", "u/ft1"]  # new weights: embedded again against them
         with Store(store, read_only=True) as db:
-            assert db.base_now("org/base") == f"git:{moved}"
+            assert db.versions.base_now("org/base") == f"git:{moved}"
 
 
 def test_a_discovered_commit_with_the_weights_of_the_last_is_read_as_it(tiny_bert, tmp_path):
     """``base_now`` after a discovery recorded the card-only commit (no embed since): the version recorded with it."""
     store = tmp_path / "s.duckdb"
     with Store(store) as db:
-        db.record_base("org/base", "git:" + "a" * 40, "git:" + "a" * 40)
-        db.put_catalogue("org/base", "b" * 40, [])
-        assert db.base_now("org/base") == "git:" + "b" * 40  # nothing says it holds the same weights
-        db.record_base("org/base", "git:" + "b" * 40, "git:" + "a" * 40)  # what embed records once it has asked
-        assert db.base_now("org/base") == "git:" + "a" * 40
+        db.versions.record_base("org/base", "git:" + "a" * 40, "git:" + "a" * 40)
+        db.writes.put_catalogue("org/base", "b" * 40, [])
+        assert db.versions.base_now("org/base") == "git:" + "b" * 40  # nothing says it holds the same weights
+        # what embed records once it has asked
+        db.versions.record_base("org/base", "git:" + "b" * 40, "git:" + "a" * 40)
+        assert db.versions.base_now("org/base") == "git:" + "a" * 40

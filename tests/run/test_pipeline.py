@@ -44,11 +44,11 @@ def test_resume_skips_and_force_recomputes(tiny_bert, tiny_finetunes, tmp_path):
     forced = modelvec.embed(tiny_bert, tiny_finetunes, rank=4, store=store, force=True)
     assert len(forced.embedded) == 3 and not forced.skipped
     with Store(store) as db:
-        assert len(db.metadata()) == 3  # no duplicate rows
+        assert len(db.reads.metadata()) == 3  # no duplicate rows
     other = modelvec.embed(tiny_bert, tiny_finetunes, rank=2, store=store)
     assert len(other.embedded) == 3  # another representation is another row
     with Store(store) as db:
-        assert len(db.metadata()) == 6
+        assert len(db.reads.metadata()) == 6
 
 
 def test_a_representation_and_its_fields_given_together_are_one_setting(tiny_bert, tiny_finetunes, tmp_path):
@@ -73,7 +73,7 @@ def test_changed_weights_are_recomputed(tiny_bert, tmp_path):
     assert again.embedded and not again.skipped
     assert not np.array_equal(again.vectors, before)
     with Store(store) as db:
-        assert len(db.metadata()) == 1
+        assert len(db.reads.metadata()) == 1
 
 
 def test_a_failure_is_recorded_and_the_run_goes_on(tiny_bert, tiny_finetunes, tmp_path):
@@ -83,14 +83,14 @@ def test_a_failure_is_recorded_and_the_run_goes_on(tiny_bert, tiny_finetunes, tm
     result = modelvec.embed(tiny_bert, [tiny_finetunes[0], broken, tiny_finetunes[1]], rank=4, store=store)
     assert len(result.embedded) == 2 and list(result.failed) == [str(broken.resolve())]
     with Store(store) as db:
-        failures = db.failures()
+        failures = db.reads.failures()
         assert failures["model"].tolist() == [str(broken.resolve())]
         assert "no weights found" in failures["error"][0]
     shutil.copytree(tiny_finetunes[2], broken, dirs_exist_ok=True)
     fixed = modelvec.embed(tiny_bert, [broken], rank=4, store=store)
     assert fixed.embedded and not fixed.failed
     with Store(store) as db:
-        assert db.failures().empty  # a later success clears the failure
+        assert db.reads.failures().empty  # a later success clears the failure
 
 
 def test_two_runs_give_identical_bytes(tiny_bert, tiny_finetunes, tmp_path):
@@ -166,7 +166,7 @@ def test_store_load_and_parquet_export(tiny_bert, tiny_finetunes, tmp_path):
     out = tmp_path / "v.parquet"
     with Store(store) as db:
         assert db.export_parquet(out) == 3
-        X, meta = db.load(representation=Representation(rank=4))
+        X, meta = db.reads.load(representation=Representation(rank=4))
     table = pq.read_table(out)
     for column in ("model", "base", "rank", "factor", "pooling", "solver", "sign", "datasets", "vector"):
         assert column in table.column_names

@@ -145,7 +145,7 @@ def test_ray_vectors_equal_local_failures_are_recorded_and_a_rerun_skips(cluster
     assert reason.startswith(f"{name}: ") and "model.safetensors" in reason and "\n" not in reason
     assert reason == local.failed[name]
     with Store(tmp_path / "ray.duckdb") as db:
-        assert db.failures()["model"].tolist() == [name]
+        assert db.reads.failures()["model"].tolist() == [name]
     # a second run skips every stored model and does not read the broken one again
     again = modelvec.embed(
         tiny_bert, models, representation=PARAMS, engine="ray", workers=2, store=tmp_path / "ray.duckdb"
@@ -227,7 +227,7 @@ def test_a_base_the_workers_cannot_open_stops_the_run_with_one_error(cluster, ti
     assert message.startswith(f"{base.resolve()}: cannot be opened on a Ray worker: ") and "\n" not in message
     assert "model.safetensors" in message
     with Store(store) as db:
-        assert db.failures().empty and db.metadata().empty  # not one failure per model
+        assert db.reads.failures().empty and db.reads.metadata().empty  # not one failure per model
     # a base path that exists nowhere (here: not on the workers' filesystem)
     missing = str(tmp_path / "not-on-this-node")
     _, tasks = tasks_for(tiny_bert, finetunes[:2], tmp_path)
@@ -305,7 +305,7 @@ def test_cli_embed_with_the_ray_engine(cluster, tiny_bert, finetunes, tmp_path):
 def assert_store_holds_reference(store, base, models) -> None:
     """The store holds exactly ``models``, each with the vector the local engine computes."""
     with Store(store) as db:
-        vectors, meta = db.load(representation=PARAMS)
+        vectors, meta = db.reads.load(representation=PARAMS)
     expected = reference(base, models)
     assert sorted(meta["model"]) == sorted(expected)
     for row, name in enumerate(meta["model"]):
@@ -428,7 +428,7 @@ def store(tmp_path_factory) -> Path:
             )
         )
     with Store(path) as db:
-        db.put_many(rows)
+        db.writes.put_many(rows)
     return path
 
 
@@ -491,7 +491,7 @@ KILLED_ONCE = textwrap.dedent(
         return neighbours.run_task(task)
 
     with Store(store, read_only=True) as db:
-        selection, meta = db.select()
+        selection, meta = db.reads.select()
         sets = label_sets([list(d) for d in meta["datasets"]], len(meta))
         eligible = np.array([bool(s) for s in sets])
         wanted = [neighbours.Wanted("scored", depths_for(sets, eligible, votes=5), eligible)]

@@ -81,6 +81,6 @@ def test_interrupted_mid_run_then_resume(sig, tiny_bert, finetunes, clean, comma
     assert _count(store) == (N_MODELS, N_MODELS)
     # the resumed store holds exactly what one uninterrupted run computes
     with Store(store) as a, Store(clean, read_only=True) as b:
-        Xa, ma = a.load()
-        Xb, mb = b.load()
+        Xa, ma = a.reads.load()
+        Xb, mb = b.reads.load()
     assert list(ma["model"]) == list(mb["model"]) and np.array_equal(Xa, Xb)

@@ -62,7 +62,7 @@ def test_discovery_stopped_mid_listing_goes_on_from_its_stored_cursor(hub, tmp_p
         pages = discover_pages(BASE, scope, db, hub_settings=settings)
         first = next(pages)  # the first page judged and stored, then the run stops (an exception, a kill)
         pages.close()
-        assert len(first.entries) == PAGE and len(db.catalogue(BASE)) == PAGE
+        assert len(first.entries) == PAGE and len(db.reads.catalogue(BASE)) == PAGE
         asked = _listings(server)
         *_, last = discover_pages(BASE, scope, db, hub_settings=settings)
     assert last.done and {e.model for e in last.entries} == {f"u{i:02d}/ft" for i in range(N)}
@@ -97,7 +97,7 @@ def test_a_hub_that_refuses_connections_is_found_once_and_every_model_recorded_t
     start = time.monotonic()
     with Store(tmp_path / "s.duckdb") as db:
         result = embed(BASE, models, store=db, hub_settings=settings)
-        kinds = Counter(db.failures()["kind"])
+        kinds = Counter(db.reads.failures()["kind"])
     seconds = time.monotonic() - start
     assert seconds < 10, seconds  # not a retry with backoff per model (that was minutes)
     assert sorted(result.failed) == models and kinds == {"transient": len(models)}

@@ -10,7 +10,7 @@
 * A writer process killed at random moments inside ``put``/``put_many``/``StoreWriter`` writes
   (some with DuckDB checkpointing every few rows): transactions are all or nothing, the committed
   items are a prefix, and bytes appended but never committed are never read.
-* Threads: ``Store.put`` from the main thread while a ``StoreWriter`` writes, and two ``Store``
+* Threads: ``Store.writes.put`` from the main thread while a ``StoreWriter`` writes, and two ``Store``
   objects of one file in one process writing from two threads: every row lands intact.
 
 Run as a script, this file is the killed writer's parent (see ``_helper``): it imports modelvec
@@ -111,9 +111,9 @@ def _check(store: Path, reference: Callable[[str], np.ndarray]) -> tuple[list[st
     with Store(store, wait=10) as db:
         rows, keys = db.con.execute(f"SELECT count(*), count(DISTINCT ({KEY})) FROM vectors").fetchall()[0]
         assert rows == keys, f"{rows - keys} duplicate rows"
-        fails = db.failures()
+        fails = db.reads.failures()
         assert len(fails) == fails["model"].nunique()
-        X, meta = db.load()  # raises StoreError if any row's bytes are missing or changed
+        X, meta = db.reads.load()  # raises StoreError if any row's bytes are missing or changed
         end = db.con.execute('SELECT max("offset" + 4 * dim) FROM vectors').fetchall()[0][0] or len(VectorFile.MAGIC)
         tail = db.vector_file.path.stat().st_size - end
     models = meta["model"].tolist()
@@ -227,8 +227,10 @@ def test_store_waits_for_another_process_then_opens(tmp_path):
         start = time.monotonic()
         with Store(store, wait=60, on_wait=told.append) as db:
             waited = time.monotonic() - start
-            db.put(VectorRow("m", "h", "b", "bh", Representation(rank=4), "bert", np.ones(8, np.float32), [], "x", 0.1))
-            assert db.load()[0].tolist() == [[1.0] * 8]
+            db.writes.put(
+                VectorRow("m", "h", "b", "bh", Representation(rank=4), "bert", np.ones(8, np.float32), [], "x", 0.1)
+            )
+            assert db.reads.load()[0].tolist() == [[1.0] * 8]
     finally:
         holder.kill()
         holder.wait()
@@ -264,7 +266,7 @@ def test_store_wait_runs_out(tmp_path, monkeypatch, caplog):
         holder.kill()
         holder.wait()
     with Store(store, wait=0) as db:  # the holder is gone: opens at once
-        assert db.failures().empty
+        assert db.reads.failures().empty
 
 
 def test_other_open_errors_are_not_waited_for(tmp_path):
@@ -364,15 +366,15 @@ def _write_until_killed(store: str, start: int, seed: int, small_checkpoints: bo
             rows = [_item(i) for i in items]
             if mode == "put":
                 for r in rows:
-                    db.put(r) if isinstance(r, VectorRow) else db.record_failure(
+                    db.writes.put(r) if isinstance(r, VectorRow) else db.writes.record_failure(
                         r.model, r.base, r.representation, r.error, r.model_version
                     )
             elif mode == "writer":
-                with db.writer() as w:
+                with db.writes.writer() as w:
                     for r in rows:
                         w.put(r)
             else:
-                db.put_many(rows)
+                db.writes.put_many(rows)
             struct.pack_into("iii", shared, 0, BETWEEN, 0, 0)
 
 
@@ -475,7 +477,7 @@ def _rows(tag: str, n: int, dim: int = 64) -> list[VectorRow]:
 
 
 def _assert_all_intact(db: Store, rows: list[VectorRow]) -> None:
-    X, meta = db.load()
+    X, meta = db.reads.load()
     assert meta["model"].tolist() == sorted(r.model for r in rows)
     expected = {r.model: r.vector for r in rows}
     for model, x in zip(meta["model"], X):
@@ -496,10 +498,10 @@ def fast_switching():
 def test_put_while_the_background_writer_writes(tmp_path, fast_switching):
     mine, its = _rows("main", 80), _rows("writer", 80)
     with Store(tmp_path / "s.duckdb") as db:
-        with db.writer() as writer:
+        with db.writes.writer() as writer:
             for a, b in zip(mine, its):
                 writer.put(b)
-                db.put(a)
+                db.writes.put(a)
         _assert_all_intact(db, mine + its)
 
 
@@ -542,7 +544,7 @@ def test_two_stores_of_one_file_written_from_two_threads(tmp_path, fast_switchin
         def write(db: Store, rows: list[VectorRow]) -> None:
             try:
                 for lo in range(0, len(rows), 10):
-                    db.put_many(rows[lo : lo + 10])
+                    db.writes.put_many(rows[lo : lo + 10])
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 

@@ -24,7 +24,7 @@ PARAMS = Representation(rank=4)
 
 def store_of(path, X, labels, authors=None):
     with Store(path) as db:
-        db.put_many(
+        db.writes.put_many(
             [
                 VectorRow(f"m{i:04d}", f"h{i}", "base", "bh", PARAMS, "bert", x, lab, "local", 0.1, author=a)
                 for i, (x, lab, a) in enumerate(zip(X, labels, authors or [None] * len(X)))
@@ -47,7 +47,7 @@ def made(n: int, dim: int, seed: int, *, ties: bool = True):
 
 
 def every_pair(db):
-    selection, meta = db.select()
+    selection, meta = db.reads.select()
     G = products.gram(db.vector_file, selection).gram
     return selection, meta, Geometry.from_products(G)
 
@@ -153,7 +153,7 @@ def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path, sc
     store_of(path, X[:60], labels[:60], authors[:60])
 
     def lists_of(db, earlier=None):
-        selection, meta = db.select()
+        selection, meta = db.reads.select()
         labs = [list(d) for d in meta["datasets"]]
         sets = label_sets(labs, len(labs))
         eligible = np.array([bool(s) for s in sets])
@@ -182,10 +182,10 @@ def test_kept_lists_are_brought_up_to_date_by_the_rows_that_changed(tmp_path, sc
     with Store(path, read_only=True) as db:
         if scaling == "moved":
             now = (0.5 + np.random.default_rng(80).normal(0, 0.05, 80), np.full(80, 0.1))
-            kept = listed.restated(kept, {"near", "scored"}, now, list(db.select()[0].hashes))
+            kept = listed.restated(kept, {"near", "scored"}, now, list(db.reads.select()[0].hashes))
         updated, computed, _ = lists_of(db, kept)
         fresh, _, _ = lists_of(db)
-        labs = [list(d) for d in db.select()[1]["datasets"]]
+        labs = [list(d) for d in db.reads.select()[1]["datasets"]]
     labelled = np.array([bool(d) for d in labs])
     assert 20 <= computed < 80
     np.testing.assert_allclose(updated.sums, fresh.sums, rtol=1e-12)  # every row's sums, in another order

@@ -26,7 +26,7 @@ def _store(path) -> Store:
     unknown kind, a quantization, a card's parents, a model only of the earlier version, and another base."""
     X = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
     db = Store(path)
-    db.put_many(
+    db.writes.put_many(
         [
             _row("a", "v2", X[0], adapter=True, parents=["org/base"], relation="adapter"),
             _row("b", "v2", X[1], adapter=False),
@@ -36,23 +36,23 @@ def _store(path) -> Store:
             _row("old", "v1", X[4]),
         ]
     )
-    db.put(VectorRow("o", "ho", "org/other", "w", PARAMS, "bert", X[5], ["d"], "local", 0.1))
+    db.writes.put(VectorRow("o", "ho", "org/other", "w", PARAMS, "bert", X[5], ["d"], "local", 0.1))
     db.con.execute("INSERT INTO bases (base, sha) VALUES (?, ?)", [BASE, "f" * 40])
-    db.record_base(BASE, "git:" + "f" * 40, "v2")
+    db.versions.record_base(BASE, "git:" + "f" * 40, "v2")
     return db
 
 
 def test_the_snapshot_gives_what_the_stores_queries_give(tmp_path):
     with _store(tmp_path / "s.duckdb") as db:
-        snap = Snapshot(db, [BASE], PARAMS)
+        snap = Snapshot(db.connection, [BASE], PARAMS)
         assert snap.bases() == [BASE]
-        assert Snapshot(db, None, PARAMS).bases() == [BASE, "org/other"]
-        assert snap.base_now(BASE) == db.base_now(BASE) == "v2"
-        pd.testing.assert_frame_equal(snap.versions(BASE), db.versions(BASE, PARAMS))
-        assert snap.models(BASE) == set(db.metadata(base=BASE, representation=PARAMS)["model"])
+        assert Snapshot(db.connection, None, PARAMS).bases() == [BASE, "org/other"]
+        assert snap.base_now(BASE) == db.versions.base_now(BASE) == "v2"
+        pd.testing.assert_frame_equal(snap.stored(BASE), db.versions.stored(BASE, PARAMS))
+        assert snap.models(BASE) == set(db.reads.metadata(base=BASE, representation=PARAMS)["model"])
         for version in ("v1", "v2"):
             got, meta = snap.select(BASE, version)
-            want, want_meta = db.select(base=BASE, representation=PARAMS, base_hash=version)
+            want, want_meta = db.reads.select(base=BASE, representation=PARAMS, base_hash=version)
             assert got == want
             pd.testing.assert_frame_equal(meta, want_meta)  # the same columns, the same types
             for column in meta.columns:
@@ -86,7 +86,7 @@ def test_a_population_reads_the_stores_rows_once_before_its_first_product(tmp_pa
     with _store(tmp_path / "s.duckdb") as db:
         db.con.execute("DELETE FROM vectors WHERE base = 'org/other'")  # the only base: found without naming it
         counting = _Counting(db.con)
-        db.con = counting  # type: ignore[assignment]
+        db.connection.con = counting  # type: ignore[assignment]
         for base in (BASE, None):
             counting.statements.clear()
             population = Population(db, base, PARAMS)
@@ -102,11 +102,11 @@ def test_a_population_reads_after_any_one_row_read_of_the_store(tmp_path):
     on a connection whose last result was not read to its end. Each read, then a population, then an export."""
     with _store(tmp_path / "s.duckdb") as db:
         reads = [
-            lambda: db.stored_version("a", BASE, "v2", PARAMS),
-            lambda: db.card_of("a", BASE),
-            lambda: db.same_files("x", "a", BASE, "v2", PARAMS),
-            lambda: db.same_vector("x", "a", BASE, "v2", PARAMS),
-            lambda: db.base_now(BASE),
+            lambda: db.reads.stored_version("a", BASE, "v2", PARAMS),
+            lambda: db.reads.card_of("a", BASE),
+            lambda: db.reads.same_files("x", "a", BASE, "v2", PARAMS),
+            lambda: db.reads.same_vector("x", "a", BASE, "v2", PARAMS),
+            lambda: db.versions.base_now(BASE),
         ]
         for read in reads:
             read()

@@ -33,8 +33,8 @@ def test_blockwise_products_equal_the_whole_product(tmp_path_factory, n, dim, bl
     X = vectors(n, dim, seed)
     path = tmp_path_factory.mktemp("s") / "s.duckdb"
     with Store(path) as db:
-        db.put_many(rows(X))
-        selection, _ = db.select()
+        db.writes.put_many(rows(X))
+        selection, _ = db.reads.select()
         got = module.gram(db.vector_file, selection, block_floats=block)
     whole = X.astype(np.float64) @ X.astype(np.float64).T
     assert got.damaged == {} and got.positions.tolist() == list(range(n))
@@ -45,19 +45,19 @@ def test_blockwise_products_equal_the_whole_product(tmp_path_factory, n, dim, bl
 def test_cached_products_are_reused_and_only_new_rows_computed(tmp_path):
     X, Y = vectors(30, 50, 1), vectors(7, 50, 2)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows(X))
-        first = db.products(db.select()[0], cache="base|key")
+        db.writes.put_many(rows(X))
+        first = db.reads.products(db.reads.select()[0], cache="base|key")
         assert first.computed_rows == 30
-        db.put_many(rows(Y, prefix="n"))
-        selection, _ = db.select()
-        again = db.products(selection, cache="base|key")
+        db.writes.put_many(rows(Y, prefix="n"))
+        selection, _ = db.reads.select()
+        again = db.reads.products(selection, cache="base|key")
         assert again.computed_rows == 7  # only the new vectors' rows were read and multiplied
         fresh = module.gram(db.vector_file, selection)
         np.testing.assert_allclose(again.gram, fresh.gram, rtol=1e-6, atol=1e-6)
         assert not np.isnan(again.gram).any()
-        db.put_many(rows(X[:3] * 2))  # three vectors replaced: their old products are never reused
-        selection, _ = db.select()
-        third = db.products(selection, cache="base|key")
+        db.writes.put_many(rows(X[:3] * 2))  # three vectors replaced: their old products are never reused
+        selection, _ = db.reads.select()
+        third = db.reads.products(selection, cache="base|key")
         assert third.computed_rows == 3
         np.testing.assert_allclose(third.gram, module.gram(db.vector_file, selection).gram, rtol=1e-6, atol=1e-6)
     assert len(list(CacheFolder(tmp_path / "s.duckdb").folder.iterdir())) == 1
@@ -67,7 +67,7 @@ def test_cached_products_are_reused_and_only_new_rows_computed(tmp_path):
 def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
     X = vectors(12, 40, 3)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows(X))
+        db.writes.put_many(rows(X))
         offset = db.con.execute("SELECT \"offset\" FROM vectors WHERE model = 'm0005'").fetchall()[0][0]
     with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
         f.seek(offset + 9)
@@ -75,8 +75,8 @@ def test_a_damaged_vector_is_named_and_the_others_analysed(tmp_path):
         f.seek(offset + 9)
         f.write(bytes([byte[0] ^ 0x10]))
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
-        selection, _ = db.select()
-        got = db.products(selection)
+        selection, _ = db.reads.select()
+        got = db.reads.products(selection)
         dots, _, damaged = blocks.products_with(db.vector_file, selection, X[0])
     assert list(got.damaged) == ["m0005"] and "does not match its checksum" in got.damaged["m0005"]
     keep = [i for i in range(12) if i != 5]
@@ -98,20 +98,20 @@ def test_vectors_damaged_after_their_products_were_kept_are_caught_on_every_thre
     file), and the damaged ones, one in each thread's run, are named in file order and left out."""
     X = vectors(20, 40, 6)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows(X))
-        db.products(db.select()[0], cache="base|key")
+        db.writes.put_many(rows(X))
+        db.reads.products(db.reads.select()[0], cache="base|key")
         offsets = dict(db.con.execute('SELECT model, "offset" FROM vectors').fetchall())
     for model in ("m0016", "m0003"):
         flip(tmp_path / "s.duckdb.vectors", offsets[model] + 5)
     monkeypatch.setattr(module, "cores", lambda: 2)
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
-        selection, _ = db.select()
+        selection, _ = db.reads.select()
         reads: list[int] = []
         original = db.vector_file.read_raw
         monkeypatch.setattr(
             db.vector_file, "read_raw", lambda offset, raw: reads.append(offset) or original(offset, raw)
         )
-        got = db.products(selection, cache="base|key")
+        got = db.reads.products(selection, cache="base|key")
     assert got.computed_rows == 0 and sorted(reads) == sorted(selection.offsets)
     assert list(got.damaged) == ["m0003", "m0016"]
     keep = [i for i in range(20) if i not in (3, 16)]
@@ -122,8 +122,8 @@ def test_vectors_damaged_after_their_products_were_kept_are_caught_on_every_thre
 def test_a_query_reads_each_vector_once(tmp_path, monkeypatch):
     X = vectors(25, 30, 4)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows(X))
-        selection, _ = db.select()
+        db.writes.put_many(rows(X))
+        selection, _ = db.reads.select()
         reads: list[int] = []
         original = db.vector_file.read_raw
         monkeypatch.setattr(
@@ -172,8 +172,8 @@ def test_blocked_float32_products_equal_float64_within_their_tolerance(tmp_path_
     X = near_duplicates(n, dim, seed)
     path = tmp_path_factory.mktemp("s") / "s.duckdb"
     with Store(path) as db:
-        db.put_many(rows(X))
-        selection, _ = db.select()
+        db.writes.put_many(rows(X))
+        selection, _ = db.reads.select()
         got = module.gram(db.vector_file, selection, block_floats=block, exact_up_to=0)
     assert got.positions.tolist() == list(range(n))
     check_float32_products(got.gram, X)
@@ -186,13 +186,13 @@ def test_the_torch_path_equals_numpys_within_float32_rounding(tmp_path, monkeypa
 
     X = near_duplicates(50, 300, 7)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows(X[:40]))
-        selection, _ = db.select()
+        db.writes.put_many(rows(X[:40]))
+        selection, _ = db.reads.select()
         numpy_path = module.gram(db.vector_file, selection, block_floats=12 * 300, exact_up_to=0)
         monkeypatch.setattr(module, "Multiplier", functools.partial(module.Multiplier, torch_on_cpu=True))
         torch_path = module.gram(db.vector_file, selection, block_floats=12 * 300, exact_up_to=0)
-        db.put_many(rows(X[40:], prefix="n"))
-        more, _ = db.select()
+        db.writes.put_many(rows(X[40:], prefix="n"))
+        more, _ = db.reads.select()
         known = cache.CachedProducts(np.zeros((50, 50)), np.zeros(50, dtype=bool))
         known.gram[:40, :40], known.have[:40] = torch_path.gram, True
         extended = module.gram(db.vector_file, more, known=known, block_floats=12 * 300, exact_up_to=0)
@@ -214,8 +214,8 @@ def test_on_a_gpu_the_products_equal_the_cpus_within_float32_rounding(tmp_path):
         pytest.skip("no CUDA GPU visible")
     X = near_duplicates(300, 2000, 11)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows(X))
-        selection, _ = db.select()
+        db.writes.put_many(rows(X))
+        selection, _ = db.reads.select()
         cpu = module.gram(db.vector_file, selection, block_floats=100 * 2000, exact_up_to=0, device="cpu")
         gpu = module.gram(db.vector_file, selection, block_floats=100 * 2000, exact_up_to=0, device="cuda")
     check_float32_products(gpu.gram, X)

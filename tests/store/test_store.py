@@ -29,11 +29,11 @@ def vectors(n: int, dim: int = 1000, seed: int = 0) -> np.ndarray:
 
 def test_vectors_round_trip_through_the_writer_and_survive_reopen(tmp_path):
     X = vectors(20)
-    with Store(tmp_path / "s.duckdb") as db, db.writer() as w:
+    with Store(tmp_path / "s.duckdb") as db, db.writes.writer() as w:
         for i, x in enumerate(X):
             w.put(row(f"m{i:02d}", x))
     with Store(tmp_path / "s.duckdb") as db:
-        loaded, meta = db.load(representation=PARAMS)
+        loaded, meta = db.reads.load(representation=PARAMS)
     np.testing.assert_array_equal(loaded, X)
     assert meta["model"].tolist() == [f"m{i:02d}" for i in range(20)]
     assert (tmp_path / "s.duckdb.vectors").stat().st_size >= X.nbytes
@@ -44,7 +44,7 @@ def test_duckdb_holds_rows_not_vector_bytes(tmp_path):
     vectors are written, so a long run's memory does not grow with the store."""
     X = vectors(200, dim=20_000)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([row(f"m{i:03d}", x) for i, x in enumerate(X)])
+        db.writes.put_many([row(f"m{i:03d}", x) for i, x in enumerate(X)])
         db.con.execute("CHECKPOINT")
         in_duckdb = sum(r[1] for r in db.con.execute("SELECT * FROM duckdb_memory()").fetchall())
     assert (tmp_path / "s.duckdb").stat().st_size < X.nbytes / 10  # ~0.5 MB at DuckDB 2, ~1 MB at 1.2: not 16 MB
@@ -54,9 +54,9 @@ def test_duckdb_holds_rows_not_vector_bytes(tmp_path):
 def test_replacing_a_vector_points_at_the_new_bytes(tmp_path):
     old, new = vectors(2)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put(row("m", old))
-        db.put(row("m", new))
-        loaded, meta = db.load()
+        db.writes.put(row("m", old))
+        db.writes.put(row("m", new))
+        loaded, meta = db.reads.load()
     assert len(meta) == 1
     np.testing.assert_array_equal(loaded[0], new)
 
@@ -66,12 +66,12 @@ def test_bytes_left_by_a_killed_append_are_never_read(tmp_path):
     unaligned) tail; later rows go after it and every committed row still reads back exactly."""
     X = vectors(3)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put(row("a", X[0]))
+        db.writes.put(row("a", X[0]))
     with open(tmp_path / "s.duckdb.vectors", "ab") as f:
         f.write(b"\x7f" * 1001)  # half a vector, never committed
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([row("b", X[1]), row("c", X[2])])
-        loaded, meta = db.load()
+        db.writes.put_many([row("b", X[1]), row("c", X[2])])
+        loaded, meta = db.reads.load()
         offsets = [r[0] for r in db.con.execute('SELECT "offset" FROM vectors').fetchall()]
     np.testing.assert_array_equal(loaded, X)
     assert all(o % VectorFile.ALIGN == 0 for o in offsets)
@@ -80,7 +80,7 @@ def test_bytes_left_by_a_killed_append_are_never_read(tmp_path):
 def test_changed_bytes_are_caught_and_the_model_named(tmp_path):
     X = vectors(3)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
         offset = db.con.execute("SELECT \"offset\" FROM vectors WHERE model = 'm1'").fetchall()[0][0]
     with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
         f.seek(offset + 17)
@@ -89,19 +89,19 @@ def test_changed_bytes_are_caught_and_the_model_named(tmp_path):
         f.write(bytes([byte[0] ^ 0x01]))
     with Store(tmp_path / "s.duckdb") as db:
         with pytest.raises(StoreError, match=r"^m1: its stored vector .* does not match its checksum"):
-            db.load()
-        loaded, _ = db.load(models=["m0", "m2"])  # the others still load
+            db.reads.load()
+        loaded, _ = db.reads.load(models=["m0", "m2"])  # the others still load
     np.testing.assert_array_equal(loaded, X[[0, 2]])
 
 
 def test_a_truncated_vector_file_is_caught(tmp_path):
     X = vectors(2)
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([row("a", X[0]), row("b", X[1])])
+        db.writes.put_many([row("a", X[0]), row("b", X[1])])
     heap = tmp_path / "s.duckdb.vectors"
     os.truncate(heap, heap.stat().st_size - 8)
     with Store(tmp_path / "s.duckdb") as db, pytest.raises(StoreError, match=r"^b: .*truncated"):
-        db.load()
+        db.reads.load()
 
 
 def test_a_foreign_vector_file_is_refused(tmp_path):
@@ -144,14 +144,14 @@ def test_a_store_with_vectors_inside_duckdb_is_migrated(tmp_path):
     path = old_store(tmp_path / "old.duckdb", [(f"m{i:03d}", "bh", X[i], [f"ds{i % 3}"]) for i in range(len(X))])
     with Store(path) as db:
         assert "vector" not in columns_by_table(db.con)["vectors"]
-        loaded, meta = db.load(representation=PARAMS)
+        loaded, meta = db.reads.load(representation=PARAMS)
         np.testing.assert_array_equal(loaded, X)
         assert meta["datasets"].map(list).tolist() == [[f"ds{i % 3}"] for i in range(len(X))]
         assert meta["label_source"].isna().all()
         extra = vectors(1, dim=500, seed=1)[0]
-        db.put(row("zz-new", extra))
+        db.writes.put(row("zz-new", extra))
     with Store(path) as db:  # opening again migrates nothing more
-        loaded, meta = db.load(representation=PARAMS)
+        loaded, meta = db.reads.load(representation=PARAMS)
     assert len(meta) == 301
     np.testing.assert_array_equal(loaded[-1], extra)
 
@@ -162,17 +162,21 @@ def test_a_store_without_the_adapter_column_reads_and_is_brought_up_to_date(tmp_
     path = tmp_path / "s.duckdb"
     X = vectors(3)
     with Store(path) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
         db.con.execute("ALTER TABLE vectors DROP COLUMN adapter")
     with Store(path, read_only=True) as db:
-        loaded, meta = db.load(representation=PARAMS)
+        loaded, meta = db.reads.load(representation=PARAMS)
         assert "adapter" not in columns_by_table(db.con)["vectors"]
     np.testing.assert_array_equal(loaded, X)
     assert meta["adapter"].isna().all()
     with Store(path) as db:
-        db.put(VectorRow("lora", "h", "base", "base-hash", PARAMS, "bert", X[0], ["sst2"], "local", 0.5, adapter=True))
-        db.put(VectorRow("full", "h", "base", "base-hash", PARAMS, "bert", X[1], ["sst2"], "local", 0.5, adapter=False))
-        meta = db.metadata(representation=PARAMS).set_index("model")["adapter"]
+        db.writes.put(
+            VectorRow("lora", "h", "base", "base-hash", PARAMS, "bert", X[0], ["sst2"], "local", 0.5, adapter=True)
+        )
+        db.writes.put(
+            VectorRow("full", "h", "base", "base-hash", PARAMS, "bert", X[1], ["sst2"], "local", 0.5, adapter=False)
+        )
+        meta = db.reads.metadata(representation=PARAMS).set_index("model")["adapter"]
     assert meta["lora"] == True and meta["full"] == False and meta[["m0", "m1", "m2"]].isna().all()  # noqa: E712
 
 
@@ -185,7 +189,7 @@ def test_the_cli_reports_a_damaged_vector_in_one_line_and_exports_the_others(tmp
     import pyarrow.parquet as pq
 
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3))])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3))])
         offset = db.con.execute("SELECT \"offset\" FROM vectors WHERE model = 'm1'").fetchall()[0][0]
     with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
         f.seek(offset)
@@ -223,11 +227,11 @@ def test_compaction_keeps_live_vectors_and_drops_replaced_bytes(tmp_path):
     X = vectors(6)
     path = tmp_path / "s.duckdb"
     with Store(path) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X[:3])])
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X[3:])])  # replaces all three
-        before, after = db.compact()
-        loaded, _ = db.load()
-        db.put(row("m9", X[0]))  # appends go to the new file
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X[:3])])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X[3:])])  # replaces all three
+        before, after = db.writes.compact()
+        loaded, _ = db.reads.load()
+        db.writes.put(row("m9", X[0]))  # appends go to the new file
         ours = header(db.identity)
     np.testing.assert_array_equal(loaded, X[3:])
     assert after < before * 0.6 and not (tmp_path / "s.duckdb.vectors").exists()
@@ -238,13 +242,13 @@ def test_compaction_keeps_live_vectors_and_drops_replaced_bytes(tmp_path):
     (tmp_path / "s.duckdb.vectors").write_bytes(ours + b"\0" * 4096)
     (tmp_path / "s.duckdb.vectors.keep-me").write_bytes(b"not ours")
     with Store(path) as db:
-        loaded, meta = db.load()
+        loaded, meta = db.reads.load()
     assert sorted(p.name for p in tmp_path.glob("s.duckdb.vectors*")) == sorted([current, "s.duckdb.vectors.keep-me"])
     np.testing.assert_array_equal(loaded, np.vstack([X[3:], X[:1]]))
     result = CliRunner().invoke(app, ["compact", "--store", str(path)])
     assert result.exit_code == 0 and "MB ->" in result.output
     with Store(path) as db:
-        np.testing.assert_array_equal(db.load()[0], np.vstack([X[3:], X[:1]]))
+        np.testing.assert_array_equal(db.reads.load()[0], np.vstack([X[3:], X[:1]]))
 
 
 def test_migration_keeps_rows_that_differ_only_in_base_hash(tmp_path):

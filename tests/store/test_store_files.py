@@ -67,16 +67,16 @@ def compacted(path: Path, n: int = 3) -> np.ndarray:
     """A store at ``path`` of ``n`` vectors, each replaced once, then compacted: its vector file is
     ``<path>.vectors.<12 hex>``; the vectors it holds."""
     with Store(path) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(n, seed=1))])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(n, seed=1))])
         X = vectors(n, seed=2)
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
-        db.compact()
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+        db.writes.compact()
     return X
 
 
 def loaded(path: Path) -> np.ndarray:
     with Store(path, read_only=True) as db:
-        return db.load()[0]
+        return db.reads.load()[0]
 
 
 def cli(*args: str):
@@ -137,12 +137,12 @@ def test_a_renamed_compacted_store_takes_more_models_and_keeps_every_vector(tiny
     assert not modelvec.embed(tiny_bert, four[:3], store=S).failed
     assert cli("compact", "--store", S).exit_code == 0
     with Store(S, read_only=True) as db:
-        held = dict(zip(db.load()[1]["model"], db.load()[0]))
+        held = dict(zip(db.reads.load()[1]["model"], db.reads.load()[0]))
     R = copy_store(S, tmp_path / "R.duckdb", move=True)
     result = cli("embed", "--base", tiny_bert, four[3], "--store", R)
     assert result.exit_code == 0 and "embedded 1, skipped 0" in result.stdout, result.output
     with Store(R, read_only=True) as db:
-        matrix, meta = db.load()
+        matrix, meta = db.reads.load()
     now = dict(zip(meta["model"], matrix))
     assert len(now) == 4 and set(held) < set(now)
     for model, vector in held.items():
@@ -160,7 +160,7 @@ def test_the_recorded_name_of_a_vector_file_is_read_by_its_suffix(tmp_path):
     R = copy_store(tmp_path / "S.duckdb", tmp_path / "R.duckdb", move=True)
     with Store(R) as db:
         assert db.vector_file.path == tmp_path / f"R.duckdb.vectors.{recorded[-12:]}"
-        np.testing.assert_array_equal(db.load()[0], X)
+        np.testing.assert_array_equal(db.reads.load()[0], X)
 
 
 @pytest.mark.parametrize("kind", ["compacted", "not-compacted", "without-store_meta"])
@@ -176,7 +176,7 @@ def test_a_store_renamed_without_its_vector_file_is_refused_and_nothing_is_delet
     else:
         X = vectors(3)
         with Store(S) as db:
-            db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+            db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
             if kind == "without-store_meta":  # as written before 2026-11-28: no store_meta, the plain header
                 db.con.execute("DROP TABLE store_meta")
         if kind == "without-store_meta":
@@ -198,9 +198,9 @@ def test_a_store_renamed_without_its_vector_file_is_refused_and_nothing_is_delet
     assert cli("show", "--store", R).exit_code == 0  # the rows read
     with Store(R, read_only=True) as db:
         with pytest.raises(StoreError, match=rf"^m0: its stored vector is missing: there is no {tmp_path / missing}"):
-            db.load()
-        selection, _ = db.select()
-        result = db.products(selection)
+            db.reads.load()
+        selection, _ = db.reads.select()
+        result = db.reads.products(selection)
     assert sorted(result.damaged) == ["m0", "m1", "m2"]
     assert all("is missing: there is no" in line and "checksum" not in line for line in result.damaged.values())
     assert files(tmp_path) == before
@@ -212,7 +212,7 @@ def test_the_causes_of_an_unreadable_vector_are_told_apart(tmp_path):
     """A vector past the end of its file is missing from it (truncated), one whose bytes changed does not match its
     checksum: each read says which."""
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3))])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3))])
         offset = db.con.execute("SELECT \"offset\" FROM vectors WHERE model = 'm0'").fetchone()[0]
     path = tmp_path / "s.duckdb.vectors"
     with open(path, "r+b") as f:
@@ -220,7 +220,7 @@ def test_the_causes_of_an_unreadable_vector_are_told_apart(tmp_path):
         f.write(b"\xff")
     os.truncate(path, path.stat().st_size - 8)
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
-        damaged = db.products(db.select()[0]).damaged
+        damaged = db.reads.products(db.reads.select()[0]).damaged
     assert "does not match its checksum" in damaged["m0"] and "truncated" not in damaged["m0"]
     assert "is missing from" in damaged["m2"] and "(the file is truncated)" in damaged["m2"]
     assert "m1" not in damaged
@@ -234,7 +234,7 @@ def test_another_stores_vector_file_is_refused_in_one_line_not_called_damaged(tm
     another store's, where it used to read every vector as damaged; nothing is changed."""
     for name, seed in (("A", 0), ("B", 1)):
         with Store(tmp_path / f"{name}.duckdb") as db:
-            db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3, seed=seed))])
+            db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(3, seed=seed))])
     shutil.copy2(tmp_path / "B.duckdb.vectors", tmp_path / "A.duckdb.vectors")
     before = files(tmp_path)
     for read_only in (True, False):
@@ -267,10 +267,10 @@ def test_only_leftovers_that_carry_the_stores_identity_are_removed(tmp_path):
         (tmp_path / name).write_bytes(data)
     (tmp_path / "S.duckdb.vectors.eeeeeeeeeeee").symlink_to(ours[0])
     with Store(S, read_only=True) as db:  # a reader removes nothing
-        np.testing.assert_array_equal(db.load()[0], X)
+        np.testing.assert_array_equal(db.reads.load()[0], X)
     assert all(p.exists() for p in ours)
     with Store(S) as db:
-        np.testing.assert_array_equal(db.load()[0], X)
+        np.testing.assert_array_equal(db.reads.load()[0], X)
     assert not any(p.exists() for p in ours)
     assert {n: (tmp_path / n).read_bytes() for n in kept} == kept
     assert (tmp_path / "S.duckdb.vectors.eeeeeeeeeeee").is_symlink() and current.exists()
@@ -282,22 +282,22 @@ def test_a_store_from_before_identities_keeps_working_and_gets_one(tmp_path):
     S = tmp_path / "S.duckdb"
     X = vectors(4)
     with Store(S) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X[:2])])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X[:2])])
         db.con.execute("COMMENT ON TABLE store_meta IS NULL")
     with open(tmp_path / "S.duckdb.vectors", "r+b") as f:
         f.write(VectorFile.MAGIC)
     with Store(S, read_only=True) as db:
         assert db.identity is None
-        np.testing.assert_array_equal(db.load()[0], X[:2])
+        np.testing.assert_array_equal(db.reads.load()[0], X[:2])
     with Store(S) as db:
         assert db.identity is not None and db.vector_file.identity is None
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X[2:], start=2)])
-        db.compact()
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X[2:], start=2)])
+        db.writes.compact()
         assert identity_of(db.vector_file.path) == db.identity
         mine = db.identity
     with Store(S, read_only=True) as db:
         assert db.identity == mine
-        np.testing.assert_array_equal(db.load()[0], X)
+        np.testing.assert_array_equal(db.reads.load()[0], X)
     assert [p.name for p in store_files(S)] == ["S.duckdb", db.vector_file.path.name]
 
 
@@ -306,7 +306,7 @@ def test_a_store_from_before_identities_keeps_working_and_gets_one(tmp_path):
 
 def parquet_file(tmp_path: Path) -> Path:
     with Store(tmp_path / "made.duckdb") as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(2))])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(2))])
     assert cli("export", "--parquet", tmp_path / "v.parquet", "--store", tmp_path / "made.duckdb").exit_code == 0
     for p in store_files(tmp_path / "made.duckdb"):
         p.unlink()
@@ -375,19 +375,19 @@ def test_bytes_past_the_last_block_are_a_note_not_damage(tmp_path):
     S = tmp_path / "S.duckdb"
     X = vectors(5)
     with Store(S) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(X)])
     whole = S.stat().st_size
     with open(S, "ab") as f:
         f.write(b"\x5a" * 70_000)
     for read_only in (True, False):
         notes: list[str] = []
         with Store(S, read_only=read_only, on_note=notes.append) as db:
-            np.testing.assert_array_equal(db.load()[0], X)
+            np.testing.assert_array_equal(db.reads.load()[0], X)
         assert len(notes) == 1 and "70000 bytes past its last block" in notes[0] and "damaged" not in notes[0]
     assert S.stat().st_size <= whole
     notes = []
     with Store(S, read_only=True, on_note=notes.append) as db:
-        np.testing.assert_array_equal(db.load()[0], X)
+        np.testing.assert_array_equal(db.reads.load()[0], X)
     assert notes == []
     result = cli("show", "--store", S, "--json")
     assert result.exit_code == 0 and result.stderr == ""
@@ -400,7 +400,7 @@ def test_a_store_cut_short_is_damaged(tmp_path, cut):
     every kind of open."""
     S = tmp_path / "S.duckdb"
     with Store(S) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(5))])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(5))])
     os.truncate(S, S.stat().st_size - cut)
     for read_only in (True, False):
         with pytest.raises(StoreError, match="damaged: the file is truncated"):
@@ -424,7 +424,7 @@ def test_temporary_files_a_killed_process_left_are_removed_but_never_one_being_w
     one another process is writing (its lock held), a fresh one, and any other name are left."""
     S = tmp_path / "S.duckdb"
     with Store(S) as db:
-        db.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(4))])
+        db.writes.put_many([row(f"m{i}", x) for i, x in enumerate(vectors(4))])
     folder = tmp_path / "S.duckdb.products"
     folder.mkdir()
     hour_ago = time.time() - 3600
@@ -440,7 +440,7 @@ def test_temporary_files_a_killed_process_left_are_removed_but_never_one_being_w
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with Store(S, read_only=True) as db:  # a report keeps its products: the folder is written
-            db.products(db.select()[0], cache="the selection")
+            db.reads.products(db.reads.select()[0], cache="the selection")
         assert not left.exists()
         assert live.exists() and fresh.exists() and all(p.exists() for p in others)
         assert len(list(folder.glob("*.products"))) == 2  # the kept products, beside the other file

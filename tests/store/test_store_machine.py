@@ -139,7 +139,7 @@ class Stores(RuleBasedStateMachine):
             self.untouched(before)
             return
         with Store(self.path(name), read_only=True) as db:
-            stored = set(db.metadata()["model"])
+            stored = set(db.reads.metadata()["model"])
         assert had <= stored <= had | {str(m) for m in chosen}, "a killed embed lost or invented models"
         self.held[name] = stored
         self.untouched(before)
@@ -157,7 +157,7 @@ class Stores(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(self.held)))
         before = self.others(name)
         with Store(self.path(name)) as db:
-            db.compact()
+            db.writes.compact()
         self.untouched(before)
 
     @precondition(lambda self: 0 < len(self.held) < len(NAMES))

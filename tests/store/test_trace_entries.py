@@ -32,18 +32,18 @@ def traced(model: str, seed: int, entries: bool = True) -> VectorRow:
 
 
 def entries_of(db: Store) -> tuple[list[str], np.ndarray, np.ndarray, dict[str, str]]:
-    frame = db.traces("base", PARAMS.key()).frame
-    kept, base, damaged = db.trace_entries(frame)
+    frame = db.reads.traces("base", PARAMS.key()).frame
+    kept, base, damaged = db.reads.trace_entries(frame)
     return list(frame["model"]), kept, base, damaged
 
 
 def test_kept_entries_read_back_bit_for_bit_and_survive_compaction(tmp_path):
     rows = [traced("m0", 1), traced("m1", 2), traced("adapter", 3, entries=False)]
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many(rows)
-        db.put_many([traced("m0", 4)])  # replaces m0: its old bytes are dead
+        db.writes.put_many(rows)
+        db.writes.put_many([traced("m0", 4)])  # replaces m0: its old bytes are dead
         before = entries_of(db)
-        db.compact()
+        db.writes.compact()
         after = entries_of(db)
     models, kept, base, damaged = after
     assert models == ["adapter", "m0", "m1"] and damaged == {}
@@ -59,18 +59,18 @@ def test_a_store_written_before_entries_were_kept_opens_and_is_brought_up_to_dat
     changed; a writer adds the columns, and traces written since keep their entries."""
     path = tmp_path / "s.duckdb"
     with Store(path) as db:
-        db.put_many([traced("old", 1)])
+        db.writes.put_many([traced("old", 1)])
         for column in ENTRY_COLUMNS:
             db.con.execute(f"ALTER TABLE traces DROP COLUMN {column}")
     with Store(path, read_only=True) as db:
         assert not set(ENTRY_COLUMNS) & set(columns_by_table(db.con)["traces"])
         models, kept, base, damaged = entries_of(db)
-        sketch = db.traces("base", PARAMS.key()).sketches
+        sketch = db.reads.traces("base", PARAMS.key()).sketches
     assert models == ["old"] and kept.shape == (1, 0) and len(base) == 0 and damaged == {}
     np.testing.assert_array_equal(sketch[0], traced("old", 1).trace.sketch.astype(np.float32))
     with Store(path) as db:
         assert set(ENTRY_COLUMNS) <= set(columns_by_table(db.con)["traces"])
-        db.put_many([traced("new", 2)])
+        db.writes.put_many([traced("new", 2)])
         models, kept, base, _ = entries_of(db)
     assert models == ["new", "old"] and np.isnan(kept[1]).all()
     np.testing.assert_array_equal(kept[0], traced("new", 2).trace.entries)
@@ -78,14 +78,14 @@ def test_a_store_written_before_entries_were_kept_opens_and_is_brought_up_to_dat
 
 def test_damaged_entries_are_named_and_their_trace_still_read(tmp_path):
     with Store(tmp_path / "s.duckdb") as db:
-        db.put_many([traced("m0", 1), traced("m1", 2)])
+        db.writes.put_many([traced("m0", 1), traced("m1", 2)])
         offset = db.con.execute("SELECT entries_offset FROM traces WHERE model = 'm1'").fetchall()[0][0]
     with open(tmp_path / "s.duckdb.vectors", "r+b") as f:
         f.seek(offset)
         f.write(b"\xff\xff\xff\xff")
     with Store(tmp_path / "s.duckdb", read_only=True) as db:
         models, kept, base, damaged = entries_of(db)
-        sketches = db.traces("base", PARAMS.key()).sketches
+        sketches = db.reads.traces("base", PARAMS.key()).sketches
     assert list(damaged) == ["m1"] and "stored entries" in damaged["m1"] and "checksum" in damaged["m1"]
     assert np.isnan(kept[1]).all() and not np.isnan(kept[0]).any() and len(sketches) == 2
     np.testing.assert_array_equal(base, traced("m0", 1).trace.base_entries)

@@ -14,8 +14,8 @@ def compact(store: Path | None = StoreOpt) -> None:
     """Drop the vectors embedded against an earlier version of their base, and the bytes of replaced vectors, from
     the store (safe to interrupt)."""
     with open_store(store) as db:
-        stale = db.stale()
-        before, after = db.compact(stale)
+        stale = db.versions.stale()
+        before, after = db.writes.compact(stale)
     for row in stale.itertuples():
         say(
             console,

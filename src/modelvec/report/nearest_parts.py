@@ -79,16 +79,16 @@ def embed_query(
     with tempfile.TemporaryDirectory(prefix="modelvec-query-") as tmp, Store(Path(tmp) / "query.duckdb") as scratch:
         if pop.base_hash.startswith("git:"):
             entries = catalogue_entries(db, base, kept=None, model=name) if is_hub_id(name) else []
-            scratch.put_catalogue(base, pop.base_hash.removeprefix("git:"), entries)
-        for stamp in db.stamps(base, pop.base_hash):
-            scratch.record_base(base, stamp, pop.base_hash)
+            scratch.writes.put_catalogue(base, pop.base_hash.removeprefix("git:"), entries)
+        for stamp in db.versions.stamps(base, pop.base_hash):
+            scratch.versions.record_base(base, stamp, pop.base_hash)
         result = embed(
             base, [model], representation=pop.representation, store=scratch, hub_settings=hub_settings, workers=1
         )
         if result.failed:
             name, why = next(iter(result.failed.items()))
             raise ModelvecError(name, why.removeprefix(f"{name}: "))
-        base_hash = scratch.base_hashes(base, pop.representation)
+        base_hash = scratch.versions.base_hashes(base, pop.representation)
     warning = None
     if base_hash and base_hash[0] != pop.base_hash:
         warning = (

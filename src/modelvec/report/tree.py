@@ -140,7 +140,7 @@ class _Inputs:
             else catalogue
         )
         if not self.unread.empty:  # a quantization that was read and failed: why, in its error's words
-            failed = pop.db.failures()
+            failed = pop.db.reads.failures()
             errors = dict(zip(failed["model"], failed["error"])) if not failed.empty else {}
             self.unread = self.unread.assign(
                 reason=[errors.get(m, r) for m, r in zip(self.unread["model"], self.unread["reason"])]
@@ -193,7 +193,7 @@ class _Inputs:
         its model fitted on its trace alone)."""
         traces = stored.frame
         levels = [None if v != v else float(v) for v in traces["levels"]]
-        entries, base_entries, damaged = pop.db.trace_entries(traces)
+        entries, base_entries, damaged = pop.db.reads.trace_entries(traces)
         stored.damaged.update(damaged)
         return infer_tree(
             self.base,

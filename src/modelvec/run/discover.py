@@ -71,9 +71,9 @@ def discovered(db: Store, base: str, scope: Scope) -> bool:
     """Whether the store holds a finished discovery of ``base``: a catalogue stored whole by an earlier version, or
     page by page to its end (of any scope, as a stored catalogue always was; a stopped one is not finished)."""
     canonical = resolve_base(base).canonical
-    progress = db.discovery(canonical)
+    progress = db.reads.discovery(canonical)
     if progress.empty:
-        return not db.catalogue(canonical).empty
+        return not db.reads.catalogue(canonical).empty
     return bool(progress.iloc[0]["done"])
 
 
@@ -100,7 +100,7 @@ def resumable(db: Store, base: str, scope: Scope, refresh: bool = False) -> Resu
     canonical = resolve_base(base).canonical
     resume = None if refresh else _resume(db, canonical, scope)
     if resume is None:
-        db.forget_discovery(canonical)
+        db.writes.forget_discovery(canonical)
     return resume
 
 
@@ -115,7 +115,7 @@ def stored_pages(
     pages: Iterator[Page] | None = None,
 ) -> Iterator[Page]:
     """:func:`discover_pages` from ``resume`` (see :func:`resumable`); it touches the store only through
-    :meth:`Store.put_discovery_page`, so it may run in a thread of its own. ``pages``: the Hub's pages, already
+    :meth:`~modelvec.store.writes.Writes.put_discovery_page`, so it may run in a thread of its own. ``pages``: the Hub's pages, already
     asked for (from ``resume``)."""
     key = _scope_key(scope)
     if pages is None:
@@ -125,7 +125,7 @@ def stored_pages(
         )
     for page in pages:
         listings = [(x.key, json.dumps(x.query, sort_keys=True), x.cursor, x.done) for x in page.listings]
-        db.put_discovery_page(page.base, page.base_sha, page.entries, listings, scope=key, done=page.done)
+        db.writes.put_discovery_page(page.base, page.base_sha, page.entries, listings, scope=key, done=page.done)
         yield page
 
 
@@ -135,19 +135,19 @@ def _scope_key(scope: Scope) -> str:
 
 def _resume(db: Store, canonical: str, scope: Scope) -> Resume | None:
     """What a stopped discovery of this scope left in the store; None: nothing to go on from."""
-    progress = db.discovery(canonical)
+    progress = db.reads.discovery(canonical)
     if progress.empty or bool(progress.iloc[0]["done"]) or progress.iloc[0]["query"] != _scope_key(scope):
         return None
     listings = [
         Listing(r["listing"], json.loads(r["query"]), None if pd.isna(r["cursor"]) else r["cursor"], bool(r["done"]))
         for _, r in progress.iloc[1:].iterrows()
     ]
-    return Resume(str(db.base_sha(canonical) or ""), catalogue_entries(db, canonical, kept=None), listings)
+    return Resume(str(db.reads.base_sha(canonical) or ""), catalogue_entries(db, canonical, kept=None), listings)
 
 
 def catalogue_entries(db: Store, base: str, kept: bool | None = True, model: str | None = None) -> list[CatalogueEntry]:
     """The stored catalogue of ``base`` (or one ``model`` of it) as entries, most downloaded first."""
-    frame = db.catalogue(base, kept=kept, model=model)
+    frame = db.reads.catalogue(base, kept=kept, model=model)
     entries = []
     for row in frame.to_dict("records"):
         row.pop("discovered_at", None)

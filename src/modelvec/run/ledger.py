@@ -121,7 +121,7 @@ class Ledger:
         self.report, self.hub_settings = report, hub_settings
         self.result = EmbedResult(vectors=np.zeros((0, 0), np.float32), metadata=pd.DataFrame(), store=str(db.path))
         self.wanted: list[str] = []  # every model asked for, in order (the vectors loaded at the end)
-        self.writer = db.writer()
+        self.writer = db.writes.writer()
         self.hub_down: str | None = None  # the line said once the Hub refused connections: nothing more is tried
         self.files: dict[str, str] = {}  # the local weight files of this run's models (files_id -> its first name)
         self.vectors: dict[str, str] = {}  # the checksums of this run's vectors (-> the first model of each)
@@ -171,13 +171,13 @@ class Ledger:
                 continue
             if self._settled(task):
                 continue
-            known = None if self.force else db.known_failure(name, task.version, spec.name, representation)
+            known = None if self.force else db.reads.known_failure(name, task.version, spec.name, representation)
             if known is not None:  # the same weights failed before: not fetched or read again (--force retries)
                 self.result.failed[name] = known
                 self.result.recorded.append(name)
                 self.report(Step(status="failed", model=name, detail=known, kind=Kind.CONTENT.value))
                 continue
-            if any(h != spec.version for h in db.model_versions(name, spec.name, representation)):
+            if any(h != spec.version for h in db.versions.model_versions(name, spec.name, representation)):
                 self.result.notes.setdefault(BASE_CHANGED, []).append(name)
             yield task
 
@@ -188,7 +188,7 @@ class Ledger:
         if first != name:
             return first
         spec = self.spec
-        return self.db.same_vector(digest, name, spec.name, spec.version, self.representation)
+        return self.db.reads.same_vector(digest, name, spec.name, spec.version, self.representation)
 
     def _settled(self, task: Task) -> bool:
         """Whether nothing is to be computed for ``task``: the same weight files as a model stored or embedded in this
@@ -200,7 +200,7 @@ class Ledger:
             other = (
                 first
                 if first != name
-                else db.same_files(task.files_id, name, spec.name, spec.version, self.representation)
+                else db.reads.same_files(task.files_id, name, spec.name, spec.version, self.representation)
             )
             if other is not None:
                 self.writer.put(Alias(base=spec.name, alias=name, model=other))
@@ -209,7 +209,7 @@ class Ledger:
                 return True
         if self.force:
             return False
-        if db.has(name, task.version, spec.name, spec.version, self.representation):
+        if db.reads.has(name, task.version, spec.name, spec.version, self.representation):
             self._read_card_again(task)
         elif not self._same_weights(task):
             return False
@@ -220,7 +220,7 @@ class Ledger:
     def _read_card_again(self, task: Task, version: str | None = None, old: str | None = None) -> None:
         """A stored model's card read again (a local one's from its folder, a Hub one's as its entry has it): where
         it changed since it was stored, its labels and declarations are updated, its vector kept (said once)."""
-        stored = self.db.card_of(task.name, self.spec.name)
+        stored = self.db.reads.card_of(task.name, self.spec.name)
         card = task.card()
         if stored is None or (version is None and card.digest in (None, stored[0])):  # None: the catalogue's own
             return
@@ -248,7 +248,7 @@ class Ledger:
         if task.repo is None or task.sha is None or self.hub_settings.offline:
             return False
         spec = self.spec
-        old = self.db.stored_version(task.name, spec.name, spec.version, self.representation)
+        old = self.db.reads.stored_version(task.name, spec.name, spec.version, self.representation)
         if old is None or not old.startswith("git:") or old == task.version:
             return False
         try:
@@ -266,7 +266,7 @@ class Ledger:
         if self.force or not isinstance(model, CatalogueEntry) or not model.sha:
             return False
         spec = self.spec
-        if not self.db.has(name, f"git:{model.sha}", spec.name, spec.version, self.representation):
+        if not self.db.reads.has(name, f"git:{model.sha}", spec.name, spec.version, self.representation):
             return False
         self.result.skipped.append(name)
         self.report(Step(status="skipped", model=name, detail="already stored"))

@@ -67,7 +67,7 @@ def embed(
     ``engine="local"`` computes here while ``workers`` I/O threads (default 2) fetch and prefetch
     the next models; ``engine="ray"`` runs each model as a task on the Ray cluster at ``address``
     (default: a local one), ``workers`` actors (default: one per CPU). ``load=False`` returns
-    no vectors (for runs too large to hold them; read them with :meth:`Store.load`).
+    no vectors (for runs too large to hold them; read them with :meth:`~modelvec.store.reads.Reads.load`).
 
     ``on_step`` gets a :class:`Step` once the number of models is known, then as each model ends, with the bytes it
     cost (what a progress bar shows).
@@ -198,5 +198,5 @@ def _run(
             report(Step(status="keeping", detail="the vectors' pairwise products, for the map"))
     run.result.kept_products = keeper.line
     if load:
-        run.result.vectors, run.result.metadata = db.load(spec.name, representation, models=run.wanted)
+        run.result.vectors, run.result.metadata = db.reads.load(spec.name, representation, models=run.wanted)
     return run.result

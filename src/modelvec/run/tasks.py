@@ -39,14 +39,14 @@ def base_spec(base: PathLike | str, db: Store, hub_settings: HubSettings) -> Bas
         refuse_adapter_base(base, model_id(base))
         ck = Checkpoint(base, name=model_id(base))
         stamp = ck.stamp()
-        version = db.recorded_base(ck.name, stamp) or ck.fingerprint()
-        db.record_base(ck.name, stamp, version)
+        version = db.versions.recorded_base(ck.name, stamp) or ck.fingerprint()
+        db.versions.record_base(ck.name, stamp, version)
         return BaseSpec(ck.name, version, path=str(ck.path))
     canonical = resolve_base(str(base)).canonical
-    sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
+    sha = db.reads.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
     stamp = f"git:{sha}"
-    version = db.recorded_base(canonical, stamp) or _same_weights(canonical, sha, db, hub_settings) or stamp
-    db.record_base(canonical, stamp, version)
+    version = db.versions.recorded_base(canonical, stamp) or _same_weights(canonical, sha, db, hub_settings) or stamp
+    db.versions.record_base(canonical, stamp, version)
     return BaseSpec(canonical, version, repo=canonical, sha=sha)
 
 
@@ -54,10 +54,10 @@ def _same_weights(canonical: str, sha: str, db: Store, hub_settings: HubSettings
     """The version recorded last for the Hub base ``canonical`` where its commit ``sha`` holds the same weights as
     the commit that version was recorded at (a commit that changed only the card does not make 10,000 vectors
     stale), asked of the Hub's file listings (two requests, once per new commit of the base); else None."""
-    last = db.recorded_base(canonical)
+    last = db.versions.recorded_base(canonical)
     if last is None or hub_settings.offline:
         return None
-    before = [s.removeprefix("git:") for s in db.stamps(canonical, last) if s.startswith("git:")]
+    before = [s.removeprefix("git:") for s in db.versions.stamps(canonical, last) if s.startswith("git:")]
     if not before or before[-1] == sha:
         return None
     now = weights_identity(canonical, sha, hub_settings)
@@ -159,7 +159,7 @@ def _hub_parent(adapter: str, named: str, base: BaseSpec, db: Store, hub_setting
     commit (embedded earlier, or in this run), else what the Hub says of it now; None where the Hub is offline and
     nothing else has it. A fault of the parent (gone from the Hub, gated) is the adapter's, of its kind."""
     catalogued = catalogue_entries(db, base.name, kept=None, model=named)
-    stored = [s for s in db.metadata(base=base.name, models=[named])["source"] if s.startswith(f"hf://{named}@")]
+    stored = [s for s in db.reads.metadata(base=base.name, models=[named])["source"] if s.startswith(f"hf://{named}@")]
     if not catalogued and not stored and hub_settings.offline:
         return None
     try:
@@ -217,7 +217,7 @@ def local_files(name: str, source: str, db: Store, hub_settings: HubSettings | N
         return str(fetch(repo, sha, None, hub_settings))
     if is_hub_id(name):  # a Hub base
         canonical = resolve_base(name).canonical
-        sha = db.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
+        sha = db.reads.base_sha(canonical) or resolve_revision(canonical, "main", hub_settings)
         return str(fetch(canonical, sha, None, hub_settings))
     return name
 

@@ -73,7 +73,9 @@ def names_of(model: str | os.PathLike[str]) -> list[str]:
 
 def stored_base(db: Store, model: str | os.PathLike[str], representation: Representation) -> str | None:
     """``model``'s stored name where it is a base with vectors under ``representation`` (None: it is none)."""
-    return next((n for n in names_of(model) if not db.metadata(base=n, representation=representation).empty), None)
+    return next(
+        (n for n in names_of(model) if not db.reads.metadata(base=n, representation=representation).empty), None
+    )
 
 
 def stored_representation(db: Store, base: str | os.PathLike[str]) -> Representation:
@@ -81,7 +83,7 @@ def stored_representation(db: Store, base: str | os.PathLike[str]) -> Representa
     where the base has vectors under it, else the one holding most of its vectors."""
     default = Representation()
     for name in base_names(base):
-        summary = db.summary()
+        summary = db.reads.summary()
         mine = summary[summary["base"] == name]
         if mine.empty:
             continue
@@ -97,7 +99,7 @@ def stored_representation(db: Store, base: str | os.PathLike[str]) -> Representa
 
 def _stored(db: Store) -> str:
     """What the store holds instead, with the options that read it (empty: nothing)."""
-    stored = db.summary()
+    stored = db.reads.summary()
     known = "; ".join(
         f"{b} [{p}: {options_of(s)}]" for b, p, s in zip(stored["base"], stored["params"], stored["params_json"])
     )

@@ -30,7 +30,7 @@ def declared(db: Store, base: str, meta: pd.DataFrame, root: Sequence[str]) -> d
     models = list(dict.fromkeys(meta["model"]))
     by_folder = {Path(m).name: m for m in models if not _is_hub(m)}
     lower = {r.lower() for r in root}
-    catalogue = db.catalogue(base=base)
+    catalogue = db.reads.catalogue(base=base)
     hub = {r.model: r for r in catalogue.itertuples()} if not catalogue.empty else {}
     rows = meta.drop_duplicates("model").set_index("model")
     out: dict[str, Declared] = {}
@@ -52,7 +52,7 @@ def created(db: Store, base: str, meta: pd.DataFrame, models: Sequence[str]) -> 
     then their oldest change time (``cp -p`` keeps the first, not the second: the copy is the later), read now; else
     as embed kept it, else the Hub catalogue's date (ISO, UTC); a model with none is left out."""
     rows = meta.drop_duplicates("model").set_index("model")
-    catalogue = db.catalogue(base=base)
+    catalogue = db.reads.catalogue(base=base)
     hub = dict(zip(catalogue["model"], catalogue["created_at"])) if not catalogue.empty else {}
     out = {}
     for m in models:
@@ -89,7 +89,7 @@ def copies(
     re-saves within their dtype's rounding of a finer model or of the base."""
     if meta.empty:
         return {}
-    stored = db.traces(name, params, base_hash, read=False).frame
+    stored = db.reads.traces(name, params, base_hash, read=False).frame
     models = list(meta["model"])
     rows = stored.drop_duplicates("model").set_index("model").reindex(models)  # a model without a trace: NaN
     zero_of = {d: zero_checksum(d) for d in set(meta["dim"])}
@@ -127,7 +127,7 @@ def _distances(
     """The distances between the traces of ``pairs`` (positions in ``models``), each sketch read once and verified
     (a damaged one is at infinite distance: it copies nothing)."""
     wanted = sorted({models[k] for pair in pairs for k in pair})
-    stored = db.traces(name, params, base_hash, models=wanted)
+    stored = db.reads.traces(name, params, base_hash, models=wanted)
     at = {m: i for i, m in enumerate(stored.frame["model"])}
     out = np.full(len(pairs), np.inf)
     for p, (i, j) in enumerate(pairs):
@@ -138,7 +138,7 @@ def _distances(
 
 
 def _norms(db: Store, name: str, params: str, base_hash: str, models: list[str]) -> dict[str, float]:
-    stored = db.traces(name, params, base_hash, models=models)
+    stored = db.reads.traces(name, params, base_hash, models=models)
     return {m: float(np.linalg.norm(s.astype(np.float64))) for m, s in zip(stored.frame["model"], stored.sketches)}
 
 

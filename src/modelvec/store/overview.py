@@ -23,7 +23,7 @@ class StoreOverview:
     summary: pd.DataFrame
     models: pd.DataFrame  # one row per vector; ``state``: what the reports make of it (a copy, stale...) or None
     failures: pd.DataFrame
-    stale: pd.DataFrame = field(default_factory=pd.DataFrame)  # :meth:`Store.stale`
+    stale: pd.DataFrame = field(default_factory=pd.DataFrame)  # :meth:`~modelvec.store.versions.Versions.stale`
 
     def as_json(self) -> dict[str, Any]:
         def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -43,13 +43,13 @@ def overview(db: Store) -> StoreOverview:
     as every report sees it, through each base's :class:`Population` (stale: embedded against an earlier version of
     its base; a copy of the base or of another model, a re-save, a quantization), the failures, and the stale
     vectors per base."""
-    models = db.metadata()
+    models = db.reads.metadata()
     versions = [
         r[0] for r in db.con.execute("SELECT base_hash FROM vectors ORDER BY model, base, params, base_hash").fetchall()
     ]
     states: list[str | None] = [None] * len(models)
     originals: list[str | None] = [None] * len(models)  # a copy's original (its stored name), for a display
-    for row in db.summary().drop_duplicates(["base", "params"]).itertuples():
+    for row in db.reads.summary().drop_duplicates(["base", "params"]).itertuples():
         try:
             pop = Population(db, row.base, Representation.from_stored(json.loads(row.params_json)))
         except (NothingStoredError, TypeError, ValueError):  # a base changed since (nothing current), another version
@@ -60,4 +60,4 @@ def overview(db: Store) -> StoreOverview:
             copied = pop.copies.get(model) if states[i] != "stale" else None
             originals[i] = copied.original if copied is not None else None
     found = models.assign(state=states, copy_of=originals)
-    return StoreOverview(str(db.path), db.summary(), found, db.failures(), db.stale())
+    return StoreOverview(str(db.path), db.reads.summary(), found, db.reads.failures(), db.versions.stale())

@@ -3,7 +3,7 @@
 
 A :class:`Population` looks the base up once and decides once what belongs to it:
 
-- the vectors embedded against the base **as it is now** (:meth:`Store.base_now`): rows embedded against an earlier
+- the vectors embedded against the base **as it is now** (:meth:`~modelvec.store.versions.Versions.base_now`): rows embedded against an earlier
   version of it under the same name are counted (``stale``) and left out, never mixed in;
 - of those, the models whose weights are the base's (an all-zero vector: a re-upload of the base, an untrained
   adapter) are ``copies``: counted, left off the map and out of every score.
@@ -66,7 +66,9 @@ class Population:
         self.folder = CacheFolder(db.path)
         self.representation = representation or Representation()
         names = base_names(base) if base is not None else None
-        stored = Snapshot(db, names, self.representation)  # the one read of the store's rows: the rest follows
+        stored = Snapshot(
+            db.connection, names, self.representation
+        )  # the one read of the store's rows: the rest follows
         self.name = find_base(db, base, self.representation, names, stored.bases())
         self.repaired: list[str] = []
         self.damaged: dict[str, str] = {}
@@ -93,11 +95,11 @@ class Population:
         )
         self.meta = meta.iloc[at].reset_index(drop=True)
 
-    def _version(self, stored: Snapshot) -> tuple[str, int]:
+    def _version(self, snapshot: Snapshot) -> tuple[str, int]:
         """The base's version the population was embedded against, and how many vectors were embedded against
         others: its version now, or (where nothing says what it is now) the one embedded against last."""
-        versions = stored.versions(self.name)
-        now = stored.base_now(self.name)
+        versions = snapshot.stored(self.name)
+        now = snapshot.base_now(self.name)
         if now is None:
             now = str(versions.sort_values("newest")["base_hash"].iloc[-1])
         if now not in set(versions["base_hash"]):
@@ -123,7 +125,7 @@ class Population:
         representation = representation or Representation()
         if base is None:
             name = query_name(model)
-            own = db.metadata(representation=representation, models=[db.aliases().get(name, name)])
+            own = db.reads.metadata(representation=representation, models=[db.reads.aliases().get(name, name)])
             base = own["base"].iloc[0] if len(own) else stored_base(db, model, representation)
         return cls(db, base, representation)
 
@@ -134,7 +136,7 @@ class Population:
     def stored_name(self, model: str | os.PathLike[str]) -> str:
         """How the store names ``model``: the model a second name of it (an alias) names, else its own name."""
         name = query_name(model)
-        return self.db.aliases(self.name).get(name, name)
+        return self.db.reads.aliases(self.name).get(name, name)
 
     # --- what the reports say of it ------------------------------------------------------------------
     def left_out(self, *, off_map: bool = True) -> list[str]:
@@ -189,7 +191,7 @@ class Population:
         check every vector even where all their products are kept (a query reads only those it shows:
         :meth:`check`). ``device``: the torch device of its float32 products (:class:`~modelvec.store.products.Compute`)."""
         check_fits(len(self.selection), self.selection.dim)
-        products = self.db.products(
+        products = self.db.reads.products(
             self.selection, cache=self.cache_key(), progress=progress, verify=verify, device=device
         )
         self.repaired += products.notes
@@ -201,7 +203,7 @@ class Population:
         exactly these vectors: their means are the population's)."""
         sel = self.selection
         key = self.cache_key(f"standardized\n{len(sel)}:{checksum_of(sel.hashes)}")
-        products = self.db.products(sel, cache=key, standardize=True)
+        products = self.db.reads.products(sel, cache=key, standardize=True)
         self.repaired += products.notes
         return products
 
@@ -295,7 +297,7 @@ class Population:
     def traces(self, *, read: bool = True) -> StoredTraces:
         """The traces of the population's models (copies of the base among them), each verified: a damaged one is
         left out and named in ``damaged``; ``read=False``: their rows alone, no sketch read."""
-        stored = self.db.traces(self.name, self.representation.key(), self.base_hash, read=read)
+        stored = self.db.reads.traces(self.name, self.representation.key(), self.base_hash, read=read)
         for model, line in stored.damaged.items():
             self.damaged[model] = line
         return stored
@@ -314,7 +316,7 @@ class Population:
         self.folder.keep_tree(self.cache_key("tree"), key, tree)
 
     def catalogue(self) -> pd.DataFrame:
-        return self.db.catalogue(base=self.name)
+        return self.db.reads.catalogue(base=self.name)
 
     # --- the base's files ----------------------------------------------------------------------------
     def base_files(self, hub_settings: HubSettings, *, fetch: bool = False) -> str | None:

@@ -1,17 +1,11 @@
 """What a store holds, read: the vectors' rows, where their bytes are and the vectors themselves, their products,
-the failures, the catalogue of discovered models, the traces. The connection's own helpers (its tables, its WHERE
-clauses, a view for another thread) are here too, for the writes and the store above them."""
+the failures, the catalogue of discovered models, the traces."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Self
 
-import duckdb
 import numpy as np
 import pandas as pd
 
@@ -19,6 +13,7 @@ from ..core.errors import StoreError
 from ..represent.representation import Representation
 from .blocks import BlockReader, Selection, feature_moments
 from .cache import CacheFolder
+from .connection import Connection
 from .products import Products, gram
 from .schema import (
     CATALOGUE,
@@ -27,11 +22,9 @@ from .schema import (
     META_COLUMNS,
     TRACES,
     VECTORS,
-    columns_by_table,
     first_row,
     select_list,
 )
-from .vectorfile import VectorFile
 
 
 @dataclass
@@ -50,59 +43,11 @@ class StoredTraces:
         return self.frame.empty
 
 
-class StoreReads:
-    """The reads of a :class:`~modelvec.store.Store` (its connection ``con``, its vector file, its path)."""
+class Reads:
+    """What a :class:`~modelvec.store.Store` holds, read (``store.reads``): over the store's :class:`Connection`."""
 
-    path: Path
-    con: duckdb.DuckDBPyConnection
-    vector_file: VectorFile
-    read_only: bool
-
-    _columns: dict[str, list[str]] | None = None
-
-    # --- the connection ------------------------------------------------------------------------------
-    def columns_by_table(self) -> dict[str, list[str]]:
-        """Every table of the store with its columns, asked of DuckDB once: they change only where a writer brings
-        the store up to date as it opens it (the :class:`~modelvec.store.Store` forgets them then), and no other
-        process writes while it is open. A run asks which columns an older store has before many of its reads."""
-        if self._columns is None:
-            self._columns = columns_by_table(self.con)
-        return self._columns
-
-    def _tables(self) -> set[str]:
-        return set(self.columns_by_table())
-
-    def _meta_select(self) -> str:
-        return select_list(VECTORS, META_COLUMNS, self.columns_by_table())
-
-    @staticmethod
-    def _clauses(extra: Sequence[tuple[str, Any]] = (), **equal: Any) -> tuple[str, list[Any]]:
-        """A WHERE clause: each column given a value (None = any) equals it, plus ``extra`` (sql, arg) pairs."""
-        items = [(f"{column} = ?", value) for column, value in equal.items() if value is not None] + list(extra)
-        return ("WHERE " + " AND ".join(sql for sql, _ in items)) if items else "", [arg for _, arg in items]
-
-    def _where(
-        self,
-        base: str | None,
-        representation: Representation | str | None,
-        models: Sequence[str] | None,
-        base_hash: str | None = None,
-    ) -> tuple[str, list[Any]]:
-        key = representation.key() if isinstance(representation, Representation) else representation
-        extra = [("list_contains(?, model)", list(models))] if models is not None else []
-        return self._clauses(extra, base=base, params=key, base_hash=base_hash)
-
-    @contextmanager
-    def for_thread(self) -> Iterator[Self]:
-        """The same store through a DuckDB connection of its own, for another thread than the one that opened it
-        (DuckDB connections are not shared across threads), closed on leaving; the vector file is shared (its
-        reads are positional, its appends locked)."""
-        view = copy.copy(self)
-        view.con = self.con.cursor()
-        try:
-            yield view
-        finally:
-            view.con.close()
+    def __init__(self, db: Connection) -> None:
+        self._db = db
 
     # --- the vectors ---------------------------------------------------------------------------------
     def metadata(
@@ -114,9 +59,9 @@ class StoreReads:
     ) -> pd.DataFrame:
         """One row per stored vector (no vectors), ordered by model; ``base_hash``: only those embedded against that
         version of the base."""
-        where, args = self._where(base, representation, models, base_hash)
-        return self.con.execute(
-            f"SELECT {self._meta_select()} FROM vectors {where} ORDER BY model, base, params, base_hash", args
+        where, args = self._db.where(base, representation, models, base_hash)
+        return self._db.con.execute(
+            f"SELECT {self._db.meta_select()} FROM vectors {where} ORDER BY model, base, params, base_hash", args
         ).df()
 
     def select(
@@ -129,9 +74,9 @@ class StoreReads:
         """Where the selected vectors are (no vector read) and their metadata, rows ordered by model.
 
         All selected vectors must share a dimension: select one base and one representation."""
-        where, args = self._where(base, representation, models, base_hash)
-        rows = self.con.execute(
-            f"""SELECT "offset", vector_hash, {self._meta_select()} FROM vectors {where}
+        where, args = self._db.where(base, representation, models, base_hash)
+        rows = self._db.con.execute(
+            f"""SELECT "offset", vector_hash, {self._db.meta_select()} FROM vectors {where}
                 ORDER BY model, base, params, base_hash""",
             args,
         ).df()
@@ -156,7 +101,7 @@ class StoreReads:
         selection, meta = self.select(base, representation, models)
         if not len(selection):
             return np.zeros((0, 0), np.float32), meta
-        matrix = self.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models)
+        matrix = self._db.vector_file.read(selection.offsets, selection.dim, selection.hashes, selection.models)
         return matrix, meta
 
     def products(
@@ -179,12 +124,12 @@ class StoreReads:
         CPU's are numpy's BLAS)."""
         transform = None
         if standardize:
-            mean, sd = feature_moments(self.vector_file, selection)
+            mean, sd = feature_moments(self._db.vector_file, selection)
             transform = lambda A: (A - mean) / sd
-        folder = CacheFolder(self.path)
+        folder = CacheFolder(self._db.path)
         known = folder.known(cache, selection) if cache is not None else None
         result = gram(
-            self.vector_file,
+            self._db.vector_file,
             selection,
             known=known,
             progress=progress,
@@ -199,7 +144,7 @@ class StoreReads:
 
     def summary(self) -> pd.DataFrame:
         """Counts per base and representation; ``params_json``: the representation's fields (JSON), as the vectors table holds them."""
-        return self.con.execute(
+        return self._db.con.execute(
             """SELECT base, params, architecture, count(*) AS models, any_value(dim) AS dim,
                       round(avg(seconds), 3) AS mean_seconds, any_value(params_json) AS params_json
                FROM vectors GROUP BY base, params, architecture ORDER BY base, params"""
@@ -207,7 +152,7 @@ class StoreReads:
 
     def has(self, model: str, model_version: str, base: str, base_version: str, representation: Representation) -> bool:
         """Whether a current vector exists (same weights, same base weights, same representation)."""
-        hit = self.con.execute(
+        hit = self._db.con.execute(
             "SELECT 1 FROM vectors WHERE model = ? AND model_hash = ? AND base = ? AND base_hash = ? AND params = ?",
             [model, model_version, base, base_version, representation.key()],
         ).fetchall()
@@ -216,7 +161,7 @@ class StoreReads:
     def stored_version(self, model: str, base: str, base_version: str, representation: Representation) -> str | None:
         """The version of ``model`` (``model_hash``) whose vector is stored against this base and representation."""
         row = first_row(
-            self.con,
+            self._db.con,
             "SELECT model_hash FROM vectors WHERE model = ? AND base = ? AND base_hash = ? AND params = ? LIMIT 1",
             [model, base, base_version, representation.key()],
         )
@@ -225,9 +170,9 @@ class StoreReads:
     def card_of(self, model: str, base: str) -> tuple[str | None, list[str], str | None] | None:
         """What is stored of ``model``'s card with ``base``: (its hash, the dataset labels, their source); None where
         the model has no vector of that base (a stored model's hash is None where it was stored before cards were)."""
-        card = select_list(VECTORS, ["card_hash", "datasets", "label_source"], self.columns_by_table())
+        card = select_list(VECTORS, ["card_hash", "datasets", "label_source"], self._db.columns_by_table())
         row = first_row(
-            self.con,
+            self._db.con,
             f"SELECT {card} FROM vectors WHERE model = ? AND base = ? ORDER BY created_at DESC LIMIT 1",
             [model, base],
         )
@@ -238,10 +183,10 @@ class StoreReads:
     ) -> str | None:
         """The stored model (another name than ``model``) whose vector was made from the very weight files
         ``files_id`` names, against this base and under this representation: ``model`` is its alias."""
-        if "files_id" not in self.columns_by_table().get("vectors", ()):
+        if "files_id" not in self._db.columns_by_table().get("vectors", ()):
             return None
         row = first_row(
-            self.con,
+            self._db.con,
             "SELECT model FROM vectors WHERE files_id = ? AND model <> ? AND base = ? AND base_hash = ? AND params = ? "
             "ORDER BY model LIMIT 1",
             [files_id, model, base, base_version, representation.key()],
@@ -254,7 +199,7 @@ class StoreReads:
         """A stored model (another name than ``model``) whose vector has the checksum ``digest`` against this base and
         representation: the same weights, bit for bit, in every row read."""
         row = first_row(
-            self.con,
+            self._db.con,
             "SELECT model FROM vectors WHERE vector_hash = ? AND model <> ? AND base = ? AND base_hash = ? "
             "AND params = ? ORDER BY model LIMIT 1",
             [digest, model, base, base_version, representation.key()],
@@ -263,14 +208,14 @@ class StoreReads:
 
     def aliases(self, base: str | None = None) -> dict[str, str]:
         """Every second name of a stored model (of ``base``; None: any): alias -> the model it names."""
-        if "aliases" not in self._tables():
+        if "aliases" not in self._db.tables():
             return {}
-        where, args = self._clauses(base=base)
-        return dict(self.con.execute(f"SELECT alias, model FROM aliases {where} ORDER BY alias", args).fetchall())
+        where, args = self._db.clauses(base=base)
+        return dict(self._db.con.execute(f"SELECT alias, model FROM aliases {where} ORDER BY alias", args).fetchall())
 
     # --- failures, the catalogue, the traces ---------------------------------------------------------
     def failures(self) -> pd.DataFrame:
-        return self.con.execute(
+        return self._db.con.execute(
             "SELECT model, base, params, error, coalesce(kind, CASE WHEN model_hash IS NULL THEN 'transient' ELSE 'content' END) "
             "AS kind, created_at FROM failures ORDER BY model"
         ).df()
@@ -280,7 +225,7 @@ class StoreReads:
 
         Resource and transient failures are not properties of the model: they are never returned here.
         """
-        rows = self.con.execute(
+        rows = self._db.con.execute(
             "SELECT error FROM failures WHERE model = ? AND model_hash = ? AND base = ? AND params = ? "
             "AND coalesce(kind, 'content') = 'content'",
             [model, model_version, base, representation.key()],
@@ -289,24 +234,24 @@ class StoreReads:
 
     def catalogue(self, base: str | None = None, kept: bool | None = None, model: str | None = None) -> pd.DataFrame:
         """Discovered models (one row per base and model), most downloaded first."""
-        where, args = self._clauses(base=base, kept=kept, model=model)
-        listed = select_list(CATALOGUE, CATALOGUE_COLUMNS, self.columns_by_table())
-        return self.con.execute(
+        where, args = self._db.clauses(base=base, kept=kept, model=model)
+        listed = select_list(CATALOGUE, CATALOGUE_COLUMNS, self._db.columns_by_table())
+        return self._db.con.execute(
             f"SELECT {listed}, discovered_at FROM catalogue {where} ORDER BY base, downloads DESC NULLS LAST, model",
             args,
         ).df()
 
     def base_sha(self, base: str) -> str | None:
         """The base revision recorded at the last discovery."""
-        rows = self.con.execute("SELECT sha FROM bases WHERE base = ?", [base]).fetchall()
+        rows = self._db.con.execute("SELECT sha FROM bases WHERE base = ?", [base]).fetchall()
         return rows[0][0] if rows else None
 
     def discovery(self, base: str) -> pd.DataFrame:
         """How far the discovery of ``base`` went (see :data:`~modelvec.store.schema.DISCOVERY`): no rows when none was
         stored page by page (a catalogue stored whole, or none)."""
-        if "discovery" not in self._tables():
+        if "discovery" not in self._db.tables():
             return pd.DataFrame(columns=[c for c, _ in DISCOVERY.columns])
-        return self.con.execute("SELECT * FROM discovery WHERE base = ? ORDER BY seq", [base]).df()
+        return self._db.con.execute("SELECT * FROM discovery WHERE base = ? ORDER BY seq", [base]).df()
 
     def traces(
         self,
@@ -340,13 +285,13 @@ class StoreReads:
             "entries_dim",
             "entries_hash",
         ]
-        tables = self.columns_by_table()
+        tables = self._db.columns_by_table()
         if "traces" not in tables:
             return StoredTraces(pd.DataFrame(columns=columns), np.zeros((0, 0)))
         extra = [("list_contains(?, model)", list(models))] if models is not None else []
-        where, args = self._clauses(extra, base=base, params=params, base_hash=base_hash)
+        where, args = self._db.clauses(extra, base=base, params=params, base_hash=base_hash)
         listed = select_list(TRACES, columns, tables)
-        df = self.con.execute(
+        df = self._db.con.execute(
             f'SELECT {listed}, "offset", dim FROM traces {where} ORDER BY model, base_hash', args
         ).df()
         dim = int(df["dim"].max()) if len(df) else 0
@@ -355,7 +300,7 @@ class StoreReads:
         if not read:
             return StoredTraces(df.drop(columns=["offset", "dim"]), np.zeros((0, dim), np.float32))
         selection = Selection(list(df["model"]), list(df["offset"]), list(df["sketch_hash"]), dim)
-        reader = BlockReader(self.vector_file, selection, len(selection))
+        reader = BlockReader(self._db.vector_file, selection, len(selection))
         sketches, sound = reader.read(range(len(selection)))
         damaged = {m: line.replace("stored vector", "stored trace") for m, line in reader.damaged.items()}
         frame = df.drop(columns=["offset", "dim"])[sound].reset_index(drop=True)
@@ -377,7 +322,7 @@ class StoreReads:
             [frame["entries_hash"].iloc[i] for i in at],
             dim,
         )
-        reader = BlockReader(self.vector_file, selection, min(len(selection), 4096))  # a block at a time
+        reader = BlockReader(self._db.vector_file, selection, min(len(selection), 4096))  # a block at a time
         out, base = np.full((len(frame), dim // 2), np.nan, np.float32), np.zeros(0, np.float32)
         for lo in range(0, len(at), len(reader.buffer)):
             kept, sound = reader.read(range(lo, min(lo + len(reader.buffer), len(at))))

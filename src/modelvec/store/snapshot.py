@@ -4,7 +4,7 @@ commit at its last discovery and the versions recorded with its files. Which bas
 and the rows of the version now are then worked out from that, in memory, not asked of the store again.
 
 The rows of one version are taken from the snapshot by DuckDB (in memory, not the store) with the store's own query,
-so they come out exactly as :meth:`~modelvec.store.reads.StoreReads.select` gives them (the same columns, the
+so they come out exactly as :meth:`~modelvec.store.reads.Reads.select` gives them (the same columns, the
 same types: a column's type follows the rows it holds).
 """
 
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from ..represent.representation import Representation
 from .blocks import Selection
-from .reads import StoreReads
+from .connection import Connection
 from .schema import META_COLUMNS, VECTORS, select_list
 from .versions import version_now
 
@@ -30,7 +30,7 @@ class Snapshot:
     """The rows of the vectors of the bases ``names`` (None: every base) under ``representation``, read once from
     ``db``, with what says each base's version now."""
 
-    def __init__(self, db: StoreReads, names: Sequence[str] | None, representation: Representation) -> None:
+    def __init__(self, db: Connection, names: Sequence[str] | None, representation: Representation) -> None:
         tables = db.columns_by_table()
         recorded = (
             "(SELECT list({'identity': r.identity, 'base_hash': r.base_hash} ORDER BY r.recorded_at DESC) "
@@ -38,7 +38,7 @@ class Snapshot:
             if "base_versions" in tables
             else "NULL"
         )
-        where, args = db._clauses(
+        where, args = db.clauses(
             [("list_contains(?, v.base)", list(names))] if names is not None else [], params=representation.key()
         )
         relation = db.con.sql(
@@ -58,8 +58,8 @@ class Snapshot:
     def _of(self, base: str) -> pa.Table:
         return self.rows.filter(pc.equal(self.rows.column("base"), base))
 
-    def versions(self, base: str) -> pd.DataFrame:
-        """``base``'s versions as :meth:`~modelvec.store.versions.BaseVersions.versions` gives them: ``base_hash``,
+    def stored(self, base: str) -> pd.DataFrame:
+        """``base``'s versions as :meth:`~modelvec.store.versions.Versions.stored` gives them: ``base_hash``,
         ``vectors`` and ``newest``, by ``base_hash``."""
         return self._query(
             self._of(base),
@@ -68,7 +68,7 @@ class Snapshot:
         )
 
     def base_now(self, base: str) -> str | None:
-        """``base``'s version now (:meth:`~modelvec.store.versions.BaseVersions.base_now`), from the snapshot."""
+        """``base``'s version now (:meth:`~modelvec.store.versions.Versions.base_now`), from the snapshot."""
         mine = self._of(base)
         sha = mine.column("base_sha")[0].as_py() if len(mine) else None
         listed: list[dict[str, Any]] = (mine.column("recorded")[0].as_py() if len(mine) else None) or []
@@ -83,7 +83,7 @@ class Snapshot:
         return set(self._of(base).column("model").to_pylist())
 
     def select(self, base: str, base_hash: str) -> tuple[Selection, pd.DataFrame]:
-        """The rows of ``base`` embedded against ``base_hash`` as :meth:`~modelvec.store.reads.StoreReads.select`
+        """The rows of ``base`` embedded against ``base_hash`` as :meth:`~modelvec.store.reads.Reads.select`
         gives them: where the vectors are, and their metadata, by model."""
         columns = ", ".join(f'"{c}"' for c in ("offset", "vector_hash", *META_COLUMNS))
         rows = self._query(

@@ -25,11 +25,11 @@ file in one process (which share DuckDB's database) never write over each other'
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
 import os
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,10 +39,14 @@ import duckdb
 from ..core import constants
 from ..core.errors import NothingStoredError, ResourceError, StoreError
 from ..represent.representation import Representation
+from .connection import Connection
 from .lock import connect, default_wait, store_error
-from .schema import TABLES, first_row, migrate, missing_tables
-from .vectorfile import VectorFile, identity_of, new_identity, remove_leftovers, vector_path
-from .writes import StoreWrites
+from .opening import check_whole, mark_identity, open_vector_file
+from .reads import Reads
+from .schema import migrate, missing_tables
+from .vectorfile import VectorFile
+from .versions import Versions
+from .writes import Writes
 
 DEFAULT_STORE = "modelvec.duckdb"
 
@@ -76,15 +80,10 @@ def options_of(params_json: str) -> str:
     return " ".join(flags(stored)) or "(the defaults)"
 
 
-#: DuckDB's file headers before its first block (one main and two database headers of 4 KiB).
-_DUCKDB_HEADERS = 3 * 4096
-#: The tables of a modelvec store: a DuckDB database that has tables and none of these is not one, and is not written
-MODELVEC_TABLES = frozenset({t.name for t in TABLES} | {"store_meta"})
 _log = logging.getLogger("modelvec.store")
-_IDENTITY = re.compile(r"modelvec store ([0-9a-f]{16})")
 
 
-class Store(StoreWrites):
+class Store:
     """A DuckDB file of vectors and failures. Use as a context manager or call ``close()``.
 
     One process at a time has a store open (DuckDB's lock). While another process holds it,
@@ -94,8 +93,11 @@ class Store(StoreWrites):
     begins (default: a warning on the ``modelvec.store`` logger), ``on_note`` one line for what opening recovered
     (default: ``on_wait``'s).
 
-    Its reads, the versions of its bases and its writes are its parents' (:class:`~modelvec.store.reads.StoreReads`,
-    :class:`~modelvec.store.versions.BaseVersions`, :class:`~modelvec.store.writes.StoreWrites`).
+    Its parts are objects it holds, over one :class:`~modelvec.store.connection.Connection` (its DuckDB connection,
+    vector file and identity): ``reads`` (:class:`~modelvec.store.reads.Reads`: the vectors, their products, the
+    failures, the catalogue, the traces), ``versions`` (:class:`~modelvec.store.versions.Versions`: which version of
+    each base the vectors were embedded against, and what is stale) and ``writes``
+    (:class:`~modelvec.store.writes.Writes`: vectors, failures, the catalogue, compaction).
 
     A store is its DuckDB file and the files named after it beside it (``<name>.wal``, ``<name>.vectors`` or
     ``<name>.vectors.<12 hex>``, ``<name>.products/``): copied or renamed together, as ``cp``/``mv`` of ``<name>*``
@@ -117,7 +119,6 @@ class Store(StoreWrites):
         can be read."""
         self.path = Path(path) if path is not None else default_store_path()
         self.read_only = read_only
-        self.identity: str | None = None  # the store's (None: one written before identities, opened read-only)
         self._closed = False
         wait = default_wait() if wait is None else float(wait)
         if wait != wait or wait < 0:
@@ -135,151 +136,67 @@ class Store(StoreWrites):
             except OSError as exc:
                 cause = "a file stands where its folder should be" if exc.errno == errno.EEXIST else exc.strerror
                 raise StoreError(str(self.path), f"cannot create its folder: {(cause or str(exc)).lower()}") from None
-        self.con = connect(self.path, wait, on_wait, read_only=read_only)
+        con = connect(self.path, wait, on_wait, read_only=read_only)
         try:
-            past = self._check_whole()  # before anything is written beside it
+            past = check_whole(con, self.path)  # before anything is written beside it
             # only after DuckDB's lock is held: only the process holding it appends to the vector file
-            self.vector_file = self._open_vector_file()
+            vector_file, identity = open_vector_file(con, self.path, read_only)
         except BaseException:
-            self.con.close()  # a foreign vector file: release the lock now, not when the object is collected
+            con.close()  # a foreign vector file: release the lock now, not when the object is collected
             raise
+        self._assemble(Connection(self.path, con, read_only, vector_file, identity))
         try:
             if read_only:
                 self._check_readable()
             else:
-                migrate(self.con, self.vector_file, self.columns_by_table())
-                self._columns = None  # asked again once brought up to date
+                migrate(con, vector_file, self.connection.columns_by_table())
+                self.connection.forget_columns()  # asked again once brought up to date
             if past:
                 self._recovered(past, on_note or on_wait or _log.warning)
         except BaseException:
             self._close(checkpoint=False)
             raise
 
+    def _assemble(self, db: Connection) -> None:
+        self.connection = db
+        self.reads = Reads(db)
+        self.versions = Versions(db, self.reads)
+        self.writes = Writes(db, self.versions)
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The store's DuckDB connection (of the thread that opened it: :meth:`for_thread` for another)."""
+        return self.connection.con
+
+    @property
+    def vector_file(self) -> VectorFile:
+        """The vectors' bytes beside the DuckDB file (swapped by :meth:`~modelvec.store.writes.Writes.compact`)."""
+        return self.connection.vector_file
+
+    @property
+    def identity(self) -> str | None:
+        """The store's identity (None: a store written before identities, opened read-only)."""
+        return self.connection.identity
+
+    @contextmanager
+    def for_thread(self) -> Iterator[Store]:
+        """The same store through a DuckDB connection of its own, for another thread than the one that opened it
+        (DuckDB connections are not shared across threads), closed on leaving; the vector file is shared (its
+        reads are positional, its appends locked)."""
+        with self.connection.for_thread() as db:
+            view = copy.copy(self)
+            view._assemble(db)
+            yield view
+
     def _check_readable(self) -> None:
         """A store opened read-only must already have the tables of this version (a writing command adds them)."""
-        missing = missing_tables(self.columns_by_table(), readable=True)
+        missing = missing_tables(self.connection.columns_by_table(), readable=True)
         if missing:
             raise StoreError(
                 str(self.path),
                 f"not a modelvec store, or one from an older version (it lacks {', '.join(missing)}); "
                 "a command that writes it (embed) brings it up to date",
             )
-
-    def _open_vector_file(self) -> VectorFile:
-        """The store's vector file (:func:`~modelvec.store.vectorfile.vector_path`: of this file's name, so a copy or
-        a renamed store finds its own), its name kept in ``store_meta`` so :meth:`compact` swaps it in the commit that
-        changes the offsets. Another store's vector file is refused; a writer refuses rows that point into a vector
-        file that is missing, rather than start an empty one under them, and removes the files a crashed compaction
-        of this store left beside it (their header carries its identity; only the holder of the lock gets here)."""
-        tables = self._tables()
-        if tables and not tables & MODELVEC_TABLES:  # refused before a table is made in it
-            raise StoreError(
-                str(self.path),
-                "a DuckDB database, but not a modelvec store (none of its tables is modelvec's): nothing was written "
-                "to it; name a store with --store",
-            )
-        meta = dict(self.con.execute("SELECT key, value FROM store_meta").fetchall()) if "store_meta" in tables else {}
-        current = vector_path(self.path, meta.get("vector_file"))
-        identity = self._stored_identity() if "store_meta" in tables else None
-        if not self.read_only:
-            self._check_present(current, tables)  # before anything is written
-            identity = identity or self._new_identity(current)
-        vector_file = VectorFile(current, read_only=self.read_only, identity=identity)
-        if vector_file.identity is not None and vector_file.identity != identity:
-            vector_file.close()
-            raise StoreError(str(current), self._together(f"the vector file of another store, not of {self.path.name}"))
-        if not self.read_only and identity is not None:
-            remove_leftovers(self.path, current, identity)
-        self.identity = identity
-        return vector_file
-
-    def _together(self, what: str) -> str:
-        """``what`` is wrong with the store's files, and what to do: keep them together."""
-        name = self.path.name
-        together = f"a store's files are copied or renamed together ({name} and every {name}.* beside it)"
-        return f"{what}: {together}; nothing was changed"
-
-    def _check_present(self, current: Path, tables: set[str]) -> None:
-        """Refuse to write a store whose rows point into a vector file that is missing or empty (its DuckDB file
-        copied or renamed without it): a fresh file would take new vectors while every stored one stays lost."""
-        try:
-            size: int | None = current.stat().st_size
-        except FileNotFoundError:
-            size = None
-        if size or not self._points_into_vector_file(tables):
-            return
-        said = (
-            f"its vector file {current.name} is {'missing' if size is None else 'empty'}, though its rows point into it"
-        )
-        alike = sorted(p.name for p in current.parent.glob(f"*.vectors{current.suffix}") if p != current)
-        if current.suffix != ".vectors" and alike:  # the same compaction's file under another store's name
-            said += f" (is it {alike[0]}?)"
-        raise StoreError(str(self.path), self._together(said))
-
-    def _points_into_vector_file(self, tables: set[str]) -> bool:
-        """Whether rows of the store point into its vector file (those of a store from before it, whose vectors are
-        inside DuckDB, do not)."""
-        offsets = "offset" in self.columns_by_table().get("vectors", ())
-        pointing = (["vectors"] if offsets else []) + (["traces"] if "traces" in tables else [])
-        return any(bool((first_row(self.con, f"SELECT EXISTS (SELECT 1 FROM {t})") or [0])[0]) for t in pointing)
-
-    def _stored_identity(self) -> str | None:
-        """The store's identity, kept as the comment on its table ``store_meta`` (in DuckDB's catalogue: a row would
-        cost every store two more blocks of 256 KiB); None: a store written before identities."""
-        row = first_row(
-            self.con, "SELECT comment FROM duckdb_tables() WHERE table_name = 'store_meta' AND schema_name = 'main'"
-        )
-        found = _IDENTITY.fullmatch(row[0] or "") if row else None
-        return found[1] if found else None
-
-    def _new_identity(self, current: Path) -> str:
-        """Give a store without an identity (a new one, or one written before identities) its identity; a vector
-        file that carries one is another store's (this store never wrote one)."""
-        if identity_of(current) is not None:
-            raise StoreError(str(current), self._together(f"the vector file of another store, not of {self.path.name}"))
-        identity = new_identity()
-        self.con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
-        self.con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {identity}'")  # hex digits: nothing to quote
-        return identity
-
-    def _check_whole(self) -> int:
-        """Refuse a DuckDB file cut short inside a block it uses (by a copy, a download: DuckDB opens it, and writes
-        into it, until it reads the missing block); the bytes past its blocks, which a write cut off left (a
-        checkpoint on a full disk, a killed process): DuckDB's header names the blocks written before, its
-        write-ahead log what was committed since, so they are no damage. DuckDB writes whole blocks and drops free
-        ones at the end of the file: a file shorter than ``total_blocks`` is whole while it holds every block used."""
-        row = first_row(
-            self.con,
-            "SELECT total_blocks, used_blocks, block_size FROM pragma_database_size() "
-            "WHERE database_name = current_database()",
-        )
-        if row is None:
-            return 0
-        size, (total, used, block) = self.path.stat().st_size, (int(v) for v in row)
-        past = size - (_DUCKDB_HEADERS + total * block)
-        if past >= 0:
-            return past
-        whole, within = divmod(size - _DUCKDB_HEADERS, block)  # the blocks there, and what a write left of the next
-        if whole < used or self._highest_block() >= whole:  # a block it uses is cut short or missing
-            raise StoreError(str(self.path), "damaged: the file is truncated")
-        return within
-
-    def _highest_block(self) -> int:
-        """The highest block DuckDB says its metadata and its tables' data use (-1: none; its indexes' blocks are
-        not said)."""
-        used = [r[0] for r in self.con.execute("SELECT block_id FROM pragma_metadata_info()").fetchall()]
-        tables = self.con.execute(
-            "SELECT table_schema || '.' || table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'"
-        ).fetchall()
-        for (table,) in tables:
-            try:
-                rows = self.con.execute(
-                    "SELECT max(block_id), max(list_max(additional_block_ids)) FROM pragma_storage_info(?)", [table]
-                ).fetchall()
-            except duckdb.Error:  # a name it does not take: that table's blocks unknown
-                continue
-            used += [v for r in rows for v in r if v is not None]
-        return max(used, default=-1)
 
     def _recovered(self, past: int, tell: Callable[[str], None]) -> None:
         """Say in one line that ``past`` bytes an interrupted write left were ignored; a writer changes its catalogue
@@ -291,7 +208,7 @@ class Store(StoreWrites):
             f"killed process), are ignored{cut}; what was stored is kept"
         )
         if not self.read_only:
-            self.con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {self.identity}'")
+            mark_identity(self.con, self.identity)
 
     def export_parquet(self, path: str | os.PathLike[str], damaged: dict[str, str] | None = None) -> int:
         """One row per stored vector: model, base, the representation parameters, datasets, vector; the rows

@@ -259,8 +259,8 @@ def _coordinates(
     from the vector file in blocks: never the vectors themselves), their metadata and the vectors' dimension.
     Every model must be readable: a damaged vector is an error naming it."""
     version = Population(db, base, representation).base_hash
-    selection, meta = db.select(base=base, representation=representation, models=models, base_hash=version)
-    products = db.products(selection)
+    selection, meta = db.reads.select(base=base, representation=representation, models=models, base_hash=version)
+    products = db.reads.products(selection)
     if products.damaged:
         model, line = next(iter(products.damaged.items()))
         raise StoreError(model, line.removeprefix(f"{model}: "))
