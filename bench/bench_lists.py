@@ -74,8 +74,8 @@ def exact_sample(store: Path, rows: int = 200, seed: int = 0) -> dict:
     from modelvec.analyse.proximity import scaled
     from modelvec.report.lists import knn_scores
     from modelvec.store import Population
-    from modelvec.store.landmarks import landmarks
-    from modelvec.store.listed import lists_of
+    from modelvec.store.derived.landmarks import landmarks
+    from modelvec.store.views.listed import lists_of
 
     with Store(store, read_only=True) as db:
         pop = Population(db, BASE, Representation())

@@ -24,7 +24,7 @@ import numpy as np
 from modelvec.represent import Representation
 from modelvec.represent.trace import TRACE_FLOATS, Trace
 from modelvec.store import Population, Store, VectorRow
-from modelvec.store.copies import copies
+from modelvec.store.views.copies import copies
 
 BASE = "org/base"
 #: The expected rounding of each dtype against the weights (sqrt(sum ulp^2 / 12 / sum w^2) of normal weights).

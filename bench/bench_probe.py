@@ -46,7 +46,7 @@ import resource, torch
 from pathlib import Path
 from modelvec.read import open_checkpoint
 from modelvec.represent.probe import compute_inputs
-from modelvec.store.inputs import write_inputs
+from modelvec.store.derived.inputs import write_inputs
 folder, tokens, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 start = time.perf_counter()
 layout = open_checkpoint(folder).layout()

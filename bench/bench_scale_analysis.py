@@ -150,8 +150,8 @@ from modelvec.analyse.clustering import clustering_scores
 from modelvec.analyse.scores import Scoring, knn_dataset_score, predict_datasets
 from modelvec.plots.maps import plot_html, plot_png
 from modelvec.store import Population
-from modelvec.store.cachefile import read_cache_file
-from modelvec.store.cache import CacheFolder
+from modelvec.store.formats.cachefile import read_cache_file
+from modelvec.store.derived.cache import CacheFolder
 stages = {}
 def stage(name, fn):
     peak[0] = rss(); t = time.perf_counter(); value = fn()

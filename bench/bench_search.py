@@ -72,7 +72,7 @@ def main() -> None:
     from modelvec.analyse.scores import NEIGHBORS_SCORING
     from modelvec.report.nearest_lists import searched_of
     from modelvec.store import Population
-    from modelvec.store.listed import kept_lists, landmarks_of
+    from modelvec.store.views.listed import kept_lists, landmarks_of
 
     made = truth(args.size + 1000 + args.spare)
     sigma = noise_for(type(made)(**{k: v[: args.size] for k, v in made.__dict__.items()}), dim=args.dim)

@@ -679,7 +679,7 @@ def test_a_store_too_large_for_the_memory_left_is_one_line_saying_what_fits(tmp_
     """Before any product is computed: the memory the products need against what the kernel says is free, in one
     line naming how many models would fit, never a swap storm."""
     from modelvec.core.errors import ResourceError
-    from modelvec.store import population as stored
+    from modelvec.store.views import population as stored
 
     store, _ = _made_store(tmp_path / "s.duckdb")
     monkeypatch.setattr(stored.machine, "available_memory", lambda: 100_000)
@@ -696,7 +696,7 @@ def test_float32_products_leave_the_report_and_the_neighbour_orders_as_float64_h
     """``cluster`` over products computed in float32 (as above a few seconds of work) gives the report of float64
     products: the kNN scores, the predictions, the clusterers, and every model's neighbours in the same order."""
     from modelvec.analyse.scores import Geometry
-    from modelvec.store import products as module
+    from modelvec.store.derived import products as module
 
     reports, orders = [], []
     for exact_up_to in (module.EXACT_UP_TO, 0):

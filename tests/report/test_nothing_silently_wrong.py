@@ -32,7 +32,7 @@ from modelvec import Store
 from modelvec.analyse.tree import Node, Tree
 from modelvec.analyse.tree.lineage import infer_tree
 from modelvec.cli import app
-from modelvec.store.cachefile import read_cache_file
+from modelvec.store.formats.cachefile import read_cache_file
 
 DATASETS = ("news", "tweets", "chat", "reviews")
 
@@ -142,7 +142,7 @@ def kept_files(store: Path, base: Path) -> dict[str, Path]:
     """Every file the store keeps: the store, the vector file, the products (``products``: the population's) and
     the arrays kept beside them, by name."""
     from modelvec.core.names import model_id
-    from modelvec.store.cache import CacheFolder
+    from modelvec.store.derived.cache import CacheFolder
 
     files = {"store": store, "vectors": Path(f"{store}.vectors")}
     main = CacheFolder(store).products_path(f"{model_id(base)}\n{modelvec.Representation().key()}\n")
@@ -702,7 +702,7 @@ def test_kept_lists_ranked_for_a_few_rows_are_those_rows_of_every_row_ranked(lis
     those rows of the lists ranked whole."""
     from modelvec import Representation
     from modelvec.store import Population
-    from modelvec.store.listed import kept_lists
+    from modelvec.store.views.listed import kept_lists
 
     _, store, _ = listed
     path = next(p for name, p in kept_files(store, base).items() if ".nearest-" in name)

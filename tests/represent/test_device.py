@@ -9,7 +9,7 @@ import torch
 from modelvec.core.errors import DeviceError
 from modelvec.represent import DeltaEmbedder
 from modelvec.represent.device import resolve_device
-from modelvec.store import products
+from modelvec.store.derived import products
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from modelvec import Representation, Store
 from modelvec.core.errors import ResourceError
 from modelvec.run.cache_updates import ProductsCacheUpdater
 from modelvec.store import Population, VectorRow
-from modelvec.store.cache import CacheFolder
+from modelvec.store.derived.cache import CacheFolder
 
 PARAMS = Representation(rank=4)
 
@@ -73,7 +73,7 @@ def test_a_keeper_that_cannot_keep_says_so_and_the_run_goes_on(tiny_bert, tiny_f
     def too_small(n: int, dim: int) -> None:
         raise ResourceError("store", "too little memory")
 
-    monkeypatch.setattr("modelvec.store.population.check_fits", too_small)
+    monkeypatch.setattr("modelvec.store.views.population.check_fits", too_small)
     result = modelvec.embed(tiny_bert, tiny_finetunes, rank=4, store=tmp_path / "s.duckdb", products_from=1)
     assert len(result.embedded) == 3 and not result.failed
     assert result.kept_products is not None and "were not kept for the map" in result.kept_products

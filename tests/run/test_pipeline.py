@@ -19,6 +19,7 @@ from builders import planted_finetune, save_state
 from modelvec import DeltaEmbedder, Representation, Store
 from modelvec.cli import app
 from modelvec.represent import canonical_signs, truncated_svd
+from modelvec.store.views.export import export_parquet
 
 
 def test_embed_stores_vectors_with_metadata(tiny_bert, tiny_finetunes, tmp_path):
@@ -165,7 +166,7 @@ def test_store_load_and_parquet_export(tiny_bert, tiny_finetunes, tmp_path):
     result = modelvec.embed(tiny_bert, tiny_finetunes, rank=4, store=store)
     out = tmp_path / "v.parquet"
     with Store(store) as db:
-        assert db.export_parquet(out) == 3
+        assert export_parquet(db, out) == 3
         X, meta = db.reads.load(representation=Representation(rank=4))
     table = pq.read_table(out)
     for column in ("model", "base", "rank", "factor", "pooling", "solver", "sign", "datasets", "vector"):

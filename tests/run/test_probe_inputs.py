@@ -11,8 +11,8 @@ import pytest
 import modelvec
 from builders import write_tiny_tokenizer
 from modelvec.represent import probe as probe_module
-from modelvec.store.cachefile import read_cache_file
-from modelvec.store.inputs import inputs_meta, inputs_path, read_inputs
+from modelvec.store.derived.inputs import inputs_meta, inputs_path, read_inputs
+from modelvec.store.formats.cachefile import read_cache_file
 
 pytest.importorskip("transformers")
 TOKENS = 16

@@ -476,7 +476,7 @@ KILLED_ONCE = textwrap.dedent(
     import json, os, sys
     import numpy as np
     from modelvec import Store
-    from modelvec.store import neighbours
+    from modelvec.store.derived import neighbours
     from modelvec.run.ray_blocks import ray_runner
     from modelvec.analyse.graph_scores import depths_for
     from modelvec.analyse.inputs import label_sets

@@ -42,7 +42,7 @@ import pytest
 from builders import planted_finetune
 from modelvec.represent import Representation
 from modelvec.store import Failure, Store, StoreError, StoreLockedError, VectorRow
-from modelvec.store.vectorfile import VectorFile
+from modelvec.store.formats.vectorfile import VectorFile
 from zygote import Forked, Zygote
 
 N_MODELS = 160

@@ -15,9 +15,11 @@ from modelvec.analyse.graph_scores import depths_for, knn_from_lists, prediction
 from modelvec.analyse.inputs import group_codes, label_sets
 from modelvec.analyse.neighbours import ruler
 from modelvec.analyse.scores import knn_dataset_score, predict_datasets
-from modelvec.store import VectorRow, listed, products
-from modelvec.store import landmarks as marks
-from modelvec.store import neighbours as module
+from modelvec.store import VectorRow
+from modelvec.store.derived import landmarks as marks
+from modelvec.store.derived import neighbours as module
+from modelvec.store.derived import products
+from modelvec.store.views import listed
 
 PARAMS = Representation(rank=4)
 

@@ -1,4 +1,4 @@
-"""A :class:`~modelvec.store.Population` reads the store's rows once (:mod:`~modelvec.store.snapshot`): which base,
+"""A :class:`~modelvec.store.Population` reads the store's rows once (:mod:`~modelvec.store.views.snapshot`): which base,
 its version now, the stale rows and the rows of the version now all follow from that one read, exactly as the
 store's own queries give them."""
 
@@ -11,7 +11,8 @@ import pandas as pd
 
 from modelvec import Representation, Store
 from modelvec.store import Population, VectorRow
-from modelvec.store.snapshot import Snapshot
+from modelvec.store.views.export import export_parquet
+from modelvec.store.views.snapshot import Snapshot
 
 PARAMS = Representation(rank=4)
 BASE = "org/base"
@@ -79,7 +80,7 @@ class _Counting:
 
 def test_a_population_reads_the_stores_rows_once_before_its_first_product(tmp_path):
     """Before its first product a population runs 2 statements on the store: one read of its base's rows (every
-    version's, with what says the base's version now: :mod:`~modelvec.store.snapshot`) and one of the traces' rows
+    version's, with what says the base's version now: :mod:`~modelvec.store.views.snapshot`) and one of the traces' rows
     (which models are copies); the store's columns (an older store lacks some) were asked once, as it was opened
     (it ran 4: a look at them before each read). It read the vectors' rows 4 times (which base, its versions, the
     version now's rows, the stale models), the base's version twice more."""
@@ -113,4 +114,4 @@ def test_a_population_reads_after_any_one_row_read_of_the_store(tmp_path):
             population = Population(db, BASE, PARAMS)
             assert list(population.meta["model"]) == ["a", "b", "c"]
             read()
-            assert db.export_parquet(tmp_path / "x.parquet") == 7
+            assert export_parquet(db, tmp_path / "x.parquet") == 7

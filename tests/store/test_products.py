@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelvec import Representation, Store
-from modelvec.store import VectorRow, blocks, cache
-from modelvec.store import products as module
-from modelvec.store.cache import CacheFolder
+from modelvec.store import VectorRow
+from modelvec.store.derived import cache
+from modelvec.store.derived import products as module
+from modelvec.store.derived.cache import CacheFolder
+from modelvec.store.formats import blocks
 
 PARAMS = Representation(rank=4)
 

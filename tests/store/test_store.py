@@ -13,8 +13,8 @@ import pytest
 
 from modelvec import Representation, Store
 from modelvec.store import StoreError, VectorRow
-from modelvec.store.schema import columns_by_table
-from modelvec.store.vectorfile import VectorFile, header
+from modelvec.store.formats.schema import columns_by_table
+from modelvec.store.formats.vectorfile import VectorFile, header
 
 PARAMS = Representation(rank=4)
 

@@ -27,8 +27,8 @@ from builders import planted_finetune
 from modelvec import Representation, Store
 from modelvec.cli import app
 from modelvec.store import StoreError, VectorRow
-from modelvec.store.cachefile import remove_leftovers, write_cache_file
-from modelvec.store.vectorfile import VectorFile, header, identity_of
+from modelvec.store.formats.cachefile import remove_leftovers, write_cache_file
+from modelvec.store.formats.vectorfile import VectorFile, header, identity_of
 
 PARAMS = Representation(rank=4)
 
@@ -455,7 +455,7 @@ def test_a_kept_file_is_locked_while_it_is_written(tmp_path, monkeypatch):
     (another process keeping products of the same store) leaves it."""
     import fcntl
 
-    import modelvec.store.cachefile as kept
+    import modelvec.store.formats.cachefile as kept
 
     seen = []
     replace = os.replace

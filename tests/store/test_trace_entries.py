@@ -9,7 +9,7 @@ import numpy as np
 from modelvec import Representation, Store
 from modelvec.represent.trace import Trace
 from modelvec.store import VectorRow
-from modelvec.store.schema import columns_by_table
+from modelvec.store.formats.schema import columns_by_table
 
 PARAMS = Representation(rank=4)
 ENTRY_COLUMNS = ("entries_offset", "entries_dim", "entries_hash")

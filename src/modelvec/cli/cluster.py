@@ -12,7 +12,7 @@ from ..analyse.reduction import Reduction
 from ..analyse.scores import Scoring
 from ..represent.representation import Representation
 from ..run.engines import Execution
-from ..store.products import Compute
+from ..store.derived.products import Compute
 from .options import JsonOpt, StoreOpt, WaitOpt, split_values, with_settings
 from .printing import console, fmt, notes, print_json, printable, products_progress, say, short_name, whole_column
 from .shell import command, left_out, open_store

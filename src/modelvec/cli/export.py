@@ -18,8 +18,10 @@ def export(
     wait: float | None = WaitOpt,
 ) -> None:
     """Write one row per stored vector: model, base, representation parameters, datasets, vector."""
+    from ..store.views.export import export_parquet  # pyarrow's Parquet writer, only for an export
+
     damaged: dict[str, str] = {}
     with open_store(store, wait, read_only=True) as db:
-        count = db.export_parquet(parquet, damaged)
+        count = export_parquet(db, parquet, damaged)
     say(console, f"wrote {count} vectors to {printable(parquet)}")
     left_out(damaged)

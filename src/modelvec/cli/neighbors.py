@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..analyse.scores import NEIGHBORS_SCORING, Scoring
 from ..represent.representation import Representation
-from ..store.products import Compute
+from ..store.derived.products import Compute
 from .options import JsonOpt, StoreOpt, WaitOpt, with_settings
 from .printing import (
     console,

@@ -74,7 +74,7 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(130) from None
         except Exception as exc:
             if _is_store_failure(exc):  # DuckDB failed to read or write the open store: the disk, not modelvec
-                from ..store.lock import store_error
+                from ..store.formats.lock import store_error
 
                 say(err, f"error: {printable(store_error(_store_of(ctx), exc))}")
                 raise typer.Exit(EXIT_ERROR) from None

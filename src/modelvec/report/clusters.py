@@ -38,8 +38,8 @@ from ..hub.labels import matches_source
 from ..represent.representation import Representation
 from ..run.engines import Execution
 from ..store import Population, Store, opened
-from ..store.neighbours import TaskRunner
-from ..store.products import Compute, Products
+from ..store.derived.neighbours import TaskRunner
+from ..store.derived.products import Compute, Products
 from . import cluster_parts as parts
 from .cluster_parts import ClusterReport
 
@@ -81,9 +81,9 @@ def cluster(
     inner products are read from the vector file in blocks and kept beside the store, verified (a later run computes
     only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``; the per-block scores read
     a sample of at most :data:`BLOCK_SAMPLE` vectors. ``compute`` says where their float32 products run
-    (:class:`~modelvec.store.products.Compute`: ``device="auto"``, a GPU where one is visible) and whether the scores
+    (:class:`~modelvec.store.derived.products.Compute`: ``device="auto"``, a GPU where one is visible) and whether the scores
     read every pair's products or each model's nearest lists (``neighbours``: lists above
-    :data:`~modelvec.store.products.PAIRS_UP_TO` models, :mod:`~modelvec.report.lists`); ``execution``'s ``engine``
+    :data:`~modelvec.store.derived.products.PAIRS_UP_TO` models, :mod:`~modelvec.report.lists`); ``execution``'s ``engine``
     ``"ray"`` runs the lists' pass as tasks on a Ray cluster (:mod:`~modelvec.run.ray_blocks`; its ``address`` and
     ``workers``).
     """
@@ -211,7 +211,7 @@ def _scored_on_lists(
     """The report's scores and map (``drawn``: its reducer and seed) from each model's nearest lists
     (:mod:`~modelvec.report.lists`), and the models they cover (the population's sound vectors: their rows of
     ``meta``, their positions). ``where``: the pass's runner (a Ray cluster's) and device here."""
-    from ..store.listed import lists_of
+    from ..store.views.listed import lists_of
     from . import lists
 
     reduce, seed = drawn

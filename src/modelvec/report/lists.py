@@ -1,11 +1,11 @@
 """The cluster report from each model's nearest lists, where every pair's products would not fit in memory
-(above :data:`~modelvec.store.neighbours.PAIRS_UP_TO` models, or ``--neighbours lists``).
+(above :data:`~modelvec.store.derived.neighbours.PAIRS_UP_TO` models, or ``--neighbours lists``).
 
 Every score is the one the pairwise products give, from lists kept beside the store: the kNN dataset score and the
 one without same-author neighbours (each model's k - 1 nearest, k its dataset's size: the lists are that deep),
 the predictions and their leave-one-out accuracy. Each model's spread for mutual proximity, what "far" means for a
 prediction's closeness and the map's starting coordinates come from every model's distances to the landmarks
-(:func:`~modelvec.store.landmarks.landmarks`); the clusterers run on their seeded sample of models, read from the
+(:func:`~modelvec.store.derived.landmarks.landmarks`); the clusterers run on their seeded sample of models, read from the
 vector file; the map is laid out from each model's 15 nearest.
 """
 
@@ -26,9 +26,9 @@ from ..analyse.neighbours import Yardstick
 from ..analyse.proximity import Stats, scaled
 from ..analyse.scores import KnnScore, Predictions, Scoring
 from ..store import Population
-from ..store.landmarks import Landmarks
-from ..store.listed import OnLists
-from ..store.products import EXACT_UP_TO
+from ..store.derived.landmarks import Landmarks
+from ..store.derived.products import EXACT_UP_TO
+from ..store.views.listed import OnLists
 
 
 def knn_scores(g: OnLists, meta: pd.DataFrame, scoring: Scoring) -> tuple[KnnScore, KnnScore]:

@@ -28,7 +28,7 @@ from ..core.names import is_hub_id
 from ..core.settings import taken_from, with_options
 from ..represent.representation import Representation
 from ..store import Population, Products, Store, opened
-from ..store.products import Compute
+from ..store.derived.products import Compute
 from .nearest_parts import IS_A_COPY, IS_THE_BASE, Neighbors, embed_query, explain_of, place_of
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """``neighbors`` where the population's scores read nearest lists (above
-:data:`~modelvec.store.products.PAIRS_UP_TO` models, or ``--neighbours lists``): a stored model's nearest and its
+:data:`~modelvec.store.derived.products.PAIRS_UP_TO` models, or ``--neighbours lists``): a stored model's nearest and its
 voters are read from the lists ``cluster`` keeps beside the store (no vector read but those the answer shows); a
 model that is not stored, or a store whose lists are not kept for these vectors, is compared with every stored
 vector in one pass over them (exact, the time of one read of the vector file). Each model's spread for mutual
@@ -19,9 +19,9 @@ from ..analyse.scores import Scoring
 from ..core.errors import NothingStoredError, StoreError
 from ..hub.client import HubSettings
 from ..store import Population
-from ..store.landmarks import Landmarks
-from ..store.listed import kept_lists, landmarks_of
-from ..store.neighbours import NEAR
+from ..store.derived.landmarks import Landmarks
+from ..store.derived.neighbours import NEAR
+from ..store.views.listed import kept_lists, landmarks_of
 from .lists import stick_of
 from .nearest_parts import IS_A_COPY, Neighbors, embed_query, explain_of, place_of
 

@@ -20,8 +20,8 @@ from types import TracebackType
 from ..analyse.inputs import Scoring
 from ..represent.representation import Representation
 from ..store import Population, Store
-from ..store.listed import lists_of
-from ..store.products import Compute
+from ..store.derived.products import Compute
+from ..store.views.listed import lists_of
 
 #: The fewest new vectors an update computes during a run (the run's end takes whatever is left).
 STEP = 256

@@ -22,8 +22,8 @@ from ..hub.discovery import CatalogueEntry
 from ..hub.download import weights_identity
 from ..represent.representation import Representation
 from ..store import Failure, Store, VectorRow
-from ..store.records import Alias, CardUpdate
-from ..store.vectorfile import checksum, vector_bytes
+from ..store.formats.records import Alias, CardUpdate
+from ..store.formats.vectorfile import checksum, vector_bytes
 from .tasks import Model, task_of
 from .work import BaseSpec, Outcome, Task
 

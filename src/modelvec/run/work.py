@@ -78,7 +78,7 @@ class BaseSpec:
         """The base's inputs on the probe (None: ``representation`` takes no probe for this family): kept ones where
         they verify and were made for this base and probe, else computed (and kept, where a store keeps them)."""
         from ..represent.probe import compute_inputs
-        from ..store.inputs import inputs_meta, inputs_path, read_inputs, write_inputs
+        from ..store.derived.inputs import inputs_meta, inputs_path, read_inputs, write_inputs
 
         layout = ck.layout()
         tokens = representation.probe_tokens(layout.arch.probe)

@@ -13,8 +13,8 @@ from typing import Any
 import duckdb
 
 from ..represent.representation import Representation
-from .schema import META_COLUMNS, VECTORS, columns_by_table, select_list
-from .vectorfile import VectorFile
+from .formats.schema import META_COLUMNS, VECTORS, columns_by_table, select_list
+from .formats.vectorfile import VectorFile
 
 
 @dataclass(eq=False)

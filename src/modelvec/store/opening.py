@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 
 from ..core.errors import StoreError
-from .schema import TABLES, columns_by_table, first_row
-from .vectorfile import VectorFile, identity_of, new_identity, remove_leftovers, vector_path
+from .formats.schema import TABLES, columns_by_table, first_row
+from .formats.vectorfile import VectorFile, identity_of, new_identity, remove_leftovers, vector_path
 
 #: DuckDB's file headers before its first block (one main and two database headers of 4 KiB).
 _DUCKDB_HEADERS = 3 * 4096
@@ -21,7 +21,7 @@ _IDENTITY = re.compile(r"modelvec store ([0-9a-f]{16})")
 
 
 def open_vector_file(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> tuple[VectorFile, str | None]:
-    """The store's vector file (:func:`~modelvec.store.vectorfile.vector_path`: of this file's name, so a copy or a
+    """The store's vector file (:func:`~modelvec.store.formats.vectorfile.vector_path`: of this file's name, so a copy or a
     renamed store finds its own), its name kept in ``store_meta`` so a compaction swaps it in the commit that changes
     the offsets, and the store's identity. Another store's vector file is refused; a writer refuses rows that point
     into a vector file that is missing, rather than start an empty one under them, and removes the files a crashed

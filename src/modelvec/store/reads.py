@@ -11,11 +11,11 @@ import pandas as pd
 
 from ..core.errors import StoreError
 from ..represent.representation import Representation
-from .blocks import BlockReader, Selection, feature_moments
-from .cache import CacheFolder
 from .connection import Connection
-from .products import Products, gram
-from .schema import (
+from .derived.cache import CacheFolder
+from .derived.products import Products, gram
+from .formats.blocks import BlockReader, Selection, feature_moments
+from .formats.schema import (
     CATALOGUE,
     CATALOGUE_COLUMNS,
     DISCOVERY,
@@ -114,7 +114,7 @@ class Reads:
         verify: bool = True,
         device: str = "auto",
     ) -> Products:
-        """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.products.gram`);
+        """The inner products of the selected vectors, read in blocks (:func:`~modelvec.store.derived.products.gram`);
         with ``cache`` (a name for the selection, e.g. its base and representation) those of vectors seen before
         come from beside the store and the new ones are kept there. ``standardize``: of the vectors with every
         feature scaled to zero mean and unit variance over the selection (one more pass; their ``cache`` must name
@@ -247,7 +247,7 @@ class Reads:
         return rows[0][0] if rows else None
 
     def discovery(self, base: str) -> pd.DataFrame:
-        """How far the discovery of ``base`` went (see :data:`~modelvec.store.schema.DISCOVERY`): no rows when none was
+        """How far the discovery of ``base`` went (see :data:`~modelvec.store.formats.schema.DISCOVERY`): no rows when none was
         stored page by page (a catalogue stored whole, or none)."""
         if "discovery" not in self._db.tables():
             return pd.DataFrame(columns=[c for c, _ in DISCOVERY.columns])

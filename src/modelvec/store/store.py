@@ -40,11 +40,11 @@ from ..core import constants
 from ..core.errors import NothingStoredError, ResourceError, StoreError
 from ..represent.representation import Representation
 from .connection import Connection
-from .lock import connect, default_wait, store_error
+from .formats.lock import connect, default_wait, store_error
+from .formats.schema import migrate, missing_tables
+from .formats.vectorfile import VectorFile
 from .opening import check_whole, mark_identity, open_vector_file
 from .reads import Reads
-from .schema import migrate, missing_tables
-from .vectorfile import VectorFile
 from .versions import Versions
 from .writes import Writes
 
@@ -209,13 +209,6 @@ class Store:
         )
         if not self.read_only:
             mark_identity(self.con, self.identity)
-
-    def export_parquet(self, path: str | os.PathLike[str], damaged: dict[str, str] | None = None) -> int:
-        """One row per stored vector: model, base, the representation parameters, datasets, vector; the rows
-        written (``damaged``: a dict where vectors that fail their checksum are named and left out)."""
-        from .export import export_parquet  # pyarrow's Parquet writer, only for an export
-
-        return export_parquet(self.con, self.vector_file, path, damaged)
 
     def close(self) -> None:
         """Close the store. A writer's checkpoint is taken here rather than in DuckDB's close, which drops its

@@ -12,8 +12,8 @@ import pandas as pd
 from ..core.names import is_hub_id
 from ..represent.representation import Representation
 from .connection import Connection
+from .formats.schema import BASE_VERSIONS, first_row, transaction
 from .reads import Reads
-from .schema import BASE_VERSIONS, first_row, transaction
 
 
 class Versions:
@@ -104,7 +104,7 @@ class Versions:
 def version_now(base: str, sha: str | None, recorded: Callable[[str | None], str | None]) -> str | None:
     """The version of ``base`` as it is now (:meth:`Versions.base_now`), given a Hub base's commit at its last
     discovery (``sha``) and ``recorded(stamp)``, the version recorded for files of ``stamp`` (None: the one recorded
-    last): the one rule, whether the store is asked or a snapshot of it (:mod:`~modelvec.store.snapshot`)."""
+    last): the one rule, whether the store is asked or a snapshot of it (:mod:`~modelvec.store.views.snapshot`)."""
     if is_hub_id(base):  # a commit recorded with the weights of an earlier one keeps that one's version
         return (recorded(f"git:{sha}") or f"git:{sha}") if sha else recorded(None)
     if not os.path.exists(base):

@@ -9,9 +9,9 @@ from typing import Any
 
 import duckdb
 
-from .records import Alias, CardUpdate, Failure, VectorRow, entry_vector
-from .schema import ALIASES, FAILURES, TRACES, VECTORS, transaction
-from .vectorfile import VectorFile, checksum, vector_bytes
+from .formats.records import Alias, CardUpdate, Failure, VectorRow, entry_vector
+from .formats.schema import ALIASES, FAILURES, TRACES, VECTORS, transaction
+from .formats.vectorfile import VectorFile, checksum, vector_bytes
 
 Row = VectorRow | Failure | CardUpdate | Alias
 

@@ -14,9 +14,9 @@ import pandas as pd
 from ..core.errors import Kind
 from ..represent.representation import Representation
 from .connection import Connection
-from .records import Failure, VectorRow
-from .schema import CATALOGUE, CATALOGUE_COLUMNS, DISCOVERY, transaction
-from .vectorfile import VectorFile
+from .formats.records import Failure, VectorRow
+from .formats.schema import CATALOGUE, CATALOGUE_COLUMNS, DISCOVERY, transaction
+from .formats.vectorfile import VectorFile
 from .versions import Versions
 from .writer import StoreWriter, write_rows
 

@@ -117,7 +117,7 @@ def over_stored(
     """
     from ..run import local_files
     from ..store import Population, opened
-    from ..store.bases import stored_representation
+    from ..store.views.bases import stored_representation
 
     with opened(store, read_only=True) as db:  # the base's population: no copy, quantization or stale vector
         pop = Population(db, base, stored_representation(db, base))

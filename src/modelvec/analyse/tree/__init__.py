@@ -7,7 +7,7 @@ the kinds), its thresholds (:mod:`.rule`: ``TreeRule``, one settings object), th
 
 The other stages hold only their own step of it: the trace each model leaves (:mod:`modelvec.represent.trace`), the
 relations a card declares and how deep discovery goes (:mod:`modelvec.core.tree`), the copies rule fed from the
-store (:mod:`modelvec.store.copies`), the report (:mod:`modelvec.report.tree`), its figure and the map's hover
+store (:mod:`modelvec.store.views.copies`), the report (:mod:`modelvec.report.tree`), its figure and the map's hover
 (:mod:`modelvec.plots.tree`, :mod:`modelvec.plots.maps.tree_hover`) and the command (:mod:`modelvec.cli.tree`).
 """
 

@@ -5,23 +5,22 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.errors import StoreError
-from .vectorfile import VectorFile
+from ...core.errors import StoreError
+from ..formats.vectorfile import VectorFile
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
-def export_parquet(
-    con: duckdb.DuckDBPyConnection,
-    vector_file: VectorFile,
-    path: str | os.PathLike[str],
-    damaged: dict[str, str] | None = None,
-) -> int:
-    """One row per stored vector: model, base, the representation parameters, datasets, vector; the rows written.
+def export_parquet(store: Store, path: str | os.PathLike[str], damaged: dict[str, str] | None = None) -> int:
+    """One row per stored vector of ``store``: model, base, the representation parameters, datasets, vector; the rows
+    written (``damaged``: a dict where vectors that fail their checksum are named and left out).
 
     A chunk of 256 vectors at a time: memory is bounded whatever the store's size. A vector that fails its
     checksum raises :class:`StoreError` naming its model, or with ``damaged`` (a dict) is left out and named there.
@@ -29,7 +28,7 @@ def export_parquet(
     once whole, so an export that fails (a full disk) leaves no half file; its ``OSError`` names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = con.sql(
+    meta = store.con.sql(
         """SELECT model, base, params, rank, factor, pooling, solver, sign, architecture, model_hash, datasets,
                   dim, "offset", vector_hash FROM vectors ORDER BY model, base, params"""
     ).to_arrow_table()
@@ -40,7 +39,7 @@ def export_parquet(
         with open(tmp, "wb") as file, pq.ParquetWriter(file, schema) as out:
             written = 0
             for lo in range(0, meta.num_rows, 256):  # a chunk at a time: the export never holds the whole store
-                part, vectors = _readable(meta.slice(lo, 256), vector_file, damaged)
+                part, vectors = _readable(meta.slice(lo, 256), store.vector_file, damaged)
                 written += part.num_rows
                 offsets = pa.array(np.cumsum([0] + [v.size for v in vectors]), pa.int32())
                 flat = pa.array(np.concatenate(vectors) if vectors else np.zeros(0, np.float32))

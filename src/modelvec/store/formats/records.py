@@ -1,6 +1,6 @@
 """What the store holds, as records: a computed vector with what is known about its model, or a failure.
 
-Each record type says which column of its table (:mod:`modelvec.store.schema`) holds which of its fields, so the
+Each record type says which column of its table (:mod:`modelvec.store.formats.schema`) holds which of its fields, so the
 writer's INSERT is made from the table and the row, never spelt out.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..analyse.tree.copies import mini_of
-from ..core.errors import Kind
-from ..represent.representation import Representation
-from ..represent.trace import Trace
+from ...analyse.tree.copies import mini_of
+from ...core.errors import Kind
+from ...represent.representation import Representation
+from ...represent.trace import Trace
 
 
 @dataclass

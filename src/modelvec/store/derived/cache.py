@@ -4,7 +4,7 @@ A store keeps beside its DuckDB file what later runs would otherwise compute aga
 (``<id>.products``), the arrays that follow from exactly those vectors (``<id>.<name>.kept``: each model's spread, every
 pair's scaled distance, the map's layout), the model tree (``<id>.tree.kept``) and the base's probe inputs
 (``<id>.probe.kept``). :class:`CacheFolder` is the only code that names a file in it; each file is a kept file
-(:mod:`~modelvec.store.cachefile`: written whole, then renamed, its temporary files left by a killed writer removed as the
+(:mod:`~modelvec.store.formats.cachefile`: written whole, then renamed, its temporary files left by a killed writer removed as the
 folder is written next, every row checked as it is read), and what each was computed for is checked here, so a file
 kept for other vectors or another version is stale: not used, computed again and replaced.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import Selection
-from .cachefile import CacheFile, read_cache_file, write_cache_file
+from ..formats.blocks import Selection
+from ..formats.cachefile import CacheFile, read_cache_file, write_cache_file
 
 
 def checksum_of(hashes: Sequence[str]) -> str:
@@ -171,7 +171,7 @@ class CacheFolder:
     @staticmethod
     def current(path: Path, meta: dict[str, Any]) -> tuple[CacheFile | None, str | None]:
         """The kept file at ``path`` where it verifies and was computed for ``meta`` (each of its keys the same in
-        the file's header: e.g. the base's probe inputs, :mod:`~modelvec.store.inputs`); else None and why it is
+        the file's header: e.g. the base's probe inputs, :mod:`~modelvec.store.derived.inputs`); else None and why it is
         stale (None: there was no file)."""
         kept = read_cache_file(path)
         if kept is None:

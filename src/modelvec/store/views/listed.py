@@ -2,7 +2,7 @@
 would not fit (:mod:`modelvec.report.lists`), and what ``embed`` keeps up to date as a crawl stores vectors
 (:mod:`modelvec.run.cache_updates`), so that the first ``cluster`` after it reads them.
 
-Which lists (:func:`lists_of`): every model's :data:`~modelvec.store.neighbours.NEAR` nearest among all models by
+Which lists (:func:`lists_of`): every model's :data:`~modelvec.store.derived.neighbours.NEAR` nearest among all models by
 the ranking (plain distance, or mutual proximity where the scoring says so), its nearest among the models the kNN
 score counts, as deep as its dataset needs (its k - 1, its own author's models beside them, at least the voters of a
 prediction) and a share more (:data:`SLACK`), and, where neighbours are ranked by mutual proximity, the map's plain
@@ -18,13 +18,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from ..analyse.graph import Lists
-from ..analyse.graph_scores import depths_for
-from ..analyse.inputs import Scoring, group_codes, label_sets
-from ..analyse.proximity import Stats, spread_of
-from .cachefile import CacheFile
-from .landmarks import Landmarks, update_landmarks
-from .neighbours import (
+from ...analyse.graph import Lists
+from ...analyse.graph_scores import depths_for
+from ...analyse.inputs import Scoring, group_codes, label_sets
+from ...analyse.proximity import Stats, spread_of
+from ..derived.landmarks import Landmarks, update_landmarks
+from ..derived.neighbours import (
     MAP_NEAR,
     NEAR,
     PARTS,
@@ -36,6 +35,7 @@ from .neighbours import (
     ranked_names,
     reranked,
 )
+from ..formats.cachefile import CacheFile
 from .population import Population
 
 #: Room in each model's list beyond what its dataset needs now (a share): a dataset that grows by as much is scored
@@ -129,10 +129,10 @@ def lists_of(
 
 
 def landmarks_of(pop: Population, *, verify: bool = True) -> Landmarks:
-    """Every vector's products with the landmarks (:mod:`~modelvec.store.neighbours`), kept beside the store:
+    """Every vector's products with the landmarks (:mod:`~modelvec.store.derived.neighbours`), kept beside the store:
     a later run computes only new vectors' rows (the landmarks kept as they were drawn, unless one is gone).
     Every vector is read once and checked (``damaged``) unless the vector file is unchanged since they all were
-    (its :meth:`~modelvec.store.vectorfile.VectorFile.signature`, kept with what it found damaged then);
+    (its :meth:`~modelvec.store.formats.vectorfile.VectorFile.signature`, kept with what it found damaged then);
     ``verify=False``: only those read (a query checks what its answer shows)."""
     sel, name = pop.selection, "landmarks"
     kept, note = pop.folder.rows(pop.cache_key(), name)
@@ -219,7 +219,7 @@ def nearest_of(
     progress: Callable[[int, int], None] | None = None,
     device: str = "cpu",
 ) -> tuple[dict[str, Lists], int, Stats | None]:
-    """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.neighbours.nearest_lists`), kept beside the
+    """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.derived.neighbours.nearest_lists`), kept beside the
     store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
     each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks);
     ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`). And how many

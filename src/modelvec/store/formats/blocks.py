@@ -13,7 +13,7 @@ import numpy as np
 from .vectorfile import VectorFile
 
 #: Floats of the block of vectors held while its products are accumulated (1 GiB of float32; two chunks of
-#: :data:`~modelvec.store.products.CHUNK_ROWS` vectors are streamed past it).
+#: :data:`~modelvec.store.derived.products.CHUNK_ROWS` vectors are streamed past it).
 BLOCK_FLOATS = 1 << 28
 
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ..analyse.geometry import distances_of
-from ..analyse.proximity import Stats
-from .blocks import BlockReader, Selection
+from ...analyse.geometry import distances_of
+from ...analyse.proximity import Stats
+from ..formats.blocks import BlockReader, Selection
+from ..formats.vectorfile import VectorFile
 from .products import EXACT_UP_TO
-from .vectorfile import VectorFile
 
 #: The landmarks: every model's products with these many stored vectors (every one where there are no more).
 LANDMARKS = 256

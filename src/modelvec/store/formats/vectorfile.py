@@ -31,8 +31,8 @@ except ImportError:  # pragma: no cover - not POSIX
 import numpy as np
 import xxhash
 
-from ..core.errors import ResourceError, StoreError
-from ..core.files import pwrite_all
+from ...core.errors import ResourceError, StoreError
+from ...core.files import pwrite_all
 
 
 class VectorFile:

@@ -7,16 +7,16 @@ import json
 import os
 from collections.abc import Sequence
 
-from ..core.errors import NothingStoredError
-from ..core.names import model_id
-from ..represent.representation import Representation
-from .store import Store, options_of
+from ...core.errors import NothingStoredError
+from ...core.names import model_id
+from ...represent.representation import Representation
+from ..store import Store, options_of
 
 
 def base_names(base: str | os.PathLike[str]) -> list[str]:
     """The names a base given as ``base`` may be stored under: a local path's absolute path (and as typed), a Hub
     id as typed and its canonical id."""
-    from ..hub.ids import resolve_base
+    from ...hub.ids import resolve_base
 
     if os.path.exists(str(base)):
         return list(dict.fromkeys([model_id(base), str(base)]))

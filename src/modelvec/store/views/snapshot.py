@@ -19,11 +19,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..represent.representation import Representation
-from .blocks import Selection
-from .connection import Connection
-from .schema import META_COLUMNS, VECTORS, select_list
-from .versions import version_now
+from ...represent.representation import Representation
+from ..connection import Connection
+from ..formats.blocks import Selection
+from ..formats.schema import META_COLUMNS, VECTORS, select_list
+from ..versions import version_now
 
 
 class Snapshot:

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analyse.tree.copies import Copy, Traced, find_copies
-from ..analyse.tree.rule import TreeRule
-from ..core.errors import ModelvecError
-from ..core.files import oldest_time
-from .store import Store
-from .vectorfile import zero_checksum
+from ...analyse.tree.copies import Copy, Traced, find_copies
+from ...analyse.tree.rule import TreeRule
+from ...core.errors import ModelvecError
+from ...core.files import oldest_time
+from ..formats.vectorfile import zero_checksum
+from ..store import Store
 
 #: What a card declares: its relation to its parents (None: not said) and the parents it names.
 Declared = tuple[str | None, list[str]]
@@ -68,7 +68,7 @@ def created(db: Store, base: str, meta: pd.DataFrame, models: Sequence[str]) -> 
 def files_time(path: str) -> str | None:
     """A local model's weight files' oldest modification time (ISO, UTC) and oldest change time (ns), as comparable
     text; None for a Hub model, a path gone, or one that cannot be opened now."""
-    from ..read import open_checkpoint
+    from ...read import open_checkpoint
 
     if _is_hub(path) or not os.path.exists(path):
         return None
@@ -154,7 +154,7 @@ def _from_card(source: str) -> Declared:
     folder = source if os.path.isdir(source) else str(Path(source).parent) if os.path.isfile(source) else ""
     if not folder:
         return None, []
-    from ..hub.cards import model_card  # the Hub's client only where a local card is read
+    from ...hub.cards import model_card  # the Hub's client only where a local card is read
 
     card = model_card(folder, source)
     return card.relation, card.parents
@@ -184,6 +184,6 @@ def _utc(when: str) -> str:
 
 
 def _is_hub(name: str) -> bool:
-    from ..core.names import is_hub_id
+    from ...core.names import is_hub_id
 
     return is_hub_id(name)

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.errors import NothingStoredError
-from ..represent.representation import Representation
+from ...core.errors import NothingStoredError
+from ...represent.representation import Representation
+from ..store import Store
 from .population import Population
-from .store import Store
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 Every score, map and neighbour query compares vectors only through their inner products, so no analysis
 holds the vectors: :func:`gram` reads them a block at a time (checked against their checksums,
-:mod:`~modelvec.store.blocks`) and accumulates the n x n products, memory n^2 + two blocks. The products of a
-selection are kept beside the store (:class:`~modelvec.store.cache.CacheFolder`), keyed by the vectors'
+:mod:`~modelvec.store.formats.blocks`) and accumulates the n x n products, memory n^2 + two blocks. The products of a
+selection are kept beside the store (:class:`~modelvec.store.derived.cache.CacheFolder`), keyed by the vectors'
 checksums: a later run computes only the rows of vectors it has not seen (a crawl that added 100 models to 10,000
 costs 100 rows), and a vector replaced or removed is dropped.
 
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core.machine import cores
-from ..core.settings import setting, validate
-from .blocks import BLOCK_FLOATS, BlockReader, Selection, transformed
+from ...core.machine import cores
+from ...core.settings import setting, validate
+from ..formats.blocks import BLOCK_FLOATS, BlockReader, Selection, transformed
+from ..formats.vectorfile import VectorFile
 from .cache import CachedProducts
-from .vectorfile import VectorFile
 
 #: Up to this many multiply-adds products are taken in float64 (a few seconds); above, in float32 (twice as fast).
 EXACT_UP_TO = 1 << 33
@@ -57,7 +57,7 @@ DEVICE_HELP = (
 
 
 #: Up to this many models the reports read every pair's products (kept beside the store, n x n float64: 2 GiB);
-#: above, each model's nearest lists from row blocks (:mod:`~modelvec.store.neighbours`).
+#: above, each model's nearest lists from row blocks (:mod:`~modelvec.store.derived.neighbours`).
 PAIRS_UP_TO = 16384
 NEIGHBOURS = ("auto", "pairs", "lists")
 NEIGHBOURS_HELP = (
@@ -86,7 +86,7 @@ class Compute:
     def __post_init__(self) -> None:
         validate(self)
         if self.device not in ("auto", "cpu"):  # CUDA asked for without a GPU: said before any work starts
-            from ..represent import resolve_device
+            from ...represent import resolve_device
 
             resolve_device(self.device)
 
@@ -148,7 +148,7 @@ def resolved_device(device: str, work: int = 0) -> str:
     visible and the ``work`` (multiply-adds) is enough to pay for starting it (:data:`GPU_FROM`)."""
     if device == "cpu" or (device == "auto" and work < GPU_FROM):
         return "cpu"
-    from ..represent import resolve_device
+    from ...represent import resolve_device
 
     return str(resolve_device(device))
 

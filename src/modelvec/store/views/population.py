@@ -9,7 +9,7 @@ A :class:`Population` looks the base up once and decides once what belongs to it
   adapter) are ``copies``: counted, left off the map and out of every score.
 
 It gives what the reports compute from, each verified before it is trusted (asked of the store's
-:class:`~modelvec.store.cache.CacheFolder`): the
+:class:`~modelvec.store.derived.cache.CacheFolder`): the
 vectors' inner products kept beside the store (a row that does not verify is computed again), each model's spread
 for mutual proximity (computed again where it does not verify), the traces (a damaged one left out and named), the
 vectors themselves (each checked against its checksum). What it found and redid is ``repaired`` (one line each);
@@ -29,25 +29,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..analyse.proximity import SCALED_MAX_N
-from ..analyse.scores import Geometry, Scoring
-from ..analyse.tree.copies import Copy
-from ..core import machine
-from ..core.errors import NothingStoredError, ResourceError
-from ..core.names import is_hub_id
-from ..represent.representation import Representation
+from ...analyse.proximity import SCALED_MAX_N
+from ...analyse.scores import Geometry, Scoring
+from ...analyse.tree.copies import Copy
+from ...core import machine
+from ...core.errors import NothingStoredError, ResourceError
+from ...core.names import is_hub_id
+from ...represent.representation import Representation
+from ..derived.cache import CacheFolder, checksum_of
+from ..derived.products import Products, held_bytes
+from ..formats.blocks import BlockReader, Selection, products_with
+from ..reads import StoredTraces
+from ..store import Store
 from .bases import base_names, find_base, names_of, query_name, stored_base
-from .blocks import BlockReader, Selection, products_with
-from .cache import CacheFolder, checksum_of
 from .copies import copies as find_copies
 from .copies import declared
-from .products import Products, held_bytes
-from .reads import StoredTraces
 from .snapshot import Snapshot
-from .store import Store
 
 if TYPE_CHECKING:
-    from ..hub.client import HubSettings
+    from ...hub.client import HubSettings
 
 
 class Population:
@@ -189,7 +189,7 @@ class Population:
         """The vectors' inner products, kept beside the store and verified (checked to fit in memory first), and the
         metadata of the vectors they cover (damaged ones left out: ``damaged`` names them). ``verify``: read and
         check every vector even where all their products are kept (a query reads only those it shows:
-        :meth:`check`). ``device``: the torch device of its float32 products (:class:`~modelvec.store.products.Compute`)."""
+        :meth:`check`). ``device``: the torch device of its float32 products (:class:`~modelvec.store.derived.products.Compute`)."""
         check_fits(len(self.selection), self.selection.dim)
         products = self.db.reads.products(
             self.selection, cache=self.cache_key(), progress=progress, verify=verify, device=device
@@ -327,7 +327,7 @@ class Population:
             return self.name
         if not is_hub_id(self.name):
             return None
-        from ..hub.basefiles import base_files
+        from ...hub.basefiles import base_files
 
         return base_files(self.name, self.base_hash, hub_settings, fetch=fetch)
 
@@ -358,7 +358,7 @@ class Population:
         )
         names += [cached[-1].removeprefix("models--").replace("--", "/")] if cached else []  # a Hub cache snapshot
         if is_hub_id(self.name):
-            from ..hub.ids import resolve_base
+            from ...hub.ids import resolve_base
 
             names += list(resolve_base(self.name).names)
         return list(dict.fromkeys(names))

@@ -3,13 +3,13 @@ where a population's pairwise products would not fit (:data:`PAIRS_UP_TO`), O(n 
 
 Two passes over the vectors, each vector checked against its checksum as it is read:
 
-- **landmarks** (:func:`~modelvec.store.landmarks.landmarks`): every vector's inner products with a seeded sample of :data:`LANDMARKS`
+- **landmarks** (:func:`~modelvec.store.derived.landmarks.landmarks`): every vector's inner products with a seeded sample of :data:`LANDMARKS`
   stored vectors (all of them in a smaller population). From them: each model's spread for mutual proximity (its
   distances to the landmarks: every other model's where the population is that small, so the same as from every
   pair), what "far" means for a prediction's closeness, the map's starting coordinates, and the exact rows against
   which an approximation is measured;
 - **neighbours** (:func:`nearest_lists`): every pair's product once, in the blocks the pairwise products are computed
-  in (:func:`~modelvec.store.products.gram` with a consumer), each block's distances offered to every model's
+  in (:func:`~modelvec.store.derived.products.gram` with a consumer), each block's distances offered to every model's
   lists (:class:`~modelvec.analyse.graph.Nearest`): the nearest by the ranking (plain or mutual proximity) among
   all models, among those the scores count, and the plain nearest the map is laid out from.
 """
@@ -23,17 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analyse.geometry import distances_of
-from ..analyse.graph import Lists, Nearest
-from ..analyse.proximity import Stats, ranked_by, side, spread_of
-from ..core import constants
-from ..core.machine import available_memory
-from .blocks import BLOCK_FLOATS, Selection
+from ...analyse.geometry import distances_of
+from ...analyse.graph import Lists, Nearest
+from ...analyse.proximity import Stats, ranked_by, side, spread_of
+from ...core import constants
+from ...core.machine import available_memory
+from ..formats.blocks import BLOCK_FLOATS, Selection
+from ..formats.cachefile import CacheFile
+from ..formats.vectorfile import VectorFile
 from .cache import CachedProducts
-from .cachefile import CacheFile
 from .landmarks import scale_of
 from .products import PAIRS_UP_TO, gram, held_blocks_of
-from .vectorfile import VectorFile
 
 __all__ = [
     "MAP_NEAR",
@@ -72,7 +72,7 @@ def list_block_floats() -> int:
 
 
 def earlier_lists(kept: CacheFile | None, names: Sequence[str]) -> Earlier | None:
-    """The lists a kept file holds (:meth:`~modelvec.store.population.Population.nearest` keeps them), None where
+    """The lists a kept file holds (:meth:`~modelvec.store.views.population.Population.nearest` keeps them), None where
     it lacks one of ``names``."""
     if kept is None or not names or any(f"{name}.indptr" not in kept.arrays for name in names):
         return None
@@ -323,7 +323,7 @@ def nearest_lists(
     are computed, against every vector, and the others are offered the new columns alone: the same lists as a pass
     over all of them (a vector gone since: every row computed). ``runner``: the pass's held blocks run as tasks
     (:class:`Task`) elsewhere, their lists merged here (the nearest of the union is the nearest of each part's): the
-    same lists. ``device``: where the pass's float32 products run here (:class:`~modelvec.store.products.Compute`;
+    same lists. ``device``: where the pass's float32 products run here (:class:`~modelvec.store.derived.products.Compute`;
     a Ray cluster's tasks run theirs on their CPU)."""
     n = len(selection)
     if earlier is not None and (earlier.sums is None or set(earlier.hashes) - set(selection.hashes)):

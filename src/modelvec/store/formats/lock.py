@@ -13,8 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from ..core import constants
-from ..core.errors import StoreError, StoreLockedError
+from ...core import constants
+from ...core.errors import StoreError, StoreLockedError
 
 DEFAULT_WAIT = 600.0  # seconds a Store waits for another process's lock on its file ($MODELVEC_STORE_WAIT)
 _RETRY = (0.2, 0.4)  # seconds between two attempts to open a locked store (random, so waiters do not march in step)
