@@ -89,3 +89,38 @@ def test_no_modules_import_each_other_not_even_for_the_type_checker():
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:
         raise AssertionError(f"an import circle: {' -> '.join(exc.args[1])}") from None
+
+
+def _house(src: Path) -> list[str]:
+    """Where the package breaks its own rules (docs/layout.md): a module over 400 lines, a function over 80, a module
+    docstring over 25 lines, a date in the source (history belongs in CHANGELOG.md)."""
+    import ast
+
+    date = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b(?!T)")  # a dated note; an ISO timestamp's example is no history
+    broken = []
+    for path in sorted(src.rglob("*.py")):
+        if "testing" in path.relative_to(src).parts:  # the loopback Hub: a test server outside the library's path
+            continue
+        text, name = path.read_text(), path.relative_to(src)
+        tree = ast.parse(text)
+        if len(text.splitlines()) > 400:
+            broken.append(f"{name}: {len(text.splitlines())} lines")
+        doc = ast.get_docstring(tree, clean=False)
+        if doc and len(doc.splitlines()) > 25:
+            broken.append(f"{name}: a module docstring of {len(doc.splitlines())} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 80:
+                    broken.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+        broken += [f"{name}: the date {d}" for d in date.findall(text)]
+    return broken
+
+
+def test_the_package_keeps_its_house_rules(tmp_path):
+    assert _house(ROOT / "src" / "modelvec") == []
+    made = tmp_path / "modelvec"
+    made.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(81))
+    (made / "long.py").write_text('"""Made 2026-01-01."""\n\n\ndef f():\n' + body + "\n" + "\n" * 320)
+    assert _house(made) == ["long.py: 405 lines", "long.py:4 f: 82 lines", "long.py: the date 2026-01-01"]

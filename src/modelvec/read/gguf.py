@@ -3,19 +3,18 @@
 :class:`GGUFCheckpoint` reads a ``.gguf`` file with the ``gguf`` package's ``GGUFReader`` (memory-mapped)
 and offers what the rank study uses from :class:`~modelvec.read.checkpoint.Checkpoint`: ``name``,
 ``keys()``, ``shape()``, ``get(key)`` (float32), ``config``, ``architecture()`` and ``layout()``.
-Tensors are named as in the Hugging Face checkpoint the file was converted from, so modelvec's
-architecture tables apply unchanged: the GGUF names (``blk.N.attn_q.weight``, ``blk.N.ffn_down.weight``,
-``blk.N.attn_qkv.weight``...) are found by running each table's Hugging Face names through gguf's own
-``TensorNameMap`` for the file's ``general.architecture``, the map llama.cpp's converter uses.
-The config comes from the metadata (``<arch>.block_count``, ``<arch>.embedding_length``...), and where
-that is silent from the tensors the file stores (T5's gated feed-forward), as
-:data:`~modelvec.read.gguf_families.FAMILIES` declares.
+Tensors are named as in the Hugging Face checkpoint the file was converted from, so modelvec's architecture tables
+apply unchanged: the GGUF names (``blk.N.attn_q.weight``, ``blk.N.ffn_down.weight``, ``blk.N.attn_qkv.weight``...)
+are found by running each table's Hugging Face names through gguf's own ``TensorNameMap`` for the file's
+``general.architecture``, the map llama.cpp's converter uses. The config comes from the metadata
+(``<arch>.block_count``, ``<arch>.embedding_length``...), and where that is silent from the tensors the file stores
+(T5's gated feed-forward), as :data:`~modelvec.read.gguf_families.FAMILIES` declares.
 
 A GGUF split in parts (``-00001-of-00003.gguf``, llama.cpp's ``gguf-split``) is one model: any part's path opens
-all of them (the metadata is the first part's), a part missing is one line. Each ``get`` dequantizes one tensor (``gguf.quants.dequantize``), so memory stays bounded by the
-largest matrix. Quantization noise raises the measured rank: the rank study warns
-(:class:`QuantizationWarning`, naming the quant types) and refuses deltas between quantized
-checkpoints, whose noise is as large as a fine-tuning delta.
+all of them (the metadata is the first part's), a part missing is one line. Each ``get`` dequantizes one tensor
+(``gguf.quants.dequantize``), so memory stays bounded by the largest matrix. Quantization noise raises the measured
+rank: the rank study warns (:class:`QuantizationWarning`, naming the quant types) and refuses deltas between
+quantized checkpoints, whose noise is as large as a fine-tuning delta.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The model tree inferred from the weights: each stored model's parent and kind, from its trace alone (the tree
-as data: :mod:`modelvec.analyse.tree`).
+"""The model tree inferred from the weights: each stored model's parent and kind, from its trace alone (:mod:`.nodes`).
 
 A trace (:mod:`modelvec.represent.trace`) is a sketch of the rows read of W_model - W_base, linear in the weights,
 its size beside the base's, and how many distinct values its rows hold. What each kind leaves in it:

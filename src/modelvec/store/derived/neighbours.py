@@ -35,22 +35,6 @@ from .cache import CachedProducts
 from .landmarks import scale_of
 from .products import PAIRS_UP_TO, gram, held_blocks_of
 
-__all__ = [
-    "MAP_NEAR",
-    "NEAR",
-    "PAIRS_UP_TO",
-    "PARTS",
-    "Earlier",
-    "Found",
-    "Task",
-    "TaskRunner",
-    "Wanted",
-    "earlier_lists",
-    "nearest_lists",
-    "ranked_names",
-    "reranked",
-    "run_task",
-]
 #: How deep every model's list of nearest models goes (``neighbors --k`` up to this, the map's 15).
 NEAR = 32
 #: The map's neighbours (UMAP's 15, the row itself counted).
