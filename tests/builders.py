@@ -270,3 +270,20 @@ def shard_in_two(folder: Path, out: Path) -> Path:
     index = {"metadata": {}, "weight_map": {k: SHARDS[i] for i, part in enumerate(halves) for k in part}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     return out
+
+
+def module_inputs(model: torch.nn.Module, modules: list[torch.nn.Module], ids: list[int]) -> list[torch.Tensor]:
+    """Each module's input (tokens x width) when ``model`` reads ``ids`` (an encoder-decoder: on both sides)."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(module: torch.nn.Module, args: tuple) -> None:
+        seen.setdefault(id(module), args[0][0].detach())
+
+    hooks = [m.register_forward_pre_hook(keep) for m in modules]
+    batch = torch.tensor([ids])
+    extra = {"decoder_input_ids": batch} if model.config.is_encoder_decoder else {}
+    with torch.no_grad():
+        model(input_ids=batch, **extra)
+    for h in hooks:
+        h.remove()
+    return [seen[id(m)] for m in modules]

@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from builders import write_tiny_tokenizer
+from builders import module_inputs, write_tiny_tokenizer
 from modelvec import DeltaEmbedder
 from modelvec.represent import Representation
 from modelvec.represent.probe import probe_ids
 
 pytest.importorskip("transformers")
-from test_probe import _inputs_of
-from test_trace import family  # noqa: F401
 
 from tiny_families import _slice
 
@@ -51,7 +49,7 @@ def test_block_is_the_top_directions_of_each_layer_change_on_the_base_inputs(zoo
     ids = probe_ids(base_dir, TOKENS, name)
     items_b = [(s, layer, it) for s, layer, items in case.spec.items(case.base) for it in items]
     items_f = [it for _, _, items in case.spec.items(case.ft) for it in items]
-    inputs = _inputs_of(case.base, [it[1] for _, _, it in items_b], ids)
+    inputs = module_inputs(case.base, [it[1] for _, _, it in items_b], ids)
     truncated = 0
     for block, (stack, layer, (kind, mod_b, n_parts, part)), mod_f, x in zip(
         embedder.blocks_, items_b, [it[1] for it in items_f], inputs, strict=True
@@ -84,7 +82,7 @@ def test_a_delta_of_at_most_that_rank_is_kept_whole(zoo, probe):
         np.testing.assert_allclose(at3, plain, atol=1e-6 * np.abs(plain).max())
 
 
-def test_an_adapter_on_a_fine_tune_is_truncated_as_its_merged_model(family):  # noqa: F811
+def test_an_adapter_on_a_fine_tune_is_truncated_as_its_merged_model(family):
     """The parent's change and the adapter's are summed before the truncation: the merged model's vector; the trace
     is the delta's own sketch, as without ``delta_rank``."""
     embedder = DeltaEmbedder(delta_rank=2).fit(family / "base")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from builders import write_tiny_tokenizer
+from builders import module_inputs, write_tiny_tokenizer
 from modelvec import DeltaEmbedder
 from modelvec.read import open_checkpoint
 from modelvec.represent import Representation
@@ -25,23 +25,6 @@ FAMILIES = ["bert-cls", "distilbert-cls", "gpt2-lm", "llama-lm", "phi3-lm", "gem
 EXACT = dict(probe=TOKENS, pooling="concat", block_norm=False, size="none", head="none")
 
 
-def _inputs_of(model: torch.nn.Module, modules: list[torch.nn.Module], ids: list[int]) -> list[torch.Tensor]:
-    """Each module's input (tokens x width) when ``model`` reads ``ids`` (an encoder-decoder: on both sides)."""
-    seen: dict[int, torch.Tensor] = {}
-
-    def keep(module: torch.nn.Module, args: tuple) -> None:
-        seen.setdefault(id(module), args[0][0].detach())
-
-    hooks = [m.register_forward_pre_hook(keep) for m in modules]
-    batch = torch.tensor([ids])
-    extra = {"decoder_input_ids": batch} if model.config.is_encoder_decoder else {}
-    with torch.no_grad():
-        model(input_ids=batch, **extra)
-    for h in hooks:
-        h.remove()
-    return [seen[id(m)] for m in modules]
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_block_is_the_change_of_each_layer_output_on_the_base_inputs(zoo, name):
     case = zoo.case(name, rank=3)
@@ -51,7 +34,7 @@ def test_block_is_the_change_of_each_layer_output_on_the_base_inputs(zoo, name):
     ids = probe_ids(base_dir, TOKENS, name)
     items_b = [(s, layer, it) for s, layer, items in case.spec.items(case.base) for it in items]
     items_f = [it for _, _, items in case.spec.items(case.ft) for it in items]
-    inputs = _inputs_of(case.base, [it[1] for _, _, it in items_b], ids)
+    inputs = module_inputs(case.base, [it[1] for _, _, it in items_b], ids)
     assert len(embedder.blocks_) == len(items_b)
     checked = 0
     for block, (stack, layer, (family, mod_b, n_parts, part)), mod_f, x in zip(
