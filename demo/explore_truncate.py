@@ -70,6 +70,38 @@ def grams(base: str, paths: list[str], ranks: list[int | None], probe: int | Non
     return {k: g / blocks for k, g in out.items()}
 
 
+def side_grams(base: str, paths: list[str]) -> dict[str, np.ndarray]:
+    """Each block's delta seen from one side only: the cosine of two models' Gram matrices d d^T (its rows' side)
+    and d^T d (its columns' side), the mean over blocks. A Gram is blind to any rotation of the other side: an
+    adapter's B A, A drawn from the seed, has the Gram B (A A^T) B^T ~ B B^T on the side of B whatever A is, so two
+    adapters of one seed no longer share A's frame (docs/evidence.md, "the seed")."""
+    base_ck = open_checkpoint(base)
+    cks = [open_checkpoint(p) for p in paths]
+    out = {
+        "rows' Gram (d d^T)": np.zeros((len(cks), len(cks))),
+        "columns' Gram (d^T d)": np.zeros((len(cks), len(cks))),
+    }
+    blocks = 0
+    for ref, _, deltas in task_deltas(base_ck, cks):
+        blocks += 1
+        for key, side in zip(out, (lambda d: d @ d.T, lambda d: d.T @ d)):
+            rows = []
+            for i in range(len(cks)):
+                d = deltas.get(i)
+                if d is None:
+                    rows.append(None)
+                    continue
+                g = side(d.float()).reshape(-1)
+                n = torch.linalg.vector_norm(g)
+                rows.append(g / n if n > 0 else g)
+            width = max((x.numel() for x in rows if x is not None), default=1)
+            stacked = torch.stack([x if x is not None else torch.zeros(width) for x in rows])
+            out[key] += (stacked @ stacked.T).double().numpy()
+        if blocks == 1:
+            print(f"first block {ref.key}: delta {tuple(next(iter(deltas.values())).shape)}", flush=True)
+    return {k: g / blocks for k, g in out.items()}
+
+
 def head_cosines(
     base: str, paths: list[str], store: Path, rep: modelvec.Representation | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -127,6 +159,7 @@ def main() -> None:
     ap.add_argument("--delta-ranks", default="", help="also the default vector at each --delta-rank (comma-separated)")
     ap.add_argument("--probes", default="", help="... and through each probe length, with and without them")
     ap.add_argument("--no-exact", action="store_true", help="only the vectors modelvec computes")
+    ap.add_argument("--grams", action="store_true", help="also each block's delta seen from one side (its Grams)")
     args = ap.parse_args()
     zoo = json.loads((args.zoo / "zoo.json").read_text())
     base, models = zoo["base"], zoo["models"]
@@ -154,6 +187,10 @@ def main() -> None:
         d = np.sqrt(np.clip(np.diag(g), 1e-300, None))
         g = g / d[:, None] / d[None, :]
         methods[tag] = g if head is None else (g + head) / 2
+    for name, g in (side_grams(base, paths) if args.grams else {}).items():
+        d = np.sqrt(np.clip(np.diag(g), 1e-300, None))
+        g = g / d[:, None] / d[None, :]
+        methods[name] = g if head is None else (g + head) / 2
     print("| variant | half | MP mixed [95 % CI] | MP full-only | cosine mixed |")
     print("|:--|:--|:--|--:|--:|")
     for half, idx in halves.items():
@@ -161,7 +198,7 @@ def main() -> None:
             mp, lo, hi, full = score(cos, models, idx, "mutual-proximity")
             plain = score(cos, models, idx, "none")[0]
             print(f"| {name} | {half} | {mp:.3f} [{lo:.2f}, {hi:.2f}] | {full:.3f} | {plain:.3f} |", flush=True)
-    for name in ("default vector", *(k for k in methods if k.endswith("rall"))):
+    for name in ("default vector", *(k for k in methods if k.endswith("rall") or "Gram" in k)):
         for half, idx in halves.items():
             print(f"misses of {name}, {half} half: " + "; ".join(confusions(methods[name], models, idx)[:8]))
 
