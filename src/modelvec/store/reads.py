@@ -30,9 +30,8 @@ from .formats.schema import (
 @dataclass
 class StoredTraces:
     """One base's stored traces: a row per model (model, base_hash, levels, scale, parent, zeros, along) and their
-    sketches, one
-    row of ``sketches`` each, in the same order; ``damaged``: the models whose sketch's bytes do not match their
-    checksum (model -> one line), left out of both."""
+    sketches, one row of ``sketches`` each, in the same order; ``damaged``: the models whose sketch's bytes do not
+    match their checksum (model -> one line), left out of both."""
 
     frame: pd.DataFrame
     sketches: np.ndarray
