@@ -16,13 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
+import explore_truncate as ex
 import numpy as np
 
 import modelvec
 from modelvec.core.names import model_id
 from modelvec.represent import blocks_of
-
-import explore_truncate as ex
 
 SELECTION = ("tweet-simcse", "bbc-simcse", "tweet-sentiment")
 

@@ -1,5 +1,6 @@
 """Each stored model's nearest models, computed in row blocks streamed from the vector file: what the reports read
-where a population's pairwise products would not fit (:data:`PAIRS_UP_TO`), O(n x k) in memory whatever n is.
+where a population's pairwise products would not fit (:data:`~modelvec.store.derived.products.PAIRS_UP_TO`),
+O(n x k) in memory whatever n is.
 
 Two passes over the vectors, each vector checked against its checksum as it is read:
 
@@ -33,7 +34,7 @@ from ..formats.cachefile import CacheFile
 from ..formats.vectorfile import VectorFile
 from .cache import CachedProducts
 from .landmarks import scale_of
-from .products import PAIRS_UP_TO, gram, held_blocks_of
+from .products import gram, held_blocks_of
 
 #: How deep every model's list of nearest models goes (``neighbors --k`` up to this, the map's 15).
 NEAR = 32
