@@ -34,11 +34,17 @@ class _Linear:
     :meth:`final` is the identity; :class:`TopProjection`'s are not."""
 
     size: int
+    device: torch.device
+    _local: torch.Tensor  # the plan's selected rows among the part's (MatrixPlan.local_rows)
 
     @property
     def raw_size(self) -> int:
         """Floats of a block before :meth:`final`."""
         return self.size
+
+    def selected(self, p: torch.Tensor) -> torch.Tensor:
+        """The rows of a factor P (the part's rows x k) the plan selects, float64 on the device."""
+        return p.to(self.device, torch.float64)[self._local]
 
     def final(self, block: torch.Tensor) -> torch.Tensor:
         return block
@@ -117,7 +123,7 @@ class Projection(_Linear):
 
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
-        p_sel = p.to(self.device, torch.float64)[self._local]
+        p_sel = self.selected(p)
         q = q.to(self.device, torch.float64)
         if self.kind == "countsketch":
             acc = self.start()
@@ -193,7 +199,7 @@ class ProbeProjection(_Linear):
 
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """The block of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
-        p_sel = p.to(self.device, torch.float64)[self._local]
+        p_sel = self.selected(p)
         q = q.to(self.device, torch.float64)
         if self.plan.contract_rows:  # (P_sel Q^T) H^T = P_sel (H Q)^T
             acc = self.start()
@@ -252,7 +258,7 @@ class TopProjection:
 
     def of_factors(self, p: torch.Tensor, q: torch.Tensor, chunk_rows: int) -> torch.Tensor:
         """Y of the delta P Q^T in stored coordinates (P: the part's rows x k, Q: columns x k)."""
-        p_sel = p.to(self.device, torch.float64)[self.sketch._local]
+        p_sel = self.sketch.selected(p)
         q = q.to(self.device, torch.float64)
         if self.plan.contract_rows:
             return (p_sel @ (q.mT @ self.sketch.h_t)).reshape(-1)

@@ -21,12 +21,12 @@ _IDENTITY = re.compile(r"modelvec store ([0-9a-f]{16})")
 
 
 def open_vector_file(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> tuple[VectorFile, str | None]:
-    """The store's vector file (:func:`~modelvec.store.formats.vectorfile.vector_path`: of this file's name, so a copy or a
-    renamed store finds its own), its name kept in ``store_meta`` so a compaction swaps it in the commit that changes
-    the offsets, and the store's identity. Another store's vector file is refused; a writer refuses rows that point
-    into a vector file that is missing, rather than start an empty one under them, and removes the files a crashed
-    compaction of this store left beside it (their header carries its identity; only the holder of the lock gets
-    here)."""
+    """The store's vector file (:func:`~modelvec.store.formats.vectorfile.vector_path`: of this file's name, so a copy
+    or a renamed store finds its own), its name kept in ``store_meta`` so a compaction swaps it in the commit that
+    changes the offsets, and the store's identity. Another store's vector file is refused; a writer refuses rows that
+    point into a vector file that is missing, rather than start an empty one under them, and removes the files a crashed
+    compaction of this store left beside it (their header carries its identity; only the holder of the lock gets here).
+    """
     tables = set(columns_by_table(con))
     if tables and not tables & MODELVEC_TABLES:  # refused before a table is made in it
         raise StoreError(
@@ -52,7 +52,8 @@ def open_vector_file(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool
 def together(path: Path, what: str) -> str:
     """``what`` is wrong with the store's files, and what to do: keep them together."""
     name = path.name
-    return f"{what}: a store's files are copied or renamed together ({name} and every {name}.* beside it); nothing was changed"
+    together = f"a store's files are copied or renamed together ({name} and every {name}.* beside it)"
+    return f"{what}: {together}; nothing was changed"
 
 
 def _check_present(con: duckdb.DuckDBPyConnection, path: Path, current: Path, tables: set[str]) -> None:
@@ -94,14 +95,14 @@ def _new_identity(con: duckdb.DuckDBPyConnection, path: Path, current: Path) -> 
         raise StoreError(str(current), together(path, f"the vector file of another store, not of {path.name}"))
     identity = new_identity()
     con.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
-    con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {identity}'")  # hex digits: nothing to quote
+    mark_identity(con, identity)
     return identity
 
 
 def mark_identity(con: duckdb.DuckDBPyConnection, identity: str | None) -> None:
-    """Write the store's identity again (a change to its catalogue, so that its checkpoint on closing rewrites the
-    file: DuckDB's checkpoint of no change leaves it as it is)."""
-    con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {identity}'")
+    """Write the store's identity as the comment on ``store_meta`` (again, on a store that has it: a change to its
+    catalogue, so that its checkpoint on closing rewrites the file, which DuckDB's checkpoint of no change leaves)."""
+    con.execute(f"COMMENT ON TABLE store_meta IS 'modelvec store {identity}'")  # hex digits: nothing to quote
 
 
 def check_whole(con: duckdb.DuckDBPyConnection, path: Path) -> int:
