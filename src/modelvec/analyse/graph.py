@@ -1,5 +1,5 @@
-"""Each model's nearest models as lists, never every pair: what the reports read where a population is too large for
-its pairwise products (:mod:`modelvec.store.derived.neighbours` fills them from row blocks streamed from the vector file).
+"""Each model's nearest models as lists, never every pair: what the reports read where a population is too large for its
+pairwise products (:mod:`modelvec.store.derived.neighbours` fills them from row blocks streamed from the vector file).
 
 :class:`Nearest` keeps, for every row, its ``depth`` nearest columns by (value, index), from blocks offered in any
 order: each block's entries below the row's current cut are appended to a buffer twice the depth, compacted when it

@@ -76,16 +76,16 @@ def cluster(
     need its headers from the Hub cache (``hub_settings``; nothing is fetched); the HTML map shows the model tree
     (kinds, parents and children) where traces are stored.
 
-    The models are the base's :class:`~modelvec.store.Population`: those embedded against the base as it is now,
-    copies of the base left out (``report.population``, ``report.notes``). The vectors are not held whole: their
-    inner products are read from the vector file in blocks and kept beside the store, verified (a later run computes
-    only new vectors'; ``progress(done, total)``); a damaged vector is ``report.damaged``; the per-block scores read
-    a sample of at most :data:`BLOCK_SAMPLE` vectors. ``compute`` says where their float32 products run
-    (:class:`~modelvec.store.derived.products.Compute`: ``device="auto"``, a GPU where one is visible) and whether the scores
-    read every pair's products or each model's nearest lists (``neighbours``: lists above
-    :data:`~modelvec.store.derived.products.PAIRS_UP_TO` models, :mod:`~modelvec.report.lists`); ``execution``'s ``engine``
-    ``"ray"`` runs the lists' pass as tasks on a Ray cluster (:mod:`~modelvec.run.ray_blocks`; its ``address`` and
-    ``workers``).
+    The models are the base's :class:`~modelvec.store.Population`: those embedded against the base as it is now, copies
+    of the base left out (``report.population``, ``report.notes``). The vectors are not held whole: their inner products
+    are read from the vector file in blocks and kept beside the store, verified (a later run computes only new vectors';
+    ``progress(done, total)``); a damaged vector is ``report.damaged``; the per-block scores read a sample of at most
+    :data:`BLOCK_SAMPLE` vectors. ``compute`` says where their float32 products run
+    (:class:`~modelvec.store.derived.products.Compute`: ``device="auto"``, a GPU where one is visible) and whether the
+    scores read every pair's products or each model's nearest lists (``neighbours``: lists above
+    :data:`~modelvec.store.derived.products.PAIRS_UP_TO` models, :mod:`~modelvec.report.lists`); ``execution``'s
+    ``engine`` ``"ray"`` runs the lists' pass as tasks on a Ray cluster (:mod:`~modelvec.run.ray_blocks`; its
+    ``address`` and ``workers``).
     """
     scoring = with_options(Scoring, scoring, taken_from(Scoring, options), "cluster")
     compute = with_options(Compute, compute, taken_from(Compute, options), "cluster")

@@ -1,12 +1,12 @@
 """The cluster report from each model's nearest lists, where every pair's products would not fit in memory
 (above :data:`~modelvec.store.derived.neighbours.PAIRS_UP_TO` models, or ``--neighbours lists``).
 
-Every score is the one the pairwise products give, from lists kept beside the store: the kNN dataset score and the
-one without same-author neighbours (each model's k - 1 nearest, k its dataset's size: the lists are that deep),
-the predictions and their leave-one-out accuracy. Each model's spread for mutual proximity, what "far" means for a
+Every score is the one the pairwise products give, from lists kept beside the store: the kNN dataset score and the one
+without same-author neighbours (each model's k - 1 nearest, k its dataset's size: the lists are that deep), the
+predictions and their leave-one-out accuracy. Each model's spread for mutual proximity, what "far" means for a
 prediction's closeness and the map's starting coordinates come from every model's distances to the landmarks
-(:func:`~modelvec.store.derived.landmarks.landmarks`); the clusterers run on their seeded sample of models, read from the
-vector file; the map is laid out from each model's 15 nearest.
+(:func:`~modelvec.store.derived.landmarks.landmarks`); the clusterers run on their seeded sample of models, read from
+the vector file; the map is laid out from each model's 15 nearest.
 """
 
 from __future__ import annotations

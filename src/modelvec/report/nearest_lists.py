@@ -1,9 +1,9 @@
 """``neighbors`` where the population's scores read nearest lists (above
-:data:`~modelvec.store.derived.products.PAIRS_UP_TO` models, or ``--neighbours lists``): a stored model's nearest and its
-voters are read from the lists ``cluster`` keeps beside the store (no vector read but those the answer shows); a
-model that is not stored, or a store whose lists are not kept for these vectors, is compared with every stored
-vector in one pass over them (exact, the time of one read of the vector file). Each model's spread for mutual
-proximity, and what near and far mean for the prediction's closeness, come from the landmarks."""
+:data:`~modelvec.store.derived.products.PAIRS_UP_TO` models, or ``--neighbours lists``): a stored model's nearest and
+its voters are read from the lists ``cluster`` keeps beside the store (no vector read but those the answer shows); a
+model that is not stored, or a store whose lists are not kept for these vectors, is compared with every stored vector in
+one pass over them (exact, the time of one read of the vector file). Each model's spread for mutual proximity, and what
+near and far mean for the prediction's closeness, come from the landmarks."""
 
 from __future__ import annotations
 

@@ -115,8 +115,8 @@ def stored_pages(
     pages: Iterator[Page] | None = None,
 ) -> Iterator[Page]:
     """:func:`discover_pages` from ``resume`` (see :func:`resumable`); it touches the store only through
-    :meth:`~modelvec.store.writes.Writes.put_discovery_page`, so it may run in a thread of its own. ``pages``: the Hub's pages, already
-    asked for (from ``resume``)."""
+    :meth:`~modelvec.store.writes.Writes.put_discovery_page`, so it may run in a thread of its own. ``pages``: the Hub's
+    pages, already asked for (from ``resume``)."""
     key = _scope_key(scope)
     if pages is None:
         matcher = ArchitectureMatcher()

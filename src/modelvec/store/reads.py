@@ -246,8 +246,8 @@ class Reads:
         return rows[0][0] if rows else None
 
     def discovery(self, base: str) -> pd.DataFrame:
-        """How far the discovery of ``base`` went (see :data:`~modelvec.store.formats.schema.DISCOVERY`): no rows when none was
-        stored page by page (a catalogue stored whole, or none)."""
+        """How far the discovery of ``base`` went (see :data:`~modelvec.store.formats.schema.DISCOVERY`): no rows when
+        none was stored page by page (a catalogue stored whole, or none)."""
         if "discovery" not in self._db.tables():
             return pd.DataFrame(columns=[c for c, _ in DISCOVERY.columns])
         return self._db.con.execute("SELECT * FROM discovery WHERE base = ? ORDER BY seq", [base]).df()

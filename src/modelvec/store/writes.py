@@ -104,7 +104,8 @@ class Writes:
 
     def compact(self, stale: pd.DataFrame | None = None) -> tuple[int, int]:
         """Drop the vectors and traces embedded against an earlier version of their base (``stale``, default
-        :meth:`~modelvec.store.versions.Versions.stale`), then rewrite the vector file with only the bytes rows point at; (bytes before, bytes after).
+        :meth:`~modelvec.store.versions.Versions.stale`), then rewrite the vector file with only the bytes rows point
+        at; (bytes before, bytes after).
 
         Replaced vectors (``--force``, changed weights, stale rows) leave their old bytes behind. The live ones
         are copied (checksums verified) to a new file and fsynced, then the offsets and the file's

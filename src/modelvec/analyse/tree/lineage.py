@@ -254,7 +254,8 @@ class _Inference:
         return node
 
     def merge(self, i: int) -> Merge | None:
-        """Whether ``i`` is a merge of stored models (:mod:`modelvec.analyse.tree.merges`); fitted once, when first asked."""
+        """Whether ``i`` is a merge of stored models (:mod:`modelvec.analyse.tree.merges`); fitted once, when first
+        asked."""
         if i not in self._merges:
             self._merges[i] = self.finder.find(i, self.declared.get(i, ())) if self.kind[i] == "fine-tune" else None
         return self._merges[i]

@@ -1,5 +1,6 @@
 """The thresholds by which the model tree is inferred (:mod:`modelvec.analyse.tree`) and its merges found
-(:mod:`modelvec.analyse.tree.merges`): one settings object that both read, so neither module imports the other for it."""
+(:mod:`modelvec.analyse.tree.merges`): one settings object that both read, so neither module imports the other for it.
+"""
 
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ A store keeps beside its DuckDB file what later runs would otherwise compute aga
 (``<id>.products``), the arrays that follow from exactly those vectors (``<id>.<name>.kept``: each model's spread, every
 pair's scaled distance, the map's layout), the model tree (``<id>.tree.kept``) and the base's probe inputs
 (``<id>.probe.kept``). :class:`CacheFolder` is the only code that names a file in it; each file is a kept file
-(:mod:`~modelvec.store.formats.cachefile`: written whole, then renamed, its temporary files left by a killed writer removed as the
-folder is written next, every row checked as it is read), and what each was computed for is checked here, so a file
-kept for other vectors or another version is stale: not used, computed again and replaced.
+(:mod:`~modelvec.store.formats.cachefile`: written whole, then renamed, its temporary files left by a killed writer
+removed as the folder is written next, every row checked as it is read), and what each was computed for is checked here,
+so a file kept for other vectors or another version is stale: not used, computed again and replaced.
 """
 
 from __future__ import annotations

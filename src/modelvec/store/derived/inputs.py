@@ -1,12 +1,12 @@
 """The base's probe inputs (``Representation.probe``), kept beside the store: computed once per base and probe.
 
 One kept file per base and probe length, ``<store>.products/<id>.probe.kept`` (named by the store's
-:class:`~modelvec.store.derived.cache.CacheFolder`; :mod:`~modelvec.store.formats.cachefile`: a header with what it was computed for,
-each row checksummed). It is used only where everything verifies and it was computed for this base's version, this
-probe text and this many tokens by this computation (:data:`~modelvec.represent.probe.PROBE_VERSION`); otherwise it
-is computed again and replaces it (the file is this store's own: its name is made from the store's). What is stale
-is the kept folder's to say (:meth:`~modelvec.store.derived.cache.CacheFolder.current`); this module says what the
-inputs must have been computed for and how they are laid out.
+:class:`~modelvec.store.derived.cache.CacheFolder`; :mod:`~modelvec.store.formats.cachefile`: a header with what it was
+computed for, each row checksummed). It is used only where everything verifies and it was computed for this base's
+version, this probe text and this many tokens by this computation (:data:`~modelvec.represent.probe.PROBE_VERSION`);
+otherwise it is computed again and replaces it (the file is this store's own: its name is made from the store's). What
+is stale is the kept folder's to say (:meth:`~modelvec.store.derived.cache.CacheFolder.current`); this module says what
+the inputs must have been computed for and how they are laid out.
 """
 
 from __future__ import annotations

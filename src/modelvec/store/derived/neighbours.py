@@ -4,11 +4,11 @@ O(n x k) in memory whatever n is.
 
 Two passes over the vectors, each vector checked against its checksum as it is read:
 
-- **landmarks** (:func:`~modelvec.store.derived.landmarks.landmarks`): every vector's inner products with a seeded sample of :data:`LANDMARKS`
-  stored vectors (all of them in a smaller population). From them: each model's spread for mutual proximity (its
-  distances to the landmarks: every other model's where the population is that small, so the same as from every
-  pair), what "far" means for a prediction's closeness, the map's starting coordinates, and the exact rows against
-  which an approximation is measured;
+- **landmarks** (:func:`~modelvec.store.derived.landmarks.landmarks`): every vector's inner products with a seeded
+  sample of :data:`LANDMARKS` stored vectors (all of them in a smaller population). From them: each model's spread for
+  mutual proximity (its distances to the landmarks: every other model's where the population is that small, so the same
+  as from every pair), what "far" means for a prediction's closeness, the map's starting coordinates, and the exact rows
+  against which an approximation is measured;
 - **neighbours** (:func:`nearest_lists`): every pair's product once, in the blocks the pairwise products are computed
   in (:func:`~modelvec.store.derived.products.gram` with a consumer), each block's distances offered to every model's
   lists (:class:`~modelvec.analyse.graph.Nearest`): the nearest by the ranking (plain or mutual proximity) among
@@ -305,11 +305,11 @@ def nearest_lists(
     ``stats``: each model's spread from the landmarks, by which the lists ranked by mutual proximity are drawn; their
     values are then those of each model's exact spread, from its distances to every other (summed in the pass), each
     list sorted by them. ``earlier``: lists kept from before (for the same ranking): only the rows they cannot answer
-    are computed, against every vector, and the others are offered the new columns alone: the same lists as a pass
-    over all of them (a vector gone since: every row computed). ``runner``: the pass's held blocks run as tasks
+    are computed, against every vector, and the others are offered the new columns alone: the same lists as a pass over
+    all of them (a vector gone since: every row computed). ``runner``: the pass's held blocks run as tasks
     (:class:`Task`) elsewhere, their lists merged here (the nearest of the union is the nearest of each part's): the
-    same lists. ``device``: where the pass's float32 products run here (:class:`~modelvec.store.derived.products.Compute`;
-    a Ray cluster's tasks run theirs on their CPU)."""
+    same lists. ``device``: where the pass's float32 products run here
+    (:class:`~modelvec.store.derived.products.Compute`; a Ray cluster's tasks run theirs on their CPU)."""
     n = len(selection)
     if earlier is not None and (earlier.sums is None or set(earlier.hashes) - set(selection.hashes)):
         earlier = None  # a vector gone: its distances are in every kept sum

@@ -2,8 +2,8 @@
 would not fit (:mod:`modelvec.report.lists`), and what ``embed`` keeps up to date as a crawl stores vectors
 (:mod:`modelvec.run.cache_updates`), so that the first ``cluster`` after it reads them.
 
-Which lists (:func:`lists_of`): every model's :data:`~modelvec.store.derived.neighbours.NEAR` nearest among all models by
-the ranking (plain distance, or mutual proximity where the scoring says so), its nearest among the models the kNN
+Which lists (:func:`lists_of`): every model's :data:`~modelvec.store.derived.neighbours.NEAR` nearest among all models
+by the ranking (plain distance, or mutual proximity where the scoring says so), its nearest among the models the kNN
 score counts, as deep as its dataset needs (its k - 1, its own author's models beside them, at least the voters of a
 prediction) and a share more (:data:`SLACK`), and, where neighbours are ranked by mutual proximity, the map's plain
 nearest and each model's plain nearest labelled model.
@@ -219,8 +219,8 @@ def nearest_of(
     progress: Callable[[int, int], None] | None = None,
     device: str = "cpu",
 ) -> tuple[dict[str, Lists], int, Stats | None]:
-    """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.derived.neighbours.nearest_lists`), kept beside the
-    store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
+    """Every model's ``wanted`` nearest lists (:func:`~modelvec.store.derived.neighbours.nearest_lists`), kept beside
+    the store: a later run computes only the rows the kept lists cannot answer (new vectors, labels that changed),
     each against every vector. ``ranking``: what their values follow from (the scaling, the landmarks);
     ``runner``: where the pass's held blocks run (a Ray cluster: :mod:`modelvec.run.ray_blocks`). And how many
     rows were computed, and (``stats`` given: lists by mutual proximity) each model's exact spread, from its

@@ -3,8 +3,8 @@
 
 A :class:`Population` looks the base up once and decides once what belongs to it:
 
-- the vectors embedded against the base **as it is now** (:meth:`~modelvec.store.versions.Versions.base_now`): rows embedded against an earlier
-  version of it under the same name are counted (``stale``) and left out, never mixed in;
+- the vectors embedded against the base **as it is now** (:meth:`~modelvec.store.versions.Versions.base_now`): rows
+  embedded against an earlier version of it under the same name are counted (``stale``) and left out, never mixed in;
 - of those, the models whose weights are the base's (an all-zero vector: a re-upload of the base, an untrained
   adapter) are ``copies``: counted, left off the map and out of every score.
 
@@ -189,7 +189,8 @@ class Population:
         """The vectors' inner products, kept beside the store and verified (checked to fit in memory first), and the
         metadata of the vectors they cover (damaged ones left out: ``damaged`` names them). ``verify``: read and
         check every vector even where all their products are kept (a query reads only those it shows:
-        :meth:`check`). ``device``: the torch device of its float32 products (:class:`~modelvec.store.derived.products.Compute`)."""
+        :meth:`check`). ``device``: the torch device of its float32 products
+        (:class:`~modelvec.store.derived.products.Compute`)."""
         check_fits(len(self.selection), self.selection.dim)
         products = self.db.reads.products(
             self.selection, cache=self.cache_key(), progress=progress, verify=verify, device=device
