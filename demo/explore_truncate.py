@@ -115,13 +115,14 @@ def head_cosines(
     X = np.asarray(got.vectors[[order[model_id(p)] for p in paths]], np.float64)
     blocks = blocks_of(base, rep)
     end = max(b.stop for b in blocks)
+    return unit_cosines(X), unit_cosines(X[:, end:]) if X.shape[1] > end else None
 
-    def cos(A: np.ndarray) -> np.ndarray:
-        n = np.linalg.norm(A, axis=1, keepdims=True)
-        A = A / np.where(n > 0, n, 1)
-        return A @ A.T
 
-    return cos(X), cos(X[:, end:]) if X.shape[1] > end else None
+def unit_cosines(A: np.ndarray) -> np.ndarray:
+    """The rows' cosines (a zero row: 0 with every row)."""
+    n = np.linalg.norm(A, axis=1, keepdims=True)
+    A = A / np.where(n > 0, n, 1)
+    return A @ A.T
 
 
 def score(cos: np.ndarray, models: list[dict], idx: list[int], scaling: str) -> tuple[float, float, float, float]:

@@ -33,13 +33,7 @@ def parts(base: str, paths: list[str], store: Path) -> tuple[np.ndarray, np.ndar
     order = {name: i for i, name in enumerate(got.metadata["model"])}
     X = np.asarray(got.vectors[[order[model_id(p)] for p in paths]], np.float64)
     end = max(b.stop for b in blocks_of(base, rep))
-
-    def cos(A: np.ndarray) -> np.ndarray:
-        n = np.linalg.norm(A, axis=1, keepdims=True)
-        A = A / np.where(n > 0, n, 1)
-        return A @ A.T
-
-    return cos(X[:, :end]), cos(X[:, end:])
+    return ex.unit_cosines(X[:, :end]), ex.unit_cosines(X[:, end:])
 
 
 def block_cosines(base: str, paths: list[str]) -> dict[tuple[int, str], np.ndarray]:
