@@ -17,10 +17,11 @@ import torch
 from builders import llama_pair
 from modelvec import DeltaEmbedder, Representation, embed
 from modelvec.core.gguf import header_extent
-from modelvec.core.spans import merge
+from modelvec.core.spans import merge, missing
 from modelvec.hub import partial
 from modelvec.hub.client import HubSettings
 from modelvec.hub.partial import partial_folder
+from modelvec.hub.ranges import coalesce_ranges
 from modelvec.hub.remote_header import GGUF_PROBE
 from modelvec.read import open_checkpoint
 from modelvec.run.work import plan_of
@@ -101,6 +102,32 @@ def test_a_gguf_repository_is_read_by_byte_ranges_from_its_finest_file(models, t
     planned = ck.plan_reads(plan_of(ck, ROWS, base=False))[ck.path]
     assert merge(spans(asked)) == merge([(0, max(b for _, b in head)), *planned])
     assert sum(b - a for a, b in spans(asked)) <= 0.10 * size
+
+
+def test_the_gaps_between_a_files_rows_are_fetched_only_within_its_share(models, tmp_path, monkeypatch):
+    """At the fetcher's own gaps, a Q4_0 file's rows would be fetched with the gaps between them; under a share of
+    the file between what is asked and that, every wanted byte comes (the vector is the local file's) and what is
+    fetched stays within the share, with some gaps still filled (fewer requests than ranges)."""
+    ck = open_checkpoint(models["q4"])
+    size = models["q4"].stat().st_size
+    header = max(GGUF_PROBE, header_extent(models["q4"].read_bytes()[: 1 << 22], size).data_start)  # asked first
+    planned = missing(ck.plan_reads(plan_of(ck, ROWS, base=False))[ck.path], [(0, header)])
+    asked = header + sum(b - a for a, b in planned)
+    free = header + sum(b - a for a, b in coalesce_ranges(planned, partial.GAP, partial.CAP))
+    assert free - asked > 8192  # the premise: the gaps would cost something
+    monkeypatch.setattr(partial, "SHARE", (asked + free) / 2 / size)
+    hub = LocalHub(tmp_path / "hub")
+    hub.publish("u/base", models["base"], link=True)
+    hub.publish("u/ft-q4", {"model-Q4_0.gguf": models["q4"]})
+    with hub.serve() as srv:
+        settings = settings_of(srv, tmp_path)
+        result = embed("u/base", ["u/ft-q4"], representation=ROWS, hub_settings=settings, store=tmp_path / "s.duckdb")
+    assert result.embedded == ["u/ft-q4"] and not result.failed
+    np.testing.assert_array_equal(result.vectors[0], DeltaEmbedder(ROWS).fit(models["base"]).embed_one(models["q4"]))
+    fetched = spans(gets(srv, "model-Q4_0.gguf"))
+    rows = [s for s in fetched if s[1] > header]
+    assert asked <= sum(b - a for a, b in fetched) <= partial.SHARE * size
+    assert len(rows) < len(planned)
 
 
 def test_each_types_rows_are_its_whole_tensors_dequantized_rows_from_their_own_blocks(models):

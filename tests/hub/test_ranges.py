@@ -248,6 +248,35 @@ def test_coalescing_fetches_every_wanted_byte_once_and_its_answers_slice_back_to
         assert b"".join(pieces) == data[start:stop]
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    wanted=wanted_ranges,
+    gap=st.integers(0, 2_000),
+    cap=st.one_of(st.none(), st.integers(1, 3_000)),
+    extra=st.integers(-500, 3_000),
+)
+def test_a_ceiling_leaves_out_the_largest_gaps_until_the_requests_fit(wanted, gap, cap, extra):
+    """Under a ceiling of bytes the requests still hold every wanted byte and stay within the ceiling where the
+    wanted bytes do; the gaps left out are the largest ones, so no fetched gap is larger than one left out; a
+    ceiling above what the rule fetches changes nothing."""
+    held = merge(wanted)
+    asked = sum(b - a for a, b in held)
+    free = coalesce_ranges(wanted, gap, cap)
+    got = coalesce_ranges(wanted, gap, cap, ceiling=asked + extra)
+    assert not missing(wanted, got)
+    assert sum(b - a for a, b in got) <= max(asked, asked + extra)
+    assert cap is None or all(b - a <= cap for a, b in got)
+
+    def gaps_in(requests):
+        return {(y, x) for (_, y), (x, _) in itertools.pairwise(held) if not missing([(y, x)], requests)}
+
+    kept, dropped = gaps_in(got), gaps_in(free) - gaps_in(got)
+    assert kept <= gaps_in(free)
+    assert not kept or not dropped or max(x - y for y, x in kept) <= min(x - y for y, x in dropped)
+    if sum(b - a for a, b in free) <= asked + extra:
+        assert got == free
+
+
 def test_the_gap_worth_fetching_is_what_a_request_costs_over_a_busy_link():
     assert gap_worth(125e6, 0.02, 16) == 156_250  # 1 Gbit/s, 20 ms, 16 in flight
     assert gap_worth(1.25e9, 0.02, 16) == 10 * gap_worth(125e6, 0.02, 16)  # a faster link: longer gaps

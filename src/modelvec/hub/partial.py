@@ -66,6 +66,10 @@ IN_FLIGHT = 16
 GAP = gap_worth(125e6, 0.02, IN_FLIGHT)
 #: The most bytes one request asks for.
 CAP = REQUEST_CAP
+#: The share of a file a partial download fetches at most where its ranges ask for less: the gaps between them are
+#: fetched, smallest first, only within it (a GGUF of SmolLM2-135M in Q4_0: 9.1 % asked, 10.7 % fetched without it).
+#: Ranges asking for more (a tiny model's rows) are fetched with every gap the rule allows.
+SHARE = 0.1
 #: How many times a file's own length its ranges' requests may cost before the gaps between them are fetched too
 #: (:func:`_requested`): a bitsandbytes model of 6 MB read at 5 % of its rows costs 3 times, a GPTQ's 250 times.
 WHOLE = 16
@@ -246,9 +250,14 @@ class PartialFolder:
             held[name] = [(0, job.file.size)] if stats.whole_file else merge([*held[name], *job.ranges])
         self.write_marker(held, sums)
 
-    def _job(self, name: str, spans: Sequence[tuple[int, int]]) -> RangeJob:
+    def _job(self, name: str, spans: Sequence[tuple[int, int]], held: Sequence[tuple[int, int]] = ()) -> RangeJob:
+        """The requests for ``spans`` of file ``name``: within :data:`SHARE` of it with what it ``held`` before, where
+        the spans fit in it (where they do not, the share is lost anyway and the gaps save requests)."""
         path = self.path / name
-        return RangeJob(RemoteFile(self.repo_id, self.revision, name, path.stat().st_size), spans, path)
+        size = path.stat().st_size
+        ceiling = int(SHARE * size) - sum(b - a for a, b in held)
+        fits = sum(b - a for a, b in merge(spans)) <= ceiling
+        return RangeJob(RemoteFile(self.repo_id, self.revision, name, size), spans, path, ceiling if fits else None)
 
     def states(self) -> dict[str, list[tuple[int, int]]]:
         """The byte ranges of the quantization states in the weight files (:func:`~modelvec.core.quantized.file_states`:
@@ -264,7 +273,7 @@ class PartialFolder:
             marker = self.marker()
         held = marker.files if marker is not None else {}
         jobs = [
-            self._job(name, _requested(need, self.path / name))
+            self._job(name, _requested(need, self.path / name), held.get(name, []))
             for name, spans in wanted.items()
             if (need := missing(spans, held.get(name, [])))
         ]

@@ -86,7 +86,9 @@ def gap_worth(bandwidth: float, request_seconds: float, in_flight: int) -> int:
     return int(bandwidth * request_seconds / in_flight)
 
 
-def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int, cap: int | None = None) -> list[tuple[int, int]]:
+def coalesce_ranges(
+    ranges: Sequence[tuple[int, int]], gap: int, cap: int | None = None, ceiling: int | None = None
+) -> list[tuple[int, int]]:
     """The requests for byte ranges ``[start, stop)``: sorted, empty ones dropped, merged where they overlap or where
     the bytes between two are at most ``gap`` (see :func:`gap_worth`) and at most the length of either, then cut
     into requests of at most ``cap`` bytes. Every wanted byte is in exactly one request.
@@ -94,23 +96,43 @@ def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int, cap: int | None
     The bound by the neighbours' lengths keeps what is fetched within twice what was asked for: each gap fetched is
     no longer than a range asked for, so the narrow rows of a small model's share are not fetched with every row
     between them (SmolLM2-135M's 5 % of rows: 5.6 % of its matrices' bytes, against 13.6 % under ``gap`` alone).
-    The cap keeps a long read spread over the requests in flight (one connection is far from a link's
-    bandwidth) and what one failed request repeats short; no merge makes a request longer than it."""
+    ``ceiling``: at most this many bytes in all, where the wanted ones are fewer: the largest of those gaps are left
+    out until the rest fit. The cap keeps a long read spread over the requests in flight (one connection is far
+    from a link's bandwidth) and what one failed request repeats short; no merge makes a request longer than it."""
     if cap is not None and cap < 1:
         raise ValueError(f"a request must be allowed at least one byte, not {cap}")
+    spans = merge(ranges)
+    joined = _joined(spans, gap, cap)
+    if ceiling is not None:
+        by_size = sorted(joined, key=lambda i: (spans[i + 1][0] - spans[i][1], i))
+        over = sum(b - a for a, b in spans) + sum(spans[i + 1][0] - spans[i][1] for i in by_size) - ceiling
+        while by_size and over > 0:
+            i = by_size.pop()
+            joined.discard(i)
+            over -= spans[i + 1][0] - spans[i][1]
     out: list[list[int]] = []
-    for start, stop in merge(ranges):
-        if (
-            out
-            and start - out[-1][1] <= min(gap, stop - start, out[-1][2])
-            and (cap is None or stop - out[-1][0] <= cap)
-        ):
-            out[-1][1], out[-1][2] = stop, stop - start
+    for i, (start, stop) in enumerate(spans):
+        if i - 1 in joined:
+            out[-1][1] = stop
         else:
-            out.append([start, stop, stop - start])  # the last range asked for, as the bound for the next gap
+            out.append([start, stop])
     if cap is None:
-        return [(a, b) for a, b, _ in out]
-    return [(at, min(at + cap, b)) for a, b, _ in out for at in range(a, b, cap)]
+        return [(a, b) for a, b in out]
+    return [(at, min(at + cap, b)) for a, b in out for at in range(a, b, cap)]
+
+
+def _joined(spans: Sequence[tuple[int, int]], gap: int, cap: int | None) -> set[int]:
+    """Which gaps between sorted disjoint ``spans`` are fetched (``i``: the gap after span ``i``), by
+    :func:`coalesce_ranges`' rule; leaving some out only shortens requests, so the cap still holds."""
+    joined: set[int] = set()
+    first, last = 0, 0  # the current request's start, and the length of the last range asked for in it
+    for i, (start, stop) in enumerate(spans):
+        if i and start - spans[i - 1][1] <= min(gap, stop - start, last) and (cap is None or stop - first <= cap):
+            joined.add(i - 1)
+        else:
+            first = start
+        last = stop - start
+    return joined
 
 
 class _Progress:
@@ -220,11 +242,13 @@ def _attempt(url: str, file: RemoteFile, hub_settings: HubSettings, sink: _Sink)
 
 @dataclass(frozen=True)
 class RangeJob:
-    """The byte ranges ``[start, stop)`` of one remote file to write into the local file ``out`` at their offsets."""
+    """The byte ranges ``[start, stop)`` of one remote file to write into the local file ``out`` at their offsets;
+    ``ceiling``: the most bytes its requests may fetch where the ranges are fewer (:func:`coalesce_ranges`)."""
 
     file: RemoteFile
     ranges: Sequence[tuple[int, int]]
     out: Path
+    ceiling: int | None = None
 
 
 def fetch_ranges(
@@ -296,7 +320,7 @@ def _plan(job: RangeJob, gap: int, cap: int | None) -> list[tuple[int, int]]:
     for start, stop in job.ranges:
         if not 0 <= start <= stop <= job.file.size:
             raise ValueError(f"range [{start}, {stop}) is not inside {job.file.filename} ({job.file.size} bytes)")
-    return coalesce_ranges(job.ranges, gap, cap)
+    return coalesce_ranges(job.ranges, gap, cap, job.ceiling)
 
 
 class _Batch:
