@@ -14,7 +14,8 @@ does (models, their keys, vector checksums, labels, failures and their kinds, th
 computed none of what the first had stored. The same on a local Ray cluster (``ray start --head``, 2 workers),
 compared with the local engine's store.
 
-Run: ``python bench/bench_crawl.py [--repos 1000] [--rate 0.03] [--seed 0] [--engines local,ray] [--workers 2]``.
+Run: ``python bench/bench_crawl.py [--repos 1000] [--rate 0.03] [--seed 0] [--engines local,ray] [--workers 2]
+[--quantized-every N]`` (``N``: every Nth full fine-tune also has a GGUF, a GPTQ and a bitsandbytes nf4 child).
 tests/run/test_crawl.py runs the same code on a few dozen repos.
 """
 
@@ -56,6 +57,7 @@ TINY = dict(
     max_position_embeddings=32,
 )  # fmt: skip
 BAD_EVERY = 97  # every 97th repo has a bad file (content failures: ~1 %)
+QUANTIZED = ("gguf", "gptq", "nf4")  # the quantized derivatives a fine-tune has with --quantized-every
 TIMEOUT = 2  # the client's timeouts in these crawls (MODELVEC_HUB_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT)
 
 
@@ -130,12 +132,33 @@ def _lora(template: dict[str, np.ndarray], dataset: int, seed: int) -> dict[str,
     }
 
 
-def make_world(root: Path, n: int, seed: int = 0, bad_every: int = BAD_EVERY) -> World:
+def _quantizations(folder: Path, repo: str, out: Path) -> dict[str, Path]:
+    """The full fine-tune in ``folder`` quantized as its Hub derivatives are: a GGUF Q8_0 (llama.cpp's layout), a
+    GPTQ 4-bit and a bitsandbytes nf4 repo, each a folder with a card naming ``repo`` as what it quantizes."""
+    from modelvec.testing.gguf import Q, write_gguf
+    from modelvec.testing.quantized import write_quantized
+
+    card = f"---\nbase_model: {repo}\nbase_model_relation: quantized\n---\n".encode()
+    made = {}
+    for kind in QUANTIZED:
+        target = out / f"{repo.split('/')[1].replace('-ft-', f'-{kind}-')}"
+        if kind == "gguf":
+            target.mkdir(parents=True)
+            write_gguf(folder, target / "model-Q8_0.gguf", "bert", Q.Q8_0)
+        else:
+            write_quantized(folder, target, "gptq" if kind == "gptq" else "nf4", group=32, nested=True)
+        (target / "README.md").write_bytes(card)
+        made[f"{repo.split('/')[0]}/{target.name}"] = target
+    return made
+
+
+def make_world(root: Path, n: int, seed: int = 0, bad_every: int = BAD_EVERY, quantized_every: int = 0) -> World:
     """Publish the base and ``n`` fine-tunes (half full fine-tunes, half LoRA adapters) on a local Hub in ``root``.
 
     Each repo's files are written once and hard-linked into the Hub, so a thousand tiny repos cost a few tens of MB
     and seconds. Every ``bad_every``-th repo has a bad file; the last one (fewest downloads, so the crawl reaches it
-    last) is deleted mid-run by :func:`misbehave`.
+    last) is deleted mid-run by :func:`misbehave`. Every ``quantized_every``-th full fine-tune (0: none) also has
+    its quantizations (:func:`_quantizations`), children the crawl finds through it.
     """
     if root.exists():
         shutil.rmtree(root)
@@ -167,7 +190,13 @@ def make_world(root: Path, n: int, seed: int = 0, bad_every: int = BAD_EVERY) ->
         files = {p.name: p for p in folder.iterdir()}
         hub.publish(repo, files, link=True, downloads=100_000 - i, author=repo.split("/")[0])
         repos.append(repo)
-    doomed = repos[-1]
+        if quantized_every and not adapter and expect[repo] == "embedded" and (i // 2) % quantized_every == 0:
+            for child, made in _quantizations(folder, repo, root / "src-quantized").items():
+                files = {p.name: p for p in made.iterdir()}
+                hub.publish(child, files, link=True, downloads=1_000 - i // 2, author=child.split("/")[0])
+                repos.append(child)
+                expect[child] = "embedded"
+    doomed = [r for r in repos if "-ft-" in r or "-lora-" in r][-1]
     expect[doomed] = "transient"
     files = {p.name: p for p in (root / "src" / doomed).iterdir()}
     return World(root, BASE_ID, repos, expect, doomed, files, {"downloads": 100_000 - n + 1})
@@ -313,9 +342,15 @@ def requests_per_repo(log: list[dict[str, Any]], repos: list[str]) -> dict[str, 
     full = [r for r in repos if "-ft-" in r]
     lora = [r for r in repos if "-lora-" in r]
     own = sum(per[r] for r in repos)
+    quantized = {
+        f"{kind}_own": round(sum(per[r] for r in mine) / len(mine), 2)
+        for kind in QUANTIZED
+        if (mine := [r for r in repos if f"-{kind}-" in r])
+    }
     return {
         "full_finetune_own": round(sum(per[r] for r in full) / max(1, len(full)), 2),
         "adapter_own": round(sum(per[r] for r in lora) / max(1, len(lora)), 2),
+        **quantized,
         "shared_per_model": round((len(log) - own) / max(1, len(repos)), 2),
         "all_per_model": round(len(log) / max(1, len(repos)), 2),
     }
@@ -576,9 +611,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=CACHE)
     parser.add_argument("--page-size", type=int, default=1000, help="models per listing page (the Hub's: 1000)")
+    parser.add_argument(
+        "--quantized-every", type=int, default=0, help="every Nth full fine-tune also quantized: GGUF, GPTQ, nf4"
+    )
     args = parser.parse_args()
     start = time.monotonic()
-    world = make_world(args.out / "world", args.repos, args.seed)
+    world = make_world(args.out / "world", args.repos, args.seed, quantized_every=args.quantized_every)
     world.page_size = args.page_size
     print(f"world: {args.repos} repos published in {time.monotonic() - start:.1f} s", flush=True)
     results = []

@@ -1,8 +1,8 @@
 """Bytes a quantization on the Hub costs: the share of each quantized file that ``embed`` fetches, and its requests.
 
 The base is SmolLM2-135M-Instruct dequantized from its packaged llama.cpp GGUF (``demo/build_llm_evidence.py``'s
-base, built once). Its quantizations: that real GGUF itself (Q4_1, as llama.cpp wrote it), a Q8_0 GGUF (the gguf
-package's quantizer, written as llama.cpp's converter writes it), GPTQ and AWQ 4-bit (group 64: SmolLM2's 576 inputs are 9 of them) and bitsandbytes
+base, built once). Its quantizations: that real GGUF itself (Q4_1, as llama.cpp wrote it), Q8_0, Q5_0 and Q4_0 GGUFs (the gguf
+package's quantizers, written as llama.cpp's converter writes them, the vocabulary's tokens in the header), GPTQ and AWQ 4-bit (group 64: SmolLM2's 576 inputs are 9 of them) and bitsandbytes
 nf4 (double quantization) and int8 (packed as their quantizers pack them: :mod:`modelvec.testing.quantized`). Each is
 published on a local Hub that serves byte ranges and counts what it sends, and embedded by Hub id with the defaults
 (the rows of each matrix that the vector and the trace read).
@@ -13,6 +13,7 @@ Run: ``python bench/bench_quantized_bytes.py [--out .cache/bench-quantized]``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -62,7 +63,10 @@ def main() -> None:
     shutil.rmtree(q, ignore_errors=True)
     q.mkdir()
     made: dict[str, dict[str, Path]] = {"gguf-Q4_1 (llama.cpp's)": {"model-Q4_1.gguf": packaged_gguf()}}
-    made["gguf-Q8_0"] = {"model-Q8_0.gguf": write_gguf(base, q / "model-Q8_0.gguf", "llama", Q.Q8_0)}
+    vocabulary = int(json.loads((base / "config.json").read_text())["vocab_size"])  # a header of megabytes, as real
+    for qtype in (Q.Q8_0, Q.Q5_0, Q.Q4_0):
+        name = f"model-{qtype.name}.gguf"
+        made[f"gguf-{qtype.name}"] = {name: write_gguf(base, q / name, "llama", qtype, vocabulary=vocabulary)}
     for name, method, extra in (
         ("gptq-4bit", "gptq", {"bits": 4, "group": 64}),
         ("awq-4bit", "awq", {"group": 64}),
@@ -79,10 +83,12 @@ def main() -> None:
         card = b"---\nbase_model: bench/base\nbase_model_relation: quantized\n---\n"
         hub.publish(repo, {**files, "README.md": card}, link=True)
         repos[name] = repo
+    run = args.out / "run"  # a fresh cache and store each time: every byte is fetched anew
+    shutil.rmtree(run, ignore_errors=True)
     with hub.serve() as srv:
-        settings = HubSettings(endpoint=srv.endpoint, cache_dir=str(args.out / "cache"), token=False, retries=1)
+        settings = HubSettings(endpoint=srv.endpoint, cache_dir=str(run / "cache"), token=False, retries=1)
         t0 = time.perf_counter()
-        result = embed("bench/base", list(repos.values()), hub_settings=settings, store=args.out / "s.duckdb")
+        result = embed("bench/base", list(repos.values()), hub_settings=settings, store=run / "s.duckdb")
         seconds = time.perf_counter() - t0
         requests = list(srv.requests)
     print(
