@@ -66,9 +66,8 @@ IN_FLIGHT = 16
 GAP = gap_worth(125e6, 0.02, IN_FLIGHT)
 #: The most bytes one request asks for.
 CAP = REQUEST_CAP
-#: The share of a file a partial download fetches at most where its ranges ask for less: the gaps between them are
-#: fetched, smallest first, only within it (a GGUF of SmolLM2-135M in Q4_0: 9.1 % asked, 10.7 % fetched without it).
-#: Ranges asking for more (a tiny model's rows) are fetched with every gap the rule allows.
+#: The most of a file a partial download fetches where its ranges ask for less: gaps between them fetched, smallest
+#: first, only within it (SmolLM2-135M's Q4_0 GGUF: 9.1 % asked, 10.7 % fetched without it); more asked: every gap.
 SHARE = 0.1
 #: How many times a file's own length its ranges' requests may cost before the gaps between them are fetched too
 #: (:func:`_requested`): a bitsandbytes model of 6 MB read at 5 % of its rows costs 3 times, a GPTQ's 250 times.
@@ -251,8 +250,7 @@ class PartialFolder:
         self.write_marker(held, sums)
 
     def _job(self, name: str, spans: Sequence[tuple[int, int]], held: Sequence[tuple[int, int]] = ()) -> RangeJob:
-        """The requests for ``spans`` of file ``name``: within :data:`SHARE` of it with what it ``held`` before, where
-        the spans fit in it (where they do not, the share is lost anyway and the gaps save requests)."""
+        """The requests for ``spans`` of file ``name``: within :data:`SHARE` of it with what it ``held``, if they fit."""
         path = self.path / name
         size = path.stat().st_size
         ceiling = int(SHARE * size) - sum(b - a for a, b in held)
