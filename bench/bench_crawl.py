@@ -146,7 +146,7 @@ def _quantizations(folder: Path, repo: str, out: Path) -> dict[str, Path]:
             target.mkdir(parents=True)
             write_gguf(folder, target / "model-Q8_0.gguf", "bert", Q.Q8_0)
         else:
-            write_quantized(folder, target, "gptq" if kind == "gptq" else "nf4", group=32, nested=True)
+            write_quantized(folder, target, kind, group=32, nested=True)  # group: GPTQ's, nested: nf4's
         (target / "README.md").write_bytes(card)
         made[f"{repo.split('/')[0]}/{target.name}"] = target
     return made

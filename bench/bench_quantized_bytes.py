@@ -1,11 +1,12 @@
 """Bytes a quantization on the Hub costs: the share of each quantized file that ``embed`` fetches, and its requests.
 
 The base is SmolLM2-135M-Instruct dequantized from its packaged llama.cpp GGUF (``demo/build_llm_evidence.py``'s
-base, built once). Its quantizations: that real GGUF itself (Q4_1, as llama.cpp wrote it), Q8_0, Q5_0 and Q4_0 GGUFs (the gguf
-package's quantizers, written as llama.cpp's converter writes them, the vocabulary's tokens in the header), GPTQ and AWQ 4-bit (group 64: SmolLM2's 576 inputs are 9 of them) and bitsandbytes
-nf4 (double quantization) and int8 (packed as their quantizers pack them: :mod:`modelvec.testing.quantized`). Each is
-published on a local Hub that serves byte ranges and counts what it sends, and embedded by Hub id with the defaults
-(the rows of each matrix that the vector and the trace read).
+base, built once). Its quantizations: that real GGUF itself (Q4_1, as llama.cpp wrote it), Q8_0, Q5_0 and Q4_0 GGUFs
+(the gguf package's quantizers, written as llama.cpp's converter writes them, the vocabulary's tokens in the
+header), GPTQ and AWQ 4-bit (group 64: SmolLM2's 576 inputs are 9 of them) and bitsandbytes nf4 (double
+quantization) and int8 (packed as their quantizers pack them: :mod:`modelvec.testing.quantized`). Each is published
+on a local Hub that serves byte ranges and counts what it sends, and embedded by Hub id with the defaults (the rows
+of each matrix that the vector and the trace read).
 
 Run: ``python bench/bench_quantized_bytes.py [--out .cache/bench-quantized]``.
 """

@@ -26,25 +26,26 @@ from modelvec.analyse.evidence import bootstrap_interval
 from modelvec.analyse.scores import distance_matrix
 
 
-def knn_score(D: np.ndarray, datasets: list[str], kinds: list[str]) -> tuple[float, float, float, float]:
-    """The kNN metric on a distance matrix (itself excluded, ties by index): mean, its 95 % interval, and the
-    full fine-tunes' score among themselves."""
-    per = []
+def per_model(D: np.ndarray, datasets: list[str]) -> np.ndarray:
+    """Each model's kNN metric on a distance matrix: the share of its k - 1 nearest (itself excluded, ties by index)
+    of its own dataset, k its dataset's size; nan for a dataset of one."""
+    out = np.full(len(datasets), np.nan)
     for a, d in enumerate(datasets):
         k = sum(o == d for o in datasets) - 1
-        order = [b for b in np.argsort(D[a], kind="stable") if b != a][:k]
-        per.append(np.mean([datasets[b] == d for b in order]) if k else np.nan)
-    per_arr = np.asarray([p for p in per if not np.isnan(p)])
-    lo, hi = bootstrap_interval(per_arr)
+        if k:
+            order = [b for b in np.argsort(D[a], kind="stable") if b != a][:k]
+            out[a] = np.mean([datasets[b] == d for b in order])
+    return out
+
+
+def knn_score(D: np.ndarray, datasets: list[str], kinds: list[str]) -> tuple[float, float, float, float]:
+    """The kNN metric on a distance matrix: mean, its 95 % interval, and the full fine-tunes' among themselves."""
+    per = per_model(D, datasets)
+    per = per[~np.isnan(per)]
+    lo, hi = bootstrap_interval(per)
     full = [i for i, k in enumerate(kinds) if k == "full"]
-    sub = D[np.ix_(full, full)]
-    fd = [datasets[i] for i in full]
-    per_full = []
-    for a, d in enumerate(fd):
-        k = sum(o == d for o in fd) - 1
-        order = [b for b in np.argsort(sub[a], kind="stable") if b != a][:k]
-        per_full.append(np.mean([fd[b] == d for b in order]))
-    return float(per_arr.mean()), lo, hi, float(np.mean(per_full))
+    among = per_model(D[np.ix_(full, full)], [datasets[i] for i in full])
+    return float(per.mean()), lo, hi, float(np.nanmean(among))
 
 
 def shared(D: np.ndarray, m: int, blend: float, by_rank: bool = True) -> np.ndarray:
@@ -79,6 +80,7 @@ def made_population(n: int, neighbours: list[int], blends: list[float], dim: int
     keep = np.flatnonzero(made.labelled)
     datasets = [str(d) for d in made.dataset[keep]]
     counts = np.bincount(made.dataset[keep])
+    size = counts[made.dataset[keep]]  # each labelled model's dataset size
     print(f"made population of {n}: {len(keep)} labelled, datasets of 2+ holding {np.sum(counts[counts > 1])}")
     print("| ranking | population | kNN [95 % CI] | datasets of 2-5 models |")
     print("|:--|:--|:--|--:|")
@@ -88,17 +90,11 @@ def made_population(n: int, neighbours: list[int], blends: list[float], dim: int
             rows[f"shared of {m} nearest, distance weight {blend:g}"] = shared(D, m, blend)
             rows[f"shared of {m} nearest, MP distance weight {blend:g}"] = shared(D, m, blend, by_rank=False)
     for name, dist in rows.items():
-        sub = dist[np.ix_(keep, keep)]
-        per = []
-        for a, d in enumerate(datasets):
-            k = sum(o == d for o in datasets) - 1
-            if k:
-                order = [b for b in np.argsort(sub[a], kind="stable") if b != a][:k]
-                per.append(np.mean([datasets[b] == d for b in order]))
-        lo, hi = bootstrap_interval(np.asarray(per))
-        size = np.asarray([sum(o == d for o in datasets) for d in datasets if sum(o == d for o in datasets) > 1])
-        small = np.mean(np.asarray(per)[size <= 5])
-        print(f"| {name} | made {n} | {np.mean(per):.3f} [{lo:.2f}, {hi:.2f}] | {small:.3f} |", flush=True)
+        per = per_model(dist[np.ix_(keep, keep)], datasets)
+        scored = ~np.isnan(per)
+        lo, hi = bootstrap_interval(per[scored])
+        small = np.mean(per[scored & (size <= 5)])
+        print(f"| {name} | made {n} | {np.mean(per[scored]):.3f} [{lo:.2f}, {hi:.2f}] | {small:.3f} |", flush=True)
 
 
 def main() -> None:

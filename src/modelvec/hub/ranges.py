@@ -96,8 +96,8 @@ def coalesce_ranges(
     The bound by the neighbours' lengths keeps what is fetched within twice what was asked for: each gap fetched is
     no longer than a range asked for, so the narrow rows of a small model's share are not fetched with every row
     between them (SmolLM2-135M's 5 % of rows: 5.6 % of its matrices' bytes, against 13.6 % under ``gap`` alone).
-    ``ceiling``: at most this many bytes in all, where the wanted ones are fewer: the largest of those gaps are left
-    out until the rest fit. The cap keeps a long read spread over the requests in flight (one connection is far
+    ``ceiling``: at most this many bytes in all, the largest of those gaps left out until the rest fit (wanted bytes
+    beyond it are all fetched, with no gap). The cap keeps a long read spread over the requests in flight (one connection is far
     from a link's bandwidth) and what one failed request repeats short; no merge makes a request longer than it."""
     if cap is not None and cap < 1:
         raise ValueError(f"a request must be allowed at least one byte, not {cap}")
@@ -243,7 +243,7 @@ def _attempt(url: str, file: RemoteFile, hub_settings: HubSettings, sink: _Sink)
 @dataclass(frozen=True)
 class RangeJob:
     """The byte ranges ``[start, stop)`` of one remote file to write into the local file ``out`` at their offsets;
-    ``ceiling``: the most bytes its requests may fetch where the ranges are fewer (:func:`coalesce_ranges`)."""
+    ``ceiling``: the most bytes its requests may fetch, gaps between ranges included (:func:`coalesce_ranges`)."""
 
     file: RemoteFile
     ranges: Sequence[tuple[int, int]]
